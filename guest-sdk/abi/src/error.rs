@@ -1,0 +1,81 @@
+//! Error kinds that survive the wire, named after the Python exception classes
+//! PyTorch RPC reports.
+
+use alloc::string::String;
+use core::fmt;
+use serde::{Deserialize, Serialize};
+
+/// The class of an error, as PyTorch's Python API would raise it.
+///
+/// A remote failure keeps its kind across the wire, so a caller can tell a
+/// `ValueError` raised by a plugin from a `TimeoutError` raised by the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ErrorKind {
+    /// `RuntimeError`: the default for failures of the framework itself.
+    RuntimeError,
+    /// `ValueError`: a bad value from the caller.
+    ValueError,
+    /// `TypeError`: a value of the wrong type.
+    TypeError,
+    /// `TimeoutError`: a deadline passed.
+    TimeoutError,
+    /// `KeyError`: a missing key.
+    KeyError,
+    /// `IndexError`: an index out of range.
+    IndexError,
+    /// `AttributeError`: an unknown method or attribute.
+    AttributeError,
+    /// `NotImplementedError`: an operation this worker does not offer.
+    NotImplementedError,
+    /// `AssertionError`: a failed assertion in user code.
+    AssertionError,
+    /// `ConnectionError`: the network failed underneath a call.
+    ConnectionError,
+}
+
+impl ErrorKind {
+    /// The Python class name, e.g. `"ValueError"`.
+    pub fn python_name(self) -> &'static str {
+        match self {
+            ErrorKind::RuntimeError => "RuntimeError",
+            ErrorKind::ValueError => "ValueError",
+            ErrorKind::TypeError => "TypeError",
+            ErrorKind::TimeoutError => "TimeoutError",
+            ErrorKind::KeyError => "KeyError",
+            ErrorKind::IndexError => "IndexError",
+            ErrorKind::AttributeError => "AttributeError",
+            ErrorKind::NotImplementedError => "NotImplementedError",
+            ErrorKind::AssertionError => "AssertionError",
+            ErrorKind::ConnectionError => "ConnectionError",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.python_name())
+    }
+}
+
+/// An error as it crosses the wire or the guest boundary: its kind and its
+/// message, unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteError {
+    /// The exception class.
+    pub kind: ErrorKind,
+    /// The message, verbatim.
+    pub message: String,
+}
+
+impl RemoteError {
+    /// Builds an error of `kind` with `message`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        RemoteError { kind, message: message.into() }
+    }
+}
+
+impl fmt::Display for RemoteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind, self.message)
+    }
+}

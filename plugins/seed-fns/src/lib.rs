@@ -1,0 +1,1 @@
+//! The seed suites' user functions, written with the guest SDK.
