@@ -1,1 +1,122 @@
-fn main() {}
+//! Developer commands for wasmrpc, run as `cargo xtask <command>`.
+//!
+//! - `setup`: installs what the build needs and links it into `.wasmrpc-env/`
+//!   (the wasm32 target, the torch wheel in a cache folder outside the repo).
+//! - `demo`: set-up, then the README's main job on a local cluster.
+//! - `test`: set-up, then format check, lints, every test, and the seed
+//!   coverage table.
+//! - `coverage`: regenerates `tests/SEED_COVERAGE.md` from the last test run.
+//!
+//! Each command reuses what an earlier run installed, so a second run starts
+//! in seconds.
+
+mod coverage;
+mod process;
+mod setup;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use std::path::{Path, PathBuf};
+
+/// wasmrpc's developer commands.
+#[derive(Parser)]
+#[command(name = "cargo xtask", about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install what the build needs (wasm32 target, torch 2.13.0 in the
+    /// cache folder) and link it into `.wasmrpc-env/`; reused when present.
+    Setup,
+    /// Set up, then run the demo: a local cluster of workers calling each
+    /// other's wasm plugins.
+    Demo,
+    /// Set up, then run `cargo fmt --check`, clippy, every test, and
+    /// regenerate `tests/SEED_COVERAGE.md`.
+    Test {
+        /// Extra arguments passed to `cargo nextest run` (e.g. a filter).
+        #[arg(trailing_var_arg = true)]
+        nextest_args: Vec<String>,
+    },
+    /// Regenerate `tests/SEED_COVERAGE.md` from the last `cargo xtask test`.
+    Coverage,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let root = workspace_root();
+    match cli.command {
+        Command::Setup => {
+            setup::run(&root)?;
+        }
+        Command::Demo => {
+            setup::run(&root)?;
+            process::step("demo: a local cluster of 2 workers calling each other's plugins");
+            process::cargo(
+                &root,
+                &["run", "--quiet", "-p", "wasmrpc-examples", "--bin", "demo"],
+            )?;
+        }
+        Command::Test { nextest_args } => {
+            setup::run(&root)?;
+            run_tests(&root, &nextest_args)?;
+        }
+        Command::Coverage => {
+            let report = coverage::regenerate(&root)?;
+            println!("{}", report.summary_line());
+        }
+    }
+    Ok(())
+}
+
+/// The checks and tests behind `cargo xtask test`; fails if any of them fails.
+fn run_tests(root: &Path, nextest_args: &[String]) -> Result<()> {
+    process::step("format check (cargo fmt --check)");
+    process::cargo(root, &["fmt", "--all", "--check"])?;
+
+    process::step("lints, host crates (cargo clippy --all-targets -D warnings)");
+    process::cargo(root, &["clippy", "--all-targets", "--", "-D", "warnings"])?;
+    process::step("lints, guest SDK and plugins on wasm32");
+    process::cargo(
+        root,
+        &[
+            "clippy",
+            "--target",
+            "wasm32-unknown-unknown",
+            "-p",
+            "wasmrpc-guest",
+            "-p",
+            "wasmrpc-plugin-seed-fns",
+            "--",
+            "-D",
+            "warnings",
+        ],
+    )?;
+
+    process::step("tests (cargo nextest run --profile ci)");
+    setup::ensure_nextest()?;
+    let mut args = vec!["nextest", "run", "--profile", "ci", "--no-fail-fast"];
+    args.extend(nextest_args.iter().map(String::as_str));
+    let tests = process::cargo(root, &args);
+
+    process::step("doc tests (cargo test --doc)");
+    let doc_tests = process::cargo(root, &["test", "--doc", "--quiet"]);
+
+    process::step("seed coverage (tests/SEED_COVERAGE.md)");
+    let report = coverage::regenerate(root)?;
+    println!("{}", report.summary_line());
+    println!("{}", report.closing_line());
+
+    tests?;
+    doc_tests?;
+    Ok(())
+}
+
+/// The workspace root: the parent of this crate's manifest folder.
+fn workspace_root() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().map(Path::to_path_buf).unwrap_or(manifest)
+}

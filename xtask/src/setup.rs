@@ -1,0 +1,150 @@
+//! One-time set-up, reused when present: the wasm32 target, and torch 2.13.0
+//! (the libtorch tch 0.26 expects) in a virtual environment in the cache
+//! folder, linked into `.wasmrpc-env/` where `.cargo/config.toml` points tch.
+
+use crate::process::{self, output, step};
+use anyhow::{Context, Result, bail};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+/// The torch version tch 0.26 is built against.
+const TORCH_VERSION: &str = "2.13.0";
+/// Python packages the venv holds: torch for libtorch and for the interop
+/// tests and benchmarks, numpy because torch's RPC needs it.
+const PIP_PACKAGES: &[&str] = &["torch==2.13.0", "numpy"];
+/// Written into the venv once the install completed and was checked.
+const READY_STAMP: &str = ".wasmrpc-ready";
+
+/// Makes sure everything is installed and linked; cheap when it already is.
+pub(crate) fn run(root: &Path) -> Result<()> {
+    let started = Instant::now();
+    ensure_wasm_target()?;
+    let venv = ensure_torch_venv()?;
+    link_env(root, &venv)?;
+    println!(
+        "setup: ready in {:.1}s (torch {TORCH_VERSION} at {})",
+        started.elapsed().as_secs_f64(),
+        venv.display()
+    );
+    Ok(())
+}
+
+fn ensure_wasm_target() -> Result<()> {
+    let installed = output(Command::new("rustup").args(["target", "list", "--installed"]))
+        .context("rustup is needed to add the wasm32-unknown-unknown target")?;
+    if installed
+        .lines()
+        .any(|l| l.trim() == "wasm32-unknown-unknown")
+    {
+        return Ok(());
+    }
+    step("setup: adding the wasm32-unknown-unknown target (rustup target add)");
+    process::run(Command::new("rustup").args(["target", "add", "wasm32-unknown-unknown"]))
+}
+
+/// The cache folder: `${XDG_CACHE_HOME:-$HOME/.cache}/wasmrpc`.
+fn cache_dir() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(dir).join("wasmrpc"));
+    }
+    let home = std::env::var_os("HOME").context("neither XDG_CACHE_HOME nor HOME is set")?;
+    Ok(PathBuf::from(home).join(".cache").join("wasmrpc"))
+}
+
+/// Returns the venv holding torch, installing it first if it is missing or
+/// an earlier install was interrupted.
+fn ensure_torch_venv() -> Result<PathBuf> {
+    let venv = cache_dir()?.join(format!("torch-{TORCH_VERSION}"));
+    if venv.join(READY_STAMP).exists() {
+        return Ok(venv);
+    }
+    if venv.exists() {
+        println!(
+            "setup: removing an incomplete install at {}",
+            venv.display()
+        );
+        std::fs::remove_dir_all(&venv)
+            .with_context(|| format!("could not remove {}", venv.display()))?;
+    }
+    let started = Instant::now();
+    step(&format!(
+        "setup: installing torch {TORCH_VERSION} and numpy from PyPI into {} \
+         (about 4.5 GB with its CUDA libraries; a few minutes, once)",
+        venv.display()
+    ));
+    std::fs::create_dir_all(venv.parent().unwrap_or(&venv))?;
+    let python = std::env::var("WASMRPC_PYTHON").unwrap_or_else(|_| "python3".into());
+    process::run(Command::new(&python).args(["-m", "venv"]).arg(&venv)).with_context(|| {
+        format!("could not create a venv with {python} (Python 3.10+ with venv is needed)")
+    })?;
+    let pip = venv.join("bin").join("pip");
+    process::run(
+        Command::new(&pip)
+            .args([
+                "install",
+                "--progress-bar",
+                "on",
+                "--disable-pip-version-check",
+            ])
+            .args(PIP_PACKAGES),
+    )?;
+    let version = output(
+        Command::new(venv.join("bin").join("python"))
+            .args(["-c", "import torch; print(torch.__version__.split('+')[0])"]),
+    )?;
+    if version.trim() != TORCH_VERSION {
+        bail!(
+            "installed torch reports version {}, expected {TORCH_VERSION}",
+            version.trim()
+        );
+    }
+    std::fs::write(venv.join(READY_STAMP), format!("torch {TORCH_VERSION}\n"))?;
+    println!(
+        "setup: torch installed in {:.0}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(venv)
+}
+
+/// Points `.wasmrpc-env/{torch,venv}` at the install.
+fn link_env(root: &Path, venv: &Path) -> Result<()> {
+    let env = root.join(".wasmrpc-env");
+    std::fs::create_dir_all(&env)?;
+    let site = venv.join("lib");
+    let torch = std::fs::read_dir(&site)
+        .with_context(|| format!("no lib folder in {}", venv.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("site-packages").join("torch"))
+        .find(|p| p.join("lib").join("libtorch_cpu.so").exists())
+        .with_context(|| format!("no torch with libtorch_cpu.so under {}", site.display()))?;
+    relink(&env.join("torch"), &torch)?;
+    relink(&env.join("venv"), venv)?;
+    Ok(())
+}
+
+fn relink(link: &Path, target: &Path) -> Result<()> {
+    if std::fs::read_link(link).ok().as_deref() == Some(target) {
+        return Ok(());
+    }
+    if link.symlink_metadata().is_ok() {
+        std::fs::remove_file(link)
+            .with_context(|| format!("could not replace {}", link.display()))?;
+    }
+    std::os::unix::fs::symlink(target, link)
+        .with_context(|| format!("could not link {} to {}", link.display(), target.display()))
+}
+
+/// Makes sure `cargo nextest` exists, installing it from crates.io if not.
+pub(crate) fn ensure_nextest() -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    if Command::new(&cargo)
+        .args(["nextest", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        return Ok(());
+    }
+    step("setup: installing cargo-nextest (cargo install --locked), once");
+    process::run(Command::new(&cargo).args(["install", "--locked", "cargo-nextest"]))
+}
