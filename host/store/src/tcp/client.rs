@@ -1,0 +1,567 @@
+//! [`TcpStore`]: the client side of PyTorch's `TCPStore`, usable against our
+//! [`TcpStoreServer`] or PyTorch's own server.
+//!
+//! It owns one connection, used by one operation at a time (PyTorch's client
+//! does the same). Invariants:
+//! - CLI-1: the connection opens with `VALIDATE` and a `PING` whose nonce must
+//!   come back, exactly as PyTorch's client does; connecting retries with
+//!   backoff until the store's timeout.
+//! - CLI-2: every user key travels as `/key` (PyTorch's client key prefix), so
+//!   our clients and PyTorch's see the same keys. The worker counter `init/`
+//!   has no prefix, as in PyTorch.
+//! - CLI-3: an operation that fails on the socket, or whose future is dropped
+//!   half-way, discards the connection; the next operation opens a new one
+//!   (once, without retrying), so a dead server fails callers promptly.
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::protocol::{
+    CHECK_NOT_READY, CHECK_READY, Frame, QueryType, STOP_WAITING, VALIDATION_MAGIC, WAIT_CANCELED,
+};
+use super::server::TcpStoreServer;
+use crate::store::{DEFAULT_TIMEOUT, Error, Result, Store, check_multi_set, parse_counter};
+
+/// The prefix PyTorch's client puts before every user key (CLI-2).
+const KEY_PREFIX: &str = "/";
+/// The key workers count themselves on when `wait_for_workers` is set.
+const INIT_KEY: &str = "init/";
+
+/// How a [`TcpStore`] connects, and what it waits for.
+#[derive(Debug, Clone)]
+pub struct TcpStoreOptions {
+    /// The store's default timeout for `get`, `wait`, connecting and waiting
+    /// for workers (PyTorch's default: 300 s). Zero means no timeout.
+    pub timeout: Duration,
+    /// The number of workers that use the store, if known.
+    pub world_size: Option<usize>,
+    /// Count this client on the `init/` key when it connects and, on the
+    /// master, wait until `world_size` clients have (PyTorch's default: true).
+    pub wait_for_workers: bool,
+}
+
+impl Default for TcpStoreOptions {
+    fn default() -> Self {
+        Self {
+            timeout: DEFAULT_TIMEOUT,
+            world_size: None,
+            wait_for_workers: true,
+        }
+    }
+}
+
+/// A client of a c10d TCP store.
+#[derive(Debug)]
+pub struct TcpStore {
+    host: String,
+    port: u16,
+    timeout: Mutex<Duration>,
+    conn: tokio::sync::Mutex<Option<Connection>>,
+    server: Option<Arc<TcpStoreServer>>,
+}
+
+/// Servers started by [`TcpStore::start_master`] in this process, by port, so
+/// that a second master on the same port shares the first (PyTorch's
+/// `multi_tenant`).
+static SERVERS: LazyLock<Mutex<HashMap<u16, Weak<TcpStoreServer>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+impl TcpStore {
+    /// Connects to the store at `host:port` as a client
+    /// (PyTorch's `TCPStore(host, port, world_size, is_master=False)`).
+    ///
+    /// # Errors
+    /// [`Error::Io`] if no connection succeeds within `options.timeout`, or
+    /// an error from counting this worker.
+    pub async fn connect(host: &str, port: u16, options: TcpStoreOptions) -> Result<Self> {
+        let store = Self::open(host, port, options.timeout, None).await?;
+        store.join(&options, false).await?;
+        Ok(store)
+    }
+
+    /// Starts a server on every interface at `port` (or reuses the one this
+    /// process already runs there), then connects to it through `host`
+    /// (PyTorch's `TCPStore(host, port, world_size, is_master=True,
+    /// multi_tenant=True)`). The store keeps the server alive.
+    ///
+    /// With `wait_for_workers` and a `world_size`, returns only once that
+    /// many clients have connected.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the port cannot be bound or connected to;
+    /// [`Error::DistStore`] ("Timed out after {s} seconds waiting for
+    /// clients. {n}/{world_size} clients joined.") if the workers do not come.
+    pub async fn start_master(host: &str, port: u16, options: TcpStoreOptions) -> Result<Self> {
+        let server = shared_server(port).await?;
+        let store = Self::open(host, server.port(), options.timeout, Some(server)).await?;
+        store.join(&options, true).await?;
+        Ok(store)
+    }
+
+    /// Connects to `server` through `host` and keeps it alive as long as the
+    /// returned store.
+    ///
+    /// # Errors
+    /// As [`TcpStore::connect`].
+    pub async fn with_server(
+        server: Arc<TcpStoreServer>,
+        host: &str,
+        options: TcpStoreOptions,
+    ) -> Result<Self> {
+        let store = Self::open(host, server.port(), options.timeout, Some(server)).await?;
+        store.join(&options, true).await?;
+        Ok(store)
+    }
+
+    async fn open(
+        host: &str,
+        port: u16,
+        timeout: Duration,
+        server: Option<Arc<TcpStoreServer>>,
+    ) -> Result<Self> {
+        let deadline = (!timeout.is_zero()).then(|| Instant::now() + timeout);
+        let conn = Connection::open_with_retry(host, port, deadline).await?;
+        Ok(Self {
+            host: host.to_owned(),
+            port,
+            timeout: Mutex::new(timeout),
+            conn: tokio::sync::Mutex::new(Some(conn)),
+            server,
+        })
+    }
+
+    /// PyTorch's `waitForWorkers`.
+    async fn join(&self, options: &TcpStoreOptions, is_master: bool) -> Result<()> {
+        let Some(world_size) = options.world_size.filter(|_| options.wait_for_workers) else {
+            return Ok(());
+        };
+        self.add_raw(INIT_KEY.as_bytes(), 1).await?;
+        if !is_master {
+            return Ok(());
+        }
+        let start = Instant::now();
+        loop {
+            let value = self.get_raw(INIT_KEY).await?;
+            let joined = parse_counter(&value).unwrap_or(0);
+            if usize::try_from(joined).is_ok_and(|j| j >= world_size) {
+                return Ok(());
+            }
+            let elapsed = start.elapsed();
+            let timeout = self.timeout();
+            if !timeout.is_zero() && elapsed > timeout {
+                return Err(Error::DistStore(format!(
+                    "Timed out after {} seconds waiting for clients. {joined}/{world_size} clients joined.",
+                    elapsed.as_secs()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The host this client connects to.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The port this client connects to.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server this store keeps alive, if it started one.
+    pub fn server(&self) -> Option<&Arc<TcpStoreServer>> {
+        self.server.as_ref()
+    }
+
+    /// Round-trips a `PING` to the server.
+    ///
+    /// # Errors
+    /// [`Error::Io`], [`Error::ConnectionClosed`] or [`Error::Protocol`] if the
+    /// server does not echo the nonce.
+    pub async fn ping(&self) -> Result<()> {
+        self.run(|c| Box::pin(c.ping())).await
+    }
+
+    /// Runs one operation on the connection (CLI-3).
+    async fn run<T>(
+        &self,
+        op: impl for<'c> FnOnce(
+            &'c mut Connection,
+        )
+            -> std::pin::Pin<Box<dyn Future<Output = Result<T>> + Send + 'c>>,
+    ) -> Result<T> {
+        let mut slot = self.conn.lock().await;
+        let mut conn = match slot.take() {
+            Some(conn) => conn,
+            None => Connection::open(&self.host, self.port).await?,
+        };
+        let result = op(&mut conn).await;
+        match &result {
+            Ok(_) | Err(Error::Timeout { .. }) => *slot = Some(conn),
+            Err(_) => {}
+        }
+        result
+    }
+
+    async fn add_raw(&self, key: &[u8], delta: i64) -> Result<i64> {
+        let mut frame = Frame::request(QueryType::Add);
+        frame.bytes(key).i64(delta);
+        self.run(move |c| {
+            Box::pin(async move {
+                c.send(&frame).await?;
+                c.read_i64().await
+            })
+        })
+        .await
+    }
+
+    async fn get_raw(&self, wire_key: &str) -> Result<Vec<u8>> {
+        let timeout = self.timeout();
+        let keys = vec![wire_key.to_owned()];
+        self.run(move |c| {
+            Box::pin(async move {
+                c.wait(&keys, timeout).await?;
+                let mut frame = Frame::request(QueryType::Get);
+                frame.bytes(keys[0].as_bytes());
+                c.send(&frame).await?;
+                c.read_bytes().await
+            })
+        })
+        .await
+    }
+}
+
+/// Returns this process's server on `port`, starting one if needed.
+async fn shared_server(port: u16) -> Result<Arc<TcpStoreServer>> {
+    if port != 0
+        && let Some(server) = SERVERS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&port)
+            .and_then(Weak::upgrade)
+    {
+        return Ok(server);
+    }
+    // Like PyTorch: every interface, IPv6 (dual stack) first, then IPv4.
+    let server = match TcpStoreServer::bind(("::", port)).await {
+        Ok(server) => server,
+        Err(v6) => {
+            tracing::debug!(error = %v6, "binding the store on [::] failed, trying 0.0.0.0");
+            TcpStoreServer::bind(("0.0.0.0", port)).await?
+        }
+    };
+    let server = Arc::new(server);
+    let mut servers = SERVERS.lock().unwrap_or_else(|e| e.into_inner());
+    servers.retain(|_, weak| weak.strong_count() > 0);
+    servers.insert(server.port(), Arc::downgrade(&server));
+    Ok(server)
+}
+
+fn wire_key(key: &str) -> String {
+    format!("{KEY_PREFIX}{key}")
+}
+
+fn user_key(wire: &str) -> String {
+    wire.strip_prefix(KEY_PREFIX).unwrap_or(wire).to_owned()
+}
+
+/// One validated connection to a store server.
+#[derive(Debug)]
+struct Connection {
+    stream: BufReader<TcpStream>,
+    addr: String,
+}
+
+impl Connection {
+    /// Connects and validates once (CLI-1).
+    async fn open(host: &str, port: u16) -> Result<Self> {
+        let addr = format!("{host}:{port}");
+        let stream = TcpStream::connect((host, port))
+            .await
+            .map_err(|e| Error::io(format!("connect to store at {addr}"), e))?;
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(%addr, error = %e, "cannot set TCP_NODELAY");
+        }
+        let mut conn = Self {
+            stream: BufReader::new(stream),
+            addr,
+        };
+        let mut frame = Frame::request(QueryType::Validate);
+        frame.u32(VALIDATION_MAGIC);
+        conn.send(&frame).await?;
+        conn.ping().await?;
+        Ok(conn)
+    }
+
+    /// Connects, retrying with exponential backoff until `deadline` (CLI-1).
+    async fn open_with_retry(host: &str, port: u16, deadline: Option<Instant>) -> Result<Self> {
+        let mut delay = Duration::from_millis(20);
+        loop {
+            let attempt = match deadline {
+                Some(d) => tokio::time::timeout_at(d, Self::open(host, port))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(Error::io(
+                            format!("connect to store at {host}:{port}"),
+                            std::io::ErrorKind::TimedOut.into(),
+                        ))
+                    }),
+                None => Self::open(host, port).await,
+            };
+            match attempt {
+                Ok(conn) => return Ok(conn),
+                Err(e) => {
+                    let now = Instant::now();
+                    if deadline.is_some_and(|d| now + delay >= d) {
+                        return Err(e);
+                    }
+                    tracing::debug!(%host, port, error = %e, ?delay, "store connect failed, retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+
+    fn io(&self, what: &str, e: std::io::Error) -> Error {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            Error::ConnectionClosed {
+                addr: self.addr.clone(),
+            }
+        } else {
+            Error::io(format!("{what} store at {}", self.addr), e)
+        }
+    }
+
+    async fn send(&mut self, frame: &Frame) -> Result<()> {
+        let result = self.stream.get_mut().write_all(&frame.0).await;
+        result.map_err(|e| self.io("write to", e))
+    }
+
+    async fn read_u8(&mut self) -> Result<u8> {
+        let result = self.stream.read_u8().await;
+        result.map_err(|e| self.io("read from", e))
+    }
+
+    async fn read_u32(&mut self) -> Result<u32> {
+        let result = self.stream.read_u32_le().await;
+        result.map_err(|e| self.io("read from", e))
+    }
+
+    async fn read_i64(&mut self) -> Result<i64> {
+        let result = self.stream.read_i64_le().await;
+        result.map_err(|e| self.io("read from", e))
+    }
+
+    async fn read_bytes(&mut self) -> Result<Vec<u8>> {
+        let len = self.stream.read_u64_le().await;
+        let len = len.map_err(|e| self.io("read from", e))?;
+        // Grow as bytes arrive instead of trusting the length.
+        let mut out = Vec::with_capacity(usize::try_from(len).unwrap_or(0).min(1 << 16));
+        let read = (&mut self.stream).take(len).read_to_end(&mut out).await;
+        read.map_err(|e| self.io("read from", e))?;
+        if out.len() as u64 != len {
+            return Err(Error::ConnectionClosed {
+                addr: self.addr.clone(),
+            });
+        }
+        Ok(out)
+    }
+
+    async fn ping(&mut self) -> Result<()> {
+        let nonce = std::process::id();
+        let mut frame = Frame::request(QueryType::Ping);
+        frame.u32(nonce);
+        self.send(&frame).await?;
+        let echoed = self.read_u32().await?;
+        if echoed != nonce {
+            return Err(Error::Protocol(format!(
+                "Ping failed, invalid value returned from server. Expected: {nonce}, Got: {echoed}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// PyTorch's `doWait`: `WAIT`, then `CANCEL_WAIT` if the timeout passes.
+    async fn wait(&mut self, wire_keys: &[String], timeout: Duration) -> Result<()> {
+        let mut frame = Frame::request(QueryType::Wait);
+        frame.keys(wire_keys);
+        self.send(&frame).await?;
+        let first = if timeout.is_zero() {
+            Some(self.read_u8().await?)
+        } else {
+            match tokio::time::timeout(timeout, self.read_u8()).await {
+                Ok(byte) => Some(byte?),
+                Err(_) => None,
+            }
+        };
+        match first {
+            Some(STOP_WAITING) => return Ok(()),
+            Some(other) => {
+                return Err(Error::Protocol(format!(
+                    "Stop_waiting response is expected, got {other}"
+                )));
+            }
+            None => {}
+        }
+        self.send(&Frame::request(QueryType::CancelWait)).await?;
+        // The server answers a cancel at once; bound it anyway so a hung
+        // server cannot hang us.
+        let bound = timeout.max(Duration::from_secs(1));
+        let mut response = self.read_u8_within(bound).await?;
+        if response == STOP_WAITING {
+            // The keys arrived just before the cancel.
+            response = self.read_u8_within(bound).await?;
+        }
+        if response != WAIT_CANCELED {
+            return Err(Error::Protocol(format!(
+                "wait_canceled response is expected, got {response}"
+            )));
+        }
+        Err(Error::Timeout {
+            keys: wire_keys.iter().map(|k| user_key(k)).collect(),
+            timeout,
+        })
+    }
+
+    async fn read_u8_within(&mut self, bound: Duration) -> Result<u8> {
+        match tokio::time::timeout(bound, self.read_u8()).await {
+            Ok(byte) => byte,
+            Err(_) => Err(Error::Protocol(format!(
+                "store at {} did not answer CANCEL_WAIT within {bound:?}",
+                self.addr
+            ))),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for TcpStore {
+    async fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        let mut frame = Frame::request(QueryType::Set);
+        frame.bytes(wire_key(key).as_bytes()).bytes(value);
+        self.run(move |c| Box::pin(async move { c.send(&frame).await }))
+            .await
+    }
+
+    async fn get(&self, key: &str) -> Result<Vec<u8>> {
+        self.get_raw(&wire_key(key)).await
+    }
+
+    async fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        self.add_raw(wire_key(key).as_bytes(), delta).await
+    }
+
+    async fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
+        let mut frame = Frame::request(QueryType::CompareSet);
+        frame
+            .bytes(wire_key(key).as_bytes())
+            .bytes(expected)
+            .bytes(desired);
+        self.run(move |c| {
+            Box::pin(async move {
+                c.send(&frame).await?;
+                c.read_bytes().await
+            })
+        })
+        .await
+    }
+
+    async fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+        let keys: Vec<String> = keys.iter().map(|k| wire_key(k)).collect();
+        self.run(move |c| Box::pin(async move { c.wait(&keys, timeout).await }))
+            .await
+    }
+
+    async fn check(&self, keys: &[&str]) -> Result<bool> {
+        let keys: Vec<String> = keys.iter().map(|k| wire_key(k)).collect();
+        let mut frame = Frame::request(QueryType::Check);
+        frame.keys(&keys);
+        self.run(move |c| {
+            Box::pin(async move {
+                c.send(&frame).await?;
+                match c.read_u8().await? {
+                    CHECK_READY => Ok(true),
+                    CHECK_NOT_READY => Ok(false),
+                    other => Err(Error::Protocol(format!(
+                        "ready or not_ready response expected, got {other}"
+                    ))),
+                }
+            })
+        })
+        .await
+    }
+
+    async fn delete_key(&self, key: &str) -> Result<bool> {
+        let mut frame = Frame::request(QueryType::DeleteKey);
+        frame.bytes(wire_key(key).as_bytes());
+        self.run(move |c| {
+            Box::pin(async move {
+                c.send(&frame).await?;
+                Ok(c.read_i64().await? == 1)
+            })
+        })
+        .await
+    }
+
+    async fn num_keys(&self) -> Result<i64> {
+        let frame = Frame::request(QueryType::GetNumKeys);
+        self.run(move |c| {
+            Box::pin(async move {
+                c.send(&frame).await?;
+                c.read_i64().await
+            })
+        })
+        .await
+    }
+
+    async fn append(&self, key: &str, value: &[u8]) -> Result<()> {
+        let mut frame = Frame::request(QueryType::Append);
+        frame.bytes(wire_key(key).as_bytes()).bytes(value);
+        self.run(move |c| Box::pin(async move { c.send(&frame).await }))
+            .await
+    }
+
+    async fn multi_get(&self, keys: &[&str]) -> Result<Vec<Vec<u8>>> {
+        let keys: Vec<String> = keys.iter().map(|k| wire_key(k)).collect();
+        let timeout = self.timeout();
+        self.run(move |c| {
+            Box::pin(async move {
+                c.wait(&keys, timeout).await?;
+                let mut frame = Frame::request(QueryType::MultiGet);
+                frame.keys(&keys);
+                c.send(&frame).await?;
+                let mut out = Vec::with_capacity(keys.len());
+                for _ in 0..keys.len() {
+                    out.push(c.read_bytes().await?);
+                }
+                Ok(out)
+            })
+        })
+        .await
+    }
+
+    async fn multi_set(&self, keys: &[&str], values: &[&[u8]]) -> Result<()> {
+        check_multi_set(keys, values)?;
+        let mut frame = Frame::request(QueryType::MultiSet);
+        frame.u64(keys.len() as u64);
+        for (key, value) in keys.iter().zip(values) {
+            frame.bytes(wire_key(key).as_bytes()).bytes(value);
+        }
+        self.run(move |c| Box::pin(async move { c.send(&frame).await }))
+            .await
+    }
+
+    fn timeout(&self) -> Duration {
+        *self.timeout.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_timeout(&self, timeout: Duration) {
+        *self.timeout.lock().unwrap_or_else(|e| e.into_inner()) = timeout;
+    }
+}
