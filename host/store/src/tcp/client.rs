@@ -1,8 +1,10 @@
 //! [`TcpStore`]: the client side of PyTorch's `TCPStore`, usable against our
 //! [`TcpStoreServer`] or PyTorch's own server.
 //!
-//! It owns one connection, used by one operation at a time (PyTorch's client
-//! does the same). Invariants:
+//! It owns a small pool of connections: each operation takes an idle one (or
+//! opens another), so one task waiting for a key does not hold up another
+//! task setting it, as it would with PyTorch's single locked connection.
+//! Invariants:
 //! - CLI-1: the connection opens with `VALIDATE` and a `PING` whose nonce must
 //!   come back, exactly as PyTorch's client does; connecting retries with
 //!   backoff until the store's timeout.
@@ -10,8 +12,9 @@
 //!   our clients and PyTorch's see the same keys. The worker counter `init/`
 //!   has no prefix, as in PyTorch.
 //! - CLI-3: an operation that fails on the socket, or whose future is dropped
-//!   half-way, discards the connection; the next operation opens a new one
-//!   (once, without retrying), so a dead server fails callers promptly.
+//!   half-way, discards its connection; new connections after the first are
+//!   opened once, without retrying, so a dead server fails callers promptly.
+//! - CLI-4: at most [`MAX_IDLE`] idle connections are kept.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, Weak};
@@ -31,6 +34,8 @@ use crate::store::{DEFAULT_TIMEOUT, Error, Result, Store, check_multi_set, parse
 const KEY_PREFIX: &str = "/";
 /// The key workers count themselves on when `wait_for_workers` is set.
 const INIT_KEY: &str = "init/";
+/// Idle connections kept for reuse (CLI-4).
+const MAX_IDLE: usize = 4;
 
 /// How a [`TcpStore`] connects, and what it waits for.
 #[derive(Debug, Clone)]
@@ -61,7 +66,7 @@ pub struct TcpStore {
     host: String,
     port: u16,
     timeout: Mutex<Duration>,
-    conn: tokio::sync::Mutex<Option<Connection>>,
+    idle: Mutex<Vec<Connection>>,
     server: Option<Arc<TcpStoreServer>>,
 }
 
@@ -130,7 +135,7 @@ impl TcpStore {
             host: host.to_owned(),
             port,
             timeout: Mutex::new(timeout),
-            conn: tokio::sync::Mutex::new(Some(conn)),
+            idle: Mutex::new(vec![conn]),
             server,
         })
     }
@@ -195,15 +200,17 @@ impl TcpStore {
         )
             -> std::pin::Pin<Box<dyn Future<Output = Result<T>> + Send + 'c>>,
     ) -> Result<T> {
-        let mut slot = self.conn.lock().await;
-        let mut conn = match slot.take() {
+        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut conn = match idle {
             Some(conn) => conn,
             None => Connection::open(&self.host, self.port).await?,
         };
         let result = op(&mut conn).await;
-        match &result {
-            Ok(_) | Err(Error::Timeout { .. }) => *slot = Some(conn),
-            Err(_) => {}
+        if let Ok(_) | Err(Error::Timeout { .. }) = &result {
+            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            if idle.len() < MAX_IDLE {
+                idle.push(conn);
+            }
         }
         result
     }

@@ -25,8 +25,8 @@ use tokio::sync::{Notify, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::protocol::{
-    CHECK_NOT_READY, CHECK_READY, Command, Frame, MAX_PAYLOAD_LEN, ParseError, STOP_WAITING,
-    VALIDATION_MAGIC, WAIT_CANCELED, parse_command,
+    CHECK_NOT_READY, CHECK_READY, Command, Frame, MAX_PAYLOAD_LEN, ParseError, QueryType,
+    STOP_WAITING, VALIDATION_MAGIC, WAIT_CANCELED, parse_command,
 };
 use crate::store::{Error, Result, compare_set_outcome, parse_counter};
 
@@ -286,6 +286,11 @@ impl Connection {
         loop {
             let mut used = 0;
             loop {
+                // TCP-1: refuse a stranger at its first byte, without waiting
+                // for the rest of whatever it is sending.
+                if !self.validated && buf.first().is_some_and(|&b| b != QueryType::Validate as u8) {
+                    return Err(format!("first request is not VALIDATE (code {})", buf[0]));
+                }
                 match parse_command(&buf[used..]) {
                     Ok((command, n)) => {
                         used += n;

@@ -1,0 +1,246 @@
+//! The TCP store under bad input, dead servers, many clients and cancelled
+//! operations.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::timed;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use wasmrpc_store::{Error, Store, TcpStore, TcpStoreOptions, TcpStoreServer};
+
+const LIMIT: Duration = Duration::from_secs(60);
+const MAGIC: [u8; 4] = 0x3C85_F7CEu32.to_le_bytes();
+
+fn options(timeout: Duration) -> TcpStoreOptions {
+    TcpStoreOptions {
+        timeout,
+        ..Default::default()
+    }
+}
+
+async fn client(server: &TcpStoreServer) -> TcpStore {
+    TcpStore::connect("127.0.0.1", server.port(), options(Duration::from_secs(10)))
+        .await
+        .unwrap()
+}
+
+/// Sends `bytes` on a raw connection and tells whether the server closed it.
+async fn closed_after(server: &TcpStoreServer, bytes: &[u8]) -> bool {
+    let mut raw = TcpStream::connect(server.local_addr()).await.unwrap();
+    raw.write_all(bytes).await.unwrap();
+    let mut buf = [0u8; 64];
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), raw.read(&mut buf)).await,
+        Ok(Ok(0)) | Ok(Err(_))
+    )
+}
+
+#[tokio::test]
+async fn garbage_closes_only_that_connection() {
+    timed(LIMIT, async {
+        let server = TcpStoreServer::bind("127.0.0.1:0").await.unwrap();
+        let good = client(&server).await;
+        good.set("before", b"1").await.unwrap();
+
+        // No VALIDATE first, a wrong magic, an unknown command, a huge length.
+        assert!(closed_after(&server, b"\x01garbage").await);
+        assert!(closed_after(&server, &[0, 1, 2, 3, 4]).await);
+        let mut unknown = vec![0];
+        unknown.extend_from_slice(&MAGIC);
+        unknown.push(200);
+        assert!(closed_after(&server, &unknown).await);
+        let mut huge = vec![0];
+        huge.extend_from_slice(&MAGIC);
+        huge.push(3); // GET
+        huge.extend_from_slice(&u64::MAX.to_le_bytes());
+        assert!(closed_after(&server, &huge).await);
+        // ADD on a value that is not a number closes that connection (as
+        // PyTorch's server does) and leaves the value alone.
+        good.set("text", b"abc").await.unwrap();
+        let mut bad_add = vec![0];
+        bad_add.extend_from_slice(&MAGIC);
+        bad_add.push(4);
+        bad_add.extend_from_slice(&5u64.to_le_bytes());
+        bad_add.extend_from_slice(b"/text");
+        bad_add.extend_from_slice(&1i64.to_le_bytes());
+        assert!(closed_after(&server, &bad_add).await);
+
+        // A truncated request followed by a hang-up.
+        {
+            let mut raw = TcpStream::connect(server.local_addr()).await.unwrap();
+            let mut partial = vec![0];
+            partial.extend_from_slice(&MAGIC);
+            partial.extend_from_slice(&[1, 100, 0, 0]);
+            raw.write_all(&partial).await.unwrap();
+        }
+
+        // The well-behaved client never noticed.
+        assert_eq!(good.get("before").await.unwrap(), b"1");
+        assert_eq!(good.get("text").await.unwrap(), b"abc");
+        good.set("after", b"2").await.unwrap();
+        let other = client(&server).await;
+        assert_eq!(other.get("after").await.unwrap(), b"2");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn get_of_a_missing_key_times_out_in_about_the_timeout() {
+    timed(LIMIT, async {
+        let server = TcpStoreServer::bind("127.0.0.1:0").await.unwrap();
+        let store = TcpStore::connect("127.0.0.1", server.port(), options(Duration::from_secs(1)))
+            .await
+            .unwrap();
+        let t0 = Instant::now();
+        let err = store.get("missing").await.unwrap_err();
+        let took = t0.elapsed();
+        assert!(err.to_string().contains("Timeout"), "{err}");
+        assert!(
+            took >= Duration::from_millis(950) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+        // The connection stays usable after the cancelled wait.
+        store.set("missing", b"now").await.unwrap();
+        assert_eq!(store.get("missing").await.unwrap(), b"now");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn server_going_away_fails_every_waiter_promptly() {
+    timed(LIMIT, async {
+        let server = TcpStoreServer::bind("127.0.0.1:0").await.unwrap();
+        let mut waiters = Vec::new();
+        for i in 0..20 {
+            let store = client(&server).await;
+            waiters.push(tokio::spawn(async move {
+                let t0 = Instant::now();
+                let result = if i % 2 == 0 {
+                    store.wait(&["never"], Duration::from_secs(120)).await
+                } else {
+                    store.set_timeout(Duration::from_secs(120));
+                    store.get("never").await.map(|_| ())
+                };
+                (result, t0.elapsed())
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let t0 = Instant::now();
+        server.shutdown().await;
+        for w in waiters {
+            let (result, _) = w.await.unwrap();
+            let err = result.unwrap_err();
+            assert!(
+                matches!(err, Error::ConnectionClosed { .. } | Error::Io { .. }),
+                "{err:?}"
+            );
+        }
+        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn dropping_the_server_closes_connections() {
+    timed(LIMIT, async {
+        let server = TcpStoreServer::bind("127.0.0.1:0").await.unwrap();
+        let store = client(&server).await;
+        let waiter =
+            tokio::spawn(async move { store.wait(&["x"], Duration::from_secs(120)).await });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        drop(server);
+        let err = waiter.await.unwrap().unwrap_err();
+        assert!(
+            matches!(err, Error::ConnectionClosed { .. } | Error::Io { .. }),
+            "{err:?}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_dropped_operation_does_not_desync_the_client() {
+    timed(LIMIT, async {
+        let server = TcpStoreServer::bind("127.0.0.1:0").await.unwrap();
+        let store = client(&server).await;
+        // Abandon a wait half-way: its STOP_WAITING would otherwise be read
+        // as the reply to the next request.
+        let abandoned = tokio::time::timeout(
+            Duration::from_millis(100),
+            store.wait(&["k"], Duration::from_secs(60)),
+        )
+        .await;
+        assert!(abandoned.is_err());
+        store.set("k", b"v").await.unwrap();
+        assert_eq!(store.add("n", 7).await.unwrap(), 7);
+        assert_eq!(store.get("k").await.unwrap(), b"v");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn clients_can_cancel_a_wait_and_keep_going() {
+    timed(LIMIT, async {
+        let server = TcpStoreServer::bind("127.0.0.1:0").await.unwrap();
+        let store = client(&server).await;
+        for _ in 0..5 {
+            assert!(matches!(
+                store.wait(&["nope"], Duration::from_millis(50)).await,
+                Err(Error::Timeout { .. })
+            ));
+        }
+        // Race the key's arrival against the cancel, many times.
+        let setter = client(&server).await;
+        for i in 0..30 {
+            let key = format!("race{i}");
+            let k2 = key.clone();
+            let delay = Duration::from_millis(i % 10);
+            let keys = [key.as_str()];
+            let (set, waited) = tokio::join!(
+                async {
+                    tokio::time::sleep(delay).await;
+                    setter.set(&k2, b"1").await
+                },
+                store.wait(&keys, Duration::from_millis(5))
+            );
+            set.unwrap();
+            assert!(
+                matches!(waited, Ok(()) | Err(Error::Timeout { .. })),
+                "{waited:?}"
+            );
+            assert_eq!(store.get(&key).await.unwrap(), b"1");
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_clients() {
+    timed(Duration::from_secs(120), async {
+        let server = Arc::new(TcpStoreServer::bind("127.0.0.1:0").await.unwrap());
+        let n = 2000;
+        let mut clients = Vec::with_capacity(n);
+        for _ in 0..n {
+            clients.push(Arc::new(client(&server).await));
+        }
+        // Everybody waits for one key, then counts itself.
+        let mut tasks = Vec::new();
+        for c in &clients {
+            let c = Arc::clone(c);
+            tasks.push(tokio::spawn(async move {
+                c.wait(&["start"], Duration::from_secs(60)).await?;
+                c.add("count", 1).await
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        clients[0].set("start", b"go").await.unwrap();
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        assert_eq!(clients[1].add("count", 0).await.unwrap(), n as i64);
+    })
+    .await;
+}
