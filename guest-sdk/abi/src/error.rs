@@ -70,7 +70,10 @@ pub struct RemoteError {
 impl RemoteError {
     /// Builds an error of `kind` with `message`.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        RemoteError { kind, message: message.into() }
+        RemoteError {
+            kind,
+            message: message.into(),
+        }
     }
 }
 

@@ -11,6 +11,12 @@
 //! - [`ErrorKind`] and [`RemoteError`]: the Python exception classes that
 //!   errors keep across the wire, and the error itself.
 //! - [`encode`] / [`decode`]: the one encoding (postcard) used for both.
+//! - [`protocol`]: the calling convention between the host's wasm runtime
+//!   and a guest: import and export names, [`protocol::HostCall`] (what a
+//!   guest may ask of the host) and [`protocol::Outcome`] (what a call
+//!   returns).
+//! - [`manifest`]: the plugin manifest the guest macros write into a custom
+//!   section, and its parser.
 //!
 //! This crate owns no behaviour: no I/O, no tensors, no wasm runtime.
 
@@ -18,6 +24,8 @@
 extern crate alloc;
 
 mod error;
+pub mod manifest;
+pub mod protocol;
 mod value;
 
 pub use error::{ErrorKind, RemoteError};

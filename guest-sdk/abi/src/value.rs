@@ -113,7 +113,12 @@ mod tests {
     fn round_trips_nested_values() {
         let v = Value::Dict(vec![(
             Value::Str("k".into()),
-            Value::List(vec![Value::Int(-3), Value::Float(1.5), Value::Tensor(2), Value::None]),
+            Value::List(vec![
+                Value::Int(-3),
+                Value::Float(1.5),
+                Value::Tensor(2),
+                Value::None,
+            ]),
         )]);
         let bytes = crate::encode(&v).unwrap();
         assert_eq!(crate::decode::<Value>(&bytes).unwrap(), v);

@@ -1,1 +1,368 @@
-//! The seed suites' user functions, written with the guest SDK.
+//! The seed suites' user functions and classes (`rpc_test.py`, Appendix A of
+//! `seed-inventory/rpc_test.md`), written with the guest SDK.
+//!
+//! Names and error texts are the seeds' own, so a ported test reads like the
+//! original. The last section holds functions that misbehave on purpose
+//! (trap, spin, exhaust memory) for the wasm runtime's own tests.
+
+use wasmrpc_guest::{
+    Error, FromValue, Future, IntoValue, RRef, Result, Tensor, ToValue, Value, get_worker_info,
+    global, lock, log, remote, remote_class, rpc_async, rpc_sync, set_global, sleep,
+};
+
+/// A Python number or tensor: what the seeds add with `+`.
+#[derive(Debug)]
+pub enum Num {
+    /// An `int`.
+    Int(i64),
+    /// A `float`.
+    Float(f64),
+    /// A tensor.
+    Tensor(Tensor),
+}
+
+impl FromValue for Num {
+    fn from_value(value: Value) -> Result<Self> {
+        match value {
+            Value::Int(i) => Ok(Num::Int(i)),
+            Value::Float(f) => Ok(Num::Float(f)),
+            Value::Tensor(h) => Ok(Num::Tensor(Tensor::from_raw(h))),
+            other => Err(Error::type_error(format!(
+                "unsupported operand type for +: '{}'",
+                other.type_name()
+            ))),
+        }
+    }
+}
+
+impl IntoValue for Num {
+    fn into_value(self) -> Value {
+        match self {
+            Num::Int(i) => Value::Int(i),
+            Num::Float(f) => Value::Float(f),
+            Num::Tensor(t) => t.into_value(),
+        }
+    }
+}
+
+impl ToValue for Num {
+    fn to_value(&self) -> Value {
+        match self {
+            Num::Int(i) => Value::Int(*i),
+            Num::Float(f) => Value::Float(*f),
+            Num::Tensor(t) => t.to_value(),
+        }
+    }
+}
+
+impl Num {
+    /// `self + other` with Python's rules: a tensor absorbs a scalar, an int
+    /// and a float make a float.
+    ///
+    /// # Errors
+    /// The host's error for tensors that do not broadcast.
+    pub fn add(&self, other: &Num) -> Result<Num> {
+        Ok(match (self, other) {
+            (Num::Int(a), Num::Int(b)) => Num::Int(a.wrapping_add(*b)),
+            (Num::Int(a), Num::Float(b)) | (Num::Float(b), Num::Int(a)) => {
+                Num::Float(*a as f64 + b)
+            }
+            (Num::Float(a), Num::Float(b)) => Num::Float(a + b),
+            (Num::Tensor(t), other) => Num::Tensor(t.add(other.scalar_or_tensor())?),
+            (scalar, Num::Tensor(t)) => Num::Tensor(t.add(scalar.scalar_or_tensor())?),
+        })
+    }
+
+    fn scalar_or_tensor(&self) -> &dyn wasmrpc_guest::Operand {
+        match self {
+            Num::Int(i) => i,
+            Num::Float(f) => f,
+            Num::Tensor(t) => t,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Module-level UDFs.
+
+/// `my_function(a, b, c)`: `a + b + c`.
+#[remote]
+fn my_function(a: Num, b: Num, c: Num) -> Result<Num> {
+    a.add(&b)?.add(&c)
+}
+
+/// `my_tensor_function(a, b)`: `a + b`.
+#[remote]
+fn my_tensor_function(a: Tensor, b: Tensor) -> Result<Tensor> {
+    a.add(&b)
+}
+
+/// `identity(a)`.
+#[remote]
+fn identity(a: Value) -> Value {
+    a
+}
+
+/// `no_result()`: prints "do nothing" and returns `None`.
+#[remote]
+fn no_result() {
+    log("do nothing");
+}
+
+/// `light_rpc()`: returns 0.
+#[remote]
+fn light_rpc() -> i64 {
+    0
+}
+
+/// `heavy_rpc(t)`: 99 in-place `*= i` and `/= i + 1`, then 0.
+#[remote]
+fn heavy_rpc(tensor: Tensor) -> Result<i64> {
+    for i in 1..100i64 {
+        tensor.mul_(i)?;
+        tensor.div_(i + 1)?;
+    }
+    Ok(0)
+}
+
+/// `raise_func()`: raises `ValueError("Expected error")`.
+#[remote]
+fn raise_func() -> Result<()> {
+    Err(Error::value_error("Expected error"))
+}
+
+/// `nested_rpc(dst)`: calls back `rpc_sync(dst, torch.add, (ones(2, 2), 1))`.
+#[remote]
+fn nested_rpc(dst: String) -> Result<Tensor> {
+    rpc_sync(&dst, "aten::add", (Tensor::ones(&[2, 2])?, 1i64))
+}
+
+/// Like `nested_rpc`, but calls a plugin function: `my_function(n, 1, 2)`
+/// on `dst`, so the host re-enters the runtime.
+#[remote]
+fn nested_udf(dst: String, n: i64) -> Result<i64> {
+    rpc_sync(&dst, "my_function", (n, 1i64, 2i64))
+}
+
+/// `add_rref_to_value(rref, value)`: `rref.to_here() + value`.
+#[remote]
+fn add_rref_to_value(rref: RRef, value: Num) -> Result<Num> {
+    rref.to_here::<Num>()?.add(&value)
+}
+
+/// `my_sleep_func(seconds=1)`.
+#[remote]
+fn my_sleep_func(seconds: Option<f64>) -> Result<()> {
+    sleep(seconds.unwrap_or(1.0))
+}
+
+/// `slow_add(x, y)`: sleeps one second, then `x + y`.
+#[remote]
+fn slow_add(x: Num, y: Num) -> Result<Num> {
+    sleep(1.0)?;
+    x.add(&y)
+}
+
+/// `RpcTest.return_callee_id()`: this worker's id.
+#[remote]
+fn return_callee_id() -> Result<u32> {
+    Ok(get_worker_info()?.id)
+}
+
+/// `set_value(v)`: sets the worker-global value the seeds keep in
+/// `VALUE_FUTURE`.
+#[remote]
+fn set_value(value: Value) -> Result<()> {
+    set_global("VALUE_FUTURE", value)
+}
+
+/// Reads back what `set_value` stored (`VALUE_FUTURE.wait()`).
+#[remote]
+fn get_value() -> Result<Option<Value>> {
+    global::<Value>("VALUE_FUTURE")
+}
+
+/// `_increment_count()`: the barrier counter, under a worker-wide lock. The
+/// read and the write are a host call apart, so a missing lock loses counts.
+#[remote]
+fn _increment_count() -> Result<i64> {
+    let _guard = lock("count")?;
+    let count = global::<i64>("count")?.unwrap_or(0);
+    sleep(0.001)?;
+    set_global("count", count + 1)?;
+    Ok(count + 1)
+}
+
+/// `_reset_count()`.
+#[remote]
+fn _reset_count() -> Result<()> {
+    set_global("count", 0i64)
+}
+
+// ---------------------------------------------------------------------------
+// `@rpc.functions.async_execution` functions.
+
+/// `async_add(to, x, y)`: returns the future of `rpc_async(to, add, (x, y))`.
+#[remote(async_execution)]
+fn async_add(to: String, x: Tensor, y: Tensor) -> Result<Future> {
+    rpc_async(&to, "aten::add", (x, y))
+}
+
+/// `async_add_chained(to, x, y, z)`: `rpc_async(to, add, (x, y)).then(+ z)`.
+#[remote(async_execution)]
+fn async_add_chained(to: String, x: Tensor, y: Tensor, z: i64) -> Result<Future> {
+    rpc_async(&to, "aten::add", (x, y))?.then("_add_then", (z,))
+}
+
+/// The `then` callback of `async_add_chained`: `value + z`.
+#[remote]
+fn _add_then(value: Num, z: Num) -> Result<Num> {
+    value.add(&z)
+}
+
+/// `async_add_with_future_ctor(to, x, y, z)`: builds a `Future()` and
+/// completes it by hand.
+#[remote(async_execution)]
+fn async_add_with_future_ctor(to: String, x: Tensor, y: Tensor, z: i64) -> Result<Future> {
+    let done = Future::new()?;
+    let sum: Tensor = rpc_async(&to, "aten::add", (x, y))?.wait()?;
+    done.set_result(sum.add(z)?)?;
+    Ok(done)
+}
+
+/// `async_raise_func()`: raises before returning a future.
+#[remote(async_execution)]
+fn async_raise_func() -> Result<Future> {
+    Err(Error::runtime_error("Expected error"))
+}
+
+// ---------------------------------------------------------------------------
+// Classes.
+
+/// `MyClass(a, delay=False)`.
+pub struct MyClass {
+    a: i64,
+}
+
+#[remote_class]
+impl MyClass {
+    /// `MyClass(a, delay=False)`: with `delay`, the constructor sleeps a
+    /// second.
+    #[constructor]
+    fn new(a: i64, delay: Option<bool>) -> Result<MyClass> {
+        if delay.unwrap_or(false) {
+            sleep(1.0)?;
+        }
+        Ok(MyClass { a })
+    }
+
+    /// `self.a + my_instance_arg`.
+    fn my_instance_method(&self, my_instance_arg: i64) -> i64 {
+        self.a + my_instance_arg
+    }
+
+    /// `@classmethod my_class_method(cls, d, e)`: `d + e`.
+    fn my_class_method(d: i64, e: i64) -> i64 {
+        d + e
+    }
+
+    /// `@staticmethod my_static_method(f)`: `f > 10`.
+    fn my_static_method(f: i64) -> bool {
+        f > 10
+    }
+
+    /// `self.a += increment`.
+    fn increment_value(&mut self, increment: i64) {
+        self.a += increment;
+    }
+
+    /// `self.a`.
+    fn get_value(&self) -> i64 {
+        self.a
+    }
+
+    /// `my_slow_method(t)`: sleeps, then `self.a + t`.
+    fn my_slow_method(&self, my_tensor_arg: Tensor) -> Result<Tensor> {
+        sleep(1.0)?;
+        my_tensor_arg.add(self.a)
+    }
+
+    /// Reads `a`, sleeps `seconds` (the guest is suspended), then writes
+    /// `a + by`: two overlapping calls would lose an update.
+    fn slow_increment(&mut self, by: i64, seconds: f64) -> Result<i64> {
+        let before = self.a;
+        sleep(seconds)?;
+        self.a = before + by;
+        Ok(self.a)
+    }
+
+    /// A method that panics, to check that a broken object reports it.
+    fn explode(&self) -> i64 {
+        panic!("MyClass exploded with a = {}", self.a)
+    }
+
+    /// `@async_execution bound_async_add(to, x, y)`: `rpc_async(add) + a`.
+    #[async_execution]
+    fn bound_async_add(&self, to: String, x: Tensor, y: Tensor) -> Result<Future> {
+        rpc_async(&to, "aten::add", (x, y))?.then("_add_then", (self.a,))
+    }
+}
+
+/// A class that holds a tensor, so destroying it must release the handle.
+pub struct TensorWrapper {
+    tensor: Tensor,
+}
+
+#[remote_class]
+impl TensorWrapper {
+    /// `TensorWrapper(t)`.
+    #[constructor]
+    fn new(t: Tensor) -> TensorWrapper {
+        TensorWrapper { tensor: t }
+    }
+
+    /// `self.t += v`, returning the new sum of elements.
+    fn increase(&mut self, v: f64) -> Result<()> {
+        self.tensor = self.tensor.add(v)?;
+        Ok(())
+    }
+
+    /// `self.t.sum()`.
+    fn sum(&self) -> Result<Tensor> {
+        self.tensor.sum()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Misbehaving guests, for the runtime's own tests.
+
+/// Panics with a message: the instance traps.
+#[remote]
+fn panic_func(message: String) -> i64 {
+    panic!("{message}")
+}
+
+/// Never returns: only the runtime's time limit stops it.
+#[remote]
+fn spin_forever() -> i64 {
+    let mut x: i64 = 0;
+    loop {
+        x = core::hint::black_box(x.wrapping_add(1));
+    }
+}
+
+/// Allocates `megabytes` MiB and touches them.
+#[remote]
+fn allocate(megabytes: usize) -> usize {
+    let v = vec![1u8; megabytes * 1024 * 1024];
+    core::hint::black_box(&v)
+        .iter()
+        .map(|b| usize::from(*b))
+        .sum()
+}
+
+/// Returns its bytes unchanged: the benchmark's echo.
+#[remote]
+fn echo(data: Value) -> Value {
+    data
+}

@@ -1,0 +1,107 @@
+//! [`Future`]: a handle to a future held by the host, as returned by
+//! [`rpc_async`](crate::rpc_async) or made with [`Future::new`].
+
+use crate::convert::{FromValue, ToArgs, ToValue};
+use crate::host;
+use crate::{Error, Result};
+use wasmrpc_abi::protocol::{HandleKind, HostCall};
+
+/// A future held by the host (PyTorch's `torch.futures.Future`).
+///
+/// Waiting holds no host thread: the guest is suspended while the host
+/// awaits. Return one from an `#[remote(async_execution)]` function and the
+/// call completes when it does.
+#[derive(Debug)]
+pub struct Future {
+    handle: u32,
+}
+
+impl Future {
+    /// A new, unset future (`torch.futures.Future()`).
+    ///
+    /// # Errors
+    /// A `RuntimeError` from the host.
+    pub fn new() -> Result<Future> {
+        host::handle(&HostCall::FutureNew).map(Future::from_raw)
+    }
+
+    /// Wraps a raw handle the guest owns.
+    pub fn from_raw(handle: u32) -> Future {
+        Future { handle }
+    }
+
+    /// Gives up the handle without releasing it.
+    pub fn into_raw(self) -> u32 {
+        let h = self.handle;
+        core::mem::forget(self);
+        h
+    }
+
+    /// The raw handle, still owned by `self`.
+    pub fn handle(&self) -> u32 {
+        self.handle
+    }
+
+    /// Waits for the result (`fut.wait()`).
+    ///
+    /// # Errors
+    /// The error the future completed with, kind and message unchanged, or a
+    /// `TypeError` if the value is not a `T`.
+    pub fn wait<T: FromValue>(&self) -> Result<T> {
+        T::from_value(host::value(&HostCall::FutureWait(self.handle))?)
+    }
+
+    /// Whether the future has completed (`fut.done()`).
+    ///
+    /// # Errors
+    /// A `RuntimeError` if the handle is no longer valid.
+    pub fn done(&self) -> Result<bool> {
+        host::flag(&HostCall::FutureDone(self.handle))
+    }
+
+    /// Completes the future with a value (`fut.set_result(v)`).
+    ///
+    /// # Errors
+    /// A `RuntimeError` if the future is already complete.
+    pub fn set_result(&self, value: impl ToValue) -> Result<()> {
+        host::unit(&HostCall::FutureSet {
+            future: self.handle,
+            result: Ok(value.to_value()),
+        })
+    }
+
+    /// Completes the future with an error (`fut.set_exception(e)`).
+    ///
+    /// # Errors
+    /// A `RuntimeError` if the future is already complete.
+    pub fn set_error(&self, error: Error) -> Result<()> {
+        host::unit(&HostCall::FutureSet {
+            future: self.handle,
+            result: Err(error.into()),
+        })
+    }
+
+    /// Chains a callback (`fut.then(...)`): when this future completes with
+    /// `v`, the host calls this plugin's `#[remote]` function
+    /// `function(v, *extra)` on a pooled instance, and the returned future
+    /// completes with its result. An error skips the callback and passes
+    /// through.
+    ///
+    /// # Errors
+    /// A `RuntimeError` from the host.
+    pub fn then(&self, function: &str, extra: impl ToArgs) -> Result<Future> {
+        let call = HostCall::FutureThen {
+            future: self.handle,
+            function: function.to_owned(),
+            extra: extra.to_args(),
+        };
+        host::handle(&call).map(Future::from_raw)
+    }
+}
+
+impl Drop for Future {
+    fn drop(&mut self) {
+        // A failure means the host already forgot the handle.
+        let _ = host::unit(&HostCall::Drop(HandleKind::Future, self.handle));
+    }
+}
