@@ -39,10 +39,13 @@ async fn error_of(url: &str, rank: i64, world_size: i64, env: &[(&str, String)])
     }
 }
 
+/// URL, rank, world size, environment, Python exception kind, exact text.
+type Case<'a> = (&'a str, i64, i64, Vec<(&'a str, String)>, &'a str, &'a str);
+
 #[tokio::test]
 async fn missing_pieces_give_pytorchs_texts() {
     timed(LIMIT, async {
-        let cases: Vec<(&str, i64, i64, Vec<(&str, String)>, &str, &str)> = vec![
+        let cases: Vec<Case<'_>> = vec![
             (
                 "env://",
                 -1,
