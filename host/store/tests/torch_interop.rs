@@ -1,0 +1,220 @@
+//! Wire compatibility with PyTorch 2.13's `TCPStore`, both ways: PyTorch's
+//! client against our server, and our client against PyTorch's server (libuv
+//! and legacy backends). Skips, printing `wasmrpc-skip: ...`, when the
+//! project's torch venv is missing.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::{script, timed, torch_python};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::Command;
+use wasmrpc_store::{Error, Store, TcpStore, TcpStoreOptions, TcpStoreServer};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn torch_client_against_our_server() {
+    let Some(python) = torch_python() else {
+        return;
+    };
+    timed(LIMIT, async {
+        let server = TcpStoreServer::bind("127.0.0.1:0").await.unwrap();
+        let ours = TcpStore::connect(
+            "127.0.0.1",
+            server.port(),
+            TcpStoreOptions {
+                timeout: Duration::from_secs(10),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        ours.set("from_rust", b"rust").await.unwrap();
+
+        let output = Command::new(&python)
+            .arg(script("torch_store_client.py"))
+            .arg("127.0.0.1")
+            .arg(server.port().to_string())
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success() && stdout.lines().any(|l| l == "OK"),
+            "torch client failed ({}):\n{stdout}\n{stderr}",
+            output.status
+        );
+        // What PyTorch's client wrote, our client reads.
+        assert_eq!(ours.get("from_torch").await.unwrap(), b"torch");
+        assert_eq!(ours.get("late").await.unwrap(), b"here");
+        assert_eq!(ours.get("c").await.unwrap(), b"3");
+    })
+    .await;
+}
+
+/// Our client through every operation against a server someone else runs.
+async fn drive_our_client(store: &TcpStore) {
+    assert_eq!(store.get("from_torch_server").await.unwrap(), b"hello");
+
+    store.set("k", b"v1").await.unwrap();
+    store.set("k", b"v2").await.unwrap();
+    assert_eq!(store.get("k").await.unwrap(), b"v2");
+    let binary: Vec<u8> = (0..=255).collect();
+    store.set("bin", &binary).await.unwrap();
+    assert_eq!(store.get("bin").await.unwrap(), binary);
+
+    assert_eq!(store.add("c", 5).await.unwrap(), 5);
+    assert_eq!(store.add("c", -2).await.unwrap(), 3);
+    assert_eq!(store.get("c").await.unwrap(), b"3");
+
+    assert_eq!(
+        store.compare_set("cs", b"", b"first").await.unwrap(),
+        b"first"
+    );
+    assert_eq!(
+        store.compare_set("cs", b"wrong", b"x").await.unwrap(),
+        b"first"
+    );
+    assert_eq!(
+        store.compare_set("cs", b"first", b"second").await.unwrap(),
+        b"second"
+    );
+    assert_eq!(
+        store
+            .compare_set("absent", b"expected", b"x")
+            .await
+            .unwrap(),
+        b"expected"
+    );
+    assert!(!store.check(&["absent"]).await.unwrap());
+
+    assert!(store.check(&["k", "c"]).await.unwrap());
+    assert!(!store.check(&["k", "nope"]).await.unwrap());
+
+    let before = store.num_keys().await.unwrap();
+    store.set("fresh", b"1").await.unwrap();
+    assert_eq!(store.num_keys().await.unwrap(), before + 1);
+    assert!(store.delete_key("fresh").await.unwrap());
+    assert!(!store.delete_key("fresh").await.unwrap());
+    assert_eq!(store.num_keys().await.unwrap(), before);
+
+    store.append("log", b"ab").await.unwrap();
+    store.append("log", b"cd").await.unwrap();
+    assert_eq!(store.get("log").await.unwrap(), b"abcd");
+
+    store
+        .multi_set(&["m1", "m2"], &[b"one".as_slice(), b"two"])
+        .await
+        .unwrap();
+    assert_eq!(
+        store.multi_get(&["m2", "m1"]).await.unwrap(),
+        vec![b"two".to_vec(), b"one".to_vec()]
+    );
+
+    // Waits: satisfied, woken by a concurrent set, timed out (CANCEL_WAIT).
+    store.wait(&["k"], Duration::from_secs(1)).await.unwrap();
+    let t0 = Instant::now();
+    let (woken, set) = tokio::join!(store.wait(&["late"], Duration::from_secs(10)), async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        store.set("late", b"here").await
+    });
+    woken.unwrap();
+    set.unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(5));
+
+    let t0 = Instant::now();
+    let err = store
+        .wait(&["never"], Duration::from_millis(500))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Timeout { .. }), "{err:?}");
+    assert!(t0.elapsed() < Duration::from_secs(3));
+    store.set_timeout(Duration::from_secs(1));
+    let t0 = Instant::now();
+    let err = store.get("never").await.unwrap_err();
+    assert!(err.to_string().contains("Timeout"), "{err}");
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    assert_eq!(
+        store.get("k").await.unwrap(),
+        b"v2",
+        "still in step after a cancel"
+    );
+    store.ping().await.unwrap();
+
+    store.set("from_rust", b"rust").await.unwrap();
+}
+
+async fn our_client_against_torch_server(use_libuv: bool) {
+    let Some(python) = torch_python() else {
+        return;
+    };
+    timed(LIMIT, async {
+        let mut child = Command::new(&python)
+            .arg(script("torch_store_server.py"))
+            .arg(if use_libuv { "1" } else { "0" })
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let port: u16 = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("the server script printed no port")
+            .trim()
+            .parse()
+            .unwrap();
+
+        let store = TcpStore::connect(
+            "127.0.0.1",
+            port,
+            TcpStoreOptions {
+                timeout: Duration::from_secs(10),
+                world_size: Some(2),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        drive_our_client(&store).await;
+
+        // PyTorch's own client sees what ours wrote.
+        stdin.write_all(b"check\n").await.unwrap();
+        assert_eq!(
+            lines.next_line().await.unwrap().as_deref(),
+            Some("CHECK OK")
+        );
+        drop(stdin);
+        let status = child.wait().await.unwrap();
+        assert!(status.success(), "{status}");
+
+        // The server is gone: a waiting operation fails promptly.
+        let t0 = Instant::now();
+        assert!(store.get("anything").await.is_err());
+        assert!(t0.elapsed() < Duration::from_secs(3));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_client_against_torch_libuv_server() {
+    our_client_against_torch_server(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_client_against_torch_legacy_server() {
+    our_client_against_torch_server(false).await;
+}
