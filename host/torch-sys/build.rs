@@ -1,0 +1,46 @@
+//! Compiles the C++ shim (`shim/ops.cpp`) against the libtorch that
+//! torch-sys links, links it with `torch_cpu` and `c10`, and embeds an rpath
+//! to libtorch's folder so this package's test and bench binaries find it at
+//! run time.
+
+use anyhow::{Context, Result};
+use std::path::PathBuf;
+
+fn main() -> Result<()> {
+    println!("cargo:rerun-if-changed=shim/ops.cpp");
+    println!("cargo:rerun-if-changed=shim/ops.h");
+    println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
+
+    // torch-sys (links = "tch") publishes the folder it linked against.
+    let lib = std::env::var("DEP_TCH_LIBTORCH_LIB")
+        .context("DEP_TCH_LIBTORCH_LIB is not set: is torch-sys a dependency?")?;
+    // Resolve the set-up's links, so binaries keep working if the checkout
+    // moves.
+    let lib = std::fs::canonicalize(&lib).unwrap_or_else(|_| PathBuf::from(&lib));
+    let include = lib.join("../include");
+    let api_include = lib.join("../include/torch/csrc/api/include");
+
+    // torch-sys builds libtch with `-D_GLIBCXX_USE_CXX11_ABI=1` unless
+    // `LIBTORCH_CXX11_ABI` says otherwise; the shim must agree with it.
+    println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
+    let cxx11_abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".to_owned());
+
+    cc::Build::new()
+        .cpp(true)
+        .pic(true)
+        .warnings(false)
+        .include(&include)
+        .include(&api_include)
+        .include("shim")
+        .flag("-std=c++20")
+        .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={cxx11_abi}"))
+        .flag("-DGLOG_USE_GLOG_EXPORT")
+        .file("shim/ops.cpp")
+        .compile("wasmrpc_torch_shim");
+
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    println!("cargo:rustc-link-lib=torch_cpu");
+    println!("cargo:rustc-link-lib=c10");
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+    Ok(())
+}

@@ -1,0 +1,110 @@
+// The C ABI between `wasmrpc-torch-sys` (Rust) and its C++ shim over
+// libtorch's JIT operator registry.
+//
+// Values cross the boundary as a pre-order array of `wrs_value` nodes: a list
+// or tuple node is followed by its `len` children (each a whole subtree).
+// Tensors cross as `at::Tensor*` (the same pointers tch's `C_tensor` wraps):
+// inputs are borrowed, outputs are `new at::Tensor(...)` owned by the caller.
+//
+// No C++ exception crosses this boundary: every entry point catches
+// everything and reports it through a status code and a message.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum wrs_tag {
+  WRS_NONE = 0,
+  WRS_BOOL = 1,    // i: 0 or 1
+  WRS_INT = 2,     // i
+  WRS_FLOAT = 3,   // f
+  WRS_STR = 4,     // p: UTF-8 bytes, len: byte length
+  WRS_TENSOR = 5,  // p: at::Tensor*
+  WRS_LIST = 6,    // len: number of children
+  WRS_TUPLE = 7,   // len: number of children
+  WRS_DTYPE = 8,   // i: c10::ScalarType code
+  WRS_DEVICE = 9,  // i: c10::DeviceType code, len: device index + 1 (0: none)
+};
+
+typedef struct wrs_value {
+  uint32_t tag;
+  uint32_t len;
+  int64_t i;
+  double f;
+  const void* p;
+} wrs_value;
+
+typedef struct wrs_str {
+  const char* ptr;
+  size_t len;
+} wrs_str;
+
+// Status codes of the entry points.
+enum wrs_status {
+  WRS_OK = 0,
+  WRS_ERR_SCHEMA = 1,       // no overload accepts the arguments
+  WRS_ERR_OP = 2,           // the op ran and raised
+  WRS_ERR_UNKNOWN_OP = 3,   // no operator registered under the name
+  WRS_ERR_INTERNAL = 4,     // anything else (unsupported output, bad input)
+};
+
+// Python exception class of a WRS_ERR_OP error (from c10's error subclasses).
+enum wrs_error_class {
+  WRS_CLASS_RUNTIME = 0,
+  WRS_CLASS_INDEX = 1,
+  WRS_CLASS_VALUE = 2,
+  WRS_CLASS_TYPE = 3,
+  WRS_CLASS_NOT_IMPLEMENTED = 4,
+};
+
+// Results of a call. The nodes and strings they point at live in
+// thread-local storage of the shim and stay valid until the next call into
+// the shim on the same thread.
+typedef struct wrs_out {
+  const wrs_value* nodes;
+  size_t n_nodes;
+  size_t n_outputs;  // top-level values among `nodes`
+  const char* err;
+  size_t err_len;
+  int32_t err_class;
+} wrs_out;
+
+// A resolved operator name: its overloads in matching order.
+typedef struct wrs_op wrs_op;
+
+// Resolves a qualified name (`aten::add`). On success `*op` owns a handle
+// to free with `wrs_op_free`.
+int32_t wrs_op_resolve(const char* name, size_t name_len, wrs_op** op,
+                       wrs_out* out);
+void wrs_op_free(wrs_op* op);
+size_t wrs_op_num_overloads(const wrs_op* op);
+// The schema text of overload `index`, in thread-local storage (see wrs_out).
+int32_t wrs_op_schema(const wrs_op* op, size_t index, wrs_str* schema);
+
+// Matches the arguments against the overloads, runs the first that accepts
+// them, and converts its outputs. `nodes` holds `n_args` positional values
+// followed by `n_kwargs` keyword values whose names are `kw_names`.
+// `method_varargs` enables Python's `Tensor.view(2, 3)` packing of trailing
+// ints into the one `int[]` parameter of a method.
+int32_t wrs_op_call(const wrs_op* op, const wrs_value* nodes, size_t n_nodes,
+                    size_t n_args, const wrs_str* kw_names, size_t n_kwargs,
+                    int32_t method_varargs, wrs_out* out);
+
+// Like wrs_op_call without running anything: the index of the overload the
+// call would run, in `*index`.
+int32_t wrs_op_match(const wrs_op* op, const wrs_value* nodes, size_t n_nodes,
+                     size_t n_args, const wrs_str* kw_names, size_t n_kwargs,
+                     int32_t method_varargs, size_t* index, wrs_out* out);
+
+// The name of the autograd node that produced `tensor` (`MulBackward0`).
+// Returns 1 and sets `name` (thread-local storage) if it has one, 0 if not,
+// and a negative value on error.
+int32_t wrs_grad_fn_name(const void* tensor, wrs_str* name);
+
+#ifdef __cplusplus
+}
+#endif

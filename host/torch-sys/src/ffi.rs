@@ -1,0 +1,124 @@
+//! The raw C ABI of the shim (`shim/ops.h`), nothing else.
+//!
+//! Safe wrappers live in [`crate::op`] and [`crate::value`]; this module only
+//! declares the layout of the structs and the extern functions.
+
+use std::ffi::c_void;
+
+pub(crate) const TAG_NONE: u32 = 0;
+pub(crate) const TAG_BOOL: u32 = 1;
+pub(crate) const TAG_INT: u32 = 2;
+pub(crate) const TAG_FLOAT: u32 = 3;
+pub(crate) const TAG_STR: u32 = 4;
+pub(crate) const TAG_TENSOR: u32 = 5;
+pub(crate) const TAG_LIST: u32 = 6;
+pub(crate) const TAG_TUPLE: u32 = 7;
+pub(crate) const TAG_DTYPE: u32 = 8;
+pub(crate) const TAG_DEVICE: u32 = 9;
+
+pub(crate) const STATUS_OK: i32 = 0;
+pub(crate) const STATUS_SCHEMA: i32 = 1;
+pub(crate) const STATUS_OP: i32 = 2;
+pub(crate) const STATUS_UNKNOWN_OP: i32 = 3;
+
+pub(crate) const CLASS_INDEX: i32 = 1;
+pub(crate) const CLASS_VALUE: i32 = 2;
+pub(crate) const CLASS_TYPE: i32 = 3;
+pub(crate) const CLASS_NOT_IMPLEMENTED: i32 = 4;
+
+/// One node of a pre-order value tree (`wrs_value`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RawValue {
+    pub(crate) tag: u32,
+    pub(crate) len: u32,
+    pub(crate) i: i64,
+    pub(crate) f: f64,
+    pub(crate) p: *const c_void,
+}
+
+impl RawValue {
+    pub(crate) const fn new(tag: u32) -> Self {
+        Self {
+            tag,
+            len: 0,
+            i: 0,
+            f: 0.0,
+            p: std::ptr::null(),
+        }
+    }
+}
+
+/// A borrowed UTF-8 string (`wrs_str`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RawStr {
+    pub(crate) ptr: *const u8,
+    pub(crate) len: usize,
+}
+
+/// Results of a call (`wrs_out`): they point into the shim's thread-local
+/// storage and stay valid until the next shim call on the same thread.
+#[repr(C)]
+#[derive(Debug)]
+pub(crate) struct RawOut {
+    pub(crate) nodes: *const RawValue,
+    pub(crate) n_nodes: usize,
+    pub(crate) n_outputs: usize,
+    pub(crate) err: *const u8,
+    pub(crate) err_len: usize,
+    pub(crate) err_class: i32,
+}
+
+impl RawOut {
+    pub(crate) const fn empty() -> Self {
+        Self {
+            nodes: std::ptr::null(),
+            n_nodes: 0,
+            n_outputs: 0,
+            err: std::ptr::null(),
+            err_len: 0,
+            err_class: 0,
+        }
+    }
+}
+
+/// An opaque resolved operator (`wrs_op`).
+#[repr(C)]
+pub(crate) struct RawOp {
+    _private: [u8; 0],
+}
+
+unsafe extern "C" {
+    pub(crate) fn wrs_op_resolve(
+        name: *const u8,
+        name_len: usize,
+        op: *mut *mut RawOp,
+        out: *mut RawOut,
+    ) -> i32;
+    pub(crate) fn wrs_op_free(op: *mut RawOp);
+    pub(crate) fn wrs_op_num_overloads(op: *const RawOp) -> usize;
+    pub(crate) fn wrs_op_schema(op: *const RawOp, index: usize, schema: *mut RawStr) -> i32;
+    pub(crate) fn wrs_op_call(
+        op: *const RawOp,
+        nodes: *const RawValue,
+        n_nodes: usize,
+        n_args: usize,
+        kw_names: *const RawStr,
+        n_kwargs: usize,
+        method_varargs: i32,
+        out: *mut RawOut,
+    ) -> i32;
+    pub(crate) fn wrs_op_match(
+        op: *const RawOp,
+        nodes: *const RawValue,
+        n_nodes: usize,
+        n_args: usize,
+        kw_names: *const RawStr,
+        n_kwargs: usize,
+        method_varargs: i32,
+        index: *mut usize,
+        out: *mut RawOut,
+    ) -> i32;
+    pub(crate) fn wrs_grad_fn_name(tensor: *const c_void, name: *mut RawStr) -> i32;
+}

@@ -1,0 +1,60 @@
+//! Builtin ops by their aten schema name, through libtorch's own operator
+//! registry: the callee side of PyTorch RPC's builtin calls
+//! (`rpc_sync("worker1", torch.add, args=(t1, t2))`) and the tensor-op host
+//! import of wasm guests.
+//!
+//! ```no_run
+//! use wasmrpc_torch_sys::{call_op, OpValue};
+//! use tch::Tensor;
+//!
+//! let a = OpValue::Tensor(Tensor::ones([2, 2], (tch::Kind::Float, tch::Device::Cpu)));
+//! // `add.Scalar` is the overload that accepts a tensor and an int.
+//! let out = call_op("aten::add", &[a, OpValue::Int(1)], &[("alpha".into(), OpValue::Int(2))])?;
+//! let sum = out[0].as_tensor().expect("add returns a tensor");
+//! assert_eq!(sum.double_value(&[0, 0]), 3.0);
+//! # Ok::<(), wasmrpc_torch_sys::OpError>(())
+//! ```
+//!
+//! # Core concepts
+//!
+//! - [`OpValue`]: an argument or a result (`None`, scalars, strings, tensors,
+//!   lists, tuples, dtypes, devices). It owns its tensors; calls borrow
+//!   arguments, so a caller keeps them. Converting to a schema's types
+//!   follows PyTorch RPC's Python conversion (`toIValue`).
+//! - [`Operator`]: a name resolved once into all its overloads (`aten::add`
+//!   has 16). Cheap to clone, `Send + Sync`; resolved names are cached for
+//!   the life of the process, so the hot path is one read-locked hash lookup.
+//!   A call matches the arguments against each overload in PyTorch RPC's
+//!   order (dispatcher ops first) and runs the first that accepts them.
+//! - [`call_op`] / [`call_method`]: the same by name; `call_op` also serves
+//!   the Python builtins the seeds call ([`BUILTINS`]).
+//! - [`OpError`]: the Python exception class ([`OpError::kind`]) and
+//!   PyTorch's message: [`NO_MATCHING_SCHEMA`] with every schema tried,
+//!   libtorch's own text when an op raises, `Unknown builtin op: aten::foo`.
+//! - [`grad_fn_name`]: which autograd node recorded a result (`MulBackward0`).
+//!
+//! Calls run on the caller's thread, with its grad mode; any number run at
+//! once. No C++ exception crosses into Rust: the shim catches everything.
+//!
+//! # Names
+//!
+//! `aten::add` and any other registered `namespace::name`;
+//! `torch.ops.aten.add` (PyTorch RPC's wire form); a bare name (`view`,
+//! `size`, `sum`, `to`, `add`) is a tensor method, `aten::<name>`.
+//! Python-only methods that have no operator of their own (`Tensor.float()`,
+//! `Tensor.tolist()`, `Tensor.type()`) do not resolve; use their op
+//! (`aten::to` with a dtype, ...).
+
+mod autograd;
+mod builtin;
+mod error;
+mod ffi;
+mod op;
+mod value;
+
+pub use autograd::grad_fn_name;
+pub use builtin::BUILTINS;
+pub use error::{NO_MATCHING_SCHEMA, OpError};
+pub use op::{Operator, WIRE_PREFIX, call_method, call_op, qualified_name, schemas};
+pub use value::OpValue;
+pub use wasmrpc_abi::ErrorKind;

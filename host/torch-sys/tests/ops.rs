@@ -1,0 +1,450 @@
+//! Builtin ops by schema name: overload matching, kwargs and defaults,
+//! outputs, PyTorch's error texts, sparse tensors, autograd, threads.
+
+use tch::{Device, Kind, Tensor};
+use wasmrpc_torch_sys::{
+    ErrorKind, NO_MATCHING_SCHEMA, OpError, OpValue, Operator, call_method, call_op, grad_fn_name,
+    schemas,
+};
+
+const F32: (Kind, Device) = (Kind::Float, Device::Cpu);
+
+fn t(v: &[f32], shape: &[i64]) -> OpValue {
+    OpValue::Tensor(Tensor::from_slice(v).reshape(shape))
+}
+
+fn ones(shape: &[i64]) -> OpValue {
+    OpValue::Tensor(Tensor::ones(shape, F32))
+}
+
+fn kw(name: &str, v: impl Into<OpValue>) -> (String, OpValue) {
+    (name.to_owned(), v.into())
+}
+
+fn ints(v: &[i64]) -> OpValue {
+    OpValue::List(v.iter().map(|i| OpValue::Int(*i)).collect())
+}
+
+/// The one tensor an op returned.
+fn tensor(mut out: Vec<OpValue>) -> Tensor {
+    assert_eq!(out.len(), 1, "expected one output, got {out:?}");
+    out.pop().unwrap().into_tensor().expect("a tensor output")
+}
+
+fn values(t: &Tensor) -> Vec<f64> {
+    let flat = t.to_kind(Kind::Double).reshape([-1]);
+    Vec::<f64>::try_from(&flat).unwrap()
+}
+
+#[test]
+fn add_of_two_tensors_picks_add_tensor() {
+    let op = Operator::resolve("aten::add").unwrap();
+    let args = [t(&[1., 2.], &[2]), t(&[10., 20.], &[2])];
+    let schema = op.matching_schema(&args, &[]).unwrap();
+    assert!(schema.starts_with("aten::add.Tensor("), "{schema}");
+    assert_eq!(values(&tensor(op.call(&args, &[]).unwrap())), [11., 22.]);
+}
+
+#[test]
+fn add_of_tensor_and_int_picks_add_scalar_and_takes_alpha() {
+    let op = Operator::resolve("aten::add").unwrap();
+    let args = [ones(&[2, 2]), OpValue::Int(1)];
+    let schema = op.matching_schema(&args, &[]).unwrap();
+    assert!(schema.starts_with("aten::add.Scalar("), "{schema}");
+    assert_eq!(values(&tensor(op.call(&args, &[]).unwrap())), [2.; 4]);
+    let out = tensor(op.call(&args, &[kw("alpha", 3_i64)]).unwrap());
+    assert_eq!(values(&out), [4.; 4]);
+    // alpha on add.Tensor: a + alpha * b.
+    let out = tensor(call_op("aten::add", &[ones(&[2]), ones(&[2])], &[kw("alpha", 2.5)]).unwrap());
+    assert_eq!(values(&out), [3.5, 3.5]);
+}
+
+#[test]
+fn wire_and_bare_names_resolve_to_aten() {
+    let a = tensor(call_op("torch.ops.aten.add", &[ones(&[2]), OpValue::Int(2)], &[]).unwrap());
+    assert_eq!(values(&a), [3., 3.]);
+    assert_eq!(Operator::resolve("add").unwrap().name(), "aten::add");
+    assert!(schemas("aten::add").unwrap().len() >= 10);
+}
+
+#[test]
+fn matmul_and_multi_dot_over_a_list_of_tensors() {
+    let a = t(&[1., 2., 3., 4., 5., 6.], &[2, 3]);
+    let b = t(&[1., 0., 0., 1., 1., 1.], &[3, 2]);
+    let mm = tensor(call_op("aten::matmul", &[a.shallow_clone(), b.shallow_clone()], &[]).unwrap());
+    assert_eq!(mm.size(), [2, 2]);
+    assert_eq!(values(&mm), [4., 5., 10., 11.]);
+    let c = t(&[2., 0., 0., 2.], &[2, 2]);
+    let chain = tensor(
+        call_op(
+            "aten::linalg_multi_dot",
+            &[OpValue::List(vec![a, b, c])],
+            &[],
+        )
+        .unwrap(),
+    );
+    assert_eq!(values(&chain), [8., 10., 20., 22.]);
+}
+
+#[test]
+fn ones_with_a_size_list_and_dtype_kwargs() {
+    let out =
+        tensor(call_op("aten::ones", &[ints(&[2, 3])], &[kw("dtype", Kind::Double)]).unwrap());
+    assert_eq!(out.size(), [2, 3]);
+    assert_eq!(out.kind(), Kind::Double);
+    // A ScalarType may also be its integer code, as TorchScript stores it.
+    let out = tensor(call_op("aten::ones", &[ints(&[4])], &[kw("dtype", 4_i64)]).unwrap());
+    assert_eq!(out.kind(), Kind::Int64);
+    // A single int broadcasts to a fixed-size int[N] (`int[2] stride`).
+    let x = OpValue::Tensor(Tensor::ones([1, 1, 4, 4], F32));
+    let pooled = tensor(call_op("aten::max_pool2d", &[x, OpValue::Int(2)], &[]).unwrap());
+    assert_eq!(pooled.size(), [1, 1, 2, 2]);
+}
+
+#[test]
+fn max_dim_returns_values_and_indices() {
+    let x = t(&[1., 5., 3., 7., 2., 0.], &[2, 3]);
+    let out = call_op("aten::max", &[x, OpValue::Int(1)], &[]).unwrap();
+    assert_eq!(out.len(), 2);
+    assert_eq!(values(out[0].as_tensor().unwrap()), [5., 7.]);
+    assert_eq!(values(out[1].as_tensor().unwrap()), [1., 0.]);
+    match OpValue::from_outputs(out) {
+        OpValue::Tuple(items) => assert_eq!(items.len(), 2),
+        other => panic!("expected a tuple, got {other:?}"),
+    }
+    let kept = call_op(
+        "aten::max",
+        &[t(&[1., 5.], &[1, 2]), OpValue::Int(1)],
+        &[kw("keepdim", true)],
+    )
+    .unwrap();
+    assert_eq!(kept[0].as_tensor().unwrap().size(), [1, 1]);
+}
+
+#[test]
+fn scalar_returning_ops() {
+    let x = ones(&[2, 3]);
+    let size1 = call_op("aten::size", &[x.shallow_clone(), OpValue::Int(1)], &[]).unwrap();
+    assert_eq!(size1[0].as_int(), Some(3));
+    let sizes = call_op("aten::size", &[x.shallow_clone()], &[]).unwrap();
+    let sizes: Vec<i64> = sizes[0]
+        .as_slice()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_int().unwrap())
+        .collect();
+    assert_eq!(sizes, [2, 3]);
+    let item = call_op("aten::item", &[t(&[2.5], &[1])], &[]).unwrap();
+    assert_eq!(item[0].as_float(), Some(2.5));
+    let dim = call_op("aten::dim", &[x], &[]).unwrap();
+    assert_eq!(dim[0].as_int(), Some(2));
+}
+
+#[test]
+fn strings_devices_and_bools_cross_both_ways() {
+    let lower = call_op("aten::lower", &[OpValue::Str("ABC".into())], &[]).unwrap();
+    assert!(
+        matches!(&lower[0], OpValue::Str(s) if s == "abc"),
+        "{lower:?}"
+    );
+    let device = call_op("prim::device", &[ones(&[1])], &[]).unwrap();
+    assert!(
+        matches!(device[0], OpValue::Device(Device::Cpu)),
+        "{device:?}"
+    );
+    let moved = tensor(call_method("to", &[ones(&[1]), OpValue::Str("cpu".into())], &[]).unwrap());
+    assert_eq!(moved.device(), Device::Cpu);
+    let equal = call_op("aten::equal", &[ones(&[2]), ones(&[2])], &[]).unwrap();
+    assert_eq!(equal[0].as_bool(), Some(true));
+}
+
+#[test]
+fn split_returns_a_list_and_in_place_ops_mutate() {
+    let x = t(&[1., 2., 3., 4., 5.], &[5]);
+    let parts = call_op("aten::split", &[x.shallow_clone(), OpValue::Int(2)], &[]).unwrap();
+    let parts = parts[0].as_slice().unwrap();
+    let sizes: Vec<Vec<i64>> = parts
+        .iter()
+        .map(|p| p.as_tensor().unwrap().size())
+        .collect();
+    assert_eq!(sizes, [vec![2], vec![2], vec![1]]);
+
+    let out = tensor(call_op("aten::mul_", &[x.shallow_clone(), OpValue::Int(2)], &[]).unwrap());
+    assert_eq!(values(x.as_tensor().unwrap()), [2., 4., 6., 8., 10.]);
+    assert_eq!(values(&out), [2., 4., 6., 8., 10.]);
+}
+
+#[test]
+fn optional_and_default_arguments() {
+    let x = t(&[1., 2., 3., 4.], &[2, 2]);
+    // `dim` is `int[1]?`: None, a list, or one int.
+    let all = tensor(call_op("aten::sum", &[x.shallow_clone()], &[]).unwrap());
+    assert_eq!(values(&all), [10.]);
+    let rows = tensor(call_op("aten::sum", &[x.shallow_clone(), ints(&[1])], &[]).unwrap());
+    assert_eq!(values(&rows), [3., 7.]);
+    let cols = tensor(
+        call_op(
+            "aten::sum",
+            &[x.shallow_clone(), OpValue::Int(0)],
+            &[kw("keepdim", true)],
+        )
+        .unwrap(),
+    );
+    assert_eq!(cols.size(), [1, 2]);
+    let dtype = tensor(call_op("aten::sum", &[x], &[kw("dtype", Kind::Double)]).unwrap());
+    assert_eq!(dtype.kind(), Kind::Double);
+}
+
+#[test]
+fn tensor_methods_resolve_through_the_registry() {
+    let x = t(&[1., 2., 3., 4., 5., 6.], &[6]);
+    let viewed = tensor(
+        call_method(
+            "view",
+            &[x.shallow_clone(), OpValue::Int(2), OpValue::Int(3)],
+            &[],
+        )
+        .unwrap(),
+    );
+    assert_eq!(viewed.size(), [2, 3]);
+    let viewed = tensor(call_method("view", &[x.shallow_clone(), ints(&[3, 2])], &[]).unwrap());
+    assert_eq!(viewed.size(), [3, 2]);
+    let size = call_method("size", &[x.shallow_clone()], &[]).unwrap();
+    assert_eq!(size[0].as_slice().unwrap().len(), 1);
+    let sum = tensor(call_method("sum", &[x.shallow_clone()], &[]).unwrap());
+    assert_eq!(values(&sum), [21.]);
+    let double = tensor(
+        call_method(
+            "to",
+            &[x.shallow_clone(), OpValue::Dtype(Kind::Double)],
+            &[],
+        )
+        .unwrap(),
+    );
+    assert_eq!(double.kind(), Kind::Double);
+    let added = tensor(call_method("add", &[x.shallow_clone(), x], &[]).unwrap());
+    assert_eq!(values(&added), [2., 4., 6., 8., 10., 12.]);
+    // Varargs only apply to methods: as a function, view(t, 2, 3) matches nothing.
+    let err = call_op(
+        "aten::view",
+        &[ones(&[6]), OpValue::Int(2), OpValue::Int(3)],
+        &[],
+    )
+    .unwrap_err();
+    assert!(matches!(err, OpError::NoMatchingSchema { .. }), "{err}");
+}
+
+#[test]
+fn nonzero_like_the_seed() {
+    let x = t(&[0., 1., 0., 2.], &[4]);
+    let nz = tensor(call_op("aten::nonzero", &[x], &[]).unwrap());
+    assert_eq!(nz.size(), [2, 1]);
+    assert_eq!(values(&nz), [1., 3.]);
+}
+
+#[test]
+fn no_matching_overload_lists_every_schema_tried() {
+    // The seed's `rpc_sync(dst, torch.add, args=())`.
+    let err = call_op("aten::add", &[], &[]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::RuntimeError);
+    let text = err.to_string();
+    assert!(text.starts_with(NO_MATCHING_SCHEMA), "{text}");
+    assert!(text.contains("failed to match any schema"), "{text}");
+    assert!(
+        text.contains("aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"),
+        "{text}"
+    );
+    assert!(text.contains("aten::add.Scalar("), "{text}");
+    assert!(
+        text.contains("is missing value for argument 'self'"),
+        "{text}"
+    );
+
+    let err = call_op("aten::add", &[ones(&[2]), OpValue::Str("x".into())], &[]).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains(
+            "Expected a value of type 'Tensor' for argument 'other' but instead found type 'str'"
+        ),
+        "{text}"
+    );
+
+    let err = call_op("aten::add", &[ones(&[2]), ones(&[2])], &[kw("beta", 1_i64)]).unwrap_err();
+    assert!(err.to_string().contains("beta"), "{err}");
+}
+
+#[test]
+fn libtorch_messages_pass_through() {
+    let err = call_op("aten::add", &[ones(&[2]), ones(&[3])], &[]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::RuntimeError);
+    assert!(matches!(err, OpError::Raised { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains("The size of tensor a (2) must match the size of tensor b (3)"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("Exception raised from"),
+        "backtrace leaked: {text}"
+    );
+
+    let err = call_op(
+        "aten::select",
+        &[ones(&[2]), OpValue::Int(0), OpValue::Int(10)],
+        &[],
+    )
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::IndexError, "{err}");
+    assert!(
+        err.to_string().contains("out of range") || err.to_string().contains("out of bounds"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unknown_ops_are_runtime_errors() {
+    let err = call_op("aten::no_such_op_here", &[], &[]).unwrap_err();
+    assert_eq!(err.to_string(), "Unknown builtin op: aten::no_such_op_here");
+    assert_eq!(err.kind(), ErrorKind::RuntimeError);
+    let err = Operator::resolve("no_such_method_either").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "Unknown builtin op: aten::no_such_method_either"
+    );
+}
+
+#[test]
+fn python_builtins_go_through_call_op() {
+    let n = 4;
+    let out = call_op(
+        "builtins.min",
+        &[OpValue::Int(n), OpValue::Int(n + 1), OpValue::Int(n + 2)],
+        &[],
+    )
+    .unwrap();
+    assert_eq!(out[0].as_int(), Some(n));
+    let out = call_op("builtins.max", &[OpValue::Float(1.5), OpValue::Int(1)], &[]).unwrap();
+    assert_eq!(out[0].as_float(), Some(1.5));
+}
+
+/// The seeds' `build_sparse_tensor`, itself built through the registry.
+fn sparse() -> OpValue {
+    let indices = OpValue::Tensor(Tensor::from_slice(&[0_i64, 1, 1, 2, 0, 2]).reshape([2, 3]));
+    let vals = t(&[3., 4., 5.], &[3]);
+    let out = call_op(
+        "aten::sparse_coo_tensor",
+        &[indices, vals, ints(&[2, 3])],
+        &[],
+    )
+    .unwrap();
+    let s = tensor(out);
+    assert!(s.is_sparse());
+    OpValue::Tensor(s)
+}
+
+#[test]
+fn sparse_tensors_go_through_add_mul_stack_and_sum() {
+    let sum = tensor(call_op("aten::add", &[sparse(), sparse()], &[]).unwrap());
+    assert!(sum.is_sparse());
+    assert_eq!(
+        values(&sum.to_dense(None, false)),
+        [0., 0., 6., 8., 0., 10.]
+    );
+
+    let prod = tensor(call_op("aten::mul", &[sparse(), sparse()], &[]).unwrap());
+    assert!(prod.is_sparse());
+    assert_eq!(
+        values(&prod.to_dense(None, false)),
+        [0., 0., 9., 16., 0., 25.]
+    );
+
+    let stacked = tensor(
+        call_op(
+            "aten::stack",
+            &[OpValue::List(vec![sparse(), sparse()])],
+            &[],
+        )
+        .unwrap(),
+    );
+    assert!(stacked.is_sparse());
+    assert_eq!(stacked.size(), [2, 2, 3]);
+
+    let total = tensor(call_op("aten::_sparse_sum", &[sparse()], &[]).unwrap());
+    assert_eq!(values(&total), [12.]);
+    let total = tensor(call_op("aten::sum", &[sparse()], &[]).unwrap());
+    assert_eq!(values(&total), [12.]);
+    let by_dim = tensor(call_op("aten::_sparse_sum", &[sparse(), ints(&[1])], &[]).unwrap());
+    assert_eq!(values(&by_dim.to_dense(None, false)), [3., 9.]);
+}
+
+#[test]
+fn autograd_records_ops_called_by_name() {
+    let x = Tensor::from_slice(&[1.0_f32, 2.0, 3.0]).set_requires_grad(true);
+    assert_eq!(grad_fn_name(&x), None, "a leaf has no grad_fn");
+    let three = OpValue::Tensor(Tensor::full([3], 3.0, F32));
+    let y = tensor(
+        call_op(
+            "aten::mul",
+            &[OpValue::Tensor(x.shallow_clone()), three],
+            &[],
+        )
+        .unwrap(),
+    );
+    assert_eq!(grad_fn_name(&y).as_deref(), Some("MulBackward0"));
+    // With an int, PyTorch RPC's matching picks `mul.Scalar` (it does not
+    // wrap numbers into tensors as Python's `torch.mul` does).
+    let y1 = tensor(
+        call_op(
+            "aten::mul",
+            &[OpValue::Tensor(x.shallow_clone()), OpValue::Int(3)],
+            &[],
+        )
+        .unwrap(),
+    );
+    assert_eq!(grad_fn_name(&y1).as_deref(), Some("MulBackward1"));
+    let z = tensor(call_op("aten::sum", &[OpValue::Tensor(y)], &[]).unwrap());
+    assert_eq!(grad_fn_name(&z).as_deref(), Some("SumBackward0"));
+    z.backward();
+    assert_eq!(values(&x.grad()), [3., 3., 3.]);
+
+    let _guard = tch::no_grad_guard();
+    let w = tensor(call_op("aten::mul", &[OpValue::Tensor(x), OpValue::Int(3)], &[]).unwrap());
+    assert_eq!(grad_fn_name(&w), None, "no_grad on this thread applies");
+}
+
+#[test]
+fn sparse_autograd_records_too() {
+    let s = sparse().into_tensor().unwrap().set_requires_grad(true);
+    let out = tensor(
+        call_op(
+            "aten::mul",
+            &[OpValue::Tensor(s.shallow_clone()), OpValue::Tensor(s)],
+            &[],
+        )
+        .unwrap(),
+    );
+    assert_eq!(grad_fn_name(&out).as_deref(), Some("MulBackward0"));
+}
+
+#[test]
+fn ops_run_from_many_threads_at_once() {
+    let handles: Vec<_> = (0..4)
+        .map(|k| {
+            std::thread::spawn(move || {
+                let op = Operator::resolve("aten::add").unwrap();
+                for i in 0..200_i64 {
+                    let a = OpValue::Tensor(Tensor::full([3], k as f64, F32));
+                    let out = tensor(op.call(&[a, OpValue::Int(i)], &[]).unwrap());
+                    assert_eq!(values(&out), [(k + i) as f64; 3]);
+                    let mm = call_op("aten::matmul", &[ones(&[2, 2]), ones(&[2, 2])], &[]).unwrap();
+                    assert_eq!(values(mm[0].as_tensor().unwrap()), [2.; 4]);
+                    let err = call_op("aten::add", &[ones(&[2]), ones(&[3])], &[]).unwrap_err();
+                    assert!(err.to_string().contains("must match the size"), "{err}");
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}
