@@ -244,3 +244,31 @@ async fn thousands_of_clients() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_masters_on_one_port_share_the_server() {
+    timed(LIMIT, async {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let opts = TcpStoreOptions {
+            timeout: Duration::from_secs(10),
+            wait_for_workers: false,
+            ..Default::default()
+        };
+        let (a, b) = tokio::join!(
+            TcpStore::start_master("127.0.0.1", port, opts.clone()),
+            TcpStore::start_master("127.0.0.1", port, opts.clone())
+        );
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert!(Arc::ptr_eq(a.server().unwrap(), b.server().unwrap()));
+        a.set("shared", b"yes").await.unwrap();
+        assert_eq!(b.get("shared").await.unwrap(), b"yes");
+        // The server lives while any master store does.
+        drop(a);
+        assert_eq!(b.get("shared").await.unwrap(), b"yes");
+    })
+    .await;
+}

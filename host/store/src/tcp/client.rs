@@ -73,8 +73,9 @@ pub struct TcpStore {
 /// Servers started by [`TcpStore::start_master`] in this process, by port, so
 /// that a second master on the same port shares the first (PyTorch's
 /// `multi_tenant`).
-static SERVERS: LazyLock<Mutex<HashMap<u16, Weak<TcpStoreServer>>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
+/// Held across the bind, so two masters racing for one port share a server.
+static SERVERS: LazyLock<tokio::sync::Mutex<HashMap<u16, Weak<TcpStoreServer>>>> =
+    LazyLock::new(|| tokio::sync::Mutex::new(HashMap::new()));
 
 impl TcpStore {
     /// Connects to the store at `host:port` as a client
@@ -245,12 +246,9 @@ impl TcpStore {
 
 /// Returns this process's server on `port`, starting one if needed.
 async fn shared_server(port: u16) -> Result<Arc<TcpStoreServer>> {
+    let mut servers = SERVERS.lock().await;
     if port != 0
-        && let Some(server) = SERVERS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&port)
-            .and_then(Weak::upgrade)
+        && let Some(server) = servers.get(&port).and_then(Weak::upgrade)
     {
         return Ok(server);
     }
@@ -263,7 +261,6 @@ async fn shared_server(port: u16) -> Result<Arc<TcpStoreServer>> {
         }
     };
     let server = Arc::new(server);
-    let mut servers = SERVERS.lock().unwrap_or_else(|e| e.into_inner());
     servers.retain(|_, weak| weak.strong_count() > 0);
     servers.insert(server.port(), Arc::downgrade(&server));
     Ok(server)
