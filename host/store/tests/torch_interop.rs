@@ -1,6 +1,7 @@
 //! Wire compatibility with PyTorch 2.13's `TCPStore`, both ways: PyTorch's
 //! client against our server, and our client against PyTorch's server (libuv
-//! and legacy backends). Skips, printing `wasmrpc-skip: ...`, when the
+//! and legacy backends); and one file shared by our `FileStore` and PyTorch's.
+//! Skips, printing `wasmrpc-skip: ...`, when the
 //! project's torch venv is missing.
 
 mod common;
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::{script, timed, torch_python};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
-use wasmrpc_store::{Error, Store, TcpStore, TcpStoreOptions, TcpStoreServer};
+use wasmrpc_store::{Error, FileStore, Store, TcpStore, TcpStoreOptions, TcpStoreServer};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -217,4 +218,40 @@ async fn our_client_against_torch_libuv_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn our_client_against_torch_legacy_server() {
     our_client_against_torch_server(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_file_store_shares_a_file_with_torch() {
+    let Some(python) = torch_python() else {
+        return;
+    };
+    timed(LIMIT, async {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shared");
+        let store = FileStore::new(&path, None);
+        store.set_timeout(Duration::from_secs(10));
+        store.set("from_rust", b"rust").await.unwrap();
+        store.add("n", 2).await.unwrap();
+        store.set("to_delete", b"x").await.unwrap();
+
+        let output = Command::new(&python)
+            .arg(script("torch_file_store.py"))
+            .arg(&path)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success() && stdout.lines().any(|l| l == "OK"),
+            "torch FileStore failed ({}):\n{stdout}\n{stderr}",
+            output.status
+        );
+        assert_eq!(store.get("from_torch").await.unwrap(), b"torch");
+        assert_eq!(store.add("n", 0).await.unwrap(), 7);
+        assert!(!store.check(&["to_delete"]).await.unwrap());
+    })
+    .await;
 }
