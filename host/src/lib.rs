@@ -6,7 +6,77 @@
 //! distributed autograd graph; plugins compute by asking the host to run
 //! tensor ops.
 //!
-//! The modules are added issue by issue; the README lists what works today.
+//! # Example
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use wasmrpc::{Payload, RpcBackendOptions, args, init_rpc};
+//!
+//! # async fn run(store: Arc<dyn wasmrpc::store::Store>) -> wasmrpc::Result<()> {
+//! let options = RpcBackendOptions::default();
+//! options.registry.register_native("demo::add", |_ctx, args| async move {
+//!     Ok(Payload::from(args.get(0)?.as_int()? + args.get(1)?.as_int()?))
+//! });
+//! let agent = init_rpc("worker0", Some(0), Some(1), store, options).await?;
+//! let three = agent.rpc_sync("worker0", "demo::add", args![1, 2]).await?;
+//! assert_eq!(three.as_int()?, 3);
+//! agent.shutdown(true, std::time::Duration::ZERO).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Core concepts
+//!
+//! - **Worker**: one member of an RPC group, named (`worker0`) and ranked.
+//!   [`WorkerInfo`] is its identity; names follow PyTorch's rules.
+//! - **Agent** ([`RpcAgent`]): a worker's runtime: its listener and
+//!   connections, the calls it has pending, the functions it is running, its
+//!   membership. An agent is an object; a process may run several (the test
+//!   harness runs whole groups in one process). Clones are cheap and refer to
+//!   the same agent. [`init_rpc`] starts one; [`RpcAgent::shutdown`] stops it.
+//!   A process-wide [`current_agent`] is optional.
+//! - **Store** ([`store::Store`]): the c10d key-value store workers meet
+//!   through. Rendezvous costs each worker a constant number of store round
+//!   trips; after it, workers talk directly over TCP.
+//! - **Function registry** ([`FunctionRegistry`]): qualified name →
+//!   [`RpcFunction`]. Builtin ops (`aten::add`), wasm exports and native Rust
+//!   functions are all called through it. Each call runs as its own tokio
+//!   task on the callee and gets a [`CallContext`] (its agent, for nested
+//!   calls, and the caller).
+//! - **Value / payload** ([`Payload`], [`Args`]): a [`abi::Value`] tree plus
+//!   the `tch` tensors it refers to. Tensors travel as raw storage bytes
+//!   beside the value, keeping strides, offsets, sparsity, `requires_grad`
+//!   and storage sharing.
+//! - **Future** ([`Future`]): the result of [`RpcAgent::rpc_async`]; await it
+//!   or block on it, chain callbacks with `then`, combine with [`wait_all`].
+//!   Errors keep their Python kind and message across the wire ([`Error`]).
+//!
+//! # Threads and runtimes
+//!
+//! An agent runs on the tokio runtime it was started on. Its methods are
+//! `async`; [`Future::wait_blocking`] serves blocking code. Callee functions
+//! never run on a connection's reader, so calls to self and nested calls back
+//! to the caller do not deadlock.
+
+mod agent;
+mod error;
+mod tensor;
+pub mod transport;
+mod value;
+
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use wasmrpc_abi as abi;
 pub use wasmrpc_store as store;
+
+pub use abi::{ErrorKind, RemoteError, Value, WorkerInfo};
+pub use agent::{
+    CLUSTER_SECRET_ENV, CallContext, DEFAULT_INIT_METHOD, DEFAULT_NUM_WORKER_THREADS,
+    DEFAULT_RPC_TIMEOUT, Dest, FunctionRegistry, Future, INTERNAL_PREFIX, NOOP, RpcAgent,
+    RpcBackendOptions, RpcFunction, collect_all, collected_futures, current_agent, init_rpc,
+    reset_current_agent, set_current_agent, validate_worker_name, wait_all, wait_all_blocking,
+    wait_all_scope, worker_info,
+};
+pub use error::*;
+pub use transport::{FaultInjection, MessageKind};
+pub use value::{Args, Payload};

@@ -1,0 +1,840 @@
+//! The RPC agent: one worker's membership in a group, its calls to peers,
+//! the functions it serves, and shutdown.
+//!
+//! An [`RpcAgent`] is an object, not a process-wide singleton: a process may
+//! run several (the test harness runs whole groups in one process). A
+//! process-wide "current agent" exists for convenience ([`current_agent`]).
+//!
+//! What it owns: the worker table (from rendezvous, and from membership
+//! updates in dynamic groups), the pending calls and their timeouts, the
+//! callee tasks, the all-gather states behind `_all_gather`, `_barrier`,
+//! `_wait_all_workers` and graceful shutdown, and per-worker state for
+//! functions ([`RpcAgent::state`]). It leaves bytes and sockets to
+//! `transport`, tensor encoding to `tensor`, and the meaning of functions to
+//! the [`FunctionRegistry`].
+//!
+//! Invariants:
+//! - AG-1: callee work never runs on a connection's reader: every call runs
+//!   as its own task, so calls to self and nested calls back to the caller
+//!   cannot deadlock.
+//! - AG-2: a call's timeout is fixed when the call is made (`_set_rpc_timeout`
+//!   later does not change it); zero means none.
+//! - AG-3: every pending call ends exactly once: with its response, its
+//!   timeout, the failure of the connection it was sent on (naming the peer),
+//!   or the local shutdown.
+//! - AG-4: a callee's response is queued before its task stops counting as
+//!   active, so a graceful shutdown that waits for active tasks flushes every
+//!   response.
+//! - AG-5: graceful shutdown of a static group is PyTorch's: an all-gather
+//!   led by the lexicographically smallest name, then a join that repeats
+//!   all-gathers of (user calls sent, user calls received) until two
+//!   consecutive rounds agree and balance, so fire-and-forget chains drain.
+
+mod all_gather;
+mod current;
+mod future;
+mod options;
+mod registry;
+mod rendezvous;
+
+use std::any::{Any, TypeId};
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use tch::Tensor;
+use tokio::sync::Notify;
+
+pub use current::{current_agent, reset_current_agent, set_current_agent};
+pub use future::{
+    Future, collect_all, collected_futures, wait_all, wait_all_blocking, wait_all_scope,
+};
+pub use options::{
+    CLUSTER_SECRET_ENV, DEFAULT_INIT_METHOD, DEFAULT_NUM_WORKER_THREADS, DEFAULT_RPC_TIMEOUT, Dest,
+    RpcBackendOptions, validate_worker_name, worker_info,
+};
+pub use registry::{CallContext, FunctionRegistry, RpcFunction};
+
+use crate::abi::{ErrorKind, WorkerInfo};
+use crate::error::{
+    Error, Result, cannot_get_worker_info_message, rpc_timeout_message, unknown_function_message,
+    unknown_worker_id_message, unknown_worker_name_message,
+};
+use crate::store::Store;
+use crate::transport::{Connection, Handler, Message, OutFrame, Transport};
+use crate::value::{Args, Payload};
+
+/// Names of the agent's own functions start with this prefix; they are
+/// served by every agent and are not counted as user calls.
+pub const INTERNAL_PREFIX: &str = "wasmrpc::";
+
+/// A function every agent serves that does nothing (the seeds' `noop`,
+/// used to probe whether a worker is alive).
+pub const NOOP: &str = "wasmrpc::_noop";
+
+const RUNNING: u8 = 0;
+const STOPPING: u8 = 1;
+const STOPPED: u8 = 2;
+
+struct Pending {
+    future: Future,
+    peer: String,
+    function: String,
+    conn: u64,
+    user: bool,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Member {
+    pub(crate) info: WorkerInfo,
+    pub(crate) addr: SocketAddr,
+}
+
+pub(crate) struct AgentInner {
+    info: WorkerInfo,
+    options: RpcBackendOptions,
+    store: Arc<dyn Store>,
+    static_group: bool,
+    member_slot: AtomicU64,
+    runtime: tokio::runtime::Handle,
+    transport: std::sync::OnceLock<Arc<Transport>>,
+    handler: std::sync::OnceLock<Arc<dyn Handler>>,
+    workers: RwLock<BTreeMap<String, Member>>,
+    pending: Mutex<HashMap<u64, Pending>>,
+    next_id: AtomicU64,
+    timeout_ms: AtomicU64,
+    state: AtomicU8,
+    user_sent: AtomicU64,
+    user_received: AtomicU64,
+    user_pending: AtomicUsize,
+    user_active: AtomicUsize,
+    active: AtomicUsize,
+    quiet: Notify,
+    gather: all_gather::GatherStates,
+    internal: FunctionRegistry,
+    worker_state: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
+}
+
+/// One worker of an RPC group. Cheap to clone; clones are the same agent.
+#[derive(Clone)]
+pub struct RpcAgent {
+    inner: Arc<AgentInner>,
+}
+
+impl std::fmt::Debug for RpcAgent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RpcAgent")
+            .field("worker", &self.inner.info)
+            .finish()
+    }
+}
+
+impl PartialEq for RpcAgent {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+/// Starts a worker and joins its group (`init_rpc`).
+///
+/// With `world_size`, the group is static: every rank `0..world_size` must
+/// join, and this returns once all have. Without it, the group is dynamic:
+/// the worker joins whoever is there and announces itself to them. `rank`
+/// may be omitted only with the `env://` init method and a `RANK` variable.
+/// Rendezvous costs each worker a constant number of store round trips.
+///
+/// # Errors
+/// - `RuntimeError` "Worker name must match ..." for an invalid name;
+/// - `ValueError` "... rank parameter missing" / "... environment variable
+///   RANK expected ..." without a rank;
+/// - `RuntimeError` "... is not unique" if two workers share a name, "... is
+///   already initialized ..." if the rank joined twice, and the mixed-group
+///   text if static and dynamic workers meet;
+/// - store errors (e.g. a rendezvous timeout), as `RuntimeError`.
+pub async fn init_rpc(
+    name: &str,
+    rank: Option<u32>,
+    world_size: Option<u32>,
+    store: Arc<dyn Store>,
+    options: RpcBackendOptions,
+) -> Result<RpcAgent> {
+    rendezvous::init(name, rank, world_size, store, options).await
+}
+
+fn store_err(e: crate::store::Error) -> Error {
+    Error::runtime(e.to_string())
+}
+
+impl RpcAgent {
+    pub(crate) fn from_inner(inner: Arc<AgentInner>) -> Self {
+        RpcAgent { inner }
+    }
+
+    /// This worker's identity.
+    pub fn info(&self) -> &WorkerInfo {
+        &self.inner.info
+    }
+
+    /// This worker's name.
+    pub fn name(&self) -> &str {
+        &self.inner.info.name
+    }
+
+    /// This worker's rank.
+    pub fn rank(&self) -> u32 {
+        self.inner.info.id
+    }
+
+    /// The address peers dial.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.inner.transport.get().map(|t| t.local_addr())
+    }
+
+    /// The store the group met through.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// The functions this worker serves.
+    pub fn registry(&self) -> &Arc<FunctionRegistry> {
+        &self.inner.options.registry
+    }
+
+    /// The options the agent was started with.
+    pub fn options(&self) -> &RpcBackendOptions {
+        &self.inner.options
+    }
+
+    /// Whether the group was initialised with a world size.
+    pub fn is_static_group(&self) -> bool {
+        self.inner.static_group
+    }
+
+    /// Whether the agent runs: true until shutdown completes (calls are
+    /// still allowed while a graceful shutdown drains the group).
+    pub fn is_running(&self) -> bool {
+        self.inner.state.load(Ordering::Acquire) != STOPPED
+    }
+
+    fn require_running(&self) -> Result<()> {
+        if self.is_running() {
+            Ok(())
+        } else {
+            Err(Error::not_initialized())
+        }
+    }
+
+    /// Per-worker state of type `T`, created on first use: the equivalent of
+    /// a Python module's globals on this worker.
+    pub fn state<T: Any + Send + Sync + Default>(&self) -> Arc<T> {
+        let mut map = self
+            .inner
+            .worker_state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let entry = map
+            .entry(TypeId::of::<T>())
+            .or_insert_with(|| Arc::new(T::default()));
+        match entry.clone().downcast::<T>() {
+            Ok(v) => v,
+            Err(_) => {
+                // Invariant: the map is keyed by the value's TypeId.
+                let fresh = Arc::new(T::default());
+                *entry = fresh.clone();
+                fresh
+            }
+        }
+    }
+
+    /// A worker's info: this worker's with `None` (`get_worker_info`).
+    ///
+    /// # Errors
+    /// `RuntimeError` "... could not find destination" for an unknown name,
+    /// or "RPC has not been initialized ..." after shutdown.
+    pub fn get_worker_info(&self, name: Option<&str>) -> Result<WorkerInfo> {
+        self.require_running()?;
+        match name {
+            None => Ok(self.inner.info.clone()),
+            Some(n) => self.member_by_name(n).map(|m| m.info),
+        }
+    }
+
+    /// Every worker of the group, by rank (`get_worker_infos`).
+    pub fn get_worker_infos(&self) -> Vec<WorkerInfo> {
+        let mut v: Vec<WorkerInfo> = self.workers().into_iter().map(|m| m.info).collect();
+        v.sort();
+        v
+    }
+
+    pub(crate) fn workers(&self) -> Vec<Member> {
+        self.inner
+            .workers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    fn member_by_name(&self, name: &str) -> Result<Member> {
+        self.inner
+            .workers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::runtime(unknown_worker_name_message(name)))
+    }
+
+    /// Resolves a destination to a worker of the group (`_to_worker_info`).
+    ///
+    /// # Errors
+    /// `RuntimeError` for unknown names and ranks; `ValueError` "Cannot get
+    /// WorkerInfo from name ..." for anything that is not a name, a rank or a
+    /// `WorkerInfo`.
+    pub fn resolve(&self, to: impl Into<Dest>) -> Result<WorkerInfo> {
+        match to.into() {
+            Dest::Name(n) => self.member_by_name(&n).map(|m| m.info),
+            Dest::Info(w) => self.member_by_name(&w.name).map(|m| m.info),
+            Dest::Rank(r) => self
+                .workers()
+                .into_iter()
+                .find(|m| i64::from(m.info.id) == r)
+                .map(|m| m.info)
+                .ok_or_else(|| Error::runtime(unknown_worker_id_message(r))),
+            Dest::Invalid(s) => Err(Error::value(cannot_get_worker_info_message(&s))),
+        }
+    }
+
+    /// The default timeout of calls (`get_rpc_timeout`); zero means none.
+    pub fn get_rpc_timeout(&self) -> Duration {
+        Duration::from_millis(self.inner.timeout_ms.load(Ordering::Acquire))
+    }
+
+    /// Changes the default timeout for calls made from now on
+    /// (`_set_rpc_timeout`); zero means none.
+    pub fn set_rpc_timeout(&self, timeout: Duration) {
+        let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        let ms = if ms == 0 && !timeout.is_zero() { 1 } else { ms };
+        self.inner.timeout_ms.store(ms, Ordering::Release);
+    }
+
+    /// Calls `function` on `to` and returns at once (`rpc_async`), with the
+    /// default timeout as it is now.
+    ///
+    /// Argument tensors are not copied before they are sent: keep them
+    /// unchanged until the future completes. Errors (unknown destination,
+    /// agent shut down, remote failure, timeout) complete the future.
+    pub fn rpc_async(&self, to: impl Into<Dest>, function: &str, args: Args) -> Future {
+        self.call(to.into(), function, args, None, true)
+    }
+
+    /// [`rpc_async`](Self::rpc_async) with its own timeout; zero means none.
+    pub fn rpc_async_with_timeout(
+        &self,
+        to: impl Into<Dest>,
+        function: &str,
+        args: Args,
+        timeout: Duration,
+    ) -> Future {
+        self.call(to.into(), function, args, Some(timeout), true)
+    }
+
+    /// Calls `function` on `to` and waits for its result (`rpc_sync`).
+    ///
+    /// # Errors
+    /// The callee's error with its kind and message, a timeout ("RPC ran for
+    /// more than ..."), a failed connection (naming the worker), or the
+    /// destination errors of [`resolve`](Self::resolve).
+    pub async fn rpc_sync(
+        &self,
+        to: impl Into<Dest>,
+        function: &str,
+        args: Args,
+    ) -> Result<Payload> {
+        self.rpc_async(to, function, args).wait().await
+    }
+
+    /// [`rpc_sync`](Self::rpc_sync) with its own timeout; zero means none.
+    ///
+    /// # Errors
+    /// As [`rpc_sync`](Self::rpc_sync).
+    pub async fn rpc_sync_with_timeout(
+        &self,
+        to: impl Into<Dest>,
+        function: &str,
+        args: Args,
+        timeout: Duration,
+    ) -> Result<Payload> {
+        self.rpc_async_with_timeout(to, function, args, timeout)
+            .wait()
+            .await
+    }
+
+    pub(crate) fn call(
+        &self,
+        to: Dest,
+        function: &str,
+        args: Args,
+        timeout: Option<Duration>,
+        user: bool,
+    ) -> Future {
+        let fut = Future::new();
+        // Calls to the agent's own functions are never user calls, whoever
+        // makes them: both ends must agree for the join's counts (AG-5).
+        let user = user && !function.starts_with(INTERNAL_PREFIX);
+        if user {
+            future::collect(&fut);
+        }
+        if let Err(e) = self.require_running() {
+            let _ = fut.set_error(e);
+            return fut;
+        }
+        let dest = match self.resolve(to) {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = fut.set_error(e);
+                return fut;
+            }
+        };
+        let timeout = timeout.unwrap_or_else(|| self.get_rpc_timeout());
+        let inner = &self.inner;
+        let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let message = Message::Call {
+            id,
+            function: function.to_string(),
+            args: args.positional,
+            kwargs: args.kwargs,
+            autograd: None,
+        };
+        let frame = match OutFrame::encode(message, &args.tensors) {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = fut.set_error(
+                    e.context_line(format!("encoding a call of {function} to {}", dest.name)),
+                );
+                return fut;
+            }
+        };
+        inner
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                id,
+                Pending {
+                    future: fut.clone(),
+                    peer: dest.name.clone(),
+                    function: function.to_string(),
+                    conn: 0,
+                    user,
+                },
+            );
+        if user {
+            inner.user_sent.fetch_add(1, Ordering::AcqRel);
+            inner.user_pending.fetch_add(1, Ordering::AcqRel);
+        }
+        let this = self.clone();
+        let function = function.to_string();
+        let waiter = fut.clone();
+        let deadline = (!timeout.is_zero()).then(|| tokio::time::Instant::now() + timeout);
+        inner.runtime.spawn(async move {
+            let send = this.send_call(id, &dest.name, &function, frame);
+            let sent = match deadline {
+                Some(d) => tokio::time::timeout_at(d, send).await.unwrap_or(Ok(())),
+                None => send.await,
+            };
+            if let Err(e) = sent {
+                this.finish(
+                    id,
+                    Err(e.context_line(format!(
+                        "sending a call of {function} to worker {}",
+                        dest.name
+                    ))),
+                );
+                return;
+            }
+            if let Some(d) = deadline {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(d) => {
+                        let e = Error::runtime(rpc_timeout_message(timeout.as_millis()))
+                            .context_line(format!("calling {function} on worker {}", dest.name));
+                        this.finish(id, Err(e));
+                    }
+                    _ = waiter.wait() => {}
+                }
+            }
+        });
+        fut
+    }
+
+    async fn send_call(&self, id: u64, peer: &str, function: &str, frame: OutFrame) -> Result<()> {
+        let transport = self.transport()?;
+        let addr = self.member_by_name(peer)?.addr;
+        let conn = transport.connection(peer, addr).await?;
+        {
+            let mut pending = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
+            match pending.get_mut(&id) {
+                Some(p) => p.conn = conn.id,
+                None => return Ok(()),
+            }
+        }
+        if conn.is_closed() {
+            return Err(Error::runtime(format!(
+                "connection to worker {peer} closed before the call was sent"
+            )));
+        }
+        transport.send_on(&conn, frame, Some(function)).await
+    }
+
+    fn transport(&self) -> Result<Arc<Transport>> {
+        self.inner
+            .transport
+            .get()
+            .cloned()
+            .ok_or_else(Error::not_initialized)
+    }
+
+    /// Ends pending call `id` (AG-3: only the first end counts).
+    fn finish(&self, id: u64, result: Result<Payload>) {
+        let p = self
+            .inner
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        if let Some(p) = p {
+            if p.user {
+                self.inner.user_pending.fetch_sub(1, Ordering::AcqRel);
+                self.inner.quiet.notify_waiters();
+            }
+            let _ = p.future.complete(result);
+        }
+    }
+
+    fn fail_pending_where(
+        &self,
+        pred: impl Fn(&Pending) -> bool,
+        error: impl Fn(&Pending) -> Error,
+    ) {
+        let ids: Vec<u64> = self
+            .inner
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, p)| pred(p))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            let e = self
+                .inner
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&id)
+                .map(&error);
+            if let Some(e) = e {
+                self.finish(id, Err(e));
+            }
+        }
+    }
+
+    /// Debug information (`get_debug_info`): `agent.*` keys.
+    pub fn get_debug_info(&self) -> BTreeMap<String, String> {
+        let i = &self.inner;
+        let pending = i.pending.lock().unwrap_or_else(|p| p.into_inner()).len();
+        let mut m = BTreeMap::new();
+        m.insert(
+            "agent.thread_pool_size".into(),
+            i.options.num_worker_threads.to_string(),
+        );
+        m.insert("agent.num_pending_requests".into(), pending.to_string());
+        m.insert("agent.client_active_calls".into(), pending.to_string());
+        m.insert(
+            "agent.server_active_calls".into(),
+            i.active.load(Ordering::Acquire).to_string(),
+        );
+        m.insert(
+            "agent.user_calls_sent".into(),
+            i.user_sent.load(Ordering::Acquire).to_string(),
+        );
+        m.insert(
+            "agent.user_calls_received".into(),
+            i.user_received.load(Ordering::Acquire).to_string(),
+        );
+        m.insert("agent.num_workers".into(), self.workers().len().to_string());
+        m.insert(
+            "agent.num_connections".into(),
+            i.transport
+                .get()
+                .map_or(0, |t| t.num_connections())
+                .to_string(),
+        );
+        m.insert(
+            "agent.rpc_timeout_ms".into(),
+            i.timeout_ms.load(Ordering::Acquire).to_string(),
+        );
+        m
+    }
+
+    /// Waits until this worker has no pending user calls and runs no user
+    /// function, or until `deadline`.
+    async fn wait_quiet(&self, deadline: Option<tokio::time::Instant>) -> Result<()> {
+        loop {
+            let notified = self.inner.quiet.notified();
+            if self.inner.user_pending.load(Ordering::Acquire) == 0
+                && self.inner.user_active.load(Ordering::Acquire) == 0
+            {
+                return Ok(());
+            }
+            match deadline {
+                Some(d) => {
+                    if tokio::time::timeout_at(d, notified).await.is_err() {
+                        return Err(Error::runtime(format!(
+                            "worker {} still had {} pending calls and {} running functions at the join deadline",
+                            self.name(),
+                            self.inner.user_pending.load(Ordering::Acquire),
+                            self.inner.user_active.load(Ordering::Acquire)
+                        )));
+                    }
+                }
+                None => notified.await,
+            }
+        }
+    }
+
+    /// Shuts the worker down (`shutdown`). Graceful: waits for every worker
+    /// of a static group (all-gather) and for all outstanding work in the
+    /// group, including fire-and-forget chains (join); in a dynamic group,
+    /// leaves the group after its own work is done. Not graceful: stops at
+    /// once. Either way the agent then stops, pending calls fail, and the
+    /// current agent is reset if it was this one. `timeout` zero means none.
+    ///
+    /// # Errors
+    /// "RPC has not been initialized ..." if already shut down; a failed or
+    /// timed-out all-gather or join (the agent stops anyway).
+    pub async fn shutdown(&self, graceful: bool, timeout: Duration) -> Result<()> {
+        if self
+            .inner
+            .state
+            .compare_exchange(RUNNING, STOPPING, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Err(Error::not_initialized());
+        }
+        let r = if graceful {
+            if self.inner.static_group {
+                match self.wait_all_workers_inner(timeout).await {
+                    Ok(()) => self.join(timeout).await,
+                    Err(e) => Err(e),
+                }
+            } else {
+                rendezvous::leave(self, timeout).await
+            }
+        } else {
+            Ok(())
+        };
+        self.finalize(graceful).await;
+        r
+    }
+
+    async fn finalize(&self, graceful: bool) {
+        if graceful {
+            // AG-4: let running callees queue their responses.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while self.inner.active.load(Ordering::Acquire) > 0
+                && tokio::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+        self.inner.state.store(STOPPED, Ordering::Release);
+        if let Some(t) = self.inner.transport.get() {
+            t.shutdown().await;
+        }
+        let name = self.name().to_string();
+        self.fail_pending_where(
+            |_| true,
+            |p| {
+                Error::runtime(format!(
+                    "RPC agent of {name} shut down while a call of {} to {} was pending",
+                    p.function, p.peer
+                ))
+            },
+        );
+        current::reset_if(self);
+    }
+
+    /// Stops the worker at once without telling anyone, as if its process
+    /// died: connections are cut, pending calls fail. For failure tests.
+    pub fn abort(&self) {
+        self.inner.state.store(STOPPED, Ordering::Release);
+        if let Some(t) = self.inner.transport.get() {
+            t.abort();
+        }
+        let name = self.name().to_string();
+        self.fail_pending_where(
+            |_| true,
+            |p| {
+                Error::runtime(format!(
+                    "RPC agent of {name} aborted with a call to {} pending",
+                    p.peer
+                ))
+            },
+        );
+        current::reset_if(self);
+    }
+
+    fn handle_call(&self, conn: &Arc<Connection>, message: Message, tensors: Vec<Tensor>) {
+        let Message::Call {
+            id,
+            function,
+            args,
+            kwargs,
+            autograd,
+        } = message
+        else {
+            return;
+        };
+        let internal = function.starts_with(INTERNAL_PREFIX);
+        let inner = &self.inner;
+        inner.active.fetch_add(1, Ordering::AcqRel);
+        if !internal {
+            inner.user_received.fetch_add(1, Ordering::AcqRel);
+            inner.user_active.fetch_add(1, Ordering::AcqRel);
+        }
+        let this = self.clone();
+        let conn = conn.clone();
+        inner.runtime.spawn(async move {
+            let caller = WorkerInfo { id: conn.peer_rank, name: conn.peer.clone() };
+            let args = Args { positional: args, kwargs, tensors };
+            let f = if internal { this.inner.internal.get(&function) } else { this.registry().get(&function) };
+            let result = match f {
+                Some(f) => {
+                    let ctx = CallContext::new(this.clone(), caller, function.clone(), autograd);
+                    registry::call_guarded(f, ctx, args).await
+                }
+                None => Err(Error::runtime(unknown_function_message(&function, this.name()))),
+            };
+            if let Err(e) = &result {
+                tracing::warn!(worker = %this.name(), caller = %conn.peer, function = %function, "function raised {}: {}", e.kind(), e.message());
+            }
+            this.respond(&conn, id, result).await;
+            // AG-4: the response is queued; stop counting the task.
+            if !internal {
+                this.inner.user_active.fetch_sub(1, Ordering::AcqRel);
+            }
+            this.inner.active.fetch_sub(1, Ordering::AcqRel);
+            this.inner.quiet.notify_waiters();
+        });
+    }
+
+    async fn respond(&self, conn: &Arc<Connection>, id: u64, result: Result<Payload>) {
+        let (result, tensors) = match result {
+            Ok(p) => (Ok(p.value), p.tensors),
+            Err(e) => (Err(e.to_remote()), Vec::new()),
+        };
+        let frame = match OutFrame::encode(
+            Message::Response {
+                id,
+                result,
+                autograd: None,
+            },
+            &tensors,
+        ) {
+            Ok(f) => f,
+            Err(e) => {
+                let e = e.context_line("encoding the result");
+                match OutFrame::encode(
+                    Message::Response {
+                        id,
+                        result: Err(e.to_remote()),
+                        autograd: None,
+                    },
+                    &[],
+                ) {
+                    Ok(f) => f,
+                    Err(_) => return,
+                }
+            }
+        };
+        let Ok(transport) = self.transport() else {
+            return;
+        };
+        if let Err(e) = transport.send_on(conn, frame, None).await {
+            tracing::warn!(worker = %self.name(), peer = %conn.peer, "could not send a response: {e}");
+        }
+    }
+}
+
+/// The transport's handler: forwards to the agent while it exists.
+pub(crate) struct AgentHandler {
+    pub(crate) agent: std::sync::Weak<AgentInner>,
+}
+
+impl Handler for AgentHandler {
+    fn on_message(&self, conn: &Arc<Connection>, message: Message, tensors: Vec<Tensor>) {
+        let Some(inner) = self.agent.upgrade() else {
+            return;
+        };
+        let agent = RpcAgent::from_inner(inner);
+        match message {
+            Message::Call { .. } => agent.handle_call(conn, message, tensors),
+            Message::Response { id, result, .. } => {
+                let peer = conn.peer.clone();
+                let function = agent
+                    .inner
+                    .pending
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&id)
+                    .map(|p| p.function.clone());
+                let Some(function) = function else { return };
+                let r =
+                    match result {
+                        Ok(value) => Ok(Payload { value, tensors }),
+                        Err(e) => Err(Error::from(e)
+                            .context_line(format!("calling {function} on worker {peer}"))),
+                    };
+                agent.finish(id, r);
+            }
+            other if other.is_reply() => {
+                tracing::warn!(worker = %agent.name(), peer = %conn.peer, "unexpected {:?} reply", other.kind());
+            }
+            other => {
+                let kind = other.kind();
+                let id = other.id();
+                let conn = conn.clone();
+                let name = agent.name().to_string();
+                agent.inner.runtime.clone().spawn(async move {
+                    let e = Error::new(
+                        ErrorKind::NotImplementedError,
+                        format!("message kind {kind:?} is not handled by worker {name} yet"),
+                    );
+                    agent.respond(&conn, id, Err(e)).await;
+                });
+            }
+        }
+    }
+
+    fn on_close(&self, conn: &Arc<Connection>, reason: &str) {
+        let Some(inner) = self.agent.upgrade() else {
+            return;
+        };
+        let agent = RpcAgent::from_inner(inner);
+        let id = conn.id;
+        let peer = conn.peer.clone();
+        agent.fail_pending_where(
+            |p| p.conn == id,
+            |p| {
+                Error::runtime(format!(
+                    "connection to worker {peer} closed while a call of {} was pending: {reason}",
+                    p.function
+                ))
+            },
+        );
+    }
+}

@@ -1,0 +1,374 @@
+//! [`Future`]: the result of an asynchronous call, usable from async and
+//! blocking code, with callbacks (`torch.futures.Future`).
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Condvar, Mutex};
+
+use tokio::sync::Notify;
+
+use crate::error::{Error, FUTURE_COMPLETED_TWICE, Result};
+use crate::value::Payload;
+
+type Callback = Box<dyn FnOnce(&Future) + Send>;
+
+struct State {
+    result: Option<Result<Payload>>,
+    callbacks: Vec<Callback>,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    cond: Condvar,
+    notify: Notify,
+}
+
+/// A value that will be set once: an RPC's result, or a future a user
+/// completes by hand.
+///
+/// Cloning shares the future. [`wait`](Self::wait) may be called any number
+/// of times and returns the same value or the same error each time (errors
+/// are sticky). Awaiting a `Future` (it implements `IntoFuture`) is
+/// `wait().await`.
+#[derive(Clone)]
+pub struct Future {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Future {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Future")
+            .field("done", &self.done())
+            .finish()
+    }
+}
+
+impl Default for Future {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn clone_result(r: &Result<Payload>) -> Result<Payload> {
+    match r {
+        Ok(p) => Ok(p.clone()),
+        Err(e) => Err(e.clone()),
+    }
+}
+
+fn run_guarded(f: impl FnOnce() -> Result<Payload>) -> Result<Payload> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "callback panicked".into());
+            Err(Error::runtime(msg))
+        }
+    }
+}
+
+impl Future {
+    /// A future that is not completed yet.
+    pub fn new() -> Self {
+        Future {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State {
+                    result: None,
+                    callbacks: Vec::new(),
+                }),
+                cond: Condvar::new(),
+                notify: Notify::new(),
+            }),
+        }
+    }
+
+    /// A future already completed with `result`.
+    pub fn ready(result: Result<Payload>) -> Self {
+        let f = Self::new();
+        let _ = f.complete(result);
+        f
+    }
+
+    /// Whether the future has a value or an error.
+    pub fn done(&self) -> bool {
+        lock(&self.inner.state).result.is_some()
+    }
+
+    /// The result, if completed.
+    pub fn try_value(&self) -> Option<Result<Payload>> {
+        lock(&self.inner.state).result.as_ref().map(clone_result)
+    }
+
+    /// Waits for the result.
+    ///
+    /// # Errors
+    /// The error the future was completed with (every time).
+    pub async fn wait(&self) -> Result<Payload> {
+        loop {
+            let notified = self.inner.notify.notified();
+            if let Some(r) = self.try_value() {
+                return r;
+            }
+            notified.await;
+        }
+    }
+
+    /// Waits for the result, blocking the thread. Do not call it on a thread
+    /// of a single-threaded runtime that must complete the future.
+    ///
+    /// # Errors
+    /// The error the future was completed with (every time).
+    pub fn wait_blocking(&self) -> Result<Payload> {
+        let mut st = lock(&self.inner.state);
+        loop {
+            if let Some(r) = st.result.as_ref() {
+                return clone_result(r);
+            }
+            st = self.inner.cond.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Completes the future with `value`.
+    ///
+    /// # Errors
+    /// `RuntimeError` "Future can only be marked completed once" if it is
+    /// already completed.
+    pub fn set_result(&self, value: impl Into<Payload>) -> Result<()> {
+        self.complete(Ok(value.into()))
+    }
+
+    /// Completes the future with an error.
+    ///
+    /// # Errors
+    /// `RuntimeError` "Future can only be marked completed once" if it is
+    /// already completed.
+    pub fn set_error(&self, error: Error) -> Result<()> {
+        self.complete(Err(error))
+    }
+
+    /// Completes the future with `result`.
+    ///
+    /// # Errors
+    /// `RuntimeError` "Future can only be marked completed once" if it is
+    /// already completed.
+    pub fn complete(&self, result: Result<Payload>) -> Result<()> {
+        let callbacks = {
+            let mut st = lock(&self.inner.state);
+            if st.result.is_some() {
+                return Err(Error::runtime(FUTURE_COMPLETED_TWICE));
+            }
+            st.result = Some(result);
+            std::mem::take(&mut st.callbacks)
+        };
+        self.inner.cond.notify_all();
+        self.inner.notify.notify_waiters();
+        for cb in callbacks {
+            cb(self);
+        }
+        Ok(())
+    }
+
+    /// Runs `cb` once the future completes (at once if it already has), on
+    /// the thread that completes it.
+    pub fn add_done_callback(&self, cb: impl FnOnce(&Future) + Send + 'static) {
+        {
+            let mut st = lock(&self.inner.state);
+            if st.result.is_none() {
+                st.callbacks.push(Box::new(cb));
+                return;
+            }
+        }
+        cb(self);
+    }
+
+    /// A child future completed with `cb(parent)` once this one completes.
+    /// An error (or a panic) in `cb` fails the child, not the parent.
+    pub fn then(&self, cb: impl FnOnce(&Future) -> Result<Payload> + Send + 'static) -> Future {
+        let child = Future::new();
+        let c = child.clone();
+        self.add_done_callback(move |parent| {
+            let _ = c.complete(run_guarded(|| cb(parent)));
+        });
+        child
+    }
+
+    /// Like [`then`](Self::then) for a callback that must wait on other
+    /// futures: `cb(parent)` runs as a task on the current tokio runtime.
+    ///
+    /// # Panics
+    /// Panics if called outside a tokio runtime.
+    pub fn then_async<F, Fut>(&self, cb: F) -> Future
+    where
+        F: FnOnce(Future) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<Payload>> + Send + 'static,
+    {
+        let child = Future::new();
+        let c = child.clone();
+        let handle = tokio::runtime::Handle::current();
+        self.add_done_callback(move |parent| {
+            let parent = parent.clone();
+            handle.spawn(async move {
+                let r = match tokio::spawn(cb(parent)).await {
+                    Ok(r) => r,
+                    Err(e) => Err(Error::runtime(format!("callback failed: {e}"))),
+                };
+                let _ = c.complete(r);
+            });
+        });
+        child
+    }
+}
+
+impl std::future::IntoFuture for Future {
+    type Output = Result<Payload>;
+    type IntoFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Payload>> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move { self.wait().await })
+    }
+}
+
+/// Waits for every future and returns their values in order; fails as soon
+/// as any of them fails, without waiting for the rest
+/// (`torch.futures.wait_all`).
+///
+/// # Errors
+/// The first error among the futures, in completion order.
+pub async fn wait_all(futures: &[Future]) -> Result<Vec<Payload>> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for (i, f) in futures.iter().enumerate() {
+        let tx = tx.clone();
+        f.add_done_callback(move |_| {
+            let _ = tx.send(i);
+        });
+    }
+    drop(tx);
+    let mut left = futures.len();
+    while left > 0 {
+        let Some(i) = rx.recv().await else { break };
+        if let Some(Err(e)) = futures[i].try_value() {
+            return Err(e);
+        }
+        left -= 1;
+    }
+    futures
+        .iter()
+        .map(|f| {
+            f.try_value()
+                .unwrap_or_else(|| Err(Error::runtime("future vanished")))
+        })
+        .collect()
+}
+
+/// [`wait_all`] for blocking code.
+///
+/// # Errors
+/// The first error among the futures, in completion order.
+pub fn wait_all_blocking(futures: &[Future]) -> Result<Vec<Payload>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    for (i, f) in futures.iter().enumerate() {
+        let tx = tx.clone();
+        f.add_done_callback(move |_| {
+            let _ = tx.send(i);
+        });
+    }
+    drop(tx);
+    for _ in 0..futures.len() {
+        let Ok(i) = rx.recv() else { break };
+        if let Some(Err(e)) = futures[i].try_value() {
+            return Err(e);
+        }
+    }
+    futures
+        .iter()
+        .map(|f| {
+            f.try_value()
+                .unwrap_or_else(|| Err(Error::runtime("future vanished")))
+        })
+        .collect()
+}
+
+/// Waits for every future, successful or not, and returns every result in
+/// order (`torch.futures.collect_all`).
+pub async fn collect_all(futures: &[Future]) -> Vec<Result<Payload>> {
+    let mut out = Vec::with_capacity(futures.len());
+    for f in futures {
+        out.push(f.wait().await);
+    }
+    out
+}
+
+tokio::task_local! {
+    static COLLECTED: Arc<Mutex<Vec<Future>>>;
+}
+
+/// Runs `body` collecting every future that `rpc_async` creates in this task,
+/// then waits for all of them (`rpc._wait_all()`).
+///
+/// Only futures created by the same task are collected; tasks spawned by the
+/// body are not. The collection ends with the scope.
+///
+/// # Errors
+/// The first error of the collected futures; otherwise the body's error.
+pub async fn wait_all_scope<T, F>(body: F) -> Result<T>
+where
+    F: std::future::Future<Output = Result<T>>,
+{
+    let list = Arc::new(Mutex::new(Vec::new()));
+    let r = COLLECTED.scope(list.clone(), body).await;
+    let futures: Vec<Future> = std::mem::take(&mut *list.lock().unwrap_or_else(|p| p.into_inner()));
+    wait_all(&futures).await?;
+    r
+}
+
+/// The futures collected so far by the enclosing [`wait_all_scope`], or
+/// `None` outside one.
+pub fn collected_futures() -> Option<Vec<Future>> {
+    COLLECTED
+        .try_with(|l| l.lock().unwrap_or_else(|p| p.into_inner()).clone())
+        .ok()
+}
+
+/// Adds `f` to the enclosing [`wait_all_scope`], if any.
+pub(crate) fn collect(f: &Future) {
+    let _ = COLLECTED.try_with(|l| l.lock().unwrap_or_else(|p| p.into_inner()).push(f.clone()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_twice_fails_and_errors_are_sticky() {
+        let f = Future::new();
+        f.set_error(Error::value("Expected error")).unwrap();
+        assert_eq!(
+            f.set_result(1).unwrap_err().message(),
+            FUTURE_COMPLETED_TWICE
+        );
+        for _ in 0..2 {
+            assert_eq!(f.wait_blocking().unwrap_err().message(), "Expected error");
+        }
+        assert!(f.done());
+    }
+
+    #[test]
+    fn then_chains_and_callback_errors_fail_the_child() {
+        let f = Future::new();
+        let child = f.then(|p| Ok((p.wait_blocking()?.as_int()? + 1).into()));
+        let bad = f.then(|_| Err(Error::runtime("Another expected error")));
+        f.set_result(1).unwrap();
+        assert_eq!(child.wait_blocking().unwrap().as_int().unwrap(), 2);
+        assert_eq!(
+            bad.wait_blocking().unwrap_err().message(),
+            "Another expected error"
+        );
+        assert_eq!(f.wait_blocking().unwrap().as_int().unwrap(), 1);
+    }
+}

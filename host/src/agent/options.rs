@@ -1,0 +1,181 @@
+//! [`RpcBackendOptions`] and [`Dest`]: how an agent is configured, and how
+//! a call names its destination.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::registry::FunctionRegistry;
+use crate::abi::{Value, WorkerInfo};
+use crate::error::{Error, MAX_NAME_LEN, Result, invalid_worker_name_message};
+use crate::transport::{DEFAULT_MAX_FRAME_SIZE, FaultInjection};
+
+/// `DEFAULT_RPC_TIMEOUT_SEC`: 60 s.
+pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(60);
+/// `DEFAULT_NUM_WORKER_THREADS`: 16.
+pub const DEFAULT_NUM_WORKER_THREADS: usize = 16;
+/// `DEFAULT_INIT_METHOD`.
+pub const DEFAULT_INIT_METHOD: &str = "env://";
+/// The environment variable that sets the cluster secret for every worker.
+pub const CLUSTER_SECRET_ENV: &str = "WASMRPC_CLUSTER_SECRET";
+
+/// The agent's options (`TensorPipeRpcBackendOptions`).
+#[derive(Clone, Debug)]
+pub struct RpcBackendOptions {
+    /// The default timeout of calls; `Duration::ZERO` means none.
+    pub rpc_timeout: Duration,
+    /// Reported as `agent.thread_pool_size`. Callee work runs as tasks on
+    /// the agent's tokio runtime; the embedder sizes that runtime (the
+    /// `wasmrpc` binary gives it this many threads).
+    pub num_worker_threads: usize,
+    /// How workers find each other; reported, and consulted when the rank
+    /// is missing (`env://` reads `RANK`).
+    pub init_method: String,
+    /// The address to listen on; port 0 picks a free port.
+    pub listen_addr: SocketAddr,
+    /// The largest frame a peer may send, and this worker may send.
+    pub max_frame_size: u64,
+    /// The cluster secret. `None`: the `WASMRPC_CLUSTER_SECRET` variable if
+    /// set, else a random secret published through the store at init.
+    pub cluster_secret: Option<Vec<u8>>,
+    /// The functions this worker serves.
+    pub registry: Arc<FunctionRegistry>,
+    /// Faults to inject into this worker's sends (tests).
+    pub faults: FaultInjection,
+    /// Device maps per destination (`set_device_map`); reserved for CUDA.
+    pub device_maps: BTreeMap<String, BTreeMap<String, String>>,
+    /// Devices this worker uses; reserved for CUDA.
+    pub devices: Vec<String>,
+    /// How long rendezvous waits for the other workers.
+    pub init_timeout: Duration,
+}
+
+impl Default for RpcBackendOptions {
+    fn default() -> Self {
+        RpcBackendOptions {
+            rpc_timeout: DEFAULT_RPC_TIMEOUT,
+            num_worker_threads: DEFAULT_NUM_WORKER_THREADS,
+            init_method: DEFAULT_INIT_METHOD.into(),
+            listen_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            max_frame_size: DEFAULT_MAX_FRAME_SIZE,
+            cluster_secret: None,
+            registry: Arc::new(FunctionRegistry::new()),
+            faults: FaultInjection::new(),
+            device_maps: BTreeMap::new(),
+            devices: Vec::new(),
+            init_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Checks a worker name against PyTorch's rule: 1 to 127 characters among
+/// `[A-Za-z0-9-_:]`.
+///
+/// # Errors
+/// `RuntimeError` "Worker name must match ..." otherwise.
+pub fn validate_worker_name(name: &str) -> Result<()> {
+    let valid_size = !name.is_empty() && name.len() < MAX_NAME_LEN;
+    let valid_chars = name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == ':');
+    if valid_size && valid_chars {
+        Ok(())
+    } else {
+        Err(Error::runtime(invalid_worker_name_message(name)))
+    }
+}
+
+/// Builds a `WorkerInfo`, checking the name as PyTorch's constructor does.
+///
+/// # Errors
+/// `RuntimeError` for an invalid name.
+pub fn worker_info(name: &str, id: u32) -> Result<WorkerInfo> {
+    validate_worker_name(name)?;
+    Ok(WorkerInfo {
+        id,
+        name: name.into(),
+    })
+}
+
+/// A call's destination: a name, a rank or a `WorkerInfo`
+/// (`_to_worker_info`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Dest {
+    /// A worker name.
+    Name(String),
+    /// A rank (negative ranks are unknown destinations).
+    Rank(i64),
+    /// A worker info.
+    Info(WorkerInfo),
+    /// Something that names no worker (e.g. a float); resolving it is a
+    /// `ValueError`.
+    Invalid(String),
+}
+
+impl From<&str> for Dest {
+    fn from(v: &str) -> Self {
+        Dest::Name(v.into())
+    }
+}
+impl From<String> for Dest {
+    fn from(v: String) -> Self {
+        Dest::Name(v)
+    }
+}
+impl From<&String> for Dest {
+    fn from(v: &String) -> Self {
+        Dest::Name(v.clone())
+    }
+}
+impl From<WorkerInfo> for Dest {
+    fn from(v: WorkerInfo) -> Self {
+        Dest::Info(v)
+    }
+}
+impl From<&WorkerInfo> for Dest {
+    fn from(v: &WorkerInfo) -> Self {
+        Dest::Info(v.clone())
+    }
+}
+impl From<u32> for Dest {
+    fn from(v: u32) -> Self {
+        Dest::Rank(v.into())
+    }
+}
+impl From<i32> for Dest {
+    fn from(v: i32) -> Self {
+        Dest::Rank(v.into())
+    }
+}
+impl From<i64> for Dest {
+    fn from(v: i64) -> Self {
+        Dest::Rank(v)
+    }
+}
+impl From<usize> for Dest {
+    fn from(v: usize) -> Self {
+        Dest::Rank(v as i64)
+    }
+}
+impl From<f64> for Dest {
+    fn from(v: f64) -> Self {
+        Dest::Invalid(format!("{v}"))
+    }
+}
+impl From<&Value> for Dest {
+    fn from(v: &Value) -> Self {
+        match v {
+            Value::Str(s) => Dest::Name(s.clone()),
+            Value::Int(i) => Dest::Rank(*i),
+            Value::WorkerInfo(w) => Dest::Info(w.clone()),
+            Value::Float(f) => Dest::Invalid(format!("{f}")),
+            other => Dest::Invalid(format!("{other:?}")),
+        }
+    }
+}
+impl From<Value> for Dest {
+    fn from(v: Value) -> Self {
+        Dest::from(&v)
+    }
+}

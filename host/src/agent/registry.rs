@@ -1,0 +1,185 @@
+//! [`FunctionRegistry`]: the functions a worker lets its peers call, by
+//! qualified name.
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, RwLock};
+
+use futures::FutureExt;
+
+use super::RpcAgent;
+use crate::abi::WorkerInfo;
+use crate::error::{Error, Result};
+use crate::transport::AutogradEnvelope;
+use crate::value::{Args, Payload};
+
+/// What a called function knows about its call.
+#[derive(Clone, Debug)]
+pub struct CallContext {
+    agent: RpcAgent,
+    caller: WorkerInfo,
+    function: String,
+    autograd: Option<AutogradEnvelope>,
+}
+
+impl CallContext {
+    pub(crate) fn new(
+        agent: RpcAgent,
+        caller: WorkerInfo,
+        function: String,
+        autograd: Option<AutogradEnvelope>,
+    ) -> Self {
+        CallContext {
+            agent,
+            caller,
+            function,
+            autograd,
+        }
+    }
+
+    /// The agent running the call, for nested calls and worker state.
+    pub fn agent(&self) -> &RpcAgent {
+        &self.agent
+    }
+
+    /// The worker that made the call.
+    pub fn caller(&self) -> &WorkerInfo {
+        &self.caller
+    }
+
+    /// The qualified name the function was called by.
+    pub fn function(&self) -> &str {
+        &self.function
+    }
+
+    /// The distributed autograd envelope, when the call was made inside an
+    /// autograd context.
+    pub fn autograd(&self) -> Option<&AutogradEnvelope> {
+        self.autograd.as_ref()
+    }
+}
+
+/// A function peers can call: a builtin op, a wasm export, or native Rust.
+///
+/// `call` runs as a tokio task of the callee; it may make nested calls
+/// (including back to the caller) through `ctx.agent()` and await them.
+#[async_trait::async_trait]
+pub trait RpcFunction: Send + Sync + 'static {
+    /// Runs the function.
+    ///
+    /// # Errors
+    /// Whatever the function raises; the kind and message reach the caller.
+    async fn call(&self, ctx: CallContext, args: Args) -> Result<Payload>;
+}
+
+struct Native<F>(F);
+
+#[async_trait::async_trait]
+impl<F, Fut> RpcFunction for Native<F>
+where
+    F: Fn(CallContext, Args) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Payload>> + Send + 'static,
+{
+    async fn call(&self, ctx: CallContext, args: Args) -> Result<Payload> {
+        (self.0)(ctx, args).await
+    }
+}
+
+/// Qualified name → function. Shared behind an `Arc`; registering and
+/// looking up are thread-safe.
+#[derive(Default)]
+pub struct FunctionRegistry {
+    functions: RwLock<HashMap<String, Arc<dyn RpcFunction>>>,
+}
+
+impl std::fmt::Debug for FunctionRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FunctionRegistry")
+            .field("functions", &self.names())
+            .finish()
+    }
+}
+
+impl FunctionRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers `function` under `name`, replacing any previous one (which
+    /// is returned).
+    pub fn register(
+        &self,
+        name: impl Into<String>,
+        function: Arc<dyn RpcFunction>,
+    ) -> Option<Arc<dyn RpcFunction>> {
+        self.functions
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.into(), function)
+    }
+
+    /// Registers an async closure as a native function:
+    /// `registry.register_native("seed::add", |ctx, args| async move { ... })`.
+    pub fn register_native<F, Fut>(
+        &self,
+        name: impl Into<String>,
+        f: F,
+    ) -> Option<Arc<dyn RpcFunction>>
+    where
+        F: Fn(CallContext, Args) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<Payload>> + Send + 'static,
+    {
+        self.register(name, Arc::new(Native(f)))
+    }
+
+    /// Removes `name`; returns the function it named.
+    pub fn unregister(&self, name: &str) -> Option<Arc<dyn RpcFunction>> {
+        self.functions
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name)
+    }
+
+    /// The function registered as `name`.
+    pub fn get(&self, name: &str) -> Option<Arc<dyn RpcFunction>> {
+        self.functions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    /// Every registered name, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .functions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+/// Runs `f`, turning a panic into a `RuntimeError` naming the function.
+pub(crate) async fn call_guarded(
+    f: Arc<dyn RpcFunction>,
+    ctx: CallContext,
+    args: Args,
+) -> Result<Payload> {
+    let name = ctx.function().to_string();
+    match AssertUnwindSafe(f.call(ctx, args)).catch_unwind().await {
+        Ok(r) => r,
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(Error::runtime(format!("function {name} panicked: {msg}")))
+        }
+    }
+}

@@ -1,0 +1,610 @@
+//! Tensor descriptors and storage blobs: encoding a message's tensors and
+//! rebuilding them from network bytes.
+
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{Error, Result};
+
+/// libtorch's `ScalarType` number for `kind`, or `None` for kinds that do not
+/// travel (quantized ones).
+pub(crate) fn kind_to_code(kind: Kind) -> Option<u8> {
+    Some(match kind {
+        Kind::Uint8 => 0,
+        Kind::Int8 => 1,
+        Kind::Int16 => 2,
+        Kind::Int => 3,
+        Kind::Int64 => 4,
+        Kind::Half => 5,
+        Kind::Float => 6,
+        Kind::Double => 7,
+        Kind::ComplexHalf => 8,
+        Kind::ComplexFloat => 9,
+        Kind::ComplexDouble => 10,
+        Kind::Bool => 11,
+        Kind::BFloat16 => 15,
+        Kind::Float8e5m2 => 23,
+        Kind::Float8e4m3fn => 24,
+        Kind::Float8e5m2fnuz => 25,
+        Kind::Float8e4m3fnuz => 26,
+        Kind::QInt8 | Kind::QUInt8 | Kind::QInt32 => return None,
+    })
+}
+
+/// The kind for a code written by [`kind_to_code`].
+pub(crate) fn kind_from_code(code: u8) -> Option<Kind> {
+    Some(match code {
+        0 => Kind::Uint8,
+        1 => Kind::Int8,
+        2 => Kind::Int16,
+        3 => Kind::Int,
+        4 => Kind::Int64,
+        5 => Kind::Half,
+        6 => Kind::Float,
+        7 => Kind::Double,
+        8 => Kind::ComplexHalf,
+        9 => Kind::ComplexFloat,
+        10 => Kind::ComplexDouble,
+        11 => Kind::Bool,
+        15 => Kind::BFloat16,
+        23 => Kind::Float8e5m2,
+        24 => Kind::Float8e4m3fn,
+        25 => Kind::Float8e5m2fnuz,
+        26 => Kind::Float8e4m3fnuz,
+        _ => return None,
+    })
+}
+
+/// A dense strided tensor: where its elements sit in a blob.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct DenseDesc {
+    dtype: u8,
+    size: Vec<i64>,
+    stride: Vec<i64>,
+    /// Storage offset in elements, from the start of the blob.
+    offset: i64,
+    /// The blob holding the storage; `None` for 0-element tensors.
+    blob: Option<u32>,
+}
+
+/// One entry of a message's tensor table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) enum WireTensor {
+    /// A dense (strided) tensor.
+    Dense {
+        /// Its layout.
+        desc: DenseDesc,
+        /// Whether the tensor requires grad.
+        requires_grad: bool,
+    },
+    /// A sparse COO tensor.
+    SparseCoo {
+        /// The full (sparse + dense) size.
+        size: Vec<i64>,
+        /// The `[sparse_dim, nnz]` int64 indices.
+        indices: DenseDesc,
+        /// The `[nnz, dense dims...]` values.
+        values: DenseDesc,
+        /// Whether the tensor is coalesced.
+        coalesced: bool,
+        /// Whether the tensor requires grad.
+        requires_grad: bool,
+    },
+}
+
+/// The header's description of one storage blob.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub(crate) struct BlobDesc {
+    /// The storage's dtype code.
+    pub(crate) dtype: u8,
+    /// Its length in bytes.
+    pub(crate) len: u64,
+}
+
+/// Bytes of a tensor storage to send, borrowed from the tensor's memory.
+///
+/// Holds a reference to the tensor, which keeps the storage alive until the
+/// blob is written and dropped.
+#[derive(Debug)]
+pub(crate) struct Blob {
+    _owner: KeepAlive,
+    ptr: usize,
+    len: usize,
+}
+
+impl Blob {
+    /// The storage bytes.
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `ptr` is the start of the CPU storage of `_owner` and `len`
+        // bytes lie inside it: `encode_tensors` computed `len` as the end of
+        // the furthest element any view of this storage in the message
+        // reaches, and every such view is a valid tensor of that storage.
+        // `_owner` is kept alive as long as `self`, so the storage is not
+        // freed. As in PyTorch RPC, the caller must not write to the tensors
+        // of a message until it is sent ("storages are not copied"); that is
+        // the contract `rpc_async` documents.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+
+    /// The byte length.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+/// A tensor held only to keep its storage alive; never used otherwise.
+#[derive(Debug)]
+struct KeepAlive(#[allow(dead_code, reason = "held for its destructor")] Tensor);
+
+// SAFETY: `KeepAlive` gives no access to its tensor at all (the field is
+// private and never read), so sharing a `&KeepAlive` between threads cannot
+// race on the tensor; dropping it from another thread is allowed because
+// `Tensor` is `Send`.
+unsafe impl Sync for KeepAlive {}
+
+/// A received storage: a fresh 1-D tensor the frame's bytes are read into.
+#[derive(Debug)]
+pub(crate) struct DecodedBlob {
+    tensor: Tensor,
+    dtype: u8,
+    len: usize,
+}
+
+impl DecodedBlob {
+    /// Allocates the storage for `desc`.
+    ///
+    /// # Errors
+    /// Fails for an unknown dtype or a length that is not a whole number of
+    /// elements.
+    pub(crate) fn new(desc: BlobDesc) -> Result<Self> {
+        let kind = kind_from_code(desc.dtype)
+            .ok_or_else(|| Error::runtime(format!("unknown tensor dtype code {}", desc.dtype)))?;
+        let elsize = kind.elt_size_in_bytes() as u64;
+        if desc.len == 0 || !desc.len.is_multiple_of(elsize) {
+            return Err(Error::runtime(format!(
+                "storage blob of {} bytes is not a whole number of {kind:?} elements",
+                desc.len
+            )));
+        }
+        let len = usize::try_from(desc.len)
+            .map_err(|_| Error::runtime("storage blob larger than the address space"))?;
+        let numel = (desc.len / elsize) as i64;
+        let tensor = Tensor::f_empty([numel], (kind, Device::Cpu))?;
+        Ok(DecodedBlob {
+            tensor,
+            dtype: desc.dtype,
+            len,
+        })
+    }
+
+    /// The storage bytes, to be filled from the network.
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `tensor` is a contiguous CPU tensor created by `f_empty`
+        // with exactly `len` bytes (checked to be non-zero, so `data_ptr` is
+        // a real allocation), owned by `self` and not yet shared with anyone:
+        // the exclusive borrow of `self` makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.tensor.data_ptr() as *mut u8, self.len) }
+    }
+}
+
+struct Part {
+    kind: Kind,
+    size: Vec<i64>,
+    stride: Vec<i64>,
+    offset: i64,
+    group: Option<usize>,
+}
+
+struct Group {
+    owner: Tensor,
+    base: usize,
+    kind: Kind,
+    end_elems: i64,
+}
+
+/// Elements from the storage start to one past the furthest element reached.
+fn extent(size: &[i64], stride: &[i64], offset: i64) -> Option<i64> {
+    let mut last = offset;
+    for (&s, &st) in size.iter().zip(stride) {
+        if s <= 0 {
+            return Some(0);
+        }
+        if st < 0 {
+            return None;
+        }
+        last = last.checked_add((s - 1).checked_mul(st)?)?;
+    }
+    last.checked_add(1)
+}
+
+fn dense_part(
+    t: &Tensor,
+    groups: &mut Vec<Group>,
+    index: &mut HashMap<(usize, u8), usize>,
+) -> Result<Part> {
+    if t.device() != Device::Cpu {
+        return Err(Error::runtime(format!(
+            "only CPU tensors can be sent for now (device maps are not implemented), got a tensor on {:?}",
+            t.device()
+        )));
+    }
+    let kind = t.f_kind()?;
+    let code = kind_to_code(kind)
+        .ok_or_else(|| Error::runtime(format!("tensors of dtype {kind:?} cannot be sent")))?;
+    if t.is_mkldnn() {
+        return Err(Error::runtime("mkldnn tensors cannot be sent"));
+    }
+    let size = t.size();
+    let stride = t.stride();
+    let offset = t.storage_offset();
+    let numel = t.numel();
+    if numel == 0 {
+        return Ok(Part {
+            kind,
+            size,
+            stride,
+            offset: 0,
+            group: None,
+        });
+    }
+    let end = extent(&size, &stride, offset)
+        .ok_or_else(|| Error::runtime("tensor with negative strides cannot be sent"))?;
+    let elsize = kind.elt_size_in_bytes();
+    let data = t.data_ptr() as usize;
+    let base = data - (offset as usize) * elsize;
+    let g = *index.entry((base, code)).or_insert_with(|| {
+        groups.push(Group {
+            owner: t.shallow_clone(),
+            base,
+            kind,
+            end_elems: 0,
+        });
+        groups.len() - 1
+    });
+    groups[g].end_elems = groups[g].end_elems.max(end);
+    Ok(Part {
+        kind,
+        size,
+        stride,
+        offset,
+        group: Some(g),
+    })
+}
+
+fn desc_of(p: Part) -> DenseDesc {
+    DenseDesc {
+        dtype: kind_to_code(p.kind).unwrap_or(u8::MAX),
+        size: p.size,
+        stride: p.stride,
+        offset: p.offset,
+        blob: p.group.map(|g| g as u32),
+    }
+}
+
+enum Entry {
+    Dense(Part, bool),
+    Sparse {
+        size: Vec<i64>,
+        indices: Part,
+        values: Part,
+        coalesced: bool,
+        requires_grad: bool,
+    },
+}
+
+/// Encodes a message's tensor table: descriptors, blob descriptors and the
+/// blobs to write after the header.
+///
+/// # Errors
+/// Fails for tensors that cannot travel: non-CPU devices, quantized dtypes,
+/// layouts other than strided and sparse COO.
+pub(crate) fn encode_tensors(
+    tensors: &[Tensor],
+) -> Result<(Vec<WireTensor>, Vec<BlobDesc>, Vec<Blob>)> {
+    // tch panics (rather than failing) on a few layout queries; a tensor the
+    // caller built is not network input, but a panic must still not unwind
+    // through the agent.
+    let encoded = catch_unwind(AssertUnwindSafe(|| -> Result<_> {
+        let mut groups = Vec::new();
+        let mut index = HashMap::new();
+        let mut entries = Vec::with_capacity(tensors.len());
+        for t in tensors {
+            if t.is_sparse() {
+                let indices = t.f_internal_indices()?;
+                let values = t.f_internal_values()?;
+                entries.push(Entry::Sparse {
+                    size: t.size(),
+                    indices: dense_part(&indices, &mut groups, &mut index)?,
+                    values: dense_part(&values, &mut groups, &mut index)?,
+                    coalesced: t.is_coalesced(),
+                    requires_grad: t.requires_grad(),
+                });
+            } else {
+                entries.push(Entry::Dense(
+                    dense_part(t, &mut groups, &mut index)?,
+                    t.requires_grad(),
+                ));
+            }
+        }
+        Ok((entries, groups))
+    }));
+    let (entries, groups) = match encoded {
+        Ok(r) => r?,
+        Err(_) => {
+            return Err(Error::runtime(
+                "libtorch refused to describe a tensor of this message",
+            ));
+        }
+    };
+    let wire = entries
+        .into_iter()
+        .map(|e| match e {
+            Entry::Dense(p, requires_grad) => WireTensor::Dense {
+                desc: desc_of(p),
+                requires_grad,
+            },
+            Entry::Sparse {
+                size,
+                indices,
+                values,
+                coalesced,
+                requires_grad,
+            } => WireTensor::SparseCoo {
+                size,
+                indices: desc_of(indices),
+                values: desc_of(values),
+                coalesced,
+                requires_grad,
+            },
+        })
+        .collect();
+    let mut descs = Vec::with_capacity(groups.len());
+    let mut blobs = Vec::with_capacity(groups.len());
+    for g in groups {
+        let len = g.end_elems as usize * g.kind.elt_size_in_bytes();
+        descs.push(BlobDesc {
+            dtype: kind_to_code(g.kind).unwrap_or(u8::MAX),
+            len: len as u64,
+        });
+        blobs.push(Blob {
+            _owner: KeepAlive(g.owner),
+            ptr: g.base,
+            len,
+        });
+    }
+    Ok((wire, descs, blobs))
+}
+
+fn decode_dense(d: &DenseDesc, blobs: &[DecodedBlob]) -> Result<Tensor> {
+    let kind = kind_from_code(d.dtype)
+        .ok_or_else(|| Error::runtime(format!("unknown tensor dtype code {}", d.dtype)))?;
+    if d.size.len() != d.stride.len() || d.size.len() > 64 {
+        return Err(Error::runtime(
+            "tensor descriptor with mismatched size and strides",
+        ));
+    }
+    if d.size.iter().any(|&s| s < 0) || d.stride.iter().any(|&s| s < 0) || d.offset < 0 {
+        return Err(Error::runtime(
+            "tensor descriptor with negative sizes, strides or offset",
+        ));
+    }
+    let numel = d.size.iter().try_fold(1i64, |acc, &s| acc.checked_mul(s));
+    match d.blob {
+        None => {
+            if numel != Some(0) {
+                return Err(Error::runtime("non-empty tensor without a storage blob"));
+            }
+            Ok(Tensor::f_empty_strided(
+                &d.size,
+                &d.stride,
+                (kind, Device::Cpu),
+            )?)
+        }
+        Some(i) => {
+            let blob = blobs
+                .get(i as usize)
+                .ok_or_else(|| Error::runtime(format!("tensor refers to missing blob {i}")))?;
+            if blob.dtype != d.dtype {
+                return Err(Error::runtime(
+                    "tensor dtype differs from its storage blob's",
+                ));
+            }
+            let available = (blob.len / kind.elt_size_in_bytes()) as i64;
+            match (numel, extent(&d.size, &d.stride, d.offset)) {
+                (Some(n), Some(end)) if n > 0 && end <= available => {}
+                _ => {
+                    return Err(Error::runtime(
+                        "tensor view reaches outside its storage blob",
+                    ));
+                }
+            }
+            Ok(blob.tensor.f_as_strided(&d.size, &d.stride, d.offset)?)
+        }
+    }
+}
+
+fn check_sparse(size: &[i64], indices: &Tensor, values: &Tensor) -> Result<()> {
+    if indices.f_kind()? != Kind::Int64 || indices.dim() != 2 {
+        return Err(Error::runtime("sparse indices must be a 2-D int64 tensor"));
+    }
+    let isz = indices.size();
+    let (sparse_dim, nnz) = (isz[0], isz[1]);
+    let vsz = values.size();
+    if vsz.is_empty() || vsz[0] != nnz || sparse_dim as usize + vsz.len() - 1 != size.len() {
+        return Err(Error::runtime(
+            "sparse values do not match the indices and size",
+        ));
+    }
+    if vsz[1..] != size[sparse_dim as usize..] || size.iter().any(|&s| s < 0) {
+        return Err(Error::runtime(
+            "sparse values' dense dimensions do not match the size",
+        ));
+    }
+    if nnz > 0 {
+        let min = indices.f_min()?.f_int64_value(&[])?;
+        let max_per_dim = indices.f_amax([1i64].as_slice(), false)?;
+        let mut in_range = min >= 0;
+        for (d, &bound) in size.iter().enumerate().take(sparse_dim as usize) {
+            in_range &= max_per_dim.f_int64_value(&[d as i64])? < bound;
+        }
+        if !in_range {
+            return Err(Error::runtime(
+                "sparse indices out of bounds of the tensor's size",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Rebuilds a message's tensors from their descriptors and received blobs.
+///
+/// Views of one blob share its storage. Every descriptor is checked against
+/// its blob, so a hostile frame cannot make a view read outside it.
+///
+/// # Errors
+/// Fails on any inconsistent descriptor.
+pub(crate) fn decode_tensors(wire: &[WireTensor], blobs: &[DecodedBlob]) -> Result<Vec<Tensor>> {
+    let decode = || -> Result<Vec<Tensor>> {
+        let mut out = Vec::with_capacity(wire.len());
+        for w in wire {
+            let t = match w {
+                WireTensor::Dense {
+                    desc,
+                    requires_grad,
+                } => {
+                    let t = decode_dense(desc, blobs)?;
+                    if *requires_grad {
+                        t.f_set_requires_grad(true)?
+                    } else {
+                        t
+                    }
+                }
+                WireTensor::SparseCoo {
+                    size,
+                    indices,
+                    values,
+                    coalesced,
+                    requires_grad,
+                } => {
+                    let indices = decode_dense(indices, blobs)?;
+                    let values = decode_dense(values, blobs)?;
+                    check_sparse(size, &indices, &values)?;
+                    let kind = values.f_kind()?;
+                    let t = Tensor::f_sparse_coo_tensor_indices_size(
+                        &indices,
+                        &values,
+                        size.as_slice(),
+                        (kind, Device::Cpu),
+                        *coalesced,
+                    )?;
+                    if *requires_grad {
+                        t.f_set_requires_grad(true)?
+                    } else {
+                        t
+                    }
+                }
+            };
+            out.push(t);
+        }
+        Ok(out)
+    };
+    match catch_unwind(AssertUnwindSafe(decode)) {
+        Ok(r) => r,
+        Err(_) => Err(Error::runtime("libtorch rejected a received tensor")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(ts: &[Tensor]) -> Vec<Tensor> {
+        let (wire, descs, blobs) = encode_tensors(ts).unwrap();
+        let bytes: Vec<u8> = crate::abi::encode(&wire).unwrap();
+        let wire: Vec<WireTensor> = crate::abi::decode(&bytes).unwrap();
+        let mut decoded: Vec<DecodedBlob> = descs
+            .iter()
+            .map(|d| DecodedBlob::new(*d).unwrap())
+            .collect();
+        for (d, b) in decoded.iter_mut().zip(&blobs) {
+            d.bytes_mut().copy_from_slice(b.as_bytes());
+        }
+        decode_tensors(&wire, &decoded).unwrap()
+    }
+
+    #[test]
+    fn non_contiguous_view_keeps_strides_and_offset() {
+        let t = Tensor::rand([5, 5], (Kind::Float, Device::Cpu));
+        let view = t.narrow(1, 2, 2);
+        let got = round_trip(&[view.shallow_clone()]);
+        assert!(!got[0].is_contiguous());
+        assert_eq!(got[0].stride(), view.stride());
+        assert_eq!(got[0].storage_offset(), view.storage_offset());
+        assert!(got[0].equal(&view));
+    }
+
+    #[test]
+    fn shared_storage_is_shared_again() {
+        let t = Tensor::arange(10, (Kind::Int64, Device::Cpu));
+        let a = t.narrow(0, 0, 4);
+        let b = t.narrow(0, 5, 5);
+        let (_, descs, _) = encode_tensors(&[a.shallow_clone(), b.shallow_clone()]).unwrap();
+        assert_eq!(descs.len(), 1);
+        let got = round_trip(&[a, b]);
+        let _ = got[0].narrow(0, 0, 1).fill_(42);
+        // Element 0 of the shared storage is visible through the other view's
+        // storage base: both views index the same blob.
+        let base = got[1].as_strided([10], [1], 0);
+        assert_eq!(base.int64_value(&[0]), 42);
+        assert_eq!(got[1].int64_value(&[0]), 5);
+    }
+
+    #[test]
+    fn empty_sparse_and_grad_tensors_round_trip() {
+        let empty = Tensor::ones([0, 3], (Kind::Float, Device::Cpu));
+        let i = Tensor::from_slice2(&[[0i64, 1, 1], [2, 0, 2]]);
+        let v = Tensor::from_slice(&[3.0f32, 4.0, 5.0]);
+        let sparse = Tensor::sparse_coo_tensor_indices_size(
+            &i,
+            &v,
+            [2, 3],
+            (Kind::Float, Device::Cpu),
+            false,
+        );
+        let grad = Tensor::ones([2], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let got = round_trip(&[empty, sparse.shallow_clone(), grad]);
+        assert_eq!(got[0].size(), vec![0, 3]);
+        assert!(got[1].is_sparse());
+        assert!(
+            got[1]
+                .to_dense(None, false)
+                .equal(&sparse.to_dense(None, false))
+        );
+        assert!(got[2].requires_grad());
+    }
+
+    #[test]
+    fn views_outside_the_blob_are_rejected() {
+        let d = DenseDesc {
+            dtype: 6,
+            size: vec![4],
+            stride: vec![1],
+            offset: 1,
+            blob: Some(0),
+        };
+        let blob = DecodedBlob::new(BlobDesc { dtype: 6, len: 16 }).unwrap();
+        let wire = [WireTensor::Dense {
+            desc: d,
+            requires_grad: false,
+        }];
+        assert!(decode_tensors(&wire, &[blob]).is_err());
+        assert!(DecodedBlob::new(BlobDesc { dtype: 6, len: 3 }).is_err());
+        assert!(DecodedBlob::new(BlobDesc { dtype: 99, len: 4 }).is_err());
+    }
+}

@@ -1,0 +1,48 @@
+//! Moving messages between workers: frames, authenticated TCP connections,
+//! fault injection. No RPC semantics.
+//!
+//! - [`message`](Message): what travels, as data: calls, responses, and the
+//!   kinds reserved for RRefs, distributed autograd, profiling and plugin
+//!   deployment.
+//! - `frame`: a frame is a 4-byte length, a postcard header (the message, its
+//!   tensor table, its blob sizes), then the raw bytes of every tensor storage.
+//!   Storages are written from tensor memory with vectored writes and read
+//!   into fresh tensor memory; nothing is copied through a buffer.
+//! - `handshake`: mutual authentication with the cluster secret (HMAC-SHA256
+//!   over both sides' nonces) before any frame is accepted.
+//! - `tcp`: one connection per pair of workers, opened lazily by whichever
+//!   side sends first and used in both directions; `TCP_NODELAY` on.
+//! - `fault`: make the first N sends of given message kinds fail, or delay
+//!   them, for the seeds' faulty-agent tests.
+//!
+//! Invariants:
+//! - TR-1: nothing a peer sends can panic a worker. A malformed, truncated or
+//!   oversized frame closes only its connection, with a logged `tracing`
+//!   error.
+//! - TR-2: no frame is read from a connection before the handshake proved the
+//!   peer knows the cluster secret.
+//! - TR-3: frames on one connection are delivered in the order they were
+//!   queued.
+//! - TR-4: when a connection closes, its handler hears of it exactly once, so
+//!   the agent can fail the calls that were pending on it.
+
+mod fault;
+mod frame;
+mod handshake;
+mod message;
+mod tcp;
+
+pub use fault::FaultInjection;
+pub use message::{AutogradEnvelope, GloballyUniqueId, Message, MessageKind};
+
+pub(crate) use frame::OutFrame;
+pub(crate) use handshake::random_bytes;
+pub(crate) use tcp::{Connection, Handler, Transport, TransportConfig};
+
+/// Handshake helpers for tests that play a foreign peer.
+pub mod probe {
+    pub use super::handshake::probe;
+}
+
+/// The default maximum size of one frame (header plus storages): 2 GiB.
+pub const DEFAULT_MAX_FRAME_SIZE: u64 = 2 << 30;

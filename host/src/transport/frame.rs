@@ -1,0 +1,196 @@
+//! Frames: a length-prefixed postcard header, then raw storage bytes.
+
+use std::io::{self, IoSlice};
+
+use serde::{Deserialize, Serialize};
+use tch::Tensor;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::message::{Message, MessageKind};
+use crate::error::{Error, Result};
+use crate::tensor::{Blob, BlobDesc, DecodedBlob, WireTensor, decode_tensors, encode_tensors};
+
+#[derive(Serialize, Deserialize)]
+struct Header {
+    message: Message,
+    tensors: Vec<WireTensor>,
+    blobs: Vec<BlobDesc>,
+}
+
+/// An encoded frame waiting to be written.
+#[derive(Debug)]
+pub(crate) struct OutFrame {
+    /// Length prefix and header.
+    head: Vec<u8>,
+    /// Storages, written from tensor memory.
+    blobs: Vec<Blob>,
+    /// The message's kind.
+    pub(crate) kind: MessageKind,
+}
+
+impl OutFrame {
+    /// Encodes `message` with the tensors its values refer to.
+    ///
+    /// # Errors
+    /// Fails if a tensor cannot travel.
+    pub(crate) fn encode(message: Message, tensors: &[Tensor]) -> Result<Self> {
+        let kind = message.kind();
+        let (tensors, blobs_desc, blobs) = encode_tensors(tensors)?;
+        let header = Header {
+            message,
+            tensors,
+            blobs: blobs_desc,
+        };
+        let mut head = vec![0u8; 4];
+        let body = crate::abi::encode(&header)
+            .map_err(|e| Error::runtime(format!("cannot encode message: {e}")))?;
+        let len = u32::try_from(body.len())
+            .map_err(|_| Error::runtime("message header larger than 4 GiB"))?;
+        head[..4].copy_from_slice(&len.to_le_bytes());
+        head.extend_from_slice(&body);
+        Ok(OutFrame { head, blobs, kind })
+    }
+
+    /// The frame's total size in bytes.
+    pub(crate) fn len(&self) -> u64 {
+        self.head.len() as u64 + self.blobs.iter().map(|b| b.len() as u64).sum::<u64>()
+    }
+}
+
+/// Writes `frame` with vectored writes straight from tensor memory.
+pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    frame: &OutFrame,
+) -> io::Result<()> {
+    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(1 + frame.blobs.len());
+    slices.push(IoSlice::new(&frame.head));
+    slices.extend(frame.blobs.iter().map(|b| IoSlice::new(b.as_bytes())));
+    let mut bufs = &mut slices[..];
+    while !bufs.is_empty() {
+        // writev takes at most IOV_MAX (1024) slices.
+        let window = bufs.len().min(1024);
+        let n = w.write_vectored(&bufs[..window]).await?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "connection closed while writing a frame",
+            ));
+        }
+        IoSlice::advance_slices(&mut bufs, n);
+    }
+    Ok(())
+}
+
+/// Why a frame could not be read. Every variant closes the connection.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FrameError {
+    /// The socket failed or closed in the middle of a frame.
+    #[error("connection failed: {0}")]
+    Io(#[from] io::Error),
+    /// The frame is larger than the configured maximum.
+    #[error("frame of {size} bytes exceeds the maximum frame size of {max} bytes")]
+    TooLarge {
+        /// The announced size.
+        size: u64,
+        /// The configured maximum.
+        max: u64,
+    },
+    /// The header does not decode.
+    #[error("malformed frame header: {0}")]
+    Malformed(String),
+    /// The tensors do not match their blobs.
+    #[error("malformed tensor in frame: {0}")]
+    Tensor(Error),
+}
+
+/// Reads one frame. `Ok(None)` is a clean end of stream between frames.
+pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
+    r: &mut R,
+    max: u64,
+) -> std::result::Result<Option<(Message, Vec<Tensor>)>, FrameError> {
+    let mut len = [0u8; 4];
+    let mut got = 0;
+    while got < 4 {
+        let n = r.read(&mut len[got..]).await?;
+        if n == 0 {
+            if got == 0 {
+                return Ok(None);
+            }
+            return Err(FrameError::Io(io::ErrorKind::UnexpectedEof.into()));
+        }
+        got += n;
+    }
+    let head_len = u64::from(u32::from_le_bytes(len));
+    if head_len + 4 > max {
+        return Err(FrameError::TooLarge {
+            size: head_len + 4,
+            max,
+        });
+    }
+    let mut head = vec![0u8; head_len as usize];
+    r.read_exact(&mut head).await?;
+    let header: Header =
+        crate::abi::decode(&head).map_err(|e| FrameError::Malformed(e.to_string()))?;
+    let total = header
+        .blobs
+        .iter()
+        .try_fold(head_len + 4, |acc, b| acc.checked_add(b.len))
+        .unwrap_or(u64::MAX);
+    if total > max {
+        return Err(FrameError::TooLarge { size: total, max });
+    }
+    let mut blobs = Vec::with_capacity(header.blobs.len());
+    for desc in &header.blobs {
+        let mut blob = DecodedBlob::new(*desc).map_err(FrameError::Tensor)?;
+        r.read_exact(blob.bytes_mut()).await?;
+        blobs.push(blob);
+    }
+    let tensors = decode_tensors(&header.tensors, &blobs).map_err(FrameError::Tensor)?;
+    Ok(Some((header.message, tensors)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::Value;
+    use tch::{Device, Kind};
+
+    fn call(tensors: usize) -> Message {
+        Message::Call {
+            id: 7,
+            function: "f".into(),
+            args: (0..tensors as u32).map(Value::Tensor).collect(),
+            kwargs: vec![],
+            autograd: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn frames_round_trip_and_truncations_are_errors() {
+        let t = Tensor::rand([3, 4], (Kind::Float, Device::Cpu));
+        let frame = OutFrame::encode(call(1), &[t.shallow_clone()]).unwrap();
+        let mut bytes = Vec::new();
+        write_frame(&mut bytes, &frame).await.unwrap();
+        assert_eq!(bytes.len() as u64, frame.len());
+        let (m, ts) = read_frame(&mut &bytes[..], 1 << 20).await.unwrap().unwrap();
+        assert_eq!(m, call(1));
+        assert!(ts[0].equal(&t));
+        for cut in 1..bytes.len() {
+            assert!(
+                read_frame(&mut &bytes[..cut], 1 << 20).await.is_err(),
+                "cut at {cut}"
+            );
+        }
+        assert!(matches!(
+            read_frame(&mut &bytes[..], 16).await,
+            Err(FrameError::TooLarge { .. })
+        ));
+        assert!(read_frame(&mut &b""[..], 16).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn garbage_is_an_error() {
+        let garbage = [3u8, 0, 0, 0, 0xff, 0xff, 0xff];
+        assert!(read_frame(&mut &garbage[..], 1 << 20).await.is_err());
+    }
+}

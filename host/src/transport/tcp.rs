@@ -1,0 +1,401 @@
+//! [`Transport`]: the listener and the authenticated TCP connections of one
+//! worker.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use tch::Tensor;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::fault::FaultInjection;
+use super::frame::{FrameError, OutFrame, read_frame, write_frame};
+use super::handshake::{self, HANDSHAKE_TIMEOUT};
+use super::message::Message;
+use crate::error::{Error, Result};
+
+/// What the transport tells its owner (the agent).
+pub(crate) trait Handler: Send + Sync + 'static {
+    /// A frame arrived on `conn`.
+    fn on_message(&self, conn: &Arc<Connection>, message: Message, tensors: Vec<Tensor>);
+    /// `conn` closed (TR-4: called once per connection).
+    fn on_close(&self, conn: &Arc<Connection>, reason: &str);
+}
+
+/// How a transport is set up.
+#[derive(Debug, Clone)]
+pub(crate) struct TransportConfig {
+    pub(crate) name: String,
+    pub(crate) rank: u32,
+    pub(crate) secret: Arc<Vec<u8>>,
+    pub(crate) max_frame_size: u64,
+    pub(crate) faults: FaultInjection,
+}
+
+enum WriterCmd {
+    Frame(OutFrame),
+    Close,
+}
+
+/// One authenticated connection to a peer, used in both directions.
+pub(crate) struct Connection {
+    /// Unique within the transport.
+    pub(crate) id: u64,
+    /// The peer's name, as its handshake proved.
+    pub(crate) peer: String,
+    /// The peer's rank, as it announced.
+    pub(crate) peer_rank: u32,
+    tx: mpsc::UnboundedSender<WriterCmd>,
+    closed: AtomicBool,
+    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("id", &self.id)
+            .field("peer", &self.peer)
+            .finish()
+    }
+}
+
+impl Connection {
+    /// Whether the connection has closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Queues `frame` (TR-3: in order).
+    fn enqueue(&self, frame: OutFrame) -> Result<()> {
+        if self.is_closed() {
+            return Err(Error::runtime(format!(
+                "connection to {} is closed",
+                self.peer
+            )));
+        }
+        self.tx
+            .send(WriterCmd::Frame(frame))
+            .map_err(|_| Error::runtime(format!("connection to {} is closed", self.peer)))
+    }
+}
+
+/// A worker's listener and connections.
+pub(crate) struct Transport {
+    cfg: TransportConfig,
+    addr: SocketAddr,
+    handler: Weak<dyn Handler>,
+    conns: Mutex<HashMap<String, Arc<Connection>>>,
+    all: Mutex<HashMap<u64, Arc<Connection>>>,
+    dial_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    accept_task: Mutex<Option<JoinHandle<()>>>,
+    next_id: AtomicU64,
+    shut: AtomicBool,
+}
+
+impl Transport {
+    /// Binds `listen` and starts accepting connections.
+    pub(crate) async fn bind(
+        cfg: TransportConfig,
+        listen: SocketAddr,
+        handler: Weak<dyn Handler>,
+    ) -> Result<Arc<Self>> {
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(|e| Error::runtime(format!("cannot listen on {listen}: {e}")))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Error::runtime(format!("listener has no address: {e}")))?;
+        let t = Arc::new(Transport {
+            cfg,
+            addr,
+            handler,
+            conns: Mutex::default(),
+            all: Mutex::default(),
+            dial_locks: Mutex::default(),
+            accept_task: Mutex::new(None),
+            next_id: AtomicU64::new(1),
+            shut: AtomicBool::new(false),
+        });
+        let weak = Arc::downgrade(&t);
+        let task = tokio::spawn(accept_loop(listener, weak));
+        *lock(&t.accept_task) = Some(task);
+        Ok(t)
+    }
+
+    /// The address peers dial.
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The number of live connections.
+    pub(crate) fn num_connections(&self) -> usize {
+        lock(&self.all).len()
+    }
+
+    /// The connection used to send to `peer`, dialing `addr` if there is
+    /// none yet.
+    pub(crate) async fn connection(
+        self: &Arc<Self>,
+        peer: &str,
+        addr: SocketAddr,
+    ) -> Result<Arc<Connection>> {
+        if let Some(c) = self.live(peer) {
+            return Ok(c);
+        }
+        let gate = lock(&self.dial_locks)
+            .entry(peer.to_string())
+            .or_default()
+            .clone();
+        let _guard = gate.lock().await;
+        if let Some(c) = self.live(peer) {
+            return Ok(c);
+        }
+        if self.shut.load(Ordering::Acquire) {
+            return Err(Error::runtime(format!(
+                "transport of {} is shut down",
+                self.cfg.name
+            )));
+        }
+        let mut stream = TcpStream::connect(addr).await.map_err(|e| {
+            Error::runtime(format!("cannot connect to worker {peer} at {addr}: {e}"))
+        })?;
+        let _ = stream.set_nodelay(true);
+        let who = tokio::time::timeout(
+            HANDSHAKE_TIMEOUT,
+            handshake::client(&mut stream, &self.cfg.secret, &self.cfg.name, self.cfg.rank),
+        )
+        .await
+        .map_err(|_| {
+            Error::runtime(format!("handshake with worker {peer} at {addr} timed out"))
+        })??;
+        if who.name != peer {
+            return Err(Error::runtime(format!(
+                "dialed worker {peer} at {addr} but {} answered",
+                who.name
+            )));
+        }
+        Ok(self.start(stream, who))
+    }
+
+    fn live(&self, peer: &str) -> Option<Arc<Connection>> {
+        lock(&self.conns)
+            .get(peer)
+            .filter(|c| !c.is_closed())
+            .cloned()
+    }
+
+    /// Sends `frame` on `conn`, after the configured faults.
+    pub(crate) async fn send_on(
+        &self,
+        conn: &Connection,
+        frame: OutFrame,
+        function: Option<&str>,
+    ) -> Result<()> {
+        if frame.len() > self.cfg.max_frame_size {
+            return Err(Error::runtime(format!(
+                "message of {} bytes to worker {} exceeds the maximum frame size of {} bytes",
+                frame.len(),
+                conn.peer,
+                self.cfg.max_frame_size
+            )));
+        }
+        self.cfg.faults.apply(frame.kind, function).await?;
+        conn.enqueue(frame)
+    }
+
+    fn start(self: &Arc<Self>, stream: TcpStream, who: handshake::Peer) -> Arc<Connection> {
+        let (read, write) = stream.into_split();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let conn = Arc::new(Connection {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            peer: who.name,
+            peer_rank: who.rank,
+            tx,
+            closed: AtomicBool::new(false),
+            tasks: Mutex::new(Vec::new()),
+        });
+        lock(&self.all).insert(conn.id, conn.clone());
+        lock(&self.conns)
+            .entry(conn.peer.clone())
+            .and_modify(|c| {
+                if c.is_closed() {
+                    *c = conn.clone();
+                }
+            })
+            .or_insert_with(|| conn.clone());
+        let writer = tokio::spawn(writer_loop(write, rx, Arc::downgrade(self), conn.clone()));
+        let reader = tokio::spawn(reader_loop(
+            read,
+            Arc::downgrade(self),
+            conn.clone(),
+            self.cfg.max_frame_size,
+        ));
+        lock(&conn.tasks).extend([writer.abort_handle(), reader.abort_handle()]);
+        if self.shut.load(Ordering::Acquire) {
+            self.close(&conn, "transport shut down");
+        }
+        conn
+    }
+
+    /// Closes `conn`: stops it, forgets it, and tells the handler (once).
+    pub(crate) fn close(&self, conn: &Arc<Connection>, reason: &str) {
+        if conn.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let _ = conn.tx.send(WriterCmd::Close);
+        lock(&self.all).remove(&conn.id);
+        {
+            let mut conns = lock(&self.conns);
+            if conns.get(&conn.peer).is_some_and(|c| c.id == conn.id) {
+                conns.remove(&conn.peer);
+            }
+        }
+        if let Some(h) = self.handler.upgrade() {
+            h.on_close(conn, reason);
+        }
+    }
+
+    /// Stops accepting, flushes and closes every connection.
+    pub(crate) async fn shutdown(&self) {
+        self.shut.store(true, Ordering::Release);
+        if let Some(t) = lock(&self.accept_task).take() {
+            t.abort();
+        }
+        let conns: Vec<Arc<Connection>> = lock(&self.all).values().cloned().collect();
+        for c in &conns {
+            self.close(c, "worker shut down");
+        }
+        // Give writers a moment to flush what was queued before the close,
+        // then stop every task.
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+        for c in &conns {
+            let tasks: Vec<_> = lock(&c.tasks).clone();
+            while tokio::time::Instant::now() < deadline && tasks.iter().any(|t| !t.is_finished()) {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                if tasks.first().is_some_and(|w| w.is_finished()) {
+                    break;
+                }
+            }
+            tasks.iter().for_each(|t| t.abort());
+        }
+    }
+
+    /// Aborts everything at once, without flushing: the worker vanishes.
+    pub(crate) fn abort(&self) {
+        self.shut.store(true, Ordering::Release);
+        if let Some(t) = lock(&self.accept_task).take() {
+            t.abort();
+        }
+        let conns: Vec<Arc<Connection>> = lock(&self.all).values().cloned().collect();
+        for c in &conns {
+            lock(&c.tasks).iter().for_each(|t| t.abort());
+            self.close(c, "worker aborted");
+        }
+    }
+}
+
+impl Drop for Transport {
+    fn drop(&mut self) {
+        if let Some(t) = lock(&self.accept_task).take() {
+            t.abort();
+        }
+        for c in lock(&self.all).values() {
+            lock(&c.tasks).iter().for_each(|t| t.abort());
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+async fn accept_loop(listener: TcpListener, t: Weak<Transport>) {
+    loop {
+        let (mut stream, from) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let Some(tr) = t.upgrade() else { return };
+        let _ = stream.set_nodelay(true);
+        tokio::spawn(async move {
+            let (secret, name, rank) = (tr.cfg.secret.clone(), tr.cfg.name.clone(), tr.cfg.rank);
+            match tokio::time::timeout(
+                HANDSHAKE_TIMEOUT,
+                handshake::server(&mut stream, &secret, &name, rank),
+            )
+            .await
+            {
+                Ok(Ok(who)) => {
+                    if !tr.shut.load(Ordering::Acquire) {
+                        tr.start(stream, who);
+                    }
+                }
+                Ok(Err(e)) => tracing::error!(worker = %name, %from, "refused connection: {e}"),
+                Err(_) => {
+                    tracing::error!(worker = %name, %from, "refused connection: handshake timed out")
+                }
+            }
+        });
+    }
+}
+
+async fn writer_loop(
+    mut write: tokio::net::tcp::OwnedWriteHalf,
+    mut rx: mpsc::UnboundedReceiver<WriterCmd>,
+    t: Weak<Transport>,
+    conn: Arc<Connection>,
+) {
+    use tokio::io::AsyncWriteExt;
+    while let Some(cmd) = rx.recv().await {
+        match cmd {
+            WriterCmd::Frame(frame) => {
+                if let Err(e) = write_frame(&mut write, &frame).await {
+                    tracing::warn!(peer = %conn.peer, "write failed: {e}");
+                    if let Some(t) = t.upgrade() {
+                        t.close(&conn, &format!("write failed: {e}"));
+                    }
+                    return;
+                }
+            }
+            WriterCmd::Close => break,
+        }
+    }
+    let _ = write.shutdown().await;
+}
+
+async fn reader_loop(
+    mut read: tokio::net::tcp::OwnedReadHalf,
+    t: Weak<Transport>,
+    conn: Arc<Connection>,
+    max: u64,
+) {
+    let reason = loop {
+        match read_frame(&mut read, max).await {
+            Ok(Some((message, tensors))) => {
+                let Some(tr) = t.upgrade() else { return };
+                let Some(h) = tr.handler.upgrade() else {
+                    return;
+                };
+                h.on_message(&conn, message, tensors);
+            }
+            Ok(None) => break format!("worker {} closed the connection", conn.peer),
+            Err(FrameError::Io(e)) => {
+                break format!("connection to worker {} failed: {e}", conn.peer);
+            }
+            Err(e) => {
+                tracing::error!(peer = %conn.peer, "closing connection: {e}");
+                break format!("worker {} sent a bad frame: {e}", conn.peer);
+            }
+        }
+    };
+    if let Some(tr) = t.upgrade() {
+        tr.close(&conn, &reason);
+    }
+}

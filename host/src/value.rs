@@ -1,0 +1,587 @@
+//! [`Payload`] and [`Args`]: host-side values with their tensors.
+//!
+//! A [`Value`](crate::abi::Value) tree refers to tensors by index; a
+//! [`Payload`] is such a tree together with the table of `tch` tensors it
+//! refers to. [`Args`] is a call's positional and keyword arguments over one
+//! shared tensor table. Both are cheap to clone: cloning a tensor clones a
+//! reference to its storage (`shallow_clone`), never the data.
+//!
+//! The conversions (`Payload::from(tensor)`, `Payload::from(3)`,
+//! [`args!`](crate::args)) and accessors (`as_int`, `as_tensor`, `items`)
+//! are what native functions and tests use. RRef entries of a value
+//! (`Value::RRef`) are reserved for the RRef work; this module leaves them
+//! untouched.
+
+use std::fmt;
+
+use tch::Tensor;
+
+use crate::abi::{Value, WorkerInfo};
+use crate::error::{Error, Result};
+
+/// A value tree and the tensors it refers to.
+pub struct Payload {
+    /// The value; its `Value::Tensor(i)` entries index [`tensors`](Self::tensors).
+    pub value: Value,
+    /// The tensor table.
+    pub tensors: Vec<Tensor>,
+}
+
+/// Shifts every tensor index of `v` by `by`.
+fn shift(v: &mut Value, by: u32) {
+    if by == 0 {
+        return;
+    }
+    match v {
+        Value::Tensor(i) => *i += by,
+        Value::List(xs) | Value::Tuple(xs) => xs.iter_mut().for_each(|x| shift(x, by)),
+        Value::Dict(kv) => kv.iter_mut().for_each(|(k, v)| {
+            shift(k, by);
+            shift(v, by);
+        }),
+        Value::Record { fields, .. } => fields.iter_mut().for_each(|(_, v)| shift(v, by)),
+        _ => {}
+    }
+}
+
+/// Appends `p`'s tensors to `table` and returns its value re-indexed.
+fn absorb(table: &mut Vec<Tensor>, p: Payload) -> Value {
+    let mut value = p.value;
+    shift(&mut value, table.len() as u32);
+    table.extend(p.tensors);
+    value
+}
+
+fn clone_tensors(ts: &[Tensor]) -> Vec<Tensor> {
+    ts.iter().map(Tensor::shallow_clone).collect()
+}
+
+impl Clone for Payload {
+    fn clone(&self) -> Self {
+        Payload {
+            value: self.value.clone(),
+            tensors: clone_tensors(&self.tensors),
+        }
+    }
+}
+
+impl fmt::Debug for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Payload")
+            .field("value", &self.value)
+            .field(
+                "tensors",
+                &self
+                    .tensors
+                    .iter()
+                    .map(|t| (t.kind(), t.size()))
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl Payload {
+    /// `None`.
+    pub fn none() -> Self {
+        Value::None.into()
+    }
+
+    /// A value that refers to no tensors.
+    pub fn from_value(value: Value) -> Self {
+        Payload {
+            value,
+            tensors: Vec::new(),
+        }
+    }
+
+    /// A list of payloads, merging their tensor tables.
+    pub fn list(items: impl IntoIterator<Item = Payload>) -> Self {
+        let mut tensors = Vec::new();
+        let values = items.into_iter().map(|p| absorb(&mut tensors, p)).collect();
+        Payload {
+            value: Value::List(values),
+            tensors,
+        }
+    }
+
+    /// A tuple of payloads, merging their tensor tables.
+    pub fn tuple(items: impl IntoIterator<Item = Payload>) -> Self {
+        let mut p = Self::list(items);
+        if let Value::List(xs) = p.value {
+            p.value = Value::Tuple(xs);
+        }
+        p
+    }
+
+    /// A dict of payload pairs, in order.
+    pub fn dict(items: impl IntoIterator<Item = (Payload, Payload)>) -> Self {
+        let mut tensors = Vec::new();
+        let kv = items
+            .into_iter()
+            .map(|(k, v)| (absorb(&mut tensors, k), absorb(&mut tensors, v)))
+            .collect();
+        Payload {
+            value: Value::Dict(kv),
+            tensors,
+        }
+    }
+
+    /// A sub-value of this payload, sharing its tensors.
+    pub fn sub(&self, value: Value) -> Payload {
+        Payload {
+            value,
+            tensors: clone_tensors(&self.tensors),
+        }
+    }
+
+    /// Whether the value is `None`.
+    pub fn is_none(&self) -> bool {
+        matches!(self.value, Value::None)
+    }
+
+    fn mismatch(&self, want: &str) -> Error {
+        Error::type_error(format!("expected {want}, got {}", self.value.type_name()))
+    }
+
+    /// The value as an int (a bool counts, as in Python).
+    ///
+    /// # Errors
+    /// `TypeError` for any other value.
+    pub fn as_int(&self) -> Result<i64> {
+        match self.value {
+            Value::Int(i) => Ok(i),
+            Value::Bool(b) => Ok(i64::from(b)),
+            _ => Err(self.mismatch("int")),
+        }
+    }
+
+    /// The value as a float (ints convert).
+    ///
+    /// # Errors
+    /// `TypeError` for any other value.
+    pub fn as_float(&self) -> Result<f64> {
+        match self.value {
+            Value::Float(f) => Ok(f),
+            Value::Int(i) => Ok(i as f64),
+            _ => Err(self.mismatch("float")),
+        }
+    }
+
+    /// The value as a bool.
+    ///
+    /// # Errors
+    /// `TypeError` for any other value.
+    pub fn as_bool(&self) -> Result<bool> {
+        match self.value {
+            Value::Bool(b) => Ok(b),
+            _ => Err(self.mismatch("bool")),
+        }
+    }
+
+    /// The value as a string.
+    ///
+    /// # Errors
+    /// `TypeError` for any other value.
+    pub fn as_str(&self) -> Result<&str> {
+        match &self.value {
+            Value::Str(s) => Ok(s),
+            _ => Err(self.mismatch("str")),
+        }
+    }
+
+    /// The value as a worker info.
+    ///
+    /// # Errors
+    /// `TypeError` for any other value.
+    pub fn as_worker_info(&self) -> Result<WorkerInfo> {
+        match &self.value {
+            Value::WorkerInfo(w) => Ok(w.clone()),
+            _ => Err(self.mismatch("WorkerInfo")),
+        }
+    }
+
+    /// The value as a tensor (a reference to the same storage).
+    ///
+    /// # Errors
+    /// `TypeError` if the value is not a tensor; `RuntimeError` if its index
+    /// is outside the table.
+    pub fn as_tensor(&self) -> Result<Tensor> {
+        match self.value {
+            Value::Tensor(i) => self.tensor(i as usize).map(Tensor::shallow_clone),
+            _ => Err(self.mismatch("Tensor")),
+        }
+    }
+
+    /// Entry `i` of the tensor table.
+    ///
+    /// # Errors
+    /// `RuntimeError` if there is no such entry.
+    pub fn tensor(&self, i: usize) -> Result<&Tensor> {
+        self.tensors.get(i).ok_or_else(|| {
+            Error::runtime(format!(
+                "tensor index {i} outside a table of {}",
+                self.tensors.len()
+            ))
+        })
+    }
+
+    /// The items of a list or tuple, each sharing this payload's tensors.
+    ///
+    /// # Errors
+    /// `TypeError` for any other value.
+    pub fn items(&self) -> Result<Vec<Payload>> {
+        match &self.value {
+            Value::List(xs) | Value::Tuple(xs) => {
+                Ok(xs.iter().map(|x| self.sub(x.clone())).collect())
+            }
+            _ => Err(self.mismatch("list or tuple")),
+        }
+    }
+
+    /// The entries of a dict, each sharing this payload's tensors.
+    ///
+    /// # Errors
+    /// `TypeError` for any other value.
+    pub fn entries(&self) -> Result<Vec<(Payload, Payload)>> {
+        match &self.value {
+            Value::Dict(kv) => Ok(kv
+                .iter()
+                .map(|(k, v)| (self.sub(k.clone()), self.sub(v.clone())))
+                .collect()),
+            _ => Err(self.mismatch("dict")),
+        }
+    }
+
+    /// The value of `key` in a dict with string keys, if present.
+    ///
+    /// # Errors
+    /// `TypeError` if the value is not a dict.
+    pub fn get(&self, key: &str) -> Result<Option<Payload>> {
+        match &self.value {
+            Value::Dict(kv) => Ok(kv
+                .iter()
+                .find(|(k, _)| matches!(k, Value::Str(s) if s == key))
+                .map(|(_, v)| self.sub(v.clone()))),
+            _ => Err(self.mismatch("dict")),
+        }
+    }
+
+    /// Structural equality, comparing tensors by value (`Tensor::equal`, or
+    /// their dense forms for sparse tensors).
+    pub fn equal(&self, other: &Payload) -> bool {
+        fn tensor_eq(a: &Tensor, b: &Tensor) -> bool {
+            if a.size() != b.size() || a.kind() != b.kind() {
+                return false;
+            }
+            match (a.is_sparse(), b.is_sparse()) {
+                (false, false) => a.equal(b),
+                _ => to_dense(a).equal(&to_dense(b)),
+            }
+        }
+        fn to_dense(t: &Tensor) -> Tensor {
+            if t.is_sparse() {
+                t.to_dense(None, false)
+            } else {
+                t.shallow_clone()
+            }
+        }
+        fn eq(a: &Value, ta: &[Tensor], b: &Value, tb: &[Tensor]) -> bool {
+            match (a, b) {
+                (Value::Tensor(i), Value::Tensor(j)) => {
+                    match (ta.get(*i as usize), tb.get(*j as usize)) {
+                        (Some(x), Some(y)) => tensor_eq(x, y),
+                        _ => false,
+                    }
+                }
+                (Value::List(x), Value::List(y)) | (Value::Tuple(x), Value::Tuple(y)) => {
+                    x.len() == y.len() && x.iter().zip(y).all(|(p, q)| eq(p, ta, q, tb))
+                }
+                (Value::Dict(x), Value::Dict(y)) => {
+                    x.len() == y.len()
+                        && x.iter()
+                            .zip(y)
+                            .all(|((k1, v1), (k2, v2))| eq(k1, ta, k2, tb) && eq(v1, ta, v2, tb))
+                }
+                (
+                    Value::Record {
+                        name: n1,
+                        fields: f1,
+                    },
+                    Value::Record {
+                        name: n2,
+                        fields: f2,
+                    },
+                ) => {
+                    n1 == n2
+                        && f1.len() == f2.len()
+                        && f1
+                            .iter()
+                            .zip(f2)
+                            .all(|((a1, v1), (a2, v2))| a1 == a2 && eq(v1, ta, v2, tb))
+                }
+                (x, y) => x == y,
+            }
+        }
+        eq(&self.value, &self.tensors, &other.value, &other.tensors)
+    }
+}
+
+impl From<Value> for Payload {
+    fn from(value: Value) -> Self {
+        Payload::from_value(value)
+    }
+}
+
+impl From<Tensor> for Payload {
+    fn from(t: Tensor) -> Self {
+        Payload {
+            value: Value::Tensor(0),
+            tensors: vec![t],
+        }
+    }
+}
+
+impl From<&Tensor> for Payload {
+    fn from(t: &Tensor) -> Self {
+        t.shallow_clone().into()
+    }
+}
+
+macro_rules! scalar_payload {
+    ($($t:ty => $e:expr),* $(,)?) => {$(
+        impl From<$t> for Payload {
+            fn from(v: $t) -> Self {
+                #[allow(clippy::redundant_closure_call, reason = "one macro arm per scalar type")]
+                Payload::from_value(($e)(v))
+            }
+        }
+    )*};
+}
+
+scalar_payload! {
+    i64 => Value::Int,
+    i32 => |v: i32| Value::Int(v.into()),
+    u32 => |v: u32| Value::Int(v.into()),
+    usize => |v: usize| Value::Int(v as i64),
+    f64 => Value::Float,
+    bool => Value::Bool,
+    &str => |v: &str| Value::Str(v.into()),
+    String => Value::Str,
+    WorkerInfo => Value::WorkerInfo,
+    () => |_| Value::None,
+}
+
+impl From<Vec<Payload>> for Payload {
+    fn from(items: Vec<Payload>) -> Self {
+        Payload::list(items)
+    }
+}
+
+/// A call's arguments: positional values, keyword values, one tensor table.
+pub struct Args {
+    /// Positional arguments.
+    pub positional: Vec<Value>,
+    /// Keyword arguments, in order.
+    pub kwargs: Vec<(String, Value)>,
+    /// The tensors both refer to.
+    pub tensors: Vec<Tensor>,
+}
+
+impl Clone for Args {
+    fn clone(&self) -> Self {
+        Args {
+            positional: self.positional.clone(),
+            kwargs: self.kwargs.clone(),
+            tensors: clone_tensors(&self.tensors),
+        }
+    }
+}
+
+impl fmt::Debug for Args {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Args")
+            .field("positional", &self.positional)
+            .field("kwargs", &self.kwargs)
+            .field("tensors", &self.tensors.len())
+            .finish()
+    }
+}
+
+impl Default for Args {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Args {
+    /// No arguments.
+    pub fn new() -> Self {
+        Args {
+            positional: Vec::new(),
+            kwargs: Vec::new(),
+            tensors: Vec::new(),
+        }
+    }
+
+    /// Appends a positional argument.
+    #[must_use]
+    pub fn arg(mut self, v: impl Into<Payload>) -> Self {
+        let v = absorb(&mut self.tensors, v.into());
+        self.positional.push(v);
+        self
+    }
+
+    /// Appends a keyword argument.
+    #[must_use]
+    pub fn kwarg(mut self, name: impl Into<String>, v: impl Into<Payload>) -> Self {
+        let v = absorb(&mut self.tensors, v.into());
+        self.kwargs.push((name.into(), v));
+        self
+    }
+
+    /// The number of positional arguments.
+    pub fn len(&self) -> usize {
+        self.positional.len()
+    }
+
+    /// Whether there are no arguments at all.
+    pub fn is_empty(&self) -> bool {
+        self.positional.is_empty() && self.kwargs.is_empty()
+    }
+
+    fn sub(&self, v: &Value) -> Payload {
+        Payload {
+            value: v.clone(),
+            tensors: clone_tensors(&self.tensors),
+        }
+    }
+
+    /// Positional argument `i`.
+    ///
+    /// # Errors
+    /// `TypeError` if there is no such argument.
+    pub fn get(&self, i: usize) -> Result<Payload> {
+        self.positional
+            .get(i)
+            .map(|v| self.sub(v))
+            .ok_or_else(|| Error::type_error(format!("missing required positional argument {i}")))
+    }
+
+    /// Keyword argument `name`, if given.
+    pub fn kwarg_value(&self, name: &str) -> Option<Payload> {
+        self.kwargs
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| self.sub(v))
+    }
+
+    /// A parameter given either as positional argument `i` or as keyword
+    /// `name`, as Python binds it.
+    ///
+    /// # Errors
+    /// `TypeError` if it is given neither way, or both ways.
+    pub fn param(&self, i: usize, name: &str) -> Result<Payload> {
+        match (self.positional.get(i), self.kwarg_value(name)) {
+            (Some(_), Some(_)) => Err(Error::type_error(format!(
+                "got multiple values for argument '{name}'"
+            ))),
+            (Some(v), None) => Ok(self.sub(v)),
+            (None, Some(v)) => Ok(v),
+            (None, None) => Err(Error::type_error(format!(
+                "missing required argument '{name}'"
+            ))),
+        }
+    }
+
+    /// Checks the arity of a function taking `min..=max` positional
+    /// arguments and no unknown keywords (`known`), with Python's texts.
+    ///
+    /// # Errors
+    /// `TypeError` naming `function` when the call does not fit.
+    pub fn check_arity(
+        &self,
+        function: &str,
+        min: usize,
+        max: usize,
+        known: &[&str],
+    ) -> Result<()> {
+        let given = self.positional.len() + self.kwargs.len();
+        if self.positional.len() > max {
+            return Err(Error::type_error(format!(
+                "{function}() takes {max} positional arguments but {} were given",
+                self.positional.len()
+            )));
+        }
+        if let Some((k, _)) = self
+            .kwargs
+            .iter()
+            .find(|(k, _)| !known.contains(&k.as_str()))
+        {
+            return Err(Error::type_error(format!(
+                "{function}() got an unexpected keyword argument '{k}'"
+            )));
+        }
+        if given < min {
+            let missing = min - given;
+            return Err(Error::type_error(format!(
+                "{function}() missing {missing} required positional argument{}",
+                if missing == 1 { "" } else { "s" }
+            )));
+        }
+        Ok(())
+    }
+
+    /// All positional arguments as one tuple payload.
+    pub fn to_tuple(&self) -> Payload {
+        Payload {
+            value: Value::Tuple(self.positional.clone()),
+            tensors: clone_tensors(&self.tensors),
+        }
+    }
+}
+
+/// Builds [`Args`] from positional values: `args![t, 1, "x"]`.
+#[macro_export]
+macro_rules! args {
+    () => { $crate::Args::new() };
+    ($($v:expr),+ $(,)?) => { $crate::Args::new()$(.arg($v))+ };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{Device, Kind};
+
+    #[test]
+    fn containers_merge_tensor_tables() {
+        let a = Tensor::ones([2], (Kind::Float, Device::Cpu));
+        let b = Tensor::zeros([3], (Kind::Float, Device::Cpu));
+        let p = Payload::list(vec![
+            Payload::from(&a),
+            Payload::tuple(vec![1.into(), Payload::from(&b)]),
+        ]);
+        assert_eq!(p.tensors.len(), 2);
+        let items = p.items().unwrap();
+        assert!(items[0].as_tensor().unwrap().equal(&a));
+        let inner = items[1].items().unwrap();
+        assert_eq!(inner[0].as_int().unwrap(), 1);
+        assert!(inner[1].as_tensor().unwrap().equal(&b));
+        assert!(p.equal(&p.clone()));
+    }
+
+    #[test]
+    fn args_bind_positional_and_keyword() {
+        let args = crate::args![1, 2.5].kwarg("c", "x");
+        assert_eq!(args.param(0, "a").unwrap().as_int().unwrap(), 1);
+        assert_eq!(args.param(2, "c").unwrap().as_str().unwrap(), "x");
+        assert!(args.param(3, "d").is_err());
+        let e = crate::args![1]
+            .check_arity("my_function", 3, 3, &["a", "b", "c"])
+            .unwrap_err();
+        assert_eq!(
+            e.message(),
+            "my_function() missing 2 required positional arguments"
+        );
+    }
+}
