@@ -1,3 +1,85 @@
-//! The wasmrpc wasm runtime: loads plugins and runs their functions and
-//! objects on pooled wasmtime instances. The runtime itself lands in the
-//! next commit; this crate exists now because the workspace lists it.
+//! The wasmrpc wasm runtime: loads plugins (wasm modules built with the
+//! guest SDK) and runs their functions and objects on wasmtime.
+//!
+//! It knows nothing of tensors or the network: everything a guest asks of
+//! its worker goes through the [`GuestHost`] trait, which the `wasmrpc` host
+//! crate implements with the agent and libtorch.
+//!
+//! # A tour
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use wasmrpc_wasm::{CallArgs, Config, GuestHost, Runtime, Value};
+//!
+//! # async fn example(host: Arc<dyn GuestHost>) -> Result<(), wasmrpc_wasm::Error> {
+//! let runtime = Runtime::new(Config {
+//!     cache_dir: Some("/tmp/wasmrpc-cache".into()),
+//!     ..Config::default()
+//! })?;
+//! let plugin = runtime.load(&std::fs::read("seed_fns.wasm").unwrap())?;
+//! for export in &plugin.manifest().exports {
+//!     println!("{:?} {} {:?}", export.kind, export.name, export.params);
+//! }
+//!
+//! // A function, with keyword arguments.
+//! let args = CallArgs {
+//!     args: vec![],
+//!     kwargs: vec![("a".into(), Value::Int(1)), ("b".into(), Value::Int(2)), ("c".into(), Value::Int(3))],
+//! };
+//! let six = runtime.call(&plugin, "my_function", args, host.clone()).await?;
+//! assert_eq!(six, Value::Int(6));
+//!
+//! // An object: its own instance, one method call at a time.
+//! let object = runtime.construct(&plugin, "MyClass", CallArgs { args: vec![Value::Int(2)], kwargs: vec![] }, host.clone()).await?;
+//! let three = object.call_method("my_instance_method", CallArgs { args: vec![Value::Int(1)], kwargs: vec![] }, host.clone()).await?;
+//! assert_eq!(three, Value::Int(3));
+//! object.dispose(host).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Core concepts
+//!
+//! - **[`Runtime`]** owns the wasmtime engine (async host imports, epoch
+//!   interruption, the pooling allocator), the host imports, the on-disk
+//!   cache of compiled modules (keyed by the sha256 of the bytes) and the
+//!   loaded plugins by name. One per worker; cheap to clone and `Send +
+//!   Sync`.
+//! - **[`Plugin`]** is a loaded module: its [`Manifest`] (what the guest
+//!   macros wrote into a custom section: functions, classes, methods,
+//!   parameter names) and a pool of warm instances. A call holds an instance
+//!   only while guest code runs; when all are busy it makes another, so any
+//!   number of calls run at once, and a guest that calls back into its own
+//!   worker never waits for itself. Host imports are async: a guest waiting
+//!   on the network holds no thread.
+//! - **[`Object`]** is an object of a plugin class, on an instance of its
+//!   own; its methods run one at a time (actor semantics).
+//! - **`async_execution`** functions and methods return a future handle;
+//!   [`Runtime::call`] gives the instance back, then awaits the future
+//!   through [`GuestHost::future_wait`].
+//! - **[`GuestHost`]** is the worker's side of every request: tensor ops by
+//!   aten name on `u32` handles, nested RPCs, RRefs, futures, globals and
+//!   locks, sleep, log. Its docs state who owns a handle when.
+//! - **[`Error`]** keeps a guest's own error kind and message
+//!   ([`Error::Raised`]); traps (with the panic message), time limits (guest
+//!   time only, waiting on the host does not count) and memory limits are
+//!   errors naming the plugin and the function. Nothing a guest does panics
+//!   the host; an instance that trapped is discarded.
+//! - **[`manifest::read`]** reads a module's manifest without compiling it.
+
+mod error;
+mod host;
+mod imports;
+mod instance;
+pub mod manifest;
+mod object;
+mod plugin;
+mod runtime;
+
+pub use error::{ASYNC_WRONG_TYPE, Error, Result};
+pub use host::{GuestHost, HostResult, runtime_error};
+pub use manifest::Manifest;
+pub use object::Object;
+pub use plugin::{LoadSource, Plugin};
+pub use runtime::{Config, Runtime};
+pub use wasmrpc_abi::protocol::{CallArgs, DType, HandleKind, LogLevel, TensorMeta};
+pub use wasmrpc_abi::{ErrorKind, RemoteError, Value, WorkerInfo};

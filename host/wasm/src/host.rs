@@ -1,0 +1,127 @@
+//! [`GuestHost`]: everything a guest may ask of the worker it runs on.
+//!
+//! The runtime owns the guest side of each request (decoding it, copying
+//! bytes in and out of guest memory, tracking the locks a call holds); the
+//! implementor owns what the request does: tensors, the network, RRefs,
+//! futures, globals. The `wasmrpc` host crate implements it with the agent
+//! and libtorch; the tests implement it with plain `Vec<f32>`s.
+//!
+//! # Handles
+//!
+//! Tensors, RRefs and futures are `u32` handles into tables the implementor
+//! keeps (a [`Value::Tensor`]/[`Value::RRef`] holds one). The rule is
+//! *requests borrow, outcomes move*:
+//!
+//! - a handle the guest names in a request, or puts in a value it sends
+//!   (op arguments, RPC arguments, a global, a future's result), stays the
+//!   guest's: an implementor that keeps the value resolves the handle to its
+//!   object first;
+//! - a handle the implementor returns (a reply, a value, call arguments
+//!   passed to [`Runtime::call`](crate::Runtime::call)) is new and owned by
+//!   the guest, which releases it with [`GuestHost::drop_handle`];
+//! - a handle in a call's result (or the future an async function returns)
+//!   moves to the caller of the runtime.
+
+use async_trait::async_trait;
+use std::time::Duration;
+use wasmrpc_abi::protocol::{CallArgs, DType, HandleKind, LogLevel, TensorMeta};
+use wasmrpc_abi::{ErrorKind, RemoteError, Value, WorkerInfo};
+
+/// The result of a request: errors keep their Python kind and message and
+/// reach the guest unchanged.
+pub type HostResult<T> = Result<T, RemoteError>;
+
+/// What a guest may ask of the worker it runs on. Every method may wait
+/// (on the network, a lock, a future): a waiting guest holds no thread.
+#[async_trait]
+pub trait GuestHost: Send + Sync + 'static {
+    /// Runs an aten op by schema name (`"aten::add"`) on values holding
+    /// tensor handles; returns its result with new handles.
+    async fn op(&self, name: &str, args: CallArgs) -> HostResult<Value>;
+    /// Creates a tensor from contiguous little-endian bytes.
+    async fn tensor_new(&self, dtype: DType, shape: Vec<i64>, data: Vec<u8>) -> HostResult<u32>;
+    /// A tensor's dtype, shape and `requires_grad`.
+    async fn tensor_meta(&self, tensor: u32) -> HostResult<TensorMeta>;
+    /// A tensor's metadata and contiguous little-endian elements.
+    async fn tensor_data(&self, tensor: u32) -> HostResult<(TensorMeta, Vec<u8>)>;
+    /// A second handle to the same object.
+    async fn dup(&self, kind: HandleKind, handle: u32) -> HostResult<u32>;
+    /// Releases a handle.
+    async fn drop_handle(&self, kind: HandleKind, handle: u32) -> HostResult<()>;
+
+    /// `rpc_sync(to, function, args)`: `function` is an aten op name or a
+    /// registered plugin function.
+    async fn rpc_sync(
+        &self,
+        to: &str,
+        function: &str,
+        args: CallArgs,
+        timeout: Option<f64>,
+    ) -> HostResult<Value>;
+    /// `rpc_async(...)`: returns a future handle.
+    async fn rpc_async(
+        &self,
+        to: &str,
+        function: &str,
+        args: CallArgs,
+        timeout: Option<f64>,
+    ) -> HostResult<u32>;
+    /// `remote(...)`: returns an RRef handle.
+    async fn remote(
+        &self,
+        to: &str,
+        function: &str,
+        args: CallArgs,
+        timeout: Option<f64>,
+    ) -> HostResult<u32>;
+
+    /// `rref.to_here()`.
+    async fn rref_to_here(&self, rref: u32) -> HostResult<Value>;
+    /// `rref.owner()`.
+    async fn rref_owner(&self, rref: u32) -> HostResult<WorkerInfo>;
+    /// `RRef(value)`: a local owner RRef.
+    async fn rref_new(&self, value: Value) -> HostResult<u32>;
+
+    /// `Future()`: a new, unset future.
+    async fn future_new(&self) -> HostResult<u32>;
+    /// `fut.set_result(v)` / `fut.set_exception(e)`.
+    async fn future_set(&self, future: u32, result: HostResult<Value>) -> HostResult<()>;
+    /// `fut.wait()`: the value has new handles.
+    async fn future_wait(&self, future: u32) -> HostResult<Value>;
+    /// `fut.done()`.
+    async fn future_done(&self, future: u32) -> HostResult<bool>;
+
+    /// `get_worker_info(name)`; `None` for this worker.
+    async fn worker_info(&self, name: Option<&str>) -> HostResult<WorkerInfo>;
+
+    /// Reads a per-worker global (`Value::None` when unset).
+    async fn global_get(&self, key: &str) -> HostResult<Value>;
+    /// Writes a per-worker global; `Value::None` clears it.
+    async fn global_set(&self, key: &str, value: Value) -> HostResult<()>;
+    /// Takes the per-worker lock `key`, waiting until it is free.
+    async fn lock(&self, key: &str) -> HostResult<()>;
+    /// Releases the per-worker lock `key`.
+    async fn unlock(&self, key: &str) -> HostResult<()>;
+
+    /// Sleeps without holding a thread. The default uses tokio's timer.
+    async fn sleep(&self, duration: Duration) -> HostResult<()> {
+        tokio::time::sleep(duration).await;
+        Ok(())
+    }
+
+    /// Logs a guest's line. The default uses `tracing`.
+    async fn log(&self, level: LogLevel, message: &str) -> HostResult<()> {
+        match level {
+            LogLevel::Error => tracing::error!(target: "wasmrpc::guest", "{message}"),
+            LogLevel::Warn => tracing::warn!(target: "wasmrpc::guest", "{message}"),
+            LogLevel::Info => tracing::info!(target: "wasmrpc::guest", "{message}"),
+            LogLevel::Debug => tracing::debug!(target: "wasmrpc::guest", "{message}"),
+        }
+        Ok(())
+    }
+}
+
+/// A `RuntimeError` with `message`, for implementors.
+pub fn runtime_error(message: impl Into<String>) -> RemoteError {
+    RemoteError::new(ErrorKind::RuntimeError, message)
+}

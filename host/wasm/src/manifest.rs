@@ -1,0 +1,105 @@
+//! Reading a plugin's manifest out of its wasm bytes, without compiling it
+//! (what `wasmrpc plugin inspect FILE` prints).
+
+use crate::{Error, Result};
+use wasmrpc_abi::protocol::MANIFEST_SECTION;
+
+pub use wasmrpc_abi::manifest::{Export, Manifest};
+pub use wasmrpc_abi::protocol::ExportKind;
+
+/// Reads the manifest the guest macros wrote into `module`.
+///
+/// # Errors
+/// [`Error::InvalidModule`] if the bytes are not a wasm module, have no
+/// manifest section, or the manifest is malformed. Never panics, whatever
+/// the bytes.
+pub fn read(module: &[u8]) -> Result<Manifest> {
+    let mut section = Vec::new();
+    for (name, payload) in custom_sections(module)? {
+        if name == MANIFEST_SECTION.as_bytes() {
+            section.extend_from_slice(payload);
+        }
+    }
+    if section.is_empty() {
+        return Err(Error::InvalidModule(format!(
+            "no `{MANIFEST_SECTION}` section: not built with the wasmrpc guest SDK"
+        )));
+    }
+    Manifest::from_section(&section).map_err(|e| Error::InvalidModule(e.to_string()))
+}
+
+fn bad(what: &str) -> Error {
+    Error::InvalidModule(what.to_owned())
+}
+
+/// Reads an unsigned LEB128 `u32` at `*pos`.
+fn leb_u32(bytes: &[u8], pos: &mut usize) -> Result<u32> {
+    let mut result: u32 = 0;
+    for shift in (0..35).step_by(7) {
+        let byte = *bytes
+            .get(*pos)
+            .ok_or_else(|| bad("truncated section header"))?;
+        *pos += 1;
+        result |= u32::from(byte & 0x7f).checked_shl(shift).unwrap_or(0);
+        if byte & 0x80 == 0 {
+            return Ok(result);
+        }
+    }
+    Err(bad("overlong LEB128 number"))
+}
+
+/// The `(name, payload)` of every custom section of a core wasm module.
+fn custom_sections(module: &[u8]) -> Result<Vec<(&[u8], &[u8])>> {
+    if module.get(..8) != Some(b"\0asm\x01\0\0\0".as_slice()) {
+        return Err(bad("not a wasm core module (bad magic or version)"));
+    }
+    let mut out = Vec::new();
+    let mut pos = 8;
+    while pos < module.len() {
+        let id = module[pos];
+        pos += 1;
+        let size = leb_u32(module, &mut pos)? as usize;
+        let end = pos
+            .checked_add(size)
+            .filter(|e| *e <= module.len())
+            .ok_or_else(|| bad("section runs past the end"))?;
+        if id == 0 {
+            let mut p = pos;
+            let name_len = leb_u32(module, &mut p)? as usize;
+            let name_end = p
+                .checked_add(name_len)
+                .filter(|e| *e <= end)
+                .ok_or_else(|| bad("custom section name runs past its section"))?;
+            out.push((&module[p..name_end], &module[name_end..end]));
+        }
+        pos = end;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        assert!(read(b"").is_err());
+        assert!(read(b"hello world, not wasm").is_err());
+        assert!(read(b"\0asm\x01\0\0\0\0\xff\xff\xff\xff\x0f").is_err());
+        assert!(read(b"\0asm\x01\0\0\0\0\x05\x09abc").is_err());
+        // A valid module without a manifest.
+        let err = read(b"\0asm\x01\0\0\0").unwrap_err();
+        assert!(
+            err.to_string().contains("no `wasmrpc-manifest` section"),
+            "{err}"
+        );
+        // Every prefix of a module with a section must fail cleanly.
+        let mut m = b"\0asm\x01\0\0\0".to_vec();
+        m.extend([0, 20, 16]);
+        m.extend(b"wasmrpc-manifest");
+        m.extend([1, 0, 0]);
+        for cut in 0..m.len() {
+            assert!(read(&m[..cut]).is_err());
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! [`Object`]: an instance of a plugin class (a seed's Python class held
+//! in an RRef), living in an instance of its own whose method calls run one
+//! at a time (actor semantics).
+
+use crate::instance::{CallCtx, Warm};
+use crate::runtime::{encode_args, finish};
+use crate::{Error, GuestHost, Plugin, Result, Runtime};
+use std::sync::Arc;
+use wasmrpc_abi::Value;
+use wasmrpc_abi::protocol::{CallArgs, ExportKind, drop_export_name};
+
+/// An object of a plugin class, made by [`Runtime::construct`].
+///
+/// Method calls queue on the object: one runs at a time, in arrival order
+/// (tokio's fair mutex). A method that calls back into the same object
+/// therefore waits for itself; use functions for re-entrant work. An
+/// `async_execution` method releases the object as soon as it returns its
+/// future. A trap breaks the object: later calls fail with
+/// [`Error::ObjectBroken`].
+pub struct Object {
+    runtime: Runtime,
+    plugin: Arc<Plugin>,
+    class: String,
+    id: u32,
+    instance: tokio::sync::Mutex<Option<Warm>>,
+}
+
+impl std::fmt::Debug for Object {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Object")
+            .field("plugin", &self.plugin.name())
+            .field("class", &self.class)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Object {
+    pub(crate) fn new(
+        runtime: Runtime,
+        plugin: Arc<Plugin>,
+        class: &str,
+        id: u32,
+        warm: Warm,
+    ) -> Object {
+        Object {
+            runtime,
+            plugin,
+            class: class.to_owned(),
+            id,
+            instance: tokio::sync::Mutex::new(Some(warm)),
+        }
+    }
+
+    /// The class name.
+    pub fn class(&self) -> &str {
+        &self.class
+    }
+
+    /// The plugin the class belongs to.
+    pub fn plugin(&self) -> &Arc<Plugin> {
+        &self.plugin
+    }
+
+    /// Calls `method` on the object.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for an unknown method, [`Error::ObjectBroken`]
+    /// after a trap, else as [`Runtime::call`].
+    pub async fn call_method(
+        &self,
+        method: &str,
+        args: CallArgs,
+        host: Arc<dyn GuestHost>,
+    ) -> Result<Value> {
+        let Some(entry) = self
+            .plugin
+            .entry(&format!("{}.{method}", self.class))
+            .cloned()
+        else {
+            return Err(Error::NotFound {
+                plugin: self.plugin.name().to_owned(),
+                what: "method",
+                name: format!("{}.{method}", self.class),
+            });
+        };
+        let input = encode_args(&self.plugin, method, &args)?;
+        let outcome = {
+            let mut slot = self.instance.lock().await;
+            // Taken out while the method runs: if this future is dropped
+            // mid-call, the object is left broken rather than half-updated.
+            let Some(mut warm) = slot.take() else {
+                return Err(self.broken());
+            };
+            let ctx = CallCtx::new(host.clone(), self.plugin.clone(), self.runtime.clone());
+            let outcome = warm.invoke(ctx, &entry.export, self.id, &input).await;
+            if outcome.is_ok() {
+                *slot = Some(warm);
+            }
+            outcome
+        };
+        match outcome {
+            Ok(outcome) => {
+                let is_async = entry.kind == ExportKind::AsyncMethod;
+                finish(self.plugin.name(), method, is_async, outcome, &host).await
+            }
+            Err(fault) => Err(fault.into_error(self.plugin.name(), method)),
+        }
+    }
+
+    /// Destroys the object: runs its Rust destructor in the guest (which
+    /// releases the handles it held), then frees the instance.
+    ///
+    /// # Errors
+    /// [`Error::ObjectBroken`] after a trap, or the destructor's trap.
+    pub async fn dispose(self, host: Arc<dyn GuestHost>) -> Result<()> {
+        let Some(mut warm) = self.instance.lock().await.take() else {
+            return Err(self.broken());
+        };
+        let ctx = CallCtx::new(host, self.plugin.clone(), self.runtime.clone());
+        let export = drop_export_name(&self.class);
+        warm.invoke(ctx, &export, self.id, &[])
+            .await
+            .map(drop)
+            .map_err(|fault| fault.into_error(self.plugin.name(), &export))
+    }
+
+    fn broken(&self) -> Error {
+        Error::ObjectBroken {
+            plugin: self.plugin.name().to_owned(),
+            class: self.class.clone(),
+        }
+    }
+}

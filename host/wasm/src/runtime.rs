@@ -1,0 +1,449 @@
+//! [`Runtime`] and its [`Config`]: the wasmtime engine (async, epoch
+//! interruption, pooling allocator), the linker with the host imports, the
+//! on-disk module cache, the loaded plugins, and the call entry points.
+
+use crate::instance::{CallCtx, Fault, StoreData};
+use crate::object::Object;
+use crate::plugin::{Entry, LoadSource, Plugin};
+use crate::{Error, GuestHost, Result, manifest};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use wasmrpc_abi::protocol::{CallArgs, ExportKind, HandleKind, Outcome};
+use wasmrpc_abi::{ErrorKind, RemoteError, Value};
+use wasmtime::{Engine, InstanceAllocationStrategy, Linker, Module, PoolingAllocationConfig};
+
+/// How the runtime runs guests. `Config::default()` suits a worker.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Folder of compiled modules, keyed by the sha256 of the wasm bytes;
+    /// `None` compiles every load.
+    pub cache_dir: Option<PathBuf>,
+    /// The most linear memory one instance may have, in bytes.
+    pub max_memory: usize,
+    /// The most time one call may spend running guest code (waiting on the
+    /// host does not count); `None` for no limit.
+    pub time_limit: Option<Duration>,
+    /// Warm instances kept per plugin between calls.
+    pub idle_instances: usize,
+    /// Use wasmtime's pooling allocator (fast instantiation, memory
+    /// reserved up front) instead of allocating on demand.
+    pub pooling: bool,
+    /// With `pooling`, the most instances alive at once in this runtime.
+    pub max_instances: u32,
+    /// How often the epoch advances: the granularity of the time limit and
+    /// of a busy guest yielding its thread.
+    pub epoch_tick: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            cache_dir: None,
+            max_memory: 256 << 20,
+            time_limit: Some(Duration::from_secs(60)),
+            idle_instances: 16,
+            pooling: true,
+            max_instances: 128,
+            epoch_tick: Duration::from_millis(2),
+        }
+    }
+}
+
+/// What every plugin of a runtime shares: the engine and the config.
+pub(crate) struct Shared {
+    pub(crate) engine: Engine,
+    pub(crate) config: Config,
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    linker: Linker<StoreData>,
+    plugins: Mutex<HashMap<String, Arc<Plugin>>>,
+    stop_ticker: Arc<AtomicBool>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stop_ticker.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The wasm runtime of one worker: loads plugins and runs their functions
+/// and objects. Cheap to clone (an `Arc`); share it across tasks.
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("config", &self.inner.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Runtime {
+    /// A runtime with its own engine and epoch ticker thread.
+    ///
+    /// # Errors
+    /// [`Error::Engine`] if wasmtime rejects the configuration (e.g. the
+    /// pooling allocator cannot reserve its memory).
+    pub fn new(config: Config) -> Result<Runtime> {
+        let mut wc = wasmtime::Config::new();
+        wc.epoch_interruption(true);
+        if config.pooling {
+            let mut pool = PoolingAllocationConfig::default();
+            pool.total_core_instances(config.max_instances)
+                .total_memories(config.max_instances)
+                .total_tables(config.max_instances)
+                .total_stacks(config.max_instances)
+                .max_memory_size(config.max_memory);
+            wc.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        }
+        let engine = Engine::new(&wc).map_err(|e| Error::Engine(format!("{e:#}")))?;
+        let mut linker = Linker::new(&engine);
+        crate::imports::define(&mut linker).map_err(|e| Error::Engine(format!("{e:#}")))?;
+
+        let stop_ticker = Arc::new(AtomicBool::new(false));
+        let (stop, ticking, tick) = (stop_ticker.clone(), engine.clone(), config.epoch_tick);
+        std::thread::Builder::new()
+            .name("wasmrpc-epoch".to_owned())
+            .spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(tick);
+                    ticking.increment_epoch();
+                }
+            })
+            .map_err(|e| Error::Engine(format!("cannot start the epoch thread: {e}")))?;
+
+        Ok(Runtime {
+            inner: Arc::new(Inner {
+                shared: Arc::new(Shared { engine, config }),
+                linker,
+                plugins: Mutex::new(HashMap::new()),
+                stop_ticker,
+            }),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.inner.shared.config
+    }
+
+    fn plugins(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Plugin>>> {
+        self.inner.plugins.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Loads a plugin from its wasm bytes: reads the manifest, compiles the
+    /// module (or takes it from the disk cache) and registers it under its
+    /// manifest name. Loading the same bytes again returns the same plugin.
+    ///
+    /// Compiling takes tens of milliseconds: call it from a blocking
+    /// context (`tokio::task::spawn_blocking`) on a busy worker.
+    ///
+    /// # Errors
+    /// [`Error::InvalidModule`] for bytes that are not a plugin built with
+    /// the guest SDK (bad wasm, no manifest, another protocol version,
+    /// exports missing), [`Error::DuplicatePlugin`] if another module of the
+    /// same name is loaded.
+    pub fn load(&self, bytes: &[u8]) -> Result<Arc<Plugin>> {
+        let manifest = manifest::read(bytes)?;
+        if !manifest.abi_matches() {
+            return Err(Error::InvalidModule(format!(
+                "plugin `{}` uses protocol version {}, this host speaks {}",
+                manifest.name,
+                manifest.abi,
+                wasmrpc_abi::protocol::ABI_VERSION
+            )));
+        }
+        let sha256: [u8; 32] = Sha256::digest(bytes).into();
+        if let Some(existing) = self.plugins().get(&manifest.name) {
+            return if existing.sha256() == sha256 {
+                Ok(existing.clone())
+            } else {
+                Err(Error::DuplicatePlugin(manifest.name))
+            };
+        }
+        let (module, source) = self.compile(bytes, &sha256)?;
+        let mut entries = HashMap::new();
+        for e in &manifest.exports {
+            let export = wasmrpc_abi::protocol::export_name(e.kind, e.class.as_deref(), &e.name);
+            if module.get_export(&export).is_none() {
+                return Err(Error::InvalidModule(format!(
+                    "the manifest lists `{export}` but the module does not export it"
+                )));
+            }
+            let key = match e.kind {
+                ExportKind::Function | ExportKind::AsyncFunction => e.name.clone(),
+                ExportKind::Constructor => format!("new:{}", e.name),
+                ExportKind::Method | ExportKind::AsyncMethod => {
+                    format!("{}.{}", e.class.as_deref().unwrap_or(""), e.name)
+                }
+            };
+            entries.insert(
+                key,
+                Entry {
+                    export,
+                    kind: e.kind,
+                },
+            );
+        }
+        let pre = self
+            .inner
+            .linker
+            .instantiate_pre(&module)
+            .map_err(|e| Error::InvalidModule(format!("{e:#}")))?;
+        let plugin = Arc::new(Plugin::new(
+            manifest,
+            sha256,
+            source,
+            pre,
+            entries,
+            self.inner.shared.clone(),
+        ));
+        let mut plugins = self.plugins();
+        let plugin = plugins
+            .entry(plugin.name().to_owned())
+            .or_insert(plugin)
+            .clone();
+        Ok(plugin)
+    }
+
+    /// Loads the plugin in a `.wasm` file.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the file cannot be read, else as [`Runtime::load`].
+    pub fn load_file(&self, path: impl AsRef<Path>) -> Result<Arc<Plugin>> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|source| Error::Io {
+            context: format!("reading {}", path.display()),
+            source,
+        })?;
+        self.load(&bytes)
+    }
+
+    /// Loads every `*.wasm` file in `dir`, in name order.
+    ///
+    /// # Errors
+    /// The first file that fails to read or load.
+    pub fn load_dir(&self, dir: impl AsRef<Path>) -> Result<Vec<Arc<Plugin>>> {
+        let dir = dir.as_ref();
+        let io = |source| Error::Io {
+            context: format!("listing {}", dir.display()),
+            source,
+        };
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(io)? {
+            let path = entry.map_err(io)?.path();
+            if path.extension().is_some_and(|e| e == "wasm") && path.is_file() {
+                files.push(path);
+            }
+        }
+        files.sort();
+        files.iter().map(|f| self.load_file(f)).collect()
+    }
+
+    /// The loaded plugin named `name`.
+    pub fn plugin(&self, name: &str) -> Option<Arc<Plugin>> {
+        self.plugins().get(name).cloned()
+    }
+
+    /// Every loaded plugin.
+    pub fn loaded(&self) -> Vec<Arc<Plugin>> {
+        self.plugins().values().cloned().collect()
+    }
+
+    fn cache_path(&self, sha256: &[u8; 32]) -> Option<PathBuf> {
+        let dir = self.inner.shared.config.cache_dir.as_ref()?;
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        self.inner
+            .shared
+            .engine
+            .precompile_compatibility_hash()
+            .hash(&mut hasher);
+        Some(dir.join(format!("{}-{:016x}.cwasm", hex(sha256), hasher.finish())))
+    }
+
+    fn compile(&self, bytes: &[u8], sha256: &[u8; 32]) -> Result<(Module, LoadSource)> {
+        let engine = &self.inner.shared.engine;
+        let path = self.cache_path(sha256);
+        if let Some(path) = path.as_ref().filter(|p| p.is_file()) {
+            // SAFETY: the file is named by the sha256 of the wasm bytes and by
+            // this engine's compatibility hash, and only this function writes
+            // it (below, through `Module::serialize` and an atomic rename), so
+            // it holds code wasmtime compiled from these bytes for an engine
+            // like this one; wasmtime checks the header and refuses others.
+            match unsafe { Module::deserialize_file(engine, path) } {
+                Ok(module) => return Ok((module, LoadSource::DiskCache)),
+                Err(e) => tracing::warn!("ignoring cached module {}: {e:#}", path.display()),
+            }
+        }
+        let module =
+            Module::new(engine, bytes).map_err(|e| Error::InvalidModule(format!("{e:#}")))?;
+        if let Some(path) = path
+            && let Err(e) = write_cache(&module, &path)
+        {
+            tracing::warn!(
+                "cannot cache the compiled module at {}: {e}",
+                path.display()
+            );
+        }
+        Ok((module, LoadSource::Compiled))
+    }
+
+    /// Calls the plugin function `function` (plain or `async_execution`)
+    /// and returns its result. The call runs on a warm pooled instance that
+    /// it holds only while guest code runs; an async function's future is
+    /// awaited after the instance went back to the pool.
+    ///
+    /// Handles in `args` become the guest's; handles in the result are the
+    /// caller's (see [`GuestHost`]).
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for an unknown function; [`Error::Raised`] with
+    /// the guest's own kind and message; [`Error::Trap`],
+    /// [`Error::Timeout`], [`Error::MemoryLimit`] or [`Error::Abi`] when the
+    /// guest misbehaves (the instance is then discarded).
+    pub async fn call(
+        &self,
+        plugin: &Arc<Plugin>,
+        function: &str,
+        args: CallArgs,
+        host: Arc<dyn GuestHost>,
+    ) -> Result<Value> {
+        let entry = plugin
+            .entry(function)
+            .filter(|e| matches!(e.kind, ExportKind::Function | ExportKind::AsyncFunction));
+        let Some(entry) = entry else {
+            return Err(Error::NotFound {
+                plugin: plugin.name().to_owned(),
+                what: "function",
+                name: function.to_owned(),
+            });
+        };
+        let input = encode_args(plugin, function, &args)?;
+        let mut warm = plugin.checkout().await?;
+        let ctx = CallCtx::new(host.clone(), plugin.clone(), self.clone());
+        let outcome = warm.invoke(ctx, &entry.export, 0, &input).await;
+        match outcome {
+            Ok(outcome) => {
+                plugin.checkin(warm);
+                let is_async = entry.kind == ExportKind::AsyncFunction;
+                finish(plugin.name(), function, is_async, outcome, &host).await
+            }
+            Err(fault) => Err(fault.into_error(plugin.name(), function)),
+        }
+    }
+
+    /// Constructs an object of `class`: runs its constructor on an instance
+    /// that then belongs to the object alone.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for an unknown class; the constructor's errors as
+    /// for [`Runtime::call`].
+    pub async fn construct(
+        &self,
+        plugin: &Arc<Plugin>,
+        class: &str,
+        args: CallArgs,
+        host: Arc<dyn GuestHost>,
+    ) -> Result<Object> {
+        let Some(entry) = plugin.entry(&format!("new:{class}")) else {
+            return Err(Error::NotFound {
+                plugin: plugin.name().to_owned(),
+                what: "class",
+                name: class.to_owned(),
+            });
+        };
+        let input = encode_args(plugin, class, &args)?;
+        let mut warm = plugin.checkout().await?;
+        let ctx = CallCtx::new(host.clone(), plugin.clone(), self.clone());
+        match warm.invoke(ctx, &entry.export, 0, &input).await {
+            Ok(Outcome::Object(id)) => {
+                Ok(Object::new(self.clone(), plugin.clone(), class, id, warm))
+            }
+            Ok(Outcome::Raise(error)) => {
+                // The instance is sound: only the constructor raised.
+                plugin.checkin(warm);
+                Err(Error::Raised {
+                    plugin: plugin.name().to_owned(),
+                    function: class.to_owned(),
+                    error,
+                })
+            }
+            Ok(other) => Err(Error::Abi {
+                plugin: plugin.name().to_owned(),
+                function: class.to_owned(),
+                message: format!("a constructor returned {other:?}"),
+            }),
+            Err(fault) => Err(fault.into_error(plugin.name(), class)),
+        }
+    }
+}
+
+fn write_cache(module: &Module, path: &Path) -> std::io::Result<()> {
+    let bytes = module
+        .serialize()
+        .map_err(|e| std::io::Error::other(format!("{e:#}")))?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub(crate) fn encode_args(plugin: &Plugin, function: &str, args: &CallArgs) -> Result<Vec<u8>> {
+    wasmrpc_abi::encode(args).map_err(|e| Error::Abi {
+        plugin: plugin.name().to_owned(),
+        function: function.to_owned(),
+        message: format!("cannot encode the arguments: {e}"),
+    })
+}
+
+/// Turns an outcome into the call's result, awaiting an async function's
+/// future.
+pub(crate) async fn finish(
+    plugin: &str,
+    function: &str,
+    is_async: bool,
+    outcome: Outcome,
+    host: &Arc<dyn GuestHost>,
+) -> Result<Value> {
+    let raised = |error: RemoteError| Error::Raised {
+        plugin: plugin.to_owned(),
+        function: function.to_owned(),
+        error,
+    };
+    match (outcome, is_async) {
+        (Outcome::Return(v), false) => Ok(v),
+        (Outcome::Raise(e), _) => Err(raised(e)),
+        (Outcome::Future(f), true) => {
+            let result = host.future_wait(f).await;
+            let _ = host.drop_handle(HandleKind::Future, f).await;
+            result.map_err(raised)
+        }
+        (Outcome::Return(v), true) => Err(raised(RemoteError::new(
+            ErrorKind::RuntimeError,
+            format!(
+                "{} but got {}",
+                crate::error::ASYNC_WRONG_TYPE,
+                v.type_name()
+            ),
+        ))),
+        (other, _) => {
+            Err(Fault::Abi(format!("unexpected outcome {other:?}")).into_error(plugin, function))
+        }
+    }
+}
