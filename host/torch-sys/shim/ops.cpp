@@ -18,6 +18,7 @@
 #include <charconv>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -29,6 +30,31 @@ using c10::IValue;
 using c10::TypeKind;
 using c10::TypePtr;
 using torch::jit::Stack;
+
+// `Operator::op_` is private, but a call by name must know whether a
+// JIT-only operator builds its Operation from a graph node (an
+// `OperationCreator`): those dereference the node, and there is none here.
+// Naming a private member in an explicit instantiation is allowed, which is
+// how this reads it without changing its access.
+struct OperatorVariantTag {
+  friend constexpr auto operator_variant(OperatorVariantTag);
+};
+template <auto Member>
+struct ReadOperatorVariant {
+  friend constexpr auto operator_variant(OperatorVariantTag) {
+    return Member;
+  }
+};
+template struct ReadOperatorVariant<&torch::jit::Operator::op_>;
+
+// True if `op` is a JIT-only operator whose Operation needs a graph node.
+bool needs_graph_node(const torch::jit::Operator& op) {
+  const auto& variant = op.*operator_variant(OperatorVariantTag{});
+  if (variant.index() == 0) {
+    return false;  // a c10 operator: boxed calls need no node
+  }
+  return std::get<1>(variant).op_.index() != 0;  // an OperationCreator
+}
 
 struct Overload {
   std::shared_ptr<torch::jit::Operator> op;
@@ -707,8 +733,8 @@ struct Unsupported : std::runtime_error {
 // Appends `v` and its subtree to `nodes`. Tensors become owned
 // `at::Tensor*` recorded in `owned`; strings go to the arena, and their
 // node holds the arena offset in `i` until the arena stops growing.
-void emit(const IValue& v, std::vector<wrs_value>& nodes, std::vector<at::Tensor*>& owned,
-          std::string& arena) {
+void emit(const IValue& v, std::vector<wrs_value>& nodes,
+          c10::SmallVectorImpl<at::Tensor*>& owned, std::string& arena) {
   wrs_value node{};
   if (v.isNone()) {
     node.tag = WRS_NONE;
@@ -860,7 +886,7 @@ int32_t call_impl(const wrs_op* op, const wrs_value* raw_nodes, size_t n_nodes, 
   Tls& t = tls();
   t.nodes.clear();
   t.arena.clear();
-  std::vector<at::Tensor*> owned;
+  c10::SmallVector<at::Tensor*, 4> owned;
   try {
     for (const auto& v : stack) {
       emit(v, t.nodes, owned, t.arena);
@@ -891,6 +917,11 @@ int32_t call_impl(const wrs_op* op, const wrs_value* raw_nodes, size_t n_nodes, 
 extern "C" {
 
 int32_t wrs_op_resolve(const char* name, size_t name_len, wrs_op** op, wrs_out* out) {
+  // JIT-only operators parse their schema lazily, without a lock, on first
+  // use; resolving one name at a time (and touching every schema here)
+  // keeps that first parse off the concurrent call path.
+  static std::mutex resolve_mutex;
+  std::lock_guard<std::mutex> guard(resolve_mutex);
   try {
     std::string qualified(name, name_len);
     std::vector<std::shared_ptr<torch::jit::Operator>> found;
@@ -901,11 +932,12 @@ int32_t wrs_op_resolve(const char* name, size_t name_len, wrs_op** op, wrs_out* 
     auto handle = std::make_unique<wrs_op>();
     handle->name = qualified;
     // PyTorch RPC's `matchBuiltinOp` prefers c10 ops (they go through the
-    // dispatcher), then tries the JIT-only ones. Vararg schemas need a graph
-    // node to build their operation, which a call by name does not have.
+    // dispatcher), then tries the JIT-only ones. Operators that build their
+    // operation from a graph node, and vararg ones (which read their input
+    // count from the stack the interpreter pushes), cannot be called by name.
     for (int pass = 0; pass < 2; ++pass) {
       for (const auto& o : found) {
-        if (o->isC10Op() != (pass == 0) || o->schema().is_vararg()) {
+        if (o->isC10Op() != (pass == 0) || o->schema().is_vararg() || needs_graph_node(*o)) {
           continue;
         }
         handle->overloads.push_back(Overload{o, o->getOperation()});

@@ -40,10 +40,13 @@
 //!
 //! `aten::add` and any other registered `namespace::name`;
 //! `torch.ops.aten.add` (PyTorch RPC's wire form); a bare name (`view`,
-//! `size`, `sum`, `to`, `add`) is a tensor method, `aten::<name>`.
+//! `size`, `sum`, `to`, `add`) is a tensor method, `aten::<name>`, and
+//! [`call_method`] falls back to `prim::<name>` for tensor properties
+//! (`dtype`, `device`, `is_sparse`, `requires_grad`, `is_cuda`).
 //! Python-only methods that have no operator of their own (`Tensor.float()`,
-//! `Tensor.tolist()`, `Tensor.type()`) do not resolve; use their op
-//! (`aten::to` with a dtype, ...).
+//! `.double()`, `.long()`, `.int()`, `.half()`, `.bool()`, `.tolist()`,
+//! `.type()`, `.numpy()`, `.register_hook()`, `__setitem__`) do not resolve;
+//! use their op (`to` with a dtype, `index_put_`, ...).
 
 mod autograd;
 mod builtin;

@@ -371,17 +371,42 @@ pub fn call_op(
 }
 
 /// Calls the tensor method `name` (`view`, `size`, `sum`, `to`, ...) on
-/// `args[0]`, resolved as `aten::<name>`. See [`Operator::call_method`].
+/// `args[0]`, resolved as `aten::<name>`; see [`Operator::call_method`].
+///
+/// Tensor properties are TorchScript `prim::` ops (`dtype`, `device`,
+/// `is_sparse`, `requires_grad`, `is_cuda`): when no `aten::<name>` overload
+/// exists or accepts the arguments, a bare name falls back to
+/// `prim::<name>`. Python-only methods with no operator (`float()`,
+/// `long()`, `tolist()`, `type()`) do not resolve: call `to` with a dtype.
 ///
 /// # Errors
 ///
-/// As for [`call_op`].
+/// As for [`call_op`]; if both lookups fail, the `aten::` error, unless only
+/// the `prim::` op exists, whose error is then the one returned.
 pub fn call_method(
     name: &str,
     args: &[OpValue],
     kwargs: &[(String, OpValue)],
 ) -> Result<Vec<OpValue>, OpError> {
-    Operator::resolve(name)?.call_method(args, kwargs)
+    let first = Operator::resolve(name).and_then(|op| op.call_method(args, kwargs));
+    match first {
+        Err(OpError::UnknownOp { .. } | OpError::NoMatchingSchema { .. })
+            if !name.contains("::") =>
+        {
+            let fallback = Operator::resolve(&format!("prim::{name}"))
+                .and_then(|op| op.call_method(args, kwargs));
+            match (first, fallback) {
+                (_, Ok(out)) => Ok(out),
+                (Err(OpError::UnknownOp { .. }), Err(e))
+                    if !matches!(e, OpError::UnknownOp { .. }) =>
+                {
+                    Err(e)
+                }
+                (first, Err(_)) => first,
+            }
+        }
+        other => other,
+    }
 }
 
 /// The schemas of every overload registered under `name`, in matching order.

@@ -196,6 +196,33 @@ fn optional_and_default_arguments() {
 }
 
 #[test]
+fn every_argument_may_be_a_keyword_and_keyword_only_ones_must_be() {
+    let out = tensor(
+        call_op(
+            "aten::add",
+            &[],
+            &[kw("self", ones(&[2])), kw("other", ones(&[2]))],
+        )
+        .unwrap(),
+    );
+    assert_eq!(values(&out), [2., 2.]);
+    // `alpha` is keyword-only in every add overload.
+    let err = call_op("aten::add", &[ones(&[2]), ones(&[2]), OpValue::Int(2)], &[]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("positional argument(s) but 3 was/were given"),
+        "{err}"
+    );
+    // Too many arguments for any schema.
+    let err = call_op("aten::neg", &[ones(&[2]), ones(&[2])], &[]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("expected at most 1 argument(s) but received 2"),
+        "{err}"
+    );
+}
+
+#[test]
 fn tensor_methods_resolve_through_the_registry() {
     let x = t(&[1., 2., 3., 4., 5., 6.], &[6]);
     let viewed = tensor(
@@ -232,6 +259,105 @@ fn tensor_methods_resolve_through_the_registry() {
     )
     .unwrap_err();
     assert!(matches!(err, OpError::NoMatchingSchema { .. }), "{err}");
+}
+
+#[test]
+fn common_tensor_methods_resolve() {
+    for name in [
+        "size",
+        "view",
+        "sum",
+        "to",
+        "add",
+        "mul",
+        "sub",
+        "div",
+        "matmul",
+        "reshape",
+        "permute",
+        "transpose",
+        "t",
+        "contiguous",
+        "clone",
+        "detach",
+        "item",
+        "dim",
+        "numel",
+        "cpu",
+        "flatten",
+        "unsqueeze",
+        "squeeze",
+        "expand",
+        "repeat",
+        "max",
+        "min",
+        "mean",
+        "abs",
+        "neg",
+        "exp",
+        "relu",
+        "sigmoid",
+        "tanh",
+        "softmax",
+        "index_select",
+        "narrow",
+        "select",
+        "chunk",
+        "split",
+        "norm",
+        "pow",
+        "sqrt",
+        "zero_",
+        "fill_",
+        "copy_",
+        "add_",
+        "mul_",
+        "requires_grad_",
+        "coalesce",
+        "to_dense",
+        "_indices",
+        "_values",
+        "is_coalesced",
+        "_nnz",
+        "nonzero",
+        "argmax",
+        "topk",
+        "sort",
+        "eq",
+        "all",
+        "any",
+        "gather",
+        "masked_fill",
+        "type_as",
+        "view_as",
+        "expand_as",
+        "new_zeros",
+        "new_ones",
+        "stride",
+        "is_contiguous",
+    ] {
+        assert!(Operator::resolve(name).is_ok(), "{name} does not resolve");
+    }
+}
+
+#[test]
+fn tensor_properties_fall_back_to_prim_ops() {
+    let x = sparse();
+    let is_sparse = call_method("is_sparse", &[x.shallow_clone()], &[]).unwrap();
+    assert_eq!(is_sparse[0].as_bool(), Some(true));
+    let dtype = call_method("dtype", &[x.shallow_clone()], &[]).unwrap();
+    assert_eq!(dtype[0].as_int(), Some(6), "ScalarType Float is 6");
+    // `aten::device` exists (the `torch.device("cpu")` constructor) but takes
+    // no tensor: the property comes from `prim::device`.
+    let device = call_method("device", &[x.shallow_clone()], &[]).unwrap();
+    assert!(matches!(device[0], OpValue::Device(Device::Cpu)));
+    let rg = call_method("requires_grad", &[x], &[]).unwrap();
+    assert_eq!(rg[0].as_bool(), Some(false));
+    // A method that exists nowhere keeps the aten error.
+    let err = call_method("tolist", &[ones(&[1])], &[]).unwrap_err();
+    assert_eq!(err.to_string(), "Unknown builtin op: aten::tolist");
+    let err = call_method("view", &[ones(&[6]), OpValue::Str("x".into())], &[]).unwrap_err();
+    assert!(err.to_string().contains("aten::view"), "{err}");
 }
 
 #[test]
@@ -447,4 +573,24 @@ fn ops_run_from_many_threads_at_once() {
     for h in handles {
         h.join().unwrap();
     }
+}
+
+#[test]
+fn ops_that_need_a_graph_node_are_not_callable_by_name() {
+    // These build their operation from a TorchScript graph node (or read a
+    // vararg count the interpreter pushes); resolving them by name must not
+    // touch that machinery, and a peer naming them gets an error.
+    for name in [
+        "prim::isinstance",
+        "prim::Constant",
+        "prim::ListConstruct",
+        "prim::tolist",
+        "aten::format",
+    ] {
+        let err = call_op(name, &[ones(&[1])], &[]).unwrap_err();
+        assert_eq!(err.to_string(), format!("Unknown builtin op: {name}"));
+    }
+    // Plain JIT-only ops stay callable: `prim::min.int` with two ints.
+    let out = call_op("prim::min", &[OpValue::Int(3), OpValue::Int(2)], &[]).unwrap();
+    assert_eq!(out[0].as_int(), Some(2));
 }
