@@ -37,6 +37,9 @@ const CLEANUP_KEY: &str = "cleanup/";
 const POLL_INTERVAL: Duration = Duration::from_millis(10);
 
 /// A c10d store kept in a file that several processes on one machine share.
+///
+/// Differs from PyTorch's in one detail: `delete_key` tells whether the key
+/// existed (PyTorch's always returns true).
 #[derive(Debug)]
 pub struct FileStore {
     path: PathBuf,

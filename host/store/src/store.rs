@@ -101,6 +101,16 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 ///
 /// Every method is usable from any tokio runtime; implementations are cheap to
 /// share behind an `Arc<dyn Store>`.
+///
+/// # Errors
+/// `get`, `multi_get` and `wait` fail with [`Error::Timeout`] when keys do
+/// not appear in time; network stores fail with [`Error::Io`] or
+/// [`Error::ConnectionClosed`] when the server is unreachable or goes away,
+/// and [`Error::Protocol`] when it answers nonsense; `add` fails with
+/// [`Error::InvalidArgument`] on a value that is not a decimal integer (a TCP
+/// server closes the connection instead, as PyTorch's does);
+/// `multi_set` fails with [`Error::InvalidArgument`] when the slices differ
+/// in length.
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + std::fmt::Debug {
     /// Sets `key` to `value`, waking everyone waiting for it.

@@ -272,3 +272,19 @@ async fn two_masters_on_one_port_share_the_server() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_closed_connection_is_replaced_on_the_next_operation() {
+    timed(LIMIT, async {
+        let server = TcpStoreServer::bind("127.0.0.1:0").await.unwrap();
+        let store = client(&server).await;
+        store.set("text", b"not a number").await.unwrap();
+        // The server closes the connection on ADD to a non-integer value.
+        let err = store.add("text", 1).await.unwrap_err();
+        assert!(matches!(err, Error::ConnectionClosed { .. }), "{err:?}");
+        // CLI-3: the next operation opens a fresh connection.
+        assert_eq!(store.get("text").await.unwrap(), b"not a number");
+        assert_eq!(store.add("n", 2).await.unwrap(), 2);
+    })
+    .await;
+}
