@@ -32,6 +32,10 @@
 //!   PyTorch's message: [`NO_MATCHING_SCHEMA`] with every schema tried,
 //!   libtorch's own text when an op raises, `Unknown builtin op: aten::foo`.
 //! - [`grad_fn_name`]: which autograd node recorded a result (`MulBackward0`).
+//! - [`call_op_abi`], [`op_value_from_abi`], [`op_value_into_abi`]: the
+//!   same over [`wasmrpc_abi::Value`]s whose tensors live in the caller's
+//!   table: the callee side of a builtin RPC and the guests' `HostCall::Op`
+//!   in one call each; `RemoteError::from(OpError)` gives what crosses back.
 //!
 //! Calls run on the caller's thread, with its grad mode; any number run at
 //! once. No C++ exception crosses into Rust: the shim catches everything.
@@ -50,6 +54,7 @@
 
 mod autograd;
 mod builtin;
+mod convert;
 mod error;
 mod ffi;
 mod op;
@@ -57,6 +62,7 @@ mod value;
 
 pub use autograd::grad_fn_name;
 pub use builtin::BUILTINS;
+pub use convert::{call_op_abi, device_string, op_value_from_abi, op_value_into_abi};
 pub use error::{NO_MATCHING_SCHEMA, OpError};
 pub use op::{Operator, WIRE_PREFIX, call_method, call_op, qualified_name, schemas};
 pub use value::OpValue;
