@@ -1,5 +1,19 @@
-//! The `wasmrpc` command: runs workers and the tools around them.
+//! The `wasmrpc` command: one worker of a cluster (`wasmrpc worker`), or a
+//! whole local cluster (`wasmrpc launch`). Thin: flags live in `cli`, the
+//! work in the `wasmrpc` library.
 
-fn main() -> anyhow::Result<()> {
-    anyhow::bail!("the wasmrpc command has no subcommands yet")
+mod cli;
+
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let args = cli::Cli::parse();
+    cli::init_logging();
+    match cli::run(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("wasmrpc: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }

@@ -1,0 +1,174 @@
+//! `wasmrpc worker`: one worker of a group. It finds the group through an
+//! init method (as `torch.distributed.rpc.init_rpc` does), serves calls, may
+//! run an entry function, and stops with the group's graceful shutdown.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use tracing::info;
+use wasmrpc::{Args, Payload, RpcBackendOptions, Value, init_rpc};
+
+use super::parse_seconds;
+
+/// Flags of `wasmrpc worker`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct WorkerArgs {
+    /// This worker's name, unique in the group [default: worker<RANK>].
+    #[arg(long)]
+    name: Option<String>,
+    /// This worker's rank. `env://` also reads it from RANK (as torchrun sets it).
+    #[arg(long)]
+    rank: Option<u32>,
+    /// The number of workers. `env://` also reads it from WORLD_SIZE. Leave it
+    /// out with `--rank` to join a dynamic group.
+    #[arg(long)]
+    world_size: Option<u32>,
+    /// How to find the group's store: `env://` (MASTER_ADDR and MASTER_PORT,
+    /// as torchrun sets them), `tcp://HOST:PORT` (rank 0 hosts the store
+    /// unless TORCHELASTIC_USE_AGENT_STORE=True), or `file:///PATH`.
+    #[arg(long, default_value = "env://")]
+    init_method: String,
+    /// The address to accept peers on. Its IP is what peers dial: on a
+    /// cluster of several machines give this machine's reachable address.
+    /// Port 0 picks a free port.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    /// The default timeout of calls, in seconds (0: none).
+    #[arg(long, default_value = "60", value_parser = parse_seconds)]
+    rpc_timeout: Duration,
+    /// How long to wait for the other workers to join, in seconds.
+    #[arg(long, default_value = "300", value_parser = parse_seconds)]
+    init_timeout: Duration,
+    /// Threads that run calls on this worker.
+    #[arg(long, default_value_t = wasmrpc::DEFAULT_NUM_WORKER_THREADS)]
+    pub(crate) num_worker_threads: usize,
+    /// Once the group is up, call this registered function on this worker
+    /// (e.g. `plugin::function`), print its result, then shut down.
+    #[arg(long)]
+    entry: Option<String>,
+    /// Once the group is up, call every other worker once and print the
+    /// round trip (the launcher's health check when it has no entry).
+    #[arg(long)]
+    ping_all: bool,
+    /// Arguments of the entry function: integers, floats, `true`/`false`,
+    /// or strings.
+    #[arg(last = true)]
+    entry_args: Vec<String>,
+}
+
+/// Runs one worker until the group shuts down.
+pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
+    let rank_hint = args.rank.map_or(-1, i64::from);
+    let world_hint = args.world_size.map_or(-1, i64::from);
+    let (store, rank, world) =
+        wasmrpc::store::rendezvous(&args.init_method, rank_hint, world_hint, args.init_timeout)
+            .await
+            .with_context(|| format!("rendezvous through {} failed", args.init_method))?;
+    let rank = u32::try_from(rank).with_context(|| format!("invalid rank {rank}"))?;
+    let world = u32::try_from(world).ok();
+    let name = args.name.clone().unwrap_or_else(|| format!("worker{rank}"));
+
+    let options = RpcBackendOptions {
+        rpc_timeout: args.rpc_timeout,
+        num_worker_threads: args.num_worker_threads,
+        init_method: args.init_method.clone(),
+        listen_addr: args.listen,
+        init_timeout: args.init_timeout,
+        ..RpcBackendOptions::default()
+    };
+    let agent = init_rpc(&name, Some(rank), world, store, options)
+        .await
+        .with_context(|| format!("init_rpc of {name} (rank {rank}) failed"))?;
+    info!(
+        "{name}: rank {rank} of {} workers, serving on {}",
+        world.map_or_else(|| "a dynamic group of".to_string(), |w| w.to_string()),
+        agent
+            .local_addr()
+            .map_or_else(|| "?".to_string(), |a| a.to_string()),
+    );
+
+    let mut failed = false;
+    if args.ping_all {
+        for peer in agent.get_worker_infos() {
+            if peer.name == name {
+                continue;
+            }
+            let started = std::time::Instant::now();
+            match agent
+                .rpc_sync(peer.name.as_str(), wasmrpc::NOOP, Args::new())
+                .await
+            {
+                Ok(_) => println!(
+                    "{name} -> {}: answered, round trip {} us",
+                    peer.name,
+                    started.elapsed().as_micros()
+                ),
+                Err(e) => {
+                    eprintln!("{name} -> {}: failed: {e}", peer.name);
+                    failed = true;
+                }
+            }
+        }
+    }
+    if let Some(entry) = &args.entry {
+        let call_args = args
+            .entry_args
+            .iter()
+            .fold(Args::new(), |a, s| a.arg(parse_arg(s)));
+        match agent.rpc_sync(name.as_str(), entry, call_args).await {
+            Ok(result) => println!("{entry} returned {}", describe(&result)),
+            Err(e) => {
+                eprintln!("{name}: entry {entry} failed: {e}");
+                failed = true;
+            }
+        }
+    }
+    agent
+        .shutdown(true, Duration::ZERO)
+        .await
+        .with_context(|| format!("graceful shutdown of {name} failed"))?;
+    info!("{name}: shut down");
+    if failed {
+        bail!("{name}: a call failed (see above)");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// An entry argument: an integer, a float, a boolean, or else a string.
+fn parse_arg(s: &str) -> Payload {
+    if let Ok(i) = s.parse::<i64>() {
+        Payload::from(i)
+    } else if let Ok(f) = s.parse::<f64>() {
+        Payload::from(f)
+    } else if let Ok(b) = s.parse::<bool>() {
+        Payload::from(b)
+    } else {
+        Payload::from(s.to_string())
+    }
+}
+
+/// A one-line rendering of a result for the terminal.
+fn describe(p: &Payload) -> String {
+    match &p.value {
+        Value::Tensor(_) => match p.as_tensor() {
+            Ok(t) => format!("{t}"),
+            Err(e) => format!("<tensor: {e}>"),
+        },
+        other => format!("{other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_arguments_take_the_narrowest_type() {
+        assert_eq!(parse_arg("3").as_int().unwrap(), 3);
+        assert_eq!(parse_arg("2.5").as_float().unwrap(), 2.5);
+        assert!(parse_arg("true").as_bool().unwrap());
+        assert_eq!(parse_arg("worker1").as_str().unwrap(), "worker1");
+    }
+}
