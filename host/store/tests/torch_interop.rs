@@ -12,12 +12,23 @@ use std::time::{Duration, Instant};
 use common::{script, timed, torch_python};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
-use wasmrpc_store::{Error, FileStore, Store, TcpStore, TcpStoreOptions, TcpStoreServer};
+use wasmrpc_store::{
+    Error, FileStore, Store, TcpStore, TcpStoreOptions, TcpStoreServer, rendezvous,
+};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn torch_client_against_our_server() {
+    torch_client_against_our_server_with(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn torch_non_libuv_client_against_our_server() {
+    torch_client_against_our_server_with(false).await;
+}
+
+async fn torch_client_against_our_server_with(use_libuv: bool) {
     let Some(python) = torch_python() else {
         return;
     };
@@ -39,6 +50,7 @@ async fn torch_client_against_our_server() {
             .arg(script("torch_store_client.py"))
             .arg("127.0.0.1")
             .arg(server.port().to_string())
+            .arg(if use_libuv { "1" } else { "0" })
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .output()
@@ -254,4 +266,79 @@ async fn our_file_store_shares_a_file_with_torch() {
         assert!(!store.check(&["to_delete"]).await.unwrap());
     })
     .await;
+}
+
+/// Our rank and PyTorch's `torch.distributed.rendezvous` rank meet on one
+/// `tcp://` store; `torch_is_master` picks which side is rank 0 and hosts it.
+async fn mixed_rendezvous(torch_is_master: bool) {
+    let Some(python) = torch_python() else {
+        return;
+    };
+    timed(LIMIT, async {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url = format!("tcp://127.0.0.1:{port}");
+        let (torch_rank, our_rank) = if torch_is_master { (0, 1) } else { (1, 0) };
+        let peer = Command::new(&python)
+            .arg(script("torch_rendezvous_peer.py"))
+            .arg(&url)
+            .arg(torch_rank.to_string())
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output();
+        let ours = async {
+            if torch_is_master {
+                // Let PyTorch bind first; our client retries until it can.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let (store, rank, world_size) = rendezvous(&url, our_rank, 2, Duration::from_secs(30))
+                .await
+                .unwrap();
+            assert_eq!((rank, world_size), (our_rank, 2));
+            store
+                .set(&format!("rank{rank}"), rank.to_string().as_bytes())
+                .await
+                .unwrap();
+            for other in 0..2 {
+                let got = store.get(&format!("rank{other}")).await.unwrap();
+                assert_eq!(got, other.to_string().as_bytes());
+            }
+            store.add("done", 1).await.unwrap();
+            while store.add("done", 0).await.unwrap() < 2 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            // Rank 1's last operation is "bye"; rank 0 hosts the store and
+            // waits for it, so it outlives rank 1.
+            if our_rank == 0 {
+                store.wait(&["bye"], Duration::from_secs(30)).await.unwrap();
+            } else {
+                store.set("bye", b"1").await.unwrap();
+            }
+            store
+        };
+        let (output, store) = tokio::join!(peer, ours);
+        let output = output.unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success() && stdout.lines().any(|l| l == "OK"),
+            "torch rank failed ({}):\n{stdout}\n{stderr}",
+            output.status
+        );
+        drop(store);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn torch_rank_joins_our_tcp_rendezvous() {
+    mixed_rendezvous(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_rank_joins_torch_tcp_rendezvous() {
+    mixed_rendezvous(true).await;
 }

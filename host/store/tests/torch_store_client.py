@@ -1,6 +1,10 @@
 """Drives torch.distributed.TCPStore (PyTorch's own client) against a store
-server given as HOST PORT, over every operation, asserting PyTorch's
+server, over every operation, asserting PyTorch's
 semantics. Prints OK and exits 0 on success; any failure raises.
+
+Usage: torch_store_client.py HOST PORT USE_LIBUV(0|1)
+
+USE_LIBUV is the client's own flag (queues are a libuv-client API).
 
 The Rust side sets the key "from_rust" to b"rust" before starting this script
 and checks afterwards that "from_torch" holds b"torch".
@@ -14,6 +18,9 @@ from datetime import timedelta
 import torch.distributed as dist
 
 
+USE_LIBUV = True
+
+
 def client(host, port, timeout=10.0):
     return dist.TCPStore(
         host,
@@ -21,6 +28,7 @@ def client(host, port, timeout=10.0):
         is_master=False,
         timeout=timedelta(seconds=timeout),
         wait_for_workers=False,
+        use_libuv=USE_LIBUV,
     )
 
 
@@ -36,7 +44,9 @@ def expect_timeout(fn, seconds):
 
 
 def main():
+    global USE_LIBUV
     host, port = sys.argv[1], int(sys.argv[2])
+    USE_LIBUV = sys.argv[3] == "1"
     s = client(host, port)
 
     # A key our client set, seen through PyTorch's key prefix.
@@ -111,17 +121,23 @@ def main():
     assert s.multi_get(["late2", "k"]) == [b"x", b"v2"]
     t.join()
 
-    # Queues (libuv-only API on PyTorch's side).
-    s.queue_push("q", b"a")
-    s.queue_push("q", b"b")
-    assert s.queue_len("q") == 2
-    assert s.queue_pop("q") == b"a"
-    assert s.queue_pop("q", block=False) == b"b"
-    assert s.queue_len("q") == 0
+    # Queues (an API of PyTorch's libuv client only).
+    if USE_LIBUV:
+        s.queue_push("q", b"a")
+        s.queue_push("q", b"b")
+        assert s.queue_len("q") == 2
+        assert s.queue_pop("q") == b"a"
+        assert s.queue_pop("q", block=False) == b"b"
+        assert s.queue_len("q") == 0
+        # A blocking pop is woken by a push from another client.
+        t = threading.Thread(target=lambda: (time.sleep(0.3), other.queue_push("q", b"c")))
+        t.start()
+        assert s.queue_pop("q") == b"c"
+        t.join()
 
     # A worker that counts itself on init/ (PyTorch's wait_for_workers).
     dist.TCPStore(host, port, world_size=2, is_master=False,
-                  timeout=timedelta(seconds=10))
+                  timeout=timedelta(seconds=10), use_libuv=USE_LIBUV)
 
     s.set("from_torch", "torch")
     print("OK", flush=True)
