@@ -20,6 +20,16 @@ pub enum OpError {
         /// The qualified name looked up, e.g. `aten::foo`.
         name: String,
     },
+    /// A tensor method that neither `aten::<name>` nor `prim::<name>`
+    /// provides (`AttributeError`, worded as Python's, which the seeds'
+    /// RRef-proxy tests assert: `has no attribute 'non_exist'`).
+    #[error("'{type_name}' object has no attribute '{name}'")]
+    UnknownMethod {
+        /// Python's name for the receiver's type, e.g. `Tensor`.
+        type_name: String,
+        /// The method name.
+        name: String,
+    },
     /// No overload's schema accepts the arguments (`RuntimeError`). The
     /// message starts with [`NO_MATCHING_SCHEMA`] and then gives, for each
     /// overload tried, why it did not match and its declaration.
@@ -66,6 +76,7 @@ impl OpError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             OpError::Raised { kind, .. } | OpError::Builtin { kind, .. } => *kind,
+            OpError::UnknownMethod { .. } => ErrorKind::AttributeError,
             OpError::UnknownOp { .. }
             | OpError::NoMatchingSchema { .. }
             | OpError::Internal { .. } => ErrorKind::RuntimeError,
@@ -101,6 +112,19 @@ mod tests {
         };
         assert_eq!(raised.kind(), ErrorKind::IndexError);
         assert_eq!(raised.to_string(), "index 5 is out of bounds");
+    }
+
+    #[test]
+    fn unknown_methods_are_attribute_errors() {
+        let e = OpError::UnknownMethod {
+            type_name: "Tensor".into(),
+            name: "non_exist".into(),
+        };
+        assert_eq!(e.kind(), ErrorKind::AttributeError);
+        assert_eq!(
+            e.to_string(),
+            "'Tensor' object has no attribute 'non_exist'"
+        );
     }
 
     #[test]

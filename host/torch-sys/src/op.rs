@@ -381,8 +381,9 @@ pub fn call_op(
 ///
 /// # Errors
 ///
-/// As for [`call_op`]; if both lookups fail, the `aten::` error, unless only
-/// the `prim::` op exists, whose error is then the one returned.
+/// [`OpError::UnknownMethod`] (`AttributeError`) if neither op exists;
+/// otherwise as for [`call_op`], with the `aten::` error if both fail,
+/// unless only the `prim::` op exists.
 pub fn call_method(
     name: &str,
     args: &[OpValue],
@@ -397,11 +398,16 @@ pub fn call_method(
                 .and_then(|op| op.call_method(args, kwargs));
             match (first, fallback) {
                 (_, Ok(out)) => Ok(out),
-                (Err(OpError::UnknownOp { .. }), Err(e))
-                    if !matches!(e, OpError::UnknownOp { .. }) =>
-                {
-                    Err(e)
+                (Err(OpError::UnknownOp { .. }), Err(OpError::UnknownOp { .. })) => {
+                    Err(OpError::UnknownMethod {
+                        type_name: args
+                            .first()
+                            .map_or("NoneType", OpValue::type_name)
+                            .to_owned(),
+                        name: name.to_owned(),
+                    })
                 }
+                (Err(OpError::UnknownOp { .. }), Err(e)) => Err(e),
                 (first, Err(_)) => first,
             }
         }

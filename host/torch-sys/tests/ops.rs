@@ -223,6 +223,24 @@ fn every_argument_may_be_a_keyword_and_keyword_only_ones_must_be() {
 }
 
 #[test]
+fn rref_proxy_tensor_calls_like_the_seed() {
+    // `_test_rref_proxy_tensor`: size(), add(1), view(1, 4) on ones(2, 2) + 1 + 3.
+    let x = OpValue::Tensor(Tensor::ones([2, 2], F32) + 4.0);
+    let size = call_method("size", &[x.shallow_clone()], &[]).unwrap();
+    let size: Vec<i64> = size[0]
+        .as_slice()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_int().unwrap())
+        .collect();
+    assert_eq!(size, [2, 2]);
+    let added = tensor(call_method("add", &[x.shallow_clone(), OpValue::Int(1)], &[]).unwrap());
+    assert_eq!(values(&added), [6.; 4]);
+    let viewed = tensor(call_method("view", &[x, OpValue::Int(1), OpValue::Int(4)], &[]).unwrap());
+    assert_eq!(viewed.size(), [1, 4]);
+}
+
+#[test]
 fn tensor_methods_resolve_through_the_registry() {
     let x = t(&[1., 2., 3., 4., 5., 6.], &[6]);
     let viewed = tensor(
@@ -353,9 +371,19 @@ fn tensor_properties_fall_back_to_prim_ops() {
     assert!(matches!(device[0], OpValue::Device(Device::Cpu)));
     let rg = call_method("requires_grad", &[x], &[]).unwrap();
     assert_eq!(rg[0].as_bool(), Some(false));
-    // A method that exists nowhere keeps the aten error.
+    // A method that exists nowhere is Python's AttributeError, as the
+    // seeds' RRef-proxy tests assert.
+    let err = call_method("non_exist", &[ones(&[1])], &[]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::AttributeError);
+    assert_eq!(
+        err.to_string(),
+        "'Tensor' object has no attribute 'non_exist'"
+    );
     let err = call_method("tolist", &[ones(&[1])], &[]).unwrap_err();
-    assert_eq!(err.to_string(), "Unknown builtin op: aten::tolist");
+    assert!(
+        err.to_string().contains("has no attribute 'tolist'"),
+        "{err}"
+    );
     let err = call_method("view", &[ones(&[6]), OpValue::Str("x".into())], &[]).unwrap_err();
     assert!(err.to_string().contains("aten::view"), "{err}");
 }
