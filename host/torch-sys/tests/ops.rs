@@ -622,3 +622,76 @@ fn ops_that_need_a_graph_node_are_not_callable_by_name() {
     let out = call_op("prim::min", &[OpValue::Int(3), OpValue::Int(2)], &[]).unwrap();
     assert_eq!(out[0].as_int(), Some(2));
 }
+
+#[test]
+fn sparse_backward_through_ops_called_by_name() {
+    // dist_autograd_test's sparse graphs: loss = torch.sparse.sum(t1 + t2).
+    let t1 = sparse().into_tensor().unwrap().set_requires_grad(true);
+    let t2 = sparse().into_tensor().unwrap().set_requires_grad(true);
+    let sum = tensor(
+        call_op(
+            "aten::add",
+            &[OpValue::Tensor(t1.shallow_clone()), OpValue::Tensor(t2)],
+            &[],
+        )
+        .unwrap(),
+    );
+    let loss = tensor(call_op("aten::_sparse_sum", &[OpValue::Tensor(sum)], &[]).unwrap());
+    // Without a dim, libtorch's `_sparse_sum` is `coalesce().values().sum()`,
+    // as in Python's `torch.sparse.sum`.
+    assert_eq!(grad_fn_name(&loss).as_deref(), Some("SumBackward0"));
+    loss.backward();
+    let grad = t1.grad();
+    assert!(grad.is_sparse());
+    assert_eq!(
+        values(&grad.to_dense(None, false)),
+        [0., 0., 1., 1., 0., 1.]
+    );
+}
+
+#[test]
+fn ops_returning_nothing_and_factories_with_optional_kwargs() {
+    let a = ones(&[2]);
+    let b = ones(&[3]);
+    let out = call_op(
+        "aten::_foreach_add_",
+        &[
+            OpValue::List(vec![a.shallow_clone(), b.shallow_clone()]),
+            OpValue::Int(1),
+        ],
+        &[],
+    )
+    .unwrap();
+    assert!(out.is_empty(), "{out:?}");
+    assert!(matches!(OpValue::from_outputs(out), OpValue::None));
+    assert_eq!(values(a.as_tensor().unwrap()), [2., 2.]);
+    assert_eq!(values(b.as_tensor().unwrap()), [2., 2., 2.]);
+
+    let r = tensor(call_op("aten::rand", &[ints(&[2, 2])], &[]).unwrap());
+    assert_eq!(r.size(), [2, 2]);
+    assert!(values(&r).iter().all(|v| (0.0..1.0).contains(v)));
+    let z = tensor(
+        call_op(
+            "aten::zeros",
+            &[ints(&[3])],
+            &[kw("dtype", Kind::Int64), kw("device", "cpu")],
+        )
+        .unwrap(),
+    );
+    assert_eq!(z.kind(), Kind::Int64);
+}
+
+#[test]
+fn a_device_without_a_backend_is_an_error_not_a_crash() {
+    if tch::Cuda::is_available() {
+        eprintln!("skipped: a CUDA device is present");
+        return;
+    }
+    let err = call_method("to", &[ones(&[2]), OpValue::Str("cuda:0".into())], &[]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::RuntimeError);
+    let err = call_method("to", &[ones(&[2]), OpValue::Device(Device::Cuda(0))], &[]).unwrap_err();
+    assert!(matches!(err, OpError::Raised { .. }), "{err:?}");
+    // A string that is no device at all fails to match, with the reason.
+    let err = call_method("to", &[ones(&[2]), OpValue::Str("nowhere".into())], &[]).unwrap_err();
+    assert!(err.to_string().contains(NO_MATCHING_SCHEMA), "{err}");
+}
