@@ -32,7 +32,7 @@ pub(crate) fn call(
 }
 
 fn type_error(message: String) -> OpError {
-    OpError::Builtin {
+    OpError::Rejected {
         kind: ErrorKind::TypeError,
         message,
     }
@@ -158,7 +158,7 @@ fn min_max(
     let Some((first, rest)) = items.split_first() else {
         return match default {
             Some(value) => Ok(value.shallow_clone()),
-            None => Err(OpError::Builtin {
+            None => Err(OpError::Rejected {
                 kind: ErrorKind::ValueError,
                 message: format!("{name}() arg is an empty sequence"),
             }),

@@ -52,7 +52,7 @@ pub fn call_op_abi(
 ///
 /// # Errors
 ///
-/// A `TypeError` ([`OpError::Builtin`]) for values no op takes (bytes,
+/// A `TypeError` ([`OpError::Rejected`]) for values no op takes (bytes,
 /// dicts, records, worker infos, RRefs) and a `RuntimeError` for a tensor
 /// index the table lacks.
 pub fn op_value_from_abi(
@@ -84,7 +84,7 @@ pub fn op_value_from_abi(
             })?)
         }
         other => {
-            return Err(OpError::Builtin {
+            return Err(OpError::Rejected {
                 kind: ErrorKind::TypeError,
                 message: format!("builtin ops take no value of type '{}'", other.type_name()),
             });

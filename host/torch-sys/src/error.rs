@@ -51,10 +51,11 @@ pub enum OpError {
         /// libtorch's message, without its C++ backtrace.
         message: String,
     },
-    /// A Python builtin (`builtins.min`, ...) rejected its arguments, with
-    /// the class and text Python uses.
+    /// The arguments were rejected before reaching libtorch: a Python
+    /// builtin's own check (`min()` of nothing), a value no op takes (bytes,
+    /// an RRef), lists nested too deep; with the class and text Python uses.
     #[error("{message}")]
-    Builtin {
+    Rejected {
         /// The Python exception class (`TypeError`, `ValueError`).
         kind: ErrorKind,
         /// Python's message.
@@ -75,7 +76,7 @@ impl OpError {
     /// The Python exception class PyTorch would raise.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            OpError::Raised { kind, .. } | OpError::Builtin { kind, .. } => *kind,
+            OpError::Raised { kind, .. } | OpError::Rejected { kind, .. } => *kind,
             OpError::UnknownMethod { .. } => ErrorKind::AttributeError,
             OpError::UnknownOp { .. }
             | OpError::NoMatchingSchema { .. }

@@ -65,5 +65,5 @@ pub use builtin::BUILTINS;
 pub use convert::{call_op_abi, device_string, op_value_from_abi, op_value_into_abi};
 pub use error::{NO_MATCHING_SCHEMA, OpError};
 pub use op::{Operator, WIRE_PREFIX, call_method, call_op, qualified_name, schemas};
-pub use value::OpValue;
+pub use value::{MAX_NESTING, OpValue};
 pub use wasmrpc_abi::ErrorKind;

@@ -62,6 +62,20 @@ impl std::fmt::Debug for Operator {
     }
 }
 
+/// Longest name [`Operator::resolve`] looks up.
+const MAX_NAME_LEN: usize = 256;
+
+/// Whether `name` can be a registered operator name at all. Checked before
+/// the registry lookup, which interns every name it is given: a peer
+/// sending arbitrary strings should not grow that table with garbage.
+fn plausible_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b':' || b == b'.')
+}
+
 /// Name → resolved operator, filled on first use of each name.
 fn cache() -> &'static RwLock<HashMap<String, Operator>> {
     static CACHE: OnceLock<RwLock<HashMap<String, Operator>>> = OnceLock::new();
@@ -122,7 +136,13 @@ impl Operator {
         {
             return Ok(op.clone());
         }
-        let op = Operator::resolve_uncached(&qualified_name(name))?;
+        let qualified = qualified_name(name);
+        if !plausible_name(&qualified) {
+            return Err(OpError::UnknownOp {
+                name: qualified.into_owned(),
+            });
+        }
+        let op = Operator::resolve_uncached(&qualified)?;
         let mut map = cache().write().unwrap_or_else(PoisonError::into_inner);
         Ok(map.entry(name.to_owned()).or_insert(op).clone())
     }
@@ -427,6 +447,16 @@ pub fn schemas(name: &str) -> Result<Vec<String>, OpError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn implausible_names_never_reach_the_registry() {
+        assert!(plausible_name("aten::add"));
+        assert!(plausible_name("aten::__and__"));
+        assert!(!plausible_name("aten::add\0x"));
+        assert!(!plausible_name("aten::a b"));
+        assert!(!plausible_name(""));
+        assert!(!plausible_name(&"a".repeat(MAX_NAME_LEN + 1)));
+    }
 
     #[test]
     fn names_qualify_like_pytorch_rpc() {

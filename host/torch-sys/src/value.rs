@@ -224,9 +224,23 @@ fn len_u32(len: usize, what: &str) -> Result<u32, OpError> {
     })
 }
 
+/// How deeply lists and tuples may nest in an argument. Bounds the
+/// recursion here and in the shim, whatever a peer or a guest sends.
+pub const MAX_NESTING: usize = 64;
+
 /// Appends the pre-order encoding of `value` to `out`. Tensor and string
 /// nodes borrow from `value`, which must outlive every use of `out`.
 pub(crate) fn encode(value: &OpValue, out: &mut Vec<RawValue>) -> Result<(), OpError> {
+    encode_at(value, out, 0)
+}
+
+fn encode_at(value: &OpValue, out: &mut Vec<RawValue>, depth: usize) -> Result<(), OpError> {
+    if depth > MAX_NESTING {
+        return Err(OpError::Rejected {
+            kind: wasmrpc_abi::ErrorKind::ValueError,
+            message: format!("op arguments nest lists or tuples more than {MAX_NESTING} deep"),
+        });
+    }
     let mut node = RawValue::new(ffi::TAG_NONE);
     match value {
         OpValue::None => {}
@@ -262,7 +276,7 @@ pub(crate) fn encode(value: &OpValue, out: &mut Vec<RawValue>) -> Result<(), OpE
             node.len = len_u32(items.len(), "list")?;
             out.push(node);
             for item in items {
-                encode(item, out)?;
+                encode_at(item, out, depth + 1)?;
             }
             return Ok(());
         }
@@ -406,6 +420,18 @@ mod tests {
         assert_eq!(nodes[0].len, 3);
         assert_eq!(nodes[2].len, 2);
         assert_eq!(nodes[5].len, 2);
+    }
+
+    #[test]
+    fn nesting_is_bounded() {
+        let mut v = OpValue::Int(1);
+        for _ in 0..MAX_NESTING {
+            v = OpValue::List(vec![v]);
+        }
+        encode(&v, &mut Vec::new()).unwrap();
+        let v = OpValue::Tuple(vec![v]);
+        let err = encode(&v, &mut Vec::new()).unwrap_err();
+        assert!(err.to_string().contains("more than 64 deep"), "{err}");
     }
 
     #[test]
