@@ -28,7 +28,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::store::{
-    DEFAULT_TIMEOUT, Error, Result, Store, add_to_counter, check_multi_set, compare_set_outcome,
+    DEFAULT_TIMEOUT, Error, Result, Store, TimeoutCell, add_to_counter, check_multi_set,
+    compare_set_outcome, deadline_after, get_each,
 };
 
 const REGULAR_PREFIX: &str = "/";
@@ -45,7 +46,7 @@ pub struct FileStore {
     path: PathBuf,
     num_workers: Option<usize>,
     cache: Arc<Mutex<Cache>>,
-    timeout: Mutex<Duration>,
+    timeout: TimeoutCell,
 }
 
 /// What this store has replayed from the file (FILE-2).
@@ -200,7 +201,7 @@ impl FileStore {
             path: path.into(),
             num_workers,
             cache: Arc::new(Mutex::new(Cache::default())),
-            timeout: Mutex::new(DEFAULT_TIMEOUT),
+            timeout: TimeoutCell::new(DEFAULT_TIMEOUT),
         }
     }
 
@@ -247,7 +248,7 @@ impl FileStore {
     }
 
     async fn wait_for(&self, keys: &[&str], timeout: Duration) -> Result<()> {
-        let deadline = (!timeout.is_zero()).then(|| Instant::now() + timeout);
+        let deadline = deadline_after(timeout);
         loop {
             let missing = self.present(keys).await?;
             if missing.is_empty() {
@@ -317,7 +318,7 @@ impl Store for FileStore {
 
     async fn get(&self, key: &str) -> Result<Vec<u8>> {
         let timeout = self.timeout();
-        let deadline = (!timeout.is_zero()).then(|| Instant::now() + timeout);
+        let deadline = deadline_after(timeout);
         let reg = regular(key);
         loop {
             let reg = reg.clone();
@@ -408,11 +409,7 @@ impl Store for FileStore {
     }
 
     async fn multi_get(&self, keys: &[&str]) -> Result<Vec<Vec<u8>>> {
-        let mut out = Vec::with_capacity(keys.len());
-        for key in keys {
-            out.push(self.get(key).await?);
-        }
-        Ok(out)
+        get_each(self, keys).await
     }
 
     async fn multi_set(&self, keys: &[&str], values: &[&[u8]]) -> Result<()> {
@@ -435,11 +432,11 @@ impl Store for FileStore {
     }
 
     fn timeout(&self) -> Duration {
-        *self.timeout.lock().unwrap_or_else(|e| e.into_inner())
+        self.timeout.get()
     }
 
     fn set_timeout(&self, timeout: Duration) {
-        *self.timeout.lock().unwrap_or_else(|e| e.into_inner()) = timeout;
+        self.timeout.set(timeout);
     }
 }
 

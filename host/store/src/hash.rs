@@ -9,10 +9,10 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use tokio::time::Instant;
 
 use crate::store::{
-    DEFAULT_TIMEOUT, Error, Result, Store, add_to_counter, check_multi_set, compare_set_outcome,
+    DEFAULT_TIMEOUT, Error, Result, Store, TimeoutCell, add_to_counter, check_multi_set,
+    compare_set_outcome, deadline_after, get_each,
 };
 
 /// An in-memory c10d store shared by the tasks and threads of one process.
@@ -22,7 +22,7 @@ use crate::store::{
 pub struct HashStore {
     map: Mutex<HashMap<String, Vec<u8>>>,
     changed: Notify,
-    timeout: Mutex<Duration>,
+    timeout: TimeoutCell,
 }
 
 impl Default for HashStore {
@@ -37,7 +37,7 @@ impl HashStore {
         Self {
             map: Mutex::new(HashMap::new()),
             changed: Notify::new(),
-            timeout: Mutex::new(DEFAULT_TIMEOUT),
+            timeout: TimeoutCell::new(DEFAULT_TIMEOUT),
         }
     }
 
@@ -56,7 +56,7 @@ impl HashStore {
     }
 
     async fn wait_for(&self, keys: &[&str], timeout: Duration) -> Result<()> {
-        let deadline = (!timeout.is_zero()).then(|| Instant::now() + timeout);
+        let deadline = deadline_after(timeout);
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
@@ -153,11 +153,7 @@ impl Store for HashStore {
     }
 
     async fn multi_get(&self, keys: &[&str]) -> Result<Vec<Vec<u8>>> {
-        let mut out = Vec::with_capacity(keys.len());
-        for key in keys {
-            out.push(self.get(key).await?);
-        }
-        Ok(out)
+        get_each(self, keys).await
     }
 
     async fn multi_set(&self, keys: &[&str], values: &[&[u8]]) -> Result<()> {
@@ -171,10 +167,10 @@ impl Store for HashStore {
     }
 
     fn timeout(&self) -> Duration {
-        *self.timeout.lock().unwrap_or_else(|e| e.into_inner())
+        self.timeout.get()
     }
 
     fn set_timeout(&self, timeout: Duration) {
-        *self.timeout.lock().unwrap_or_else(|e| e.into_inner()) = timeout;
+        self.timeout.set(timeout);
     }
 }

@@ -97,20 +97,14 @@ pub async fn rendezvous_with(
             if parsed.path.is_empty() {
                 return Err(error("path missing"));
             }
-            let rank = parse_int(&get("rank").ok_or_else(|| error("rank parameter missing"))?)?;
-            let world_size = parse_int(
-                &get("world_size").ok_or_else(|| error("world size parameter missing"))?,
-            )?;
+            let (rank, world_size) = rank_and_world_size(&get, error)?;
             let store = FileStore::new(&parsed.path, usize::try_from(world_size).ok());
             (Arc::new(store), rank, world_size)
         }
         "tcp" => {
             let error = |msg: &str| rendezvous_error("tcp", msg);
             let port = parsed.port()?.ok_or_else(|| error("port number missing"))?;
-            let rank = parse_int(&get("rank").ok_or_else(|| error("rank parameter missing"))?)?;
-            let world_size = parse_int(
-                &get("world_size").ok_or_else(|| error("world size parameter missing"))?,
-            )?;
+            let (rank, world_size) = rank_and_world_size(&get, error)?;
             let host = parsed
                 .hostname()
                 .ok_or_else(|| Error::Assertion("hostname cannot be None".into()))?;
@@ -153,6 +147,17 @@ pub async fn rendezvous_with(
     };
     store.set_timeout(timeout);
     Ok((store, rank, world_size))
+}
+
+/// The `rank` and `world_size` query parameters `file://` and `tcp://`
+/// require.
+fn rank_and_world_size(
+    get: &impl Fn(&str) -> Option<String>,
+    error: impl Fn(&str) -> Error,
+) -> Result<(i64, i64)> {
+    let rank = get("rank").ok_or_else(|| error("rank parameter missing"))?;
+    let world_size = get("world_size").ok_or_else(|| error("world size parameter missing"))?;
+    Ok((parse_int(&rank)?, parse_int(&world_size)?))
 }
 
 fn rendezvous_error(scheme: &str, msg: &str) -> Error {

@@ -4,6 +4,7 @@
 //! This module owns the contract every store implements and the error kinds
 //! they report; the implementations live in their own modules.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// The timeout a store uses when none is given: PyTorch's
@@ -139,6 +140,39 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn timeout(&self) -> Duration;
     /// Changes the timeout `get` and `wait` use when none is given.
     fn set_timeout(&self, timeout: Duration);
+}
+
+/// A store's default timeout, read and changed through `&self`.
+#[derive(Debug)]
+pub(crate) struct TimeoutCell(Mutex<Duration>);
+
+impl TimeoutCell {
+    pub(crate) fn new(timeout: Duration) -> Self {
+        Self(Mutex::new(timeout))
+    }
+
+    pub(crate) fn get(&self) -> Duration {
+        // A Duration cannot be left half-written: a poisoned lock is fine.
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn set(&self, timeout: Duration) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = timeout;
+    }
+}
+
+/// The instant `timeout` from now, or `None` for a zero ("no") timeout.
+pub(crate) fn deadline_after(timeout: Duration) -> Option<tokio::time::Instant> {
+    (!timeout.is_zero()).then(|| tokio::time::Instant::now() + timeout)
+}
+
+/// `multi_get` as one `get` per key, for stores without a batched form.
+pub(crate) async fn get_each(store: &(impl Store + ?Sized), keys: &[&str]) -> Result<Vec<Vec<u8>>> {
+    let mut out = Vec::with_capacity(keys.len());
+    for key in keys {
+        out.push(store.get(key).await?);
+    }
+    Ok(out)
 }
 
 /// Checks that `multi_set` got as many values as keys.

@@ -5,18 +5,9 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-/// An injected environment (tests never touch the process environment, so
-/// they cannot race each other).
-fn env_of(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + Sync + use<> {
-    let map: HashMap<String, String> = vars
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-    move |name: &str| map.get(name).cloned()
-}
+use common::env_of;
 
 mod timeout_test {
     use std::sync::Arc;
@@ -33,7 +24,8 @@ mod timeout_test {
     /// error texts (with their Python kinds) of the ranks that failed.
     async fn run_barrier(stores: Vec<Arc<dyn Store>>) -> Vec<(String, &'static str)> {
         let mut tasks = Vec::new();
-        for (rank, store) in stores.into_iter().enumerate().take(3) {
+        // `stores` outlives every rank: the TCP master's store owns the server.
+        for (rank, store) in stores.iter().cloned().enumerate().take(3) {
             tasks.push(tokio::spawn(async move {
                 store_based_barrier(
                     store.as_ref(),
@@ -52,6 +44,7 @@ mod timeout_test {
                 errors.push((e.to_string(), e.python_kind()));
             }
         }
+        drop(stores);
         errors
     }
 
@@ -237,7 +230,7 @@ mod local_rank_test {
 
     #[test]
     fn testWithoutEnv() {
-        let env = env_of(&[]);
+        let env = env_of::<&str>(&[]);
         let err = get_node_local_rank_with(None, &env).unwrap_err();
         assert_eq!(err.python_kind(), "RuntimeError");
         assert!(err.to_string().contains("LOCAL_RANK"), "{err}");
@@ -245,7 +238,10 @@ mod local_rank_test {
 
     #[test]
     fn testWithoutEnvWithFallback() {
-        assert_eq!(get_node_local_rank_with(Some(2), &env_of(&[])).unwrap(), 2);
+        assert_eq!(
+            get_node_local_rank_with(Some(2), &env_of::<&str>(&[])).unwrap(),
+            2
+        );
     }
 
     #[test]
@@ -274,7 +270,7 @@ mod comm_test {
     #[test]
     fn test_debug_level() {
         // Unset means OFF.
-        set_debug_level_from_env_with(&env_of(&[])).unwrap();
+        set_debug_level_from_env_with(&env_of::<&str>(&[])).unwrap();
         assert_eq!(get_debug_level(), DebugLevel::Off);
 
         let mapping = [

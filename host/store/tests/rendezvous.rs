@@ -3,33 +3,14 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::timed;
+use common::{env_of, free_port, timed};
 use wasmrpc_store::{Error, Store, TcpStoreServer, rendezvous_with};
 
 const LIMIT: Duration = Duration::from_secs(30);
 const T: Duration = Duration::from_secs(10);
-
-fn env_of(vars: &[(&str, String)]) -> impl Fn(&str) -> Option<String> + Sync + use<> {
-    let map: HashMap<String, String> = vars
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), v.clone()))
-        .collect();
-    move |name: &str| map.get(name).cloned()
-}
-
-/// A port that was free a moment ago (the master must bind the port the
-/// other ranks are told).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 async fn error_of(url: &str, rank: i64, world_size: i64, env: &[(&str, String)]) -> Error {
     let env = env_of(env);
@@ -221,7 +202,7 @@ async fn env_rendezvous_rank0_hosts_the_store() {
 async fn tcp_rendezvous_with_explicit_rank_and_world_size() {
     timed(LIMIT, async {
         let url = format!("tcp://127.0.0.1:{}", free_port());
-        let no_env = env_of(&[]);
+        let no_env = env_of::<&str>(&[]);
         let (a, b) = tokio::join!(
             rendezvous_with(&url, 0, 2, T, &no_env),
             rendezvous_with(&url, 1, 2, T, &no_env)
@@ -263,7 +244,7 @@ async fn file_rendezvous_shares_the_file_and_removes_it() {
     timed(LIMIT, async {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("rdv");
-        let no_env = env_of(&[]);
+        let no_env = env_of::<&str>(&[]);
         let url = |rank: i64| format!("file://{}?rank={rank}&world_size=2", path.display());
         let a = rendezvous_with(&url(0), -1, -1, T, &no_env).await.unwrap();
         let b = rendezvous_with(&url(1), -1, -1, T, &no_env).await.unwrap();

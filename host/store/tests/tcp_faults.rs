@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::timed;
+use common::{free_port, timed};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use wasmrpc_store::{Error, Store, TcpStore, TcpStoreOptions, TcpStoreServer};
@@ -248,11 +248,7 @@ async fn thousands_of_clients() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_masters_on_one_port_share_the_server() {
     timed(LIMIT, async {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let opts = TcpStoreOptions {
             timeout: Duration::from_secs(10),
             wait_for_workers: false,

@@ -7,14 +7,13 @@
 mod common;
 
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{script, timed, torch_python};
+use common::{conformance, free_port, script, timed, torch_python};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
-use wasmrpc_store::{
-    Error, FileStore, Store, TcpStore, TcpStoreOptions, TcpStoreServer, rendezvous,
-};
+use wasmrpc_store::{FileStore, Store, TcpStore, TcpStoreOptions, TcpStoreServer, rendezvous};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -72,98 +71,10 @@ async fn torch_client_against_our_server_with(use_libuv: bool) {
 }
 
 /// Our client through every operation against a server someone else runs.
-async fn drive_our_client(store: &TcpStore) {
+async fn drive_our_client(store: Arc<TcpStore>) {
     assert_eq!(store.get("from_torch_server").await.unwrap(), b"hello");
-
-    store.set("k", b"v1").await.unwrap();
-    store.set("k", b"v2").await.unwrap();
-    assert_eq!(store.get("k").await.unwrap(), b"v2");
-    let binary: Vec<u8> = (0..=255).collect();
-    store.set("bin", &binary).await.unwrap();
-    assert_eq!(store.get("bin").await.unwrap(), binary);
-
-    assert_eq!(store.add("c", 5).await.unwrap(), 5);
-    assert_eq!(store.add("c", -2).await.unwrap(), 3);
-    assert_eq!(store.get("c").await.unwrap(), b"3");
-
-    assert_eq!(
-        store.compare_set("cs", b"", b"first").await.unwrap(),
-        b"first"
-    );
-    assert_eq!(
-        store.compare_set("cs", b"wrong", b"x").await.unwrap(),
-        b"first"
-    );
-    assert_eq!(
-        store.compare_set("cs", b"first", b"second").await.unwrap(),
-        b"second"
-    );
-    assert_eq!(
-        store
-            .compare_set("absent", b"expected", b"x")
-            .await
-            .unwrap(),
-        b"expected"
-    );
-    assert!(!store.check(&["absent"]).await.unwrap());
-
-    assert!(store.check(&["k", "c"]).await.unwrap());
-    assert!(!store.check(&["k", "nope"]).await.unwrap());
-
-    let before = store.num_keys().await.unwrap();
-    store.set("fresh", b"1").await.unwrap();
-    assert_eq!(store.num_keys().await.unwrap(), before + 1);
-    assert!(store.delete_key("fresh").await.unwrap());
-    assert!(!store.delete_key("fresh").await.unwrap());
-    assert_eq!(store.num_keys().await.unwrap(), before);
-
-    store.append("log", b"ab").await.unwrap();
-    store.append("log", b"cd").await.unwrap();
-    assert_eq!(store.get("log").await.unwrap(), b"abcd");
-
-    store
-        .multi_set(&["m1", "m2"], &[b"one".as_slice(), b"two"])
-        .await
-        .unwrap();
-    assert_eq!(
-        store.multi_get(&["m2", "m1"]).await.unwrap(),
-        vec![b"two".to_vec(), b"one".to_vec()]
-    );
-
-    // Waits: satisfied, woken by a concurrent set, timed out (CANCEL_WAIT).
-    store.wait(&["k"], Duration::from_secs(1)).await.unwrap();
-    let t0 = Instant::now();
-    let (woken, set) = tokio::join!(store.wait(&["late"], Duration::from_secs(10)), async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        store.set("late", b"here").await
-    });
-    woken.unwrap();
-    set.unwrap();
-    assert!(t0.elapsed() < Duration::from_secs(5));
-
-    let t0 = Instant::now();
-    let err = store
-        .wait(&["never"], Duration::from_millis(500))
-        .await
-        .unwrap_err();
-    assert!(matches!(err, Error::Timeout { .. }), "{err:?}");
-    assert!(t0.elapsed() < Duration::from_secs(3));
-    store.set_timeout(Duration::from_secs(1));
-    let t0 = Instant::now();
-    let err = store.get("never").await.unwrap_err();
-    assert!(err.to_string().contains("Timeout"), "{err}");
-    let took = t0.elapsed();
-    assert!(
-        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
-        "{took:?}"
-    );
-    assert_eq!(
-        store.get("k").await.unwrap(),
-        b"v2",
-        "still in step after a cancel"
-    );
+    conformance(Arc::clone(&store) as Arc<dyn Store>).await;
     store.ping().await.unwrap();
-
     store.set("from_rust", b"rust").await.unwrap();
 }
 
@@ -191,18 +102,20 @@ async fn our_client_against_torch_server(use_libuv: bool) {
             .parse()
             .unwrap();
 
-        let store = TcpStore::connect(
-            "127.0.0.1",
-            port,
-            TcpStoreOptions {
-                timeout: Duration::from_secs(10),
-                world_size: Some(2),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-        drive_our_client(&store).await;
+        let store = Arc::new(
+            TcpStore::connect(
+                "127.0.0.1",
+                port,
+                TcpStoreOptions {
+                    timeout: Duration::from_secs(10),
+                    world_size: Some(2),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap(),
+        );
+        drive_our_client(Arc::clone(&store)).await;
 
         // PyTorch's own client sees what ours wrote.
         stdin.write_all(b"check\n").await.unwrap();
@@ -275,11 +188,7 @@ async fn mixed_rendezvous(torch_is_master: bool) {
         return;
     };
     timed(LIMIT, async {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let url = format!("tcp://127.0.0.1:{port}");
         let (torch_rank, our_rank) = if torch_is_master { (0, 1) } else { (1, 0) };
         let peer = Command::new(&python)

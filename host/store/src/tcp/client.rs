@@ -28,7 +28,10 @@ use super::protocol::{
     CHECK_NOT_READY, CHECK_READY, Frame, QueryType, STOP_WAITING, VALIDATION_MAGIC, WAIT_CANCELED,
 };
 use super::server::TcpStoreServer;
-use crate::store::{DEFAULT_TIMEOUT, Error, Result, Store, check_multi_set, parse_counter};
+use crate::store::{
+    DEFAULT_TIMEOUT, Error, Result, Store, TimeoutCell, check_multi_set, deadline_after,
+    parse_counter,
+};
 
 /// The prefix PyTorch's client puts before every user key (CLI-2).
 const KEY_PREFIX: &str = "/";
@@ -65,7 +68,7 @@ impl Default for TcpStoreOptions {
 pub struct TcpStore {
     host: String,
     port: u16,
-    timeout: Mutex<Duration>,
+    timeout: TimeoutCell,
     idle: Mutex<Vec<Connection>>,
     server: Option<Arc<TcpStoreServer>>,
 }
@@ -130,12 +133,12 @@ impl TcpStore {
         timeout: Duration,
         server: Option<Arc<TcpStoreServer>>,
     ) -> Result<Self> {
-        let deadline = (!timeout.is_zero()).then(|| Instant::now() + timeout);
+        let deadline = deadline_after(timeout);
         let conn = Connection::open_with_retry(host, port, deadline).await?;
         Ok(Self {
             host: host.to_owned(),
             port,
-            timeout: Mutex::new(timeout),
+            timeout: TimeoutCell::new(timeout),
             idle: Mutex::new(vec![conn]),
             server,
         })
@@ -562,10 +565,10 @@ impl Store for TcpStore {
     }
 
     fn timeout(&self) -> Duration {
-        *self.timeout.lock().unwrap_or_else(|e| e.into_inner())
+        self.timeout.get()
     }
 
     fn set_timeout(&self, timeout: Duration) {
-        *self.timeout.lock().unwrap_or_else(|e| e.into_inner()) = timeout;
+        self.timeout.set(timeout);
     }
 }
