@@ -44,6 +44,12 @@ pub type RendezvousResult = (Arc<dyn Store>, i64, i64);
 ///   as arguments instead);
 /// - `file:///path?rank=r&world_size=n`, likewise.
 ///
+/// The `use_libuv` query parameter is accepted and ignored (there is one
+/// server implementation). As in PyTorch, rank 0's store owns the server it
+/// started: keep it until every rank is done with the store. With a world
+/// size, rank 0 returns only once every rank has connected (PyTorch's
+/// `wait_for_workers`), so start all ranks concurrently.
+///
 /// # Errors
 /// PyTorch's texts: [`Error::InvalidArgument`] (`ValueError`) such as
 /// "Error initializing torch.distributed using env:// rendezvous: environment
