@@ -13,6 +13,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/jit/runtime/operator.h>
 
 #include <charconv>
@@ -68,6 +69,10 @@ struct Overload {
 struct wrs_op {
   std::string name;
   std::vector<Overload> overloads;
+};
+
+struct wrs_node {
+  c10::intrusive_ptr<torch::autograd::Node> node;
 };
 
 namespace {
@@ -1038,6 +1043,75 @@ int32_t wrs_grad_fn_name(const void* tensor, wrs_str* name) {
     s.text = fn->name();
     name->ptr = s.text.data();
     name->len = s.text.size();
+    return 1;
+  } catch (...) {
+    return -1;
+  }
+}
+
+int32_t wrs_tensor_grad_fn(const void* tensor, wrs_node** node) {
+  try {
+    const auto* t = static_cast<const at::Tensor*>(tensor);
+    if (t == nullptr || !t->defined()) {
+      return 0;
+    }
+    const auto& fn = t->grad_fn();
+    if (!fn) {
+      return 0;
+    }
+    *node = new wrs_node{fn};
+    return 1;
+  } catch (...) {
+    return -1;
+  }
+}
+
+void wrs_node_free(wrs_node* node) {
+  delete node;
+}
+
+int32_t wrs_node_name(const wrs_node* node, wrs_str* name) {
+  try {
+    Tls& s = tls();
+    s.text = node->node->name();
+    name->ptr = s.text.data();
+    name->len = s.text.size();
+    return WRS_OK;
+  } catch (...) {
+    return WRS_ERR_INTERNAL;
+  }
+}
+
+uintptr_t wrs_node_id(const wrs_node* node) {
+  return reinterpret_cast<uintptr_t>(node->node.get());
+}
+
+size_t wrs_node_num_next(const wrs_node* node) {
+  return node->node->next_edges().size();
+}
+
+int32_t wrs_node_next(const wrs_node* node, size_t index, wrs_node** next, uint32_t* input_nr) {
+  try {
+    const auto& edges = node->node->next_edges();
+    if (index >= edges.size()) {
+      return WRS_ERR_INTERNAL;
+    }
+    const auto& edge = edges[index];
+    *next = edge.function ? new wrs_node{edge.function} : nullptr;
+    *input_nr = edge.input_nr;
+    return WRS_OK;
+  } catch (...) {
+    return WRS_ERR_INTERNAL;
+  }
+}
+
+int32_t wrs_node_variable(const wrs_node* node, void** tensor) {
+  try {
+    auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(node->node.get());
+    if (acc == nullptr || !acc->variable.defined()) {
+      return 0;
+    }
+    *tensor = new at::Tensor(acc->variable);
     return 1;
   } catch (...) {
     return -1;

@@ -105,6 +105,27 @@ int32_t wrs_op_match(const wrs_op* op, const wrs_value* nodes, size_t n_nodes,
 // and a negative value on error.
 int32_t wrs_grad_fn_name(const void* tensor, wrs_str* name);
 
+// An autograd graph node (`torch::autograd::Node`), held by reference.
+typedef struct wrs_node wrs_node;
+
+// The node that produced `tensor` (its grad_fn): returns 1 and sets `*node`
+// (free it with wrs_node_free) if there is one, 0 if not, negative on error.
+int32_t wrs_tensor_grad_fn(const void* tensor, wrs_node** node);
+void wrs_node_free(wrs_node* node);
+// The node's name (thread-local storage, see wrs_out), e.g. `MulBackward0`.
+int32_t wrs_node_name(const wrs_node* node, wrs_str* name);
+// An identity for the node: equal for handles to the same node.
+uintptr_t wrs_node_id(const wrs_node* node);
+size_t wrs_node_num_next(const wrs_node* node);
+// Edge `index` of the node: `*next` is null for an edge to nothing (an input
+// that needs no gradient), else a handle to free; `*input_nr` is the input of
+// that node the edge feeds.
+int32_t wrs_node_next(const wrs_node* node, size_t index, wrs_node** next,
+                      uint32_t* input_nr);
+// For an AccumulateGrad node: returns 1 and its variable as a new
+// `at::Tensor*` owned by the caller; 0 for other nodes.
+int32_t wrs_node_variable(const wrs_node* node, void** tensor);
+
 #ifdef __cplusplus
 }
 #endif

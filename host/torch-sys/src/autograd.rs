@@ -1,17 +1,20 @@
-//! Autograd inspection of tensors that ops produce: which node recorded them.
+//! Autograd inspection of tensors that ops produce: which node recorded
+//! them, and the graph behind it.
 //!
 //! Ops called through [`crate::Operator`] go through libtorch's dispatcher,
 //! so autograd records them like any other call; this module only reads the
-//! result (`grad_fn`). Building distributed-autograd nodes is left to the
-//! host's `autograd` module.
+//! graph (`grad_fn`, `next_functions`, an `AccumulateGrad`'s variable), as
+//! the seeds' distributed-autograd tests inspect it. Building
+//! distributed-autograd nodes is left to the host's `autograd` module.
 
-use crate::ffi::{self, RawStr};
+use crate::ffi::{self, RawNode, RawStr};
 use std::ffi::c_void;
+use std::ptr::NonNull;
 use tch::Tensor;
 
 /// The name of the autograd node that produced `tensor` (Python's
-/// `type(t.grad_fn).__name__`, e.g. `MulBackward0`), or `None` for a leaf,
-/// a tensor that does not require grad, or one made under `no_grad`.
+/// `t.grad_fn.name()`, e.g. `MulBackward0`), or `None` for a leaf, a tensor
+/// that does not require grad, or one made under `no_grad`.
 pub fn grad_fn_name(tensor: &Tensor) -> Option<String> {
     let mut name = RawStr {
         ptr: std::ptr::null(),
@@ -27,4 +30,114 @@ pub fn grad_fn_name(tensor: &Tensor) -> Option<String> {
     // valid until the next shim call on this thread.
     let bytes = unsafe { std::slice::from_raw_parts(name.ptr, name.len) };
     Some(String::from_utf8_lossy(bytes).into_owned())
+}
+
+/// A node of the autograd graph (Python's `t.grad_fn` and the nodes its
+/// `next_functions` reach). Holds a reference: the node lives while any
+/// handle does. Two handles are equal when they name the same node.
+pub struct GradFn {
+    raw: NonNull<RawNode>,
+}
+
+// SAFETY: the handle owns one reference of an intrusive, atomically counted
+// `Node`; it only reads the node (name, edges, an AccumulateGrad's variable),
+// which libtorch allows from any thread.
+unsafe impl Send for GradFn {}
+
+impl Drop for GradFn {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from the shim, is owned by this handle and freed
+        // only here.
+        unsafe { ffi::wrs_node_free(self.raw.as_ptr()) }
+    }
+}
+
+impl GradFn {
+    /// The node that produced `tensor`, or `None` as for [`grad_fn_name`].
+    pub fn of(tensor: &Tensor) -> Option<GradFn> {
+        let mut raw: *mut RawNode = std::ptr::null_mut();
+        // SAFETY: the tensor pointer is live for the call; `raw` is writable.
+        let status = unsafe { ffi::wrs_tensor_grad_fn(tensor.as_ptr().cast::<c_void>(), &mut raw) };
+        if status == 1 {
+            NonNull::new(raw).map(|raw| GradFn { raw })
+        } else {
+            None
+        }
+    }
+
+    /// The node's name: `MulBackward0`, `torch::autograd::AccumulateGrad`,
+    /// `torch::distributed::autograd::RecvRpcBackward`, ...
+    pub fn name(&self) -> String {
+        let mut name = RawStr {
+            ptr: std::ptr::null(),
+            len: 0,
+        };
+        // SAFETY: `raw` is live; `name` is writable.
+        let status = unsafe { ffi::wrs_node_name(self.raw.as_ptr(), &mut name) };
+        if status != ffi::STATUS_OK || name.ptr.is_null() {
+            return String::new();
+        }
+        // SAFETY: the shim points `name` at its thread-local string, valid
+        // until the next shim call on this thread.
+        let bytes = unsafe { std::slice::from_raw_parts(name.ptr, name.len) };
+        String::from_utf8_lossy(bytes).into_owned()
+    }
+
+    /// An identity of the node, equal for handles to the same node.
+    pub fn id(&self) -> usize {
+        // SAFETY: `raw` is live.
+        unsafe { ffi::wrs_node_id(self.raw.as_ptr()) }
+    }
+
+    /// Python's `next_functions`: for each input of the op this node
+    /// differentiates, the node its gradient flows to (`None` if that input
+    /// needs no gradient) and which of that node's inputs it feeds.
+    pub fn next_functions(&self) -> Vec<(Option<GradFn>, u32)> {
+        // SAFETY: `raw` is live.
+        let count = unsafe { ffi::wrs_node_num_next(self.raw.as_ptr()) };
+        (0..count)
+            .map(|index| {
+                let mut next: *mut RawNode = std::ptr::null_mut();
+                let mut input_nr = 0_u32;
+                // SAFETY: `raw` is live, `index` is in range, both out
+                // places are writable.
+                let status = unsafe {
+                    ffi::wrs_node_next(self.raw.as_ptr(), index, &mut next, &mut input_nr)
+                };
+                if status == ffi::STATUS_OK {
+                    (NonNull::new(next).map(|raw| GradFn { raw }), input_nr)
+                } else {
+                    (None, 0)
+                }
+            })
+            .collect()
+    }
+
+    /// For an `AccumulateGrad` node, the leaf tensor it accumulates into
+    /// (Python's `node.variable`); `None` for other nodes.
+    pub fn variable(&self) -> Option<Tensor> {
+        let mut tensor: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `raw` is live; `tensor` is writable.
+        let status = unsafe { ffi::wrs_node_variable(self.raw.as_ptr(), &mut tensor) };
+        if status != 1 || tensor.is_null() {
+            return None;
+        }
+        // SAFETY: the shim returned a fresh `new at::Tensor` that nobody else
+        // owns; `C_tensor` is that type.
+        Some(unsafe { Tensor::from_ptr(tensor.cast::<torch_sys::C_tensor>()) })
+    }
+}
+
+impl PartialEq for GradFn {
+    fn eq(&self, other: &Self) -> bool {
+        self.id() == other.id()
+    }
+}
+
+impl Eq for GradFn {}
+
+impl std::fmt::Debug for GradFn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("GradFn").field(&self.name()).finish()
+    }
 }

@@ -83,6 +83,12 @@ impl RawOut {
     }
 }
 
+/// An opaque autograd node handle (`wrs_node`).
+#[repr(C)]
+pub(crate) struct RawNode {
+    _private: [u8; 0],
+}
+
 /// An opaque resolved operator (`wrs_op`).
 #[repr(C)]
 pub(crate) struct RawOp {
@@ -121,4 +127,16 @@ unsafe extern "C" {
         out: *mut RawOut,
     ) -> i32;
     pub(crate) fn wrs_grad_fn_name(tensor: *const c_void, name: *mut RawStr) -> i32;
+    pub(crate) fn wrs_tensor_grad_fn(tensor: *const c_void, node: *mut *mut RawNode) -> i32;
+    pub(crate) fn wrs_node_free(node: *mut RawNode);
+    pub(crate) fn wrs_node_name(node: *const RawNode, name: *mut RawStr) -> i32;
+    pub(crate) fn wrs_node_id(node: *const RawNode) -> usize;
+    pub(crate) fn wrs_node_num_next(node: *const RawNode) -> usize;
+    pub(crate) fn wrs_node_next(
+        node: *const RawNode,
+        index: usize,
+        next: *mut *mut RawNode,
+        input_nr: *mut u32,
+    ) -> i32;
+    pub(crate) fn wrs_node_variable(node: *const RawNode, tensor: *mut *mut c_void) -> i32;
 }

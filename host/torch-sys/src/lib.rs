@@ -31,7 +31,9 @@
 //! - [`OpError`]: the Python exception class ([`OpError::kind`]) and
 //!   PyTorch's message: [`NO_MATCHING_SCHEMA`] with every schema tried,
 //!   libtorch's own text when an op raises, `Unknown builtin op: aten::foo`.
-//! - [`grad_fn_name`]: which autograd node recorded a result (`MulBackward0`).
+//! - [`grad_fn_name`], [`GradFn`]: which autograd node recorded a result
+//!   (`MulBackward0`) and the graph behind it (`next_functions`, an
+//!   `AccumulateGrad`'s variable), as the distributed-autograd seeds inspect.
 //! - [`call_op_abi`], [`op_value_from_abi`], [`op_value_into_abi`]: the
 //!   same over [`wasmrpc_abi::Value`]s whose tensors live in the caller's
 //!   table: the callee side of a builtin RPC and the guests' `HostCall::Op`
@@ -60,7 +62,7 @@ mod ffi;
 mod op;
 mod value;
 
-pub use autograd::grad_fn_name;
+pub use autograd::{GradFn, grad_fn_name};
 pub use builtin::BUILTINS;
 pub use convert::{call_op_abi, device_string, op_value_from_abi, op_value_into_abi};
 pub use error::{NO_MATCHING_SCHEMA, OpError};

@@ -3,8 +3,8 @@
 
 use tch::{Device, Kind, Tensor};
 use wasmrpc_torch_sys::{
-    ErrorKind, NO_MATCHING_SCHEMA, OpError, OpValue, Operator, call_method, call_op, grad_fn_name,
-    schemas,
+    ErrorKind, GradFn, NO_MATCHING_SCHEMA, OpError, OpValue, Operator, call_method, call_op,
+    grad_fn_name, schemas,
 };
 
 const F32: (Kind, Device) = (Kind::Float, Device::Cpu);
@@ -694,4 +694,75 @@ fn a_device_without_a_backend_is_an_error_not_a_crash() {
     // A string that is no device at all fails to match, with the reason.
     let err = call_method("to", &[ones(&[2]), OpValue::Str("nowhere".into())], &[]).unwrap_err();
     assert!(err.to_string().contains(NO_MATCHING_SCHEMA), "{err}");
+}
+
+#[test]
+fn lists_of_optional_tensors() {
+    // `aten::index.Tensor(Tensor self, Tensor?[] indices)`: x[:, [2, 0]].
+    let x = t(&[1., 2., 3., 4., 5., 6.], &[2, 3]);
+    let idx = OpValue::Tensor(Tensor::from_slice(&[2_i64, 0]));
+    let picked = tensor(
+        call_op(
+            "aten::index",
+            &[x, OpValue::List(vec![OpValue::None, idx])],
+            &[],
+        )
+        .unwrap(),
+    );
+    assert_eq!(picked.size(), [2, 2]);
+    assert_eq!(values(&picked), [3., 1., 6., 4.]);
+}
+
+#[test]
+fn autograd_graph_inspection_like_the_dist_autograd_seeds() {
+    let t1 = Tensor::from_slice(&[1.0_f32, 2.0]).set_requires_grad(true);
+    let t2 = Tensor::from_slice(&[3.0_f32, 4.0]).set_requires_grad(true);
+    let ret = tensor(
+        call_op(
+            "aten::add",
+            &[
+                OpValue::Tensor(t1.shallow_clone()),
+                OpValue::Tensor(t2.shallow_clone()),
+            ],
+            &[],
+        )
+        .unwrap(),
+    );
+    let add = GradFn::of(&ret).expect("ret has a grad_fn");
+    assert_eq!(add.name(), "AddBackward0");
+    assert_eq!(GradFn::of(&ret), Some(add), "handles to one node are equal");
+    let add = GradFn::of(&ret).unwrap();
+    let next = add.next_functions();
+    assert_eq!(next.len(), 2);
+    for (i, leaf) in [&t1, &t2].into_iter().enumerate() {
+        let (node, input_nr) = &next[i];
+        let node = node
+            .as_ref()
+            .expect("a leaf that requires grad has an AccumulateGrad");
+        assert_eq!(node.name(), "torch::autograd::AccumulateGrad");
+        assert_eq!(*input_nr, 0);
+        let variable = node.variable().expect("AccumulateGrad holds its variable");
+        assert_eq!(variable.data_ptr(), leaf.data_ptr());
+        assert!(node.next_functions().is_empty());
+    }
+    assert!(add.variable().is_none());
+
+    // An input that needs no gradient has an edge to nothing.
+    let c = Tensor::from_slice(&[5.0_f32, 6.0]);
+    let prod = tensor(
+        call_op(
+            "aten::mul",
+            &[OpValue::Tensor(ret), OpValue::Tensor(c)],
+            &[],
+        )
+        .unwrap(),
+    );
+    let mul = GradFn::of(&prod).unwrap();
+    let next = mul.next_functions();
+    assert_eq!(
+        next[0].0.as_ref().map(GradFn::name).as_deref(),
+        Some("AddBackward0")
+    );
+    assert!(next[1].0.is_none());
+    assert!(GradFn::of(&t1).is_none(), "a leaf has no grad_fn");
 }
