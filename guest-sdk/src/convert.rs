@@ -40,6 +40,63 @@ pub trait ToValue {
     fn to_value(&self) -> Value;
 }
 
+/// A value of any type that owns the handles inside it: dropping it
+/// releases them. Take it as a parameter where a raw [`Value`] would leak
+/// the tensors a caller sends.
+#[derive(Debug)]
+pub struct AnyValue(Option<Value>);
+
+impl AnyValue {
+    /// The value, still owned by `self`.
+    pub fn get(&self) -> &Value {
+        // `None` only after `into_inner`, which consumes `self`.
+        self.0.as_ref().unwrap_or(&Value::None)
+    }
+
+    /// The raw value; its handles are now the caller's to release.
+    pub fn into_inner(mut self) -> Value {
+        self.0.take().unwrap_or(Value::None)
+    }
+}
+
+fn release(value: Value) {
+    match value {
+        Value::Tensor(h) => drop(Tensor::from_raw(h)),
+        Value::RRef(h) => drop(RRef::from_raw(h)),
+        Value::List(items) | Value::Tuple(items) => items.into_iter().for_each(release),
+        Value::Dict(pairs) => pairs.into_iter().for_each(|(k, v)| {
+            release(k);
+            release(v);
+        }),
+        Value::Record { fields, .. } => fields.into_iter().for_each(|(_, v)| release(v)),
+        _ => {}
+    }
+}
+
+impl Drop for AnyValue {
+    fn drop(&mut self) {
+        if let Some(v) = self.0.take() {
+            release(v);
+        }
+    }
+}
+
+impl FromValue for AnyValue {
+    fn from_value(value: Value) -> Result<Self, Error> {
+        Ok(AnyValue(Some(value)))
+    }
+}
+impl IntoValue for AnyValue {
+    fn into_value(self) -> Value {
+        self.into_inner()
+    }
+}
+impl ToValue for AnyValue {
+    fn to_value(&self) -> Value {
+        self.get().clone()
+    }
+}
+
 pub(crate) fn mismatch(expected: &str, got: &Value) -> Error {
     Error::type_error(format!("expected {expected}, got {}", got.type_name()))
 }
@@ -340,6 +397,11 @@ tuple!(4: A 0, B 1, C 2, D 3);
 pub trait ToArgs {
     /// The positional arguments, borrowing handles.
     fn to_args(&self) -> Vec<Value>;
+}
+impl<T: ToArgs + ?Sized> ToArgs for &T {
+    fn to_args(&self) -> Vec<Value> {
+        (**self).to_args()
+    }
 }
 impl ToArgs for () {
     fn to_args(&self) -> Vec<Value> {

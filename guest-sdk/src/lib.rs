@@ -64,7 +64,9 @@
 //! - **Values.** Arguments and results are [`Value`]s. Parameter types
 //!   implement [`FromValue`], results [`IntoValue`]: integers, floats,
 //!   `bool`, `String`, `Vec<T>`, `Option<T>` (an optional parameter), tuples,
-//!   [`WorkerInfo`], [`Tensor`], [`RRef`], and [`Value`] itself.
+//!   [`WorkerInfo`], [`Tensor`], [`RRef`], [`AnyValue`] (any value; releases
+//!   the handles in it when dropped) and the raw [`Value`] (whose handles
+//!   the function must release or return).
 //! - **Tensors live in the host.** A [`Tensor`] is a handle; its ops
 //!   (`add`, `matmul`, [`Tensor::op`] for any aten op by schema name) run in
 //!   the host, where autograd records them. Reading the elements
@@ -106,7 +108,7 @@ mod tensor;
 #[doc(hidden)]
 pub mod __private;
 
-pub use convert::{FromValue, IntoValue, ToArgs, ToValue};
+pub use convert::{AnyValue, FromValue, IntoValue, ToArgs, ToValue};
 pub use error::{Error, Result};
 pub use future::Future;
 pub use memory::wasmrpc_input_buffer;

@@ -14,46 +14,66 @@ use wasmrpc_abi::protocol::{CallArgs, HostCall, RpcMode};
 use wasmrpc_abi::{Value, WorkerInfo};
 
 /// A call being built: destination, function, arguments, timeout.
-#[derive(Debug, Clone)]
-pub struct Call {
+///
+/// The call keeps its arguments (tensors passed by value included) until it
+/// is sent, and releases them after: requests only borrow handles.
+pub struct Call<'a> {
     to: String,
     function: String,
-    args: CallArgs,
+    args: Box<dyn ToArgs + 'a>,
+    kwargs: Vec<(String, Box<dyn ToValue + 'a>)>,
     timeout: Option<f64>,
 }
 
-impl Call {
+impl core::fmt::Debug for Call<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Call")
+            .field("to", &self.to)
+            .field("function", &self.function)
+            .field("args", &self.args.to_args())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Call<'a> {
     /// A call of `function` on worker `to` with positional `args`.
-    pub fn new(to: &str, function: &str, args: impl ToArgs) -> Call {
+    pub fn new(to: &str, function: &str, args: impl ToArgs + 'a) -> Call<'a> {
         Call {
             to: to.to_owned(),
             function: function.to_owned(),
-            args: CallArgs {
-                args: args.to_args(),
-                kwargs: Vec::new(),
-            },
+            args: Box::new(args),
+            kwargs: Vec::new(),
             timeout: None,
         }
     }
 
     /// Adds a keyword argument.
-    pub fn kwarg(mut self, name: &str, value: impl ToValue) -> Call {
-        self.args.kwargs.push((name.to_owned(), value.to_value()));
+    pub fn kwarg(mut self, name: &str, value: impl ToValue + 'a) -> Call<'a> {
+        self.kwargs.push((name.to_owned(), Box::new(value)));
         self
     }
 
     /// Sets a timeout in seconds (`0` for none, as in PyTorch).
-    pub fn timeout(mut self, seconds: f64) -> Call {
+    pub fn timeout(mut self, seconds: f64) -> Call<'a> {
         self.timeout = Some(seconds);
         self
     }
 
-    fn request(self, mode: RpcMode) -> HostCall {
+    /// The request; `self` must stay alive until it is answered.
+    fn request(&self, mode: RpcMode) -> HostCall {
+        let args = CallArgs {
+            args: self.args.to_args(),
+            kwargs: self
+                .kwargs
+                .iter()
+                .map(|(k, v)| (k.clone(), v.to_value()))
+                .collect(),
+        };
         HostCall::Rpc {
             mode,
-            to: self.to,
-            function: self.function,
-            args: self.args,
+            to: self.to.clone(),
+            function: self.function.clone(),
+            args,
             timeout: self.timeout,
         }
     }

@@ -224,6 +224,35 @@ async fn dup_all(host: &Arc<dyn GuestHost>, items: &[Value]) -> HostResult<Vec<V
     Ok(out)
 }
 
+/// Releases every handle in `value`.
+pub(crate) async fn release(host: &Arc<dyn GuestHost>, value: &Value) {
+    match value {
+        Value::Tensor(h) => {
+            let _ = host.drop_handle(HandleKind::Tensor, *h).await;
+        }
+        Value::RRef(h) => {
+            let _ = host.drop_handle(HandleKind::RRef, *h).await;
+        }
+        Value::List(items) | Value::Tuple(items) => {
+            for v in items {
+                Box::pin(release(host, v)).await;
+            }
+        }
+        Value::Dict(pairs) => {
+            for (k, v) in pairs {
+                Box::pin(release(host, k)).await;
+                Box::pin(release(host, v)).await;
+            }
+        }
+        Value::Record { fields, .. } => {
+            for (_, v) in fields {
+                Box::pin(release(host, v)).await;
+            }
+        }
+        _ => {}
+    }
+}
+
 /// `FutureThen`: a new future that completes with `function(v, *extra)`
 /// once `future` completes with `v`, or with `future`'s error.
 async fn then(
@@ -265,10 +294,20 @@ async fn then(
                     .await
                     .map_err(RemoteError::from)
             }
-            Err(e) => Err(e),
+            Err(e) => {
+                for v in &extra {
+                    release(&host, v).await;
+                }
+                Err(e)
+            }
         };
+        // `future_set` borrows the value's handles; the task owns them.
+        let owned = outcome.as_ref().ok().cloned();
         if let Err(e) = host.future_set(target, outcome).await {
             tracing::warn!("cannot complete a `then` future: {e}");
+        }
+        if let Some(v) = owned {
+            release(&host, &v).await;
         }
         let _ = host.drop_handle(HandleKind::Future, target).await;
     });

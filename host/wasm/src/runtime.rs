@@ -274,13 +274,17 @@ impl Runtime {
     fn compile(&self, bytes: &[u8], sha256: &[u8; 32]) -> Result<(Module, LoadSource)> {
         let engine = &self.inner.shared.engine;
         let path = self.cache_path(sha256);
-        if let Some(path) = path.as_ref().filter(|p| p.is_file()) {
+        if let Some(path) = path.as_ref()
+            && let Ok(compiled) = std::fs::read(path)
+        {
+            // Read into memory, not mapped: a file truncated under a mapping
+            // would fault the process.
             // SAFETY: the file is named by the sha256 of the wasm bytes and by
             // this engine's compatibility hash, and only this function writes
             // it (below, through `Module::serialize` and an atomic rename), so
             // it holds code wasmtime compiled from these bytes for an engine
             // like this one; wasmtime checks the header and refuses others.
-            match unsafe { Module::deserialize_file(engine, path) } {
+            match unsafe { Module::deserialize(engine, &compiled) } {
                 Ok(module) => return Ok((module, LoadSource::DiskCache)),
                 Err(e) => tracing::warn!("ignoring cached module {}: {e:#}", path.display()),
             }
@@ -434,14 +438,17 @@ pub(crate) async fn finish(
             let _ = host.drop_handle(HandleKind::Future, f).await;
             result.map_err(raised)
         }
-        (Outcome::Return(v), true) => Err(raised(RemoteError::new(
-            ErrorKind::RuntimeError,
-            format!(
-                "{} but got {}",
-                crate::error::ASYNC_WRONG_TYPE,
-                v.type_name()
-            ),
-        ))),
+        (Outcome::Return(v), true) => {
+            crate::imports::release(host, &v).await;
+            Err(raised(RemoteError::new(
+                ErrorKind::RuntimeError,
+                format!(
+                    "{} but got {}",
+                    crate::error::ASYNC_WRONG_TYPE,
+                    v.type_name()
+                ),
+            )))
+        }
         (other, _) => {
             Err(Fault::Abi(format!("unexpected outcome {other:?}")).into_error(plugin, function))
         }

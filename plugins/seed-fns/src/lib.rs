@@ -6,8 +6,9 @@
 //! (trap, spin, exhaust memory) for the wasm runtime's own tests.
 
 use wasmrpc_guest::{
-    Error, FromValue, Future, IntoValue, RRef, Result, Tensor, ToValue, Value, get_worker_info,
-    global, lock, log, remote, remote_class, rpc_async, rpc_sync, set_global, sleep,
+    AnyValue, Error, FromValue, Future, IntoValue, RRef, Result, Tensor, ToValue, Value,
+    get_worker_info, global, lock, log, remote, remote_class, rpc_async, rpc_sync, set_global,
+    sleep,
 };
 
 /// A Python number or tensor: what the seeds add with `+`.
@@ -172,7 +173,7 @@ fn return_callee_id() -> Result<u32> {
 /// `set_value(v)`: sets the worker-global value the seeds keep in
 /// `VALUE_FUTURE`.
 #[remote]
-fn set_value(value: Value) -> Result<()> {
+fn set_value(value: AnyValue) -> Result<()> {
     set_global("VALUE_FUTURE", value)
 }
 

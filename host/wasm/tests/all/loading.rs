@@ -1,0 +1,182 @@
+//! Loading: manifests, the on-disk cache, identity by content, bad bytes.
+
+use crate::{args, config, fake::FakeHost, timed};
+use std::sync::Arc;
+use wasmrpc_wasm::manifest::{self, ExportKind};
+use wasmrpc_wasm::{Config, Error, LoadSource, Runtime, Value};
+
+#[test]
+fn the_manifest_lists_every_export_with_its_parameters() {
+    let bytes = std::fs::read(wasmrpc_plugins::SEED_FNS).unwrap();
+    let m = manifest::read(&bytes).unwrap();
+    assert_eq!(m.name, "wasmrpc-plugin-seed-fns");
+    assert_eq!(m.version, env!("CARGO_PKG_VERSION"));
+    assert!(m.abi_matches());
+    let f = m.function("my_function").unwrap();
+    assert_eq!(
+        (f.kind, f.params.clone()),
+        (
+            ExportKind::Function,
+            vec!["a".into(), "b".into(), "c".into()]
+        )
+    );
+    assert_eq!(
+        m.function("async_add").unwrap().kind,
+        ExportKind::AsyncFunction
+    );
+    let ctor = m.constructor("MyClass").unwrap();
+    assert_eq!(ctor.params, vec!["a".to_owned(), "delay".to_owned()]);
+    assert_eq!(
+        m.method("MyClass", "increment_value").unwrap().params,
+        vec!["increment".to_owned()]
+    );
+    assert_eq!(
+        m.method("MyClass", "bound_async_add").unwrap().kind,
+        ExportKind::AsyncMethod
+    );
+    assert_eq!(
+        m.function("MyClass.my_static_method").unwrap().kind,
+        ExportKind::Function
+    );
+    assert!(m.method("MyClass", "my_static_method").is_none());
+
+    let rt = Runtime::new(config()).unwrap();
+    let plugin = rt.load(&bytes).unwrap();
+    assert_eq!(plugin.manifest(), &m);
+    // The manifest survives the abi encoding (what a CLI or a peer would send).
+    let round: wasmrpc_abi::manifest::Manifest =
+        wasmrpc_abi::decode(&wasmrpc_abi::encode(&m).unwrap()).unwrap();
+    assert_eq!(round, m);
+}
+
+#[test]
+fn loading_the_same_bytes_twice_gives_the_same_plugin() {
+    let rt = Runtime::new(config()).unwrap();
+    let a = rt.load_file(wasmrpc_plugins::SEED_FNS).unwrap();
+    let b = rt.load_file(wasmrpc_plugins::SEED_FNS).unwrap();
+    assert!(Arc::ptr_eq(&a, &b));
+    assert!(Arc::ptr_eq(
+        &rt.plugin("wasmrpc-plugin-seed-fns").unwrap(),
+        &a
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_disk_cache_is_hit_on_the_second_load() {
+    timed(async {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = Config {
+            cache_dir: Some(dir.path().to_owned()),
+            ..config()
+        };
+        let first = Runtime::new(cfg.clone()).unwrap();
+        let p1 = first.load_file(wasmrpc_plugins::SEED_FNS).unwrap();
+        assert_eq!(p1.source(), LoadSource::Compiled);
+        let cached: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(cached.len(), 1, "one compiled module in the cache");
+
+        let second = Runtime::new(cfg).unwrap();
+        let p2 = second.load_file(wasmrpc_plugins::SEED_FNS).unwrap();
+        assert_eq!(p2.source(), LoadSource::DiskCache);
+        assert_eq!(p1.sha256(), p2.sha256());
+        let host = FakeHost::new();
+        let r = second
+            .call(
+                &p2,
+                "my_function",
+                args(vec![Value::Int(1), Value::Int(2), Value::Int(3)]),
+                host.arc(),
+            )
+            .await;
+        assert_eq!(r.unwrap(), Value::Int(6));
+
+        // A corrupt cache entry is ignored and rewritten.
+        for e in std::fs::read_dir(dir.path()).unwrap() {
+            std::fs::write(e.unwrap().path(), b"not a module").unwrap();
+        }
+        let third = Runtime::new(Config {
+            cache_dir: Some(dir.path().to_owned()),
+            ..config()
+        })
+        .unwrap();
+        let p3 = third.load_file(wasmrpc_plugins::SEED_FNS).unwrap();
+        assert_eq!(p3.source(), LoadSource::Compiled);
+    })
+    .await;
+}
+
+#[test]
+fn load_dir_loads_every_wasm_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(wasmrpc_plugins::SEED_FNS, dir.path().join("seed_fns.wasm")).unwrap();
+    std::fs::write(dir.path().join("README.txt"), "not a plugin").unwrap();
+    let rt = Runtime::new(config()).unwrap();
+    let loaded = rt.load_dir(dir.path()).unwrap();
+    assert_eq!(loaded.len(), 1);
+    assert_eq!(loaded[0].name(), "wasmrpc-plugin-seed-fns");
+    assert_eq!(wasmrpc_plugins::PLUGINS.len(), 1);
+}
+
+#[test]
+fn bad_modules_are_errors_and_the_runtime_keeps_working() {
+    let rt = Runtime::new(config()).unwrap();
+    for bytes in [
+        &b"garbage"[..],
+        b"",
+        b"\0asm\x01\0\0\0",
+        b"\0asm\x01\0\0\0\x01\x05garbage",
+    ] {
+        let e = rt.load(bytes).unwrap_err();
+        assert!(matches!(e, Error::InvalidModule(_)), "{e:?}");
+    }
+    // A manifest glued onto a module that lacks the exports it lists.
+    let real = std::fs::read(wasmrpc_plugins::SEED_FNS).unwrap();
+    let mut section = Vec::new();
+    let name = b"wasmrpc-manifest";
+    let start = real.windows(name.len()).position(|w| w == name).unwrap();
+    // Copy the section bytes after the name: the rest of the custom section.
+    let payload_len = manifest_payload_len(&real, start);
+    section.extend_from_slice(&real[start + name.len()..start + name.len() + payload_len]);
+    let mut fake = b"\0asm\x01\0\0\0".to_vec();
+    let mut body = vec![name.len() as u8];
+    body.extend_from_slice(name);
+    body.extend_from_slice(&section);
+    fake.push(0);
+    leb(&mut fake, body.len());
+    fake.extend(body);
+    let e = rt.load(&fake).unwrap_err();
+    assert!(e.to_string().contains("does not export"), "{e}");
+    assert!(rt.load_file(wasmrpc_plugins::SEED_FNS).is_ok());
+}
+
+fn leb(out: &mut Vec<u8>, mut n: usize) {
+    loop {
+        let byte = (n & 0x7f) as u8;
+        n >>= 7;
+        if n == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+/// The payload length of the custom section whose name starts at `name_at`.
+fn manifest_payload_len(module: &[u8], name_at: usize) -> usize {
+    // Layout: 0x00, LEB size, LEB name length (1 byte: 16), name, payload.
+    let mut i = name_at - 2;
+    while module[i] != 0 {
+        i -= 1;
+    }
+    let (mut size, mut shift, mut p) = (0usize, 0, i + 1);
+    loop {
+        let b = module[p];
+        size |= usize::from(b & 0x7f) << shift;
+        p += 1;
+        shift += 7;
+        if b & 0x80 == 0 {
+            break;
+        }
+    }
+    size - 1 - 16
+}
