@@ -222,9 +222,18 @@ async fn thousands_of_clients() {
     timed(Duration::from_secs(120), async {
         let server = Arc::new(TcpStoreServer::bind("127.0.0.1:0").await.unwrap());
         let n = 2000;
+        // Everybody connects at once.
+        let port = server.port();
+        let connects: Vec<_> = (0..n)
+            .map(|_| {
+                tokio::spawn(async move {
+                    TcpStore::connect("127.0.0.1", port, options(Duration::from_secs(60))).await
+                })
+            })
+            .collect();
         let mut clients = Vec::with_capacity(n);
-        for _ in 0..n {
-            clients.push(Arc::new(client(&server).await));
+        for c in connects {
+            clients.push(Arc::new(c.await.unwrap().unwrap()));
         }
         // Everybody waits for one key, then counts itself.
         let mut tasks = Vec::new();

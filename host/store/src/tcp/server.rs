@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
+use tokio::net::{TcpListener, TcpSocket, TcpStream, ToSocketAddrs, lookup_host};
 use tokio::sync::{Notify, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
 
@@ -47,14 +47,29 @@ pub struct TcpStoreServer {
 impl TcpStoreServer {
     /// Binds `addr` (use port 0 for any free port) and starts serving.
     ///
+    /// Like PyTorch's server it sets `SO_REUSEADDR` and asks for the longest
+    /// accept backlog the system allows, so thousands of workers can connect
+    /// at once.
+    ///
     /// # Errors
-    /// [`Error::Io`] if the address cannot be bound.
+    /// [`Error::Io`] if the address cannot be resolved or bound.
     pub async fn bind(addr: impl ToSocketAddrs + std::fmt::Debug) -> Result<Self> {
         let shown = format!("{addr:?}");
-        let listener = TcpListener::bind(addr)
+        let context = || format!("bind store server on {shown}");
+        let mut last = None;
+        for addr in lookup_host(addr)
             .await
-            .map_err(|e| Error::io(format!("bind store server on {shown}"), e))?;
-        Self::from_listener(listener)
+            .map_err(|e| Error::io(context(), e))?
+        {
+            match listen(addr) {
+                Ok(listener) => return Self::from_listener(listener),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(Error::io(
+            context(),
+            last.unwrap_or_else(|| std::io::Error::other("the address resolved to nothing")),
+        ))
     }
 
     /// Serves on an already bound listener (PyTorch's `master_listen_fd`).
@@ -106,6 +121,20 @@ impl Drop for TcpStoreServer {
             task.abort();
         }
     }
+}
+
+/// The accept backlog asked for; Linux caps it at `net.core.somaxconn`.
+const BACKLOG: u32 = 65_535;
+
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
 }
 
 async fn accept_loop(listener: TcpListener, state: Arc<State>, mut stopped: oneshot::Receiver<()>) {
