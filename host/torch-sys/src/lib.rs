@@ -53,6 +53,29 @@
 //! `.double()`, `.long()`, `.int()`, `.half()`, `.bool()`, `.tolist()`,
 //! `.type()`, `.numpy()`, `.register_hook()`, `__setitem__`) do not resolve;
 //! use their op (`to` with a dtype, `index_put_`, ...).
+//!
+//! # Where matching differs from PyTorch RPC
+//!
+//! - `None` never matches a plain `Tensor` parameter (PyTorch passes an
+//!   undefined tensor, which most kernels then reject); it matches `Tensor?`.
+//! - Only `Bool` matches a `bool` parameter (pybind11 would also take an
+//!   `int` there).
+//! - One `int` broadcasts to an optional fixed-size list too (`int[1]? dim`,
+//!   so `sum(t, 0)` works), where PyTorch's conversion drops the size.
+//! - The no-match text lists every overload tried, dispatcher and
+//!   TorchScript-only alike; PyTorch lists the TorchScript-only ones.
+//! - Outputs of complex scalars, dicts and objects are
+//!   [`OpError::Internal`] (no [`OpValue`] for them); operators that need a
+//!   TorchScript graph node or count their varargs are not callable by name
+//!   (`prim::isinstance`, `aten::format`): they report `Unknown builtin op`.
+//!
+//! # Safety
+//!
+//! The C++ shim (`shim/ops.cpp`) is reached only through the private `ffi`
+//! module; every `unsafe` block states its contract. Arguments that a peer
+//! or a guest controls are bounded before they reach C++: names are checked
+//! for plausibility (the registry interns every name it looks up) and lists
+//! nest at most [`MAX_NESTING`] deep.
 
 mod autograd;
 mod builtin;
