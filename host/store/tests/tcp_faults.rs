@@ -293,3 +293,25 @@ async fn a_closed_connection_is_replaced_on_the_next_operation() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn master_times_out_waiting_for_workers() {
+    timed(LIMIT, async {
+        let opts = TcpStoreOptions {
+            timeout: Duration::from_secs(1),
+            world_size: Some(2),
+            wait_for_workers: true,
+        };
+        let t0 = Instant::now();
+        let err = TcpStore::start_master("127.0.0.1", 0, opts)
+            .await
+            .unwrap_err();
+        assert_eq!(err.python_kind(), "DistStoreError");
+        assert_eq!(
+            err.to_string(),
+            "Timed out after 1 seconds waiting for clients. 1/2 clients joined."
+        );
+        assert!(t0.elapsed() < Duration::from_secs(3));
+    })
+    .await;
+}

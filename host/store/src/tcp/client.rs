@@ -75,8 +75,8 @@ pub struct TcpStore {
 
 /// Servers started by [`TcpStore::start_master`] in this process, by port, so
 /// that a second master on the same port shares the first (PyTorch's
-/// `multi_tenant`).
-/// Held across the bind, so two masters racing for one port share a server.
+/// `multi_tenant`). The lock is held across the bind, so two masters racing
+/// for one port share a server.
 static SERVERS: LazyLock<tokio::sync::Mutex<HashMap<u16, Weak<TcpStoreServer>>>> =
     LazyLock::new(|| tokio::sync::Mutex::new(HashMap::new()));
 
