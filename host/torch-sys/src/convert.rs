@@ -8,7 +8,7 @@
 //! with the caller.
 
 use crate::error::OpError;
-use crate::op::call_op;
+use crate::op::{call_method, call_op};
 use crate::value::{OpValue, kind_code};
 use tch::{Device, Tensor};
 use wasmrpc_abi::protocol::CallArgs;
@@ -29,18 +29,62 @@ pub fn call_op_abi(
     tensor: &mut impl FnMut(u32) -> Option<Tensor>,
     store: &mut impl FnMut(Tensor) -> u32,
 ) -> Result<Value, OpError> {
-    let args = call
-        .args
+    call_op_values(name, &call.args, &call.kwargs, tensor, store)
+}
+
+/// [`call_op_abi`] over separate positional and keyword values (the
+/// agent's `Args` shape).
+///
+/// # Errors
+///
+/// As for [`call_op_abi`].
+pub fn call_op_values(
+    name: &str,
+    args: &[Value],
+    kwargs: &[(String, Value)],
+    tensor: &mut impl FnMut(u32) -> Option<Tensor>,
+    store: &mut impl FnMut(Tensor) -> u32,
+) -> Result<Value, OpError> {
+    let (args, kwargs) = convert_args(args, kwargs, tensor)?;
+    let outputs = call_op(name, &args, &kwargs)?;
+    Ok(op_value_into_abi(OpValue::from_outputs(outputs), store))
+}
+
+/// [`call_op_values`] for a tensor method on `args[0]` (an RRef proxy's
+/// `rref.rpc_sync().view(1, 4)`): see [`call_method`], including its
+/// `AttributeError` for unknown methods.
+///
+/// # Errors
+///
+/// As for [`call_op_abi`] and [`call_method`].
+pub fn call_method_values(
+    name: &str,
+    args: &[Value],
+    kwargs: &[(String, Value)],
+    tensor: &mut impl FnMut(u32) -> Option<Tensor>,
+    store: &mut impl FnMut(Tensor) -> u32,
+) -> Result<Value, OpError> {
+    let (args, kwargs) = convert_args(args, kwargs, tensor)?;
+    let outputs = call_method(name, &args, &kwargs)?;
+    Ok(op_value_into_abi(OpValue::from_outputs(outputs), store))
+}
+
+type Converted = (Vec<OpValue>, Vec<(String, OpValue)>);
+
+fn convert_args(
+    args: &[Value],
+    kwargs: &[(String, Value)],
+    tensor: &mut impl FnMut(u32) -> Option<Tensor>,
+) -> Result<Converted, OpError> {
+    let args = args
         .iter()
         .map(|v| op_value_from_abi(v, tensor))
         .collect::<Result<Vec<_>, _>>()?;
-    let kwargs = call
-        .kwargs
+    let kwargs = kwargs
         .iter()
         .map(|(k, v)| Ok((k.clone(), op_value_from_abi(v, tensor)?)))
         .collect::<Result<Vec<_>, OpError>>()?;
-    let outputs = call_op(name, &args, &kwargs)?;
-    Ok(op_value_into_abi(OpValue::from_outputs(outputs), store))
+    Ok((args, kwargs))
 }
 
 /// Converts an argument from the wire or a guest into an [`OpValue`];
@@ -221,6 +265,50 @@ mod tests {
         };
         let err = call_op_abi("aten::add", &call, &mut |_| None, &mut |_| 0).unwrap_err();
         assert!(err.to_string().starts_with(crate::NO_MATCHING_SCHEMA));
+    }
+
+    #[test]
+    fn method_calls_over_a_tensor_table() {
+        let inputs = [Tensor::ones([4], (Kind::Float, Device::Cpu))];
+        let args = [Value::Tensor(0), Value::Int(1), Value::Int(4)];
+        let mut outputs = Vec::new();
+        let result = call_method_values(
+            "view",
+            &args,
+            &[],
+            &mut |i| inputs.get(i as usize).map(Tensor::shallow_clone),
+            &mut |t| {
+                outputs.push(t);
+                u32::try_from(outputs.len() - 1).unwrap()
+            },
+        )
+        .unwrap();
+        assert_eq!(result, Value::Tensor(0));
+        assert_eq!(outputs[0].size(), [1, 4]);
+        let size = call_method_values(
+            "size",
+            &args[..1],
+            &[],
+            &mut |i| inputs.get(i as usize).map(Tensor::shallow_clone),
+            &mut |_| 0,
+        )
+        .unwrap();
+        assert_eq!(size, Value::List(vec![Value::Int(4)]));
+        let err = call_method_values(
+            "non_exist",
+            &args[..1],
+            &[],
+            &mut |i| inputs.get(i as usize).map(Tensor::shallow_clone),
+            &mut |_| 0,
+        )
+        .unwrap_err();
+        assert_eq!(
+            RemoteError::from(err),
+            RemoteError::new(
+                ErrorKind::AttributeError,
+                "'Tensor' object has no attribute 'non_exist'"
+            )
+        );
     }
 
     #[test]

@@ -34,10 +34,12 @@
 //! - [`grad_fn_name`], [`GradFn`]: which autograd node recorded a result
 //!   (`MulBackward0`) and the graph behind it (`next_functions`, an
 //!   `AccumulateGrad`'s variable), as the distributed-autograd seeds inspect.
-//! - [`call_op_abi`], [`op_value_from_abi`], [`op_value_into_abi`]: the
-//!   same over [`wasmrpc_abi::Value`]s whose tensors live in the caller's
-//!   table: the callee side of a builtin RPC and the guests' `HostCall::Op`
-//!   in one call each; `RemoteError::from(OpError)` gives what crosses back.
+//! - [`call_op_abi`], [`call_op_values`], [`call_method_values`],
+//!   [`op_value_from_abi`], [`op_value_into_abi`]: the same over
+//!   [`wasmrpc_abi::Value`]s whose tensors live in the caller's table: the
+//!   callee side of a builtin RPC (and of an RRef proxy's tensor method) and
+//!   the guests' `HostCall::Op`, in one call each;
+//!   `RemoteError::from(OpError)` gives what crosses back.
 //!
 //! Calls run on the caller's thread, with its grad mode; any number run at
 //! once. No C++ exception crosses into Rust: the shim catches everything.
@@ -87,7 +89,10 @@ mod value;
 
 pub use autograd::{GradFn, grad_fn_name};
 pub use builtin::BUILTINS;
-pub use convert::{call_op_abi, device_string, op_value_from_abi, op_value_into_abi};
+pub use convert::{
+    call_method_values, call_op_abi, call_op_values, device_string, op_value_from_abi,
+    op_value_into_abi,
+};
 pub use error::{NO_MATCHING_SCHEMA, OpError};
 pub use op::{Operator, WIRE_PREFIX, call_method, call_op, qualified_name, schemas};
 pub use value::{MAX_NESTING, OpValue};
