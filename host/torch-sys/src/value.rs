@@ -288,7 +288,14 @@ fn encode_at(value: &OpValue, out: &mut Vec<RawValue>, depth: usize) -> Result<(
             node.tag = ffi::TAG_DEVICE;
             let (ty, index) = match device {
                 Device::Cpu => (DEVICE_CPU, 0),
-                Device::Cuda(i) => (DEVICE_CUDA, len_u32(*i + 1, "device index")?),
+                // `c10::DeviceIndex` is an `i8`.
+                Device::Cuda(i) if *i <= 127 => (DEVICE_CUDA, len_u32(*i + 1, "device index")?),
+                Device::Cuda(i) => {
+                    return Err(OpError::Rejected {
+                        kind: wasmrpc_abi::ErrorKind::ValueError,
+                        message: format!("CUDA device index {i} is out of range"),
+                    });
+                }
                 Device::Mps => (DEVICE_MPS, 0),
                 Device::Vulkan => (DEVICE_VULKAN, 0),
             };
@@ -420,6 +427,13 @@ mod tests {
         assert_eq!(nodes[0].len, 3);
         assert_eq!(nodes[2].len, 2);
         assert_eq!(nodes[5].len, 2);
+    }
+
+    #[test]
+    fn device_indices_fit_c10() {
+        encode(&OpValue::Device(Device::Cuda(127)), &mut Vec::new()).unwrap();
+        let err = encode(&OpValue::Device(Device::Cuda(128)), &mut Vec::new()).unwrap_err();
+        assert!(err.to_string().contains("out of range"), "{err}");
     }
 
     #[test]
