@@ -95,5 +95,5 @@ pub use convert::{
 };
 pub use error::{NO_MATCHING_SCHEMA, OpError};
 pub use op::{Operator, WIRE_PREFIX, call_method, call_op, qualified_name, schemas};
-pub use value::{MAX_NESTING, OpValue};
+pub use value::{MAX_NESTING, OpValue, kind_code, kind_of_code};
 pub use wasmrpc_abi::ErrorKind;

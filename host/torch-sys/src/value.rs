@@ -185,8 +185,10 @@ impl From<Device> for OpValue {
     }
 }
 
-/// `c10::ScalarType`'s code for a tch kind.
-pub(crate) fn kind_code(kind: Kind) -> i64 {
+/// `c10::ScalarType`'s code for a tch kind: what a `ScalarType` argument
+/// (`dtype=`) takes as an `Int`, and what ops returning a dtype give back
+/// (`prim::dtype` gives 6 for `Kind::Float`).
+pub fn kind_code(kind: Kind) -> i64 {
     match kind {
         Kind::Uint8 => 0,
         Kind::Int8 => 1,
@@ -209,6 +211,34 @@ pub(crate) fn kind_code(kind: Kind) -> i64 {
         Kind::Float8e5m2fnuz => 25,
         Kind::Float8e4m3fnuz => 26,
     }
+}
+
+/// The tch kind of a `c10::ScalarType` code, the inverse of [`kind_code`];
+/// `None` for codes tch has no kind for.
+pub fn kind_of_code(code: i64) -> Option<Kind> {
+    const KINDS: [Kind; 20] = [
+        Kind::Uint8,
+        Kind::Int8,
+        Kind::Int16,
+        Kind::Int,
+        Kind::Int64,
+        Kind::Half,
+        Kind::Float,
+        Kind::Double,
+        Kind::ComplexHalf,
+        Kind::ComplexFloat,
+        Kind::ComplexDouble,
+        Kind::Bool,
+        Kind::QInt8,
+        Kind::QUInt8,
+        Kind::QInt32,
+        Kind::BFloat16,
+        Kind::Float8e5m2,
+        Kind::Float8e4m3fn,
+        Kind::Float8e5m2fnuz,
+        Kind::Float8e4m3fnuz,
+    ];
+    KINDS.into_iter().find(|k| kind_code(*k) == code)
 }
 
 // `c10::DeviceType` codes.
@@ -427,6 +457,17 @@ mod tests {
         assert_eq!(nodes[0].len, 3);
         assert_eq!(nodes[2].len, 2);
         assert_eq!(nodes[5].len, 2);
+    }
+
+    #[test]
+    fn kind_codes_round_trip() {
+        for code in 0..30 {
+            if let Some(kind) = kind_of_code(code) {
+                assert_eq!(kind_code(kind), code);
+            }
+        }
+        assert_eq!(kind_of_code(6), Some(Kind::Float));
+        assert_eq!(kind_of_code(16), None);
     }
 
     #[test]
