@@ -766,3 +766,37 @@ fn autograd_graph_inspection_like_the_dist_autograd_seeds() {
     assert!(next[1].0.is_none());
     assert!(GradFn::of(&t1).is_none(), "a leaf has no grad_fn");
 }
+
+#[test]
+fn first_resolutions_race_safely() {
+    // Names no other test resolves, so every thread races on a cold cache.
+    const NAMES: [&str; 8] = [
+        "aten::cosh",
+        "aten::sinh",
+        "aten::expm1",
+        "aten::log1p",
+        "aten::erf",
+        "aten::trunc",
+        "aten::frac",
+        "aten::rsqrt",
+    ];
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(4));
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                for name in NAMES {
+                    let out = tensor(call_op(name, &[ones(&[2])], &[]).unwrap());
+                    assert_eq!(out.size(), [2], "{name}");
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    for name in NAMES {
+        assert_eq!(Operator::resolve(name).unwrap().name(), name);
+    }
+}
