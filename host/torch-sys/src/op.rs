@@ -347,14 +347,16 @@ impl Operator {
     }
 }
 
-/// A call's arguments encoded for the shim; borrows from them.
-struct Encoded {
+/// A call's arguments encoded for the shim. Its tensor and string pointers
+/// borrow from the arguments, which the lifetime keeps alive.
+struct Encoded<'a> {
     nodes: Vec<RawValue>,
     names: Vec<RawStr>,
+    _borrows: std::marker::PhantomData<&'a [OpValue]>,
 }
 
-impl Encoded {
-    fn new(args: &[OpValue], kwargs: &[(String, OpValue)]) -> Result<Encoded, OpError> {
+impl<'a> Encoded<'a> {
+    fn new(args: &'a [OpValue], kwargs: &'a [(String, OpValue)]) -> Result<Encoded<'a>, OpError> {
         let mut nodes = Vec::with_capacity(args.len() + kwargs.len() + 2);
         for arg in args {
             value::encode(arg, &mut nodes)?;
@@ -367,7 +369,11 @@ impl Encoded {
                 len: name.len(),
             });
         }
-        Ok(Encoded { nodes, names })
+        Ok(Encoded {
+            nodes,
+            names,
+            _borrows: std::marker::PhantomData,
+        })
     }
 }
 
