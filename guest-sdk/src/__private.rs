@@ -91,6 +91,10 @@ impl Args {
 }
 
 /// What a plain function or method may return: a value, or a `Result` of one.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be returned from a remote function",
+    note = "return a type that implements `IntoValue`, or a `Result` of one whose error converts into `wasmrpc_guest::Error`"
+)]
 pub trait IntoOutcome {
     /// The outcome to send to the host.
     fn into_outcome(self) -> Outcome;
@@ -111,6 +115,10 @@ impl<T: IntoValue, E: Into<Error>> IntoOutcome for Result<T, E> {
 
 /// What an `async_execution` function may return: a [`Future`], or a
 /// `Result` of one.
+#[diagnostic::on_unimplemented(
+    message = "an `async_execution` function must return a `wasmrpc_guest::Future`, not `{Self}`",
+    note = "return `Future` or `Result<Future>`; drop `async_execution` to return a value"
+)]
 pub trait IntoAsyncOutcome {
     /// The outcome to send to the host.
     fn into_async_outcome(self) -> Outcome;

@@ -12,6 +12,11 @@ use crate::{Error, RRef, Tensor};
 use wasmrpc_abi::{Value, WorkerInfo};
 
 /// A type a plugin function can take as an argument.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a parameter of a remote function",
+    label = "not convertible from a `Value`",
+    note = "use a type that implements `FromValue`: integers, floats, bool, String, Vec<T>, Option<T>, tuples, Tensor, RRef, AnyValue, Value"
+)]
 pub trait FromValue: Sized {
     /// Converts `value`, failing with a `TypeError` that names the expected
     /// type.
@@ -28,6 +33,10 @@ pub trait FromValue: Sized {
 }
 
 /// A type a plugin function can return: it moves into the result.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be returned from a remote function",
+    note = "return a type that implements `IntoValue`, or a `Result` of one"
+)]
 pub trait IntoValue {
     /// Converts into a value; handles move with it.
     fn into_value(self) -> Value;

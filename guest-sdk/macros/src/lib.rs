@@ -266,7 +266,7 @@ enum Role {
 fn take_flag(f: &mut ImplItemFn, name: &str) -> Option<Span> {
     let i = f.attrs.iter().position(|a| a.path().is_ident(name))?;
     let attr = f.attrs.remove(i);
-    Some(attr.span())
+    Some(attr.meta.span())
 }
 
 fn strip_inert(item: &mut ItemImpl) {

@@ -1,0 +1,18 @@
+use wasmrpc_guest::remote_class;
+
+struct Counter {
+    n: i64,
+}
+
+#[remote_class]
+impl Counter {
+    #[constructor]
+    fn new(n: i64) -> Counter {
+        Counter { n }
+    }
+    fn consume(self) -> i64 {
+        self.n
+    }
+}
+
+fn main() {}
