@@ -388,7 +388,8 @@ impl Connection {
         let echoed = self.read_u32().await?;
         if echoed != nonce {
             return Err(Error::Protocol(format!(
-                "Ping failed, invalid value returned from server. Expected: {nonce}, Got: {echoed}"
+                "Ping failed, invalid value returned from server. Expected: {nonce}, Got: {echoed} (store at {})",
+                self.addr
             )));
         }
         Ok(())
@@ -411,7 +412,8 @@ impl Connection {
             Some(STOP_WAITING) => return Ok(()),
             Some(other) => {
                 return Err(Error::Protocol(format!(
-                    "Stop_waiting response is expected, got {other}"
+                    "Stop_waiting response is expected, got {other} (store at {})",
+                    self.addr
                 )));
             }
             None => {}
@@ -427,7 +429,8 @@ impl Connection {
         }
         if response != WAIT_CANCELED {
             return Err(Error::Protocol(format!(
-                "wait_canceled response is expected, got {response}"
+                "wait_canceled response is expected, got {response} (store at {})",
+                self.addr
             )));
         }
         Err(Error::Timeout {
@@ -496,7 +499,8 @@ impl Store for TcpStore {
                     CHECK_READY => Ok(true),
                     CHECK_NOT_READY => Ok(false),
                     other => Err(Error::Protocol(format!(
-                        "ready or not_ready response expected, got {other}"
+                        "ready or not_ready response expected, got {other} (store at {})",
+                        c.addr
                     ))),
                 }
             })
