@@ -315,3 +315,49 @@ async fn master_times_out_waiting_for_workers() {
     })
     .await;
 }
+
+/// A fake server: validates and answers the ping like a real one, then
+/// answers the next request with `reply` and closes.
+async fn lying_server(reply: Vec<u8>) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        let mut hello = [0u8; 10]; // VALIDATE + magic, PING + nonce
+        sock.read_exact(&mut hello).await.unwrap();
+        sock.write_all(&hello[6..10]).await.unwrap();
+        let mut request = [0u8; 64];
+        let _ = sock.read(&mut request).await.unwrap();
+        sock.write_all(&reply).await.unwrap();
+    });
+    port
+}
+
+#[tokio::test]
+async fn a_lying_server_gives_errors_not_panics() {
+    timed(LIMIT, async {
+        // CHECK answered with a byte that is neither READY nor NOT_READY.
+        let port = lying_server(vec![7]).await;
+        let store = TcpStore::connect("127.0.0.1", port, options(Duration::from_secs(5)))
+            .await
+            .unwrap();
+        let err = store.check(&["k"]).await.unwrap_err();
+        assert!(matches!(err, Error::Protocol(_)), "{err:?}");
+        assert!(
+            err.to_string().contains(&format!("127.0.0.1:{port}")),
+            "{err}"
+        );
+
+        // A reply announcing u64::MAX bytes, then a hang-up: no huge
+        // allocation, just a closed connection.
+        let mut huge = u64::MAX.to_le_bytes().to_vec();
+        huge.extend_from_slice(b"abc");
+        let port = lying_server(huge).await;
+        let store = TcpStore::connect("127.0.0.1", port, options(Duration::from_secs(5)))
+            .await
+            .unwrap();
+        let err = store.compare_set("k", b"", b"v").await.unwrap_err();
+        assert!(matches!(err, Error::ConnectionClosed { .. }), "{err:?}");
+    })
+    .await;
+}
