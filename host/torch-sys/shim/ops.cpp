@@ -299,7 +299,9 @@ bool to_ivalue(const Nodes& nodes, size_t i, const TypePtr& type,
   };
   switch (type->kind()) {
     case TypeKind::TensorType:
-      if (node.tag != WRS_TENSOR) {
+      // An undefined tensor is Python's None: it fits `Tensor?` only, as
+      // kernels are not written to receive one.
+      if (node.tag != WRS_TENSOR || !tensor_of(node).defined()) {
         return cannot_cast("Tensor");
       }
       out = tensor_of(node);
@@ -386,7 +388,7 @@ bool to_ivalue(const Nodes& nodes, size_t i, const TypePtr& type,
       }
       return fail("Cannot cast " + repr(nodes, i) + " to " + type->repr_str());
     case TypeKind::OptionalType:
-      if (node.tag == WRS_NONE) {
+      if (node.tag == WRS_NONE || (node.tag == WRS_TENSOR && !tensor_of(node).defined())) {
         out = IValue();
         return true;
       }
@@ -488,7 +490,7 @@ bool to_ivalue(const Nodes& nodes, size_t i, const TypePtr& type,
           list.reserve(kids.size());
           for (auto k : kids) {
             const auto& e = nodes.at(k);
-            if (e.tag != WRS_TENSOR) {
+            if (e.tag != WRS_TENSOR || !tensor_of(e).defined()) {
               return fail("Unable to cast " + repr(nodes, k) + " to Tensor");
             }
             list.push_back(tensor_of(e));

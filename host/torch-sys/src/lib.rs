@@ -58,14 +58,18 @@
 //!
 //! # Where matching differs from PyTorch RPC
 //!
-//! - `None` never matches a plain `Tensor` parameter (PyTorch passes an
-//!   undefined tensor, which most kernels then reject); it matches `Tensor?`.
+//! - `None`, and an undefined tch tensor, never match a plain `Tensor`
+//!   parameter (PyTorch passes an undefined tensor, which most kernels then
+//!   reject); both match `Tensor?` as None.
 //! - Only `Bool` matches a `bool` parameter (pybind11 would also take an
 //!   `int` there).
 //! - One `int` broadcasts to an optional fixed-size list too (`int[1]? dim`,
 //!   so `sum(t, 0)` works), where PyTorch's conversion drops the size.
 //! - The no-match text lists every overload tried, dispatcher and
-//!   TorchScript-only alike; PyTorch lists the TorchScript-only ones.
+//!   TorchScript-only alike; PyTorch RPC lists only the TorchScript-only
+//!   ones (its second, failing, pass).
+//! - An op's own error is its message without the C++ backtrace that
+//!   PyTorch RPC appends (`Exception raised from ...`).
 //! - Outputs of complex scalars, dicts and objects are
 //!   [`OpError::Internal`] (no [`OpValue`] for them); operators that need a
 //!   TorchScript graph node or count their varargs are not callable by name

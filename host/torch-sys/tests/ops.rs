@@ -800,3 +800,33 @@ fn first_resolutions_race_safely() {
         assert_eq!(Operator::resolve(name).unwrap().name(), name);
     }
 }
+
+#[test]
+fn undefined_tensors_are_none() {
+    // tch can hold an undefined tensor; it must never reach a kernel that
+    // expects a real one.
+    let undefined = || OpValue::Tensor(Tensor::new());
+    let err = call_op("aten::add", &[undefined(), ones(&[2])], &[]).unwrap_err();
+    assert!(matches!(err, OpError::NoMatchingSchema { .. }), "{err:?}");
+    let err = call_op(
+        "aten::stack",
+        &[OpValue::List(vec![ones(&[2]), undefined()])],
+        &[],
+    )
+    .unwrap_err();
+    assert!(matches!(err, OpError::NoMatchingSchema { .. }), "{err:?}");
+    // Where the schema takes `Tensor?`, it is None: `clamp(t, min=None, max=t)`.
+    let out = tensor(
+        call_op(
+            "aten::clamp",
+            &[
+                t(&[1., 5.], &[2]),
+                undefined(),
+                OpValue::Tensor(Tensor::full([2], 3.0, F32)),
+            ],
+            &[],
+        )
+        .unwrap(),
+    );
+    assert_eq!(values(&out), [1., 3.]);
+}
