@@ -12,6 +12,7 @@
 #include <ATen/core/jit_type.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/jit/runtime/operator.h>
@@ -1117,6 +1118,49 @@ int32_t wrs_node_variable(const wrs_node* node, void** tensor) {
     return 1;
   } catch (...) {
     return -1;
+  }
+}
+
+int32_t wrs_autograd_grad(const void* const* outputs, size_t n_outputs,
+                          const void* const* grad_outputs, size_t n_grad_outputs,
+                          const void* const* inputs, size_t n_inputs, int32_t retain_graph,
+                          int32_t create_graph, int32_t allow_unused, void** results,
+                          wrs_out* out) {
+  try {
+    auto gather = [](const void* const* ptrs, size_t n) {
+      torch::autograd::variable_list list;
+      list.reserve(n);
+      for (size_t k = 0; k < n; ++k) {
+        if (ptrs[k] == nullptr) {
+          throw BadInput("null tensor pointer");
+        }
+        list.push_back(*static_cast<const at::Tensor*>(ptrs[k]));
+      }
+      return list;
+    };
+    auto grads = torch::autograd::grad(
+        gather(outputs, n_outputs), gather(inputs, n_inputs),
+        gather(grad_outputs, n_grad_outputs),
+        retain_graph < 0 ? std::nullopt : std::optional<bool>(retain_graph != 0),
+        create_graph != 0, allow_unused != 0);
+    if (grads.size() != n_inputs) {
+      set_error(out, "autograd returned a gradient count that does not match the inputs",
+                WRS_CLASS_RUNTIME);
+      return WRS_ERR_INTERNAL;
+    }
+    for (size_t k = 0; k < n_inputs; ++k) {
+      results[k] = grads[k].defined() ? new at::Tensor(std::move(grads[k])) : nullptr;
+    }
+    return WRS_OK;
+  } catch (const c10::Error& e) {
+    set_error(out, e.what_without_backtrace(), error_class(e));
+    return WRS_ERR_OP;
+  } catch (const std::exception& e) {
+    set_error(out, e.what(), WRS_CLASS_RUNTIME);
+    return WRS_ERR_OP;
+  } catch (...) {
+    set_error(out, "unknown C++ exception", WRS_CLASS_RUNTIME);
+    return WRS_ERR_INTERNAL;
   }
 }
 

@@ -126,6 +126,17 @@ int32_t wrs_node_next(const wrs_node* node, size_t index, wrs_node** next,
 // `at::Tensor*` owned by the caller; 0 for other nodes.
 int32_t wrs_node_variable(const wrs_node* node, void** tensor);
 
+// torch::autograd::grad: the gradients of `outputs` (seeded with
+// `grad_outputs`, n_outputs of them, or none for implicit ones) with respect
+// to `inputs`. `retain_graph`: -1 for the default, else 0/1. On success
+// `results[i]` is a new `at::Tensor*` owned by the caller, or null for an
+// input the outputs do not depend on (allowed only with `allow_unused`).
+int32_t wrs_autograd_grad(const void* const* outputs, size_t n_outputs,
+                          const void* const* grad_outputs, size_t n_grad_outputs,
+                          const void* const* inputs, size_t n_inputs,
+                          int32_t retain_graph, int32_t create_graph,
+                          int32_t allow_unused, void** results, wrs_out* out);
+
 #ifdef __cplusplus
 }
 #endif

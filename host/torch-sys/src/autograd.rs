@@ -7,10 +7,99 @@
 //! the seeds' distributed-autograd tests inspect it. Building
 //! distributed-autograd nodes is left to the host's `autograd` module.
 
-use crate::ffi::{self, RawNode, RawStr};
+use crate::error::OpError;
+use crate::ffi::{self, RawNode, RawOut, RawStr};
 use std::ffi::c_void;
 use std::ptr::NonNull;
 use tch::Tensor;
+use wasmrpc_abi::ErrorKind;
+
+/// Options of [`grad`], as `torch.autograd.grad` names them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GradOptions {
+    /// Keep the graph for another backward pass; `None` means
+    /// `create_graph`'s value, as in PyTorch.
+    pub retain_graph: Option<bool>,
+    /// Record the backward pass itself, for higher-order gradients.
+    pub create_graph: bool,
+    /// Give `None` for inputs the outputs do not depend on, instead of an
+    /// error.
+    pub allow_unused: bool,
+}
+
+/// `torch.autograd.grad`: the gradients of `outputs` with respect to
+/// `inputs`, seeded with `grad_outputs` (one per output, or empty for
+/// implicit ones, which only scalar outputs allow). Nothing accumulates into
+/// `.grad`, which is what distributed autograd needs: gradients arriving for
+/// the tensors a worker sent are pushed through its local graph to the
+/// leaves and received tensors that need them.
+///
+/// Runs libtorch's engine on the calling thread for CPU graphs.
+///
+/// # Errors
+///
+/// [`OpError::Raised`] with libtorch's message (`One of the differentiated
+/// Tensors appears to not have been used in the graph...`, `element 0 of
+/// tensors does not require grad...`, a shape mismatch of a seed).
+pub fn grad(
+    outputs: &[Tensor],
+    grad_outputs: &[Tensor],
+    inputs: &[Tensor],
+    options: GradOptions,
+) -> Result<Vec<Option<Tensor>>, OpError> {
+    let ptrs = |ts: &[Tensor]| {
+        ts.iter()
+            .map(|t| t.as_ptr().cast::<c_void>())
+            .collect::<Vec<_>>()
+    };
+    let (outs, seeds, ins) = (ptrs(outputs), ptrs(grad_outputs), ptrs(inputs));
+    let mut results: Vec<*mut c_void> = vec![std::ptr::null_mut(); inputs.len()];
+    let mut out = RawOut::empty();
+    let retain = options.retain_graph.map_or(-1, i32::from);
+    // SAFETY: the pointer arrays hold live `at::Tensor*` borrowed from the
+    // slices for the call; `results` has one writable slot per input; `out`
+    // is writable; the shim catches every exception.
+    let status = unsafe {
+        ffi::wrs_autograd_grad(
+            outs.as_ptr(),
+            outs.len(),
+            seeds.as_ptr(),
+            seeds.len(),
+            ins.as_ptr(),
+            ins.len(),
+            retain,
+            i32::from(options.create_graph),
+            i32::from(options.allow_unused),
+            results.as_mut_ptr(),
+            &mut out,
+        )
+    };
+    if status != ffi::STATUS_OK {
+        let message = if out.err.is_null() {
+            String::new()
+        } else {
+            // SAFETY: the shim set `err` to its thread-local message, valid
+            // until the next shim call on this thread.
+            String::from_utf8_lossy(unsafe { std::slice::from_raw_parts(out.err, out.err_len) })
+                .into_owned()
+        };
+        return Err(OpError::Raised {
+            op: "torch.autograd.grad".to_owned(),
+            kind: ErrorKind::RuntimeError,
+            message,
+        });
+    }
+    Ok(results
+        .into_iter()
+        .map(|p| {
+            (!p.is_null()).then(|| {
+                // SAFETY: on success each non-null slot is a fresh
+                // `new at::Tensor` that the caller owns.
+                unsafe { Tensor::from_ptr(p.cast::<torch_sys::C_tensor>()) }
+            })
+        })
+        .collect())
+}
 
 /// The name of the autograd node that produced `tensor` (Python's
 /// `t.grad_fn.name()`, e.g. `MulBackward0`), or `None` for a leaf, a tensor

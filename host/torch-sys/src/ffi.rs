@@ -139,4 +139,17 @@ unsafe extern "C" {
         input_nr: *mut u32,
     ) -> i32;
     pub(crate) fn wrs_node_variable(node: *const RawNode, tensor: *mut *mut c_void) -> i32;
+    pub(crate) fn wrs_autograd_grad(
+        outputs: *const *const c_void,
+        n_outputs: usize,
+        grad_outputs: *const *const c_void,
+        n_grad_outputs: usize,
+        inputs: *const *const c_void,
+        n_inputs: usize,
+        retain_graph: i32,
+        create_graph: i32,
+        allow_unused: i32,
+        results: *mut *mut c_void,
+        out: *mut RawOut,
+    ) -> i32;
 }

@@ -33,7 +33,9 @@
 //!   libtorch's own text when an op raises, `Unknown builtin op: aten::foo`.
 //! - [`grad_fn_name`], [`GradFn`]: which autograd node recorded a result
 //!   (`MulBackward0`) and the graph behind it (`next_functions`, an
-//!   `AccumulateGrad`'s variable), as the distributed-autograd seeds inspect.
+//!   `AccumulateGrad`'s variable), as the distributed-autograd seeds inspect;
+//!   [`grad`]: `torch.autograd.grad` with explicit seeds, for pushing
+//!   gradients that arrive over RPC through the local graph.
 //! - [`call_op_abi`], [`call_op_values`], [`call_method_values`],
 //!   [`op_value_from_abi`], [`op_value_into_abi`]: the same over
 //!   [`wasmrpc_abi::Value`]s whose tensors live in the caller's table: the
@@ -91,7 +93,7 @@ mod ffi;
 mod op;
 mod value;
 
-pub use autograd::{GradFn, grad_fn_name};
+pub use autograd::{GradFn, GradOptions, grad, grad_fn_name};
 pub use builtin::BUILTINS;
 pub use convert::{
     call_method_values, call_op_abi, call_op_values, device_string, op_value_from_abi,

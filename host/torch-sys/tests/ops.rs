@@ -3,8 +3,8 @@
 
 use tch::{Device, Kind, Tensor};
 use wasmrpc_torch_sys::{
-    ErrorKind, GradFn, NO_MATCHING_SCHEMA, OpError, OpValue, Operator, call_method, call_op,
-    grad_fn_name, schemas,
+    ErrorKind, GradFn, GradOptions, NO_MATCHING_SCHEMA, OpError, OpValue, Operator, call_method,
+    call_op, grad, grad_fn_name, schemas,
 };
 
 const F32: (Kind, Device) = (Kind::Float, Device::Cpu);
@@ -829,4 +829,66 @@ fn undefined_tensors_are_none() {
         .unwrap(),
     );
     assert_eq!(values(&out), [1., 3.]);
+}
+
+#[test]
+fn grad_with_explicit_seeds_accumulates_nothing() {
+    let x = Tensor::from_slice(&[1.0_f32, 2.0, 3.0]).set_requires_grad(true);
+    let unused = Tensor::from_slice(&[1.0_f32]).set_requires_grad(true);
+    let y = tensor(
+        call_op(
+            "aten::mul",
+            &[
+                OpValue::Tensor(x.shallow_clone()),
+                OpValue::Tensor(x.shallow_clone()),
+            ],
+            &[],
+        )
+        .unwrap(),
+    );
+    let seed = Tensor::from_slice(&[1.0_f32, 10.0, 100.0]);
+    let keep = GradOptions {
+        retain_graph: Some(true),
+        ..GradOptions::default()
+    };
+    let g = grad(&[y.shallow_clone()], &[seed], &[x.shallow_clone()], keep).unwrap();
+    assert_eq!(values(g[0].as_ref().unwrap()), [2., 40., 600.]);
+    assert!(!x.grad().defined(), "grad() must not accumulate into .grad");
+
+    let err = grad(
+        &[y.shallow_clone()],
+        &[Tensor::ones([3], F32)],
+        &[unused.shallow_clone()],
+        keep,
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("appears to not have been used in the graph"),
+        "{err}"
+    );
+    let allow = GradOptions {
+        allow_unused: true,
+        ..keep
+    };
+    let g = grad(
+        &[y.shallow_clone()],
+        &[Tensor::ones([3], F32)],
+        &[x.shallow_clone(), unused],
+        allow,
+    )
+    .unwrap();
+    assert_eq!(values(g[0].as_ref().unwrap()), [2., 4., 6.]);
+    assert!(g[1].is_none());
+
+    // An implicit seed needs a scalar output, as in PyTorch.
+    let err = grad(&[y], &[], &[x.shallow_clone()], GradOptions::default()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("grad can be implicitly created only for scalar outputs"),
+        "{err}"
+    );
+    let s = tensor(call_op("aten::sum", &[OpValue::Tensor(x.shallow_clone())], &[]).unwrap());
+    let g = grad(&[s], &[], &[x], GradOptions::default()).unwrap();
+    assert_eq!(values(g[0].as_ref().unwrap()), [1., 1., 1.]);
 }
