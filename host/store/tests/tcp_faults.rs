@@ -361,3 +361,24 @@ async fn a_lying_server_gives_errors_not_panics() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_up_to_the_limit_pass_and_larger_ones_are_refused_up_front() {
+    timed(LIMIT, async {
+        let server = TcpStoreServer::bind("127.0.0.1:0").await.unwrap();
+        let store = client(&server).await;
+        let max = vec![0xABu8; 8 * 1024 * 1024];
+        store.set("big", &max).await.unwrap();
+        assert_eq!(store.get("big").await.unwrap(), max);
+        let too_big = vec![0u8; 8 * 1024 * 1024 + 1];
+        let err = store.set("bigger", &too_big).await.unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+        let long_key = "k".repeat(8 * 1024);
+        let err = store.set(&long_key, b"v").await.unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+        let key_at_limit = "k".repeat(8 * 1024 - 1); // plus the "/" prefix
+        store.set(&key_at_limit, b"v").await.unwrap();
+        assert_eq!(store.get(&key_at_limit).await.unwrap(), b"v");
+    })
+    .await;
+}

@@ -25,7 +25,8 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::protocol::{
-    CHECK_NOT_READY, CHECK_READY, Frame, QueryType, STOP_WAITING, VALIDATION_MAGIC, WAIT_CANCELED,
+    CHECK_NOT_READY, CHECK_READY, Frame, MAX_KEY_LEN, MAX_PAYLOAD_LEN, QueryType, STOP_WAITING,
+    VALIDATION_MAGIC, WAIT_CANCELED,
 };
 use super::server::TcpStoreServer;
 use crate::store::{
@@ -269,8 +270,33 @@ async fn shared_server(port: u16) -> Result<Arc<TcpStoreServer>> {
     Ok(server)
 }
 
-fn wire_key(key: &str) -> String {
-    format!("{KEY_PREFIX}{key}")
+/// The key as it travels (CLI-2), refused up front if PyTorch's server (and
+/// ours) would drop the connection over its length.
+fn wire_key(key: &str) -> Result<String> {
+    let wire = format!("{KEY_PREFIX}{key}");
+    if wire.len() as u64 > MAX_KEY_LEN {
+        return Err(Error::InvalidArgument(format!(
+            "key {:?}... of {} bytes exceeds the store's limit of {MAX_KEY_LEN} bytes",
+            key.chars().take(32).collect::<String>(),
+            wire.len()
+        )));
+    }
+    Ok(wire)
+}
+
+fn wire_keys(keys: &[&str]) -> Result<Vec<String>> {
+    keys.iter().map(|k| wire_key(k)).collect()
+}
+
+/// Refuses a value the store servers would drop the connection over.
+fn check_value(key: &str, value: &[u8]) -> Result<()> {
+    if value.len() as u64 > MAX_PAYLOAD_LEN {
+        return Err(Error::InvalidArgument(format!(
+            "value of {} bytes for key {key:?} exceeds the store's limit of {MAX_PAYLOAD_LEN} bytes",
+            value.len()
+        )));
+    }
+    Ok(())
 }
 
 fn user_key(wire: &str) -> String {
@@ -453,24 +479,27 @@ impl Connection {
 #[async_trait::async_trait]
 impl Store for TcpStore {
     async fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        check_value(key, value)?;
         let mut frame = Frame::request(QueryType::Set);
-        frame.bytes(wire_key(key).as_bytes()).bytes(value);
+        frame.bytes(wire_key(key)?.as_bytes()).bytes(value);
         self.run(move |c| Box::pin(async move { c.send(&frame).await }))
             .await
     }
 
     async fn get(&self, key: &str) -> Result<Vec<u8>> {
-        self.get_raw(&wire_key(key)).await
+        self.get_raw(&wire_key(key)?).await
     }
 
     async fn add(&self, key: &str, delta: i64) -> Result<i64> {
-        self.add_raw(wire_key(key).as_bytes(), delta).await
+        self.add_raw(wire_key(key)?.as_bytes(), delta).await
     }
 
     async fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
+        check_value(key, expected)?;
+        check_value(key, desired)?;
         let mut frame = Frame::request(QueryType::CompareSet);
         frame
-            .bytes(wire_key(key).as_bytes())
+            .bytes(wire_key(key)?.as_bytes())
             .bytes(expected)
             .bytes(desired);
         self.run(move |c| {
@@ -483,13 +512,13 @@ impl Store for TcpStore {
     }
 
     async fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
-        let keys: Vec<String> = keys.iter().map(|k| wire_key(k)).collect();
+        let keys = wire_keys(keys)?;
         self.run(move |c| Box::pin(async move { c.wait(&keys, timeout).await }))
             .await
     }
 
     async fn check(&self, keys: &[&str]) -> Result<bool> {
-        let keys: Vec<String> = keys.iter().map(|k| wire_key(k)).collect();
+        let keys = wire_keys(keys)?;
         let mut frame = Frame::request(QueryType::Check);
         frame.keys(&keys);
         self.run(move |c| {
@@ -510,7 +539,7 @@ impl Store for TcpStore {
 
     async fn delete_key(&self, key: &str) -> Result<bool> {
         let mut frame = Frame::request(QueryType::DeleteKey);
-        frame.bytes(wire_key(key).as_bytes());
+        frame.bytes(wire_key(key)?.as_bytes());
         self.run(move |c| {
             Box::pin(async move {
                 c.send(&frame).await?;
@@ -532,14 +561,15 @@ impl Store for TcpStore {
     }
 
     async fn append(&self, key: &str, value: &[u8]) -> Result<()> {
+        check_value(key, value)?;
         let mut frame = Frame::request(QueryType::Append);
-        frame.bytes(wire_key(key).as_bytes()).bytes(value);
+        frame.bytes(wire_key(key)?.as_bytes()).bytes(value);
         self.run(move |c| Box::pin(async move { c.send(&frame).await }))
             .await
     }
 
     async fn multi_get(&self, keys: &[&str]) -> Result<Vec<Vec<u8>>> {
-        let keys: Vec<String> = keys.iter().map(|k| wire_key(k)).collect();
+        let keys = wire_keys(keys)?;
         let timeout = self.timeout();
         self.run(move |c| {
             Box::pin(async move {
@@ -559,10 +589,13 @@ impl Store for TcpStore {
 
     async fn multi_set(&self, keys: &[&str], values: &[&[u8]]) -> Result<()> {
         check_multi_set(keys, values)?;
+        for (key, value) in keys.iter().zip(values) {
+            check_value(key, value)?;
+        }
         let mut frame = Frame::request(QueryType::MultiSet);
         frame.u64(keys.len() as u64);
         for (key, value) in keys.iter().zip(values) {
-            frame.bytes(wire_key(key).as_bytes()).bytes(value);
+            frame.bytes(wire_key(key)?.as_bytes()).bytes(value);
         }
         self.run(move |c| Box::pin(async move { c.send(&frame).await }))
             .await
