@@ -65,6 +65,10 @@ impl Default for TcpStoreOptions {
 }
 
 /// A client of a c10d TCP store.
+///
+/// Keys longer than 8 KiB (with the `/` prefix) and values longer than
+/// 8 MiB are refused with [`Error::InvalidArgument`] before anything is sent:
+/// PyTorch's server, and ours, would close the connection over them.
 #[derive(Debug)]
 pub struct TcpStore {
     host: String,
