@@ -17,6 +17,7 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/jit/runtime/operator.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstring>
 #include <memory>
@@ -965,6 +966,28 @@ int32_t wrs_op_resolve(const char* name, size_t name_len, wrs_op** op, wrs_out* 
     return WRS_ERR_INTERNAL;
   } catch (...) {
     set_error(out, "unknown C++ exception", WRS_CLASS_RUNTIME);
+    return WRS_ERR_INTERNAL;
+  }
+}
+
+int32_t wrs_all_op_names(wrs_str* names) {
+  try {
+    std::vector<std::string> all;
+    for (const auto& op : torch::jit::getAllOperators()) {
+      all.push_back(op->schema().name());
+    }
+    std::sort(all.begin(), all.end());
+    all.erase(std::unique(all.begin(), all.end()), all.end());
+    Tls& t = tls();
+    t.text.clear();
+    for (const auto& name : all) {
+      t.text += name;
+      t.text += '\n';
+    }
+    names->ptr = t.text.data();
+    names->len = t.text.size();
+    return WRS_OK;
+  } catch (...) {
     return WRS_ERR_INTERNAL;
   }
 }

@@ -85,6 +85,10 @@ size_t wrs_op_num_overloads(const wrs_op* op);
 // The schema text of overload `index`, in thread-local storage (see wrs_out).
 int32_t wrs_op_schema(const wrs_op* op, size_t index, wrs_str* schema);
 
+// Every registered operator name (`aten::add`, once however many overloads
+// it has), joined with '\n', in thread-local storage (see wrs_out).
+int32_t wrs_all_op_names(wrs_str* names);
+
 // Matches the arguments against the overloads, runs the first that accepts
 // them, and converts its outputs. `nodes` holds `n_args` positional values
 // followed by `n_kwargs` keyword values whose names are `kw_names`.

@@ -103,6 +103,7 @@ unsafe extern "C" {
         out: *mut RawOut,
     ) -> i32;
     pub(crate) fn wrs_op_free(op: *mut RawOp);
+    pub(crate) fn wrs_all_op_names(names: *mut RawStr) -> i32;
     pub(crate) fn wrs_op_num_overloads(op: *const RawOp) -> usize;
     pub(crate) fn wrs_op_schema(op: *const RawOp, index: usize, schema: *mut RawStr) -> i32;
     pub(crate) fn wrs_op_call(

@@ -100,6 +100,8 @@ pub use convert::{
     op_value_into_abi,
 };
 pub use error::{NO_MATCHING_SCHEMA, OpError};
-pub use op::{Operator, WIRE_PREFIX, call_method, call_op, qualified_name, schemas};
+pub use op::{
+    Operator, WIRE_PREFIX, call_method, call_op, qualified_name, registered_ops, schemas,
+};
 pub use value::{MAX_NESTING, OpValue, kind_code, kind_of_code};
 pub use wasmrpc_abi::ErrorKind;

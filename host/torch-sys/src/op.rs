@@ -441,6 +441,28 @@ pub fn call_method(
     }
 }
 
+/// Every operator name libtorch registers (`aten::add`, `prim::min`, ...),
+/// sorted, each once: what [`call_op`] can reach. Some need a TorchScript
+/// graph node and still report `Unknown builtin op` (see the crate docs).
+pub fn registered_ops() -> Vec<String> {
+    let mut names = RawStr {
+        ptr: std::ptr::null(),
+        len: 0,
+    };
+    // SAFETY: `names` is writable; the shim catches every exception.
+    let status = unsafe { ffi::wrs_all_op_names(&mut names) };
+    if status != ffi::STATUS_OK || names.ptr.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: the shim points `names` at its thread-local string, valid until
+    // the next shim call on this thread.
+    let bytes = unsafe { std::slice::from_raw_parts(names.ptr, names.len) };
+    String::from_utf8_lossy(bytes)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
 /// The schemas of every overload registered under `name`, in matching order.
 ///
 /// # Errors
