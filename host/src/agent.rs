@@ -27,8 +27,9 @@
 //!   response.
 //! - AG-5: graceful shutdown of a static group is PyTorch's: an all-gather
 //!   led by the lexicographically smallest name, then a join that repeats
-//!   all-gathers of (user calls sent, user calls received) until two
-//!   consecutive rounds agree and balance, so fire-and-forget chains drain.
+//!   all-gathers of (idle, user calls made + received) until two
+//!   consecutive rounds find every worker idle with unchanged counts, so
+//!   fire-and-forget chains drain.
 
 mod all_gather;
 mod current;
@@ -354,7 +355,9 @@ impl RpcAgent {
         function: &str,
         args: Args,
     ) -> Result<Payload> {
-        self.rpc_async(to, function, args).wait().await
+        self.call_inner(to.into(), function, args, None, true, false)
+            .wait()
+            .await
     }
 
     /// [`rpc_sync`](Self::rpc_sync) with its own timeout; zero means none.
@@ -368,7 +371,7 @@ impl RpcAgent {
         args: Args,
         timeout: Duration,
     ) -> Result<Payload> {
-        self.rpc_async_with_timeout(to, function, args, timeout)
+        self.call_inner(to.into(), function, args, Some(timeout), true, false)
             .wait()
             .await
     }
@@ -381,11 +384,25 @@ impl RpcAgent {
         timeout: Option<Duration>,
         user: bool,
     ) -> Future {
+        self.call_inner(to, function, args, timeout, user, user)
+    }
+
+    /// Makes a call; `collect` adds its future to an enclosing
+    /// `wait_all_scope` (only `rpc_async` futures are collected).
+    fn call_inner(
+        &self,
+        to: Dest,
+        function: &str,
+        args: Args,
+        timeout: Option<Duration>,
+        user: bool,
+        collect: bool,
+    ) -> Future {
         let fut = Future::new();
         // Calls to the agent's own functions are never user calls, whoever
         // makes them: both ends must agree for the join's counts (AG-5).
         let user = user && !function.starts_with(INTERNAL_PREFIX);
-        if user {
+        if collect && user {
             future::collect(&fut);
         }
         if let Err(e) = self.require_running() {
@@ -440,23 +457,21 @@ impl RpcAgent {
         let function = function.to_string();
         let waiter = fut.clone();
         let deadline = (!timeout.is_zero()).then(|| tokio::time::Instant::now() + timeout);
+        // The send runs to completion even if the call times out first: the
+        // message still reaches the callee, as in PyTorch.
+        let sender = this.clone();
+        let sent_function = function.clone();
+        let peer = dest.name.clone();
         inner.runtime.spawn(async move {
-            let send = this.send_call(id, &dest.name, &function, frame);
-            let sent = match deadline {
-                Some(d) => tokio::time::timeout_at(d, send).await.unwrap_or(Ok(())),
-                None => send.await,
-            };
-            if let Err(e) = sent {
-                this.finish(
-                    id,
-                    Err(e.context_line(format!(
-                        "sending a call of {function} to worker {}",
-                        dest.name
-                    ))),
-                );
-                return;
+            if let Err(e) = sender.send_call(id, &peer, &sent_function, frame).await {
+                let e = e.context_line(format!(
+                    "sending a call of {sent_function} to worker {peer}"
+                ));
+                sender.finish(id, Err(e));
             }
-            if let Some(d) = deadline {
+        });
+        if let Some(d) = deadline {
+            inner.runtime.spawn(async move {
                 tokio::select! {
                     _ = tokio::time::sleep_until(d) => {
                         let e = Error::runtime(rpc_timeout_message(timeout.as_millis()))
@@ -465,8 +480,8 @@ impl RpcAgent {
                     }
                     _ = waiter.wait() => {}
                 }
-            }
-        });
+            });
+        }
         fut
     }
 

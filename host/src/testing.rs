@@ -279,16 +279,25 @@ where
         handles.push(tokio::spawn(async move {
             let rank = w.rank;
             let agent = w.agent.clone();
-            let mut r = body(w).await.map_err(|e| format!("rank {rank}: {e}"));
-            if shutdown {
-                let s = agent
+            let r = body(w).await.map_err(|e| format!("rank {rank}: {e}"));
+            if r.is_err() {
+                // Report at once, then leave without waiting for the others,
+                // who may be waiting for this rank.
+                let _ = tx.send(r);
+                if shutdown {
+                    let _ = agent.shutdown(false, Duration::ZERO).await;
+                }
+                return;
+            }
+            let r = if shutdown {
+                agent
                     .shutdown(true, Duration::ZERO)
                     .await
-                    .map_err(|e| format!("rank {rank} shutdown: {e}"));
-                r = r
-                    .and(s)
-                    .and_then(|()| leak_check(&agent).map_err(|e| format!("rank {rank}: {e}")));
-            }
+                    .map_err(|e| format!("rank {rank} shutdown: {e}"))
+                    .and_then(|()| leak_check(&agent).map_err(|e| format!("rank {rank}: {e}")))
+            } else {
+                r
+            };
             let _ = tx.send(r);
         }));
     }

@@ -41,7 +41,7 @@ pub(crate) use tcp::{Connection, Handler, Transport, TransportConfig};
 
 /// Handshake helpers for tests that play a foreign peer.
 pub mod probe {
-    pub use super::handshake::probe;
+    pub use super::handshake::{connect, probe};
 }
 
 /// The default maximum size of one frame (header plus storages): 2 GiB.

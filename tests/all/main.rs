@@ -1,1 +1,7 @@
 //! One test binary for every ported seed suite, so libtorch is linked once.
+//!
+//! - `rpc_test`: PyTorch's `rpc_test.py` (areas A, B, C, G, H, I, K, O, Q, R
+//!   on the CPU), each test named exactly as in the seed, plus the agent's
+//!   own failure tests in `rpc_test::extra`.
+
+mod rpc_test;

@@ -1,1 +1,126 @@
 //! Helpers shared by the integration tests in `tests/all`.
+//!
+//! - [`seed_fns`]: native Rust stand-ins for the seed suites' Python user
+//!   functions (`my_function`, `nested_rpc`, `raise_func`, ...), registered
+//!   under `seed::<name>`. Wasm plugins replace them later.
+//! - [`aten`]: **test-only** stand-ins for builtin ops (`aten::add`, ...),
+//!   calling tch directly, until the op shim (schema matching by aten name)
+//!   lands. Tests whose point is schema matching are not ported against them.
+//! - small assertion and tensor helpers.
+
+pub mod aten;
+pub mod seed_fns;
+
+use std::time::Duration;
+
+use tch::{Device, Kind, Tensor};
+use wasmrpc::testing::{Cluster, ClusterBuilder, DEFAULT_TEST_TIMEOUT, Worker, dist_init, run};
+use wasmrpc::{Error, ErrorKind, FunctionRegistry, Payload, Result};
+
+/// The seeds' world size.
+pub const WORLD_SIZE: u32 = 4;
+
+/// `torch.ones(size)` as float32 on the CPU.
+pub fn ones(size: &[i64]) -> Tensor {
+    Tensor::ones(size, (Kind::Float, Device::Cpu))
+}
+
+/// `torch.rand(size)` as float32 on the CPU.
+pub fn rand(size: &[i64]) -> Tensor {
+    Tensor::rand(size, (Kind::Float, Device::Cpu))
+}
+
+/// Registers every test function (aten stand-ins and seed functions).
+pub fn register_all(r: &FunctionRegistry) {
+    aten::register(r);
+    seed_fns::register(r);
+}
+
+/// A cluster of the seeds' size with every test function registered.
+pub fn cluster(world_size: u32) -> ClusterBuilder {
+    Cluster::builder(world_size).functions(register_all)
+}
+
+/// Runs `body` on every rank of a fresh 4-worker cluster, under the test
+/// timeout, then shuts down gracefully and checks for leaks (`@dist_init`).
+///
+/// # Panics
+/// When any rank fails, or on timeout.
+pub fn dist<F, Fut>(body: F)
+where
+    F: Fn(Worker) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    dist_with(cluster(WORLD_SIZE), body);
+}
+
+/// [`dist`] with a custom cluster.
+///
+/// # Panics
+/// When any rank fails, or on timeout.
+pub fn dist_with<F, Fut>(builder: ClusterBuilder, body: F)
+where
+    F: Fn(Worker) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let body = std::sync::Arc::new(body);
+    let r = run(DEFAULT_TEST_TIMEOUT, async move {
+        dist_init(builder, move |w| {
+            let body = body.clone();
+            async move { body(w).await.map_err(|e| format!("{e:#}")) }
+        })
+        .await
+    });
+    if let Err(e) = r {
+        panic!("{e}");
+    }
+}
+
+/// Runs a whole test future under the test timeout.
+///
+/// # Panics
+/// When the future fails, or on timeout.
+pub fn timed<Fut>(fut: Fut)
+where
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    if let Err(e) = run(DEFAULT_TEST_TIMEOUT, fut) {
+        panic!("{e:#}");
+    }
+}
+
+/// Checks that `r` failed with `kind` and a message containing `needle`.
+///
+/// # Errors
+/// When `r` succeeded or failed otherwise.
+pub fn expect_err<T: std::fmt::Debug>(
+    r: Result<T>,
+    kind: ErrorKind,
+    needle: &str,
+) -> anyhow::Result<Error> {
+    match r {
+        Ok(v) => anyhow::bail!("expected {kind} containing {needle:?}, got Ok({v:?})"),
+        Err(e) if e.kind() == kind && e.message().contains(needle) => Ok(e),
+        Err(e) => anyhow::bail!("expected {kind} containing {needle:?}, got {e}"),
+    }
+}
+
+/// Checks that `p` is a tensor equal to `want`.
+///
+/// # Errors
+/// When it is not.
+pub fn expect_tensor(p: &Payload, want: &Tensor) -> anyhow::Result<()> {
+    let got = p.as_tensor()?;
+    anyhow::ensure!(
+        got.size() == want.size()
+            && got.kind() == want.kind()
+            && got.allclose(want, 1e-5, 1e-8, false),
+        "tensor mismatch: got {got:?} want {want:?}"
+    );
+    Ok(())
+}
+
+/// Sleeps without blocking the runtime.
+pub async fn sleep_ms(ms: u64) {
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}

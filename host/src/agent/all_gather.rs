@@ -297,39 +297,59 @@ impl RpcAgent {
     }
 
     /// Waits until no worker of the group has user calls in flight (AG-5).
+    ///
+    /// Each round, every worker reports whether it is idle (no pending user
+    /// call, no running user function) and its activity count (user calls
+    /// made plus user calls received). The join ends after two consecutive
+    /// rounds in which every worker was idle with the same activity count.
+    /// Rounds are separated by an all-gather, so there is an instant between
+    /// them after every first report and before every second one; a call in
+    /// flight at that instant is either reported pending in the first round
+    /// or changes its caller's activity count before the second. Calls that
+    /// fail (timeouts, dead peers) still end, so failures cannot stall it.
     pub(super) async fn join(&self, timeout: Duration) -> Result<()> {
         let deadline = (!timeout.is_zero()).then(|| tokio::time::Instant::now() + timeout);
-        let mut previous: Option<(i64, i64)> = None;
+        let mut previous: Option<BTreeMap<String, (bool, i64)>> = None;
         loop {
             self.wait_quiet(deadline).await?;
-            let sent = self
+            let idle = self
+                .inner
+                .user_pending
+                .load(std::sync::atomic::Ordering::Acquire)
+                == 0
+                && self
+                    .inner
+                    .user_active
+                    .load(std::sync::atomic::Ordering::Acquire)
+                    == 0;
+            let activity = (self
                 .inner
                 .user_sent
-                .load(std::sync::atomic::Ordering::Acquire) as i64;
-            let received = self
-                .inner
-                .user_received
-                .load(std::sync::atomic::Ordering::Acquire) as i64;
+                .load(std::sync::atomic::Ordering::Acquire)
+                + self
+                    .inner
+                    .user_received
+                    .load(std::sync::atomic::Ordering::Acquire)) as i64;
             let all = self
                 .all_gather(
-                    Payload::tuple(vec![sent.into(), received.into()]),
+                    Payload::tuple(vec![idle.into(), activity.into()]),
                     None,
                     Some(timeout),
                 )
                 .await?;
-            let mut totals = (0i64, 0i64);
-            for p in all.values() {
+            let mut round = BTreeMap::new();
+            for (name, p) in &all {
                 if let Value::Tuple(v) = &p.value
-                    && let [Value::Int(s), Value::Int(r)] = v.as_slice()
+                    && let [Value::Bool(i), Value::Int(a)] = v.as_slice()
                 {
-                    totals.0 += s;
-                    totals.1 += r;
+                    round.insert(name.clone(), (*i, *a));
                 }
             }
-            if totals.0 == totals.1 && previous == Some(totals) {
+            let all_idle = round.len() == all.len() && round.values().all(|(i, _)| *i);
+            if all_idle && previous.as_ref() == Some(&round) {
                 return Ok(());
             }
-            previous = Some(totals);
+            previous = all_idle.then_some(round);
         }
     }
 }

@@ -73,6 +73,17 @@ fn run_guarded(f: impl FnOnce() -> Result<Payload>) -> Result<Payload> {
     }
 }
 
+fn as_runtime(e: Error) -> Error {
+    if e.kind() == crate::abi::ErrorKind::RuntimeError {
+        return e;
+    }
+    let mut out = Error::runtime(e.message());
+    for line in e.context() {
+        out = out.context_line(line.clone());
+    }
+    out
+}
+
 impl Future {
     /// A future that is not completed yet.
     pub fn new() -> Self {
@@ -188,12 +199,14 @@ impl Future {
     }
 
     /// A child future completed with `cb(parent)` once this one completes.
-    /// An error (or a panic) in `cb` fails the child, not the parent.
+    /// An error (or a panic) in `cb` fails the child, not the parent; as in
+    /// `torch.futures`, it arrives as a `RuntimeError` with the callback's
+    /// message.
     pub fn then(&self, cb: impl FnOnce(&Future) -> Result<Payload> + Send + 'static) -> Future {
         let child = Future::new();
         let c = child.clone();
         self.add_done_callback(move |parent| {
-            let _ = c.complete(run_guarded(|| cb(parent)));
+            let _ = c.complete(run_guarded(|| cb(parent)).map_err(as_runtime));
         });
         child
     }
@@ -215,7 +228,7 @@ impl Future {
             let parent = parent.clone();
             handle.spawn(async move {
                 let r = match tokio::spawn(cb(parent)).await {
-                    Ok(r) => r,
+                    Ok(r) => r.map_err(as_runtime),
                     Err(e) => Err(Error::runtime(format!("callback failed: {e}"))),
                 };
                 let _ = c.complete(r);

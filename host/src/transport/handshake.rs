@@ -241,6 +241,20 @@ pub(crate) async fn server(
     })
 }
 
+/// Dials `addr` and authenticates as `name` with `secret`; returns the raw
+/// stream, on which the acceptor now expects frames. Tests use it to play a
+/// misbehaving peer.
+///
+/// # Errors
+/// Fails if the connection or the handshake fails.
+pub async fn connect(addr: std::net::SocketAddr, secret: &[u8], name: &str) -> Result<TcpStream> {
+    let mut stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| Error::runtime(format!("cannot connect to {addr}: {e}")))?;
+    client(&mut stream, secret, name, u32::MAX).await?;
+    Ok(stream)
+}
+
 /// Dials `addr` and runs the dialer's handshake with `secret`, then waits up
 /// to `linger` for the acceptor to keep the connection open. Returns
 /// `Ok(())` only if the acceptor accepted the proof and did not close the

@@ -1,0 +1,209 @@
+//! The agent's own failure and scale tests (not seed tests): a peer that
+//! vanishes mid-call, hostile bytes on a worker's port, unauthenticated
+//! peers, and a 32-worker all-to-all.
+
+use std::time::{Duration, Instant};
+
+use anyhow::ensure;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use wasmrpc::testing::worker_name;
+use wasmrpc::transport::probe;
+use wasmrpc::{ErrorKind, Future, RpcBackendOptions, args, wait_all};
+use wasmrpc_tests::{cluster, expect_err, expect_tensor, ones, timed};
+
+const SECRET: &[u8] = b"extra-tests-secret";
+
+fn secret_options() -> RpcBackendOptions {
+    RpcBackendOptions {
+        cluster_secret: Some(SECRET.to_vec()),
+        ..Default::default()
+    }
+}
+
+/// Reads until the peer closes the connection; fails if it stays open.
+async fn expect_closed(stream: &mut tokio::net::TcpStream) -> anyhow::Result<()> {
+    let mut buf = [0u8; 256];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        ensure!(
+            Instant::now() < deadline,
+            "the worker kept the connection open"
+        );
+        match tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return Ok(()),
+            Ok(Ok(_)) => continue,
+            Err(_) => anyhow::bail!("the worker kept the connection open"),
+        }
+    }
+}
+
+#[test]
+fn test_peer_vanishing_mid_call_fails_pending_calls_promptly() {
+    timed(async {
+        let c = cluster(4).start().await?;
+        let (a0, a2) = (c.agent(0).clone(), c.agent(2).clone());
+        // Long calls into worker2, with a timeout far beyond the test's.
+        let pending: Vec<Future> = (0..3)
+            .map(|_| {
+                a0.rpc_async_with_timeout(
+                    "worker2",
+                    "seed::my_sleep_func",
+                    args![30],
+                    Duration::from_secs(60),
+                )
+            })
+            .collect();
+        // worker2 has received them (they are running there) before it dies.
+        let start = Instant::now();
+        while a2
+            .get_debug_info()
+            .get("agent.server_active_calls")
+            .map(String::as_str)
+            != Some("3")
+        {
+            ensure!(
+                start.elapsed() < Duration::from_secs(10),
+                "calls never reached worker2"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let died = Instant::now();
+        a2.abort();
+        for f in &pending {
+            let e = expect_err(f.wait().await, ErrorKind::RuntimeError, "worker2")?;
+            ensure!(e.message().contains("closed"), "{e}");
+        }
+        ensure!(
+            died.elapsed() < Duration::from_secs(5),
+            "pending calls failed only after {:?}",
+            died.elapsed()
+        );
+        // The rest of the group keeps working, and new calls to the dead
+        // worker fail quickly.
+        expect_tensor(
+            &a0.rpc_sync("worker1", "aten::add", args![ones(&[2]), 1])
+                .await?,
+            &(ones(&[2]) + 1),
+        )?;
+        expect_tensor(
+            &c.agent(3)
+                .rpc_sync("worker1", "aten::add", args![ones(&[2]), 2])
+                .await?,
+            &(ones(&[2]) + 2),
+        )?;
+        expect_err(
+            a0.rpc_sync("worker2", "aten::add", args![ones(&[2]), 1])
+                .await,
+            ErrorKind::RuntimeError,
+            "worker2",
+        )?;
+        for r in [0, 1, 3] {
+            c.agent(r).shutdown(false, Duration::ZERO).await?;
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn test_garbage_bytes_and_oversized_frames_close_only_that_connection() {
+    timed(async {
+        let options = RpcBackendOptions {
+            max_frame_size: 1 << 20,
+            ..secret_options()
+        };
+        let c = cluster(2).options(options).start().await?;
+        let addr = c
+            .agent(1)
+            .local_addr()
+            .ok_or_else(|| anyhow::anyhow!("no address"))?;
+
+        // Garbage before any handshake.
+        let mut raw = tokio::net::TcpStream::connect(addr).await?;
+        raw.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\xff\xff\xff\xff garbage")
+            .await?;
+        expect_closed(&mut raw).await?;
+
+        // An authenticated peer sending a malformed frame header.
+        let mut s = probe::connect(addr, SECRET, "intruder").await?;
+        s.write_all(&[5, 0, 0, 0, 0xff, 0xee, 0xdd, 0xcc, 0xbb])
+            .await?;
+        expect_closed(&mut s).await?;
+
+        // An authenticated peer announcing a frame over the maximum.
+        let mut s = probe::connect(addr, SECRET, "intruder2").await?;
+        s.write_all(&u32::MAX.to_le_bytes()).await?;
+        expect_closed(&mut s).await?;
+
+        // A truncated frame followed by a hang-up.
+        let mut s = probe::connect(addr, SECRET, "intruder3").await?;
+        s.write_all(&[100, 0, 0, 0, 1, 2, 3]).await?;
+        drop(s);
+
+        // The worker still serves its real peers.
+        let r = c
+            .agent(0)
+            .rpc_sync("worker1", "aten::add", args![ones(&[3]), 1])
+            .await?;
+        expect_tensor(&r, &(ones(&[3]) + 1))?;
+        // A message over the maximum is refused by the sender, with the size.
+        let big = ones(&[1 << 19]);
+        let e = expect_err(
+            c.agent(0)
+                .rpc_sync("worker1", "aten::add", args![big, 1])
+                .await,
+            ErrorKind::RuntimeError,
+            "",
+        )?;
+        ensure!(e.message().contains("maximum frame size"), "{e}");
+        c.shutdown().await?;
+        Ok(())
+    });
+}
+
+#[test]
+fn test_unauthenticated_peer_is_refused() {
+    timed(async {
+        let c = cluster(2).options(secret_options()).start().await?;
+        let addr = c
+            .agent(0)
+            .local_addr()
+            .ok_or_else(|| anyhow::anyhow!("no address"))?;
+        let linger = Duration::from_millis(300);
+        ensure!(
+            probe::probe(addr, b"wrong secret", "mallory", linger)
+                .await
+                .is_err()
+        );
+        probe::probe(addr, SECRET, "friend", linger).await?;
+        // A worker of another cluster (another secret) cannot join in either.
+        ensure!(probe::probe(addr, b"", "worker1", linger).await.is_err());
+        c.shutdown().await?;
+        Ok(())
+    });
+}
+
+#[test]
+fn test_all_to_all_32_workers() {
+    timed(async {
+        let c = cluster(32).start().await?;
+        c.run_on_all(|w| async move {
+            let futs: Vec<Future> = (0..w.world_size)
+                .filter(|r| *r != w.rank)
+                .map(|r| {
+                    w.agent.rpc_async(
+                        worker_name(r),
+                        "aten::add",
+                        args![ones(&[4]), i64::from(w.rank)],
+                    )
+                })
+                .collect();
+            for r in wait_all(&futs).await? {
+                expect_tensor(&r, &(ones(&[4]) + i64::from(w.rank)))?;
+            }
+            anyhow::Ok(())
+        })
+        .await?;
+        c.shutdown().await?;
+        Ok(())
+    });
+}
