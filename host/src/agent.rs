@@ -398,10 +398,64 @@ impl RpcAgent {
         user: bool,
         collect: bool,
     ) -> Future {
-        let fut = Future::new();
         // Calls to the agent's own functions are never user calls, whoever
         // makes them: both ends must agree for the join's counts (AG-5).
         let user = user && !function.starts_with(INTERNAL_PREFIX);
+        let Args {
+            positional,
+            kwargs,
+            tensors,
+        } = args;
+        let build = |id| Message::Call {
+            id,
+            function: function.to_string(),
+            args: positional,
+            kwargs,
+            autograd: None,
+        };
+        self.send_tracked(to, function, build, &tensors, timeout, user, collect)
+    }
+
+    /// Sends a request of one of the reserved message kinds (RRef
+    /// fork/accept/delete, autograd, profiling, plugin deployment) built by
+    /// `build` from its request id, and returns the future of its reply:
+    /// `Response` gives its value or error, `RRefAck` gives `None`,
+    /// `ProfilingResponse` gives the list of events. A worker that does not
+    /// handle the kind answers with a `NotImplementedError`. `timeout`:
+    /// `None` for the default, zero for none.
+    pub fn request(
+        &self,
+        to: impl Into<Dest>,
+        build: impl FnOnce(u64) -> Message,
+        tensors: &[Tensor],
+        timeout: Option<Duration>,
+    ) -> Future {
+        self.send_tracked(
+            to.into(),
+            "a request",
+            build,
+            tensors,
+            timeout,
+            false,
+            false,
+        )
+    }
+
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one private funnel for every tracked message"
+    )]
+    fn send_tracked(
+        &self,
+        to: Dest,
+        function: &str,
+        build: impl FnOnce(u64) -> Message,
+        tensors: &[Tensor],
+        timeout: Option<Duration>,
+        user: bool,
+        collect: bool,
+    ) -> Future {
+        let fut = Future::new();
         if collect && user {
             future::collect(&fut);
         }
@@ -419,14 +473,7 @@ impl RpcAgent {
         let timeout = timeout.unwrap_or_else(|| self.get_rpc_timeout());
         let inner = &self.inner;
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let message = Message::Call {
-            id,
-            function: function.to_string(),
-            args: args.positional,
-            kwargs: args.kwargs,
-            autograd: None,
-        };
-        let frame = match OutFrame::encode(message, &args.tensors) {
+        let frame = match OutFrame::encode(build(id), tensors) {
             Ok(f) => f,
             Err(e) => {
                 let _ = fut.set_error(
@@ -816,9 +863,14 @@ impl Handler for AgentHandler {
                     };
                 agent.finish(id, r);
             }
-            other if other.is_reply() => {
-                tracing::warn!(worker = %agent.name(), peer = %conn.peer, "unexpected {:?} reply", other.kind());
-            }
+            Message::RRefAck { id } => agent.finish(id, Ok(Payload::none())),
+            Message::ProfilingResponse { id, events } => agent.finish(
+                id,
+                Ok(Payload {
+                    value: crate::abi::Value::List(events),
+                    tensors,
+                }),
+            ),
             other => {
                 let kind = other.kind();
                 let id = other.id();

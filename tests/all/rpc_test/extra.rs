@@ -207,3 +207,90 @@ fn test_all_to_all_32_workers() {
         Ok(())
     });
 }
+
+#[test]
+fn test_reserved_message_kinds_get_a_clear_error_reply() {
+    use wasmrpc::transport::{AutogradEnvelope, GloballyUniqueId, Message};
+    timed(async {
+        let c = cluster(2).start().await?;
+        let a = c.agent(0);
+        let rref = GloballyUniqueId {
+            created_on: 0,
+            local_id: 1,
+        };
+        let fork = GloballyUniqueId {
+            created_on: 0,
+            local_id: 2,
+        };
+        let envelope = AutogradEnvelope {
+            context_id: 1,
+            message_id: 2,
+            from_worker: 0,
+        };
+        let grad = ones(&[2]);
+        let cases: Vec<(Box<dyn FnOnce(u64) -> Message + Send>, &str)> = vec![
+            (
+                Box::new(move |id| Message::RRefFork {
+                    id,
+                    rref_id: rref,
+                    fork_id: fork,
+                }),
+                "RRefFork",
+            ),
+            (
+                Box::new(move |id| Message::RRefChildAccept { id, fork_id: fork }),
+                "RRefChildAccept",
+            ),
+            (
+                Box::new(move |id| Message::RRefUserDelete {
+                    id,
+                    rref_id: rref,
+                    fork_id: fork,
+                }),
+                "RRefUserDelete",
+            ),
+            (
+                Box::new(move |id| Message::PropagateGradients {
+                    id,
+                    envelope,
+                    grads: vec![wasmrpc::Value::Tensor(0)],
+                    retain_graph: false,
+                }),
+                "PropagateGradients",
+            ),
+            (
+                Box::new(|id| Message::CleanupAutogradContext { id, context_id: 1 }),
+                "CleanupAutogradContext",
+            ),
+            (
+                Box::new(|id| Message::ProfilingRequest { id, enabled: true }),
+                "ProfilingRequest",
+            ),
+            (
+                Box::new(|id| Message::DeployPlugin {
+                    id,
+                    name: "p".into(),
+                    wasm: b"\0asm".to_vec(),
+                }),
+                "DeployPlugin",
+            ),
+        ];
+        for (build, kind) in cases {
+            let tensors = if kind == "PropagateGradients" {
+                vec![grad.shallow_clone()]
+            } else {
+                vec![]
+            };
+            let f = a.request("worker1", build, &tensors, None);
+            let e = expect_err(f.wait().await, ErrorKind::NotImplementedError, kind)?;
+            ensure!(e.message().contains("worker1"), "{e}");
+        }
+        // The worker is unharmed.
+        let r = a
+            .rpc_sync("worker1", "aten::add", args![ones(&[2]), 1])
+            .await?;
+        expect_tensor(&r, &(ones(&[2]) + 1))?;
+        c.shutdown().await?;
+        Ok(())
+    });
+}
