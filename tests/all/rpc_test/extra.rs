@@ -228,7 +228,8 @@ fn test_reserved_message_kinds_get_a_clear_error_reply() {
             from_worker: 0,
         };
         let grad = ones(&[2]);
-        let cases: Vec<(Box<dyn FnOnce(u64) -> Message + Send>, &str)> = vec![
+        type Build = Box<dyn FnOnce(u64) -> Message + Send>;
+        let cases: Vec<(Build, &str)> = vec![
             (
                 Box::new(move |id| Message::RRefFork {
                     id,
