@@ -10,30 +10,34 @@ use std::time::{Duration, Instant};
 /// Runs the binary with `args`, failing the test if it outlives `deadline`
 /// (a hang must fail, not stall the run).
 fn wasmrpc(args: &[&str], deadline: Duration) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_wasmrpc"))
-        .args(args)
-        .env("RUST_LOG", "info")
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmrpc"));
+    cmd.args(args).env("RUST_LOG", "info");
+    run_with_deadline(&mut cmd, deadline)
+}
+
+/// Runs `cmd` to completion with its output captured, killing it and
+/// failing the test if it outlives `deadline`.
+fn run_with_deadline(cmd: &mut Command, deadline: Duration) -> Output {
+    let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("the wasmrpc binary starts");
+        .unwrap_or_else(|e| panic!("{cmd:?} does not start: {e}"));
     let started = Instant::now();
-    loop {
-        if child.try_wait().expect("wait on wasmrpc").is_some() {
-            return child.wait_with_output().expect("collect wasmrpc output");
-        }
+    while child.try_wait().expect("wait on the child").is_none() {
         if started.elapsed() > deadline {
             let _ = child.kill();
-            let out = child.wait_with_output().expect("collect wasmrpc output");
+            let out = child.wait_with_output().expect("collect the output");
             panic!(
-                "wasmrpc {args:?} ran for more than {deadline:?}\nstdout:\n{}\nstderr:\n{}",
+                "{cmd:?} ran for more than {deadline:?}\nstdout:\n{}\nstderr:\n{}",
                 String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
             );
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    child.wait_with_output().expect("collect the output")
 }
 
 fn text(out: &Output) -> (String, String) {
@@ -146,5 +150,36 @@ fn help_explains_the_commands_and_init_methods() {
     assert!(
         stdout.contains("env://") && stdout.contains("tcp://") && stdout.contains("file://"),
         "{stdout}"
+    );
+}
+
+/// `torchrun --no-python` runs our workers unchanged: they read its
+/// environment (RANK, WORLD_SIZE, MASTER_ADDR/PORT) and rendezvous on the
+/// store torchrun's agent hosts.
+#[test]
+fn torchrun_runs_wasmrpc_workers_on_its_agent_store() {
+    let Some(env) = std::env::var_os("WASMRPC_ENV") else {
+        println!("wasmrpc-skip: WASMRPC_ENV is not set (run `cargo xtask setup`)");
+        return;
+    };
+    let torchrun = std::path::Path::new(&env).join("venv/bin/torchrun");
+    if !torchrun.exists() {
+        println!("wasmrpc-skip: torchrun not found at {}", torchrun.display());
+        return;
+    }
+    let mut cmd = Command::new(&torchrun);
+    cmd.args(["--no-python", "--standalone", "--nproc-per-node", "2"])
+        .arg(env!("CARGO_BIN_EXE_wasmrpc"))
+        .args(["worker", "--ping-all"]);
+    let out = run_with_deadline(&mut cmd, Duration::from_secs(120));
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "torchrun failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("worker0 -> worker1: answered"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains("worker1 -> worker0: answered"),
+        "{stdout}\n{stderr}"
     );
 }
