@@ -6,10 +6,12 @@
 //! - `test`: set-up, then format check, lints, every test, and the seed
 //!   coverage table.
 //! - `coverage`: regenerates `tests/SEED_COVERAGE.md` from the last test run.
+//! - `bench`: set-up, then the benchmark suite beside torch.distributed.rpc.
 //!
 //! Each command reuses what an earlier run installed, so a second run starts
 //! in seconds.
 
+mod bench;
 mod coverage;
 mod process;
 mod setup;
@@ -43,6 +45,14 @@ enum Command {
     },
     /// Regenerate `tests/SEED_COVERAGE.md` from the last `cargo xtask test`.
     Coverage,
+    /// Set up, then run the benchmark suite: wasmrpc beside
+    /// torch.distributed.rpc and the machine's raw limits, one table of ratios.
+    Bench {
+        /// Arguments passed to `wasmrpc-bench` (e.g. `--quick`, `--only
+        /// echo`, `--baseline FILE`; `-- --help` lists them).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        bench_args: Vec<String>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -67,6 +77,10 @@ fn main() -> Result<()> {
         Command::Coverage => {
             let report = coverage::regenerate(&root)?;
             println!("{}", report.summary_line());
+        }
+        Command::Bench { bench_args } => {
+            setup::run(&root)?;
+            bench::run(&root, &bench_args)?;
         }
     }
     Ok(())

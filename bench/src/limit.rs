@@ -1,0 +1,205 @@
+//! The machine's limits: a raw TCP ping-pong round trip, a raw TCP echo of
+//! the echo rows' sizes, and memcpy of 64 MiB.
+//!
+//! The server runs in a process of its own (`wasmrpc-bench raw-server`), as
+//! the RPC workers do. Its protocol is the least an RPC could do: the client
+//! writes an 8-byte length and that many bytes; the server reads them all,
+//! then writes them back (store and forward, as an RPC echo must: a callee
+//! sees its argument whole before it returns it). Buffers are allocated once
+//! and reused, `TCP_NODELAY` is on, and nothing is serialized.
+
+use std::hint::black_box;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use crate::progress::Progress;
+use crate::rows::{Results, Side, wanted};
+use crate::stats::Stat;
+
+/// `wasmrpc-bench raw-server`: accepts connections on a free loopback
+/// port, prints the port, and echoes framed payloads until stdin closes.
+pub(crate) fn serve() -> Result<()> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    println!("{}", listener.local_addr()?.port());
+    std::io::stdout().flush()?;
+    // Stop when the parent goes away (it closes our stdin).
+    std::thread::spawn(|| {
+        let mut sink = Vec::new();
+        let _ = std::io::stdin().read_to_end(&mut sink);
+        std::process::exit(0);
+    });
+    for conn in listener.incoming() {
+        let conn = conn?;
+        std::thread::spawn(move || {
+            let _ = echo_connection(conn);
+        });
+    }
+    Ok(())
+}
+
+fn echo_connection(mut conn: TcpStream) -> std::io::Result<()> {
+    conn.set_nodelay(true)?;
+    let mut buf = Vec::new();
+    loop {
+        let mut len = [0u8; 8];
+        if conn.read_exact(&mut len).is_err() {
+            return Ok(());
+        }
+        let len = u64::from_le_bytes(len) as usize;
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
+        conn.read_exact(&mut buf[..len])?;
+        conn.write_all(&buf[..len])?;
+    }
+}
+
+/// The raw server process; killed when dropped.
+struct RawServer {
+    child: Child,
+    port: u16,
+}
+
+impl RawServer {
+    fn start() -> Result<Self> {
+        let exe = std::env::current_exe()?;
+        let mut child = Command::new(exe)
+            .arg("raw-server")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("could not start the raw TCP server process")?;
+        let stdout = child.stdout.take().context("raw server stdout")?;
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        let port = line
+            .trim()
+            .parse()
+            .with_context(|| format!("raw server printed {line:?}, not a port"))?;
+        Ok(RawServer { child, port })
+    }
+}
+
+impl Drop for RawServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One framed round trip of `payload` over `conn`, into `back`.
+fn round_trip(conn: &mut TcpStream, payload: &[u8], back: &mut [u8]) -> std::io::Result<()> {
+    if payload.len() <= 64 << 10 {
+        // Small: one write, as a real message would be.
+        let mut msg = Vec::with_capacity(8 + payload.len());
+        msg.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        msg.extend_from_slice(payload);
+        conn.write_all(&msg)?;
+    } else {
+        conn.write_all(&(payload.len() as u64).to_le_bytes())?;
+        conn.write_all(payload)?;
+    }
+    conn.read_exact(back)
+}
+
+fn timed(
+    conn: &mut TcpStream,
+    size: usize,
+    n: usize,
+    warmup: usize,
+) -> std::io::Result<Vec<Duration>> {
+    let payload = vec![7u8; size];
+    let mut back = vec![0u8; size];
+    for _ in 0..warmup {
+        round_trip(conn, &payload, &mut back)?;
+    }
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        round_trip(conn, &payload, &mut back)?;
+        samples.push(t.elapsed());
+    }
+    Ok(samples)
+}
+
+/// Echo sizes: (limit key, bytes, runs in a quick run, runs in a full run).
+pub(crate) const ECHO: &[(&str, usize, usize, usize)] = &[
+    ("raw_echo_4k", 4 << 10, 500, 3000),
+    ("raw_echo_1m", 1 << 20, 100, 500),
+    ("raw_echo_64m", 64 << 20, 5, 20),
+];
+
+/// Measures every limit the selected rows need.
+pub(crate) fn measure(quick: bool, only: &[String], res: &mut Results, progress: &Progress) {
+    let need_rtt = [
+        "rtt_noop_native",
+        "rtt_noop_wasm",
+        "rtt_aten_add",
+        "raw_rtt",
+    ]
+    .iter()
+    .any(|r| wanted(only, r));
+    let need_echo: Vec<_> = ECHO
+        .iter()
+        .filter(|(key, ..)| wanted(only, &key["raw_".len()..]) || wanted(only, key))
+        .collect();
+    if (need_rtt || !need_echo.is_empty())
+        && let Err(e) = tcp(quick, need_rtt, &need_echo, res, progress)
+    {
+        let why = format!("raw TCP measurement failed: {e:#}");
+        res.na(Side::Limit, "raw_rtt", &why);
+        for (key, ..) in ECHO {
+            res.na(Side::Limit, key, &why);
+        }
+    }
+    if wanted(only, "memcpy_64m") {
+        progress.set("limit: memcpy of 64 MiB");
+        let n = if quick { 10 } else { 30 };
+        let bytes = 64usize << 20;
+        let src = vec![1u8; bytes];
+        let mut dst = vec![0u8; bytes];
+        dst.copy_from_slice(&src);
+        let mut samples = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = Instant::now();
+            dst.copy_from_slice(black_box(&src));
+            black_box(&mut dst);
+            samples.push(t.elapsed());
+        }
+        let lat = Stat::latencies(&samples);
+        res.set(
+            Side::Limit,
+            "memcpy_64m",
+            Stat::value(bytes as f64 / (lat.median * 1e3), n as u64),
+        );
+    }
+}
+
+fn tcp(
+    quick: bool,
+    rtt: bool,
+    echo: &[&(&str, usize, usize, usize)],
+    res: &mut Results,
+    progress: &Progress,
+) -> Result<()> {
+    let server = RawServer::start()?;
+    let mut conn = TcpStream::connect(("127.0.0.1", server.port))?;
+    conn.set_nodelay(true)?;
+    if rtt {
+        progress.set("limit: raw TCP ping-pong round trip (8 bytes)");
+        let n = if quick { 2000 } else { 20000 };
+        let samples = timed(&mut conn, crate::rows::SMALL_CALL_BYTES as usize, n, n / 10)?;
+        res.set(Side::Limit, "raw_rtt", Stat::latencies(&samples));
+    }
+    for (key, size, nq, nf) in echo {
+        progress.set(&format!("limit: raw TCP echo of {size} bytes"));
+        let n = if quick { *nq } else { *nf };
+        let samples = timed(&mut conn, *size, n, (n / 10).max(1))?;
+        res.set(Side::Limit, key, Stat::latencies(&samples));
+    }
+    Ok(())
+}

@@ -1,0 +1,337 @@
+//! `wasmrpc-bench`: wasmrpc beside `torch.distributed.rpc` and the
+//! machine's raw limits, measured in one run, printed as one table of ratios.
+//!
+//! One run measures, in order:
+//! 1. the limits (`limit`): raw TCP round trip and echo between two
+//!    processes, memcpy;
+//! 2. our side (`ours`): groups of `wasmrpc-bench worker` processes, measured
+//!    from rank 0 in this process;
+//! 3. the torch side (`torch`): `bench/torch_rpc_bench.py`, which spawns its
+//!    own TensorPipe workers and measures the same rows the same way.
+//!
+//! Sides run one after the other, never at once. Only ratios within one run
+//! mean anything: absolute numbers drift with the machine and its load.
+
+mod limit;
+mod ours;
+mod plot;
+mod progress;
+mod report;
+mod rows;
+mod stats;
+mod torch;
+mod worker;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use serde_json::json;
+
+use crate::progress::Progress;
+use crate::rows::{ROWS, Results, Side, wanted};
+
+/// Benchmarks wasmrpc beside torch.distributed.rpc (TensorPipe) and the
+/// machine's raw limits in one run, and prints one table of ratios.
+///
+/// Rows: round trip of a no-op (native and wasm functions; torch: a Python
+/// function), aten::add, async calls with 128 in flight, tensor echo (4 KiB,
+/// 1 MiB, 64 MiB), remote()+to_here(), a distributed autograd step,
+/// init_rpc + shutdown (world 2/4/8), all-to-all load (world 4), local wasm
+/// calls, and the resident memory of a worker idle and after N calls. Each
+/// side runs worker processes of its own; the limits are a raw TCP
+/// round trip and echo between two processes, and memcpy.
+///
+/// Writes JSON lines (one per row) and a PNG plot of latency against payload
+/// size under target/bench/. A full run takes about 5-8 minutes on 2 cores;
+/// --quick about 2-3.
+#[derive(Parser, Debug)]
+#[command(
+    name = "wasmrpc-bench",
+    version,
+    about,
+    long_about,
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    /// A short run: fewer repetitions, 100,000 calls before the second memory
+    /// reading instead of 1,000,000.
+    #[arg(long)]
+    quick: bool,
+    /// Only the rows whose id contains NAME (repeatable); --list shows ids.
+    #[arg(long, value_name = "NAME")]
+    only: Vec<String>,
+    /// List the row ids and exit.
+    #[arg(long)]
+    list: bool,
+    /// Compare with an earlier run's JSON lines (e.g. target/bench/latest.jsonl).
+    #[arg(long, value_name = "FILE")]
+    baseline: Option<PathBuf>,
+    /// Write this run's JSON lines here [default: target/bench/bench-<unix time>.jsonl,
+    /// also copied to target/bench/latest.jsonl].
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Write the plot here [default: target/bench/latency_vs_size.png].
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
+    /// The Python interpreter with torch and numpy [default:
+    /// $WASMRPC_ENV/venv/bin/python, as `cargo xtask setup` installs it].
+    #[arg(long, value_name = "PATH")]
+    python: Option<PathBuf>,
+    /// Skip the torch side.
+    #[arg(long)]
+    no_torch: bool,
+    /// Calls before the second memory reading on our side [default:
+    /// 1,000,000; --quick: 100,000].
+    #[arg(long, value_name = "N")]
+    memory_calls: Option<u64>,
+    /// Calls before the second memory reading on the torch side (about 3,000
+    /// a second) [default: 20,000; --quick: 5,000].
+    #[arg(long, value_name = "N")]
+    torch_memory_calls: Option<u64>,
+    /// Tokio threads of each of our worker processes [default: the number of
+    /// cores].
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+    #[command(subcommand)]
+    command: Option<Internal>,
+}
+
+/// The bench's own worker processes (started by the bench itself).
+#[derive(Subcommand, Debug)]
+enum Internal {
+    /// Join a group and serve the bench functions until it shuts down.
+    #[command(hide = true)]
+    Worker {
+        #[arg(long)]
+        init_method: String,
+        #[arg(long)]
+        rank: u32,
+        #[arg(long)]
+        world_size: u32,
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+    },
+    /// On cue from stdin, run init_rpc + graceful shutdown once per init method.
+    #[command(hide = true)]
+    InitWorker {
+        #[arg(long, value_delimiter = ',')]
+        init_methods: Vec<String>,
+        #[arg(long)]
+        rank: u32,
+        #[arg(long)]
+        world_size: u32,
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+    },
+    /// The raw TCP echo server of the limits.
+    #[command(hide = true)]
+    RawServer,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match &cli.command {
+        Some(Internal::Worker {
+            init_method,
+            rank,
+            world_size,
+            threads,
+        }) => worker::serve(init_method, *rank, *world_size, *threads),
+        Some(Internal::InitWorker {
+            init_methods,
+            rank,
+            world_size,
+            threads,
+        }) => worker::init_runs(init_methods, *rank, *world_size, *threads),
+        Some(Internal::RawServer) => limit::serve(),
+        None if cli.list => {
+            for r in ROWS {
+                println!("{:<26} {}", r.id, r.title);
+            }
+            Ok(())
+        }
+        None => suite(&cli),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("wasmrpc-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load_average() -> Option<String> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+}
+
+fn suite(cli: &Cli) -> Result<()> {
+    let root = ours::workspace_root();
+    let out_dir = root.join("target").join("bench");
+    std::fs::create_dir_all(&out_dir)
+        .with_context(|| format!("cannot create {}", out_dir.display()))?;
+    let baseline = cli
+        .baseline
+        .as_deref()
+        .map(report::read_baseline)
+        .transpose()?;
+    let started = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let load_before = load_average();
+    let only = &cli.only;
+    let progress = Progress::new();
+    let mut res = Results::default();
+    let threads = cli
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, usize::from));
+    let cfg = ours::Config {
+        quick: cli.quick,
+        only: only.clone(),
+        memory_calls: cli
+            .memory_calls
+            .unwrap_or(if cli.quick { 100_000 } else { 1_000_000 }),
+        threads,
+        log: out_dir.join("workers.log"),
+    };
+    let _ = std::fs::remove_file(&cfg.log);
+
+    // 1. Limits.
+    limit::measure(cli.quick, only, &mut res, &progress);
+
+    // 2. Our side.
+    let rt = worker::runtime(threads)?;
+    let main_rows = [
+        "rss_idle",
+        "rss_after_calls",
+        "rtt_noop_native",
+        "rtt_noop_wasm",
+        "rtt_aten_add",
+        "async_128",
+        "echo_4k",
+        "echo_1m",
+        "echo_64m",
+        "remote_to_here",
+        "dist_autograd_16",
+        "dist_autograd_256",
+    ];
+    if main_rows.iter().any(|r| wanted(only, r))
+        && let Err(e) = rt.block_on(ours::main_group(&cfg, &mut res, &progress))
+    {
+        let why = format!("n/a (failed: {e:#})");
+        main_rows.iter().for_each(|r| res.na(Side::Ours, r, &why));
+    }
+    for world in [2, 4, 8] {
+        let row = format!("init_w{world}");
+        if wanted(only, &row)
+            && let Err(e) = ours::init(&cfg, world, &mut res, &progress)
+        {
+            res.na(Side::Ours, &row, format!("n/a (failed: {e:#})"));
+        }
+    }
+    if wanted(only, "all_to_all_w4")
+        && let Err(e) = rt.block_on(ours::all_to_all(&cfg, 4, &mut res, &progress))
+    {
+        res.na(Side::Ours, "all_to_all_w4", format!("n/a (failed: {e:#})"));
+    }
+    drop(rt);
+    for row in [
+        "wasm_local_warm",
+        "wasm_local_cold_cached",
+        "wasm_local_cold_uncached",
+    ] {
+        res.na(
+            Side::Ours,
+            row,
+            "n/a (not yet available: no wasm plugin in the agent on main)",
+        );
+    }
+
+    // 3. The torch side.
+    let python = torch::interpreter(cli.python.clone(), &root);
+    let script = root.join("bench").join("torch_rpc_bench.py");
+    if cli.no_torch {
+        for r in ROWS {
+            if let Some(k) = r.torch {
+                res.na(Side::Torch, k, "n/a (--no-torch)");
+            }
+        }
+    } else {
+        let torch_calls = cli
+            .torch_memory_calls
+            .unwrap_or(if cli.quick { 5_000 } else { 20_000 });
+        torch::run(
+            &torch::TorchRun {
+                python: &python,
+                script: &script,
+                quick: cli.quick,
+                only,
+                memory_calls: torch_calls,
+                log: &out_dir.join("torch.log"),
+            },
+            &mut res,
+            &progress,
+        );
+    }
+    let elapsed = progress.elapsed_secs();
+    progress.set(&format!("done in {elapsed:.0} s"));
+    progress.finish();
+
+    // Report.
+    let run = json!({
+        "unix_time": started,
+        "quick": cli.quick,
+        "elapsed_s": elapsed,
+        "load_average_before": load_before,
+        "load_average_after": load_average(),
+        "torch_version": res.note_of(Side::Torch, "version"),
+        "worker_threads": threads,
+    });
+    let table = report::table(&res, only, baseline.as_ref());
+    println!("{table}");
+    println!("{}", report::targets(&res));
+    println!(
+        "Local wasm calls of the runtime alone (no agent): cargo bench -p wasmrpc-wasm --bench warm_call.\n\
+         Hot paths (header and value encoding): cargo bench -p wasmrpc-bench --bench hot_paths."
+    );
+    println!(
+        "Run: {elapsed:.0} s, load average {} before, {} after{}.",
+        load_before.as_deref().unwrap_or("?"),
+        load_average().as_deref().unwrap_or("?"),
+        if cli.quick { ", --quick" } else { "" }
+    );
+
+    let lines = report::json_lines(&res, only, &run);
+    let json_path = cli
+        .json
+        .clone()
+        .unwrap_or_else(|| out_dir.join(format!("bench-{started}.jsonl")));
+    std::fs::write(&json_path, &lines)
+        .with_context(|| format!("cannot write {}", json_path.display()))?;
+    std::fs::write(out_dir.join("latest.jsonl"), &lines)?;
+    println!(
+        "JSON lines: {} (and target/bench/latest.jsonl)",
+        json_path.display()
+    );
+
+    let plot_path = cli
+        .plot
+        .clone()
+        .unwrap_or_else(|| out_dir.join("latency_vs_size.png"));
+    match plot::draw(&res, &plot_path) {
+        Ok(note) => {
+            println!("Plot: {}", plot_path.display());
+            if let Some(n) = note {
+                println!("  ({n})");
+            }
+        }
+        Err(e) => println!("Plot: not drawn ({e:#})"),
+    }
+    println!("Worker logs: {}", cfg.log.display());
+    Ok(())
+}

@@ -1,0 +1,434 @@
+//! Our side: groups of worker processes measured from rank 0, which is this
+//! process (as on the torch side, where rank 0 of the spawned group
+//! measures). The callees are `wasmrpc-bench worker` processes.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use tch::{Device, Kind, Tensor};
+use wasmrpc::{Payload, RpcAgent, args};
+
+use crate::progress::Progress;
+use crate::rows::{Results, Side, wanted};
+use crate::stats::Stat;
+use crate::worker::{self, ECHO, LOAD, NOOP};
+
+/// What our side needs to know.
+pub(crate) struct Config {
+    /// Fewer repetitions.
+    pub(crate) quick: bool,
+    /// `--only` filters.
+    pub(crate) only: Vec<String>,
+    /// Calls before the second memory reading.
+    pub(crate) memory_calls: u64,
+    /// Tokio threads of each worker process and of this process.
+    pub(crate) threads: usize,
+    /// Where worker processes' stderr goes.
+    pub(crate) log: PathBuf,
+}
+
+impl Config {
+    fn wanted(&self, id: &str) -> bool {
+        wanted(&self.only, id)
+    }
+
+    fn n(&self, quick: usize, full: usize) -> usize {
+        if self.quick { quick } else { full }
+    }
+}
+
+/// A free loopback port (bound, then released).
+pub(crate) fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Worker processes of one group; killed if still running when dropped.
+struct Children(Vec<Child>);
+
+impl Children {
+    fn spawn(
+        cfg: &Config,
+        args: impl Fn(u32) -> Vec<String>,
+        ranks: std::ops::Range<u32>,
+        piped: bool,
+    ) -> Result<Self> {
+        let exe = std::env::current_exe()?;
+        let mut children = Vec::new();
+        for rank in ranks {
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&cfg.log)
+                .with_context(|| format!("cannot open {}", cfg.log.display()))?;
+            let mut cmd = Command::new(&exe);
+            cmd.args(args(rank)).stderr(log);
+            if piped {
+                cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
+            } else {
+                cmd.stdin(Stdio::null()).stdout(Stdio::null());
+            }
+            children.push(cmd.spawn().context("could not start a worker process")?);
+        }
+        Ok(Children(children))
+    }
+
+    /// Waits for every child to exit, up to `timeout`.
+    async fn wait(mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        for c in &mut self.0 {
+            loop {
+                if let Some(status) = c.try_wait()? {
+                    if !status.success() {
+                        bail!("a worker process exited with {status}");
+                    }
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("a worker process did not exit within {timeout:?}");
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            if matches!(c.try_wait(), Ok(None)) {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+fn worker_args(cfg: &Config, method: &str, rank: u32, world: u32) -> Vec<String> {
+    vec![
+        "worker".into(),
+        "--init-method".into(),
+        method.into(),
+        "--rank".into(),
+        rank.to_string(),
+        "--world-size".into(),
+        world.to_string(),
+        "--threads".into(),
+        cfg.threads.to_string(),
+    ]
+}
+
+/// Resident memory of process `pid`, in MiB.
+fn rss_mib(pid: u32) -> Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .context("no VmRSS line")?;
+    Ok(kib / 1024.0)
+}
+
+async fn timed<F, Fut>(n: usize, warmup: usize, mut call: F) -> Result<Vec<Duration>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = wasmrpc::Result<Payload>>,
+{
+    for _ in 0..warmup {
+        call().await?;
+    }
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        call().await?;
+        samples.push(t.elapsed());
+    }
+    Ok(samples)
+}
+
+/// `n` no-op calls to `dst` with `window` in flight; returns the time taken.
+async fn windowed(agent: &RpcAgent, dst: &str, n: u64, window: usize) -> Result<Duration> {
+    let start = Instant::now();
+    let mut queue = VecDeque::with_capacity(window);
+    for i in 0..n {
+        queue.push_back(agent.rpc_async(dst, NOOP, args![i as i64]));
+        if queue.len() >= window
+            && let Some(f) = queue.pop_front()
+        {
+            f.wait().await?;
+        }
+    }
+    while let Some(f) = queue.pop_front() {
+        f.wait().await?;
+    }
+    Ok(start.elapsed())
+}
+
+/// The rows measured in a group of two: rank 0 here, rank 1 a process.
+pub(crate) async fn main_group(cfg: &Config, res: &mut Results, progress: &Progress) -> Result<()> {
+    progress.set("wasmrpc: starting a group of 2 workers");
+    let method = format!("tcp://127.0.0.1:{}", free_port()?);
+    let children = Children::spawn(cfg, |r| worker_args(cfg, &method, r, 2), 1..2, false)?;
+    let pid = children.0[0].id();
+    let agent = worker::join(&method, 0, 2).await?;
+    let r = measure(cfg, &agent, pid, res, progress).await;
+    progress.set("wasmrpc: graceful shutdown of the group of 2");
+    let s = agent.shutdown(true, Duration::ZERO).await;
+    children.wait(Duration::from_secs(30)).await?;
+    r?;
+    s?;
+    Ok(())
+}
+
+async fn measure(
+    cfg: &Config,
+    agent: &RpcAgent,
+    pid: u32,
+    res: &mut Results,
+    progress: &Progress,
+) -> Result<()> {
+    let dst = "worker1";
+    for i in 0..50 {
+        agent.rpc_sync(dst, NOOP, args![i]).await?;
+    }
+
+    if cfg.wanted("rss_idle") || cfg.wanted("rss_after_calls") {
+        progress.set("wasmrpc: resident memory of the idle worker");
+        res.set(Side::Ours, "rss_idle", Stat::value(rss_mib(pid)?, 1));
+        let n = cfg.memory_calls;
+        progress.set(&format!("wasmrpc: {n} calls, then resident memory again"));
+        let took = windowed(agent, dst, n, 128).await?;
+        res.set(Side::Ours, "rss_after_calls", Stat::value(rss_mib(pid)?, n));
+        res.note(
+            Side::Ours,
+            "rss_after_calls",
+            format!("N={n} ({:.0} calls/s)", n as f64 / took.as_secs_f64()),
+        );
+    }
+
+    if cfg.wanted("rtt_noop_native") {
+        progress.set("wasmrpc: round trip of a no-op (native function)");
+        let n = cfg.n(500, 5000);
+        let s = timed(n, n / 10, || agent.rpc_sync(dst, NOOP, args![1])).await?;
+        res.set(Side::Ours, "rtt_noop_native", Stat::latencies(&s));
+    }
+    res.na(
+        Side::Ours,
+        "rtt_noop_wasm",
+        "n/a (not yet available: no wasm plugin in the agent on main)",
+    );
+
+    if cfg.wanted("rtt_aten_add") {
+        progress.set("wasmrpc: round trip of aten::add");
+        let (a, b) = (
+            Tensor::ones([4], (Kind::Float, Device::Cpu)),
+            Tensor::ones([4], (Kind::Float, Device::Cpu)),
+        );
+        let call = || {
+            agent.rpc_sync(
+                dst,
+                "aten::add",
+                args![a.shallow_clone(), b.shallow_clone()],
+            )
+        };
+        match call().await {
+            Err(e) => res.na(
+                Side::Ours,
+                "rtt_aten_add",
+                format!("n/a (not yet available: {})", e.message()),
+            ),
+            Ok(p) => {
+                let sum = p.as_tensor()?;
+                if sum.double_value(&[0]) != 2.0 {
+                    bail!("aten::add returned {sum}");
+                }
+                let n = cfg.n(500, 5000);
+                let s = timed(n, n / 10, call).await?;
+                res.set(Side::Ours, "rtt_aten_add", Stat::latencies(&s));
+            }
+        }
+    }
+
+    if cfg.wanted("async_128") {
+        progress.set("wasmrpc: async calls with 128 in flight");
+        let n = cfg.n(30_000, 200_000) as u64;
+        windowed(agent, dst, n / 10, 128).await?;
+        let took = windowed(agent, dst, n, 128).await?;
+        res.set(
+            Side::Ours,
+            "async_128",
+            Stat::value(n as f64 / took.as_secs_f64(), n),
+        );
+    }
+
+    for &(key, size, nq, nf) in crate::limit::ECHO {
+        let row = &key["raw_".len()..];
+        if !cfg.wanted(row) {
+            continue;
+        }
+        progress.set(&format!("wasmrpc: echo of a {size} B tensor"));
+        let t = Tensor::rand([(size / 4) as i64], (Kind::Float, Device::Cpu));
+        let back = agent
+            .rpc_sync(dst, ECHO, args![t.shallow_clone()])
+            .await?
+            .as_tensor()?;
+        if !back.equal(&t) {
+            bail!("echo of {size} bytes returned a different tensor");
+        }
+        let n = cfg.n(nq, nf);
+        let s = timed(n, (n / 10).max(1), || {
+            agent.rpc_sync(dst, ECHO, args![t.shallow_clone()])
+        })
+        .await?;
+        res.set(Side::Ours, row, Stat::latencies(&s));
+    }
+
+    for row in ["remote_to_here", "dist_autograd_16", "dist_autograd_256"] {
+        res.na(Side::Ours, row, "n/a (not implemented yet)");
+    }
+    Ok(())
+}
+
+/// All-to-all: every worker of a group of `world` calls every other, 64
+/// calls in flight per worker, for a few seconds; total calls per second.
+pub(crate) async fn all_to_all(
+    cfg: &Config,
+    world: u32,
+    res: &mut Results,
+    progress: &Progress,
+) -> Result<()> {
+    let row = format!("all_to_all_w{world}");
+    let secs = if cfg.quick { 1.0 } else { 3.0 };
+    progress.set(&format!("wasmrpc: all-to-all, world {world}, {secs:.0} s"));
+    let method = format!("tcp://127.0.0.1:{}", free_port()?);
+    let children = Children::spawn(
+        cfg,
+        |r| worker_args(cfg, &method, r, world),
+        1..world,
+        false,
+    )?;
+    let agent = worker::join(&method, 0, world).await?;
+    let run = |secs: f64| {
+        let agent = agent.clone();
+        async move {
+            let remote: Vec<_> = (1..world)
+                .map(|r| agent.rpc_async(r, LOAD, args![secs, 64i64]))
+                .collect();
+            let local = worker::load(&agent, Duration::from_secs_f64(secs), 64).await?;
+            let mut total = local.0;
+            let mut longest = local.1.as_secs_f64();
+            for p in wasmrpc::wait_all(&remote).await? {
+                let items = p.items()?;
+                total += items[0].as_int()? as u64;
+                longest = longest.max(items[1].as_float()?);
+            }
+            anyhow::Ok((total, longest))
+        }
+    };
+    let r = async {
+        run(0.3).await?; // every connection opened and warm
+        run(secs).await
+    }
+    .await;
+    let s = agent.shutdown(true, Duration::ZERO).await;
+    children.wait(Duration::from_secs(30)).await?;
+    let (total, took) = r?;
+    s?;
+    res.set(Side::Ours, &row, Stat::value(total as f64 / took, total));
+    Ok(())
+}
+
+/// `init_rpc` + graceful shutdown in a group of `world` fresh processes,
+/// started together on cue; time from the first start to the last end.
+pub(crate) fn init(cfg: &Config, world: u32, res: &mut Results, progress: &Progress) -> Result<()> {
+    let reps = cfg.n(1, 3);
+    progress.set(&format!(
+        "wasmrpc: init_rpc + shutdown, world {world} ({reps} runs)"
+    ));
+    let methods: Vec<String> = (0..reps)
+        .map(|_| free_port().map(|p| format!("tcp://127.0.0.1:{p}")))
+        .collect::<Result<_>>()?;
+    let list = methods.join(",");
+    let mut children = Children::spawn(
+        cfg,
+        |r| {
+            vec![
+                "init-worker".into(),
+                "--init-methods".into(),
+                list.clone(),
+                "--rank".into(),
+                r.to_string(),
+                "--world-size".into(),
+                world.to_string(),
+                "--threads".into(),
+                cfg.threads.to_string(),
+            ]
+        },
+        0..world,
+        true,
+    )?;
+    let mut ios: Vec<(ChildStdin, BufReader<std::process::ChildStdout>)> = Vec::new();
+    for c in &mut children.0 {
+        let stdin = c.stdin.take().context("init worker stdin")?;
+        let stdout = BufReader::new(c.stdout.take().context("init worker stdout")?);
+        ios.push((stdin, stdout));
+    }
+    let read_line = |r: &mut BufReader<std::process::ChildStdout>| -> Result<String> {
+        let mut l = String::new();
+        if r.read_line(&mut l)? == 0 {
+            bail!("an init worker exited early (see {})", cfg.log.display());
+        }
+        Ok(l)
+    };
+    for (_, out) in &mut ios {
+        let l = read_line(out)?;
+        if l.trim() != "ready" {
+            bail!("init worker said {l:?}");
+        }
+    }
+    let mut samples = Vec::new();
+    for _ in 0..reps {
+        for (inp, _) in &mut ios {
+            inp.write_all(b"go\n")?;
+            inp.flush()?;
+        }
+        let (mut first, mut last) = (u128::MAX, 0u128);
+        for (_, out) in &mut ios {
+            let l = read_line(out)?;
+            let parts: Vec<u128> = l
+                .split_whitespace()
+                .skip(1)
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            if parts.len() != 2 {
+                bail!("init worker said {l:?}");
+            }
+            first = first.min(parts[0]);
+            last = last.max(parts[1]);
+        }
+        samples.push(Duration::from_micros((last - first) as u64));
+    }
+    drop(ios);
+    for c in &mut children.0 {
+        c.wait()?;
+    }
+    res.set(
+        Side::Ours,
+        &format!("init_w{world}"),
+        Stat::latencies(&samples),
+    );
+    Ok(())
+}
+
+/// The path of the workspace root (where `target/` and `bench/` are).
+pub(crate) fn workspace_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}

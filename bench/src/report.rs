@@ -1,0 +1,352 @@
+//! The table, the ratios, the issue's targets, the JSON lines and the
+//! comparison with a baseline run.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde_json::{Value as Json, json};
+
+use crate::rows::{Outcome, ROWS, Results, Row, Side, Unit, wanted};
+use crate::stats::Stat;
+
+/// How much better wasmrpc is than torch: > 1 is better (time or memory of
+/// torch over ours; rate of ours over torch's).
+pub(crate) fn vs_torch(row: &Row, res: &Results) -> Option<f64> {
+    let ours = res.stat(Side::Ours, row.id)?.median;
+    let torch = res.stat(Side::Torch, row.torch?)?.median;
+    Some(if row.unit.lower_is_better() {
+        torch / ours
+    } else {
+        ours / torch
+    })
+}
+
+/// The fraction of the limit's performance wasmrpc reaches: the limit's
+/// time over ours, or our rate over the limit's (1 = at the limit).
+pub(crate) fn of_limit(row: &Row, res: &Results) -> Option<f64> {
+    let ours = res.stat(Side::Ours, row.id)?.median;
+    let limit = res.stat(Side::Limit, row.limit?)?.median;
+    Some(if row.unit.lower_is_better() {
+        limit / ours
+    } else {
+        ours / limit
+    })
+}
+
+fn fmt_micros(us: f64) -> String {
+    if us < 1000.0 {
+        format!("{us:.1} µs")
+    } else if us < 1e6 {
+        format!("{:.2} ms", us / 1e3)
+    } else {
+        format!("{:.2} s", us / 1e6)
+    }
+}
+
+fn fmt_rate(r: f64) -> String {
+    let whole = format!("{:.0}", r);
+    let mut out = String::new();
+    for (i, c) in whole.chars().enumerate() {
+        if i > 0 && (whole.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out + "/s"
+}
+
+/// A cell: median / p99 for latencies (and GB/s for echo rows).
+fn cell(row: &Row, stat: Stat) -> String {
+    match row.unit {
+        Unit::Micros => {
+            let mut s = fmt_micros(stat.median);
+            if let Some(p99) = stat.p99
+                && stat.n > 1
+            {
+                s = format!("{s} / {}", fmt_micros(p99));
+            }
+            if let Some(bytes) = row.bytes {
+                let _ = write!(s, " ({:.2} GB/s)", bytes as f64 / (stat.median * 1e3));
+            }
+            s
+        }
+        Unit::Rate => fmt_rate(stat.median),
+        Unit::Mib => format!("{:.1} MiB", stat.median),
+        Unit::GigabytesPerSec => format!("{:.2} GB/s", stat.median),
+    }
+}
+
+fn side_cell(row: &Row, res: &Results, side: Side, key: Option<&str>) -> String {
+    let Some(key) = key else {
+        return "-".into();
+    };
+    let mut s = match res.get(side, key) {
+        Some(Outcome::Measured(stat)) => cell(row, *stat),
+        Some(Outcome::Na(why)) => why.clone(),
+        None => "n/a (not measured in this run)".into(),
+    };
+    if let Some(note) = res.note_of(side, key) {
+        let _ = write!(s, " {note}");
+    }
+    s
+}
+
+fn ratio_cell(r: Option<f64>) -> String {
+    r.map_or_else(|| "-".into(), |r| format!("{r:.2}x"))
+}
+
+/// One row of the baseline file: our median and the two ratios.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BaselineRow {
+    ours: Option<f64>,
+    vs_torch: Option<f64>,
+    of_limit: Option<f64>,
+}
+
+/// Reads a JSON-lines file written by an earlier run.
+pub(crate) fn read_baseline(path: &Path) -> Result<BTreeMap<String, BaselineRow>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the baseline {}", path.display()))?;
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let j: Json = serde_json::from_str(line)
+            .with_context(|| format!("{} is not JSON lines", path.display()))?;
+        let Some(id) = j.get("row").and_then(Json::as_str) else {
+            continue;
+        };
+        out.insert(
+            id.to_string(),
+            BaselineRow {
+                ours: j.pointer("/wasmrpc/median").and_then(Json::as_f64),
+                vs_torch: j.get("vs_torch").and_then(Json::as_f64),
+                of_limit: j.get("of_limit").and_then(Json::as_f64),
+            },
+        );
+    }
+    Ok(out)
+}
+
+fn baseline_cell(row: &Row, res: &Results, base: Option<&BaselineRow>) -> String {
+    let Some(b) = base else {
+        return "-".into();
+    };
+    let mut parts = Vec::new();
+    if let (Some(then), Some(now)) = (b.ours, res.stat(Side::Ours, row.id)) {
+        let change = (now.median / then - 1.0) * 100.0;
+        let better = if row.unit.lower_is_better() {
+            change < 0.0
+        } else {
+            change > 0.0
+        };
+        parts.push(format!(
+            "ours {change:+.0}%{}",
+            if change.abs() < 1.0 {
+                ""
+            } else if better {
+                " (better)"
+            } else {
+                " (worse)"
+            }
+        ));
+    }
+    if let Some(v) = b.vs_torch {
+        parts.push(format!("vs torch was {v:.2}x"));
+    }
+    if let Some(v) = b.of_limit {
+        parts.push(format!("of limit was {v:.2}x"));
+    }
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// The table as text.
+pub(crate) fn table(
+    res: &Results,
+    only: &[String],
+    baseline: Option<&BTreeMap<String, BaselineRow>>,
+) -> String {
+    let mut header = vec![
+        "measurement",
+        "wasmrpc (median / p99)",
+        "torch.distributed.rpc",
+        "limit",
+        "vs torch",
+        "of limit",
+    ];
+    if baseline.is_some() {
+        header.push("vs baseline");
+    }
+    let mut lines: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
+    for row in ROWS.iter().filter(|r| wanted(only, r.id)) {
+        let mut l = vec![
+            row.title.to_string(),
+            side_cell(row, res, Side::Ours, row.ours.then_some(row.id)),
+            side_cell(row, res, Side::Torch, row.torch),
+            side_cell(row, res, Side::Limit, row.limit),
+            ratio_cell(vs_torch(row, res)),
+            ratio_cell(of_limit(row, res)),
+        ];
+        if let Some(b) = baseline {
+            l.push(baseline_cell(row, res, b.get(row.id)));
+        }
+        lines.push(l);
+    }
+    let widths: Vec<usize> = (0..lines[0].len())
+        .map(|c| {
+            lines
+                .iter()
+                .map(|l| l[c].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for (i, l) in lines.iter().enumerate() {
+        let cells: Vec<String> = l
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c}{}", " ".repeat(w - c.chars().count())))
+            .collect();
+        let _ = writeln!(out, "| {} |", cells.join(" | "));
+        if i == 0 {
+            let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
+            let _ = writeln!(out, "|-{}-|", rule.join("-|-"));
+        }
+    }
+    out.push_str(
+        "\nvs torch: how many times better than torch.distributed.rpc (its time or memory over ours, or our rate over its).\n\
+         of limit: the fraction of the raw limit reached (the limit's time over ours; 1.00x = at the limit).\n\
+         Echo GB/s: payload bytes one way over the median round trip. Latencies: median / p99.\n",
+    );
+    out
+}
+
+/// The issue's targets, each met, missed (by how much) or not measured.
+pub(crate) fn targets(res: &Results) -> String {
+    let row = |id: &str| ROWS.iter().find(|r| r.id == id).copied();
+    let mut out = String::from("Targets of issue 9 (ratios from this run):\n");
+    let mut check = |what: &str, id: &str, value: Option<f64>, goal: f64, as_time: bool| {
+        let line = match value {
+            None => {
+                let why = match res.get(Side::Ours, id) {
+                    Some(Outcome::Na(w)) => w.clone(),
+                    _ => "a side was not measured".into(),
+                };
+                format!("  [ -- ] {what}: not measured ({why})")
+            }
+            Some(v) if v >= goal => format!("  [ ok ] {what}: {}", show(v, as_time)),
+            Some(v) => format!(
+                "  [MISS] {what}: {} (needs {:.2}x more)",
+                show(v, as_time),
+                goal / v
+            ),
+        };
+        let _ = writeln!(out, "{line}");
+    };
+    fn show(v: f64, as_time: bool) -> String {
+        if as_time {
+            format!("{:.2}x the raw TCP round trip", 1.0 / v)
+        } else {
+            format!("{v:.2}x")
+        }
+    }
+    let rtt = row("rtt_noop_native");
+    check(
+        "small-call round trip within 1.5x of raw TCP",
+        "rtt_noop_native",
+        rtt.and_then(|r| of_limit(&r, res)),
+        1.0 / 1.5,
+        true,
+    );
+    let targets: [(&str, &str, f64, bool); 7] = [
+        (
+            "small-call round trip >= 8x faster than torch",
+            "rtt_noop_native",
+            8.0,
+            false,
+        ),
+        ("async calls/s >= 25x torch's", "async_128", 25.0, false),
+        ("64 MiB echo >= 0.85x raw TCP", "echo_64m", 0.85, true),
+        (
+            "remote()+to_here() >= 5x faster than torch",
+            "remote_to_here",
+            5.0,
+            false,
+        ),
+        (
+            "dist autograd step (16x16) >= 5x faster than torch",
+            "dist_autograd_16",
+            5.0,
+            false,
+        ),
+        (
+            "dist autograd step (256x256) >= 5x faster than torch",
+            "dist_autograd_256",
+            5.0,
+            false,
+        ),
+        (
+            "init_rpc world 8 >= 5x faster than torch",
+            "init_w8",
+            5.0,
+            false,
+        ),
+    ];
+    for (what, id, goal, vs_limit) in targets {
+        let r = row(id);
+        let v = if vs_limit {
+            r.and_then(|r| of_limit(&r, res))
+        } else {
+            r.and_then(|r| vs_torch(&r, res))
+        };
+        check(what, id, v, goal, false);
+    }
+    out
+}
+
+fn stat_json(s: Option<&Outcome>) -> (Json, Json) {
+    match s {
+        Some(Outcome::Measured(s)) => (
+            json!({"median": s.median, "p99": s.p99, "n": s.n}),
+            Json::Null,
+        ),
+        Some(Outcome::Na(w)) => (Json::Null, Json::String(w.clone())),
+        None => (Json::Null, Json::Null),
+    }
+}
+
+/// The JSON lines of a run: one object per row.
+pub(crate) fn json_lines(res: &Results, only: &[String], run: &Json) -> String {
+    let mut out = String::new();
+    for row in ROWS.iter().filter(|r| wanted(only, r.id)) {
+        let (ours, ours_na) = stat_json(res.get(Side::Ours, row.id));
+        let (torch, torch_na) = stat_json(row.torch.and_then(|k| res.get(Side::Torch, k)));
+        let (limit, limit_na) = stat_json(row.limit.and_then(|k| res.get(Side::Limit, k)));
+        let j = json!({
+            "row": row.id,
+            "title": row.title,
+            "unit": row.unit.name(),
+            "better": if row.unit.lower_is_better() { "lower" } else { "higher" },
+            "bytes": row.bytes,
+            "wasmrpc": ours,
+            "wasmrpc_na": ours_na,
+            "wasmrpc_note": res.note_of(Side::Ours, row.id),
+            "torch": torch,
+            "torch_na": torch_na,
+            "torch_note": row.torch.and_then(|k| res.note_of(Side::Torch, k)),
+            "limit": limit,
+            "limit_na": limit_na,
+            "vs_torch": vs_torch(row, res),
+            "of_limit": of_limit(row, res),
+            "run": run,
+        });
+        out.push_str(&j.to_string());
+        out.push('\n');
+    }
+    out
+}

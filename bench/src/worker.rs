@@ -1,0 +1,174 @@
+//! The worker processes of our side: `wasmrpc-bench worker` (a member of a
+//! group that serves the bench functions until the group shuts down) and
+//! `wasmrpc-bench init-worker` (runs `init_rpc` + graceful shutdown on cue,
+//! for the init rows).
+//!
+//! Why the bench binary re-executes itself rather than using the `wasmrpc
+//! worker` binary: the bench needs functions of its own on the callee (echo,
+//! the all-to-all load loop) and an init that starts on cue, and `wasmrpc
+//! worker` serves only what its plugins provide (no wasm plugin is wired into
+//! the agent yet). The worker code below is what `wasmrpc worker` does
+//! (rendezvous through the init method, `init_rpc`, graceful shutdown), on
+//! a runtime sized the same way.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, Write};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use wasmrpc::{Args, FunctionRegistry, Payload, RpcAgent, RpcBackendOptions, args, init_rpc};
+
+/// The no-op: takes an int, returns `None` (the torch side's `noop(x)`).
+pub(crate) const NOOP: &str = "bench::noop";
+/// Returns its argument (the torch side's `echo(t)`).
+pub(crate) const ECHO: &str = "bench::echo";
+/// Runs the all-to-all load from this worker: `(seconds, window)` →
+/// `(calls, seconds)`.
+pub(crate) const LOAD: &str = "bench::load";
+
+/// Registers the bench functions.
+pub(crate) fn register(registry: &FunctionRegistry) {
+    registry.register_native(NOOP, |_ctx, args: Args| async move {
+        args.get(0)?.as_int()?;
+        Ok(Payload::none())
+    });
+    registry.register_native(ECHO, |_ctx, args: Args| async move { args.get(0) });
+    registry.register_native(LOAD, |ctx, args: Args| async move {
+        let secs = args.get(0)?.as_float()?;
+        let window = args.get(1)?.as_int()?;
+        let (calls, took) = load(
+            ctx.agent(),
+            Duration::from_secs_f64(secs),
+            usize::try_from(window).unwrap_or(1),
+        )
+        .await?;
+        Ok(Payload::tuple([
+            Payload::from(calls as i64),
+            Payload::from(took.as_secs_f64()),
+        ]))
+    });
+}
+
+/// Calls every other worker round robin, `window` calls in flight, for
+/// `duration`; returns the calls completed and the time taken.
+pub(crate) async fn load(
+    agent: &RpcAgent,
+    duration: Duration,
+    window: usize,
+) -> wasmrpc::Result<(u64, Duration)> {
+    let peers: Vec<String> = agent
+        .get_worker_infos()
+        .into_iter()
+        .filter(|w| w.name != agent.name())
+        .map(|w| w.name)
+        .collect();
+    let start = Instant::now();
+    let deadline = start + duration;
+    let mut queue = VecDeque::with_capacity(window);
+    let (mut done, mut i) = (0u64, 0usize);
+    while Instant::now() < deadline {
+        while queue.len() < window.max(1) {
+            queue.push_back(agent.rpc_async(
+                peers[i % peers.len()].as_str(),
+                NOOP,
+                args![i as i64],
+            ));
+            i += 1;
+        }
+        if let Some(f) = queue.pop_front() {
+            f.wait().await?;
+            done += 1;
+        }
+    }
+    while let Some(f) = queue.pop_front() {
+        f.wait().await?;
+        done += 1;
+    }
+    Ok((done, start.elapsed()))
+}
+
+/// Rendezvous through `init_method` and join as `worker<rank>` with the
+/// bench functions.
+pub(crate) async fn join(init_method: &str, rank: u32, world_size: u32) -> Result<RpcAgent> {
+    let (store, _, _) = wasmrpc::store::rendezvous(
+        init_method,
+        i64::from(rank),
+        i64::from(world_size),
+        Duration::from_secs(120),
+    )
+    .await
+    .with_context(|| format!("rendezvous of rank {rank} through {init_method}"))?;
+    let options = RpcBackendOptions {
+        rpc_timeout: Duration::from_secs(300),
+        init_timeout: Duration::from_secs(120),
+        ..RpcBackendOptions::default()
+    };
+    register(&options.registry);
+    init_rpc(
+        &format!("worker{rank}"),
+        Some(rank),
+        Some(world_size),
+        store,
+        options,
+    )
+    .await
+    .with_context(|| format!("init_rpc of rank {rank}"))
+}
+
+/// A tokio runtime for a worker process.
+pub(crate) fn runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .enable_all()
+        .build()?)
+}
+
+/// `wasmrpc-bench worker`: joins, serves until the group shuts down.
+pub(crate) fn serve(init_method: &str, rank: u32, world_size: u32, threads: usize) -> Result<()> {
+    runtime(threads)?.block_on(async {
+        let agent = join(init_method, rank, world_size).await?;
+        // As `wasmrpc worker` does: a graceful shutdown serves calls until
+        // every worker of the group has called it.
+        agent.shutdown(true, Duration::ZERO).await?;
+        Ok(())
+    })
+}
+
+fn unix_micros() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros())
+}
+
+/// `wasmrpc-bench init-worker`: prints `ready`, then for each init method,
+/// waits for `go` on stdin, runs `init_rpc` and a graceful shutdown, and
+/// prints `done T0 T1` (Unix microseconds).
+pub(crate) fn init_runs(
+    init_methods: &[String],
+    rank: u32,
+    world_size: u32,
+    threads: usize,
+) -> Result<()> {
+    let rt = runtime(threads)?;
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "ready")?;
+    stdout.flush()?;
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    for method in init_methods {
+        match lines.next() {
+            Some(Ok(l)) if l.trim() == "go" => {}
+            _ => return Ok(()),
+        }
+        let t0 = unix_micros();
+        rt.block_on(async {
+            let agent = join(method, rank, world_size).await?;
+            agent.shutdown(true, Duration::ZERO).await?;
+            anyhow::Ok(())
+        })?;
+        let t1 = unix_micros();
+        writeln!(stdout, "done {t0} {t1}")?;
+        stdout.flush()?;
+    }
+    Ok(())
+}
