@@ -242,7 +242,14 @@ async fn measure(
             Err(e) => res.na(
                 Side::Ours,
                 "rtt_aten_add",
-                format!("n/a (not yet available: {})", e.message()),
+                format!(
+                    "n/a (not yet available: {})",
+                    if e.message().contains("not registered") {
+                        "the callee has no aten::add registered"
+                    } else {
+                        e.message()
+                    }
+                ),
             ),
             Ok(p) => {
                 let sum = p.as_tensor()?;
@@ -319,9 +326,9 @@ pub(crate) async fn all_to_all(
         let agent = agent.clone();
         async move {
             let remote: Vec<_> = (1..world)
-                .map(|r| agent.rpc_async(r, LOAD, args![secs, 64i64]))
+                .map(|r| agent.rpc_async(r, LOAD, args![secs, 64i64, world]))
                 .collect();
-            let local = worker::load(&agent, Duration::from_secs_f64(secs), 64).await?;
+            let local = worker::load(&agent, world, Duration::from_secs_f64(secs), 64).await?;
             let mut total = local.0;
             let mut longest = local.1.as_secs_f64();
             for p in wasmrpc::wait_all(&remote).await? {

@@ -22,7 +22,7 @@ use wasmrpc::{Args, FunctionRegistry, Payload, RpcAgent, RpcBackendOptions, args
 pub(crate) const NOOP: &str = "bench::noop";
 /// Returns its argument (the torch side's `echo(t)`).
 pub(crate) const ECHO: &str = "bench::echo";
-/// Runs the all-to-all load from this worker: `(seconds, window)` →
+/// Runs the all-to-all load from this worker: `(seconds, window, world)` →
 /// `(calls, seconds)`.
 pub(crate) const LOAD: &str = "bench::load";
 
@@ -36,8 +36,10 @@ pub(crate) fn register(registry: &FunctionRegistry) {
     registry.register_native(LOAD, |ctx, args: Args| async move {
         let secs = args.get(0)?.as_float()?;
         let window = args.get(1)?.as_int()?;
+        let world = u32::try_from(args.get(2)?.as_int()?).unwrap_or(0);
         let (calls, took) = load(
             ctx.agent(),
+            world,
             Duration::from_secs_f64(secs),
             usize::try_from(window).unwrap_or(1),
         )
@@ -49,30 +51,41 @@ pub(crate) fn register(registry: &FunctionRegistry) {
     });
 }
 
-/// Calls every other worker round robin, `window` calls in flight, for
-/// `duration`; returns the calls completed and the time taken.
+/// Calls every other worker of a group of `world` round robin, `window`
+/// calls in flight, for `duration`; returns the calls completed and the time
+/// taken. It first waits until this worker knows every peer.
 pub(crate) async fn load(
     agent: &RpcAgent,
+    world: u32,
     duration: Duration,
     window: usize,
 ) -> wasmrpc::Result<(u64, Duration)> {
-    let peers: Vec<String> = agent
-        .get_worker_infos()
-        .into_iter()
-        .filter(|w| w.name != agent.name())
-        .map(|w| w.name)
-        .collect();
+    let peers: Vec<u32> = (0..world).filter(|r| *r != agent.rank()).collect();
+    // A call can reach a worker whose own `init_rpc` has not returned yet
+    // (its table of members still empty): wait until it knows every peer.
+    let known = Instant::now() + Duration::from_secs(30);
+    while agent.get_worker_infos().len() < world as usize {
+        if Instant::now() > known {
+            return Err(wasmrpc::Error::runtime(format!(
+                "{} still knows {} of {world} workers after 30 s",
+                agent.name(),
+                agent.get_worker_infos().len()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    if peers.is_empty() {
+        return Err(wasmrpc::Error::runtime(
+            "all-to-all load needs a group of 2 or more",
+        ));
+    }
     let start = Instant::now();
     let deadline = start + duration;
     let mut queue = VecDeque::with_capacity(window);
     let (mut done, mut i) = (0u64, 0usize);
     while Instant::now() < deadline {
         while queue.len() < window.max(1) {
-            queue.push_back(agent.rpc_async(
-                peers[i % peers.len()].as_str(),
-                NOOP,
-                args![i as i64],
-            ));
+            queue.push_back(agent.rpc_async(peers[i % peers.len()], NOOP, args![i as i64]));
             i += 1;
         }
         if let Some(f) = queue.pop_front() {
