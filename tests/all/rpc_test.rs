@@ -1,9 +1,9 @@
 //! Port of PyTorch's `rpc_test.py` (seed `rpc_test`), CPU tests of areas A,
 //! B, C, G, H, I, K, O, Q and R. Every test keeps the seed's name.
 //!
-//! Python user functions are native stand-ins registered as `seed::<name>`,
-//! builtin ops are the test-only `aten::<op>` stand-ins (see
-//! `wasmrpc_tests`). `[D]` tests run under `dist` (the seeds' `@dist_init`:
+//! Python user functions are native stand-ins registered as `seed::<name>`;
+//! builtin ops (`aten::add`, ...) run through the op shim (see
+//! `wasmrpc_tests::aten`). `[D]` tests run under `dist` (the seeds' `@dist_init`:
 //! 4 workers, body on every rank, graceful shutdown, leak check); `[M]` tests
 //! manage init and shutdown themselves.
 //!
@@ -15,8 +15,6 @@
 //!   `test_remote_with_exception`, `test_remote_throw`,
 //!   `test_pg_init_no_rpc_init`) and the REMOTE mode of `test_send_to_rank`
 //!   and `test_world_size_one`: RRefs are not built yet;
-//! - `test_op_with_invalid_args`: its point is op schema matching, which the
-//!   op shim brings;
 //! - `test_register_rpc_backend_and_set_and_start_rpc_backend`,
 //!   `test_cannot_infer_backend_from_options`,
 //!   `test_infer_backend_from_options`: there is one backend and no backend
@@ -520,7 +518,7 @@ fn test_py_built_in() {
         let k = n(&w);
         let r = w
             .agent
-            .rpc_sync(w.dst(), "builtins::min", args![k, k + 1, k + 2])
+            .rpc_sync(w.dst(), "builtins.min", args![k, k + 1, k + 2])
             .await?;
         ensure!(r.as_int()? == k);
         Ok(())
@@ -615,7 +613,7 @@ fn test_py_multi_async_call() {
             .rpc_async(&info, "seed::MyClass.my_static_method", args![k + 10]);
         let f2 = w
             .agent
-            .rpc_async(&info, "builtins::min", args![k, k + 1, k + 2]);
+            .rpc_async(&info, "builtins.min", args![k, k + 1, k + 2]);
         ensure!(f1.await?.as_bool()?);
         ensure!(f2.await?.as_int()? == k);
         Ok(())
@@ -961,6 +959,19 @@ fn test_function_not_on_callee() {
                 &(ones(&[1]) + 1),
             )?;
         }
+        Ok(())
+    });
+}
+
+#[test]
+fn test_op_with_invalid_args() {
+    dist(|w| async move {
+        let r = w.agent.rpc_sync(w.dst(), ADD, args![]).await;
+        expect_err(
+            r,
+            ErrorKind::RuntimeError,
+            "Overloaded torch operator invoked from Python failed to match any schema",
+        )?;
         Ok(())
     });
 }

@@ -3,9 +3,9 @@
 //! - [`seed_fns`]: native Rust stand-ins for the seed suites' Python user
 //!   functions (`my_function`, `nested_rpc`, `raise_func`, ...), registered
 //!   under `seed::<name>`. Wasm plugins replace them later.
-//! - [`aten`]: **test-only** stand-ins for builtin ops (`aten::add`, ...),
-//!   calling tch directly, until the op shim (schema matching by aten name)
-//!   lands. Tests whose point is schema matching are not ported against them.
+//! - [`aten`]: the builtin ops the tests call (`aten::add`, ...), registered
+//!   over the op shim (`wasmrpc-torch-sys`: libtorch's registry and schema
+//!   matching).
 //! - small assertion and tensor helpers.
 
 pub mod aten;
