@@ -257,7 +257,7 @@ def run_init(cfg, ctx):
 
 
 def run_all_to_all(cfg, ctx):
-    for world in (4,):
+    for world in (4, 8):
         row = f"all_to_all_w{world}"
         if not wanted(cfg, row):
             continue

@@ -39,7 +39,7 @@ use crate::rows::{ROWS, Results, Side, wanted};
 /// Rows: round trip of a no-op (native and wasm functions; torch: a Python
 /// function), aten::add, async calls with 128 in flight, tensor echo (4 KiB,
 /// 1 MiB, 64 MiB), remote()+to_here(), a distributed autograd step,
-/// init_rpc + shutdown (world 2/4/8), all-to-all load (world 4), local wasm
+/// init_rpc + shutdown (world 2/4/8), all-to-all load (world 4 and 8), local wasm
 /// calls, and the resident memory of a worker idle and after N calls. Each
 /// side runs worker processes of its own; the limits are a raw TCP
 /// round trip and echo between two processes, and memcpy.
@@ -234,10 +234,13 @@ fn suite(cli: &Cli) -> Result<()> {
             res.na(Side::Ours, &row, format!("n/a (failed: {e:#})"));
         }
     }
-    if wanted(only, "all_to_all_w4")
-        && let Err(e) = rt.block_on(ours::all_to_all(&cfg, 4, &mut res, &progress))
-    {
-        res.na(Side::Ours, "all_to_all_w4", format!("n/a (failed: {e:#})"));
+    for world in [4, 8] {
+        let row = format!("all_to_all_w{world}");
+        if wanted(only, &row)
+            && let Err(e) = rt.block_on(ours::all_to_all(&cfg, world, &mut res, &progress))
+        {
+            res.na(Side::Ours, &row, format!("n/a (failed: {e:#})"));
+        }
     }
     drop(rt);
     for row in [

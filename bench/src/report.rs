@@ -84,7 +84,7 @@ fn side_cell(row: &Row, res: &Results, side: Side, key: Option<&str>) -> String 
     };
     let mut s = match res.get(side, key) {
         Some(Outcome::Measured(stat)) => cell(row, *stat),
-        Some(Outcome::Na(why)) => why.clone(),
+        Some(Outcome::Na(why)) => why.replace('\n', " / "),
         None => "n/a (not measured in this run)".into(),
     };
     if let Some(note) = res.note_of(side, key) {

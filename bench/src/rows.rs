@@ -93,6 +93,7 @@ pub(crate) const ROWS: &[Row] = &[
     row("init_w4", "init_rpc + graceful shutdown, world 4", Unit::Micros, Some("init_w4"), None, None),
     row("init_w8", "init_rpc + graceful shutdown, world 8", Unit::Micros, Some("init_w8"), None, None),
     row("all_to_all_w4", "all-to-all calls/s in total, world 4", Unit::Rate, Some("all_to_all_w4"), None, None),
+    row("all_to_all_w8", "all-to-all calls/s in total, world 8", Unit::Rate, Some("all_to_all_w8"), None, None),
     row("wasm_local_warm", "local wasm call, warm instance", Unit::Micros, None, None, None),
     row("wasm_local_cold_cached", "local wasm call, cold, module cache hit", Unit::Micros, None, None, None),
     row("wasm_local_cold_uncached", "local wasm call, cold, no module cache", Unit::Micros, None, None, None),
