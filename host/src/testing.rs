@@ -60,6 +60,51 @@ where
     }
 }
 
+/// Log lines captured by [`global_logs`].
+#[derive(Clone, Default)]
+pub struct CapturedLogs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl CapturedLogs {
+    /// Everything logged so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
+    }
+}
+
+impl std::io::Write for CapturedLogs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Installs (once per process) a global `tracing` subscriber writing every
+/// event to one [`CapturedLogs`], and returns it: the workers' logs, which
+/// the seeds check on stderr. Thread-scoped subscribers are not used, because
+/// callsite interest is cached process-wide and tests run in parallel.
+pub fn global_logs() -> &'static CapturedLogs {
+    static LOGS: std::sync::OnceLock<CapturedLogs> = std::sync::OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs = CapturedLogs::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        if tracing::subscriber::set_global_default(subscriber).is_err() {
+            tracing::warn!("a global tracing subscriber was already set; logs are not captured");
+        }
+        logs
+    })
+}
+
 /// One rank's failure in a multi-rank test.
 #[derive(Debug)]
 pub struct TestFailure(pub String);

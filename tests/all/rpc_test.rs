@@ -907,18 +907,31 @@ fn test_py_function_exception() {
 
 #[test]
 fn test_py_raise_in_user_func() {
-    // The callee also logs the error (a `tracing` warning naming the
-    // function); the caller gets the ValueError with its message.
-    dist(|w| async move {
+    // The callee logs the error (the seed checks its stderr); the caller gets
+    // the ValueError with its message. The function is registered under a
+    // name of its own so that this test's log lines are its own.
+    const RAISE: &str = "seed::raise_func#test_py_raise_in_user_func";
+    let logs = wasmrpc::testing::global_logs();
+    let builder = cluster(4).functions(|r| {
+        register_all(r);
+        r.register_native(RAISE, |_ctx, _args| async move {
+            Err::<Payload, _>(wasmrpc::Error::value("Expected error"))
+        });
+    });
+    dist_with(builder, |w| async move {
         w.store_barrier().await?;
-        let r = w
-            .agent
-            .rpc_async(w.dst(), "seed::raise_func", args![])
-            .await;
+        let r = w.agent.rpc_async(w.dst(), RAISE, args![]).await;
         expect_err(r, ErrorKind::ValueError, "Expected error")?;
         w.store_barrier().await?;
         Ok(())
     });
+    let text = logs.text();
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(RAISE)).collect();
+    assert_eq!(lines.len(), 4, "expected one log line per callee:\n{text}");
+    assert!(
+        lines.iter().all(|l| l.contains("Expected error")),
+        "{lines:?}"
+    );
 }
 
 #[test]
