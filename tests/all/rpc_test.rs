@@ -7,31 +7,9 @@
 //! 4 workers, body on every rank, graceful shutdown, leak check); `[M]` tests
 //! manage init and shutdown themselves.
 //!
-//! Not ported here, with the reason:
-//! - every test built on `remote()`/RRefs (`test_builtin_remote_ret`,
-//!   `test_multi_builtin_remote_ret`, `test_py_udf_remote`,
-//!   `test_multi_py_udf_remote`, `test_nested_remote`, `test_rref_timeout`,
-//!   `test_rref_get_type_timeout_*`, `test_rref_proxy_timeout`,
-//!   `test_remote_with_exception`, `test_remote_throw`,
-//!   `test_pg_init_no_rpc_init`) and the REMOTE mode of `test_send_to_rank`
-//!   and `test_world_size_one`: RRefs are not built yet;
-//! - `test_register_rpc_backend_and_set_and_start_rpc_backend`,
-//!   `test_cannot_infer_backend_from_options`,
-//!   `test_infer_backend_from_options`: there is one backend and no backend
-//!   registry;
-//! - `test_custom_exception_throw_during_reconstruction`: needs plugin-raised
-//!   exception classes outside `ErrorKind` (the wasm runtime's concern);
-//! - `test_callback_wrong_arg_type`, `test_pickle_future`,
-//!   `test_return_future*`: a `Future` cannot be put in a `Payload` nor added
-//!   to a number; the type system rejects these programs;
-//! - `test_shutdown_errors`: needs the RRef-deletion step of shutdown;
-//! - `test_dynamic_rpc_existing_rank_can_communicate_with_new_rank_cuda`:
-//!   needs 2 GPUs;
-//! - python-only tests (`test_wrong_types`, `test_stress_heavy_rpc_torchscript`,
-//!   `test_callback_none`, `test_wait_all_exit_early_script_function`,
-//!   `test_py_nested_pickle`, `test_use_rpc_pickler`,
-//!   `test_rref_py_pickle_not_supported`, `test_mismatched_type_for_options`,
-//!   `test_tensorpipe_options_throw_on_timedelta_timeout`).
+//! The seed tests of these areas that are not ported are listed with their
+//! reasons in `wasmrpc_tests::skips::RPC_TEST`; [`seed_coverage`] checks
+//! that every seed test is ported or listed.
 
 mod extra;
 
@@ -70,6 +48,45 @@ where
         c.run_on_all(body).await?;
         Ok(())
     });
+}
+
+/// Every `rpc_test` seed test of the ported areas is a test here or in the
+/// skip table, never both.
+#[test]
+fn seed_coverage() {
+    let tsv = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/seed-tests.tsv");
+    let Ok(table) = std::fs::read_to_string(tsv) else {
+        println!("skipping: {tsv} is not available");
+        return;
+    };
+    let source = include_str!("rpc_test.rs");
+    let ported = |name: &str| source.contains(&format!("fn {name}() {{"));
+    let skipped = |name: &str| {
+        wasmrpc_tests::skips::RPC_TEST
+            .iter()
+            .any(|(n, _)| *n == name)
+    };
+    let mut missing = Vec::new();
+    let mut seen = 0;
+    for line in table.lines().skip(1) {
+        let cols: Vec<&str> = line.split('\t').collect();
+        if cols.len() < 6
+            || cols[0] != "rpc_test"
+            || !"ABCGHIKOQR".contains(cols[3])
+            || cols[3].len() != 1
+        {
+            continue;
+        }
+        seen += 1;
+        let name = cols[2];
+        match (ported(name), skipped(name)) {
+            (true, false) | (false, true) => {}
+            (true, true) => missing.push(format!("{name}: ported and skipped")),
+            (false, false) => missing.push(format!("{name}: neither ported nor skipped")),
+        }
+    }
+    assert!(seen > 100, "read only {seen} seed tests from {tsv}");
+    assert!(missing.is_empty(), "{missing:#?}");
 }
 
 // ---------------------------------------------------------------- A: init

@@ -6,10 +6,12 @@
 //! - [`aten`]: the builtin ops the tests call (`aten::add`, ...), registered
 //!   over the op shim (`wasmrpc-torch-sys`: libtorch's registry and schema
 //!   matching).
+//! - [`skips`]: the seed tests not ported, with their reasons.
 //! - small assertion and tensor helpers.
 
 pub mod aten;
 pub mod seed_fns;
+pub mod skips;
 
 use std::time::Duration;
 
