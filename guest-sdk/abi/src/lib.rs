@@ -26,6 +26,7 @@ extern crate alloc;
 mod error;
 pub mod manifest;
 pub mod protocol;
+pub mod raw_bytes;
 mod value;
 
 pub use error::{ErrorKind, RemoteError};

@@ -237,6 +237,7 @@ pub enum HostCall {
         /// equal `data.len()`.
         shape: Vec<i64>,
         /// The elements, contiguous, little-endian.
+        #[serde(with = "crate::raw_bytes")]
         data: Vec<u8>,
     },
     /// Read a tensor's type and shape. Replies [`HostReply::Meta`].
@@ -336,7 +337,7 @@ pub enum HostReply {
     /// A tensor's type and shape.
     Meta(TensorMeta),
     /// A tensor's type, shape and elements.
-    Data(TensorMeta, Vec<u8>),
+    Data(TensorMeta, #[serde(with = "crate::raw_bytes")] Vec<u8>),
     /// A worker's identity.
     Worker(WorkerInfo),
     /// A flag.

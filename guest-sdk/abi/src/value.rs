@@ -34,7 +34,7 @@ pub enum Value {
     /// A UTF-8 string.
     Str(String),
     /// Raw bytes.
-    Bytes(Vec<u8>),
+    Bytes(#[serde(with = "crate::raw_bytes")] Vec<u8>),
     /// A list.
     List(Vec<Value>),
     /// A tuple.

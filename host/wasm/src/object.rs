@@ -16,7 +16,9 @@ use wasmrpc_abi::protocol::{CallArgs, ExportKind, drop_export_name};
 /// therefore waits for itself; use functions for re-entrant work. An
 /// `async_execution` method releases the object as soon as it returns its
 /// future. A trap breaks the object: later calls fail with
-/// [`Error::ObjectBroken`].
+/// [`Error::ObjectBroken`]. Dispose of an object with [`Object::dispose`]:
+/// dropping it frees its instance without running the guest's destructor,
+/// so the handles its fields hold stay in the host's tables.
 pub struct Object {
     runtime: Runtime,
     plugin: Arc<Plugin>,
@@ -74,7 +76,7 @@ impl Object {
     ) -> Result<Value> {
         let Some(entry) = self
             .plugin
-            .entry(&format!("{}.{method}", self.class))
+            .entry(&format!("method:{}.{method}", self.class))
             .cloned()
         else {
             return Err(Error::NotFound {

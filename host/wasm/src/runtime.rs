@@ -184,7 +184,7 @@ impl Runtime {
                 ExportKind::Function | ExportKind::AsyncFunction => e.name.clone(),
                 ExportKind::Constructor => format!("new:{}", e.name),
                 ExportKind::Method | ExportKind::AsyncMethod => {
-                    format!("{}.{}", e.class.as_deref().unwrap_or(""), e.name)
+                    format!("method:{}.{}", e.class.as_deref().unwrap_or(""), e.name)
                 }
             };
             entries.insert(
