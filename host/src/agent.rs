@@ -116,7 +116,19 @@ pub(crate) struct AgentInner {
     gather: all_gather::GatherStates,
     internal: FunctionRegistry,
     worker_state: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
+    debug_sources: Mutex<Vec<DebugInfoSource>>,
+    shutdown_hooks: Mutex<Vec<ShutdownHook>>,
 }
+
+type DebugInfoSource = Arc<dyn Fn() -> BTreeMap<String, String> + Send + Sync>;
+
+/// A step of graceful shutdown, run after the all-gather and before the join
+/// (where PyTorch deletes user RRefs).
+pub type ShutdownHook = Arc<
+    dyn Fn(RpcAgent) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send>>
+        + Send
+        + Sync,
+>;
 
 /// One worker of an RPC group. Cheap to clone; clones are the same agent.
 #[derive(Clone)]
@@ -639,7 +651,53 @@ impl RpcAgent {
             "agent.rpc_timeout_ms".into(),
             i.timeout_ms.load(Ordering::Acquire).to_string(),
         );
+        let sources: Vec<DebugInfoSource> = i
+            .debug_sources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for source in sources {
+            m.extend(source());
+        }
         m
+    }
+
+    /// Adds entries to [`get_debug_info`](Self::get_debug_info), e.g. the
+    /// RRef context's `rref.*` counters, which the test harness polls.
+    pub fn add_debug_info_source(
+        &self,
+        source: impl Fn() -> BTreeMap<String, String> + Send + Sync + 'static,
+    ) {
+        self.inner
+            .debug_sources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Arc::new(source));
+    }
+
+    /// Adds a step to graceful shutdown of a static group, run after the
+    /// all-gather and before the join, in the order added (PyTorch deletes
+    /// user RRefs there). An error stops the shutdown's waiting (the agent
+    /// still stops) and is returned by [`shutdown`](Self::shutdown).
+    pub fn add_shutdown_hook(&self, hook: ShutdownHook) {
+        self.inner
+            .shutdown_hooks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(hook);
+    }
+
+    async fn run_shutdown_hooks(&self) -> Result<()> {
+        let hooks: Vec<ShutdownHook> = self
+            .inner
+            .shutdown_hooks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for hook in hooks {
+            hook(self.clone()).await?;
+        }
+        Ok(())
     }
 
     /// Waits until this worker has no pending user calls and runs no user
@@ -690,7 +748,10 @@ impl RpcAgent {
         let r = if graceful {
             if self.inner.static_group {
                 match self.wait_all_workers_inner(timeout).await {
-                    Ok(()) => self.join(timeout).await,
+                    Ok(()) => match self.run_shutdown_hooks().await {
+                        Ok(()) => self.join(timeout).await,
+                        Err(e) => Err(e),
+                    },
                     Err(e) => Err(e),
                 }
             } else {
@@ -795,11 +856,14 @@ impl RpcAgent {
     }
 
     async fn respond(&self, conn: &Arc<Connection>, id: u64, result: Result<Payload>) {
+        let Ok(transport) = self.transport() else {
+            return;
+        };
         let (result, tensors) = match result {
             Ok(p) => (Ok(p.value), p.tensors),
             Err(e) => (Err(e.to_remote()), Vec::new()),
         };
-        let frame = match OutFrame::encode(
+        let sent = match OutFrame::encode(
             Message::Response {
                 id,
                 result,
@@ -807,27 +871,26 @@ impl RpcAgent {
             },
             &tensors,
         ) {
-            Ok(f) => f,
-            Err(e) => {
-                let e = e.context_line("encoding the result");
-                match OutFrame::encode(
-                    Message::Response {
-                        id,
-                        result: Err(e.to_remote()),
-                        autograd: None,
-                    },
-                    &[],
-                ) {
-                    Ok(f) => f,
-                    Err(_) => return,
-                }
+            Ok(frame) => transport.send_on(conn, frame, None).await,
+            Err(e) => Err(e.context_line("encoding the result")),
+        };
+        // A result that cannot be sent (too large, injected fault, ...) is
+        // replaced by an error saying why, so the caller does not wait for
+        // its timeout.
+        if let Err(e) = sent {
+            let e = e.context_line(format!("sending the result to worker {}", conn.peer));
+            let message = Message::Response {
+                id,
+                result: Err(crate::abi::RemoteError::new(e.kind(), format!("{e}"))),
+                autograd: None,
+            };
+            let retry = match OutFrame::encode(message, &[]) {
+                Ok(frame) => transport.send_on(conn, frame, None).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = retry {
+                tracing::warn!(worker = %self.name(), peer = %conn.peer, "could not send a response: {e}");
             }
-        };
-        let Ok(transport) = self.transport() else {
-            return;
-        };
-        if let Err(e) = transport.send_on(conn, frame, None).await {
-            tracing::warn!(worker = %self.name(), peer = %conn.peer, "could not send a response: {e}");
         }
     }
 }

@@ -1707,6 +1707,38 @@ fn test_handle_send_exceptions() {
     });
 }
 
+#[test]
+fn test_shutdown_errors() {
+    // As in the seed, followers run the leader's broadcast but fail to answer
+    // it (an injected fault on their first response, which the agent turns
+    // into an error reply), and their RRef-deletion step (a shutdown hook
+    // here) raises 'simulation rref'.
+    timed(async {
+        let faults =
+            || wasmrpc::FaultInjection::new().fail_sends(&[wasmrpc::MessageKind::Response], 1);
+        let builder = (1..4).fold(cluster(4), |b, r| b.faults(r, faults()));
+        let c = builder.start().await?;
+        c.run_on_all(|w| async move {
+            if w.rank != 0 {
+                w.agent.add_shutdown_hook(Arc::new(|_agent| {
+                    Box::pin(async { Err(wasmrpc::Error::runtime("simulation rref")) })
+                }));
+            }
+            let r = w.agent.shutdown(true, Duration::ZERO).await;
+            if w.rank == 0 {
+                expect_err(r, ErrorKind::RuntimeError, "timed out in _all_gather")?;
+            } else {
+                expect_err(r, ErrorKind::RuntimeError, "simulation rref")?;
+            }
+            ensure!(!w.agent.is_running());
+            w.store_barrier().await?;
+            Ok(())
+        })
+        .await?;
+        Ok(())
+    });
+}
+
 // --------------------------------------------------------- O: serialization
 
 #[test]

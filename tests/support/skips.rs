@@ -37,10 +37,6 @@ pub const RPC_TEST: &[(&str, &str)] = &[
         "test_pg_init_no_rpc_init",
         "needs RRefs (RRef(param) without an agent); DDP part python-only",
     ),
-    (
-        "test_shutdown_errors",
-        "needs the RRef-deletion step of graceful shutdown to inject 'simulation rref'",
-    ),
     // One backend, no backend registry.
     (
         "test_register_rpc_backend_and_set_and_start_rpc_backend",

@@ -190,6 +190,8 @@ async fn start(
         gather: all_gather::GatherStates::default(),
         internal: internal_registry(),
         worker_state: Mutex::default(),
+        debug_sources: Mutex::default(),
+        shutdown_hooks: Mutex::default(),
         options: options.clone(),
     });
     let agent = RpcAgent::from_inner(inner.clone());
