@@ -9,10 +9,12 @@
 //! failure fails the test. [`run`] puts a whole test under a timeout so a
 //! hang is a failure.
 //!
-//! Left for the RRef work, to be added beside [`leak_check`]:
-//! `wait_until_pending_futures_and_users_flushed` and
-//! `wait_until_owners_and_forks_on_rank` (both poll debug info, as
-//! [`wait_until_node_failure`] polls a worker).
+//! Left for the RRef work: `wait_until_pending_futures_and_users_flushed`
+//! and `wait_until_owners_and_forks_on_rank`. Both are
+//! [`wait_until_debug_info`] over the counters the RRef context adds with
+//! `RpcAgent::add_debug_info_source` (the second through an RPC to the
+//! rank, as [`wait_until_node_failure`] polls a worker); the RRef leak check
+//! joins [`leak_check`] the same way.
 
 use std::fmt::Display;
 use std::sync::Arc;
@@ -486,6 +488,32 @@ pub async fn store_barrier(store: &dyn Store, key: &str, n: u32) -> Result<()> {
         .wait(&[done.as_str()], store.timeout())
         .await
         .map_err(store_err)
+}
+
+/// Polls `agent`'s debug info every 10 ms until `done` holds, or fails with
+/// `what` and the last debug info after `timeout`.
+///
+/// # Errors
+/// A `ValueError` naming `what` on timeout.
+pub async fn wait_until_debug_info(
+    agent: &RpcAgent,
+    what: &str,
+    timeout: Duration,
+    done: impl Fn(&std::collections::BTreeMap<String, String>) -> bool,
+) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let info = agent.get_debug_info();
+        if done(&info) {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::value(format!(
+                "Timed out waiting for {what}: {info:?}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Calls the no-op function on `rank` every 100 ms until a call fails with

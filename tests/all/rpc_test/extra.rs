@@ -295,3 +295,52 @@ fn test_reserved_message_kinds_get_a_clear_error_reply() {
         Ok(())
     });
 }
+
+#[test]
+fn test_debug_info_sources_are_merged_and_polled() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    timed(async {
+        let c = cluster(2).start().await?;
+        let a = c.agent(0).clone();
+        let counter = Arc::new(AtomicU64::new(3));
+        let source = counter.clone();
+        a.add_debug_info_source(move || {
+            [(
+                "rref.num_pending_users".to_string(),
+                source.load(Ordering::SeqCst).to_string(),
+            )]
+            .into()
+        });
+        ensure!(a.get_debug_info().get("agent.thread_pool_size").is_some());
+        let waiter = tokio::spawn({
+            let a = a.clone();
+            async move {
+                wasmrpc::testing::wait_until_debug_info(
+                    &a,
+                    "pending users",
+                    Duration::from_secs(10),
+                    |m| m.get("rref.num_pending_users").map(String::as_str) == Some("0"),
+                )
+                .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        ensure!(!waiter.is_finished());
+        counter.store(0, Ordering::SeqCst);
+        waiter.await??;
+        let e =
+            wasmrpc::testing::wait_until_debug_info(&a, "never", Duration::from_millis(50), |_| {
+                false
+            })
+            .await
+            .err()
+            .ok_or_else(|| anyhow::anyhow!("an impossible wait succeeded"))?;
+        ensure!(
+            e.kind() == ErrorKind::ValueError
+                && e.message().contains("Timed out waiting for never")
+        );
+        c.shutdown().await?;
+        Ok(())
+    });
+}
