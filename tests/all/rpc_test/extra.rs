@@ -312,7 +312,7 @@ fn test_debug_info_sources_are_merged_and_polled() {
             )]
             .into()
         });
-        ensure!(a.get_debug_info().get("agent.thread_pool_size").is_some());
+        ensure!(a.get_debug_info().contains_key("agent.thread_pool_size"));
         let waiter = tokio::spawn({
             let a = a.clone();
             async move {
