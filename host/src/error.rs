@@ -123,8 +123,8 @@ pub fn unknown_function_message(function: &str, worker: &str) -> String {
 /// A host failure: its Python exception class, its message and where it
 /// happened.
 ///
-/// `Display` prints the message followed by the context lines; [`message`]
-/// (Self::message) is the message alone, exactly as raised.
+/// `Display` prints the kind, the message and the context lines;
+/// [`message`](Self::message) is the message alone, exactly as raised.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Error {
     kind: ErrorKind,
