@@ -64,7 +64,7 @@ use crate::error::{
     unknown_worker_id_message, unknown_worker_name_message,
 };
 use crate::store::Store;
-use crate::transport::{Connection, Handler, Message, OutFrame, Transport};
+use crate::transport::{AutogradEnvelope, Connection, Handler, Message, OutFrame, Transport};
 use crate::value::{Args, Payload};
 
 /// Names of the agent's own functions start with this prefix; they are
@@ -129,6 +129,15 @@ pub type ShutdownHook = Arc<
         + Send
         + Sync,
 >;
+
+/// Options of one call ([`RpcAgent::rpc_async_with`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CallOptions {
+    /// The call's timeout: `None` for the agent's default, zero for none.
+    pub timeout: Option<Duration>,
+    /// The distributed-autograd envelope to send with the call.
+    pub autograd: Option<AutogradEnvelope>,
+}
 
 /// One worker of an RPC group. Cheap to clone; clones are the same agent.
 #[derive(Clone)]
@@ -410,6 +419,44 @@ impl RpcAgent {
         user: bool,
         collect: bool,
     ) -> Future {
+        self.call_full(to, function, args, timeout, None, user, collect)
+    }
+
+    /// [`rpc_async`](Self::rpc_async) with every option: its own timeout
+    /// (`None` for the default, zero for none) and a distributed-autograd
+    /// envelope the callee sees in [`CallContext::autograd`].
+    pub fn rpc_async_with(
+        &self,
+        to: impl Into<Dest>,
+        function: &str,
+        args: Args,
+        options: CallOptions,
+    ) -> Future {
+        self.call_full(
+            to.into(),
+            function,
+            args,
+            options.timeout,
+            options.autograd,
+            true,
+            true,
+        )
+    }
+
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one private funnel for every kind of call"
+    )]
+    fn call_full(
+        &self,
+        to: Dest,
+        function: &str,
+        args: Args,
+        timeout: Option<Duration>,
+        autograd: Option<AutogradEnvelope>,
+        user: bool,
+        collect: bool,
+    ) -> Future {
         // Calls to the agent's own functions are never user calls, whoever
         // makes them: both ends must agree for the join's counts (AG-5).
         let user = user && !function.starts_with(INTERNAL_PREFIX);
@@ -423,7 +470,7 @@ impl RpcAgent {
             function: function.to_string(),
             args: positional,
             kwargs,
-            autograd: None,
+            autograd,
         };
         self.send_tracked(to, function, build, &tensors, timeout, user, collect)
     }

@@ -71,7 +71,7 @@ pub use wasmrpc_store as store;
 
 pub use abi::{ErrorKind, RemoteError, Value, WorkerInfo};
 pub use agent::{
-    CLUSTER_SECRET_ENV, CallContext, DEFAULT_INIT_METHOD, DEFAULT_NUM_WORKER_THREADS,
+    CLUSTER_SECRET_ENV, CallContext, CallOptions, DEFAULT_INIT_METHOD, DEFAULT_NUM_WORKER_THREADS,
     DEFAULT_RPC_TIMEOUT, Dest, FunctionRegistry, Future, INTERNAL_PREFIX, NOOP, RpcAgent,
     RpcBackendOptions, RpcFunction, ShutdownHook, collect_all, collected_futures, current_agent,
     init_rpc, reset_current_agent, set_current_agent, validate_worker_name, wait_all,

@@ -344,3 +344,50 @@ fn test_debug_info_sources_are_merged_and_polled() {
         Ok(())
     });
 }
+
+#[test]
+fn test_autograd_envelope_reaches_the_callee() {
+    use wasmrpc::transport::AutogradEnvelope;
+    timed(async {
+        let c = cluster(2)
+            .functions(|r| {
+                wasmrpc_tests::register_all(r);
+                r.register_native("test::envelope", |ctx, _args| async move {
+                    Ok(match ctx.autograd() {
+                        Some(e) => wasmrpc::Payload::tuple(vec![
+                            e.context_id.into(),
+                            e.message_id.into(),
+                            e.from_worker.into(),
+                            ctx.caller().name.clone().into(),
+                        ]),
+                        None => wasmrpc::Payload::none(),
+                    })
+                });
+            })
+            .start()
+            .await?;
+        let a = c.agent(0);
+        let envelope = AutogradEnvelope {
+            context_id: 7,
+            message_id: 9,
+            from_worker: 0,
+        };
+        let options = wasmrpc::CallOptions {
+            timeout: None,
+            autograd: Some(envelope),
+        };
+        let got = a
+            .rpc_async_with("worker1", "test::envelope", args![], options)
+            .await?;
+        let items = got.items()?;
+        ensure!(items[0].as_int()? == 7 && items[1].as_int()? == 9 && items[2].as_int()? == 0);
+        ensure!(items[3].as_str()? == "worker0");
+        ensure!(
+            a.rpc_sync("worker1", "test::envelope", args![])
+                .await?
+                .is_none()
+        );
+        c.shutdown().await?;
+        Ok(())
+    });
+}
