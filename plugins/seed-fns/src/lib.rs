@@ -343,6 +343,14 @@ fn panic_func(message: String) -> i64 {
     panic!("{message}")
 }
 
+/// Takes the worker-wide lock `key`, then panics while holding it: the
+/// runtime must release the lock when the call ends.
+#[remote]
+fn lock_then_panic(key: String) -> Result<()> {
+    let _guard = lock(&key)?;
+    panic!("panicking while holding lock {key}")
+}
+
 /// Never returns: only the runtime's time limit stops it.
 #[remote]
 fn spin_forever() -> i64 {

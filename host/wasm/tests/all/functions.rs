@@ -548,6 +548,33 @@ async fn globals_and_locks_are_per_worker() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_a_trapped_call_held_are_released() {
+    timed(async {
+        let (rt, plugin, host) = setup();
+        let e = rt
+            .call(
+                &plugin,
+                "lock_then_panic",
+                args(vec![Value::Str("count".into())]),
+                host.arc(),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, Error::Trap { message, .. } if message.contains("holding lock count")),
+            "{e:?}"
+        );
+        // `_increment_count` takes the same lock: it would wait forever.
+        let r = rt
+            .call(&plugin, "_increment_count", args(vec![]), host.arc())
+            .await
+            .unwrap();
+        assert_eq!(r, Value::Int(1));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rref_arguments_are_fetched_through_the_host() {
     timed(async {
         let (rt, plugin, host) = setup();
