@@ -28,6 +28,53 @@ pub fn read(module: &[u8]) -> Result<Manifest> {
     Manifest::from_section(&section).map_err(|e| Error::InvalidModule(e.to_string()))
 }
 
+/// A plugin's manifest as text, one export a line (what `wasmrpc plugin
+/// inspect` prints):
+///
+/// ```text
+/// wasmrpc-plugin-seed-fns 0.1.0 (protocol 1)
+///   fn my_function(a, b, c)
+///   async fn async_add(to, x, y)
+///   class MyClass(a, delay)
+///     method MyClass.get_value()
+///     async method MyClass.bound_async_add(to, x, y)
+/// ```
+pub fn describe(manifest: &Manifest) -> String {
+    let mut out = format!(
+        "{} {} (protocol {})\n",
+        manifest.name, manifest.version, manifest.abi
+    );
+    let line = |e: &Export| {
+        let params = e.params.join(", ");
+        let class = e.class.as_deref().unwrap_or("");
+        match e.kind {
+            ExportKind::Function => format!("  fn {}({params})\n", e.name),
+            ExportKind::AsyncFunction => format!("  async fn {}({params})\n", e.name),
+            ExportKind::Constructor => format!("  class {}({params})\n", e.name),
+            ExportKind::Method => format!("    method {class}.{}({params})\n", e.name),
+            ExportKind::AsyncMethod => format!("    async method {class}.{}({params})\n", e.name),
+        }
+    };
+    for e in manifest.exports.iter().filter(|e| e.class.is_none()) {
+        out.push_str(&line(e));
+    }
+    for ctor in manifest
+        .exports
+        .iter()
+        .filter(|e| e.kind == ExportKind::Constructor)
+    {
+        out.push_str(&line(ctor));
+        for m in manifest
+            .exports
+            .iter()
+            .filter(|e| e.class == ctor.class && e.kind != ExportKind::Constructor)
+        {
+            out.push_str(&line(m));
+        }
+    }
+    out
+}
+
 fn bad(what: &str) -> Error {
     Error::InvalidModule(what.to_owned())
 }

@@ -40,6 +40,19 @@ fn the_manifest_lists_every_export_with_its_parameters() {
     );
     assert!(m.method("MyClass", "my_static_method").is_none());
 
+    let text = manifest::describe(&m);
+    assert!(text.starts_with("wasmrpc-plugin-seed-fns "), "{text}");
+    for expected in [
+        "  fn my_function(a, b, c)\n",
+        "  async fn async_add(to, x, y)\n",
+        "  fn MyClass.my_static_method(f)\n",
+        "  class MyClass(a, delay)\n    ",
+        "    method MyClass.increment_value(increment)\n",
+        "    async method MyClass.bound_async_add(to, x, y)\n",
+    ] {
+        assert!(text.contains(expected), "{expected:?} not in\n{text}");
+    }
+
     let rt = Runtime::new(config()).unwrap();
     let plugin = rt.load(&bytes).unwrap();
     assert_eq!(plugin.manifest(), &m);
