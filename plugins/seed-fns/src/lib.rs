@@ -151,6 +151,46 @@ fn add_rref_to_value(rref: RRef, value: Num) -> Result<Num> {
     rref.to_here::<Num>()?.add(&value)
 }
 
+/// `my_rref_function(rref_a, rref_b)`: `rref_a.to_here() + rref_b.to_here()`.
+#[remote]
+fn my_rref_function(rref_a: RRef, rref_b: RRef) -> Result<Num> {
+    rref_a.to_here::<Num>()?.add(&rref_b.to_here::<Num>()?)
+}
+
+/// `my_container_sum(a)`: the sum of a list of tensors or numbers.
+#[remote]
+fn my_container_sum(a: Vec<Num>) -> Result<Num> {
+    let mut items = a.into_iter();
+    let Some(mut total) = items.next() else {
+        return Ok(Num::Int(0));
+    };
+    for item in items {
+        total = total.add(&item)?;
+    }
+    Ok(total)
+}
+
+/// `nested_remote(dst)`: `remote(dst, add, (ones(2, 2), 3)).to_here()`.
+#[remote]
+fn nested_remote(dst: String) -> Result<Tensor> {
+    wasmrpc_guest::remote(&dst, "aten::add", (Tensor::ones(&[2, 2])?, 3i64))?.to_here()
+}
+
+/// `rpc_return_rref(dst)`: `remote(dst, add, (ones(2, 2), 1))`, returned as
+/// an RRef.
+#[remote]
+fn rpc_return_rref(dst: String) -> Result<RRef> {
+    wasmrpc_guest::remote(&dst, "aten::add", (Tensor::ones(&[2, 2])?, 1i64))
+}
+
+/// `nested_rref(dst)`: two RRefs owned by `dst`, `ones + 1` and `ones + 2`.
+#[remote]
+fn nested_rref(dst: String) -> Result<(RRef, RRef)> {
+    let one = wasmrpc_guest::remote(&dst, "aten::add", (Tensor::ones(&[2, 2])?, 1i64))?;
+    let two = wasmrpc_guest::remote(&dst, "aten::add", (Tensor::ones(&[2, 2])?, 2i64))?;
+    Ok((one, two))
+}
+
 /// `my_sleep_func(seconds=1)`.
 #[remote]
 fn my_sleep_func(seconds: Option<f64>) -> Result<()> {
@@ -213,6 +253,17 @@ fn async_add(to: String, x: Tensor, y: Tensor) -> Result<Future> {
 #[remote(async_execution)]
 fn async_add_chained(to: String, x: Tensor, y: Tensor, z: i64) -> Result<Future> {
     rpc_async(&to, "aten::add", (x, y))?.then("_add_then", (z,))
+}
+
+/// `async_add_chained_multi(to, x, num, step)`: `rpc_async(to, add, (x, 0))`
+/// followed by `num` chained `then(+ step)` callbacks.
+#[remote(async_execution)]
+fn async_add_chained_multi(to: String, x: Tensor, num: i64, step: i64) -> Result<Future> {
+    let mut fut = rpc_async(&to, "aten::add", (x, 0i64))?;
+    for _ in 0..num {
+        fut = fut.then("_add_then", (step,))?;
+    }
+    Ok(fut)
 }
 
 /// The `then` callback of `async_add_chained`: `value + z`.

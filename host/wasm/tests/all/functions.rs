@@ -578,6 +578,71 @@ async fn locks_a_trapped_call_held_are_released() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_remotes_and_returned_rrefs() {
+    timed(async {
+        let (rt, plugin, host) = setup();
+        let dst = || Value::Str("worker1".into());
+        let r = rt
+            .call(&plugin, "nested_remote", args(vec![dst()]), host.arc())
+            .await
+            .unwrap();
+        assert_eq!(host.take_tensor(&r), (vec![2, 2], vec![4.0; 4]));
+
+        // An RRef comes back; passing two of them in gives their sum.
+        let a = rt
+            .call(&plugin, "rpc_return_rref", args(vec![dst()]), host.arc())
+            .await
+            .unwrap();
+        let Value::Tuple(pair) = rt
+            .call(&plugin, "nested_rref", args(vec![dst()]), host.arc())
+            .await
+            .unwrap()
+        else {
+            panic!("nested_rref returns a tuple");
+        };
+        assert!(
+            matches!(a, Value::RRef(_)) && matches!(pair[..], [Value::RRef(_), Value::RRef(_)])
+        );
+        let r = rt
+            .call(&plugin, "my_rref_function", args(pair), host.arc())
+            .await
+            .unwrap();
+        assert_eq!(host.take_tensor(&r), (vec![2, 2], vec![5.0; 4]));
+        let Value::RRef(a) = a else { unreachable!() };
+        let r = wasmrpc_wasm::GuestHost::rref_to_here(&*host, a)
+            .await
+            .unwrap();
+        assert_eq!(host.take_tensor(&r), (vec![2, 2], vec![2.0; 4]));
+
+        let list = Value::List(vec![host.ones(&[3]), host.ones(&[3]), host.ones(&[3])]);
+        let r = rt
+            .call(&plugin, "my_container_sum", args(vec![list]), host.arc())
+            .await
+            .unwrap();
+        assert_eq!(host.take_tensor(&r), (vec![3], vec![3.0; 3]));
+
+        // 20 chained `then(+3)` callbacks: ones + 60.
+        let r = rt
+            .call(
+                &plugin,
+                "async_add_chained_multi",
+                args(vec![
+                    dst(),
+                    host.ones(&[2, 2]),
+                    Value::Int(20),
+                    Value::Int(3),
+                ]),
+                host.arc(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(host.take_tensor(&r), (vec![2, 2], vec![61.0; 4]));
+        assert_eq!(host.live_tensors(), 0);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rref_arguments_are_fetched_through_the_host() {
     timed(async {
         let (rt, plugin, host) = setup();
