@@ -4,7 +4,7 @@
 //! # An author's tour
 //!
 //! A plugin is a `cdylib` crate that depends on `wasmrpc-guest`. Mark free
-//! functions with [`remote`] and class `impl` blocks with [`remote_class`];
+//! functions with [`remote`](macro@remote) and class `impl` blocks with [`remote_class`];
 //! the macros export them under their names, convert arguments from
 //! [`Value`]s (positional or keyword, by parameter name), and write a
 //! manifest into the module that the host reads when it loads the plugin.
