@@ -30,6 +30,11 @@
 //!   all-gathers of (idle, user calls made + received) until two
 //!   consecutive rounds find every worker idle with unchanged counts, so
 //!   fire-and-forget chains drain.
+//! - AG-6: all-gathers of one name set are matched by sequence id, so every
+//!   participant makes them in the same order (see `all_gather`).
+//! - AG-7: a function never runs before the callee's rendezvous has filled
+//!   its worker table, so nested calls made by early arrivals find their
+//!   destinations.
 
 mod all_gather;
 mod current;
@@ -113,6 +118,8 @@ pub(crate) struct AgentInner {
     user_active: AtomicUsize,
     active: AtomicUsize,
     quiet: Notify,
+    ready: std::sync::atomic::AtomicBool,
+    ready_notify: Notify,
     gather: all_gather::GatherStates,
     internal: FunctionRegistry,
     worker_state: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
@@ -842,6 +849,7 @@ impl RpcAgent {
     /// died: connections are cut, pending calls fail. For failure tests.
     pub fn abort(&self) {
         self.inner.state.store(STOPPED, Ordering::Release);
+        self.set_ready();
         if let Some(t) = self.inner.transport.get() {
             t.abort();
         }
@@ -856,6 +864,22 @@ impl RpcAgent {
             },
         );
         current::reset_if(self);
+    }
+
+    /// Marks rendezvous as done: calls that arrived early may run.
+    pub(crate) fn set_ready(&self) {
+        self.inner.ready.store(true, Ordering::Release);
+        self.inner.ready_notify.notify_waiters();
+    }
+
+    async fn wait_ready(&self) {
+        loop {
+            let notified = self.inner.ready_notify.notified();
+            if self.inner.ready.load(Ordering::Acquire) {
+                return;
+            }
+            notified.await;
+        }
     }
 
     fn handle_call(&self, conn: &Arc<Connection>, message: Message, tensors: Vec<Tensor>) {
@@ -879,6 +903,9 @@ impl RpcAgent {
         let this = self.clone();
         let conn = conn.clone();
         inner.runtime.spawn(async move {
+            // AG-7: a call can arrive before this worker's `init_rpc` has
+            // learnt the group; functions run once it has.
+            this.wait_ready().await;
             let caller = WorkerInfo { id: conn.peer_rank, name: conn.peer.clone() };
             let args = Args { positional: args, kwargs, tensors };
             let f = if internal { this.inner.internal.get(&function) } else { this.registry().get(&function) };

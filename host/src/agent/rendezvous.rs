@@ -187,6 +187,8 @@ async fn start(
         user_active: AtomicUsize::new(0),
         active: AtomicUsize::new(0),
         quiet: Notify::new(),
+        ready: std::sync::atomic::AtomicBool::new(false),
+        ready_notify: Notify::new(),
         gather: all_gather::GatherStates::default(),
         internal: internal_registry(),
         worker_state: Mutex::default(),
@@ -289,7 +291,10 @@ async fn init_static(
     }
     .await;
     match result {
-        Ok(()) => Ok(agent),
+        Ok(()) => {
+            agent.set_ready();
+            Ok(agent)
+        }
         Err(e) => {
             agent.abort();
             Err(e)
@@ -423,7 +428,10 @@ async fn init_dynamic(
     .await;
     let released = release_token(&*store).await;
     match result.and(released) {
-        Ok(()) => Ok(agent),
+        Ok(()) => {
+            agent.set_ready();
+            Ok(agent)
+        }
         Err(e) => {
             agent.abort();
             Err(e)

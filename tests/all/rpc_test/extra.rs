@@ -391,3 +391,88 @@ fn test_autograd_envelope_reaches_the_callee() {
         Ok(())
     });
 }
+
+/// A view of a shared store whose `multi_get` is slow: the rendezvous of the
+/// worker using it finishes late.
+#[derive(Debug)]
+struct SlowMultiGet(std::sync::Arc<dyn wasmrpc::store::Store>, Duration);
+
+#[async_trait::async_trait]
+impl wasmrpc::store::Store for SlowMultiGet {
+    async fn set(&self, key: &str, value: &[u8]) -> wasmrpc::store::Result<()> {
+        self.0.set(key, value).await
+    }
+    async fn get(&self, key: &str) -> wasmrpc::store::Result<Vec<u8>> {
+        self.0.get(key).await
+    }
+    async fn add(&self, key: &str, delta: i64) -> wasmrpc::store::Result<i64> {
+        self.0.add(key, delta).await
+    }
+    async fn compare_set(
+        &self,
+        key: &str,
+        expected: &[u8],
+        desired: &[u8],
+    ) -> wasmrpc::store::Result<Vec<u8>> {
+        self.0.compare_set(key, expected, desired).await
+    }
+    async fn wait(&self, keys: &[&str], timeout: Duration) -> wasmrpc::store::Result<()> {
+        self.0.wait(keys, timeout).await
+    }
+    async fn check(&self, keys: &[&str]) -> wasmrpc::store::Result<bool> {
+        self.0.check(keys).await
+    }
+    async fn delete_key(&self, key: &str) -> wasmrpc::store::Result<bool> {
+        self.0.delete_key(key).await
+    }
+    async fn num_keys(&self) -> wasmrpc::store::Result<i64> {
+        self.0.num_keys().await
+    }
+    async fn append(&self, key: &str, value: &[u8]) -> wasmrpc::store::Result<()> {
+        self.0.append(key, value).await
+    }
+    async fn multi_get(&self, keys: &[&str]) -> wasmrpc::store::Result<Vec<Vec<u8>>> {
+        tokio::time::sleep(self.1).await;
+        self.0.multi_get(keys).await
+    }
+    async fn multi_set(&self, keys: &[&str], values: &[&[u8]]) -> wasmrpc::store::Result<()> {
+        self.0.multi_set(keys, values).await
+    }
+    fn timeout(&self) -> Duration {
+        self.0.timeout()
+    }
+    fn set_timeout(&self, timeout: Duration) {
+        self.0.set_timeout(timeout)
+    }
+}
+
+#[test]
+fn test_call_arriving_before_the_callees_init_returns_waits_for_it() {
+    timed(async {
+        let store = wasmrpc::testing::fresh_store();
+        let builder = cluster(2);
+        let (o0, o1) = (builder.options_for(0), builder.options_for(1));
+        let slow: std::sync::Arc<dyn wasmrpc::store::Store> =
+            std::sync::Arc::new(SlowMultiGet(store.clone(), Duration::from_millis(500)));
+        let late =
+            tokio::spawn(
+                async move { wasmrpc::init_rpc("worker1", Some(1), Some(2), slow, o1).await },
+            );
+        let a0 = wasmrpc::init_rpc("worker0", Some(0), Some(2), store, o0).await?;
+        // worker1 is still in rendezvous; its function calls back worker0,
+        // which it can only name once its worker table is filled.
+        ensure!(!late.is_finished());
+        let r = a0
+            .rpc_sync("worker1", "seed::nested_rpc", args!["worker0"])
+            .await?;
+        expect_tensor(&r, &(ones(&[2, 2]) + 1))?;
+        let a1 = late.await??;
+        let (r0, r1) = tokio::join!(
+            a0.shutdown(true, Duration::ZERO),
+            a1.shutdown(true, Duration::ZERO)
+        );
+        r0?;
+        r1?;
+        Ok(())
+    });
+}
