@@ -332,6 +332,20 @@ fn suite(cli: &Cli) -> Result<()> {
             .unwrap_or_default()
     );
 
+    let busiest = [load_before.as_deref(), load_average().as_deref()]
+        .into_iter()
+        .flatten()
+        .filter_map(|l| l.split_whitespace().next()?.parse::<f64>().ok())
+        .fold(0.0, f64::max);
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    if busiest > cores as f64 {
+        println!(
+            "Note: the machine was busy (1-minute load {busiest:.1} on {cores} cores): \
+             latencies are noisy and small-call round trips can be bimodal; re-run when it is quiet, \
+             or with --nice -10 (root) to shield the run."
+        );
+    }
+
     let lines = report::json_lines(&res, only, &run);
     let json_path = cli
         .json
