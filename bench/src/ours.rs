@@ -265,14 +265,17 @@ async fn measure(
 
     if cfg.wanted("async_128") {
         progress.set("wasmrpc: async calls with 128 in flight");
+        // Five blocks; the median block's rate, so a burst of other work on
+        // the machine moves one block, not the result.
         let n = cfg.n(30_000, 200_000) as u64;
         windowed(agent, dst, n / 10, 128).await?;
-        let took = windowed(agent, dst, n, 128).await?;
-        res.set(
-            Side::Ours,
-            "async_128",
-            Stat::value(n as f64 / took.as_secs_f64(), n),
-        );
+        let mut rates = Vec::new();
+        for _ in 0..5 {
+            let took = windowed(agent, dst, n / 5, 128).await?;
+            rates.push((n / 5) as f64 / took.as_secs_f64());
+        }
+        rates.sort_by(f64::total_cmp);
+        res.set(Side::Ours, "async_128", Stat::value(rates[2], n));
     }
 
     for &(key, size, nq, nf) in crate::limit::ECHO {
