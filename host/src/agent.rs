@@ -61,7 +61,7 @@ pub use options::{
     CLUSTER_SECRET_ENV, DEFAULT_INIT_METHOD, DEFAULT_NUM_WORKER_THREADS, DEFAULT_RPC_TIMEOUT, Dest,
     RpcBackendOptions, validate_worker_name, worker_info,
 };
-pub use registry::{CallContext, FunctionRegistry, RpcFunction};
+pub use registry::{CallContext, FunctionRegistry, FunctionResolver, RpcFunction};
 
 use crate::abi::{ErrorKind, WorkerInfo};
 use crate::error::{

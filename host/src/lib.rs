@@ -46,6 +46,15 @@
 //!   the `tch` tensors it refers to. Tensors travel as raw storage bytes
 //!   beside the value, keeping strides, offsets, sparsity, `requires_grad`
 //!   and storage sharing.
+//! - **Builtin ops** ([`BuiltinOps`]): every op libtorch's operator registry
+//!   knows, by schema name (`aten::add`), resolved by every registry unless
+//!   a function of the same name is registered; they run off the async
+//!   threads, with PyTorch's schema matching and error texts.
+//! - **Plugins** ([`PluginHost`]): wasm modules built with the guest SDK,
+//!   loaded once per process and registered in a worker's registry as
+//!   `namespace::function` (`seed_fns::my_function`). Each call gets its
+//!   own handles; tensor ops, nested RPCs, globals and locks go through the
+//!   worker's agent. [`wasm`] is the runtime underneath.
 //! - **Future** ([`Future`]): the result of [`RpcAgent::rpc_async`]; await it
 //!   or block on it, chain callbacks with `then`, combine with [`wait_all`].
 //!   Errors keep their Python kind and message across the wire ([`Error`]).
@@ -59,6 +68,8 @@
 
 mod agent;
 mod error;
+mod ops;
+mod plugin;
 mod tensor;
 pub mod transport;
 mod value;
@@ -68,15 +79,19 @@ pub mod testing;
 
 pub use wasmrpc_abi as abi;
 pub use wasmrpc_store as store;
+pub use wasmrpc_wasm as wasm;
 
 pub use abi::{ErrorKind, RemoteError, Value, WorkerInfo};
 pub use agent::{
     CLUSTER_SECRET_ENV, CallContext, CallOptions, DEFAULT_INIT_METHOD, DEFAULT_NUM_WORKER_THREADS,
-    DEFAULT_RPC_TIMEOUT, Dest, FunctionRegistry, Future, INTERNAL_PREFIX, NOOP, RpcAgent,
-    RpcBackendOptions, RpcFunction, ShutdownHook, collect_all, collected_futures, current_agent,
+    DEFAULT_RPC_TIMEOUT, Dest, FunctionRegistry, FunctionResolver, Future, INTERNAL_PREFIX, NOOP,
+    RpcAgent, RpcBackendOptions, RpcFunction, ShutdownHook, collect_all, collected_futures,
+    current_agent,
     init_rpc, reset_current_agent, set_current_agent, validate_worker_name, wait_all,
     wait_all_blocking, wait_all_scope, worker_info,
 };
 pub use error::*;
+pub use ops::{BuiltinOps, call_builtin};
+pub use plugin::{CACHE_DIR_ENV, PACKAGE_PREFIX, PluginHost, plugin_namespace};
 pub use transport::{FaultInjection, MessageKind};
 pub use value::{Args, Payload};

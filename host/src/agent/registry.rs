@@ -1,5 +1,12 @@
 //! [`FunctionRegistry`]: the functions a worker lets its peers call, by
 //! qualified name.
+//!
+//! A name is looked up among the functions registered one by one first, then
+//! asked of the registry's [`FunctionResolver`]s in order: families of
+//! functions too large to list (every aten op libtorch registers, through
+//! [`crate::ops::BuiltinOps`], which every registry has unless made with
+//! [`FunctionRegistry::without_builtins`]). An explicitly registered
+//! function therefore always wins over a resolved one of the same name.
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -85,11 +92,33 @@ where
     }
 }
 
+/// Resolves names that were not registered one by one to functions, e.g.
+/// every aten op by its schema name ([`crate::ops::BuiltinOps`]).
+pub trait FunctionResolver: Send + Sync + 'static {
+    /// The function `name` stands for, or `None` if this resolver does not
+    /// know it. Called on every lookup that misses the registered
+    /// functions, so it should be cheap (cache what is expensive).
+    fn resolve(&self, name: &str) -> Option<Arc<dyn RpcFunction>>;
+}
+
 /// Qualified name → function. Shared behind an `Arc`; registering and
 /// looking up are thread-safe.
-#[derive(Default)]
+///
+/// `FunctionRegistry::new()` (and `default()`) resolves builtin ops
+/// (`aten::add`, ...) with [`crate::ops::BuiltinOps`];
+/// [`without_builtins`](Self::without_builtins) makes one that serves only
+/// what is registered.
 pub struct FunctionRegistry {
     functions: RwLock<HashMap<String, Arc<dyn RpcFunction>>>,
+    resolvers: RwLock<Vec<Arc<dyn FunctionResolver>>>,
+}
+
+impl Default for FunctionRegistry {
+    fn default() -> Self {
+        let r = Self::without_builtins();
+        r.add_resolver(Arc::new(crate::ops::BuiltinOps));
+        r
+    }
 }
 
 impl std::fmt::Debug for FunctionRegistry {
@@ -101,9 +130,27 @@ impl std::fmt::Debug for FunctionRegistry {
 }
 
 impl FunctionRegistry {
-    /// An empty registry.
+    /// A registry with no functions of its own that resolves builtin ops.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A registry that serves only the functions registered in it: no
+    /// builtin ops, no resolvers.
+    pub fn without_builtins() -> Self {
+        FunctionRegistry {
+            functions: RwLock::new(HashMap::new()),
+            resolvers: RwLock::new(Vec::new()),
+        }
+    }
+
+    /// Adds a resolver, asked after the registered functions and after the
+    /// resolvers added before it.
+    pub fn add_resolver(&self, resolver: Arc<dyn FunctionResolver>) {
+        self.resolvers
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(resolver);
     }
 
     /// Registers `function` under `name`, replacing any previous one (which
@@ -141,16 +188,27 @@ impl FunctionRegistry {
             .remove(name)
     }
 
-    /// The function registered as `name`.
+    /// The function registered as `name`, else the first resolver's
+    /// answer for it.
     pub fn get(&self, name: &str) -> Option<Arc<dyn RpcFunction>> {
-        self.functions
+        let registered = self
+            .functions
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(name)
-            .cloned()
+            .cloned();
+        registered.or_else(|| {
+            let resolvers = self
+                .resolvers
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            resolvers.iter().find_map(|r| r.resolve(name))
+        })
     }
 
-    /// Every registered name, sorted.
+    /// Every registered name, sorted (names a resolver serves are not
+    /// listed).
     pub fn names(&self) -> Vec<String> {
         let mut v: Vec<String> = self
             .functions

@@ -1,0 +1,213 @@
+//! Builtin ops as RPC targets: `rpc_sync("worker1", "aten::add", args![a, b])`
+//! runs libtorch's `aten::add` on worker1, matched against its overloads as
+//! PyTorch RPC matches them.
+//!
+//! What this module owns: [`BuiltinOps`], the [`FunctionResolver`] every
+//! [`FunctionRegistry`](crate::FunctionRegistry) has by default, which turns
+//! an op name into an [`RpcFunction`]; the conversion of a call's
+//! [`Args`] into op arguments and of the op's outputs back into a
+//! [`Payload`]; and running ops off the agent's network and callee threads
+//! ([`run_blocking`]). Resolving names, matching schemas and running the op
+//! are `wasmrpc-torch-sys`'s; errors keep its texts (libtorch's own
+//! messages, PyTorch's "... failed to match any schema ...").
+//!
+//! Names it serves: any `namespace::name` libtorch's operator registry
+//! knows (`aten::add`, `aten::linalg_multi_dot`, `prim::min`, ...),
+//! PyTorch RPC's wire form `torch.ops.aten.add`, and the Python builtins
+//! the seeds call (`builtins.min`, `builtins.max`). Functions registered
+//! explicitly under the same names win over these.
+//!
+//! Invariants:
+//! - OPS-1: an op never runs on a tokio worker thread: it runs on the
+//!   blocking pool, so a slow op delays neither the connections' readers
+//!   nor other calls.
+//! - OPS-2: arguments are borrowed: the caller's tensors are passed by
+//!   reference to the same storage (in-place ops such as `aten::add_` change
+//!   them, as in PyTorch), and every output is a new entry of the result's
+//!   tensor table.
+
+use std::sync::Arc;
+
+use tch::Tensor;
+use wasmrpc_torch_sys::{BUILTINS, OpError, OpValue, Operator, WIRE_PREFIX, call_op};
+
+use crate::abi::RemoteError;
+use crate::agent::{CallContext, FunctionResolver, INTERNAL_PREFIX, RpcFunction};
+use crate::error::{Error, Result};
+use crate::value::{Args, Payload};
+
+/// The resolver of builtin op names (see the module docs for the names it
+/// serves). Stateless: resolved operators are cached process-wide by
+/// `wasmrpc-torch-sys`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BuiltinOps;
+
+impl BuiltinOps {
+    /// Whether `name` is a builtin op this host can run.
+    pub fn knows(name: &str) -> bool {
+        if name.starts_with(INTERNAL_PREFIX) {
+            return false;
+        }
+        if BUILTINS.contains(&name) {
+            return true;
+        }
+        (name.contains("::") || name.starts_with(WIRE_PREFIX)) && Operator::resolve(name).is_ok()
+    }
+}
+
+impl FunctionResolver for BuiltinOps {
+    fn resolve(&self, name: &str) -> Option<Arc<dyn RpcFunction>> {
+        BuiltinOps::knows(name).then(|| Arc::new(BuiltinOp) as Arc<dyn RpcFunction>)
+    }
+}
+
+/// A builtin op called by name; the name comes from the call's context.
+struct BuiltinOp;
+
+#[async_trait::async_trait]
+impl RpcFunction for BuiltinOp {
+    async fn call(&self, ctx: CallContext, args: Args) -> Result<Payload> {
+        let name = ctx.function().to_owned();
+        call_builtin(&name, args)
+            .await
+            .map_err(|e| e.context_line(format!("running {name} on worker {}", ctx.agent().name())))
+    }
+}
+
+/// Runs the builtin op `name` on `args` on the blocking pool (OPS-1) and
+/// returns its result as Python would see it: `None`, the one output, or a
+/// tuple of several.
+///
+/// # Errors
+/// The op's errors with PyTorch's kind and text: `RuntimeError` "Overloaded
+/// torch operator invoked from Python failed to match any schema ..." when
+/// no overload accepts the arguments, libtorch's own message when the op
+/// raises, `RuntimeError` "Unknown builtin op: ..." for an unknown name,
+/// `TypeError` for arguments no op takes (dicts, RRefs, worker infos).
+pub async fn call_builtin(name: &str, args: Args) -> Result<Payload> {
+    let (positional, kwargs) = op_args(args).map_err(op_error)?;
+    let name = name.to_owned();
+    let outputs = run_blocking(move || call_op(&name, &positional, &kwargs)).await?;
+    Ok(payload_from_op_value(OpValue::from_outputs(
+        outputs.map_err(op_error)?,
+    )))
+}
+
+type OpArgs = (Vec<OpValue>, Vec<(String, OpValue)>);
+
+/// A call's arguments as op arguments, sharing the tensors (OPS-2).
+fn op_args(args: Args) -> std::result::Result<OpArgs, OpError> {
+    let Args {
+        positional,
+        kwargs,
+        tensors,
+    } = args;
+    let mut lookup = |i: u32| tensors.get(i as usize).map(Tensor::shallow_clone);
+    let positional = positional
+        .iter()
+        .map(|v| wasmrpc_torch_sys::op_value_from_abi(v, &mut lookup))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let kwargs = kwargs
+        .iter()
+        .map(|(k, v)| {
+            Ok((
+                k.clone(),
+                wasmrpc_torch_sys::op_value_from_abi(v, &mut lookup)?,
+            ))
+        })
+        .collect::<std::result::Result<Vec<_>, OpError>>()?;
+    Ok((positional, kwargs))
+}
+
+/// An op's output as a payload: tensors go to the payload's table.
+pub(crate) fn payload_from_op_value(value: OpValue) -> Payload {
+    let mut tensors = Vec::new();
+    let value = wasmrpc_torch_sys::op_value_into_abi(value, &mut |t| {
+        tensors.push(t);
+        // A table longer than u32::MAX entries cannot be built from one
+        // op's outputs.
+        u32::try_from(tensors.len() - 1).unwrap_or(u32::MAX)
+    });
+    Payload { value, tensors }
+}
+
+/// A torch-sys error as a host error: the same kind and text.
+pub(crate) fn op_error(e: OpError) -> Error {
+    Error::from(RemoteError::from(e))
+}
+
+/// Runs `f` on tokio's blocking pool (OPS-1).
+///
+/// # Errors
+/// `RuntimeError` if `f` panicked or the runtime is shutting down.
+pub(crate) async fn run_blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::runtime(format!("a builtin op did not complete: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::ErrorKind;
+    use tch::{Device, Kind};
+
+    fn run<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime")
+            .block_on(f)
+    }
+
+    #[test]
+    fn names_the_registry_resolves() {
+        assert!(BuiltinOps::knows("aten::add"));
+        assert!(BuiltinOps::knows("torch.ops.aten.add"));
+        assert!(BuiltinOps::knows("builtins.min"));
+        assert!(!BuiltinOps::knows("aten::no_such_op"));
+        assert!(!BuiltinOps::knows("seed_fns::my_function"));
+        assert!(!BuiltinOps::knows("add"));
+        assert!(!BuiltinOps::knows(crate::NOOP));
+    }
+
+    #[test]
+    fn tensor_and_scalar_overloads() {
+        let t = Tensor::ones([2, 2], (Kind::Float, Device::Cpu));
+        let out = run(call_builtin("aten::add", crate::args![&t, &t])).unwrap();
+        assert!(out.as_tensor().unwrap().equal(&(&t * 2)));
+        let out = run(call_builtin(
+            "aten::add",
+            crate::args![&t, 3].kwarg("alpha", 2),
+        ))
+        .unwrap();
+        assert!(out.as_tensor().unwrap().equal(&(&t * 7)));
+    }
+
+    #[test]
+    fn several_outputs_are_a_tuple_and_errors_keep_their_text() {
+        let t = Tensor::from_slice(&[1.0f32, 5.0, 2.0]);
+        let out = run(call_builtin("aten::max", crate::args![&t, 0])).unwrap();
+        let items = out.items().unwrap();
+        assert_eq!(items.len(), 2);
+        assert_eq!(items[1].as_tensor().unwrap().int64_value(&[]), 1);
+
+        let e = run(call_builtin("aten::add", crate::args!["x"])).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::RuntimeError);
+        assert!(e.message().contains("failed to match any schema"), "{e}");
+        let e = run(call_builtin(
+            "aten::add",
+            crate::args![
+                Tensor::ones([2], (Kind::Float, Device::Cpu)),
+                Tensor::ones([3], (Kind::Float, Device::Cpu))
+            ],
+        ))
+        .unwrap_err();
+        assert!(
+            e.message()
+                .contains("The size of tensor a (2) must match the size of tensor b (3)"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,266 @@
+//! Plugins on the agent: loading wasm plugins into a worker's
+//! [`FunctionRegistry`], and the worker's side of every request their guests
+//! make.
+//!
+//! What this module owns:
+//! - [`PluginHost`]: a wasm [`Runtime`](crate::wasm::Runtime) (one per
+//!   process is enough, [`PluginHost::shared`]; its agents share it) and
+//!   the registration of each loaded plugin's functions as
+//!   `namespace::function` ([`plugin_namespace`]), so a peer calls
+//!   `rpc_sync("worker1", "seed_fns::my_function", ...)`;
+//! - the per-call guest host (`GuestCall`, a
+//!   [`GuestHost`](crate::wasm::GuestHost)): a handle table for the call's
+//!   tensors and futures, tensor ops through `wasmrpc-torch-sys` (off the
+//!   async threads, as builtin RPCs run, see [`crate::ops`]), nested
+//!   `rpc_sync`/`rpc_async` through the agent, worker info, per-worker
+//!   globals and locks (in [`RpcAgent::state`](crate::RpcAgent::state),
+//!   scoped by plugin), sleep and log.
+//!
+//! What it leaves to others: compiling, pooling and running instances,
+//! time and memory limits, `then` callbacks and async functions' futures
+//! are the runtime's (`wasmrpc-wasm`); the network and futures are the
+//! agent's; ops and their schema matching are `wasmrpc-torch-sys`'s.
+//!
+//! Not available to plugins yet: RRefs (`remote`, `to_here`, `RRef(v)`,
+//! and RRefs in arguments fail with `NotImplementedError` "RRefs are not
+//! available to plugins yet"), and so plugin **classes** (their objects are
+//! held in RRefs): their constructors and methods are not registered.
+//!
+//! Invariants:
+//! - PL-1: a guest never sees a handle it does not own: every tensor in a
+//!   call's arguments and in every reply is a new handle, released when the
+//!   call (and every `then` callback it chained) is over, unless the guest
+//!   returned it.
+//! - PL-2: a plugin's error reaches the caller with the guest's kind and
+//!   message unchanged; a trap, a time or memory limit is a `RuntimeError`
+//!   (`TimeoutError` for time) naming the plugin and the function, and the
+//!   worker keeps serving.
+//! - PL-3: per-worker locks a call still holds when it ends are released.
+
+mod function;
+mod guest;
+mod handles;
+mod state;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use wasmrpc_wasm::manifest::ExportKind;
+use wasmrpc_wasm::{Config, Plugin, Runtime};
+
+use crate::agent::FunctionRegistry;
+use crate::error::{Error, Result};
+use function::{PluginFunction, wasm_error};
+
+/// The environment variable that overrides where compiled plugins are
+/// cached on disk ([`PluginHost::default_config`]).
+pub const CACHE_DIR_ENV: &str = "WASMRPC_CACHE_DIR";
+
+/// The prefix plugin packages conventionally carry, left out of their
+/// namespace ([`plugin_namespace`]).
+pub const PACKAGE_PREFIX: &str = "wasmrpc-plugin-";
+
+/// The namespace a plugin's functions are registered under, from its
+/// manifest name (its Cargo package name): without [`PACKAGE_PREFIX`], with
+/// `-` turned into `_`. `wasmrpc-plugin-seed-fns` → `seed_fns`,
+/// `my-plugin` → `my_plugin`.
+pub fn plugin_namespace(manifest_name: &str) -> String {
+    manifest_name
+        .strip_prefix(PACKAGE_PREFIX)
+        .unwrap_or(manifest_name)
+        .replace('-', "_")
+}
+
+/// Loads wasm plugins and registers their functions in agents' registries.
+///
+/// Cheap to clone (a [`Runtime`] is an `Arc`). One per process is enough:
+/// a plugin loaded once serves every agent it is registered in, each call
+/// with its own handles and each agent with its own globals.
+///
+/// ```no_run
+/// use wasmrpc::{FunctionRegistry, PluginHost};
+///
+/// # fn main() -> wasmrpc::Result<()> {
+/// let plugins = PluginHost::shared()?;
+/// let registry = FunctionRegistry::new();
+/// let names = plugins.install("plugins/", &registry)?;
+/// assert!(names.iter().any(|n| n == "seed_fns::my_function"));
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct PluginHost {
+    runtime: Runtime,
+}
+
+fn io_error(path: &Path, e: &std::io::Error) -> Error {
+    Error::runtime(format!("cannot read {}: {e}", path.display()))
+}
+
+impl PluginHost {
+    /// A host with its own wasm runtime.
+    ///
+    /// # Errors
+    /// `RuntimeError` if wasmtime rejects `config` (e.g. the pooling
+    /// allocator cannot reserve its memory).
+    pub fn new(config: Config) -> Result<PluginHost> {
+        let runtime = Runtime::new(config)
+            .map_err(|e| wasm_error(&e).context_line("starting the wasm runtime"))?;
+        Ok(PluginHost { runtime })
+    }
+
+    /// The process-wide host, made with [`default_config`](Self::default_config)
+    /// on first use.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new), on every call if the first failed.
+    pub fn shared() -> Result<PluginHost> {
+        static SHARED: OnceLock<std::result::Result<PluginHost, Error>> = OnceLock::new();
+        SHARED
+            .get_or_init(|| PluginHost::new(Self::default_config()))
+            .clone()
+    }
+
+    /// The runtime's defaults, with compiled modules cached on disk in
+    /// `$WASMRPC_CACHE_DIR`, else `$XDG_CACHE_HOME/wasmrpc/modules`, else
+    /// `~/.cache/wasmrpc/modules`, and room for 512 live instances (the
+    /// runtime's pool is shared by every agent of the process, and a call
+    /// waiting on a nested RPC keeps its instance).
+    pub fn default_config() -> Config {
+        let cache_dir = std::env::var_os(CACHE_DIR_ENV)
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("XDG_CACHE_HOME")
+                    .map(|d| PathBuf::from(d).join("wasmrpc").join("modules"))
+            })
+            .or_else(|| {
+                std::env::var_os("HOME").map(|h| {
+                    PathBuf::from(h)
+                        .join(".cache")
+                        .join("wasmrpc")
+                        .join("modules")
+                })
+            });
+        Config {
+            cache_dir,
+            max_instances: 512,
+            ..Config::default()
+        }
+    }
+
+    /// The wasm runtime.
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
+    /// Loads a plugin from its wasm bytes (or returns the same bytes'
+    /// plugin, already loaded). Compiles unless the disk cache has it: call
+    /// it from a blocking context on a busy worker.
+    ///
+    /// # Errors
+    /// `RuntimeError` for bytes that are not a plugin built with the guest
+    /// SDK, or a different plugin of the same name already loaded.
+    pub fn load(&self, bytes: &[u8]) -> Result<Arc<Plugin>> {
+        self.runtime
+            .load(bytes)
+            .map_err(|e| wasm_error(&e).context_line("loading a plugin"))
+    }
+
+    /// Loads the plugin in a `.wasm` file.
+    ///
+    /// # Errors
+    /// As [`load`](Self::load), or if the file cannot be read.
+    pub fn load_file(&self, path: impl AsRef<Path>) -> Result<Arc<Plugin>> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|e| io_error(path, &e))?;
+        self.runtime
+            .load(&bytes)
+            .map_err(|e| wasm_error(&e).context_line(format!("loading {}", path.display())))
+    }
+
+    /// Loads a `.wasm` file, or every `*.wasm` file of a folder (in name
+    /// order).
+    ///
+    /// # Errors
+    /// The first file that cannot be read or loaded; a folder without
+    /// plugins.
+    pub fn load_path(&self, path: impl AsRef<Path>) -> Result<Vec<Arc<Plugin>>> {
+        let path = path.as_ref();
+        let meta = std::fs::metadata(path).map_err(|e| io_error(path, &e))?;
+        if !meta.is_dir() {
+            return Ok(vec![self.load_file(path)?]);
+        }
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(path).map_err(|e| io_error(path, &e))? {
+            let file = entry.map_err(|e| io_error(path, &e))?.path();
+            if file.extension().is_some_and(|x| x == "wasm") && file.is_file() {
+                files.push(file);
+            }
+        }
+        if files.is_empty() {
+            return Err(Error::value(format!(
+                "no plugins (*.wasm files) in {}",
+                path.display()
+            )));
+        }
+        files.sort();
+        files.iter().map(|f| self.load_file(f)).collect()
+    }
+
+    /// Registers every function of `plugin` (plain and `async_execution`)
+    /// in `registry` as `namespace::function` ([`plugin_namespace`]),
+    /// replacing functions of the same names, and returns the names. Plugin
+    /// classes are not registered (they need RRefs; see the module docs).
+    pub fn register(&self, plugin: &Arc<Plugin>, registry: &FunctionRegistry) -> Vec<String> {
+        let namespace = plugin_namespace(plugin.name());
+        let mut names = Vec::new();
+        for export in &plugin.manifest().exports {
+            if export.class.is_some()
+                || !matches!(
+                    export.kind,
+                    ExportKind::Function | ExportKind::AsyncFunction
+                )
+            {
+                continue;
+            }
+            let name = format!("{namespace}::{}", export.name);
+            let function = PluginFunction::new(
+                self.runtime.clone(),
+                plugin.clone(),
+                namespace.clone(),
+                export.name.clone(),
+            );
+            registry.register(name.clone(), Arc::new(function));
+            names.push(name);
+        }
+        names
+    }
+
+    /// Loads `path` ([`load_path`](Self::load_path)) and registers every
+    /// plugin it holds in `registry`; returns the registered names.
+    ///
+    /// # Errors
+    /// As [`load_path`](Self::load_path).
+    pub fn install(
+        &self,
+        path: impl AsRef<Path>,
+        registry: &FunctionRegistry,
+    ) -> Result<Vec<String>> {
+        let plugins = self.load_path(path)?;
+        Ok(plugins
+            .iter()
+            .flat_map(|p| self.register(p, registry))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespaces_drop_the_package_prefix() {
+        assert_eq!(plugin_namespace("wasmrpc-plugin-seed-fns"), "seed_fns");
+        assert_eq!(plugin_namespace("my-plugin"), "my_plugin");
+        assert_eq!(plugin_namespace("plain"), "plain");
+    }
+}

@@ -1,0 +1,78 @@
+//! [`PluginFunction`]: one exported function of a loaded plugin as an
+//! [`RpcFunction`] of the agent.
+
+use std::sync::Arc;
+
+use wasmrpc_wasm::{GuestHost, Plugin, Runtime};
+
+use super::guest::GuestCall;
+use crate::agent::{CallContext, RpcFunction};
+use crate::error::{Error, Result};
+use crate::value::{Args, Payload};
+
+/// A plugin's function (plain or `async_execution`), called through the
+/// agent: the call's arguments become guest handles, the guest runs on a
+/// pooled instance with a [`GuestCall`] as its host, and its result (for an
+/// async function, its future's value) comes back as a payload.
+pub(crate) struct PluginFunction {
+    runtime: Runtime,
+    plugin: Arc<Plugin>,
+    namespace: String,
+    function: String,
+}
+
+impl PluginFunction {
+    pub(crate) fn new(
+        runtime: Runtime,
+        plugin: Arc<Plugin>,
+        namespace: String,
+        function: String,
+    ) -> Self {
+        PluginFunction {
+            runtime,
+            plugin,
+            namespace,
+            function,
+        }
+    }
+}
+
+/// A runtime error as a host error: the guest's own kind and message for an
+/// error it raised, else the runtime's kind and text (which name the plugin
+/// and the function).
+pub(crate) fn wasm_error(e: &wasmrpc_wasm::Error) -> Error {
+    Error::from(e.to_remote())
+}
+
+#[async_trait::async_trait]
+impl RpcFunction for PluginFunction {
+    async fn call(&self, ctx: CallContext, args: Args) -> Result<Payload> {
+        let where_ = || {
+            format!(
+                "running plugin function {}::{} on worker {} for {}",
+                self.namespace,
+                self.function,
+                ctx.agent().name(),
+                ctx.caller().name
+            )
+        };
+        let host = Arc::new(GuestCall::new(
+            ctx.agent().clone(),
+            self.plugin.clone(),
+            self.namespace.clone(),
+        ));
+        let call_args = host
+            .handles()
+            .import_args(args)
+            .map_err(|e| Error::from(e).context_line(where_()))?;
+        let guest: Arc<dyn GuestHost> = host.clone();
+        let value = self
+            .runtime
+            .call(&self.plugin, &self.function, call_args, guest)
+            .await
+            .map_err(|e| wasm_error(&e).context_line(where_()))?;
+        host.handles()
+            .take_payload(value)
+            .map_err(|e| Error::from(e).context_line(where_()))
+    }
+}

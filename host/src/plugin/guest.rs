@@ -1,0 +1,379 @@
+//! [`GuestCall`]: the worker's side of one plugin call, a
+//! [`GuestHost`] over the agent.
+//!
+//! It owns the call's handle table ([`Handles`]) and the per-worker locks
+//! the call holds; tensor ops go to `wasmrpc-torch-sys` on the blocking pool
+//! (OPS-1), RPCs to the agent, globals and locks to the agent's
+//! [`state`](super::state). Everything the guest still holds when the call
+//! (and every `then` callback it chained) is over is released on drop.
+//! RRefs are not available to plugins yet: every RRef request fails with a
+//! `NotImplementedError` saying so.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tch::{Device, Kind, Tensor};
+use wasmrpc_torch_sys::{OpError, call_method, call_op, op_value_from_abi, op_value_into_abi};
+use wasmrpc_wasm::{
+    CallArgs, DType, ErrorKind, GuestHost, HandleKind, HostResult, LogLevel, Plugin, RemoteError,
+    TensorMeta, Value, WorkerInfo,
+};
+
+use super::handles::{Handles, rrefs_unavailable};
+use super::state::{Globals, Locks};
+use crate::agent::{Future, RpcAgent};
+use crate::error::Error;
+use crate::ops::run_blocking;
+
+/// The host side of one call of a plugin function on one worker.
+pub(crate) struct GuestCall {
+    agent: RpcAgent,
+    plugin: Arc<Plugin>,
+    namespace: String,
+    handles: Mutex<Handles>,
+    held_locks: Mutex<Vec<String>>,
+}
+
+impl Drop for GuestCall {
+    fn drop(&mut self) {
+        let held = std::mem::take(&mut *self.held_locks.lock().unwrap_or_else(|p| p.into_inner()));
+        if !held.is_empty() {
+            let locks = self.agent.state::<Locks>();
+            for name in held {
+                locks.release(&self.namespace, &name);
+            }
+        }
+    }
+}
+
+fn remote(e: Error) -> RemoteError {
+    e.to_remote()
+}
+
+fn tch_error(e: tch::TchError) -> RemoteError {
+    RemoteError::new(ErrorKind::RuntimeError, e.to_string())
+}
+
+fn dtype_kind(dtype: DType) -> Kind {
+    match dtype {
+        DType::Float32 => Kind::Float,
+        DType::Float64 => Kind::Double,
+        DType::Float16 => Kind::Half,
+        DType::BFloat16 => Kind::BFloat16,
+        DType::Int64 => Kind::Int64,
+        DType::Int32 => Kind::Int,
+        DType::Int16 => Kind::Int16,
+        DType::Int8 => Kind::Int8,
+        DType::UInt8 => Kind::Uint8,
+        DType::Bool => Kind::Bool,
+    }
+}
+
+fn kind_dtype(kind: Kind) -> HostResult<DType> {
+    Ok(match kind {
+        Kind::Float => DType::Float32,
+        Kind::Double => DType::Float64,
+        Kind::Half => DType::Float16,
+        Kind::BFloat16 => DType::BFloat16,
+        Kind::Int64 => DType::Int64,
+        Kind::Int => DType::Int32,
+        Kind::Int16 => DType::Int16,
+        Kind::Int8 => DType::Int8,
+        Kind::Uint8 => DType::UInt8,
+        Kind::Bool => DType::Bool,
+        other => {
+            return Err(RemoteError::new(
+                ErrorKind::TypeError,
+                format!("plugins cannot read tensors of dtype {other:?}"),
+            ));
+        }
+    })
+}
+
+fn meta(t: &Tensor) -> HostResult<TensorMeta> {
+    Ok(TensorMeta {
+        dtype: kind_dtype(t.f_kind().map_err(tch_error)?)?,
+        shape: t.size(),
+        requires_grad: t.requires_grad(),
+    })
+}
+
+/// A tensor's elements: dense, on the CPU, contiguous, little-endian.
+fn elements(t: &Tensor, dtype: DType) -> Result<Vec<u8>, tch::TchError> {
+    let dense = if t.is_sparse() {
+        t.f_to_dense(None, false)?
+    } else {
+        t.shallow_clone()
+    };
+    let cpu = if dense.device() == Device::Cpu {
+        dense
+    } else {
+        dense.f_to_device(Device::Cpu)?
+    };
+    let contiguous = cpu.f_contiguous()?;
+    let numel = contiguous.numel();
+    let mut bytes = vec![0u8; numel * dtype.size()];
+    if numel > 0 {
+        contiguous.f_copy_data_u8(&mut bytes, numel)?;
+    }
+    Ok(bytes)
+}
+
+fn bad_timeout(seconds: f64) -> RemoteError {
+    RemoteError::new(
+        ErrorKind::ValueError,
+        format!("an RPC timeout must be a non-negative number of seconds, got {seconds}"),
+    )
+}
+
+impl GuestCall {
+    /// A call of a function of `plugin` (registered under `namespace`) on
+    /// `agent`'s worker.
+    pub(crate) fn new(agent: RpcAgent, plugin: Arc<Plugin>, namespace: String) -> GuestCall {
+        GuestCall {
+            agent,
+            plugin,
+            namespace,
+            handles: Mutex::new(Handles::default()),
+            held_locks: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The call's handle table.
+    pub(crate) fn handles(&self) -> MutexGuard<'_, Handles> {
+        self.handles.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The registered name a guest means by `function`: a name of one of
+    /// its own plugin's functions without a namespace (`my_function`,
+    /// `MyClass.my_static_method`) is `namespace::function`; anything else
+    /// (`aten::add`, `other_plugin::f`, `builtins.min`) is as given.
+    pub(crate) fn qualify(&self, function: &str) -> String {
+        if !function.contains("::") && self.plugin.manifest().function(function).is_some() {
+            format!("{}::{function}", self.namespace)
+        } else {
+            function.to_owned()
+        }
+    }
+
+    fn start_rpc(
+        &self,
+        to: &str,
+        function: &str,
+        args: CallArgs,
+        timeout: Option<f64>,
+    ) -> HostResult<Future> {
+        let args = self.handles().borrow_args(args)?;
+        let function = self.qualify(function);
+        Ok(match timeout {
+            None => self.agent.rpc_async(to, &function, args),
+            Some(s) => {
+                let t = Duration::try_from_secs_f64(s).map_err(|_| bad_timeout(s))?;
+                self.agent.rpc_async_with_timeout(to, &function, args, t)
+            }
+        })
+    }
+}
+
+#[async_trait]
+impl GuestHost for GuestCall {
+    async fn op(&self, name: &str, args: CallArgs) -> HostResult<Value> {
+        let (positional, kwargs) = {
+            let handles = self.handles();
+            let mut lookup = |h: u32| handles.tensor(h).ok();
+            let positional = args
+                .args
+                .iter()
+                .map(|v| op_value_from_abi(v, &mut lookup))
+                .collect::<Result<Vec<_>, _>>()?;
+            let kwargs = args
+                .kwargs
+                .iter()
+                .map(|(k, v)| Ok((k.clone(), op_value_from_abi(v, &mut lookup)?)))
+                .collect::<Result<Vec<_>, OpError>>()?;
+            (positional, kwargs)
+        };
+        let name = name.to_owned();
+        let outputs = run_blocking(move || {
+            // A bare name is a tensor method (`view`, `size`), as Python
+            // calls it on a tensor.
+            if name.contains("::") || name.contains('.') {
+                call_op(&name, &positional, &kwargs)
+            } else {
+                call_method(&name, &positional, &kwargs)
+            }
+        })
+        .await
+        .map_err(remote)??;
+        let value = wasmrpc_torch_sys::OpValue::from_outputs(outputs);
+        let mut handles = self.handles();
+        Ok(op_value_into_abi(value, &mut |t| handles.insert_tensor(t)))
+    }
+
+    async fn tensor_new(&self, dtype: DType, shape: Vec<i64>, data: Vec<u8>) -> HostResult<u32> {
+        let t = Tensor::f_from_data_size(&data, &shape, dtype_kind(dtype)).map_err(tch_error)?;
+        Ok(self.handles().insert_tensor(t))
+    }
+
+    async fn tensor_meta(&self, tensor: u32) -> HostResult<TensorMeta> {
+        meta(&self.handles().tensor(tensor)?)
+    }
+
+    async fn tensor_data(&self, tensor: u32) -> HostResult<(TensorMeta, Vec<u8>)> {
+        let t = self.handles().tensor(tensor)?;
+        let m = meta(&t)?;
+        let dtype = m.dtype;
+        let bytes = run_blocking(move || elements(&t, dtype))
+            .await
+            .map_err(remote)?
+            .map_err(tch_error)?;
+        Ok((m, bytes))
+    }
+
+    async fn dup(&self, kind: HandleKind, handle: u32) -> HostResult<u32> {
+        self.handles().dup(kind, handle)
+    }
+
+    async fn drop_handle(&self, kind: HandleKind, handle: u32) -> HostResult<()> {
+        self.handles().release(kind, handle)
+    }
+
+    async fn rpc_sync(
+        &self,
+        to: &str,
+        function: &str,
+        args: CallArgs,
+        timeout: Option<f64>,
+    ) -> HostResult<Value> {
+        let fut = self.start_rpc(to, function, args, timeout)?;
+        let payload = fut.wait().await.map_err(remote)?;
+        self.handles().import(payload)
+    }
+
+    async fn rpc_async(
+        &self,
+        to: &str,
+        function: &str,
+        args: CallArgs,
+        timeout: Option<f64>,
+    ) -> HostResult<u32> {
+        let fut = self.start_rpc(to, function, args, timeout)?;
+        Ok(self.handles().insert_future(fut))
+    }
+
+    async fn remote(
+        &self,
+        _to: &str,
+        _function: &str,
+        _args: CallArgs,
+        _timeout: Option<f64>,
+    ) -> HostResult<u32> {
+        Err(rrefs_unavailable())
+    }
+
+    async fn rref_to_here(&self, _rref: u32) -> HostResult<Value> {
+        Err(rrefs_unavailable())
+    }
+
+    async fn rref_owner(&self, _rref: u32) -> HostResult<WorkerInfo> {
+        Err(rrefs_unavailable())
+    }
+
+    async fn rref_new(&self, _value: Value) -> HostResult<u32> {
+        Err(rrefs_unavailable())
+    }
+
+    async fn future_new(&self) -> HostResult<u32> {
+        Ok(self.handles().insert_future(Future::new()))
+    }
+
+    async fn future_set(&self, future: u32, result: HostResult<Value>) -> HostResult<()> {
+        let fut = self.handles().future(future)?;
+        let result = match result {
+            Ok(v) => Ok(self.handles().borrow_payload(v)?),
+            Err(e) => Err(Error::from(e)),
+        };
+        fut.complete(result).map_err(remote)
+    }
+
+    async fn future_wait(&self, future: u32) -> HostResult<Value> {
+        let fut = self.handles().future(future)?;
+        let payload = fut.wait().await.map_err(remote)?;
+        self.handles().import(payload)
+    }
+
+    async fn future_done(&self, future: u32) -> HostResult<bool> {
+        Ok(self.handles().future(future)?.done())
+    }
+
+    async fn worker_info(&self, name: Option<&str>) -> HostResult<WorkerInfo> {
+        self.agent.get_worker_info(name).map_err(remote)
+    }
+
+    async fn global_get(&self, key: &str) -> HostResult<Value> {
+        match self.agent.state::<Globals>().get(&self.namespace, key) {
+            Some(p) => self.handles().import(p),
+            None => Ok(Value::None),
+        }
+    }
+
+    async fn global_set(&self, key: &str, value: Value) -> HostResult<()> {
+        let value = match value {
+            Value::None => None,
+            v => Some(self.handles().borrow_payload(v)?),
+        };
+        self.agent
+            .state::<Globals>()
+            .set(&self.namespace, key, value);
+        Ok(())
+    }
+
+    async fn lock(&self, key: &str) -> HostResult<()> {
+        self.agent
+            .state::<Locks>()
+            .acquire(&self.namespace, key)
+            .await;
+        self.held_locks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(key.to_owned());
+        Ok(())
+    }
+
+    async fn unlock(&self, key: &str) -> HostResult<()> {
+        let held = {
+            let mut held = self.held_locks.lock().unwrap_or_else(|p| p.into_inner());
+            held.iter().rposition(|k| k == key).map(|i| held.remove(i))
+        };
+        match held {
+            Some(_) => {
+                self.agent.state::<Locks>().release(&self.namespace, key);
+                Ok(())
+            }
+            None => Err(RemoteError::new(
+                ErrorKind::RuntimeError,
+                format!("lock `{key}` is not held by this call"),
+            )),
+        }
+    }
+
+    async fn log(&self, level: LogLevel, message: &str) -> HostResult<()> {
+        let (worker, plugin) = (self.agent.name(), self.namespace.as_str());
+        match level {
+            LogLevel::Error => {
+                tracing::error!(target: "wasmrpc::guest", %worker, %plugin, "{message}")
+            }
+            LogLevel::Warn => {
+                tracing::warn!(target: "wasmrpc::guest", %worker, %plugin, "{message}")
+            }
+            LogLevel::Info => {
+                tracing::info!(target: "wasmrpc::guest", %worker, %plugin, "{message}")
+            }
+            LogLevel::Debug => {
+                tracing::debug!(target: "wasmrpc::guest", %worker, %plugin, "{message}")
+            }
+        }
+        Ok(())
+    }
+}
