@@ -2,6 +2,7 @@
 //! init method), and the dispatch to each subcommand.
 
 mod launch;
+mod plugin;
 mod worker;
 
 use std::process::ExitCode;
@@ -34,6 +35,9 @@ enum Command {
     /// function on worker0, then shut everything down. Stops every worker,
     /// with a non-zero exit, as soon as one fails.
     Launch(launch::LaunchArgs),
+    /// Tools for plugin files: `wasmrpc plugin inspect FILE` prints a
+    /// plugin's manifest.
+    Plugin(plugin::PluginArgs),
 }
 
 /// Sets up `tracing` output on stderr, filtered by `RUST_LOG` (default: info).
@@ -65,6 +69,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode> {
                 .build()?;
             runtime.block_on(launch::run(args))
         }
+        Command::Plugin(args) => plugin::run(args),
     }
 }
 

@@ -183,3 +183,254 @@ fn torchrun_runs_wasmrpc_workers_on_its_agent_store() {
         "{stdout}\n{stderr}"
     );
 }
+
+/// The folder the seed-fns plugin is built into (by `wasmrpc-plugins`).
+fn plugin_dir() -> String {
+    std::path::Path::new(wasmrpc_plugins::SEED_FNS)
+        .parent()
+        .expect("the plugin file has a folder")
+        .display()
+        .to_string()
+}
+
+#[test]
+fn launch_serves_plugins_and_runs_an_entry_that_makes_a_nested_rpc() {
+    let dir = plugin_dir();
+    // worker0 runs seed_fns::nested_udf("worker1", 4), whose guest calls
+    // my_function(4, 1, 2) on worker1.
+    let out = wasmrpc(
+        &[
+            "launch",
+            "--nproc",
+            "2",
+            "--plugins",
+            &dir,
+            "--entry",
+            "seed_fns::nested_udf",
+            "--",
+            "worker1",
+            "4",
+        ],
+        Duration::from_secs(90),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "launch failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("[worker0] seed_fns::nested_udf returned Int(7)"),
+        "unexpected result:\n{stdout}\n{stderr}"
+    );
+    for worker in ["worker0", "worker1"] {
+        assert!(
+            stderr.contains(&format!("[{worker}]")) && stderr.contains("plugin seed_fns 0.1.0"),
+            "{worker} did not report its plugin:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn plugin_inspect_prints_the_manifest() {
+    let out = wasmrpc(
+        &["plugin", "inspect", wasmrpc_plugins::SEED_FNS],
+        Duration::from_secs(30),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for needle in [
+        "name:      wasmrpc-plugin-seed-fns",
+        "namespace: seed_fns",
+        "version:   0.1.0",
+        "sha256:    ",
+        "function        seed_fns::my_function(a, b, c)",
+        "async function  seed_fns::async_add(to, x, y)",
+        "class           MyClass(a, delay)",
+        "method          MyClass.my_instance_method(my_instance_arg)",
+    ] {
+        assert!(stdout.contains(needle), "no {needle:?} in:\n{stdout}");
+    }
+    let sha = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("sha256:    "))
+        .expect("a sha256 line");
+    assert!(
+        sha.len() == 64 && sha.chars().all(|c| c.is_ascii_hexdigit()),
+        "{sha}"
+    );
+
+    let not_a_plugin = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(not_a_plugin.path(), b"\0asm\x01\0\0\0").expect("write");
+    let out = wasmrpc(
+        &[
+            "plugin",
+            "inspect",
+            &not_a_plugin.path().display().to_string(),
+        ],
+        Duration::from_secs(30),
+    );
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("is not a wasmrpc plugin") && stderr.contains("wasmrpc-manifest"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_worker_with_a_bad_plugin_folder_fails_and_says_why() {
+    let empty = tempfile::tempdir().expect("temp dir");
+    let store = tempfile::tempdir().expect("temp dir");
+    let url = format!("file://{}", store.path().join("store").display());
+    let out = wasmrpc(
+        &[
+            "worker",
+            "--rank",
+            "0",
+            "--world-size",
+            "1",
+            "--init-method",
+            &url,
+            "--plugins",
+            &empty.path().display().to_string(),
+        ],
+        Duration::from_secs(30),
+    );
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("cannot load the plugins in")
+            && stderr.contains("no plugins (*.wasm files)"),
+        "{stderr}"
+    );
+}
+
+/// The pid of `parent`'s child process named `worker` (`--name worker`).
+fn worker_pid(parent: u32, worker: &str) -> Option<u32> {
+    let needle = format!("--name\0{worker}\0");
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`; comm may hold spaces, so split after
+        // its closing parenthesis.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid != Some(parent) {
+            continue;
+        }
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(&needle) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+#[test]
+fn killing_a_worker_mid_call_fails_the_callers_future_and_the_launch() {
+    use std::io::{BufRead, BufReader};
+    use std::sync::{Arc, Mutex};
+
+    let dir = plugin_dir();
+    // worker0 calls seed_fns::my_sleep_func(60) on worker1, then we kill
+    // worker1 while the call sleeps there.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wasmrpc"))
+        .args([
+            "launch",
+            "--nproc",
+            "2",
+            "--plugins",
+            &dir,
+            "--entry",
+            "seed_fns::my_sleep_func",
+            "--entry-on",
+            "worker1",
+            "--",
+            "60",
+        ])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the wasmrpc binary starts");
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let mut readers = Vec::new();
+    let stdout = child.stdout.take().expect("piped stdout");
+    let stderr = child.stderr.take().expect("piped stderr");
+    for stream in [
+        Box::new(stdout) as Box<dyn std::io::Read + Send>,
+        Box::new(stderr),
+    ] {
+        let lines = lines.clone();
+        readers.push(std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                lines.lock().expect("lines lock").push(line);
+            }
+        }));
+    }
+    let seen = |needle: &str| {
+        lines
+            .lock()
+            .expect("lines lock")
+            .iter()
+            .any(|l| l.contains(needle))
+    };
+    let dump = |lines: &Arc<Mutex<Vec<String>>>| lines.lock().expect("lines lock").join("\n");
+
+    let started = Instant::now();
+    while !(seen("[worker0] ") && seen("worker0: rank 0 of 2") && seen("worker1: rank 1 of 2")) {
+        if started.elapsed() > Duration::from_secs(60) || child.try_wait().ok().flatten().is_some()
+        {
+            let _ = child.kill();
+            panic!("the cluster did not come up:\n{}", dump(&lines));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The entry starts as soon as worker0 is up; give it time to reach
+    // worker1's guest, which then sleeps a minute.
+    std::thread::sleep(Duration::from_millis(1500));
+    let pid = worker_pid(child.id(), "worker1").unwrap_or_else(|| {
+        let _ = child.kill();
+        panic!("no worker1 process under the launcher:\n{}", dump(&lines))
+    });
+    let killed = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(killed.success(), "could not kill worker1 ({pid})");
+    let killed_at = Instant::now();
+
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait on launch") {
+            break status;
+        }
+        if killed_at.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("launch hung after worker1 was killed:\n{}", dump(&lines));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = killed_at.elapsed();
+    for r in readers {
+        let _ = r.join();
+    }
+    let all = dump(&lines);
+    assert!(!status.success(), "launch succeeded:\n{all}");
+    assert!(
+        took < Duration::from_secs(15),
+        "launch took {took:?} to stop:\n{all}"
+    );
+    let failure = all
+        .lines()
+        .find(|l| l.contains("entry seed_fns::my_sleep_func on worker1 failed"))
+        .unwrap_or_else(|| panic!("worker0 did not report the failed call:\n{all}"));
+    assert!(
+        failure.starts_with("[worker0]") && failure.contains("connection to worker worker1 closed"),
+        "the error does not name the dead worker: {failure}\n{all}"
+    );
+    assert!(all.contains("worker1 failed"), "{all}");
+}

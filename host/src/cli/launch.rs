@@ -4,6 +4,7 @@
 //! name; worker0 runs the entry function. When one worker fails, the others
 //! are stopped and the launcher exits non-zero.
 
+use std::path::PathBuf;
 use std::process::{ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +29,14 @@ pub(crate) struct LaunchArgs {
     /// every worker answers, and shuts down.
     #[arg(long)]
     entry: Option<String>,
+    /// Run the entry function on this worker (worker0 calls it there)
+    /// [default: worker0].
+    #[arg(long, value_name = "WORKER", requires = "entry")]
+    entry_on: Option<String>,
+    /// Every worker loads the wasm plugins in this folder (or this `.wasm`
+    /// file) and serves their functions as `plugin::function`. Repeatable.
+    #[arg(long = "plugins", value_name = "DIR")]
+    plugins: Vec<PathBuf>,
     /// The port of the store the launcher hosts (0: any free port).
     #[arg(long, default_value_t = 0)]
     master_port: u16,
@@ -54,6 +63,13 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
         args.nproc
     );
 
+    // Workers may run elsewhere than here one day; give them absolute paths.
+    let plugins = args
+        .plugins
+        .iter()
+        .map(|p| std::path::absolute(p).with_context(|| format!("bad plugin path {}", p.display())))
+        .collect::<Result<Vec<_>>>()?;
+
     let mut children: Vec<(String, Child)> = Vec::new();
     let mut output = JoinSet::new();
     for rank in 0..args.nproc {
@@ -71,12 +87,17 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
+        for dir in &plugins {
+            cmd.arg("--plugins").arg(dir);
+        }
         if rank == 0 {
             match &args.entry {
                 Some(entry) => {
-                    cmd.args(["--entry", entry])
-                        .arg("--")
-                        .args(&args.entry_args);
+                    cmd.args(["--entry", entry]);
+                    if let Some(on) = &args.entry_on {
+                        cmd.args(["--entry-on", on]);
+                    }
+                    cmd.arg("--").args(&args.entry_args);
                 }
                 None => {
                     cmd.arg("--ping-all");
@@ -108,9 +129,16 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
     }
 }
 
-/// Waits for every child; the first failure stops the rest.
+/// How long the other workers get, once one has failed, to report what they
+/// saw of the failure (e.g. a call to the dead worker failing) and exit on
+/// their own, before they are stopped.
+const GRACE: Duration = Duration::from_secs(3);
+
+/// Waits for every child; the first failure stops the rest (after
+/// [`GRACE`]).
 async fn supervise(children: Vec<(String, Child)>) -> Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop_tx = Arc::new(stop_tx);
     let mut waits = JoinSet::new();
     for (name, mut child) in children {
         let mut stop = stop_rx.clone();
@@ -130,9 +158,16 @@ async fn supervise(children: Vec<(String, Child)>) -> Result<()> {
         let (name, status) = joined.context("a worker's supervisor task failed")?;
         let status = status.with_context(|| format!("could not wait for {name}"))?;
         if !status.success() && failure.is_none() {
-            error!("{name} failed ({status}); stopping the other workers");
+            error!(
+                "{name} failed ({status}); stopping the other workers in {} s unless they exit",
+                GRACE.as_secs()
+            );
             failure = Some(format!("{name} failed ({status})"));
-            let _ = stop_tx.send(true);
+            let stop_tx = stop_tx.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(GRACE).await;
+                let _ = stop_tx.send(true);
+            });
         }
     }
     match failure {

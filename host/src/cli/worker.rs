@@ -1,14 +1,16 @@
 //! `wasmrpc worker`: one worker of a group. It finds the group through an
-//! init method (as `torch.distributed.rpc.init_rpc` does), serves calls, may
-//! run an entry function, and stops with the group's graceful shutdown.
+//! init method (as `torch.distributed.rpc.init_rpc` does), serves the
+//! functions of the plugins it loads (and every builtin op), may run an
+//! entry function, and stops with the group's graceful shutdown.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use tracing::info;
-use wasmrpc::{Args, Payload, RpcBackendOptions, Value, init_rpc};
+use wasmrpc::{Args, FunctionRegistry, Payload, PluginHost, RpcBackendOptions, Value, init_rpc};
 
 use super::parse_seconds;
 
@@ -44,10 +46,18 @@ pub(crate) struct WorkerArgs {
     /// Threads that run calls on this worker.
     #[arg(long, default_value_t = wasmrpc::DEFAULT_NUM_WORKER_THREADS)]
     pub(crate) num_worker_threads: usize,
+    /// Load the wasm plugins in this folder (every `*.wasm` file) or this
+    /// file, and serve their functions as `plugin::function`. Repeatable.
+    #[arg(long = "plugins", value_name = "DIR")]
+    plugins: Vec<PathBuf>,
     /// Once the group is up, call this registered function on this worker
     /// (e.g. `plugin::function`), print its result, then shut down.
     #[arg(long)]
     entry: Option<String>,
+    /// Call the entry function on this worker of the group instead
+    /// [default: this worker].
+    #[arg(long, value_name = "WORKER", requires = "entry")]
+    entry_on: Option<String>,
     /// Once the group is up, call every other worker once and print the
     /// round trip (the launcher's health check when it has no entry).
     #[arg(long)]
@@ -70,7 +80,12 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
     let world = u32::try_from(world).ok();
     let name = args.name.clone().unwrap_or_else(|| format!("worker{rank}"));
 
+    let registry = FunctionRegistry::new();
+    if !args.plugins.is_empty() {
+        load_plugins(&args.plugins, &registry).await?;
+    }
     let options = RpcBackendOptions {
+        registry: std::sync::Arc::new(registry),
         rpc_timeout: args.rpc_timeout,
         num_worker_threads: args.num_worker_threads,
         init_method: args.init_method.clone(),
@@ -117,10 +132,11 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
             .entry_args
             .iter()
             .fold(Args::new(), |a, s| a.arg(parse_arg(s)));
-        match agent.rpc_sync(name.as_str(), entry, call_args).await {
+        let on = args.entry_on.as_deref().unwrap_or(name.as_str());
+        match agent.rpc_sync(on, entry, call_args).await {
             Ok(result) => println!("{entry} returned {}", describe(&result)),
             Err(e) => {
-                eprintln!("{name}: entry {entry} failed: {e}");
+                eprintln!("{name}: entry {entry} on {on} failed: {e}");
                 failed = true;
             }
         }
@@ -134,6 +150,31 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         bail!("{name}: a call failed (see above)");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Loads every plugin under `paths` (compiling off the async threads) and
+/// registers their functions in `registry`.
+async fn load_plugins(paths: &[PathBuf], registry: &FunctionRegistry) -> Result<()> {
+    let host = PluginHost::shared().context("cannot start the wasm runtime")?;
+    for path in paths {
+        let (h, p) = (host.clone(), path.clone());
+        let plugins = tokio::task::spawn_blocking(move || h.load_path(&p))
+            .await
+            .context("the plugin loader stopped")?
+            .with_context(|| format!("cannot load the plugins in {}", path.display()))?;
+        for plugin in plugins {
+            let names = host.register(&plugin, registry);
+            let namespace = wasmrpc::plugin_namespace(plugin.name());
+            info!(
+                "plugin {namespace} {} from {}: serving {} functions as {namespace}::*",
+                plugin.manifest().version,
+                path.display(),
+                names.len(),
+            );
+            tracing::debug!("plugin {namespace}: {}", names.join(", "));
+        }
+    }
+    Ok(())
 }
 
 /// An entry argument: an integer, a float, a boolean, or else a string.

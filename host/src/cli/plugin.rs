@@ -1,0 +1,86 @@
+//! `wasmrpc plugin`: tools for plugin files. `inspect` prints a plugin's
+//! manifest (what the guest SDK's macros wrote into the module) without
+//! compiling it: its name and the namespace its functions are served under,
+//! version, protocol version, sha256, and every export with its kind and
+//! parameters.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use sha2::{Digest, Sha256};
+use wasmrpc::wasm::manifest::{self, ExportKind};
+
+/// Flags of `wasmrpc plugin`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct PluginArgs {
+    #[command(subcommand)]
+    command: PluginCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum PluginCommand {
+    /// Print a plugin's manifest: name, version, sha256, and its exports
+    /// with their kind and parameters.
+    Inspect {
+        /// The plugin's `.wasm` file.
+        file: PathBuf,
+    },
+}
+
+/// Runs a `plugin` subcommand.
+pub(crate) fn run(args: PluginArgs) -> Result<ExitCode> {
+    match args.command {
+        PluginCommand::Inspect { file } => {
+            print!("{}", inspect(&file)?);
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// The report `inspect` prints.
+fn inspect(file: &PathBuf) -> Result<String> {
+    let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let m = manifest::read(&bytes)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .with_context(|| format!("{} is not a wasmrpc plugin", file.display()))?;
+    let namespace = wasmrpc::plugin_namespace(&m.name);
+    let sha256: String = Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let mut out = String::new();
+    out.push_str(&format!("name:      {}\n", m.name));
+    out.push_str(&format!("namespace: {namespace}\n"));
+    out.push_str(&format!("version:   {}\n", m.version));
+    out.push_str(&format!(
+        "abi:       {}{}\n",
+        m.abi,
+        if m.abi_matches() {
+            ""
+        } else {
+            " (this host cannot load it)"
+        }
+    ));
+    out.push_str(&format!("sha256:    {sha256}\n"));
+    out.push_str(&format!("exports:   {}\n", m.exports.len()));
+    for e in &m.exports {
+        let params = e.params.join(", ");
+        let (kind, name) = match (e.kind, e.class.as_deref()) {
+            (ExportKind::Function, _) => ("function", format!("{namespace}::{}", e.name)),
+            (ExportKind::AsyncFunction, _) => {
+                ("async function", format!("{namespace}::{}", e.name))
+            }
+            (ExportKind::Constructor, class) => ("class", class.unwrap_or(&e.name).to_owned()),
+            (ExportKind::Method, class) => {
+                ("method", format!("{}.{}", class.unwrap_or("?"), e.name))
+            }
+            (ExportKind::AsyncMethod, class) => (
+                "async method",
+                format!("{}.{}", class.unwrap_or("?"), e.name),
+            ),
+        };
+        out.push_str(&format!("  {kind:<15} {name}({params})\n"));
+    }
+    Ok(out)
+}
