@@ -5,3 +5,4 @@
 //!   own failure tests in `rpc_test::extra`.
 
 mod rpc_test;
+mod plugin_test;
