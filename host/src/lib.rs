@@ -86,9 +86,8 @@ pub use agent::{
     CLUSTER_SECRET_ENV, CallContext, CallOptions, DEFAULT_INIT_METHOD, DEFAULT_NUM_WORKER_THREADS,
     DEFAULT_RPC_TIMEOUT, Dest, FunctionRegistry, FunctionResolver, Future, INTERNAL_PREFIX, NOOP,
     RpcAgent, RpcBackendOptions, RpcFunction, ShutdownHook, collect_all, collected_futures,
-    current_agent,
-    init_rpc, reset_current_agent, set_current_agent, validate_worker_name, wait_all,
-    wait_all_blocking, wait_all_scope, worker_info,
+    current_agent, init_rpc, reset_current_agent, set_current_agent, validate_worker_name,
+    wait_all, wait_all_blocking, wait_all_scope, worker_info,
 };
 pub use error::*;
 pub use ops::{BuiltinOps, call_builtin};

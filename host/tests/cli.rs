@@ -236,14 +236,13 @@ fn plugin_inspect_prints_the_manifest() {
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     for needle in [
-        "name:      wasmrpc-plugin-seed-fns",
-        "namespace: seed_fns",
-        "version:   0.1.0",
+        "wasmrpc-plugin-seed-fns 0.1.0 (protocol 1)",
+        "namespace: seed_fns (functions are served as seed_fns::<fn>",
         "sha256:    ",
-        "function        seed_fns::my_function(a, b, c)",
-        "async function  seed_fns::async_add(to, x, y)",
-        "class           MyClass(a, delay)",
-        "method          MyClass.my_instance_method(my_instance_arg)",
+        "  fn my_function(a, b, c)",
+        "  async fn async_add(to, x, y)",
+        "  class MyClass(a, delay)",
+        "    method MyClass.my_instance_method(my_instance_arg)",
     ] {
         assert!(stdout.contains(needle), "no {needle:?} in:\n{stdout}");
     }

@@ -4,5 +4,5 @@
 //!   on the CPU), each test named exactly as in the seed, plus the agent's
 //!   own failure tests in `rpc_test::extra`.
 
-mod rpc_test;
 mod plugin_test;
+mod rpc_test;

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
-use wasmrpc::wasm::manifest::{self, ExportKind};
+use wasmrpc::wasm::manifest;
 
 /// Flags of `wasmrpc plugin`.
 #[derive(clap::Args, Debug)]
@@ -38,7 +38,8 @@ pub(crate) fn run(args: PluginArgs) -> Result<ExitCode> {
     }
 }
 
-/// The report `inspect` prints.
+/// The report `inspect` prints: the manifest as the runtime describes it,
+/// then the namespace the functions are served under and the sha256.
 fn inspect(file: &PathBuf) -> Result<String> {
     let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
     let m = manifest::read(&bytes)
@@ -49,38 +50,13 @@ fn inspect(file: &PathBuf) -> Result<String> {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let mut out = String::new();
-    out.push_str(&format!("name:      {}\n", m.name));
-    out.push_str(&format!("namespace: {namespace}\n"));
-    out.push_str(&format!("version:   {}\n", m.version));
+    let mut out = manifest::describe(&m);
+    if !m.abi_matches() {
+        out.push_str("this host speaks another protocol version and cannot load it\n");
+    }
     out.push_str(&format!(
-        "abi:       {}{}\n",
-        m.abi,
-        if m.abi_matches() {
-            ""
-        } else {
-            " (this host cannot load it)"
-        }
+        "namespace: {namespace} (functions are served as {namespace}::<fn>; classes need RRefs and are not served yet)\n"
     ));
     out.push_str(&format!("sha256:    {sha256}\n"));
-    out.push_str(&format!("exports:   {}\n", m.exports.len()));
-    for e in &m.exports {
-        let params = e.params.join(", ");
-        let (kind, name) = match (e.kind, e.class.as_deref()) {
-            (ExportKind::Function, _) => ("function", format!("{namespace}::{}", e.name)),
-            (ExportKind::AsyncFunction, _) => {
-                ("async function", format!("{namespace}::{}", e.name))
-            }
-            (ExportKind::Constructor, class) => ("class", class.unwrap_or(&e.name).to_owned()),
-            (ExportKind::Method, class) => {
-                ("method", format!("{}.{}", class.unwrap_or("?"), e.name))
-            }
-            (ExportKind::AsyncMethod, class) => (
-                "async method",
-                format!("{}.{}", class.unwrap_or("?"), e.name),
-            ),
-        };
-        out.push_str(&format!("  {kind:<15} {name}({params})\n"));
-    }
     Ok(out)
 }
