@@ -350,3 +350,69 @@ pub(crate) fn json_lines(res: &Results, only: &[String], run: &Json) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn results() -> Results {
+        let mut r = Results::default();
+        r.set(Side::Ours, "rtt_noop_native", Stat::value(20.0, 1));
+        r.set(Side::Torch, "rtt_noop", Stat::value(200.0, 1));
+        r.set(Side::Limit, "raw_rtt", Stat::value(5.0, 1));
+        r.set(Side::Ours, "async_128", Stat::value(100_000.0, 1));
+        r.set(Side::Torch, "async_128", Stat::value(4_000.0, 1));
+        r.na(Side::Ours, "remote_to_here", "n/a (not implemented yet)");
+        r
+    }
+
+    fn row(id: &str) -> Row {
+        *ROWS.iter().find(|r| r.id == id).expect("a row")
+    }
+
+    #[test]
+    fn ratios_read_as_better_than_torch_and_fraction_of_the_limit() {
+        let r = results();
+        assert_eq!(vs_torch(&row("rtt_noop_native"), &r), Some(10.0));
+        assert_eq!(of_limit(&row("rtt_noop_native"), &r), Some(0.25));
+        assert_eq!(vs_torch(&row("async_128"), &r), Some(25.0));
+        assert_eq!(vs_torch(&row("remote_to_here"), &r), None);
+    }
+
+    #[test]
+    fn targets_say_met_missed_and_not_measured() {
+        let t = targets(&results());
+        assert!(t.contains("[MISS] small-call round trip within 1.5x of raw TCP: 4.00x"));
+        assert!(t.contains("[ ok ] small-call round trip >= 8x faster than torch: 10.00x"));
+        assert!(t.contains("[ ok ] async calls/s >= 25x torch's: 25.00x"));
+        assert!(t.contains("[ -- ] remote()+to_here() >= 5x faster than torch: not measured (n/a (not implemented yet))"));
+    }
+
+    #[test]
+    fn json_lines_read_back_as_a_baseline() {
+        let r = results();
+        let lines = json_lines(&r, &[], &json!({"quick": true}));
+        assert_eq!(lines.lines().count(), ROWS.len());
+        let dir = std::env::temp_dir().join(format!("wasmrpc-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("run.jsonl");
+        std::fs::write(&path, &lines).expect("write");
+        let base = read_baseline(&path).expect("reads");
+        let rtt = base["rtt_noop_native"];
+        assert_eq!(rtt.ours, Some(20.0));
+        assert_eq!(rtt.vs_torch, Some(10.0));
+        let cellt = baseline_cell(&row("rtt_noop_native"), &r, Some(&rtt));
+        assert_eq!(cellt, "ours +0%, vs torch was 10.00x, of limit was 0.25x");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn cells_and_table() {
+        assert_eq!(fmt_rate(1_234_567.4), "1,234,567/s");
+        assert_eq!(fmt_micros(20.04), "20.0 µs");
+        assert_eq!(fmt_micros(2_500.0), "2.50 ms");
+        let t = table(&results(), &["rtt_noop_native".to_string()], None);
+        assert!(t.contains("| round trip, no-op(int), native fn [torch: Python fn] | 20.0 µs"));
+        assert!(t.contains("10.00x"));
+    }
+}
