@@ -61,6 +61,7 @@ pub use options::{
     CLUSTER_SECRET_ENV, DEFAULT_INIT_METHOD, DEFAULT_NUM_WORKER_THREADS, DEFAULT_RPC_TIMEOUT, Dest,
     RpcBackendOptions, validate_worker_name, worker_info,
 };
+pub(crate) use registry::call_guarded;
 pub use registry::{CallContext, FunctionRegistry, FunctionResolver, RpcFunction};
 
 use crate::abi::{ErrorKind, WorkerInfo};
@@ -79,6 +80,9 @@ pub const INTERNAL_PREFIX: &str = "wasmrpc::";
 /// A function every agent serves that does nothing (the seeds' `noop`,
 /// used to probe whether a worker is alive).
 pub const NOOP: &str = "wasmrpc::_noop";
+
+/// A call's positional and keyword values, as sent.
+type WireArgs = (Vec<crate::abi::Value>, Vec<(String, crate::abi::Value)>);
 
 const RUNNING: u8 = 0;
 const STOPPING: u8 = 1;
@@ -199,6 +203,27 @@ fn store_err(e: crate::store::Error) -> Error {
 impl RpcAgent {
     pub(crate) fn from_inner(inner: Arc<AgentInner>) -> Self {
         RpcAgent { inner }
+    }
+
+    /// A weak reference (RRef handles hold these, so they do not keep a
+    /// stopped agent alive).
+    pub(crate) fn downgrade(&self) -> std::sync::Weak<AgentInner> {
+        Arc::downgrade(&self.inner)
+    }
+
+    /// The function a call of `name` runs: the agent's own functions
+    /// (`INTERNAL_PREFIX`) or the registry's.
+    pub(crate) fn lookup_function(&self, name: &str) -> Option<Arc<dyn RpcFunction>> {
+        if name.starts_with(INTERNAL_PREFIX) {
+            self.inner.internal.get(name)
+        } else {
+            self.registry().get(name)
+        }
+    }
+
+    /// The runtime the agent runs on.
+    pub(crate) fn runtime_handle(&self) -> tokio::runtime::Handle {
+        self.inner.runtime.clone()
     }
 
     /// This worker's identity.
@@ -471,7 +496,21 @@ impl RpcAgent {
             positional,
             kwargs,
             tensors,
+            rrefs,
         } = args;
+        let (positional, kwargs) = if rrefs.is_empty() {
+            (positional, kwargs)
+        } else {
+            match self.args_to_wire(&to, positional, kwargs, &rrefs) {
+                Ok(pk) => pk,
+                Err(e) => {
+                    let fut = Future::new();
+                    let _ =
+                        fut.set_error(e.context_line(format!("sending RRefs to call {function}")));
+                    return fut;
+                }
+            }
+        };
         let build = |id| Message::Call {
             id,
             function: function.to_string(),
@@ -480,6 +519,27 @@ impl RpcAgent {
             autograd,
         };
         self.send_tracked(to, function, build, &tensors, timeout, user, collect)
+    }
+
+    /// Forks the RRefs of a call's arguments toward `to` (`crate::rref`).
+    fn args_to_wire(
+        &self,
+        to: &Dest,
+        positional: Vec<crate::abi::Value>,
+        kwargs: Vec<(String, crate::abi::Value)>,
+        rrefs: &[crate::rref::RRef],
+    ) -> Result<WireArgs> {
+        self.require_running()?;
+        let dst = self.resolve(to.clone())?;
+        let positional = positional
+            .into_iter()
+            .map(|v| crate::rref::to_wire(self, &dst, v, rrefs))
+            .collect::<Result<Vec<_>>>()?;
+        let kwargs = kwargs
+            .into_iter()
+            .map(|(k, v)| Ok((k, crate::rref::to_wire(self, &dst, v, rrefs)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((positional, kwargs))
     }
 
     /// Sends a request of one of the reserved message kinds (RRef
@@ -815,7 +875,9 @@ impl RpcAgent {
             Ok(())
         };
         self.finalize(graceful).await;
-        r
+        // RREF-5: the leak check runs after the agent stopped.
+        let leaks = crate::rref::context(self).destroy();
+        r.and(leaks)
     }
 
     async fn finalize(&self, graceful: bool) {
@@ -907,14 +969,19 @@ impl RpcAgent {
             // learnt the group; functions run once it has.
             this.wait_ready().await;
             let caller = WorkerInfo { id: conn.peer_rank, name: conn.peer.clone() };
-            let args = Args { positional: args, kwargs, tensors };
+            let args = this.args_from_wire(args, kwargs, tensors);
+            if let Ok(a) = &args {
+                // RREF-7: run the function once its argument RRefs are confirmed.
+                crate::rref::wait_confirmed(&this, &a.rrefs).await;
+            }
             let f = if internal { this.inner.internal.get(&function) } else { this.registry().get(&function) };
-            let result = match f {
-                Some(f) => {
+            let result = match (f, args) {
+                (_, Err(e)) => Err(e.context_line(format!("receiving RRefs from worker {}", conn.peer))),
+                (Some(f), Ok(args)) => {
                     let ctx = CallContext::new(this.clone(), caller, function.clone(), autograd);
                     registry::call_guarded(f, ctx, args).await
                 }
-                None => Err(Error::runtime(unknown_function_message(&function, this.name()))),
+                (None, Ok(_)) => Err(Error::runtime(unknown_function_message(&function, this.name()))),
             };
             if let Err(e) = &result {
                 tracing::warn!(worker = %this.name(), caller = %conn.peer, function = %function, "function raised {}: {}", e.kind(), e.message());
@@ -929,9 +996,67 @@ impl RpcAgent {
         });
     }
 
+    /// Turns a received call's fork records into RRefs (`crate::rref`).
+    fn args_from_wire(
+        &self,
+        positional: Vec<crate::abi::Value>,
+        kwargs: Vec<(String, crate::abi::Value)>,
+        tensors: Vec<Tensor>,
+    ) -> Result<Args> {
+        let mut rrefs = Vec::new();
+        let positional = positional
+            .into_iter()
+            .map(|v| crate::rref::from_wire(self, v, &mut rrefs))
+            .collect::<Result<Vec<_>>>()?;
+        let kwargs = kwargs
+            .into_iter()
+            .map(|(k, v)| Ok((k, crate::rref::from_wire(self, v, &mut rrefs)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Args {
+            positional,
+            kwargs,
+            tensors,
+            rrefs,
+        })
+    }
+
+    /// Sends `message` (an RRef acknowledgement) on `conn`.
+    pub(crate) async fn reply(&self, conn: &Arc<Connection>, message: Message) {
+        let Ok(frame) = OutFrame::encode(message, &[]) else {
+            return;
+        };
+        let Ok(transport) = self.transport() else {
+            return;
+        };
+        if let Err(e) = transport.send_on(conn, frame, None).await {
+            tracing::warn!(worker = %self.name(), peer = %conn.peer, "could not send a reply: {e}");
+        }
+    }
+
+    /// Answers request `id` on `conn` with `error`.
+    pub(crate) async fn respond_error(&self, conn: &Arc<Connection>, id: u64, error: Error) {
+        self.respond(conn, id, Err(error)).await;
+    }
+
     async fn respond(&self, conn: &Arc<Connection>, id: u64, result: Result<Payload>) {
         let Ok(transport) = self.transport() else {
             return;
+        };
+        let result = match result {
+            Ok(p) if !p.rrefs.is_empty() => {
+                let to = WorkerInfo {
+                    id: conn.peer_rank,
+                    name: conn.peer.clone(),
+                };
+                crate::rref::to_wire(self, &to, p.value, &p.rrefs)
+                    .map(|value| Payload {
+                        value,
+                        tensors: p.tensors,
+                        rrefs: Vec::new(),
+                    })
+                    .map_err(|e| e.context_line("sending the RRefs of a result"))
+            }
+            other => other,
         };
         let (result, tensors) = match result {
             Ok(p) => (Ok(p.value), p.tensors),
@@ -992,20 +1117,30 @@ impl Handler for AgentHandler {
                     .get(&id)
                     .map(|p| p.function.clone());
                 let Some(function) = function else { return };
-                let r =
-                    match result {
-                        Ok(value) => Ok(Payload { value, tensors }),
-                        Err(e) => Err(Error::from(e)
-                            .context_line(format!("calling {function} on worker {peer}"))),
-                    };
+                let r = match result {
+                    Ok(value) => {
+                        let mut rrefs = Vec::new();
+                        crate::rref::from_wire(&agent, value, &mut rrefs)
+                                .map(|value| Payload { value, tensors, rrefs })
+                                .map_err(|e| e.context_line(format!("receiving the RRefs of the result of {function} from worker {peer}")))
+                    }
+                    Err(e) => {
+                        Err(Error::from(e)
+                            .context_line(format!("calling {function} on worker {peer}")))
+                    }
+                };
                 agent.finish(id, r);
             }
             Message::RRefAck { id } => agent.finish(id, Ok(Payload::none())),
+            Message::RRefFork { .. }
+            | Message::RRefChildAccept { .. }
+            | Message::RRefUserDelete { .. } => crate::rref::handle_message(&agent, conn, message),
             Message::ProfilingResponse { id, events } => agent.finish(
                 id,
                 Ok(Payload {
                     value: crate::abi::Value::List(events),
                     tensors,
+                    rrefs: Vec::new(),
                 }),
             ),
             other => {

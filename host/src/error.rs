@@ -12,7 +12,7 @@
 
 use std::fmt;
 
-use wasmrpc_abi::{ErrorKind, RemoteError};
+use wasmrpc_abi::{ErrorKind, RemoteError, WorkerInfo};
 
 /// The result of a host operation.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -240,6 +240,39 @@ impl<T, E: Into<Error>> ResultExt<T> for std::result::Result<T, E> {
     }
 }
 
+/// Raised by `to_here` on a user RRef that graceful shutdown deleted.
+pub const RREF_TO_HERE_AFTER_DELETION: &str = "Cannot call to_here() on it after deletion.";
+/// Raised when a user RRef that graceful shutdown deleted is forked (sent).
+pub const RREF_FORK_AFTER_DELETION: &str = "Cannot call fork an UserRRef after deletion.";
+/// Raised by `to_here` when the `remote()` that created the RRef timed out.
+pub const RREF_CREATION_TIMED_OUT: &str = "RRef creation via rpc.remote() timed out, and it is possible that the RRef on the owner node has not yet been created.";
+/// The start of each line of the leak report graceful shutdown raises.
+pub const LEAKING_RREF: &str = "Leaking RRef";
+
+/// The seeds' text for `local_value()` called on a user RRef.
+pub fn local_value_not_on_owner_message(
+    rref_id: &str,
+    fork_id: &str,
+    user: &WorkerInfo,
+    owner: &WorkerInfo,
+) -> String {
+    format!(
+        "For UserRRef(rref_id={rref_id}, fork_id={fork_id}), can't call localValue() on user {}. Call it on owner {}",
+        worker_info_str(user),
+        worker_info_str(owner)
+    )
+}
+
+/// `WorkerInfo(id=1, name=worker1)`, as PyTorch prints a worker.
+pub fn worker_info_str(w: &WorkerInfo) -> String {
+    format!("WorkerInfo(id={}, name={})", w.id, w.name)
+}
+
+/// One line of the leak report: `Leaking RRef {rref} with fork Id {fork}`.
+pub fn leaking_rref_message(rref_id: &str, fork_id: &str) -> String {
+    format!("{LEAKING_RREF} {rref_id} with fork Id {fork_id}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -292,5 +325,25 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::ValueError);
         assert_eq!(e.to_remote().message, "Expected error");
         assert!(e.to_string().contains("rpc to worker1"));
+    }
+
+    #[test]
+    fn rref_texts_match_the_seeds() {
+        let user = WorkerInfo {
+            id: 0,
+            name: "worker0".into(),
+        };
+        let owner = WorkerInfo {
+            id: 1,
+            name: "worker1".into(),
+        };
+        let a = "GloballyUniqueId(created_on=0, local_id=0)";
+        let b = "GloballyUniqueId(created_on=0, local_id=1)";
+        assert_eq!(
+            local_value_not_on_owner_message(a, b, &user, &owner),
+            "For UserRRef(rref_id=GloballyUniqueId(created_on=0, local_id=0), fork_id=GloballyUniqueId(created_on=0, local_id=1)), can't call localValue() on user WorkerInfo(id=0, name=worker0). Call it on owner WorkerInfo(id=1, name=worker1)"
+        );
+        assert!(leaking_rref_message(a, b).starts_with("Leaking RRef "));
+        assert!(RREF_CREATION_TIMED_OUT.starts_with("RRef creation"));
     }
 }

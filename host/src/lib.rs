@@ -70,6 +70,7 @@ mod agent;
 mod error;
 mod ops;
 mod plugin;
+mod rref;
 mod tensor;
 pub mod transport;
 mod value;
@@ -92,5 +93,6 @@ pub use agent::{
 pub use error::*;
 pub use ops::{BuiltinOps, call_builtin};
 pub use plugin::{CACHE_DIR_ENV, PACKAGE_PREFIX, PluginHost, plugin_namespace};
+pub use rref::{RRef, RRefId, RRefProxy, RRefProxyMode, rref_debug_info_function};
 pub use transport::{FaultInjection, MessageKind};
 pub use value::{Args, Payload};

@@ -97,10 +97,12 @@ type OpArgs = (Vec<OpValue>, Vec<(String, OpValue)>);
 
 /// A call's arguments as op arguments, sharing the tensors (OPS-2).
 fn op_args(args: Args) -> std::result::Result<OpArgs, OpError> {
+    // RRefs are not op arguments: `op_value_from_abi` rejects `Value::RRef`.
     let Args {
         positional,
         kwargs,
         tensors,
+        ..
     } = args;
     let mut lookup = |i: u32| tensors.get(i as usize).map(Tensor::shallow_clone);
     let positional = positional
@@ -128,7 +130,11 @@ pub(crate) fn payload_from_op_value(value: OpValue) -> Payload {
         // op's outputs.
         u32::try_from(tensors.len() - 1).unwrap_or(u32::MAX)
     });
-    Payload { value, tensors }
+    Payload {
+        value,
+        tensors,
+        rrefs: Vec::new(),
+    }
 }
 
 /// A torch-sys error as a host error: the same kind and text.

@@ -9,12 +9,12 @@
 //! failure fails the test. [`run`] puts a whole test under a timeout so a
 //! hang is a failure.
 //!
-//! Left for the RRef work: `wait_until_pending_futures_and_users_flushed`
-//! and `wait_until_owners_and_forks_on_rank`. Both are
-//! [`wait_until_debug_info`] over the counters the RRef context adds with
-//! `RpcAgent::add_debug_info_source` (the second through an RPC to the
-//! rank, as [`wait_until_node_failure`] polls a worker); the RRef leak check
-//! joins [`leak_check`] the same way.
+//! Agents of a cluster check RRef leaks at shutdown (the seeds' harness sets
+//! `_ignore_rref_leak = False`). [`wait_until_pending_futures_and_users_flushed`]
+//! polls the RRef context's counters (which `get_debug_info` includes, so
+//! [`wait_until_debug_info`] serves other waits on them) and fails with the
+//! seeds' text; [`wait_until_owners_and_forks_on_rank`] polls a rank's
+//! counters through an RPC, as [`wait_until_node_failure`] polls a worker.
 
 use std::fmt::Display;
 use std::sync::Arc;
@@ -198,7 +198,10 @@ impl ClusterBuilder {
         let mut first_err = None;
         for t in tasks {
             match t.await {
-                Ok(Ok(a)) => agents.push(a),
+                Ok(Ok(a)) => {
+                    a.set_ignore_rref_leak(false);
+                    agents.push(a)
+                }
                 Ok(Err(e)) => first_err = first_err.or(Some(e)),
                 Err(e) => {
                     first_err = first_err.or(Some(Error::runtime(format!("init task failed: {e}"))))
@@ -530,5 +533,84 @@ pub async fn wait_until_node_failure(agent: &RpcAgent, rank: u32, needle: &str) 
             Err(e) if e.message().contains(needle) || e.to_string().contains(needle) => return e,
             _ => tokio::time::sleep(Duration::from_millis(100)).await,
         }
+    }
+}
+
+/// The seeds' text when pending RRef futures and users do not flush.
+pub fn pending_not_flushed_message(futures: &str, users: &str) -> String {
+    format!(
+        "Timed out waiting to flush pending futures and users, had {futures} pending futures and {users} pending users"
+    )
+}
+
+/// Polls this worker's RRef debug info until `num_pending_futures` and
+/// `num_pending_users` are both zero (the seeds'
+/// `wait_until_pending_futures_and_users_flushed`, default timeout 20 s).
+///
+/// # Errors
+/// `ValueError` "Timed out waiting to flush pending futures and users, had
+/// {f} pending futures and {u} pending users".
+pub async fn wait_until_pending_futures_and_users_flushed(
+    agent: &RpcAgent,
+    timeout: Duration,
+) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let info = agent.rref_context_debug_info();
+        let get = |k: &str| info.get(k).cloned().unwrap_or_else(|| "?".into());
+        let (f, u) = (get("num_pending_futures"), get("num_pending_users"));
+        if f == "0" && u == "0" {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::value(pending_not_flushed_message(&f, &u)));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Polls worker `rank`'s RRef debug info once a second (through an RPC with
+/// a 5 s timeout) until it has `num_owners` owner RRefs and `num_forks`
+/// forks (the seeds' `wait_until_owners_and_forks_on_rank`, default
+/// timeout 20 s).
+///
+/// # Errors
+/// `ValueError` "Timed out waiting {timeout} sec for {owners} owners and
+/// {forks} forks on rank, had {o} owners and {f} forks".
+pub async fn wait_until_owners_and_forks_on_rank(
+    agent: &RpcAgent,
+    num_owners: usize,
+    num_forks: usize,
+    rank: u32,
+    timeout: Duration,
+) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let (mut owners, mut forks) = (String::from("?"), String::from("?"));
+    loop {
+        let r = agent
+            .rpc_sync_with_timeout(
+                rank,
+                crate::rref_debug_info_function(),
+                args![],
+                Duration::from_secs(5),
+            )
+            .await?;
+        for (k, v) in r.entries()? {
+            match k.as_str()? {
+                "num_owner_rrefs" => owners = v.as_str()?.to_string(),
+                "num_forks" => forks = v.as_str()?.to_string(),
+                _ => {}
+            }
+        }
+        if owners == num_owners.to_string() && forks == num_forks.to_string() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::value(format!(
+                "Timed out waiting {} sec for {num_owners} owners and {num_forks} forks on rank, had {owners} owners and {forks} forks",
+                timeout.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

@@ -9,8 +9,9 @@
 //! The conversions (`Payload::from(tensor)`, `Payload::from(3)`,
 //! [`args!`](crate::args)) and accessors (`as_int`, `as_tensor`, `items`)
 //! are what native functions and tests use. RRef entries of a value
-//! (`Value::RRef`) are reserved for the RRef work; this module leaves them
-//! untouched.
+//! (`Value::RRef(i)`) index a second side table, [`Payload::rrefs`] /
+//! [`Args::rrefs`], of live [`RRef`] handles; `crate::rref` turns them into
+//! fork records when a payload is sent and back into handles on arrival.
 
 use std::fmt;
 
@@ -18,6 +19,7 @@ use tch::Tensor;
 
 use crate::abi::{Value, WorkerInfo};
 use crate::error::{Error, Result};
+use crate::rref::RRef;
 
 /// A value tree and the tensors it refers to.
 pub struct Payload {
@@ -25,30 +27,36 @@ pub struct Payload {
     pub value: Value,
     /// The tensor table.
     pub tensors: Vec<Tensor>,
+    /// The RRef table; `Value::RRef(i)` entries index it.
+    pub rrefs: Vec<RRef>,
 }
 
-/// Shifts every tensor index of `v` by `by`.
-fn shift(v: &mut Value, by: u32) {
-    if by == 0 {
+/// Shifts every tensor index of `v` by `by` and every RRef index by
+/// `by_rref`.
+fn shift(v: &mut Value, by: u32, by_rref: u32) {
+    if by == 0 && by_rref == 0 {
         return;
     }
     match v {
         Value::Tensor(i) => *i += by,
-        Value::List(xs) | Value::Tuple(xs) => xs.iter_mut().for_each(|x| shift(x, by)),
+        Value::RRef(i) => *i += by_rref,
+        Value::List(xs) | Value::Tuple(xs) => xs.iter_mut().for_each(|x| shift(x, by, by_rref)),
         Value::Dict(kv) => kv.iter_mut().for_each(|(k, v)| {
-            shift(k, by);
-            shift(v, by);
+            shift(k, by, by_rref);
+            shift(v, by, by_rref);
         }),
-        Value::Record { fields, .. } => fields.iter_mut().for_each(|(_, v)| shift(v, by)),
+        Value::Record { fields, .. } => fields.iter_mut().for_each(|(_, v)| shift(v, by, by_rref)),
         _ => {}
     }
 }
 
-/// Appends `p`'s tensors to `table` and returns its value re-indexed.
-fn absorb(table: &mut Vec<Tensor>, p: Payload) -> Value {
+/// Appends `p`'s tensors and RRefs to the tables and returns its value
+/// re-indexed.
+fn absorb(table: &mut Vec<Tensor>, rrefs: &mut Vec<RRef>, p: Payload) -> Value {
     let mut value = p.value;
-    shift(&mut value, table.len() as u32);
+    shift(&mut value, table.len() as u32, rrefs.len() as u32);
     table.extend(p.tensors);
+    rrefs.extend(p.rrefs);
     value
 }
 
@@ -61,6 +69,7 @@ impl Clone for Payload {
         Payload {
             value: self.value.clone(),
             tensors: clone_tensors(&self.tensors),
+            rrefs: self.rrefs.clone(),
         }
     }
 }
@@ -92,16 +101,21 @@ impl Payload {
         Payload {
             value,
             tensors: Vec::new(),
+            rrefs: Vec::new(),
         }
     }
 
     /// A list of payloads, merging their tensor tables.
     pub fn list(items: impl IntoIterator<Item = Payload>) -> Self {
-        let mut tensors = Vec::new();
-        let values = items.into_iter().map(|p| absorb(&mut tensors, p)).collect();
+        let (mut tensors, mut rrefs) = (Vec::new(), Vec::new());
+        let values = items
+            .into_iter()
+            .map(|p| absorb(&mut tensors, &mut rrefs, p))
+            .collect();
         Payload {
             value: Value::List(values),
             tensors,
+            rrefs,
         }
     }
 
@@ -116,14 +130,20 @@ impl Payload {
 
     /// A dict of payload pairs, in order.
     pub fn dict(items: impl IntoIterator<Item = (Payload, Payload)>) -> Self {
-        let mut tensors = Vec::new();
+        let (mut tensors, mut rrefs) = (Vec::new(), Vec::new());
         let kv = items
             .into_iter()
-            .map(|(k, v)| (absorb(&mut tensors, k), absorb(&mut tensors, v)))
+            .map(|(k, v)| {
+                (
+                    absorb(&mut tensors, &mut rrefs, k),
+                    absorb(&mut tensors, &mut rrefs, v),
+                )
+            })
             .collect();
         Payload {
             value: Value::Dict(kv),
             tensors,
+            rrefs,
         }
     }
 
@@ -132,6 +152,7 @@ impl Payload {
         Payload {
             value,
             tensors: clone_tensors(&self.tensors),
+            rrefs: self.rrefs.clone(),
         }
     }
 
@@ -198,6 +219,23 @@ impl Payload {
         match &self.value {
             Value::WorkerInfo(w) => Ok(w.clone()),
             _ => Err(self.mismatch("WorkerInfo")),
+        }
+    }
+
+    /// The value as an RRef (a handle to the same RRef object).
+    ///
+    /// # Errors
+    /// `TypeError` for any other value, `RuntimeError` for an index outside
+    /// the RRef table.
+    pub fn as_rref(&self) -> Result<RRef> {
+        match &self.value {
+            Value::RRef(i) => self.rrefs.get(*i as usize).cloned().ok_or_else(|| {
+                Error::runtime(format!(
+                    "RRef index {i} outside the payload's table of {}",
+                    self.rrefs.len()
+                ))
+            }),
+            _ => Err(self.mismatch("RRef")),
         }
     }
 
@@ -338,7 +376,24 @@ impl From<Tensor> for Payload {
         Payload {
             value: Value::Tensor(0),
             tensors: vec![t],
+            rrefs: Vec::new(),
         }
+    }
+}
+
+impl From<RRef> for Payload {
+    fn from(r: RRef) -> Self {
+        Payload {
+            value: Value::RRef(0),
+            tensors: Vec::new(),
+            rrefs: vec![r],
+        }
+    }
+}
+
+impl From<&RRef> for Payload {
+    fn from(r: &RRef) -> Self {
+        r.clone().into()
     }
 }
 
@@ -386,6 +441,8 @@ pub struct Args {
     pub kwargs: Vec<(String, Value)>,
     /// The tensors both refer to.
     pub tensors: Vec<Tensor>,
+    /// The RRefs both refer to (`Value::RRef(i)`).
+    pub rrefs: Vec<RRef>,
 }
 
 impl Clone for Args {
@@ -394,6 +451,7 @@ impl Clone for Args {
             positional: self.positional.clone(),
             kwargs: self.kwargs.clone(),
             tensors: clone_tensors(&self.tensors),
+            rrefs: self.rrefs.clone(),
         }
     }
 }
@@ -421,13 +479,14 @@ impl Args {
             positional: Vec::new(),
             kwargs: Vec::new(),
             tensors: Vec::new(),
+            rrefs: Vec::new(),
         }
     }
 
     /// Appends a positional argument.
     #[must_use]
     pub fn arg(mut self, v: impl Into<Payload>) -> Self {
-        let v = absorb(&mut self.tensors, v.into());
+        let v = absorb(&mut self.tensors, &mut self.rrefs, v.into());
         self.positional.push(v);
         self
     }
@@ -435,7 +494,7 @@ impl Args {
     /// Appends a keyword argument.
     #[must_use]
     pub fn kwarg(mut self, name: impl Into<String>, v: impl Into<Payload>) -> Self {
-        let v = absorb(&mut self.tensors, v.into());
+        let v = absorb(&mut self.tensors, &mut self.rrefs, v.into());
         self.kwargs.push((name.into(), v));
         self
     }
@@ -454,6 +513,7 @@ impl Args {
         Payload {
             value: v.clone(),
             tensors: clone_tensors(&self.tensors),
+            rrefs: self.rrefs.clone(),
         }
     }
 
@@ -537,6 +597,7 @@ impl Args {
         Payload {
             value: Value::Tuple(self.positional.clone()),
             tensors: clone_tensors(&self.tensors),
+            rrefs: self.rrefs.clone(),
         }
     }
 }

@@ -12,9 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use tch::{Device, Kind, Tensor};
 use wasmrpc::testing::{Cluster, ClusterBuilder, DEFAULT_TEST_TIMEOUT, run};
-use wasmrpc::{
-    Args, ErrorKind, FunctionRegistry, Payload, PluginHost, RpcAgent, Value, args, wait_all,
-};
+use wasmrpc::{Args, ErrorKind, FunctionRegistry, Payload, PluginHost, RpcAgent, args, wait_all};
 
 /// The seed-fns plugin, loaded once per process.
 fn seed_fns(host: &PluginHost) -> Arc<wasmrpc::wasm::Plugin> {
@@ -288,9 +286,9 @@ fn plugin_trap_is_an_error_and_the_worker_keeps_serving() {
 fn plugin_rrefs_are_not_available_yet() {
     with_cluster(2, |c| async move {
         let (w0, _) = agents(&c);
-        let rref = Payload::from_value(Value::RRef(0));
+        let rref = wasmrpc::RRef::new(&w0, 1);
         let e = expect_err(
-            w0.rpc_sync("worker1", "seed_fns::add_rref_to_value", args![rref, 1])
+            w0.rpc_sync("worker1", "seed_fns::add_rref_to_value", args![&rref, 1])
                 .await,
             ErrorKind::NotImplementedError,
             "RRefs are not available to plugins yet",

@@ -1,5 +1,6 @@
 //! Port of PyTorch's `rpc_test.py` (seed `rpc_test`), CPU tests of areas A,
-//! B, C, G, H, I, K, O, Q and R. Every test keeps the seed's name.
+//! B, C, G, H, I, K, O, Q and R; the RRef tests (areas D, E, F, M, the RRef
+//! parts of B, G and P) are in [`rref`]. Every test keeps the seed's name.
 //!
 //! Python user functions are native stand-ins registered as `seed::<name>`;
 //! builtin ops (`aten::add`, ...) run through the op shim (see
@@ -12,6 +13,7 @@
 //! that every seed test is ported or listed.
 
 mod extra;
+mod rref;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -59,7 +61,10 @@ fn seed_coverage() {
         println!("skipping: {tsv} is not available");
         return;
     };
-    let source = include_str!("rpc_test.rs");
+    let source = concat!(
+        include_str!("rpc_test.rs"),
+        include_str!("rpc_test/rref.rs")
+    );
     let ported = |name: &str| source.contains(&format!("fn {name}() {{"));
     let skipped = |name: &str| {
         wasmrpc_tests::skips::RPC_TEST
@@ -72,7 +77,7 @@ fn seed_coverage() {
         let cols: Vec<&str> = line.split('\t').collect();
         if cols.len() < 6
             || cols[0] != "rpc_test"
-            || !"ABCGHIKOQR".contains(cols[3])
+            || !"ABCDEFGHIKMOQR".contains(cols[3])
             || cols[3].len() != 1
         {
             continue;
@@ -711,6 +716,7 @@ fn test_py_tensors_in_container() {
                 fields: vec![("tensors".into(), complex.value.clone())],
             },
             tensors: complex.tensors.iter().map(Tensor::shallow_clone).collect(),
+            rrefs: Vec::new(),
         };
         let c = Payload::dict(vec![
             ("foo".into(), ones(&[k, k]).into()),

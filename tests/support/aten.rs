@@ -35,6 +35,7 @@ pub fn op(name: &str, args: &Args) -> Result<Payload> {
     Ok(Payload {
         value,
         tensors: out,
+        rrefs: Vec::new(),
     })
 }
 

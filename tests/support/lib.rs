@@ -10,6 +10,7 @@
 //! - small assertion and tensor helpers.
 
 pub mod aten;
+pub mod rref_fns;
 pub mod seed_fns;
 pub mod skips;
 

@@ -3,36 +3,24 @@
 //! `../shared/seed-tests.tsv`: every seed test of the ported areas is either
 //! a test of the same name or listed here.
 
-/// `rpc_test` seed tests of areas A, B, C, G, H, I, K, O, Q, R that have no
+/// `rpc_test` seed tests of areas A to I, K, M, O, Q, R that have no
 /// Rust test yet, and why.
 pub const RPC_TEST: &[(&str, &str)] = &[
-    // RRefs (`remote`, `to_here`, owner/user bookkeeping) are not built yet.
-    ("test_builtin_remote_ret", "needs RRefs (remote + to_here)"),
+    // RRef proxies on plugin objects need the wasm plugin objects (the
+    // owner answers NotImplementedError for them until then).
     (
-        "test_multi_builtin_remote_ret",
-        "needs RRefs (remote + to_here)",
-    ),
-    ("test_py_udf_remote", "needs RRefs (remote + to_here)"),
-    ("test_multi_py_udf_remote", "needs RRefs (remote + to_here)"),
-    ("test_nested_remote", "needs RRefs (remote + to_here)"),
-    (
-        "test_remote_with_exception",
-        "needs RRefs (remote + to_here)",
-    ),
-    ("test_remote_throw", "needs RRefs (remote + to_here)"),
-    (
-        "test_rref_timeout",
-        "needs RRefs and wait_until_owners_and_forks_on_rank",
+        "test_rref_proxy_class",
+        "RRef proxy methods on plugin objects: needs wasm plugin objects",
     ),
     (
-        "test_rref_get_type_timeout_blocking",
-        "needs RRefs (_get_type)",
+        "test_rref_proxy_class_self",
+        "RRef proxy methods on plugin objects: needs wasm plugin objects",
     ),
     (
-        "test_rref_get_type_timeout_non_blocking",
-        "needs RRefs (_get_type)",
+        "test_rref_proxy_timeout",
+        "RRef proxy methods on plugin objects (MyClass.my_slow_method): needs wasm plugin objects",
     ),
-    ("test_rref_proxy_timeout", "needs RRefs (proxies)"),
+    ("test_disable_gil_profiling", "python-only: there is no GIL"),
     (
         "test_pg_init_no_rpc_init",
         "needs RRefs (RRef(param) without an agent); DDP part python-only",

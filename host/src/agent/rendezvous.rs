@@ -123,6 +123,7 @@ async fn claim_mode(store: &dyn Store, mode: &str) -> Result<()> {
 fn internal_registry() -> FunctionRegistry {
     let r = FunctionRegistry::new();
     all_gather::register(&r);
+    crate::rref::register(&r);
     r.register_native(
         super::NOOP,
         |_ctx, _args| async move { Ok(Payload::none()) },
@@ -198,6 +199,7 @@ async fn start(
     });
     let agent = RpcAgent::from_inner(inner.clone());
     agent.set_rpc_timeout(options.rpc_timeout);
+    crate::rref::install(&agent);
     let handler: Arc<dyn Handler> = Arc::new(AgentHandler {
         agent: Arc::downgrade(&inner),
     });

@@ -158,7 +158,7 @@ impl Handles {
     /// `NotImplementedError` for RRefs; `RuntimeError` for an index outside
     /// the payload's table.
     pub(crate) fn import(&mut self, payload: Payload) -> HostResult<Value> {
-        let Payload { value, tensors } = payload;
+        let Payload { value, tensors, .. } = payload;
         map_tensors(value, &mut |i| {
             let t = tensors.get(i as usize).ok_or_else(|| {
                 RemoteError::new(
@@ -179,10 +179,12 @@ impl Handles {
             positional,
             kwargs,
             tensors,
+            ..
         } = args;
         let table = |v: Value| Payload {
             value: v,
             tensors: tensors.iter().map(Tensor::shallow_clone).collect(),
+            rrefs: Vec::new(),
         };
         let args = positional
             .into_iter()
@@ -235,7 +237,11 @@ impl Handles {
     pub(crate) fn borrow_payload(&mut self, value: Value) -> HostResult<Payload> {
         let mut tensors = Vec::new();
         let value = self.resolve_handles(value, false, &mut tensors, &mut HashMap::new())?;
-        Ok(Payload { value, tensors })
+        Ok(Payload {
+            value,
+            tensors,
+            rrefs: Vec::new(),
+        })
     }
 
     /// The payload a guest value stands for, moving its handles out.
@@ -245,7 +251,11 @@ impl Handles {
     pub(crate) fn take_payload(&mut self, value: Value) -> HostResult<Payload> {
         let mut tensors = Vec::new();
         let value = self.resolve_handles(value, true, &mut tensors, &mut HashMap::new())?;
-        Ok(Payload { value, tensors })
+        Ok(Payload {
+            value,
+            tensors,
+            rrefs: Vec::new(),
+        })
     }
 
     /// Guest call arguments as [`Args`] over one tensor table; the guest
@@ -268,6 +278,7 @@ impl Handles {
             positional,
             kwargs,
             tensors,
+            rrefs: Vec::new(),
         })
     }
 }
@@ -283,6 +294,7 @@ mod tests {
         let p = Payload {
             value: Value::List(vec![Value::Tensor(0), Value::Int(3), Value::Tensor(0)]),
             tensors: vec![t],
+            rrefs: Vec::new(),
         };
         let v = h.import(p).unwrap();
         let Value::List(items) = &v else {

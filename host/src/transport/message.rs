@@ -25,6 +25,17 @@ pub struct GloballyUniqueId {
     pub local_id: u64,
 }
 
+impl std::fmt::Display for GloballyUniqueId {
+    /// PyTorch's form: `GloballyUniqueId(created_on=0, local_id=1)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "GloballyUniqueId(created_on={}, local_id={})",
+            self.created_on, self.local_id
+        )
+    }
+}
+
 /// A wire message. Tensors are in the frame's table, referred to by index
 /// from the `Value`s.
 ///
@@ -55,7 +66,8 @@ pub enum Message {
         /// Set when the reply carries autograd information.
         autograd: Option<AutogradEnvelope>,
     },
-    /// Reserved: a user forks an RRef to a new user (owner bookkeeping).
+    /// A user forked an RRef to a new user: the new user asks the owner to
+    /// count its fork (`RREF_FORK_REQUEST`); answered with `RRefAck`.
     RRefFork {
         /// Request id.
         id: u64,
@@ -64,14 +76,16 @@ pub enum Message {
         /// The new fork.
         fork_id: GloballyUniqueId,
     },
-    /// Reserved: a child user accepts a forked RRef.
+    /// The owner knows a fork: its user tells the parent that sent it
+    /// (`RREF_CHILD_ACCEPT`); answered with `RRefAck`.
     RRefChildAccept {
         /// Request id.
         id: u64,
         /// The fork being accepted.
         fork_id: GloballyUniqueId,
     },
-    /// Reserved: a user RRef is deleted.
+    /// A user RRef was deleted: its fork leaves the owner's count
+    /// (`RREF_USER_DELETE`); answered with `RRefAck`.
     RRefUserDelete {
         /// Request id.
         id: u64,
@@ -80,7 +94,7 @@ pub enum Message {
         /// The user's fork.
         fork_id: GloballyUniqueId,
     },
-    /// Reserved: acknowledges an RRef message.
+    /// Acknowledges an RRef message.
     RRefAck {
         /// The acknowledged request's id.
         id: u64,

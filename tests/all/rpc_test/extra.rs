@@ -210,18 +210,10 @@ fn test_all_to_all_32_workers() {
 
 #[test]
 fn test_reserved_message_kinds_get_a_clear_error_reply() {
-    use wasmrpc::transport::{AutogradEnvelope, GloballyUniqueId, Message};
+    use wasmrpc::transport::{AutogradEnvelope, Message};
     timed(async {
         let c = cluster(2).start().await?;
         let a = c.agent(0);
-        let rref = GloballyUniqueId {
-            created_on: 0,
-            local_id: 1,
-        };
-        let fork = GloballyUniqueId {
-            created_on: 0,
-            local_id: 2,
-        };
         let envelope = AutogradEnvelope {
             context_id: 1,
             message_id: 2,
@@ -230,26 +222,6 @@ fn test_reserved_message_kinds_get_a_clear_error_reply() {
         let grad = ones(&[2]);
         type Build = Box<dyn FnOnce(u64) -> Message + Send>;
         let cases: Vec<(Build, &str)> = vec![
-            (
-                Box::new(move |id| Message::RRefFork {
-                    id,
-                    rref_id: rref,
-                    fork_id: fork,
-                }),
-                "RRefFork",
-            ),
-            (
-                Box::new(move |id| Message::RRefChildAccept { id, fork_id: fork }),
-                "RRefChildAccept",
-            ),
-            (
-                Box::new(move |id| Message::RRefUserDelete {
-                    id,
-                    rref_id: rref,
-                    fork_id: fork,
-                }),
-                "RRefUserDelete",
-            ),
             (
                 Box::new(move |id| Message::PropagateGradients {
                     id,

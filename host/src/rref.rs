@@ -1,0 +1,658 @@
+//! [`RRef`]: remote references, with PyTorch's ownership and
+//! reference-counting protocol.
+//!
+//! `remote()` runs a function on its destination, the **owner**, and keeps
+//! the result there; the caller gets a **user** RRef naming it. Users fetch
+//! the value ([`RRef::to_here`]), pass the RRef on in arguments and results
+//! (each copy is a new user, a **fork**), and call methods on the value
+//! through proxies ([`RRef::rpc_sync`], [`RRef::rpc_async`],
+//! [`RRef::remote`]). The owner keeps the value while any user can reach it
+//! and forgets it once none can.
+//!
+//! What it owns: the per-agent RRef context (`context`): id allocation, the
+//! owner's table of values and their forks, users waiting for the owner's
+//! confirmation, forks sent and not yet accepted, the deletion of users at
+//! graceful shutdown and the leak check; the wire form of an RRef inside a
+//! [`Payload`] (a fork record); the handlers of `RRefFork`,
+//! `RRefChildAccept` and `RRefUserDelete`; the owner-side functions behind
+//! `remote`, `to_here`, `_get_type` and the proxies (`proxy`). It leaves
+//! sending and timeouts to the agent and the meaning of a function to the
+//! registry.
+//!
+//! # Protocol
+//!
+//! Ids are [`GloballyUniqueId`]s `(rank, counter)`; one counter per worker
+//! serves RRef ids and fork ids alike (so a local `RRef::new` consumes an
+//! id, as the seeds' `__str__` tests pin).
+//!
+//! - `remote(dst)` with `dst` another worker: the caller allocates an RRef id
+//!   and a fork id, keeps its user RRef *pending*, and calls `dst`; the owner
+//!   registers the fork before running the function; the reply confirms the
+//!   user. With `dst` the caller itself the RRef is an owner RRef holding a
+//!   *self fork* (fork id = RRef id) until its last handle drops.
+//! - Sending an RRef (a fork): the sender allocates a fork id. An owner
+//!   sender adds the fork to its table at once; a user sender keeps its own
+//!   user alive as a *pending child* until the receiver accepts.
+//! - Receiving a fork: the owner gets its own RRef back (and accepts toward
+//!   a user sender, or drops the fork it sent itself); a user receiving from
+//!   the owner is confirmed at once; a user receiving from another user is
+//!   pending until the owner acknowledges its `RRefFork`, and then sends
+//!   `RRefChildAccept` to the sender.
+//! - Dropping the last handle of a user sends `RRefUserDelete`; the owner
+//!   removes the fork and forgets the value when no fork is left.
+//!
+//! Invariants:
+//! - RREF-1: the owner knows a fork before any user of it can send
+//!   `RRefUserDelete`: a pending user (remote creation or user-to-user fork)
+//!   is held by the context until the owner answered, and a sender's user
+//!   is held as a pending child until the receiver's fork is known.
+//! - RREF-2: a fork record that reaches the owner always finds the value's
+//!   entry (a fork of it exists: the sender holds one), so the owner never
+//!   creates a second value for a live RRef.
+//! - RREF-3: the owner forgets a value exactly when its fork set becomes
+//!   empty; handles held on the owner keep the value itself alive, and a
+//!   later fork re-registers the same value.
+//! - RREF-4: every protocol message is retried on send failure (fault
+//!   injection) and answered with `RRefAck`; a deletion that arrives before
+//!   the fork it deletes leaves a tombstone, so the late fork is not
+//!   counted.
+//! - RREF-5: graceful shutdown waits for pending users and children,
+//!   deletes every user (marking it deleted, so later use fails with the
+//!   seeds' texts) and every self fork, waits until its owners have no
+//!   forks left, and then reports forks still known as "Leaking RRef"
+//!   unless leaks are ignored.
+//! - RREF-6: nothing a peer sends panics: malformed fork records and
+//!   messages about unknown RRefs are errors or tombstones.
+//! - RREF-7: a called function runs only once the user RRefs among its
+//!   arguments are confirmed by their owners (PyTorch's thread-local pending
+//!   RRefs), so `confirmed_by_owner()` holds inside it.
+
+mod context;
+mod proxy;
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::abi::{ErrorKind, Value, WorkerInfo};
+use crate::agent::{AgentInner, Dest, Future, RpcAgent};
+use crate::error::{
+    Error, RPC_TIMEOUT_PREFIX, RREF_CREATION_TIMED_OUT, RREF_TO_HERE_AFTER_DELETION, Result,
+    local_value_not_on_owner_message,
+};
+use crate::transport::GloballyUniqueId;
+use crate::value::{Args, Payload};
+
+pub(crate) use context::{context, from_wire, handle_message, register, to_wire, wait_confirmed};
+pub use proxy::{RRefProxy, RRefProxyMode};
+
+/// The id of an RRef (`RRefId`) or of one of its forks (`ForkId`).
+pub type RRefId = GloballyUniqueId;
+
+/// The function `remote()` calls on the owner (internal).
+pub(crate) const REMOTE: &str = "wasmrpc::_rref_remote";
+/// The owner-side fetch behind `to_here` (internal).
+pub(crate) const FETCH: &str = "wasmrpc::_rref_fetch";
+/// The owner-side type query behind `_get_type` (internal; the profiler
+/// name the seeds look for contains `_rref_typeof_on_owner`).
+pub(crate) const TYPEOF: &str = "wasmrpc::_rref_typeof_on_owner";
+/// The RRef context's debug info, for peers (internal; the seeds'
+/// `get_num_owners_and_forks`).
+pub(crate) const DEBUG_INFO: &str = "wasmrpc::_rref_context_debug_info";
+
+/// The internal function that answers a worker's RRef debug info (a dict of
+/// str to str), for harness helpers that poll peers.
+pub fn rref_debug_info_function() -> &'static str {
+    DEBUG_INFO
+}
+
+/// The owner-side method call behind the proxies (internal).
+pub(crate) const LOCAL_INVOKE: &str = "wasmrpc::_rref_local_invoke";
+
+/// A reference to a value that lives on its owner: PyTorch's `RRef`.
+///
+/// Cheap to clone; clones are the same RRef object (one fork), as Python
+/// references to one `RRef` are. The owner's value stays alive while any
+/// user RRef anywhere can reach it.
+#[derive(Clone)]
+pub struct RRef {
+    inner: Arc<Kind>,
+}
+
+enum Kind {
+    Owner(OwnerHandle),
+    User(Arc<UserState>),
+}
+
+/// The value of an RRef on its owner.
+pub(crate) struct OwnerState {
+    pub(crate) id: RRefId,
+    pub(crate) owner: WorkerInfo,
+    /// Completed once with the value or the error of the function.
+    pub(crate) value: Future,
+}
+
+impl OwnerState {
+    pub(crate) fn new(id: RRefId, owner: WorkerInfo) -> Arc<Self> {
+        Arc::new(OwnerState {
+            id,
+            owner,
+            value: Future::new(),
+        })
+    }
+}
+
+/// An owner RRef handle; a remote-to-self RRef also holds its self fork.
+struct OwnerHandle {
+    state: Arc<OwnerState>,
+    self_fork: Option<std::sync::Weak<AgentInner>>,
+}
+
+impl Drop for OwnerHandle {
+    fn drop(&mut self) {
+        if let Some(agent) = self.self_fork.take().and_then(|w| w.upgrade()) {
+            let agent = RpcAgent::from_inner(agent);
+            context(&agent).del_fork(&agent, self.state.id, self.state.id);
+        }
+    }
+}
+
+/// A user RRef: one fork of a value owned elsewhere.
+pub(crate) struct UserState {
+    agent: std::sync::Weak<AgentInner>,
+    pub(crate) owner: WorkerInfo,
+    pub(crate) rref_id: RRefId,
+    pub(crate) fork_id: RRefId,
+    confirmed: AtomicBool,
+    deleted: AtomicBool,
+    /// The `remote()` call that created it (ready for forks).
+    creation: Future,
+    /// The cached `_get_type` future.
+    type_future: Mutex<Option<Future>>,
+}
+
+impl UserState {
+    pub(crate) fn confirm(&self) {
+        self.confirmed.store(true, Ordering::Release);
+    }
+
+    /// Marks the user deleted; true if it was not already.
+    pub(crate) fn mark_deleted(&self) -> bool {
+        !self.deleted.swap(true, Ordering::AcqRel)
+    }
+
+    pub(crate) fn is_deleted(&self) -> bool {
+        self.deleted.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for UserState {
+    fn drop(&mut self) {
+        if self.is_deleted() {
+            return;
+        }
+        if let Some(agent) = self.agent.upgrade() {
+            let agent = RpcAgent::from_inner(agent);
+            context(&agent).del_user(&agent, &self.owner, self.rref_id, self.fork_id);
+        }
+    }
+}
+
+impl fmt::Display for RRef {
+    /// The seeds' formats: `OwnerRRef(GloballyUniqueId(...))` and
+    /// `UserRRef(RRefId = GloballyUniqueId(...), ForkId = GloballyUniqueId(...))`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &*self.inner {
+            Kind::Owner(o) => write!(f, "OwnerRRef({})", o.state.id),
+            Kind::User(u) => write!(
+                f,
+                "UserRRef(RRefId = {}, ForkId = {})",
+                u.rref_id, u.fork_id
+            ),
+        }
+    }
+}
+
+impl fmt::Debug for RRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// The Python type name of a value held by an RRef (`_get_type`): `Tensor`
+/// for tensors, a record's (plugin object's) type name, else the value's.
+pub(crate) fn type_name_of(p: &Payload) -> String {
+    match &p.value {
+        Value::Tensor(_) => "Tensor".into(),
+        Value::Record { name, .. } => name.clone(),
+        v => v.type_name().into(),
+    }
+}
+
+impl RRef {
+    /// A local owner RRef holding `value` (`RRef(value)`); it consumes an
+    /// id of `agent`'s counter and is registered with the owner's table only
+    /// once it is shared.
+    pub fn new(agent: &RpcAgent, value: impl Into<Payload>) -> RRef {
+        let ctx = context(agent);
+        let state = OwnerState::new(ctx.new_id(agent), agent.info().clone());
+        let _ = state.value.set_result(value.into());
+        RRef::from_owner(state, None)
+    }
+
+    pub(crate) fn from_owner(state: Arc<OwnerState>, self_fork: Option<&RpcAgent>) -> RRef {
+        RRef {
+            inner: Arc::new(Kind::Owner(OwnerHandle {
+                state,
+                self_fork: self_fork.map(RpcAgent::downgrade),
+            })),
+        }
+    }
+
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "a user is its owner, its two ids, its agent and its creation"
+    )]
+    pub(crate) fn user(
+        agent: &RpcAgent,
+        owner: WorkerInfo,
+        rref_id: RRefId,
+        fork_id: RRefId,
+        confirmed: bool,
+        creation: Future,
+    ) -> (RRef, Arc<UserState>) {
+        let state = Arc::new(UserState {
+            agent: agent.downgrade(),
+            owner,
+            rref_id,
+            fork_id,
+            confirmed: AtomicBool::new(confirmed),
+            deleted: AtomicBool::new(false),
+            creation,
+            type_future: Mutex::new(None),
+        });
+        (
+            RRef {
+                inner: Arc::new(Kind::User(state.clone())),
+            },
+            state,
+        )
+    }
+
+    pub(crate) fn owner_state(&self) -> Option<&Arc<OwnerState>> {
+        match &*self.inner {
+            Kind::Owner(o) => Some(&o.state),
+            Kind::User(_) => None,
+        }
+    }
+
+    pub(crate) fn user_state(&self) -> Option<&Arc<UserState>> {
+        match &*self.inner {
+            Kind::Owner(_) => None,
+            Kind::User(u) => Some(u),
+        }
+    }
+
+    /// The RRef's id.
+    pub fn id(&self) -> RRefId {
+        match &*self.inner {
+            Kind::Owner(o) => o.state.id,
+            Kind::User(u) => u.rref_id,
+        }
+    }
+
+    /// This handle's fork id: the RRef id on the owner.
+    pub fn fork_id(&self) -> RRefId {
+        match &*self.inner {
+            Kind::Owner(o) => o.state.id,
+            Kind::User(u) => u.fork_id,
+        }
+    }
+
+    /// The owner's worker info (`owner()`).
+    pub fn owner_info(&self) -> &WorkerInfo {
+        match &*self.inner {
+            Kind::Owner(o) => &o.state.owner,
+            Kind::User(u) => &u.owner,
+        }
+    }
+
+    /// The owner's worker info (`owner()`), as a value.
+    pub fn owner(&self) -> WorkerInfo {
+        self.owner_info().clone()
+    }
+
+    /// The owner's name (`owner_name()`).
+    pub fn owner_name(&self) -> &str {
+        &self.owner_info().name
+    }
+
+    /// Whether this worker owns the value (`is_owner()`).
+    pub fn is_owner(&self) -> bool {
+        matches!(&*self.inner, Kind::Owner(_))
+    }
+
+    /// Whether the owner has confirmed this user (`confirmed_by_owner()`);
+    /// always true on the owner.
+    pub fn confirmed_by_owner(&self) -> bool {
+        match &*self.inner {
+            Kind::Owner(_) => true,
+            Kind::User(u) => u.confirmed.load(Ordering::Acquire),
+        }
+    }
+
+    /// Whether two handles are the same RRef object.
+    pub fn ptr_eq(&self, other: &RRef) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// The future of the RRef's creation (`_get_future()`): the `remote()`
+    /// call on a user created by it, the value on the owner, an already
+    /// completed future on a user created by a fork.
+    pub fn get_future(&self) -> Future {
+        match &*self.inner {
+            Kind::Owner(o) => o.state.value.clone(),
+            Kind::User(u) => u.creation.clone(),
+        }
+    }
+
+    /// The value, on the owner (`local_value()`); waits until the function
+    /// that creates it has run.
+    ///
+    /// # Errors
+    /// On a user, `RuntimeError` "For UserRRef(...), can't call
+    /// localValue() on user ... Call it on owner ..."; on the owner, the
+    /// error of the function that created the value.
+    pub async fn local_value(&self, agent: &RpcAgent) -> Result<Payload> {
+        match &*self.inner {
+            Kind::Owner(o) => o.state.value.wait().await,
+            Kind::User(u) => Err(Error::runtime(local_value_not_on_owner_message(
+                &u.rref_id.to_string(),
+                &u.fork_id.to_string(),
+                agent.info(),
+                &u.owner,
+            ))),
+        }
+    }
+
+    /// A copy of the value (`to_here(timeout)`): the value itself on the
+    /// owner, fetched from the owner on a user. `timeout` `None` uses the
+    /// agent's default, zero means none.
+    ///
+    /// # Errors
+    /// `RuntimeError` "Cannot call to_here() on it after deletion." after
+    /// shutdown deleted the user; "RRef creation via rpc.remote() timed out
+    /// ..." when the `remote()` that created it timed out; the error of the
+    /// function that created the value; a timeout or a failure of the owner
+    /// (naming the owner and the RRef).
+    pub async fn to_here(&self, agent: &RpcAgent, timeout: Option<Duration>) -> Result<Payload> {
+        let u = match &*self.inner {
+            Kind::Owner(o) => return o.state.value.wait().await,
+            Kind::User(u) => u,
+        };
+        if u.is_deleted() {
+            return Err(Error::runtime(RREF_TO_HERE_AFTER_DELETION)
+                .context_line(format!("to_here() on {self}")));
+        }
+        if let Some(Err(e)) = u.creation.try_value()
+            && e.message().contains(RPC_TIMEOUT_PREFIX)
+        {
+            return Err(Error::runtime(RREF_CREATION_TIMED_OUT)
+                .context_line(format!("to_here() on {self} owned by {}", u.owner.name)));
+        }
+        let fut = agent.call(
+            Dest::Info(u.owner.clone()),
+            FETCH,
+            crate::args![id_value(u.rref_id)],
+            timeout,
+            false,
+        );
+        fut.wait().await.map_err(|e| {
+            e.context_line(format!(
+                "to_here() on {self} owned by worker {}",
+                u.owner.name
+            ))
+        })
+    }
+
+    /// The future of the type of the value (`_get_type(blocking=False)`):
+    /// a `str` payload (`Tensor`, a plugin class name, `int`, ...). On a
+    /// user, the first call asks the owner (with `timeout`: `None` for the
+    /// default, zero for none) and every later call returns the same
+    /// future; the owner answers once the value exists.
+    pub fn get_type_future(&self, agent: &RpcAgent, timeout: Option<Duration>) -> Future {
+        match &*self.inner {
+            Kind::Owner(o) => {
+                // Not `then`: the value's error keeps its kind.
+                let out = Future::new();
+                let o2 = out.clone();
+                o.state.value.add_done_callback(move |f| {
+                    let r = match f.try_value() {
+                        Some(Ok(p)) => Ok(Payload::from(type_name_of(&p))),
+                        Some(Err(e)) => Err(e),
+                        None => Err(Error::runtime(
+                            "RRef value future completed without a value",
+                        )),
+                    };
+                    let _ = o2.complete(r);
+                });
+                out
+            }
+            Kind::User(u) => {
+                let mut slot = u.type_future.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(f) = &*slot {
+                    return f.clone();
+                }
+                let f = agent.call(
+                    Dest::Info(u.owner.clone()),
+                    TYPEOF,
+                    crate::args![id_value(u.rref_id)],
+                    timeout,
+                    false,
+                );
+                *slot = Some(f.clone());
+                f
+            }
+        }
+    }
+
+    /// The type of the value (`_get_type(blocking=True)`): see
+    /// [`get_type_future`](Self::get_type_future).
+    ///
+    /// # Errors
+    /// The error of the function that created the value, a timeout, or the
+    /// owner's failure.
+    pub async fn get_type(&self, agent: &RpcAgent, timeout: Option<Duration>) -> Result<String> {
+        let p = self.get_type_future(agent, timeout).wait().await?;
+        Ok(p.as_str()?.to_string())
+    }
+
+    /// A proxy that calls methods of the value on its owner and waits
+    /// (`rref.rpc_sync(timeout)`); `timeout` `None` for the default.
+    pub fn rpc_sync(&self, agent: &RpcAgent, timeout: Option<Duration>) -> RRefProxy {
+        RRefProxy::new(agent, self, RRefProxyMode::Sync, timeout)
+    }
+
+    /// A proxy that calls methods of the value on its owner and returns
+    /// futures (`rref.rpc_async(timeout)`).
+    pub fn rpc_async(&self, agent: &RpcAgent, timeout: Option<Duration>) -> RRefProxy {
+        RRefProxy::new(agent, self, RRefProxyMode::Async, timeout)
+    }
+
+    /// A proxy that calls methods of the value on its owner and keeps the
+    /// results there (`rref.remote(timeout)`).
+    pub fn remote(&self, agent: &RpcAgent, timeout: Option<Duration>) -> RRefProxy {
+        RRefProxy::new(agent, self, RRefProxyMode::Remote, timeout)
+    }
+}
+
+pub(crate) fn id_value(id: RRefId) -> Value {
+    Value::Tuple(vec![
+        Value::Int(i64::from(id.created_on)),
+        Value::Int(id.local_id as i64),
+    ])
+}
+
+pub(crate) fn id_from_value(v: &Value) -> Result<RRefId> {
+    match v {
+        Value::Tuple(xs) | Value::List(xs) => match xs.as_slice() {
+            [Value::Int(c), Value::Int(l)] => Ok(RRefId {
+                created_on: u32::try_from(*c)
+                    .map_err(|_| Error::runtime(format!("invalid RRef id rank {c}")))?,
+                local_id: u64::try_from(*l)
+                    .map_err(|_| Error::runtime(format!("invalid RRef local id {l}")))?,
+            }),
+            _ => Err(Error::runtime("malformed RRef id")),
+        },
+        _ => Err(Error::runtime("malformed RRef id")),
+    }
+}
+
+impl RpcAgent {
+    /// Runs `function` on `to` and keeps the result there, returning an
+    /// RRef to it at once (`remote`). With `to` this worker, the RRef is an
+    /// owner RRef. Errors of the function surface on `to_here` and
+    /// `local_value`; the creation's own failure (timeout, lost peer) on
+    /// `get_future()` and `to_here`. Uses the default timeout.
+    ///
+    /// # Errors
+    /// "RPC has not been initialized ..." after shutdown, and the
+    /// destination errors of [`resolve`](Self::resolve).
+    pub fn remote(&self, to: impl Into<Dest>, function: &str, args: Args) -> Result<RRef> {
+        self.remote_inner(to.into(), function, args, None)
+    }
+
+    /// [`remote`](Self::remote) with its own timeout for the creation;
+    /// zero means none.
+    ///
+    /// # Errors
+    /// As [`remote`](Self::remote).
+    pub fn remote_with_timeout(
+        &self,
+        to: impl Into<Dest>,
+        function: &str,
+        args: Args,
+        timeout: Duration,
+    ) -> Result<RRef> {
+        self.remote_inner(to.into(), function, args, Some(timeout))
+    }
+
+    fn remote_inner(
+        &self,
+        to: Dest,
+        function: &str,
+        args: Args,
+        timeout: Option<Duration>,
+    ) -> Result<RRef> {
+        if !self.is_running() {
+            return Err(Error::not_initialized());
+        }
+        let dst = self.resolve(to)?;
+        let ctx = context(self);
+        let rref_id = ctx.new_id(self);
+        let Args {
+            positional,
+            kwargs,
+            tensors,
+            rrefs,
+        } = args;
+        let mut wire_positional = vec![
+            id_value(rref_id),
+            Value::None,
+            Value::Str(function.to_string()),
+        ];
+        if dst.id == self.rank() {
+            // A self fork keeps the value registered until the handle drops.
+            let state = ctx.register_self_owner(self, rref_id);
+            wire_positional[1] = id_value(rref_id);
+            wire_positional.extend(positional);
+            let call = Args {
+                positional: wire_positional,
+                kwargs,
+                tensors,
+                rrefs,
+            };
+            let fut = self.call(Dest::Info(dst), REMOTE, call, timeout, false);
+            let value = state.value.clone();
+            fut.add_done_callback(move |f| {
+                if let Some(Err(e)) = f.try_value() {
+                    // The call never ran the function: the value cannot come.
+                    let _ = value.set_error(e);
+                }
+            });
+            return Ok(RRef::from_owner(state, Some(self)));
+        }
+        let fork_id = ctx.new_id(self);
+        wire_positional[1] = id_value(fork_id);
+        wire_positional.extend(positional);
+        let call = Args {
+            positional: wire_positional,
+            kwargs,
+            tensors,
+            rrefs,
+        };
+        let creation = Future::new();
+        let (rref, user) = RRef::user(self, dst.clone(), rref_id, fork_id, false, creation.clone());
+        ctx.add_pending_user(fork_id, user);
+        let fut = self.call(Dest::Info(dst), REMOTE, call, timeout, false);
+        let this = self.downgrade();
+        fut.add_done_callback(move |f| {
+            let result = f
+                .try_value()
+                .unwrap_or_else(|| Err(Error::runtime("remote() call completed without a result")));
+            if let Some(agent) = this.upgrade() {
+                // Confirmed or failed, the user is now an ordinary user: it
+                // is deleted on drop (RREF-1 holds: the owner answered, or
+                // the creation is lost and its fork tombstoned on arrival).
+                context(&RpcAgent::from_inner(agent)).confirm_pending_user(fork_id);
+            }
+            let _ = creation.complete(result.map(|_| Payload::none()));
+        });
+        Ok(rref)
+    }
+
+    /// The RRef context's debug information (`_rref_context_get_debug_info`):
+    /// `num_owner_rrefs`, `num_pending_users`, `num_pending_futures`,
+    /// `num_forks`.
+    pub fn rref_context_debug_info(&self) -> std::collections::BTreeMap<String, String> {
+        context(self).debug_info()
+    }
+
+    /// Whether graceful shutdown tolerates RRef leaks (`_ignore_rref_leak`,
+    /// true by default as in PyTorch; the seeds' harness turns it off).
+    pub fn set_ignore_rref_leak(&self, ignore: bool) {
+        context(self).set_ignore_leak(ignore);
+    }
+
+    /// Test hook mirroring the seeds' mock of
+    /// `_delete_all_user_and_unforked_owner_rrefs`: with `false`, graceful
+    /// shutdown does not delete users and self forks (so the leak check sees
+    /// them).
+    pub fn set_delete_rrefs_on_shutdown(&self, delete: bool) {
+        context(self).set_delete_on_shutdown(delete);
+    }
+}
+
+/// Hooks the RRef context into a new agent: its counters join
+/// `get_debug_info`, and its deletion step (RREF-5) becomes the first
+/// graceful-shutdown hook.
+pub(crate) fn install(agent: &RpcAgent) {
+    let ctx = context(agent);
+    agent.add_debug_info_source(move || ctx.debug_info());
+    agent.add_shutdown_hook(Arc::new(|agent: RpcAgent| {
+        Box::pin(async move {
+            context(&agent)
+                .delete_all_users_and_unforked_owners(&agent, Duration::ZERO)
+                .await
+        })
+    }));
+}
+
+/// Error-kind helper for peers' malformed input (RREF-6).
+pub(crate) fn malformed(what: impl fmt::Display) -> Error {
+    Error::new(
+        ErrorKind::RuntimeError,
+        format!("malformed RRef message: {what}"),
+    )
+}
