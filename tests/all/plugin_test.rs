@@ -283,17 +283,46 @@ fn plugin_trap_is_an_error_and_the_worker_keeps_serving() {
 }
 
 #[test]
-fn plugin_rrefs_are_not_available_yet() {
-    with_cluster(2, |c| async move {
+fn plugin_rrefs_in_arguments_and_results() {
+    with_cluster(3, |c| async move {
         let (w0, _) = agents(&c);
-        let rref = wasmrpc::RRef::new(&w0, 1);
-        let e = expect_err(
-            w0.rpc_sync("worker1", "seed_fns::add_rref_to_value", args![&rref, 1])
-                .await,
-            ErrorKind::NotImplementedError,
-            "RRefs are not available to plugins yet",
-        )?;
-        ensure!(e.to_string().contains("seed_fns::add_rref_to_value"), "{e}");
+        // A host RRef owned by worker2, used by a plugin on worker1.
+        let rref = w0.remote("worker2", "aten::add", args![ones(&[2]), 1])?;
+        let r = w0
+            .rpc_sync("worker1", "seed_fns::add_rref_to_value", args![&rref, 1])
+            .await?;
+        expect_tensor(&r, &(ones(&[2]) + 2))?;
+        // A local RRef owned by the caller, sent to the plugin and back.
+        let local = wasmrpc::RRef::new(&w0, ones(&[2]) * 3);
+        let r = w0
+            .rpc_sync(
+                "worker1",
+                "seed_fns::my_rref_function",
+                args![&rref, &local],
+            )
+            .await?;
+        expect_tensor(&r, &(ones(&[2]) * 5))?;
+        // RRefs a plugin creates with remote() and returns.
+        let r = w0
+            .rpc_sync("worker1", "seed_fns::rpc_return_rref", args!["worker2"])
+            .await?
+            .as_rref()?;
+        ensure!(r.owner_name() == "worker2", "owner {}", r.owner_name());
+        expect_tensor(&r.to_here(&w0, None).await?, &(ones(&[2, 2]) + 1))?;
+        let pair = w0
+            .rpc_sync("worker1", "seed_fns::nested_rref", args!["worker2"])
+            .await?;
+        for (i, p) in pair.items()?.iter().enumerate() {
+            let inner = p.as_rref()?;
+            expect_tensor(
+                &inner.to_here(&w0, None).await?,
+                &(ones(&[2, 2]) + (i + 1) as f64),
+            )?;
+        }
+        let r = w0
+            .rpc_sync("worker1", "seed_fns::nested_remote", args!["worker2"])
+            .await?;
+        expect_tensor(&r, &(ones(&[2, 2]) + 3))?;
         Ok(())
     });
 }

@@ -6,8 +6,9 @@
 //! (OPS-1), RPCs to the agent, globals and locks to the agent's
 //! [`state`](super::state). Everything the guest still holds when the call
 //! (and every `then` callback it chained) is over is released on drop.
-//! RRefs are not available to plugins yet: every RRef request fails with a
-//! `NotImplementedError` saying so.
+//! RRef handles are [`crate::RRef`]s: `remote` and `rref_new` create them,
+//! RRefs in arguments and results arrive as handles, and a handle passed to
+//! a call forks the RRef as any host RRef does.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -20,7 +21,7 @@ use wasmrpc_wasm::{
     TensorMeta, Value, WorkerInfo,
 };
 
-use super::handles::{Handles, rrefs_unavailable};
+use super::handles::Handles;
 use super::state::{Globals, Locks};
 use crate::agent::{Future, RpcAgent};
 use crate::error::Error;
@@ -264,24 +265,38 @@ impl GuestHost for GuestCall {
 
     async fn remote(
         &self,
-        _to: &str,
-        _function: &str,
-        _args: CallArgs,
-        _timeout: Option<f64>,
+        to: &str,
+        function: &str,
+        args: CallArgs,
+        timeout: Option<f64>,
     ) -> HostResult<u32> {
-        Err(rrefs_unavailable())
+        let args = self.handles().borrow_args(args)?;
+        let function = self.qualify(function);
+        let rref = match timeout {
+            None => self.agent.remote(to, &function, args),
+            Some(s) => {
+                let t = Duration::try_from_secs_f64(s).map_err(|_| bad_timeout(s))?;
+                self.agent.remote_with_timeout(to, &function, args, t)
+            }
+        }
+        .map_err(remote)?;
+        Ok(self.handles().insert_rref(rref))
     }
 
-    async fn rref_to_here(&self, _rref: u32) -> HostResult<Value> {
-        Err(rrefs_unavailable())
+    async fn rref_to_here(&self, rref: u32) -> HostResult<Value> {
+        let r = self.handles().rref(rref)?;
+        let payload = r.to_here(&self.agent, None).await.map_err(remote)?;
+        self.handles().import(payload)
     }
 
-    async fn rref_owner(&self, _rref: u32) -> HostResult<WorkerInfo> {
-        Err(rrefs_unavailable())
+    async fn rref_owner(&self, rref: u32) -> HostResult<WorkerInfo> {
+        Ok(self.handles().rref(rref)?.owner())
     }
 
-    async fn rref_new(&self, _value: Value) -> HostResult<u32> {
-        Err(rrefs_unavailable())
+    async fn rref_new(&self, value: Value) -> HostResult<u32> {
+        let payload = self.handles().borrow_payload(value)?;
+        let r = crate::rref::RRef::new(&self.agent, payload);
+        Ok(self.handles().insert_rref(r))
     }
 
     async fn future_new(&self) -> HostResult<u32> {

@@ -15,15 +15,8 @@ use tch::Tensor;
 use wasmrpc_wasm::{CallArgs, ErrorKind, HandleKind, HostResult, RemoteError, Value};
 
 use crate::agent::Future;
+use crate::rref::RRef;
 use crate::value::{Args, Payload};
-
-/// The text of every RRef request from a plugin until RRefs reach plugins.
-pub(crate) const RREFS_UNAVAILABLE: &str = "RRefs are not available to plugins yet";
-
-/// The `NotImplementedError` for RRefs in plugins.
-pub(crate) fn rrefs_unavailable() -> RemoteError {
-    RemoteError::new(ErrorKind::NotImplementedError, RREFS_UNAVAILABLE)
-}
 
 fn no_handle(what: &str, handle: u32) -> RemoteError {
     RemoteError::new(
@@ -32,39 +25,56 @@ fn no_handle(what: &str, handle: u32) -> RemoteError {
     )
 }
 
-/// Rebuilds `value` with every tensor reference replaced by `tensor(i)`;
-/// RRef references are refused.
-fn map_tensors(value: Value, tensor: &mut impl FnMut(u32) -> HostResult<u32>) -> HostResult<Value> {
+/// Which table a value's reference points into.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Ref {
+    Tensor,
+    RRef,
+}
+
+/// Rebuilds `value` with every tensor and RRef reference `i` replaced by
+/// `f(kind, i)`.
+fn map_refs(value: Value, f: &mut impl FnMut(Ref, u32) -> HostResult<u32>) -> HostResult<Value> {
     Ok(match value {
-        Value::Tensor(i) => Value::Tensor(tensor(i)?),
-        Value::RRef(_) => return Err(rrefs_unavailable()),
+        Value::Tensor(i) => Value::Tensor(f(Ref::Tensor, i)?),
+        Value::RRef(i) => Value::RRef(f(Ref::RRef, i)?),
         Value::List(xs) => Value::List(
             xs.into_iter()
-                .map(|x| map_tensors(x, tensor))
+                .map(|x| map_refs(x, f))
                 .collect::<HostResult<_>>()?,
         ),
         Value::Tuple(xs) => Value::Tuple(
             xs.into_iter()
-                .map(|x| map_tensors(x, tensor))
+                .map(|x| map_refs(x, f))
                 .collect::<HostResult<_>>()?,
         ),
         Value::Dict(kv) => Value::Dict(
             kv.into_iter()
-                .map(|(k, v)| Ok((map_tensors(k, tensor)?, map_tensors(v, tensor)?)))
+                .map(|(k, v)| Ok((map_refs(k, f)?, map_refs(v, f)?)))
                 .collect::<HostResult<_>>()?,
         ),
         Value::Record { name, fields } => Value::Record {
             name,
             fields: fields
                 .into_iter()
-                .map(|(k, v)| Ok((k, map_tensors(v, tensor)?)))
+                .map(|(k, v)| Ok((k, map_refs(v, f)?)))
                 .collect::<HostResult<_>>()?,
         },
         other => other,
     })
 }
 
-/// The handle tables of one plugin call (tensors and the agent's futures).
+/// The tables a guest value's handles resolve into; one handle named twice
+/// is one entry.
+#[derive(Default)]
+struct Tables {
+    tensors: Vec<Tensor>,
+    rrefs: Vec<RRef>,
+    seen: HashMap<(Ref, u32), u32>,
+}
+
+/// The handle tables of one plugin call (tensors, the agent's futures and
+/// RRefs).
 /// Handles are never reused within a call; everything left is released
 /// when the call's host is dropped.
 #[derive(Default)]
@@ -72,6 +82,7 @@ pub(crate) struct Handles {
     next: u32,
     tensors: HashMap<u32, Tensor>,
     futures: HashMap<u32, Future>,
+    rrefs: HashMap<u32, RRef>,
 }
 
 impl Handles {
@@ -110,6 +121,21 @@ impl Handles {
             .ok_or_else(|| no_handle("future", h))
     }
 
+    /// A new handle to `r` (the same RRef object).
+    pub(crate) fn insert_rref(&mut self, r: RRef) -> u32 {
+        let h = self.fresh();
+        self.rrefs.insert(h, r);
+        h
+    }
+
+    /// The RRef behind `h`.
+    pub(crate) fn rref(&self, h: u32) -> HostResult<RRef> {
+        self.rrefs
+            .get(&h)
+            .cloned()
+            .ok_or_else(|| no_handle("RRef", h))
+    }
+
     /// A second handle to the object behind `h`.
     pub(crate) fn dup(&mut self, kind: HandleKind, h: u32) -> HostResult<u32> {
         match kind {
@@ -121,7 +147,10 @@ impl Handles {
                 let f = self.future(h)?;
                 Ok(self.insert_future(f))
             }
-            HandleKind::RRef => Err(rrefs_unavailable()),
+            HandleKind::RRef => {
+                let r = self.rref(h)?;
+                Ok(self.insert_rref(r))
+            }
         }
     }
 
@@ -130,15 +159,15 @@ impl Handles {
         let found = match kind {
             HandleKind::Tensor => self.tensors.remove(&h).is_some(),
             HandleKind::Future => self.futures.remove(&h).is_some(),
-            HandleKind::RRef => return Err(rrefs_unavailable()),
+            HandleKind::RRef => self.rrefs.remove(&h).is_some(),
         };
         if found {
             Ok(())
         } else {
-            let what = if kind == HandleKind::Tensor {
-                "tensor"
-            } else {
-                "future"
+            let what = match kind {
+                HandleKind::Tensor => "tensor",
+                HandleKind::Future => "future",
+                HandleKind::RRef => "RRef",
             };
             Err(no_handle(what, h))
         }
@@ -158,15 +187,30 @@ impl Handles {
     /// `NotImplementedError` for RRefs; `RuntimeError` for an index outside
     /// the payload's table.
     pub(crate) fn import(&mut self, payload: Payload) -> HostResult<Value> {
-        let Payload { value, tensors, .. } = payload;
-        map_tensors(value, &mut |i| {
-            let t = tensors.get(i as usize).ok_or_else(|| {
-                RemoteError::new(
-                    ErrorKind::RuntimeError,
-                    format!("tensor index {i} outside a table of {}", tensors.len()),
-                )
-            })?;
-            Ok(self.insert_tensor(t.shallow_clone()))
+        let Payload {
+            value,
+            tensors,
+            rrefs,
+        } = payload;
+        map_refs(value, &mut |kind, i| match kind {
+            Ref::Tensor => {
+                let t = tensors.get(i as usize).ok_or_else(|| {
+                    RemoteError::new(
+                        ErrorKind::RuntimeError,
+                        format!("tensor index {i} outside a table of {}", tensors.len()),
+                    )
+                })?;
+                Ok(self.insert_tensor(t.shallow_clone()))
+            }
+            Ref::RRef => {
+                let r = rrefs.get(i as usize).ok_or_else(|| {
+                    RemoteError::new(
+                        ErrorKind::RuntimeError,
+                        format!("RRef index {i} outside a table of {}", rrefs.len()),
+                    )
+                })?;
+                Ok(self.insert_rref(r.clone()))
+            }
         })
     }
 
@@ -179,12 +223,12 @@ impl Handles {
             positional,
             kwargs,
             tensors,
-            ..
+            rrefs,
         } = args;
         let table = |v: Value| Payload {
             value: v,
             tensors: tensors.iter().map(Tensor::shallow_clone).collect(),
-            rrefs: Vec::new(),
+            rrefs: rrefs.clone(),
         };
         let args = positional
             .into_iter()
@@ -204,28 +248,41 @@ impl Handles {
         &mut self,
         value: Value,
         take: bool,
-        tensors: &mut Vec<Tensor>,
-        seen: &mut HashMap<u32, u32>,
+        tables: &mut Tables,
     ) -> HostResult<Value> {
-        map_tensors(value, &mut |h| {
-            if let Some(i) = seen.get(&h) {
+        map_refs(value, &mut |kind, h| {
+            if let Some(i) = tables.seen.get(&(kind, h)) {
                 return Ok(*i);
             }
-            let t = if take {
-                self.tensors
-                    .remove(&h)
-                    .ok_or_else(|| no_handle("tensor", h))?
-            } else {
-                self.tensor(h)?
+            let len = match kind {
+                Ref::Tensor => {
+                    let t = if take {
+                        self.tensors
+                            .remove(&h)
+                            .ok_or_else(|| no_handle("tensor", h))?
+                    } else {
+                        self.tensor(h)?
+                    };
+                    tables.tensors.push(t);
+                    tables.tensors.len()
+                }
+                Ref::RRef => {
+                    let r = if take {
+                        self.rrefs.remove(&h).ok_or_else(|| no_handle("RRef", h))?
+                    } else {
+                        self.rref(h)?
+                    };
+                    tables.rrefs.push(r);
+                    tables.rrefs.len()
+                }
             };
-            tensors.push(t);
-            let i = u32::try_from(tensors.len() - 1).map_err(|_| {
+            let i = u32::try_from(len - 1).map_err(|_| {
                 RemoteError::new(
                     ErrorKind::RuntimeError,
-                    "more than 2^32 tensors in one value",
+                    "more than 2^32 tensors or RRefs in one value",
                 )
             })?;
-            seen.insert(h, i);
+            tables.seen.insert((kind, h), i);
             Ok(i)
         })
     }
@@ -235,12 +292,12 @@ impl Handles {
     /// # Errors
     /// `RuntimeError` for an unknown handle, `NotImplementedError` for RRefs.
     pub(crate) fn borrow_payload(&mut self, value: Value) -> HostResult<Payload> {
-        let mut tensors = Vec::new();
-        let value = self.resolve_handles(value, false, &mut tensors, &mut HashMap::new())?;
+        let mut t = Tables::default();
+        let value = self.resolve_handles(value, false, &mut t)?;
         Ok(Payload {
             value,
-            tensors,
-            rrefs: Vec::new(),
+            tensors: t.tensors,
+            rrefs: t.rrefs,
         })
     }
 
@@ -249,12 +306,12 @@ impl Handles {
     /// # Errors
     /// As [`Self::borrow_payload`].
     pub(crate) fn take_payload(&mut self, value: Value) -> HostResult<Payload> {
-        let mut tensors = Vec::new();
-        let value = self.resolve_handles(value, true, &mut tensors, &mut HashMap::new())?;
+        let mut t = Tables::default();
+        let value = self.resolve_handles(value, true, &mut t)?;
         Ok(Payload {
             value,
-            tensors,
-            rrefs: Vec::new(),
+            tensors: t.tensors,
+            rrefs: t.rrefs,
         })
     }
 
@@ -264,21 +321,20 @@ impl Handles {
     /// # Errors
     /// As [`Self::borrow_payload`].
     pub(crate) fn borrow_args(&mut self, call: CallArgs) -> HostResult<Args> {
-        let mut tensors = Vec::new();
-        let mut seen = HashMap::new();
+        let mut t = Tables::default();
         let mut positional = Vec::with_capacity(call.args.len());
         for v in call.args {
-            positional.push(self.resolve_handles(v, false, &mut tensors, &mut seen)?);
+            positional.push(self.resolve_handles(v, false, &mut t)?);
         }
         let mut kwargs = Vec::with_capacity(call.kwargs.len());
         for (k, v) in call.kwargs {
-            kwargs.push((k, self.resolve_handles(v, false, &mut tensors, &mut seen)?));
+            kwargs.push((k, self.resolve_handles(v, false, &mut t)?));
         }
         Ok(Args {
             positional,
             kwargs,
-            tensors,
-            rrefs: Vec::new(),
+            tensors: t.tensors,
+            rrefs: t.rrefs,
         })
     }
 }
@@ -328,11 +384,11 @@ mod tests {
     }
 
     #[test]
-    fn rrefs_and_unknown_handles_are_errors() {
+    fn unknown_handles_are_errors() {
         let mut h = Handles::default();
         let e = h.borrow_payload(Value::RRef(1)).unwrap_err();
-        assert_eq!(e.kind, ErrorKind::NotImplementedError);
-        assert_eq!(e.message, RREFS_UNAVAILABLE);
+        assert_eq!(e.kind, ErrorKind::RuntimeError);
+        assert!(e.message.contains("no RRef with handle 1"), "{e:?}");
         let e = h.release(HandleKind::Tensor, 9).unwrap_err();
         assert!(e.message.contains("no tensor with handle 9"), "{e:?}");
         assert!(h.dup(HandleKind::RRef, 1).is_err());
