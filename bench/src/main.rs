@@ -118,6 +118,8 @@ enum Internal {
         world_size: u32,
         #[arg(long, default_value_t = 2)]
         threads: usize,
+        #[arg(long)]
+        plugin: Option<PathBuf>,
     },
     /// On cue from stdin, run init_rpc + graceful shutdown once per init method.
     #[command(hide = true)]
@@ -144,7 +146,8 @@ fn main() -> ExitCode {
             rank,
             world_size,
             threads,
-        }) => worker::serve(init_method, *rank, *world_size, *threads),
+            plugin,
+        }) => worker::serve(init_method, *rank, *world_size, *threads, plugin.as_deref()),
         Some(Internal::InitWorker {
             init_methods,
             rank,
@@ -270,7 +273,7 @@ fn suite(cli: &Cli) -> Result<()> {
         res.na(
             Side::Ours,
             row,
-            "n/a (not yet available: no wasm plugin in the agent on main)",
+            "n/a (not measured yet: no in-process call path in the suite; runtime alone: warm_call bench)",
         );
     }
 

@@ -111,7 +111,7 @@ impl Drop for Children {
 }
 
 fn worker_args(cfg: &Config, method: &str, rank: u32, world: u32) -> Vec<String> {
-    vec![
+    let mut args = vec![
         "worker".into(),
         "--init-method".into(),
         method.into(),
@@ -121,7 +121,13 @@ fn worker_args(cfg: &Config, method: &str, rank: u32, world: u32) -> Vec<String>
         world.to_string(),
         "--threads".into(),
         cfg.threads.to_string(),
-    ]
+    ];
+    if world == 2 {
+        // The group of the per-call rows serves the seed functions' plugin.
+        args.push("--plugin".into());
+        args.push(wasmrpc_plugins::SEED_FNS.into());
+    }
+    args
 }
 
 /// Resident memory of process `pid`, in MiB.
@@ -177,7 +183,7 @@ pub(crate) async fn main_group(cfg: &Config, res: &mut Results, progress: &Progr
     let method = format!("tcp://127.0.0.1:{}", free_port()?);
     let children = Children::spawn(cfg, |r| worker_args(cfg, &method, r, 2), 1..2, false)?;
     let pid = children.0[0].id();
-    let agent = worker::join(&method, 0, 2).await?;
+    let agent = worker::join(&method, 0, 2, None).await?;
     let r = measure(cfg, &agent, pid, res, progress).await;
     progress.set("wasmrpc: graceful shutdown of the group of 2");
     let s = agent.shutdown(true, Duration::ZERO).await;
@@ -219,11 +225,25 @@ async fn measure(
         let s = timed(n, n / 10, || agent.rpc_sync(dst, NOOP, args![1])).await?;
         res.set(Side::Ours, "rtt_noop_native", Stat::latencies(&s));
     }
-    res.na(
-        Side::Ours,
-        "rtt_noop_wasm",
-        "n/a (not yet available: no wasm plugin in the agent on main)",
-    );
+    if cfg.wanted("rtt_noop_wasm") {
+        progress.set("wasmrpc: round trip of a no-op (wasm function)");
+        let call = || agent.rpc_sync(dst, worker::WASM_IDENTITY, args![1]);
+        match call().await {
+            Err(e) => res.na(
+                Side::Ours,
+                "rtt_noop_wasm",
+                format!("n/a (not available: {})", e.message()),
+            ),
+            Ok(p) => {
+                if p.as_int()? != 1 {
+                    bail!("{} returned {p:?}", worker::WASM_IDENTITY);
+                }
+                let n = cfg.n(500, 5000);
+                let s = timed(n, n / 10, call).await?;
+                res.set(Side::Ours, "rtt_noop_wasm", Stat::latencies(&s));
+            }
+        }
+    }
 
     if cfg.wanted("rtt_aten_add") {
         progress.set("wasmrpc: round trip of aten::add");
@@ -324,7 +344,7 @@ pub(crate) async fn all_to_all(
         1..world,
         false,
     )?;
-    let agent = worker::join(&method, 0, world).await?;
+    let agent = worker::join(&method, 0, world, None).await?;
     let run = |secs: f64| {
         let agent = agent.clone();
         async move {

@@ -6,10 +6,9 @@
 //! Why the bench binary re-executes itself rather than using the `wasmrpc
 //! worker` binary: the bench needs functions of its own on the callee (echo,
 //! the all-to-all load loop) and an init that starts on cue, and `wasmrpc
-//! worker` serves only what its plugins provide (no wasm plugin is wired into
-//! the agent yet). The worker code below is what `wasmrpc worker` does
-//! (rendezvous through the init method, `init_rpc`, graceful shutdown), on
-//! a runtime sized the same way.
+//! worker` serves only builtin ops and its plugins. The worker code below is
+//! what `wasmrpc worker` does (rendezvous through the init method, plugins
+//! installed through `PluginHost`, `init_rpc`, graceful shutdown).
 
 use std::collections::VecDeque;
 use std::io::{BufRead, Write};
@@ -100,9 +99,18 @@ pub(crate) async fn load(
     Ok((done, start.elapsed()))
 }
 
+/// The wasm function of the wasm round-trip row: `identity(a)` of the seed
+/// functions' plugin, called with an int.
+pub(crate) const WASM_IDENTITY: &str = "seed_fns::identity";
+
 /// Rendezvous through `init_method` and join as `worker<rank>` with the
-/// bench functions.
-pub(crate) async fn join(init_method: &str, rank: u32, world_size: u32) -> Result<RpcAgent> {
+/// bench functions, and the wasm plugin at `plugin` if given.
+pub(crate) async fn join(
+    init_method: &str,
+    rank: u32,
+    world_size: u32,
+    plugin: Option<&std::path::Path>,
+) -> Result<RpcAgent> {
     let (store, _, _) = wasmrpc::store::rendezvous(
         init_method,
         i64::from(rank),
@@ -117,6 +125,11 @@ pub(crate) async fn join(init_method: &str, rank: u32, world_size: u32) -> Resul
         ..RpcBackendOptions::default()
     };
     register(&options.registry);
+    if let Some(path) = plugin {
+        wasmrpc::PluginHost::shared()
+            .and_then(|host| host.install(path, &options.registry))
+            .with_context(|| format!("cannot load the plugin {}", path.display()))?;
+    }
     init_rpc(
         &format!("worker{rank}"),
         Some(rank),
@@ -137,9 +150,15 @@ pub(crate) fn runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
 }
 
 /// `wasmrpc-bench worker`: joins, serves until the group shuts down.
-pub(crate) fn serve(init_method: &str, rank: u32, world_size: u32, threads: usize) -> Result<()> {
+pub(crate) fn serve(
+    init_method: &str,
+    rank: u32,
+    world_size: u32,
+    threads: usize,
+    plugin: Option<&std::path::Path>,
+) -> Result<()> {
     runtime(threads)?.block_on(async {
-        let agent = join(init_method, rank, world_size).await?;
+        let agent = join(init_method, rank, world_size, plugin).await?;
         // As `wasmrpc worker` does: a graceful shutdown serves calls until
         // every worker of the group has called it.
         agent.shutdown(true, Duration::ZERO).await?;
@@ -175,7 +194,7 @@ pub(crate) fn init_runs(
         }
         let t0 = unix_micros();
         rt.block_on(async {
-            let agent = join(method, rank, world_size).await?;
+            let agent = join(method, rank, world_size, None).await?;
             agent.shutdown(true, Duration::ZERO).await?;
             anyhow::Ok(())
         })?;
