@@ -1136,6 +1136,46 @@ fn rref_fork_stress_counts_return_to_zero() {
 }
 
 #[test]
+fn rref_protocol_messages_are_retried_after_send_failures() {
+    use wasmrpc::{FaultInjection, MessageKind};
+    // Every worker's first two sends of each RRef protocol kind fail
+    // (RREF-4): forks, accepts and deletes still arrive, and every owner's
+    // table drains.
+    let kinds = [
+        MessageKind::RRefFork,
+        MessageKind::RRefChildAccept,
+        MessageKind::RRefUserDelete,
+    ];
+    let builder = (0..4).fold(cluster(4), |b, r| {
+        b.faults(r, FaultInjection::new().fail_sends(&kinds, 2))
+    });
+    dist_with(builder, |w| async move {
+        let owner = w.peer(2);
+        let r = w.agent.remote(owner.as_str(), ADD, args![ones(&[2]), 1])?;
+        // A user-to-user fork: fork request to the owner, accept to us.
+        let c = w
+            .agent
+            .rpc_sync(w.dst(), "seed::check_rref_confirmed", args![&r])
+            .await?;
+        ensure!(c.as_bool()?);
+        let v = w
+            .agent
+            .rpc_sync(w.dst(), "seed::add_rref_to_value", args![&r, 1])
+            .await?;
+        expect_tensor(&v, &(ones(&[2]) + 2))?;
+        drop(r);
+        w.store_barrier().await?;
+        wait_until_pending_futures_and_users_flushed(&w.agent, FLUSH).await?;
+        w.store_barrier().await?;
+        for rank in 0..w.world_size {
+            wait_until_owners_and_forks_on_rank(&w.agent, 0, 0, rank, FLUSH).await?;
+        }
+        w.store_barrier().await?;
+        Ok(())
+    });
+}
+
+#[test]
 fn rref_protocol_messages_about_unknown_rrefs_are_acknowledged() {
     use wasmrpc::RRefId;
     use wasmrpc::transport::Message;
