@@ -511,6 +511,19 @@ impl RpcAgent {
                 }
             }
         };
+        // Inside a distributed autograd context, the call may carry the
+        // autograd envelope and record a send function (DA-3); an envelope
+        // given explicitly wins.
+        let autograd = if autograd.is_some() || function.starts_with(INTERNAL_PREFIX) {
+            autograd
+        } else {
+            match &to {
+                Dest::Invalid(_) => None,
+                _ => self.resolve(to.clone()).ok().and_then(|dest| {
+                    crate::autograd::outgoing_call(self, dest.id, function, &tensors)
+                }),
+            }
+        };
         let build = |id| Message::Call {
             id,
             function: function.to_string(),
@@ -975,18 +988,28 @@ impl RpcAgent {
                 crate::rref::wait_confirmed(&this, &a.rrefs).await;
             }
             let f = if internal { this.inner.internal.get(&function) } else { this.registry().get(&function) };
+            // DA-3: the callee gets or creates the caller's context and
+            // runs the function in it.
+            let context_id = match (&autograd, &args) {
+                (Some(e), Ok(a)) => Some(crate::autograd::incoming_call(&this, e, &a.tensors)),
+                _ => None,
+            };
             let result = match (f, args) {
                 (_, Err(e)) => Err(e.context_line(format!("receiving RRefs from worker {}", conn.peer))),
                 (Some(f), Ok(args)) => {
                     let ctx = CallContext::new(this.clone(), caller, function.clone(), autograd);
-                    registry::call_guarded(f, ctx, args).await
+                    crate::autograd::scope(context_id, registry::call_guarded(f, ctx, args)).await
                 }
                 (None, Ok(_)) => Err(Error::runtime(unknown_function_message(&function, this.name()))),
+            };
+            let reply_autograd = match (&result, context_id) {
+                (Ok(p), Some(c)) => crate::autograd::outgoing_response(&this, c, conn.peer_rank, &p.tensors),
+                _ => None,
             };
             if let Err(e) = &result {
                 tracing::warn!(worker = %this.name(), caller = %conn.peer, function = %function, "function raised {}: {}", e.kind(), e.message());
             }
-            this.respond(&conn, id, result).await;
+            this.respond(&conn, id, result, reply_autograd).await;
             // AG-4: the response is queued; stop counting the task.
             if !internal {
                 this.inner.user_active.fetch_sub(1, Ordering::AcqRel);
@@ -1035,10 +1058,16 @@ impl RpcAgent {
 
     /// Answers request `id` on `conn` with `error`.
     pub(crate) async fn respond_error(&self, conn: &Arc<Connection>, id: u64, error: Error) {
-        self.respond(conn, id, Err(error)).await;
+        self.respond(conn, id, Err(error), None).await;
     }
 
-    async fn respond(&self, conn: &Arc<Connection>, id: u64, result: Result<Payload>) {
+    async fn respond(
+        &self,
+        conn: &Arc<Connection>,
+        id: u64,
+        result: Result<Payload>,
+        autograd: Option<crate::transport::AutogradEnvelope>,
+    ) {
         let Ok(transport) = self.transport() else {
             return;
         };
@@ -1066,7 +1095,7 @@ impl RpcAgent {
             Message::Response {
                 id,
                 result,
-                autograd: None,
+                autograd,
             },
             &tensors,
         ) {
@@ -1107,7 +1136,14 @@ impl Handler for AgentHandler {
         let agent = RpcAgent::from_inner(inner);
         match message {
             Message::Call { .. } => agent.handle_call(conn, message, tensors),
-            Message::Response { id, result, .. } => {
+            Message::Response {
+                id,
+                result,
+                autograd,
+            } => {
+                if let (Some(env), Ok(_)) = (&autograd, &result) {
+                    crate::autograd::incoming_response(&agent, env, &tensors);
+                }
                 let peer = conn.peer.clone();
                 let function = agent
                     .inner
@@ -1143,6 +1179,17 @@ impl Handler for AgentHandler {
                     rrefs: Vec::new(),
                 }),
             ),
+            Message::PropagateGradients { .. } | Message::CleanupAutogradContext { .. } => {
+                let id = message.id();
+                let conn = conn.clone();
+                agent.inner.active.fetch_add(1, Ordering::AcqRel);
+                agent.inner.runtime.clone().spawn(async move {
+                    let r = crate::autograd::handle_request(&agent, message, tensors).await;
+                    agent.respond(&conn, id, r, None).await;
+                    agent.inner.active.fetch_sub(1, Ordering::AcqRel);
+                    agent.inner.quiet.notify_waiters();
+                });
+            }
             other => {
                 let kind = other.kind();
                 let id = other.id();
@@ -1153,7 +1200,7 @@ impl Handler for AgentHandler {
                         ErrorKind::NotImplementedError,
                         format!("message kind {kind:?} is not handled by worker {name} yet"),
                     );
-                    agent.respond(&conn, id, Err(e)).await;
+                    agent.respond(&conn, id, Err(e), None).await;
                 });
             }
         }

@@ -34,6 +34,38 @@ pub const MIXED_MEMBERSHIP: &str =
 pub const RANK_PARAMETER_MISSING: &str = "rank parameter missing";
 /// Raised by `init_rpc` without a rank with `env://` and no `RANK` variable.
 pub const RANK_ENV_MISSING: &str = "Error initializing torch.distributed using env:// rendezvous: environment variable RANK expected, but not set";
+/// Distributed autograd: the prefix of an unknown context id's error.
+pub const UNKNOWN_AUTOGRAD_CONTEXT: &str = "Could not find autograd context with id: ";
+/// Distributed autograd: a context opened inside another.
+pub const ALREADY_HAVE_AUTOGRAD_CONTEXT: &str =
+    "Already have an autograd context id for this thread.";
+/// Distributed autograd: `_current_context()` outside any context.
+pub const NO_CURRENT_AUTOGRAD_CONTEXT: &str = "Current thread doesn't have a valid autograd context. Please wrap your code using: `with torch.distributed.autograd.context() as context_id` to generate a valid context";
+/// Distributed autograd: `backward` with no roots.
+pub const NO_TENSORS_FOR_GRADIENT: &str = "No tensors provided for gradient computation.";
+/// Distributed autograd: a root that does not require grad.
+pub const ROOT_REQUIRES_GRAD_NOT_SET: &str = "requires_grad not set on root";
+/// Distributed autograd: a root that is not a scalar.
+pub const ROOT_NOT_SCALAR: &str = "Tensor is not a scalar, all roots need to be scalar";
+/// Distributed autograd: a root with no gradient function (a leaf).
+pub const ROOT_NO_GRAD_FN: &str = "Tensor does not have a valid gradient function.";
+/// The prefix a worker puts on the error of a request it failed to serve.
+pub const ERROR_ON_NODE_PREFIX: &str = "Error on Node ";
+
+/// The text for an unknown distributed autograd context id.
+pub fn unknown_autograd_context_message(id: i64) -> String {
+    format!("{UNKNOWN_AUTOGRAD_CONTEXT}{id}")
+}
+
+/// `e` as worker `rank` reports it to the peer whose request failed:
+/// "Error on Node {rank}: {message}", same kind.
+pub fn error_on_node(rank: u32, e: &Error) -> Error {
+    Error::new(
+        e.kind(),
+        format!("{ERROR_ON_NODE_PREFIX}{rank}: {}", e.message()),
+    )
+}
+
 /// The longest worker name plus one (`MAX_NAME_LEN`).
 pub const MAX_NAME_LEN: usize = 128;
 

@@ -55,6 +55,12 @@
 //!   `namespace::function` (`seed_fns::my_function`). Each call gets its
 //!   own handles; tensor ops, nested RPCs, globals and locks go through the
 //!   worker's agent. [`wasm`] is the runtime underneath.
+//! - **Distributed autograd context** ([`autograd::DistAutogradContext`]):
+//!   opened with [`autograd::context`], current for its task and for the
+//!   functions peers run for calls made in it; RPCs record send/recv
+//!   functions in it, [`autograd::backward`] runs backward across workers
+//!   and gradients accumulate in it ([`autograd::get_gradients`]). Each
+//!   worker holds its own copy under the same id.
 //! - **Future** ([`Future`]): the result of [`RpcAgent::rpc_async`]; await it
 //!   or block on it, chain callbacks with `then`, combine with [`wait_all`].
 //!   Errors keep their Python kind and message across the wire ([`Error`]).
@@ -67,6 +73,7 @@
 //! to the caller do not deadlock.
 
 mod agent;
+pub mod autograd;
 mod error;
 mod ops;
 mod plugin;

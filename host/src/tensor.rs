@@ -21,4 +21,15 @@
 
 mod wire;
 
+/// The identity of a tensor object (its `TensorImpl`): equal for every
+/// `tch` handle of one tensor (`shallow_clone`s, what an autograd node
+/// returns as its variable), different for views and copies. Used to key
+/// gradients by tensor, as Python keys them by object.
+pub(crate) fn impl_id(t: &tch::Tensor) -> usize {
+    // SAFETY: `as_ptr` is the live `at::Tensor*` behind `t`, borrowed for the
+    // read. An `at::Tensor` is exactly one `c10::intrusive_ptr<TensorImpl>`,
+    // whose only field is the `TensorImpl*`, so the first word is the impl.
+    unsafe { *(t.as_ptr().cast::<usize>()) }
+}
+
 pub(crate) use wire::{Blob, BlobDesc, DecodedBlob, WireTensor, decode_tensors, encode_tensors};
