@@ -514,7 +514,10 @@ impl RpcAgent {
         // Inside a distributed autograd context, the call may carry the
         // autograd envelope and record a send function (DA-3); an envelope
         // given explicitly wins.
-        let autograd = if autograd.is_some() || function.starts_with(INTERNAL_PREFIX) {
+        let internal_only = function.starts_with(INTERNAL_PREFIX)
+            && function != crate::rref::REMOTE
+            && function != crate::rref::FETCH;
+        let autograd = if autograd.is_some() || internal_only {
             autograd
         } else {
             match &to {

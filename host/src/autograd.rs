@@ -55,7 +55,8 @@
 //! - DA-3: a call made inside a context carries the envelope
 //!   `{context_id, message_id, from_worker}` when it is forced (every
 //!   function that is not a builtin op) or when one of its tensors requires
-//!   grad; a send record is added only if one requires grad; the destination
+//!   grad (RRef creation, `remote`, and fetching, `to_here`, are forced
+//!   too); a send record is added only if one requires grad; the destination
 //!   always joins the known workers. The callee gets or creates the context
 //!   with the caller's id, and adds a recv record if a received tensor
 //!   requires grad. A response carries an envelope (and leaves a send record

@@ -1,8 +1,7 @@
 //! PyTorch's `dist_autograd_test.py` (CPU tests), each named as in the seed;
 //! tests of `FaultyAgentDistAutogradTest` sit in
 //! `faulty_agent_dist_autograd_test`. Python user functions are native
-//! functions (`fns`); `REMOTE` exec modes wait for RRefs and run the other
-//! modes.
+//! functions (`fns`); `REMOTE` is `remote(...).to_here()` on RRefs.
 
 mod fns;
 
@@ -17,12 +16,13 @@ use wasmrpc_tests::{dist_with, expect_err};
 
 use fns::{RpcDone, build_sparse_tensor, close, cluster, loss_of};
 
-/// The seeds' `ExecMode` (REMOTE waits for RRefs).
+/// The seeds' `ExecMode`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum ExecMode {
     Local,
     RpcSync,
     RpcAsync,
+    Remote,
 }
 
 fn rg(size: &[i64]) -> Tensor {
@@ -109,6 +109,7 @@ async fn exec(
         ExecMode::Local => local_call(name, call)?,
         ExecMode::RpcSync => agent.rpc_sync(dst, name, call).await?,
         ExecMode::RpcAsync => agent.rpc_async(dst, name, call).wait().await?,
+        ExecMode::Remote => agent.remote(dst, name, call)?.to_here(agent, None).await?,
     })
 }
 
@@ -120,6 +121,21 @@ async fn exec_t(
     args: Vec<Payload>,
 ) -> anyhow::Result<Tensor> {
     Ok(exec(agent, mode, dst, name, args).await?.as_tensor()?)
+}
+
+/// `rpc_sync(dst, f, args)`, or `remote(dst, f, args).to_here()`.
+async fn call(
+    a: &RpcAgent,
+    remote: bool,
+    dst: String,
+    f: &str,
+    args: Args,
+) -> wasmrpc::Result<Payload> {
+    if remote {
+        a.remote(dst, f, args)?.to_here(a, None).await
+    } else {
+        a.rpc_sync(dst, f, args).await
+    }
 }
 
 type LocalGrads = Vec<Option<Tensor>>;
@@ -395,7 +411,7 @@ fn pair(sparse: bool) -> (Tensor, Tensor) {
     }
 }
 
-async fn test_graph(w: Worker, f: &'static str, sparse: bool) -> anyhow::Result<()> {
+async fn test_graph(w: Worker, f: &'static str, sparse: bool, remote: bool) -> anyhow::Result<()> {
     let agent = w.agent.clone();
     let a = &agent;
     let dst = w.dst();
@@ -403,14 +419,15 @@ async fn test_graph(w: Worker, f: &'static str, sparse: bool) -> anyhow::Result<
     let id = autograd::context(a, |id| {
         let (a, dst) = (a.clone(), dst.clone());
         async move {
-            let ret = a
-                .rpc_sync(
-                    dst.clone(),
-                    f,
-                    args![t1.shallow_clone(), t2.shallow_clone()],
-                )
-                .await?
-                .as_tensor()?;
+            let ret = call(
+                &a,
+                remote,
+                dst.clone(),
+                f,
+                args![t1.shallow_clone(), t2.shallow_clone()],
+            )
+            .await?
+            .as_tensor()?;
             let want = t1.f_add(&t2)?;
             ensure!(close(&ret, &want));
             set_rpc_done(&a, dst, Some(id), 1).await?;
@@ -436,25 +453,31 @@ async fn test_graph(w: Worker, f: &'static str, sparse: bool) -> anyhow::Result<
 
 #[test]
 fn test_graph_for_builtin_call() {
-    dist_with(cluster(), |w| test_graph(w, "aten::add", false));
+    dist_with(cluster(), |w| test_graph(w, "aten::add", false, false));
 }
 
 #[test]
 fn test_graph_for_builtin_call_sparse() {
-    dist_with(cluster(), |w| test_graph(w, "aten::add", true));
+    dist_with(cluster(), |w| test_graph(w, "aten::add", true, false));
 }
 
 #[test]
 fn test_graph_for_python_call() {
-    dist_with(cluster(), |w| test_graph(w, "seed::my_py_add", false));
+    dist_with(cluster(), |w| {
+        test_graph(w, "seed::my_py_add", false, false)
+    });
 }
 
 #[test]
 fn test_graph_for_python_call_sparse() {
-    dist_with(cluster(), |w| test_graph(w, "seed::my_py_add", true));
+    dist_with(cluster(), |w| test_graph(w, "seed::my_py_add", true, false));
 }
 
-async fn test_graph_for_py_nested_call_impl(w: Worker, sparse: bool) -> anyhow::Result<()> {
+async fn test_graph_for_py_nested_call_impl(
+    w: Worker,
+    sparse: bool,
+    remote: bool,
+) -> anyhow::Result<()> {
     let agent = w.agent.clone();
     let a = &agent;
     let (t1, t2) = pair(sparse);
@@ -462,20 +485,21 @@ async fn test_graph_for_py_nested_call_impl(w: Worker, sparse: bool) -> anyhow::
         let a = a.clone();
         async move {
             let nest_dst = (w.rank + 1) % w.world_size;
-            let ret = a
-                .rpc_sync(
-                    worker_name(nest_dst),
-                    "seed::my_py_nested_call",
-                    args![
-                        t1.shallow_clone(),
-                        t2.shallow_clone(),
-                        i64::from(nest_dst),
-                        i64::from(w.world_size),
-                        1
-                    ],
-                )
-                .await?
-                .as_tensor()?;
+            let ret = call(
+                &a,
+                remote,
+                worker_name(nest_dst),
+                "seed::my_py_nested_call",
+                args![
+                    t1.shallow_clone(),
+                    t2.shallow_clone(),
+                    i64::from(nest_dst),
+                    i64::from(w.world_size),
+                    1
+                ],
+            )
+            .await?
+            .as_tensor()?;
             ensure!(close(&ret, &t1.f_add(&t2)?));
             w.store_barrier().await?;
             for rd in 1..w.world_size {
@@ -503,15 +527,23 @@ async fn test_graph_for_py_nested_call_impl(w: Worker, sparse: bool) -> anyhow::
 
 #[test]
 fn test_graph_for_py_nested_call() {
-    dist_with(cluster(), |w| test_graph_for_py_nested_call_impl(w, false));
+    dist_with(cluster(), |w| {
+        test_graph_for_py_nested_call_impl(w, false, false)
+    });
 }
 
 #[test]
 fn test_graph_for_py_nested_call_sparse() {
-    dist_with(cluster(), |w| test_graph_for_py_nested_call_impl(w, true));
+    dist_with(cluster(), |w| {
+        test_graph_for_py_nested_call_impl(w, true, false)
+    });
 }
 
-async fn test_graph_for_py_nested_call_itself_impl(w: Worker, sparse: bool) -> anyhow::Result<()> {
+async fn test_graph_for_py_nested_call_itself_impl(
+    w: Worker,
+    sparse: bool,
+    remote: bool,
+) -> anyhow::Result<()> {
     let agent = w.agent.clone();
     let a = &agent;
     let (t1, t2) = pair(sparse);
@@ -520,20 +552,21 @@ async fn test_graph_for_py_nested_call_itself_impl(w: Worker, sparse: bool) -> a
         async move {
             let ws = w.world_size;
             let back = (w.rank + ws - 1) % ws;
-            let ret = a
-                .rpc_sync(
-                    w.dst(),
-                    "seed::my_py_nested_call",
-                    args![
-                        t1.shallow_clone(),
-                        t2.shallow_clone(),
-                        i64::from(back),
-                        i64::from(ws),
-                        0
-                    ],
-                )
-                .await?
-                .as_tensor()?;
+            let ret = call(
+                &a,
+                remote,
+                w.dst(),
+                "seed::my_py_nested_call",
+                args![
+                    t1.shallow_clone(),
+                    t2.shallow_clone(),
+                    i64::from(back),
+                    i64::from(ws),
+                    0
+                ],
+            )
+            .await?
+            .as_tensor()?;
             ensure!(close(&ret, &t1.f_add(&t2)?));
             set_rpc_done(&a, w.dst(), Some(id), 1).await?;
             let ctx = autograd::current_context(&a)?;
@@ -559,18 +592,18 @@ async fn test_graph_for_py_nested_call_itself_impl(w: Worker, sparse: bool) -> a
 #[test]
 fn test_graph_for_py_nested_call_itself() {
     dist_with(cluster(), |w| {
-        test_graph_for_py_nested_call_itself_impl(w, false)
+        test_graph_for_py_nested_call_itself_impl(w, false, false)
     });
 }
 
 #[test]
 fn test_graph_for_py_nested_call_itself_sparse() {
     dist_with(cluster(), |w| {
-        test_graph_for_py_nested_call_itself_impl(w, true)
+        test_graph_for_py_nested_call_itself_impl(w, true, false)
     });
 }
 
-async fn no_graph_impl(w: Worker, sparse: bool) -> anyhow::Result<()> {
+async fn no_graph_impl(w: Worker, sparse: bool, remote: bool) -> anyhow::Result<()> {
     let agent = w.agent.clone();
     let a = &agent;
     let (t1, t2) = if sparse {
@@ -587,7 +620,7 @@ async fn no_graph_impl(w: Worker, sparse: bool) -> anyhow::Result<()> {
     autograd::context(a, |id| {
         let a = a.clone();
         async move {
-            a.rpc_sync(w.dst(), "aten::add", args![t1, t2]).await?;
+            call(&a, remote, w.dst(), "aten::add", args![t1, t2]).await?;
             set_rpc_done(&a, w.dst(), Some(id), 1).await?;
             let ctx = autograd::current_context(&a)?;
             ensure!(ctx.send_functions().is_empty() && ctx.recv_functions().is_empty());
@@ -603,24 +636,32 @@ async fn no_graph_impl(w: Worker, sparse: bool) -> anyhow::Result<()> {
 
 #[test]
 fn test_no_graph_with_tensors_not_require_grad() {
-    dist_with(cluster(), |w| no_graph_impl(w, false));
+    dist_with(cluster(), |w| no_graph_impl(w, false, false));
 }
 
 #[test]
 fn test_no_graph_with_tensors_not_require_grad_sparse() {
-    dist_with(cluster(), |w| no_graph_impl(w, true));
+    dist_with(cluster(), |w| no_graph_impl(w, true, false));
 }
 
 #[test]
 fn test_grad_only_on_return_value() {
-    dist_with(cluster(), |w| async move {
+    grad_only_on_return_value(false);
+}
+
+#[test]
+fn test_grad_only_on_return_value_remote() {
+    grad_only_on_return_value(true);
+}
+
+fn grad_only_on_return_value(remote: bool) {
+    dist_with(cluster(), move |w| async move {
         let agent = w.agent.clone();
         let a = &agent;
         autograd::context(a, |id| {
             let a = a.clone();
             async move {
-                let ret = a
-                    .rpc_sync(w.dst(), "seed::ret_requires_grad", args![])
+                let ret = call(&a, remote, w.dst(), "seed::ret_requires_grad", args![])
                     .await?
                     .as_tensor()?;
                 autograd::backward(&a, id, &[ret.sum(None)], false).await?;
@@ -647,7 +688,7 @@ fn test_grad_only_on_return_value() {
     });
 }
 
-async fn complex_args_impl(w: Worker, sparse: bool) -> anyhow::Result<()> {
+async fn complex_args_impl(w: Worker, sparse: bool, remote: bool) -> anyhow::Result<()> {
     let agent = w.agent.clone();
     let a = &agent;
     autograd::context(a, |_| {
@@ -664,8 +705,7 @@ async fn complex_args_impl(w: Worker, sparse: bool) -> anyhow::Result<()> {
                 })
                 .collect();
             let list = tensors(ts.iter().map(Tensor::shallow_clone).collect());
-            let ret = a
-                .rpc_sync(w.dst(), "aten::stack", Args::new().arg(list))
+            let ret = call(&a, remote, w.dst(), "aten::stack", Args::new().arg(list))
                 .await?
                 .as_tensor()?;
             ensure!(close(&ret, &Tensor::stack(&ts, 0)));
@@ -689,12 +729,80 @@ async fn complex_args_impl(w: Worker, sparse: bool) -> anyhow::Result<()> {
 
 #[test]
 fn test_rpc_complex_args() {
-    dist_with(cluster(), |w| complex_args_impl(w, false));
+    dist_with(cluster(), |w| complex_args_impl(w, false, false));
 }
 
 #[test]
 fn test_rpc_complex_args_sparse() {
-    dist_with(cluster(), |w| complex_args_impl(w, true));
+    dist_with(cluster(), |w| complex_args_impl(w, true, false));
+}
+
+#[test]
+fn test_graph_for_builtin_remote_call() {
+    dist_with(cluster(), |w| test_graph(w, "aten::add", false, true));
+}
+
+#[test]
+fn test_graph_for_builtin_remote_call_sparse() {
+    dist_with(cluster(), |w| test_graph(w, "aten::add", true, true));
+}
+
+#[test]
+fn test_graph_for_python_remote_call() {
+    dist_with(cluster(), |w| test_graph(w, "seed::my_py_add", false, true));
+}
+
+#[test]
+fn test_graph_for_python_remote_call_sparse() {
+    dist_with(cluster(), |w| test_graph(w, "seed::my_py_add", true, true));
+}
+
+#[test]
+fn test_graph_for_py_nested_remote_call() {
+    dist_with(cluster(), |w| {
+        test_graph_for_py_nested_call_impl(w, false, true)
+    });
+}
+
+#[test]
+fn test_graph_for_py_nested_remote_call_sparse() {
+    dist_with(cluster(), |w| {
+        test_graph_for_py_nested_call_impl(w, true, true)
+    });
+}
+
+#[test]
+fn test_graph_for_py_nested_remote_call_itself() {
+    dist_with(cluster(), |w| {
+        test_graph_for_py_nested_call_itself_impl(w, false, true)
+    });
+}
+
+#[test]
+fn test_graph_for_py_nested_remote_call_itself_sparse() {
+    dist_with(cluster(), |w| {
+        test_graph_for_py_nested_call_itself_impl(w, true, true)
+    });
+}
+
+#[test]
+fn test_no_graph_with_tensors_not_require_grad_remote() {
+    dist_with(cluster(), |w| no_graph_impl(w, false, true));
+}
+
+#[test]
+fn test_no_graph_with_tensors_not_require_grad_remote_sparse() {
+    dist_with(cluster(), |w| no_graph_impl(w, true, true));
+}
+
+#[test]
+fn test_remote_complex_args() {
+    dist_with(cluster(), |w| complex_args_impl(w, false, true));
+}
+
+#[test]
+fn test_remote_complex_args_sparse() {
+    dist_with(cluster(), |w| complex_args_impl(w, true, true));
 }
 
 // ---------------------------------------------------------------- C
@@ -881,7 +989,12 @@ async fn backward_simple_impl(w: Worker, self_dst: bool, sparse: bool) -> anyhow
         w.dst()
     };
     let mut local = None;
-    for mode in [ExecMode::Local, ExecMode::RpcSync, ExecMode::RpcAsync] {
+    for mode in [
+        ExecMode::Local,
+        ExecMode::RpcSync,
+        ExecMode::RpcAsync,
+        ExecMode::Remote,
+    ] {
         let (a2, dst, t1, t2, l) = (
             a.clone(),
             dst.clone(),
@@ -951,7 +1064,7 @@ where
     Ok(())
 }
 
-const MODES: &[ExecMode] = &[ExecMode::Local, ExecMode::RpcSync];
+const MODES: &[ExecMode] = &[ExecMode::Local, ExecMode::RpcSync, ExecMode::Remote];
 
 async fn multiple_round_trips_impl(w: Worker, sparse: bool) -> anyhow::Result<()> {
     let mk = |g: bool| {
@@ -1159,7 +1272,12 @@ fn test_backward_simple_python_udf() {
 
 #[test]
 fn test_backward_simple_script_call() {
-    const ALL: &[ExecMode] = &[ExecMode::Local, ExecMode::RpcSync, ExecMode::RpcAsync];
+    const ALL: &[ExecMode] = &[
+        ExecMode::Local,
+        ExecMode::RpcSync,
+        ExecMode::RpcAsync,
+        ExecMode::Remote,
+    ];
     dist_with(cluster(), |w| {
         udf_two_args(w, "seed::my_script_add", ALL, false)
     });
@@ -1167,7 +1285,12 @@ fn test_backward_simple_script_call() {
 
 #[test]
 fn test_backward_simple_script_call_sparse() {
-    const ALL: &[ExecMode] = &[ExecMode::Local, ExecMode::RpcSync, ExecMode::RpcAsync];
+    const ALL: &[ExecMode] = &[
+        ExecMode::Local,
+        ExecMode::RpcSync,
+        ExecMode::RpcAsync,
+        ExecMode::Remote,
+    ];
     dist_with(cluster(), |w| {
         udf_two_args(w, "seed::my_script_add", ALL, true)
     });
