@@ -2351,3 +2351,78 @@ async fn random_graph(w: &Worker, seed: u64) -> anyhow::Result<()> {
     })
     .await?
 }
+
+// ---------------------------------------------------------------- G
+
+/// `_backward_rref(callee, rref_owner, t1, t2, None, sparse=False)`.
+async fn backward_rref(a: RpcAgent, callee: String, owner: String) -> anyhow::Result<()> {
+    let (t1, t2) = (ones_rg(), rg(&[3, 3]));
+    let local = t1.f_add(&t2)?;
+    local.sum(None).f_backward()?;
+    let a2 = a.clone();
+    autograd::context(&a, |ctx| async move {
+        let a = a2;
+        let rref_t1 = a.remote(
+            owner.clone(),
+            "seed::_torch_ones",
+            Args::new()
+                .arg(Payload::none())
+                .kwarg("requires_grad", true),
+        )?;
+        let rref = if callee == owner {
+            a.remote(
+                callee,
+                "seed::my_rref_add",
+                args![&rref_t1, t2.shallow_clone()],
+            )?
+        } else {
+            a.remote(
+                callee,
+                "seed::my_nested_rref_add",
+                args![owner.clone(), &rref_t1, t2.shallow_clone()],
+            )?
+        };
+        let ret = rref.to_here(&a, None).await?.as_tensor()?;
+        autograd::backward(&a, ctx, &[ret.sum(None)], false).await?;
+        let grads = autograd::get_gradients(&a, ctx)?;
+        ensure!(close(&grads.get(&t2).context("t2")?, &t2.grad()));
+        let same = a
+            .rpc_sync(
+                owner,
+                "seed::_compare_owner_value",
+                args![ctx, &rref_t1, t1.grad()],
+            )
+            .await?
+            .as_bool()?;
+        ensure!(same, "the owner's gradient differs");
+        anyhow::Ok(())
+    })
+    .await??;
+    Ok(())
+}
+
+#[test]
+fn test_backward_rref() {
+    dist_with(cluster(), |w| async move {
+        let dst = w.dst();
+        backward_rref(w.agent.clone(), dst.clone(), dst).await
+    });
+}
+
+#[test]
+fn test_backward_rref_multi() {
+    dist_with(cluster(), |w| async move {
+        if w.rank > 0 {
+            backward_rref(w.agent.clone(), "worker0".into(), "worker0".into()).await?;
+        }
+        w.store_barrier().await?;
+        Ok(())
+    });
+}
+
+#[test]
+fn test_backward_rref_nested() {
+    dist_with(cluster(), |w| async move {
+        backward_rref(w.agent.clone(), w.peer(1), w.peer(2)).await
+    });
+}

@@ -301,6 +301,51 @@ pub(super) fn register(r: &FunctionRegistry) {
             Ok(Tensor::f_linalg_multi_dot(&[&t1, &t2, &res])?.into())
         },
     );
+    r.register_native("seed::_torch_ones", |_c, a| async move {
+        let rg = a
+            .kwarg_value("requires_grad")
+            .map(|v| v.as_bool())
+            .transpose()?
+            .unwrap_or(false);
+        Ok(Tensor::ones([3, 3], (Kind::Float, Device::Cpu))
+            .set_requires_grad(rg)
+            .into())
+    });
+    r.register_native("seed::my_rref_add", |c: CallContext, a| async move {
+        let v = a
+            .get(0)?
+            .as_rref()?
+            .local_value(c.agent())
+            .await?
+            .as_tensor()?;
+        Ok(v.f_add(&t(&a, 1)?)?.into())
+    });
+    r.register_native("seed::my_nested_rref_add", |c: CallContext, a| async move {
+        let dst = a.get(0)?.as_str()?.to_string();
+        let r = c
+            .agent()
+            .rpc_sync(dst, "seed::my_rref_add", args![a.get(1)?, t(&a, 2)?])
+            .await?;
+        Ok(r)
+    });
+    r.register_native(
+        "seed::_compare_owner_value",
+        |c: CallContext, a| async move {
+            let ctx = a.get(0)?.as_int()?;
+            let v = a
+                .get(1)?
+                .as_rref()?
+                .local_value(c.agent())
+                .await?
+                .as_tensor()?;
+            let want = t(&a, 2)?;
+            let grads = autograd::get_gradients(c.agent(), ctx)?;
+            let got = grads
+                .get(&v)
+                .ok_or_else(|| Error::runtime("no gradient for the owner's value"))?;
+            Ok(Payload::from(got.equal(&want)))
+        },
+    );
     r.register_native(
         "seed::_set_simulate_error",
         |c: CallContext, a| async move {
