@@ -603,3 +603,41 @@ fn plugin_op_errors_keep_libtorchs_message() {
         Ok(())
     });
 }
+
+/// The README demo (`plugins/demo`): worker0's driver spreads a sum over
+/// three workers with `rpc_async`, each worker computes its slice with aten
+/// ops and makes a nested call to its neighbour, and the total matches the
+/// closed form.
+#[test]
+fn demo_run_spreads_the_sum_over_every_worker() {
+    let host = PluginHost::shared().expect("the process's plugin host starts");
+    let demo = host
+        .load_file(wasmrpc_plugins::DEMO)
+        .expect("the demo plugin loads");
+    let builder = Cluster::builder(3).functions(move |r: &FunctionRegistry| {
+        host.register(&demo, r);
+    });
+    with_builder(builder, |c| async move {
+        let report = c
+            .agent(0)
+            .rpc_sync("worker0", "demo::run", args![3, 1000])
+            .await?;
+        let report = report.as_str()?;
+        ensure!(
+            report.starts_with("3 workers summed k^2 for k in 1..=1000: 333833500, which matches"),
+            "{report}"
+        );
+        for (who, neighbour) in [
+            ("worker0", "worker1"),
+            ("worker1", "worker2"),
+            ("worker2", "worker0"),
+        ] {
+            ensure!(
+                report.contains(&format!("{who}: sum of k^2"))
+                    && report.contains(&format!("its neighbour answered as {neighbour}")),
+                "{who} missing from {report}"
+            );
+        }
+        Ok(())
+    });
+}

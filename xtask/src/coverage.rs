@@ -285,7 +285,8 @@ fn shared_dir(root: &Path) -> PathBuf {
         .unwrap_or_else(|| root.join("..").join("shared"))
 }
 
-fn target_dir(root: &Path) -> PathBuf {
+/// The cargo target folder (`CARGO_TARGET_DIR` or `target/`).
+pub(crate) fn target_dir(root: &Path) -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"))

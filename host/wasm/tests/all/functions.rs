@@ -8,6 +8,36 @@ use wasmrpc_wasm::{Config, Error, ErrorKind, Value};
 /// The plugin `plugins/seed-fns` is tested here (see `foreach_plugin!`).
 pub(crate) mod seed_fns {}
 
+/// The plugin `plugins/demo` (the README demo): its argument checks here,
+/// against the fake host; its whole run across real workers in
+/// `tests/all/plugin_test.rs`.
+pub(crate) mod demo {
+    use crate::{args, setup, timed};
+    use wasmrpc_wasm::{ErrorKind, Value};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn run_rejects_an_empty_world_with_a_value_error() {
+        timed(async {
+            let (rt, _, host) = setup();
+            let demo = rt
+                .load_file(wasmrpc_plugins::DEMO)
+                .expect("the demo plugin loads");
+            let err = rt
+                .call(
+                    &demo,
+                    "run",
+                    args(vec![Value::Int(0), Value::Int(10)]),
+                    host.arc(),
+                )
+                .await
+                .expect_err("world_size 0 is refused");
+            assert_eq!(err.kind(), ErrorKind::ValueError, "{err}");
+            assert!(err.to_string().contains("world_size >= 1"), "{err}");
+        })
+        .await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn my_function_with_kwargs_and_positional_tensors() {
     timed(async {
