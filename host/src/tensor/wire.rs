@@ -9,53 +9,20 @@ use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result};
 
-/// libtorch's `ScalarType` number for `kind`, or `None` for kinds that do not
-/// travel (quantized ones).
+/// libtorch's `ScalarType` number for `kind` (the one table is
+/// `wasmrpc_torch_sys::kind_code`), or `None` for kinds that do not travel
+/// (quantized ones).
 pub(crate) fn kind_to_code(kind: Kind) -> Option<u8> {
-    Some(match kind {
-        Kind::Uint8 => 0,
-        Kind::Int8 => 1,
-        Kind::Int16 => 2,
-        Kind::Int => 3,
-        Kind::Int64 => 4,
-        Kind::Half => 5,
-        Kind::Float => 6,
-        Kind::Double => 7,
-        Kind::ComplexHalf => 8,
-        Kind::ComplexFloat => 9,
-        Kind::ComplexDouble => 10,
-        Kind::Bool => 11,
-        Kind::BFloat16 => 15,
-        Kind::Float8e5m2 => 23,
-        Kind::Float8e4m3fn => 24,
-        Kind::Float8e5m2fnuz => 25,
-        Kind::Float8e4m3fnuz => 26,
-        Kind::QInt8 | Kind::QUInt8 | Kind::QInt32 => return None,
-    })
+    if matches!(kind, Kind::QInt8 | Kind::QUInt8 | Kind::QInt32) {
+        return None;
+    }
+    u8::try_from(wasmrpc_torch_sys::kind_code(kind)).ok()
 }
 
 /// The kind for a code written by [`kind_to_code`].
 pub(crate) fn kind_from_code(code: u8) -> Option<Kind> {
-    Some(match code {
-        0 => Kind::Uint8,
-        1 => Kind::Int8,
-        2 => Kind::Int16,
-        3 => Kind::Int,
-        4 => Kind::Int64,
-        5 => Kind::Half,
-        6 => Kind::Float,
-        7 => Kind::Double,
-        8 => Kind::ComplexHalf,
-        9 => Kind::ComplexFloat,
-        10 => Kind::ComplexDouble,
-        11 => Kind::Bool,
-        15 => Kind::BFloat16,
-        23 => Kind::Float8e5m2,
-        24 => Kind::Float8e4m3fn,
-        25 => Kind::Float8e5m2fnuz,
-        26 => Kind::Float8e4m3fnuz,
-        _ => return None,
-    })
+    wasmrpc_torch_sys::kind_of_code(i64::from(code))
+        .filter(|k| !matches!(k, Kind::QInt8 | Kind::QUInt8 | Kind::QInt32))
 }
 
 /// A dense strided tensor: where its elements sit in a blob.
