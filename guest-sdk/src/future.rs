@@ -25,6 +25,38 @@ impl Future {
         host::handle(&HostCall::FutureNew).map(Future::from_raw)
     }
 
+    // --- Worker-wide named futures (examples' batching, issue 10) ---
+    /// The worker-wide future named `key` (one per plugin and worker),
+    /// created unset on first use: every call that asks for `key` gets the
+    /// same future until a call takes it with [`Future::take_shared`]. One
+    /// call completes it and every call waiting on it (or returning a
+    /// `then` of it from an `async_execution` function) resumes; this is
+    /// how PyTorch's batch-RPC tutorial answers a whole batch at once.
+    ///
+    /// # Errors
+    /// A `RuntimeError` from a host without worker-wide futures.
+    pub fn shared(key: &str) -> Result<Future> {
+        host::handle(&HostCall::FutureShared {
+            key: key.to_owned(),
+            take: false,
+        })
+        .map(Future::from_raw)
+    }
+
+    /// Like [`Future::shared`], and forgets the name: the next use of `key`
+    /// creates a new future. The handles other calls hold stay valid.
+    ///
+    /// # Errors
+    /// A `RuntimeError` from a host without worker-wide futures.
+    pub fn take_shared(key: &str) -> Result<Future> {
+        host::handle(&HostCall::FutureShared {
+            key: key.to_owned(),
+            take: true,
+        })
+        .map(Future::from_raw)
+    }
+    // --- end of worker-wide named futures ---
+
     /// Wraps a raw handle the guest owns.
     pub fn from_raw(handle: u32) -> Future {
         Future { handle }

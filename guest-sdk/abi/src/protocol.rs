@@ -298,6 +298,17 @@ pub enum HostCall {
         /// Arguments passed after the value.
         extra: Vec<Value>,
     },
+    /// The worker-wide future named `key` (one per plugin and worker),
+    /// created unset on first use, so one call can complete what others
+    /// wait on (PyTorch's future kept in an object attribute). With `take`,
+    /// the name is forgotten afterwards and the next use creates a new
+    /// future. Replies a future [`HostReply::Handle`].
+    FutureShared {
+        /// The future's name.
+        key: String,
+        /// Forget the name after handing out this handle.
+        take: bool,
+    },
     /// Identity of a worker: `None` for this one. Replies
     /// [`HostReply::Worker`].
     WorkerInfo(Option<String>),

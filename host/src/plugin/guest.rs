@@ -22,7 +22,7 @@ use wasmrpc_wasm::{
 };
 
 use super::handles::Handles;
-use super::state::{Globals, Locks};
+use super::state::{Globals, Locks, SharedFutures};
 use crate::agent::{Future, RpcAgent};
 use crate::error::Error;
 use crate::ops::run_blocking;
@@ -321,6 +321,16 @@ impl GuestHost for GuestCall {
     async fn future_done(&self, future: u32) -> HostResult<bool> {
         Ok(self.handles().future(future)?.done())
     }
+
+    // --- Worker-wide named futures (examples' batching, issue 10) ---
+    async fn future_shared(&self, key: &str, take: bool) -> HostResult<u32> {
+        let fut = self
+            .agent
+            .state::<SharedFutures>()
+            .get(&self.namespace, key, take);
+        Ok(self.handles().insert_future(fut))
+    }
+    // --- end of worker-wide named futures ---
 
     async fn worker_info(&self, name: Option<&str>) -> HostResult<WorkerInfo> {
         self.agent.get_worker_info(name).map_err(remote)

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Semaphore;
 
+use crate::agent::Future;
 use crate::value::Payload;
 
 type Key = (String, String);
@@ -46,6 +47,29 @@ impl Globals {
             None => {
                 values.remove(&key(namespace, name));
             }
+        }
+    }
+}
+
+/// A worker's named plugin futures: one call completes what other calls
+/// wait on (the batching of PyTorch's batch-RPC tutorial keeps such a
+/// future in an object attribute). Completed futures stay until a call
+/// takes their name.
+#[derive(Default)]
+pub(crate) struct SharedFutures {
+    futures: Mutex<HashMap<Key, Future>>,
+}
+
+impl SharedFutures {
+    /// The future named `name`, created unset on first use; `take` forgets
+    /// the name, so the next use creates a new future.
+    pub(crate) fn get(&self, namespace: &str, name: &str, take: bool) -> Future {
+        let mut futures = self.futures.lock().unwrap_or_else(|p| p.into_inner());
+        let k = key(namespace, name);
+        if take {
+            futures.remove(&k).unwrap_or_default()
+        } else {
+            futures.entry(k).or_default().clone()
         }
     }
 }

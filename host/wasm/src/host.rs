@@ -91,6 +91,18 @@ pub trait GuestHost: Send + Sync + 'static {
     /// `fut.done()`.
     async fn future_done(&self, future: u32) -> HostResult<bool>;
 
+    // --- Worker-wide named futures (examples' batching, issue 10) ---
+    /// The per-worker future named `key`, created unset on first use; with
+    /// `take`, the name is forgotten after this handle is made. The default
+    /// says the host has none.
+    async fn future_shared(&self, key: &str, take: bool) -> HostResult<u32> {
+        let _ = take;
+        Err(runtime_error(format!(
+            "this host has no worker-wide futures (asked for `{key}`)"
+        )))
+    }
+    // --- end of worker-wide named futures ---
+
     /// `get_worker_info(name)`; `None` for this worker.
     async fn worker_info(&self, name: Option<&str>) -> HostResult<WorkerInfo>;
 

@@ -135,6 +135,9 @@ async fn dispatch(ctx: &Arc<CallCtx>, call: HostCall) -> HostResult<HostReply> {
             function,
             extra,
         } => HostReply::Handle(then(ctx, future, function, extra).await?),
+        HostCall::FutureShared { key, take } => {
+            HostReply::Handle(host.future_shared(&key, take).await?)
+        }
         HostCall::WorkerInfo(name) => HostReply::Worker(host.worker_info(name.as_deref()).await?),
         HostCall::GlobalGet(key) => HostReply::Value(host.global_get(&key).await?),
         HostCall::GlobalSet(key, value) => {

@@ -14,6 +14,7 @@
 //!     };
 //! }
 //! fn demo() {}
+//! fn rl() {}
 //! fn seed_fns() {}
 //! wasmrpc_plugins::foreach_plugin!(assert_tested);
 //! ```

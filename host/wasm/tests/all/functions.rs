@@ -38,6 +38,42 @@ pub(crate) mod demo {
     }
 }
 
+/// The plugin `plugins/rl` (the RL examples): its argument checks here,
+/// against the fake host; its training runs across real workers in
+/// `examples/tests/examples.rs`.
+pub(crate) mod rl {
+    use crate::{args, setup, timed};
+    use wasmrpc_wasm::{ErrorKind, Value};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn run_rejects_zero_observers_with_a_value_error() {
+        timed(async {
+            let (rt, _, host) = setup();
+            let rl = rt
+                .load_file(wasmrpc_plugins::RL)
+                .expect("the rl plugin loads");
+            let err = rt
+                .call(
+                    &rl,
+                    "run",
+                    args(vec![
+                        Value::Int(0),
+                        Value::Int(1),
+                        Value::Int(1),
+                        Value::Float(0.01),
+                        Value::Bool(true),
+                    ]),
+                    host.arc(),
+                )
+                .await
+                .expect_err("zero observers are refused");
+            assert_eq!(err.kind(), ErrorKind::ValueError, "{err}");
+            assert!(err.to_string().contains("observers"), "{err}");
+        })
+        .await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn my_function_with_kwargs_and_positional_tensors() {
     timed(async {

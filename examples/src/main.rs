@@ -1,0 +1,101 @@
+//! `wasmrpc-examples`: runs one of the examples on a local cluster in this
+//! process and prints what it measured (see the crate docs and the README's
+//! "Examples" section).
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use wasmrpc_examples::rl;
+
+#[derive(Parser, Debug)]
+#[command(about = "Runs wasmrpc's examples (PyTorch's RPC tutorials) on a local cluster")]
+struct Cli {
+    #[command(subcommand)]
+    example: Example,
+}
+
+#[derive(Subcommand, Debug)]
+enum Example {
+    /// RL actor-learner on CartPole (REINFORCE): an agent and observers;
+    /// by default the agent batches the observers' action requests with an
+    /// async_execution function. `--compare` runs both modes.
+    Rl {
+        /// Observers (worker1..); worker0 is the agent.
+        #[arg(long, default_value_t = 3)]
+        observers: u32,
+        /// Rounds of play, each followed by one policy update.
+        #[arg(long, default_value_t = 40)]
+        iterations: u32,
+        /// Steps each observer plays per round.
+        #[arg(long, default_value_t = 200)]
+        steps: u32,
+        /// REINFORCE step size.
+        #[arg(long, default_value_t = 0.01)]
+        lr: f64,
+        /// Answer each request on its own instead of in batches.
+        #[arg(long, conflicts_with = "compare")]
+        no_batch: bool,
+        /// Run unbatched, then batched, and compare their speed.
+        #[arg(long)]
+        compare: bool,
+    },
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,wasmrpc::guest=info".into()),
+        )
+        .with_target(false)
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().example {
+        Example::Rl {
+            observers,
+            iterations,
+            steps,
+            lr,
+            no_batch,
+            compare,
+        } => {
+            let modes: &[bool] = if compare {
+                &[false, true]
+            } else if no_batch {
+                &[false]
+            } else {
+                &[true]
+            };
+            let mut times = Vec::new();
+            for &batch in modes {
+                let config = rl::Config {
+                    observers,
+                    iterations,
+                    steps,
+                    lr,
+                    batch,
+                };
+                let out = rl::run(config).await?;
+                println!(
+                    "rl ({}): {observers} observers, {iterations} rounds of {steps} steps: \
+                     average return {:.1} in the first quarter of rounds, {:.1} in the last; \
+                     {} requests answered in {} policy passes; {:.2} s",
+                    if batch { "batched" } else { "unbatched" },
+                    out.quarter_mean(true),
+                    out.quarter_mean(false),
+                    out.requests,
+                    out.batches,
+                    out.elapsed.as_secs_f64()
+                );
+                times.push(out.elapsed.as_secs_f64());
+            }
+            if let [unbatched, batched] = times[..] {
+                println!(
+                    "rl: batching took {:.2}x the unbatched time",
+                    batched / unbatched
+                );
+            }
+        }
+    }
+    Ok(())
+}

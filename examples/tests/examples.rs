@@ -1,0 +1,57 @@
+//! Each example, run small on a local cluster, with its outcome checked.
+
+use wasmrpc_examples::rl;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+/// Runs `fut` under a deadline, so a lost message fails instead of hanging.
+fn timed<T>(fut: impl std::future::Future<Output = anyhow::Result<T>>) -> T {
+    runtime()
+        .block_on(async { tokio::time::timeout(std::time::Duration::from_secs(50), fut).await })
+        .expect("the example ran out of time")
+        .unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+fn check_learns(out: &rl::Outcome) {
+    let (first, last) = (out.quarter_mean(true), out.quarter_mean(false));
+    assert!(
+        last > 1.5 * first,
+        "the average return did not rise: first quarter {first:.1}, last quarter {last:.1} ({:?})",
+        out.returns
+    );
+}
+
+#[test]
+fn rl_batched_answers_all_observers_at_once_and_learns() {
+    let config = rl::Config {
+        iterations: 30,
+        ..rl::Config::default()
+    };
+    let out = timed(rl::run(config));
+    let expected = i64::from(config.observers * config.steps * config.iterations);
+    assert_eq!(out.requests, expected, "every step asked for one action");
+    assert_eq!(
+        out.batches * i64::from(config.observers),
+        out.requests,
+        "every policy pass answered one request per observer"
+    );
+    check_learns(&out);
+}
+
+#[test]
+fn rl_unbatched_answers_each_request_and_learns() {
+    let config = rl::Config {
+        iterations: 30,
+        batch: false,
+        ..rl::Config::default()
+    };
+    let out = timed(rl::run(config));
+    assert_eq!(out.batches, out.requests, "one policy pass per request");
+    check_learns(&out);
+}
