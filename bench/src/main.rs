@@ -241,6 +241,9 @@ fn suite(cli: &Cli) -> Result<()> {
         "remote_to_here",
         "dist_autograd_16",
         "dist_autograd_256",
+        "wasm_local_warm",
+        "wasm_local_cold_cached",
+        "wasm_local_cold_uncached",
     ];
     if main_rows.iter().any(|r| wanted(only, r))
         && let Err(e) = rt.block_on(ours::main_group(&cfg, &mut res, &progress))
@@ -265,17 +268,6 @@ fn suite(cli: &Cli) -> Result<()> {
         }
     }
     drop(rt);
-    for row in [
-        "wasm_local_warm",
-        "wasm_local_cold_cached",
-        "wasm_local_cold_uncached",
-    ] {
-        res.na(
-            Side::Ours,
-            row,
-            "n/a (not measured yet: no in-process call path in the suite; runtime alone: warm_call bench)",
-        );
-    }
 
     // 3. The torch side.
     let python = torch::interpreter(cli.python.clone(), &root);

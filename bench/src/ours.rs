@@ -320,10 +320,71 @@ async fn measure(
         res.set(Side::Ours, row, Stat::latencies(&s));
     }
 
-    for row in ["remote_to_here", "dist_autograd_16", "dist_autograd_256"] {
-        res.na(Side::Ours, row, "n/a (not implemented yet)");
+    local_wasm_calls(cfg, agent, res, progress).await?;
+
+    if cfg.wanted("remote_to_here") {
+        progress.set("wasmrpc: remote() + to_here()");
+        let n = cfg.n(300, 2000);
+        let s = timed(n, n / 10, || async {
+            agent
+                .remote(dst, NOOP, args![1])?
+                .to_here(agent, None)
+                .await
+        })
+        .await?;
+        res.set(Side::Ours, "remote_to_here", Stat::latencies(&s));
+    }
+
+    for (row, size, nq, nf) in [
+        ("dist_autograd_16", 16, 200, 1000),
+        ("dist_autograd_256", 256, 50, 200),
+    ] {
+        if !cfg.wanted(row) {
+            continue;
+        }
+        progress.set(&format!(
+            "wasmrpc: distributed autograd step, {size}x{size} matmul"
+        ));
+        let a = Tensor::rand([size, size], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let b = Tensor::rand([size, size], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let n = cfg.n(nq, nf);
+        let s = timed(n, (n / 10).max(1), || autograd_step(agent, dst, &a, &b)).await?;
+        res.set(Side::Ours, row, Stat::latencies(&s));
     }
     Ok(())
+}
+
+/// One step as the torch side does it: in a fresh context, a remote matmul,
+/// a local sum, backward across both workers, and the context's gradients
+/// (both leaves must have one).
+async fn autograd_step(
+    agent: &RpcAgent,
+    dst: &str,
+    a: &Tensor,
+    b: &Tensor,
+) -> wasmrpc::Result<Payload> {
+    let (a, b) = (a.shallow_clone(), b.shallow_clone());
+    wasmrpc::autograd::context(agent, |ctx| async move {
+        let product = agent
+            .rpc_sync(
+                dst,
+                "aten::matmul",
+                args![a.shallow_clone(), b.shallow_clone()],
+            )
+            .await?
+            .as_tensor()?;
+        let loss = product.sum(None);
+        wasmrpc::autograd::backward(agent, ctx, &[loss], false).await?;
+        let grads = wasmrpc::autograd::get_gradients(agent, ctx)?;
+        if !(grads.contains(&a) && grads.contains(&b)) {
+            return Err(wasmrpc::Error::runtime(format!(
+                "context {ctx} has gradients for {} of the 2 leaves",
+                grads.len()
+            )));
+        }
+        Ok(Payload::none())
+    })
+    .await?
 }
 
 /// All-to-all: every worker of a group of `world` calls every other, 64
@@ -461,4 +522,77 @@ pub(crate) fn init(cfg: &Config, world: u32, res: &mut Results, progress: &Progr
 pub(crate) fn workspace_root() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+/// The wasm function of the local-call rows: `echo(data)` of the seed
+/// functions' plugin, called with 16 bytes.
+const LOCAL_ECHO: &str = "seed_fns::echo";
+
+/// The local wasm call rows, on this process's worker, through the host's
+/// real plugin path ([`RpcAgent::call_local`]: the agent's registry, the
+/// per-call guest host, argument conversion) with no network:
+/// - warm: a 16-byte echo on a pooled instance of the loaded plugin;
+/// - cold, module cache hit: a fresh runtime whose disk cache holds the
+///   compiled module; load, register, first call;
+/// - cold, no module cache: a fresh runtime that compiles; load, register,
+///   first call.
+async fn local_wasm_calls(
+    cfg: &Config,
+    agent: &RpcAgent,
+    res: &mut Results,
+    progress: &Progress,
+) -> Result<()> {
+    let rows = [
+        "wasm_local_warm",
+        "wasm_local_cold_cached",
+        "wasm_local_cold_uncached",
+    ];
+    if !rows.iter().any(|r| cfg.wanted(r)) {
+        return Ok(());
+    }
+    let bytes = std::fs::read(wasmrpc_plugins::SEED_FNS)
+        .with_context(|| format!("reading {}", wasmrpc_plugins::SEED_FNS))?;
+    let cache = tempfile::tempdir()?;
+    let host = |cache_dir: Option<PathBuf>| {
+        wasmrpc::PluginHost::new(wasmrpc::wasm::Config {
+            cache_dir,
+            ..wasmrpc::PluginHost::default_config()
+        })
+    };
+    // Fills the disk cache the cached cold row reads.
+    let warm_host = host(Some(cache.path().to_path_buf()))?;
+    warm_host.register(&warm_host.load(&bytes)?, agent.registry());
+    let echo = || agent.call_local(LOCAL_ECHO, args![wasmrpc::Value::Bytes(vec![7; 16])]);
+    if echo().await?.value != wasmrpc::Value::Bytes(vec![7; 16]) {
+        bail!("{LOCAL_ECHO} returned something else than its 16 bytes");
+    }
+    if cfg.wanted("wasm_local_warm") {
+        progress.set("wasmrpc: local wasm call, warm");
+        let n = cfg.n(20_000, 200_000);
+        let s = timed(n, n / 10, echo).await?;
+        res.set(Side::Ours, "wasm_local_warm", Stat::latencies(&s));
+    }
+    for (row, cached) in [
+        ("wasm_local_cold_cached", true),
+        ("wasm_local_cold_uncached", false),
+    ] {
+        if !cfg.wanted(row) {
+            continue;
+        }
+        progress.set(&format!("wasmrpc: local wasm call, {}", &row[11..]));
+        let n = cfg.n(5, 20);
+        let mut samples = Vec::with_capacity(n);
+        for _ in 0..n {
+            let dir = cached.then(|| cache.path().to_path_buf());
+            let t = Instant::now();
+            let fresh = host(dir)?;
+            fresh.register(&fresh.load(&bytes)?, agent.registry());
+            echo().await?;
+            samples.push(t.elapsed());
+        }
+        res.set(Side::Ours, row, Stat::latencies(&samples));
+    }
+    // Later rows call through the worker's own plugin host again.
+    warm_host.register(&warm_host.load(&bytes)?, agent.registry());
+    Ok(())
 }

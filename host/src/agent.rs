@@ -413,6 +413,29 @@ impl RpcAgent {
             .await
     }
 
+    /// Runs the registered `function` on this worker, in the calling task,
+    /// with nothing serialized: what a call from this worker to itself does
+    /// once it has arrived (the caller is this worker). For embedders that
+    /// run a plugin's function where they are, and for measuring a
+    /// function's own cost apart from the network.
+    ///
+    /// # Errors
+    /// "... is not registered on worker ..." for an unknown name, else the
+    /// function's error (a panic becomes a `RuntimeError`).
+    pub async fn call_local(&self, function: &str, args: Args) -> Result<Payload> {
+        let f = self
+            .registry()
+            .get(function)
+            .ok_or_else(|| Error::runtime(unknown_function_message(function, self.name())))?;
+        let ctx = CallContext::new(
+            self.clone(),
+            self.info().clone(),
+            function.to_string(),
+            None,
+        );
+        registry::call_guarded(f, ctx, args).await
+    }
+
     /// [`rpc_sync`](Self::rpc_sync) with its own timeout; zero means none.
     ///
     /// # Errors
