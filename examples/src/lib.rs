@@ -9,6 +9,7 @@
 //! | example | plugin | module |
 //! |---|---|---|
 //! | RL actor-learner, unbatched and batched (async execution) | `plugins/rl` | [`rl`] |
+//! | parameter server on the digits (data and model; training pending) | `plugins/param-server` | [`param_server`] |
 //!
 //! A module starts a cluster of workers in this process ([`Cluster`]: one
 //! [`RpcAgent`](wasmrpc::RpcAgent) per worker on a loopback port, every one
@@ -25,6 +26,7 @@ use anyhow::{Context, Result};
 use wasmrpc::store::HashStore;
 use wasmrpc::{Args, FunctionRegistry, Payload, PluginHost, RpcAgent, RpcBackendOptions, init_rpc};
 
+pub mod param_server;
 pub mod rl;
 
 /// A local cluster of `worker0 .. worker<N-1>` in this process, each
@@ -91,11 +93,19 @@ impl Cluster {
     /// # Errors
     /// The call's error, with the function's name.
     pub async fn run(&self, function: &str, args: Args) -> Result<Payload> {
+        self.call_on("worker0", function, args).await
+    }
+
+    /// Calls `function` on worker `on`, from worker0.
+    ///
+    /// # Errors
+    /// The call's error, with the function's name and the worker.
+    pub async fn call_on(&self, on: &str, function: &str, args: Args) -> Result<Payload> {
         let agent = self.agents.first().context("the cluster has no workers")?;
         agent
-            .rpc_sync("worker0", function, args)
+            .rpc_sync(on, function, args)
             .await
-            .with_context(|| format!("{function} on worker0 failed"))
+            .with_context(|| format!("{function} on {on} failed"))
     }
 
     /// Shuts every worker down gracefully.

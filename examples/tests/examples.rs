@@ -1,6 +1,6 @@
 //! Each example, run small on a local cluster, with its outcome checked.
 
-use wasmrpc_examples::rl;
+use wasmrpc_examples::{param_server, rl};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -54,4 +54,23 @@ fn rl_unbatched_answers_each_request_and_learns() {
     let out = timed(rl::run(config));
     assert_eq!(out.batches, out.requests, "one policy pass per request");
     check_learns(&out);
+}
+
+#[test]
+fn param_server_serves_the_digits_and_evaluates_its_model_from_another_worker() {
+    let (summary, eval) = timed(param_server::untrained(32, 1));
+    assert_eq!(summary.train + summary.test, 1797, "{summary:?}");
+    assert_eq!(
+        summary.test, 359,
+        "every fifth image is held out: {summary:?}"
+    );
+    assert_eq!(summary.per_class.iter().sum::<i64>(), 1797, "{summary:?}");
+    assert!(
+        summary.per_class.iter().all(|&c| (170..=190).contains(&c)),
+        "about 180 images per digit: {summary:?}"
+    );
+    // An untrained 10-way classifier: near-uniform logits and chance-level
+    // accuracy.
+    assert!((eval.loss - 10f64.ln()).abs() < 0.5, "{eval:?}");
+    assert!(eval.accuracy < 0.35, "{eval:?}");
 }

@@ -15,6 +15,7 @@
 //! }
 //! fn demo() {}
 //! fn rl() {}
+//! fn param_server() {}
 //! fn seed_fns() {}
 //! wasmrpc_plugins::foreach_plugin!(assert_tested);
 //! ```

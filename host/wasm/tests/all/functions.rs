@@ -74,6 +74,36 @@ pub(crate) mod rl {
     }
 }
 
+/// The plugin `plugins/param-server` (the parameter server example): its
+/// argument checks here, against the fake host; its data and model across
+/// real workers in `examples/tests/examples.rs`.
+pub(crate) mod param_server {
+    use crate::{args, setup, timed};
+    use wasmrpc_wasm::{ErrorKind, Value};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn init_rejects_an_empty_hidden_layer_with_a_value_error() {
+        timed(async {
+            let (rt, _, host) = setup();
+            let ps = rt
+                .load_file(wasmrpc_plugins::PARAM_SERVER)
+                .expect("the param-server plugin loads");
+            let err = rt
+                .call(
+                    &ps,
+                    "init",
+                    args(vec![Value::Int(0), Value::Int(1)]),
+                    host.arc(),
+                )
+                .await
+                .expect_err("hidden 0 is refused");
+            assert_eq!(err.kind(), ErrorKind::ValueError, "{err}");
+            assert!(err.to_string().contains("hidden >= 1"), "{err}");
+        })
+        .await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn my_function_with_kwargs_and_positional_tensors() {
     timed(async {
