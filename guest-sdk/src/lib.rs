@@ -87,6 +87,8 @@
 //!   [`ErrorKind`]; the caller sees that kind and message unchanged. A
 //!   panic traps the instance: the caller gets a `RuntimeError` naming the
 //!   plugin and function, with the panic message.
+//! - **Progress.** [`progress::report`] reports how far a long task is;
+//!   `wasmrpc launch` draws a bar per worker and task.
 //!
 //! # Building
 //!
@@ -100,6 +102,7 @@ mod error;
 mod future;
 mod host;
 mod memory;
+pub mod progress;
 mod rpc;
 mod rref;
 mod state;

@@ -77,6 +77,7 @@ pub mod autograd;
 mod error;
 mod ops;
 mod plugin;
+pub mod progress;
 mod rref;
 mod tensor;
 pub mod transport;

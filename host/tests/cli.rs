@@ -433,3 +433,57 @@ fn killing_a_worker_mid_call_fails_the_callers_future_and_the_launch() {
     );
     assert!(all.contains("worker1 failed"), "{all}");
 }
+
+/// Progress reports of a plugin reach the launcher, which prints them as
+/// plain lines when its stderr is not a terminal, and `--result` writes
+/// the entry's result as JSON (the RL example: one average return per
+/// round).
+#[test]
+fn launch_shows_plugin_progress_and_writes_the_result_as_json() {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let result = dir.path().join("result.json");
+    let result_arg = result.display().to_string();
+    let out = wasmrpc(
+        &[
+            "launch",
+            "--nproc",
+            "3",
+            "--plugins",
+            wasmrpc_plugins::RL,
+            "--entry",
+            "rl::run",
+            "--result",
+            &result_arg,
+            "--",
+            "2",
+            "3",
+            "20",
+            "0.01",
+            "true",
+        ],
+        Duration::from_secs(60),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "launch failed:\n{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("[worker0] round 3/3 average return"),
+        "no progress line for the last round:\n{stderr}"
+    );
+    assert!(
+        !stderr.contains("@wasmrpc-progress"),
+        "a raw event line leaked:\n{stderr}"
+    );
+    let json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&result).expect("launch wrote the result file"),
+    )
+    .expect("the result is JSON");
+    let rounds = json[0].as_array().expect("a list of average returns");
+    assert_eq!(rounds.len(), 3, "{json}");
+    assert!(
+        rounds.iter().all(|r| r.as_f64().is_some_and(|r| r > 0.0)),
+        "{json}"
+    );
+    // 2 observers x 20 steps x 3 rounds, answered in batches of 2.
+    assert_eq!(json[2], 120, "{json}");
+    assert_eq!(json[1], 60, "{json}");
+}

@@ -197,6 +197,22 @@ pub enum RpcMode {
     Remote,
 }
 
+/// A progress report ([`HostCall::Progress`]): `position` of `total` steps
+/// of the task `bar` (e.g. `"epoch"`, `"batch"`) are done. The worker turns
+/// it into a structured log event; `wasmrpc launch` draws one progress bar
+/// per worker and `bar` from them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    /// The task's name; one bar per name and worker.
+    pub bar: String,
+    /// Steps done.
+    pub position: u64,
+    /// Steps in all (0: unknown).
+    pub total: u64,
+    /// A short status, e.g. the last loss.
+    pub message: String,
+}
+
 /// Log levels of [`HostCall::Log`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum LogLevel {
@@ -329,6 +345,10 @@ pub enum HostCall {
     Sleep(f64),
     /// Log a line. Replies [`HostReply::Unit`].
     Log(LogLevel, String),
+    // --- Progress reports (issue 10: the demo's progress bars) ---
+    /// Report the progress of a long task. Replies [`HostReply::Unit`].
+    Progress(Progress),
+    // --- end of progress reports ---
     /// The guest panicked with this message and is about to trap; the
     /// runtime attaches the message to the trap's error. Replies
     /// [`HostReply::Unit`].

@@ -3,17 +3,26 @@
 //! child process running `wasmrpc worker`, its output prefixed with its
 //! name; worker0 runs the entry function. When one worker fails, the others
 //! are stopped and the launcher exits non-zero.
+//!
+//! Progress reports of the workers' plugins ([`wasmrpc::progress`]) arrive
+//! as event lines on their stderr; [`Progress`] draws them as one bar per
+//! worker and task when stderr is a terminal, and as plain lines (a few per
+//! task) otherwise. `--result FILE` has worker0 write the entry's result
+//! there as JSON.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{ExitCode, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 use tokio::task::JoinSet;
 use tracing::{error, info};
+use wasmrpc::progress::{EVENTS_ENV, ProgressEvent};
 use wasmrpc::store::TcpStoreServer;
 
 use super::parse_seconds;
@@ -43,6 +52,9 @@ pub(crate) struct LaunchArgs {
     /// The default timeout of calls, in seconds (0: none).
     #[arg(long, default_value = "60", value_parser = parse_seconds)]
     rpc_timeout: Duration,
+    /// Write the entry function's result to this file as JSON.
+    #[arg(long, value_name = "FILE", requires = "entry")]
+    result: Option<PathBuf>,
     /// Arguments of the entry function: integers, floats, `true`/`false`,
     /// or strings.
     #[arg(last = true)]
@@ -70,6 +82,15 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
         .map(|p| std::path::absolute(p).with_context(|| format!("bad plugin path {}", p.display())))
         .collect::<Result<Vec<_>>>()?;
 
+    let result_file = args
+        .result
+        .as_ref()
+        .map(|p| std::path::absolute(p).with_context(|| format!("bad result path {}", p.display())))
+        .transpose()?;
+    let progress = Arc::new(Progress::new(std::io::IsTerminal::is_terminal(
+        &std::io::stderr(),
+    )));
+
     let mut children: Vec<(String, Child)> = Vec::new();
     let mut output = JoinSet::new();
     for rank in 0..args.nproc {
@@ -83,6 +104,7 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
             .args(["--rpc-timeout", &args.rpc_timeout.as_secs_f64().to_string()])
             // The launcher hosts the store, as torchrun's agent does.
             .env("TORCHELASTIC_USE_AGENT_STORE", "True")
+            .env(EVENTS_ENV, "1")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -97,6 +119,9 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
                     if let Some(on) = &args.entry_on {
                         cmd.args(["--entry-on", on]);
                     }
+                    if let Some(file) = &result_file {
+                        cmd.arg("--result").arg(file);
+                    }
                     cmd.arg("--").args(&args.entry_args);
                 }
                 None => {
@@ -108,10 +133,10 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
             .spawn()
             .with_context(|| format!("could not start {name}"))?;
         if let Some(out) = child.stdout.take() {
-            output.spawn(prefix_lines(name.clone(), out, false));
+            output.spawn(prefix_lines(name.clone(), out, None));
         }
         if let Some(err) = child.stderr.take() {
-            output.spawn(prefix_lines(name.clone(), err, true));
+            output.spawn(prefix_lines(name.clone(), err, Some(progress.clone())));
         }
         children.push((name, child));
     }
@@ -119,6 +144,7 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
     let result = supervise(children).await;
     // Drain what the workers printed before reporting.
     while output.join_next().await.is_some() {}
+    progress.finish();
     drop(server);
     match result {
         Ok(()) => {
@@ -176,14 +202,110 @@ async fn supervise(children: Vec<(String, Child)>) -> Result<()> {
     }
 }
 
-/// Copies a child's output line by line, prefixed with its name.
-async fn prefix_lines(name: String, stream: impl AsyncRead + Unpin, stderr: bool) {
+/// Copies a child's output line by line, prefixed with its name; on
+/// stderr (`progress` given), progress event lines go to the bars instead.
+async fn prefix_lines(
+    name: String,
+    stream: impl AsyncRead + Unpin,
+    progress: Option<Arc<Progress>>,
+) {
     let mut lines = BufReader::new(stream).lines();
     while let Ok(Some(line)) = lines.next_line().await {
-        if stderr {
-            eprintln!("[{name}] {line}");
-        } else {
-            println!("[{name}] {line}");
+        match &progress {
+            Some(progress) => match ProgressEvent::parse(&line) {
+                Some(event) => progress.show(&event),
+                None => progress.println(&format!("[{name}] {line}")),
+            },
+            None => println!("[{name}] {line}"),
+        }
+    }
+}
+
+/// Draws the workers' progress events: indicatif bars on a terminal, plain
+/// lines otherwise.
+struct Progress {
+    /// The bars, by worker and task; `None` when stderr is not a terminal.
+    bars: Option<(MultiProgress, Mutex<HashMap<(String, String), ProgressBar>>)>,
+    /// Plain mode: the last tenth of each task printed, so a task of many
+    /// steps prints about ten lines.
+    printed: Mutex<HashMap<(String, String), u64>>,
+}
+
+impl Progress {
+    fn new(terminal: bool) -> Progress {
+        Progress {
+            bars: terminal.then(|| (MultiProgress::new(), Mutex::new(HashMap::new()))),
+            printed: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Shows one event.
+    fn show(&self, event: &ProgressEvent) {
+        let key = (event.worker.clone(), event.bar.clone());
+        match &self.bars {
+            Some((multi, bars)) => {
+                let mut bars = bars.lock().unwrap_or_else(|p| p.into_inner());
+                let bar = bars.entry(key).or_insert_with(|| {
+                    let bar = multi.add(ProgressBar::new(event.total));
+                    let style =
+                        ProgressStyle::with_template("{prefix:>18} [{bar:30}] {pos}/{len} {msg}")
+                            .map(|s| s.progress_chars("=> "))
+                            .unwrap_or_else(|_| ProgressStyle::default_bar());
+                    bar.set_style(style);
+                    bar.set_prefix(format!("{} {}", event.worker, event.bar));
+                    bar
+                });
+                if bar.is_finished() {
+                    // A task that starts over (the next epoch's batches).
+                    bar.reset();
+                }
+                bar.set_length(event.total);
+                bar.set_position(event.position);
+                bar.set_message(event.message.clone());
+                if event.total > 0 && event.position >= event.total {
+                    bar.finish();
+                }
+            }
+            None => {
+                let tenth = if event.total == 0 {
+                    event.position
+                } else {
+                    event.position * 10 / event.total
+                };
+                let mut printed = self.printed.lock().unwrap_or_else(|p| p.into_inner());
+                let last = printed.get(&key).copied();
+                let done = event.total > 0 && event.position >= event.total;
+                if done || last.is_none_or(|l| tenth != l) {
+                    printed.insert(key, if done { u64::MAX } else { tenth });
+                    eprintln!(
+                        "[{}] {} {}/{} {}",
+                        event.worker, event.bar, event.position, event.total, event.message
+                    );
+                }
+            }
+        }
+    }
+
+    /// Prints a line above the bars.
+    fn println(&self, line: &str) {
+        match &self.bars {
+            Some((multi, _)) => {
+                if multi.println(line).is_err() {
+                    eprintln!("{line}");
+                }
+            }
+            None => eprintln!("{line}"),
+        }
+    }
+
+    /// Leaves finished bars on screen and stops drawing.
+    fn finish(&self) {
+        if let Some((_, bars)) = &self.bars {
+            for bar in bars.lock().unwrap_or_else(|p| p.into_inner()).values() {
+                if !bar.is_finished() {
+                    bar.abandon();
+                }
+            }
         }
     }
 }

@@ -58,6 +58,10 @@ pub(crate) struct WorkerArgs {
     /// [default: this worker].
     #[arg(long, value_name = "WORKER", requires = "entry")]
     entry_on: Option<String>,
+    /// Write the entry function's result to this file as JSON (tensors as
+    /// `{"shape": [...], "data": [...]}`).
+    #[arg(long, value_name = "FILE", requires = "entry")]
+    result: Option<PathBuf>,
     /// Once the group is up, call every other worker once and print the
     /// round trip (the launcher's health check when it has no entry).
     #[arg(long)]
@@ -134,7 +138,17 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
             .fold(Args::new(), |a, s| a.arg(parse_arg(s)));
         let on = args.entry_on.as_deref().unwrap_or(name.as_str());
         match agent.rpc_sync(on, entry, call_args).await {
-            Ok(result) => println!("{entry} returned {}", describe(&result)),
+            Ok(result) => {
+                println!("{entry} returned {}", describe(&result));
+                if let Some(file) = &args.result {
+                    let json = to_json(&result.value, &result.tensors);
+                    let text = serde_json::to_string_pretty(&json)
+                        .context("cannot encode the entry's result")?;
+                    std::fs::write(file, text).with_context(|| {
+                        format!("cannot write the entry's result to {}", file.display())
+                    })?;
+                }
+            }
             Err(e) => {
                 eprintln!("{name}: entry {entry} on {on} failed: {e}");
                 failed = true;
@@ -201,6 +215,63 @@ fn describe(p: &Payload) -> String {
     }
 }
 
+/// A result as JSON: numbers, strings, lists, dicts with string keys as
+/// objects (others as lists of pairs), records as objects, tensors as
+/// `{"shape", "data"}` (float64 data), RRefs as their description.
+fn to_json(v: &Value, tensors: &[tch::Tensor]) -> serde_json::Value {
+    use serde_json::{Map, Value as J, json};
+    match v {
+        Value::None => J::Null,
+        Value::Bool(b) => J::Bool(*b),
+        Value::Int(i) => json!(i),
+        Value::Float(f) => serde_json::Number::from_f64(*f).map_or(J::Null, J::Number),
+        Value::Str(s) => J::String(s.clone()),
+        Value::Bytes(b) => json!(b),
+        Value::List(items) | Value::Tuple(items) => {
+            J::Array(items.iter().map(|x| to_json(x, tensors)).collect())
+        }
+        Value::Dict(pairs) => {
+            if pairs.iter().all(|(k, _)| matches!(k, Value::Str(_))) {
+                let mut map = Map::new();
+                for (k, v) in pairs {
+                    if let Value::Str(k) = k {
+                        map.insert(k.clone(), to_json(v, tensors));
+                    }
+                }
+                J::Object(map)
+            } else {
+                J::Array(
+                    pairs
+                        .iter()
+                        .map(|(k, v)| J::Array(vec![to_json(k, tensors), to_json(v, tensors)]))
+                        .collect(),
+                )
+            }
+        }
+        Value::Record { name, fields } => {
+            let mut map = Map::new();
+            map.insert("__type__".into(), J::String(name.clone()));
+            for (k, v) in fields {
+                map.insert(k.clone(), to_json(v, tensors));
+            }
+            J::Object(map)
+        }
+        Value::WorkerInfo(w) => json!({"name": w.name, "id": w.id}),
+        Value::Tensor(i) => match tensors.get(*i as usize) {
+            Some(t) => {
+                let data: Vec<f64> = t
+                    .to_kind(tch::Kind::Double)
+                    .flatten(0, -1)
+                    .try_into()
+                    .unwrap_or_default();
+                json!({"shape": t.size(), "data": data})
+            }
+            None => J::Null,
+        },
+        Value::RRef(i) => J::String(format!("RRef #{i}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,5 +282,20 @@ mod tests {
         assert_eq!(parse_arg("2.5").as_float().unwrap(), 2.5);
         assert!(parse_arg("true").as_bool().unwrap());
         assert_eq!(parse_arg("worker1").as_str().unwrap(), "worker1");
+    }
+
+    #[test]
+    fn results_become_plain_json() {
+        let t = tch::Tensor::from_slice(&[1.0f32, 2.0]);
+        let v = Value::Tuple(vec![
+            Value::List(vec![Value::Float(0.5), Value::Int(2)]),
+            Value::Dict(vec![(Value::Str("acc".into()), Value::Float(0.9))]),
+            Value::Tensor(0),
+            Value::None,
+        ]);
+        assert_eq!(
+            to_json(&v, &[t]),
+            serde_json::json!([[0.5, 2], {"acc": 0.9}, {"shape": [2], "data": [1.0, 2.0]}, null])
+        );
     }
 }

@@ -17,8 +17,8 @@ use async_trait::async_trait;
 use tch::{Device, Kind, Tensor};
 use wasmrpc_torch_sys::{OpError, call_method, call_op, op_value_from_abi, op_value_into_abi};
 use wasmrpc_wasm::{
-    CallArgs, DType, ErrorKind, GuestHost, HandleKind, HostResult, LogLevel, Plugin, RemoteError,
-    TensorMeta, Value, WorkerInfo,
+    CallArgs, DType, ErrorKind, GuestHost, HandleKind, HostResult, LogLevel, Plugin, Progress,
+    RemoteError, TensorMeta, Value, WorkerInfo,
 };
 
 use super::handles::Handles;
@@ -382,6 +382,20 @@ impl GuestHost for GuestCall {
             )),
         }
     }
+
+    // --- Progress reports (issue 10: the demo's progress bars) ---
+    async fn progress(&self, report: Progress) -> HostResult<()> {
+        crate::progress::ProgressEvent {
+            worker: self.agent.name().to_owned(),
+            bar: report.bar,
+            position: report.position,
+            total: report.total,
+            message: report.message,
+        }
+        .emit();
+        Ok(())
+    }
+    // --- end of progress reports ---
 
     async fn log(&self, level: LogLevel, message: &str) -> HostResult<()> {
         let (worker, plugin) = (self.agent.name(), self.namespace.as_str());

@@ -24,7 +24,7 @@
 
 use async_trait::async_trait;
 use std::time::Duration;
-use wasmrpc_abi::protocol::{CallArgs, DType, HandleKind, LogLevel, TensorMeta};
+use wasmrpc_abi::protocol::{CallArgs, DType, HandleKind, LogLevel, Progress, TensorMeta};
 use wasmrpc_abi::{ErrorKind, RemoteError, Value, WorkerInfo};
 
 /// The result of a request: errors keep their Python kind and message and
@@ -120,6 +120,22 @@ pub trait GuestHost: Send + Sync + 'static {
         tokio::time::sleep(duration).await;
         Ok(())
     }
+
+    // --- Progress reports (issue 10: the demo's progress bars) ---
+    /// A guest's progress report. The default logs it as a line with
+    /// `tracing`.
+    async fn progress(&self, report: Progress) -> HostResult<()> {
+        tracing::info!(
+            target: "wasmrpc::progress",
+            "{} {}/{} {}",
+            report.bar,
+            report.position,
+            report.total,
+            report.message
+        );
+        Ok(())
+    }
+    // --- end of progress reports ---
 
     /// Logs a guest's line. The default uses `tracing`.
     async fn log(&self, level: LogLevel, message: &str) -> HostResult<()> {

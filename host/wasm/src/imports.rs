@@ -183,6 +183,10 @@ async fn dispatch(ctx: &Arc<CallCtx>, call: HostCall) -> HostResult<HostReply> {
             host.log(level, &message).await?;
             HostReply::Unit
         }
+        HostCall::Progress(report) => {
+            host.progress(report).await?;
+            HostReply::Unit
+        }
         HostCall::Panicked(_) => HostReply::Unit,
     })
 }

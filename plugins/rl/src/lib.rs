@@ -31,8 +31,8 @@
 //! picks action 1 when it exceeds `pi(0|s)`.
 
 use wasmrpc_guest::{
-    Error, Future, Result, Tensor, get_worker_info, global, lock, log, remote, rpc_async, rpc_sync,
-    set_global,
+    Error, Future, Result, Tensor, get_worker_info, global, lock, progress, remote, rpc_async,
+    rpc_sync, set_global,
 };
 
 /// The discount factor of the returns.
@@ -360,11 +360,15 @@ fn run(
         } else {
             finished.iter().sum::<i64>() as f64 / finished.len() as f64
         };
-        log(&format!(
-            "iteration {}/{iterations}: average return {average:.1} over {} episodes",
-            iteration + 1,
-            finished.len()
-        ));
+        progress::report(
+            "round",
+            iteration as u64 + 1,
+            iterations as u64,
+            &format!(
+                "average return {average:.1} over {} episodes",
+                finished.len()
+            ),
+        );
         averages.push(average);
     }
     let batches = global::<i64>("batches")?.unwrap_or(0);
