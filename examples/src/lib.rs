@@ -9,7 +9,7 @@
 //! | example | plugin | module |
 //! |---|---|---|
 //! | RL actor-learner, unbatched and batched (async execution) | `plugins/rl` | [`rl`] |
-//! | parameter server on the digits (data and model; training pending) | `plugins/param-server` | [`param_server`] |
+//! | parameter server on scikit-learn's digits | `plugins/param-server` | [`param_server`] |
 //!
 //! A module starts a cluster of workers in this process ([`Cluster`]: one
 //! [`RpcAgent`](wasmrpc::RpcAgent) per worker on a loopback port, every one

@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use wasmrpc_examples::rl;
+use wasmrpc_examples::{param_server, rl};
 
 #[derive(Parser, Debug)]
 #[command(about = "Runs wasmrpc's examples (PyTorch's RPC tutorials) on a local cluster")]
@@ -37,6 +37,25 @@ enum Example {
         /// Run unbatched, then batched, and compare their speed.
         #[arg(long)]
         compare: bool,
+    },
+    /// Parameter server: worker0 holds an MLP, trainers (worker1..) train
+    /// it on scikit-learn's digits; prints the held-out accuracy per epoch.
+    ParamServer {
+        /// Trainers (worker1..); worker0 is the parameter server.
+        #[arg(long, default_value_t = 3)]
+        trainers: u32,
+        /// Passes over the training images.
+        #[arg(long, default_value_t = 10)]
+        epochs: u32,
+        /// Images per SGD step.
+        #[arg(long, default_value_t = 16)]
+        batch_size: u32,
+        /// SGD step size.
+        #[arg(long, default_value_t = 0.1)]
+        lr: f64,
+        /// Hidden units of the MLP.
+        #[arg(long, default_value_t = 32)]
+        hidden: u32,
     },
 }
 
@@ -95,6 +114,41 @@ async fn main() -> Result<()> {
                     batched / unbatched
                 );
             }
+        }
+        Example::ParamServer {
+            trainers,
+            epochs,
+            batch_size,
+            lr,
+            hidden,
+        } => {
+            let config = param_server::Config {
+                trainers,
+                epochs,
+                batch_size,
+                lr,
+                hidden,
+                ..param_server::Config::default()
+            };
+            let started = std::time::Instant::now();
+            let history = param_server::train(config).await?;
+            for (epoch, ((train, test), acc)) in history
+                .train_loss
+                .iter()
+                .zip(&history.test_loss)
+                .zip(&history.accuracy)
+                .enumerate()
+            {
+                println!(
+                    "epoch {:>2}: train loss {train:.3}, held-out loss {test:.3}, held-out accuracy {acc:.3}",
+                    epoch + 1
+                );
+            }
+            println!(
+                "param-server: {trainers} trainers, {epochs} epochs in {:.2} s; held-out accuracy {:.3}",
+                started.elapsed().as_secs_f64(),
+                history.accuracy.last().copied().unwrap_or(f64::NAN)
+            );
         }
     }
     Ok(())

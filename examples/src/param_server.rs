@@ -2,10 +2,10 @@
 //! Distributed RPC Framework") on scikit-learn's digits: the
 //! `param_server` plugin (`plugins/param-server`).
 //!
-//! Today this runs the parts that exist: the data set compiled into the
-//! plugin, the model's parameters on the parameter server (worker0), and
-//! the evaluation of the (untrained) model on the held-out images from
-//! another worker. Training needs guest autograd (not in the SDK yet).
+//! [`train`] runs the plugin's driver (`param_server::run`) on a local
+//! cluster: the parameter server on worker0, trainers on worker1..; see
+//! the plugin's docs for how trainers train (pull parameters, hand-written
+//! backward pass, push gradients) until guest autograd exists.
 
 use anyhow::{Context, Result, ensure};
 use wasmrpc::Args;
@@ -81,4 +81,92 @@ pub async fn untrained(hidden: i64, seed: i64) -> Result<(Summary, Evaluation)> 
     let outcome = outcome?;
     stopped?;
     Ok(outcome)
+}
+
+/// How a training run is set up (the defaults are the README's).
+#[derive(Debug, Clone, Copy)]
+pub struct Config {
+    /// Trainers (worker1..; worker0 is the parameter server).
+    pub trainers: u32,
+    /// Passes over the training images.
+    pub epochs: u32,
+    /// Images per SGD step.
+    pub batch_size: u32,
+    /// SGD step size.
+    pub lr: f64,
+    /// Hidden units of the MLP.
+    pub hidden: u32,
+    /// Seed of the initial parameters.
+    pub seed: u32,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            trainers: 3,
+            epochs: 10,
+            batch_size: 16,
+            lr: 0.1,
+            hidden: 32,
+            seed: 1,
+        }
+    }
+}
+
+/// Per-epoch results of a training run.
+#[derive(Debug, Clone)]
+pub struct History {
+    /// Mean training loss of the epoch's batches, averaged over trainers.
+    pub train_loss: Vec<f64>,
+    /// Held-out loss after each epoch.
+    pub test_loss: Vec<f64>,
+    /// Held-out accuracy after each epoch.
+    pub accuracy: Vec<f64>,
+}
+
+impl Config {
+    /// The driver's arguments, as `param_server::run` takes them (and as
+    /// `wasmrpc launch ... -- <args>` passes them).
+    pub fn args(&self) -> Vec<String> {
+        vec![
+            self.trainers.to_string(),
+            self.epochs.to_string(),
+            self.batch_size.to_string(),
+            format!("{:?}", self.lr),
+            self.hidden.to_string(),
+            self.seed.to_string(),
+        ]
+    }
+}
+
+/// Trains on a local cluster of `trainers + 1` workers.
+///
+/// # Errors
+/// A cluster that does not start, or a failing call.
+pub async fn train(config: Config) -> Result<History> {
+    let args = Args::new()
+        .arg(i64::from(config.trainers))
+        .arg(i64::from(config.epochs))
+        .arg(i64::from(config.batch_size))
+        .arg(config.lr)
+        .arg(i64::from(config.hidden))
+        .arg(i64::from(config.seed));
+    let result = crate::run_on_cluster(
+        config.trainers + 1,
+        &[wasmrpc_plugins::PARAM_SERVER],
+        "param_server::run",
+        args,
+    )
+    .await?;
+    let column = |name: &str| -> Result<Vec<f64>> {
+        let list = result
+            .get(name)?
+            .with_context(|| format!("param_server::run returned no {name}"))?;
+        crate::floats(&list)
+    };
+    Ok(History {
+        train_loss: column("train_loss")?,
+        test_loss: column("test_loss")?,
+        accuracy: column("accuracy")?,
+    })
 }

@@ -74,3 +74,23 @@ fn param_server_serves_the_digits_and_evaluates_its_model_from_another_worker() 
     assert!((eval.loss - 10f64.ln()).abs() < 0.5, "{eval:?}");
     assert!(eval.accuracy < 0.35, "{eval:?}");
 }
+
+#[test]
+fn param_server_trains_the_digits_mlp_to_at_least_90_percent_held_out() {
+    let config = param_server::Config::default();
+    let history = timed(param_server::train(config));
+    assert_eq!(
+        history.accuracy.len(),
+        config.epochs as usize,
+        "{history:?}"
+    );
+    let last = *history.accuracy.last().expect("one accuracy per epoch");
+    assert!(
+        last >= 0.90,
+        "held-out accuracy {last:.3} < 0.90: {history:?}"
+    );
+    assert!(
+        history.train_loss.last() < history.train_loss.first(),
+        "the training loss did not fall: {history:?}"
+    );
+}
