@@ -47,15 +47,15 @@ enum Example {
         /// Passes over the training images.
         #[arg(long, default_value_t = 10)]
         epochs: u32,
-        /// Images per SGD step.
-        #[arg(long, default_value_t = 16)]
-        batch_size: u32,
-        /// SGD step size.
-        #[arg(long, default_value_t = 0.1)]
-        lr: f64,
-        /// Hidden units of the MLP.
-        #[arg(long, default_value_t = 32)]
-        hidden: u32,
+        /// Images per SGD step [default: the plugin's, 16].
+        #[arg(long)]
+        batch_size: Option<u32>,
+        /// SGD step size [default: the plugin's, 0.1].
+        #[arg(long)]
+        lr: Option<f64>,
+        /// Hidden units of the MLP [default: the plugin's, 32].
+        #[arg(long)]
+        hidden: Option<u32>,
     },
 }
 

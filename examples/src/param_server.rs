@@ -8,7 +8,7 @@
 //! backward pass, push gradients) until guest autograd exists.
 
 use anyhow::{Context, Result, ensure};
-use wasmrpc::Args;
+use wasmrpc::{Args, Payload};
 
 /// The data set as the plugin sees it.
 #[derive(Debug, Clone)]
@@ -83,7 +83,8 @@ pub async fn untrained(hidden: i64, seed: i64) -> Result<(Summary, Evaluation)> 
     Ok(outcome)
 }
 
-/// How a training run is set up (the defaults are the README's).
+/// How a training run is set up; `None` takes the plugin's default
+/// (`param_server::run`'s docs).
 #[derive(Debug, Clone, Copy)]
 pub struct Config {
     /// Trainers (worker1..; worker0 is the parameter server).
@@ -91,13 +92,13 @@ pub struct Config {
     /// Passes over the training images.
     pub epochs: u32,
     /// Images per SGD step.
-    pub batch_size: u32,
+    pub batch_size: Option<u32>,
     /// SGD step size.
-    pub lr: f64,
+    pub lr: Option<f64>,
     /// Hidden units of the MLP.
-    pub hidden: u32,
+    pub hidden: Option<u32>,
     /// Seed of the initial parameters.
-    pub seed: u32,
+    pub seed: Option<u32>,
 }
 
 impl Default for Config {
@@ -105,10 +106,10 @@ impl Default for Config {
         Config {
             trainers: 3,
             epochs: 10,
-            batch_size: 16,
-            lr: 0.1,
-            hidden: 32,
-            seed: 1,
+            batch_size: None,
+            lr: None,
+            hidden: None,
+            seed: None,
         }
     }
 }
@@ -124,33 +125,19 @@ pub struct History {
     pub accuracy: Vec<f64>,
 }
 
-impl Config {
-    /// The driver's arguments, as `param_server::run` takes them (and as
-    /// `wasmrpc launch ... -- <args>` passes them).
-    pub fn args(&self) -> Vec<String> {
-        vec![
-            self.trainers.to_string(),
-            self.epochs.to_string(),
-            self.batch_size.to_string(),
-            format!("{:?}", self.lr),
-            self.hidden.to_string(),
-            self.seed.to_string(),
-        ]
-    }
-}
-
 /// Trains on a local cluster of `trainers + 1` workers.
 ///
 /// # Errors
 /// A cluster that does not start, or a failing call.
 pub async fn train(config: Config) -> Result<History> {
+    let optional = |v: Option<u32>| v.map_or_else(Payload::none, |v| Payload::from(i64::from(v)));
     let args = Args::new()
         .arg(i64::from(config.trainers))
         .arg(i64::from(config.epochs))
-        .arg(i64::from(config.batch_size))
-        .arg(config.lr)
-        .arg(i64::from(config.hidden))
-        .arg(i64::from(config.seed));
+        .arg(optional(config.batch_size))
+        .arg(config.lr.map_or_else(Payload::none, Payload::from))
+        .arg(optional(config.hidden))
+        .arg(optional(config.seed));
     let result = crate::run_on_cluster(
         config.trainers + 1,
         &[wasmrpc_plugins::PARAM_SERVER],

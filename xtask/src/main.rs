@@ -13,6 +13,7 @@
 
 mod bench;
 mod coverage;
+mod demo;
 mod process;
 mod setup;
 
@@ -64,7 +65,7 @@ fn main() -> Result<()> {
         }
         Command::Demo => {
             setup::run(&root)?;
-            run_demo(&root)?;
+            demo::run(&root)?;
         }
         Command::Test { nextest_args } => {
             setup::run(&root)?;
@@ -79,56 +80,6 @@ fn main() -> Result<()> {
             bench::run(&root, &bench_args)?;
         }
     }
-    Ok(())
-}
-
-/// Workers in the demo cluster, and the n of its sum of k^2 over 1..=n.
-const DEMO_WORKERS: &str = "3";
-const DEMO_N: &str = "1000000";
-
-/// The README's main job: the real `wasmrpc` binary launches a local
-/// cluster of worker processes serving the demo plugin, and worker0 runs
-/// `demo::run`, which spreads a computation over every worker.
-fn run_demo(root: &Path) -> Result<()> {
-    process::step("demo: building the wasmrpc binary and the plugins (wasm32)");
-    process::cargo(
-        root,
-        &[
-            "build",
-            "--quiet",
-            "-p",
-            "wasmrpc",
-            "--bin",
-            "wasmrpc",
-            "-p",
-            "wasmrpc-plugins",
-        ],
-    )?;
-    let target = coverage::target_dir(root);
-    let plugin =
-        target.join("wasm-plugins/wasm32-unknown-unknown/release/wasmrpc_plugin_demo.wasm");
-    let wasmrpc = target.join("debug/wasmrpc");
-    process::step(&format!(
-        "demo: wasmrpc launch --nproc {DEMO_WORKERS} --plugins {} --entry demo::run -- {DEMO_WORKERS} {DEMO_N}",
-        plugin.display()
-    ));
-    println!(
-        "The launcher hosts the store and starts {DEMO_WORKERS} worker processes that load the demo \
-         plugin. worker0 runs demo::run: it splits the sum of k^2 for k in 1..={DEMO_N} into one \
-         slice per worker and sends each with rpc_async; every worker computes its slice with aten \
-         ops in its host and asks its neighbour for its name (a nested call); worker0 checks the \
-         total against n(n+1)(2n+1)/6.\n"
-    );
-    process::run(
-        std::process::Command::new(&wasmrpc)
-            .args(["launch", "--nproc", DEMO_WORKERS, "--plugins"])
-            .arg(&plugin)
-            .args(["--entry", "demo::run", "--", DEMO_WORKERS, DEMO_N]),
-    )?;
-    println!(
-        "\ndemo: done. Try `{} launch --help`, or `plugin inspect` on the .wasm above.",
-        wasmrpc.display()
-    );
     Ok(())
 }
 
@@ -152,6 +103,10 @@ fn run_tests(root: &Path, nextest_args: &[String]) -> Result<()> {
             "wasmrpc-plugin-seed-fns",
             "-p",
             "wasmrpc-plugin-demo",
+            "-p",
+            "wasmrpc-plugin-rl",
+            "-p",
+            "wasmrpc-plugin-param-server",
             "--",
             "-D",
             "warnings",

@@ -6,8 +6,8 @@
 //!
 //! Progress reports of the workers' plugins ([`wasmrpc::progress`]) arrive
 //! as event lines on their stderr; [`Progress`] draws them as one bar per
-//! worker and task when stderr is a terminal, and as plain lines (a few per
-//! task) otherwise. `--result FILE` has worker0 write the entry's result
+//! worker and task when stderr is a terminal, and as plain lines (about
+//! five per task) otherwise. `--result FILE` has worker0 write the entry's result
 //! there as JSON.
 
 use std::collections::HashMap;
@@ -226,8 +226,8 @@ async fn prefix_lines(
 struct Progress {
     /// The bars, by worker and task; `None` when stderr is not a terminal.
     bars: Option<(MultiProgress, Mutex<HashMap<(String, String), ProgressBar>>)>,
-    /// Plain mode: the last tenth of each task printed, so a task of many
-    /// steps prints about ten lines.
+    /// Plain mode: the last quarter of each task printed, so a task of
+    /// many steps prints about five lines.
     printed: Mutex<HashMap<(String, String), u64>>,
 }
 
@@ -267,16 +267,16 @@ impl Progress {
                 }
             }
             None => {
-                let tenth = if event.total == 0 {
+                let quarter = if event.total == 0 {
                     event.position
                 } else {
-                    event.position * 10 / event.total
+                    event.position * 4 / event.total
                 };
                 let mut printed = self.printed.lock().unwrap_or_else(|p| p.into_inner());
                 let last = printed.get(&key).copied();
                 let done = event.total > 0 && event.position >= event.total;
-                if done || last.is_none_or(|l| tenth != l) {
-                    printed.insert(key, if done { u64::MAX } else { tenth });
+                if done || last.is_none_or(|l| quarter != l) {
+                    printed.insert(key, if done { u64::MAX } else { quarter });
                     eprintln!(
                         "[{}] {} {}/{} {}",
                         event.worker, event.bar, event.position, event.total, event.message
