@@ -64,7 +64,7 @@ async fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,wasmrpc::guest=info,wasmrpc::progress=info".into()),
+                .unwrap_or_else(|_| "warn".into()),
         )
         .with_target(false)
         .with_writer(std::io::stderr)

@@ -1,4 +1,7 @@
-//! The plugin behind `cargo xtask demo`.
+//! A first plugin to read: a driver spreads a computation over every
+//! worker of a local cluster (`cargo xtask demo` ran it before it ran the
+//! parameter server example; try it with `wasmrpc launch --nproc 3
+//! --plugins <demo.wasm> --entry demo::run -- 3 1000000`).
 //!
 //! `run` is the driver: on worker0 it splits the sum of k² for k in 1..=n
 //! into one slice per worker, sends each slice to its worker with

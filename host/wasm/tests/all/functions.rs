@@ -8,7 +8,7 @@ use wasmrpc_wasm::{Config, Error, ErrorKind, Value};
 /// The plugin `plugins/seed-fns` is tested here (see `foreach_plugin!`).
 pub(crate) mod seed_fns {}
 
-/// The plugin `plugins/demo` (the README demo): its argument checks here,
+/// The plugin `plugins/demo` (a first plugin): its argument checks here,
 /// against the fake host; its whole run across real workers in
 /// `tests/all/plugin_test.rs`.
 pub(crate) mod demo {
