@@ -137,6 +137,21 @@ fn register_font() -> bool {
     })
 }
 
+/// One line of a panel.
+struct Line<'a> {
+    name: &'a str,
+    points: Vec<(f64, f64)>,
+    color: RGBColor,
+}
+
+/// One chart of the plot.
+struct Panel<'a> {
+    title: &'a str,
+    top: f64,
+    legend: SeriesLabelPosition,
+    lines: &'a [Line<'a>],
+}
+
 /// Draws loss (left) and accuracy (right) per epoch into `path`; returns a
 /// note when labels could not be drawn.
 fn plot(h: &History, path: &Path) -> Result<Option<String>> {
@@ -159,42 +174,48 @@ fn plot(h: &History, path: &Path) -> Result<Option<String>> {
             .map(|(i, y)| (i as f64 + 1.0, *y))
             .collect()
     };
-    let panels: [(
-        &DrawingArea<_, _>,
-        &str,
-        f64,
-        SeriesLabelPosition,
-        Vec<(&str, Vec<(f64, f64)>, RGBColor)>,
-    ); 2] = [
-        (
-            &left,
-            "Loss (cross-entropy)",
-            max_loss.max(1e-3),
-            SeriesLabelPosition::UpperRight,
-            vec![
-                ("training", series(&h.train_loss), BLUE),
-                ("held-out", series(&h.test_loss), RED),
-            ],
-        ),
-        (
-            &right,
-            "Held-out accuracy",
-            1.0,
-            SeriesLabelPosition::LowerRight,
-            vec![("held-out", series(&h.accuracy), GREEN)],
-        ),
+    let loss_lines = [
+        Line {
+            name: "training",
+            points: series(&h.train_loss),
+            color: BLUE,
+        },
+        Line {
+            name: "held-out",
+            points: series(&h.test_loss),
+            color: RED,
+        },
     ];
-    for (area, title, top, legend, lines) in panels {
+    let accuracy_lines = [Line {
+        name: "held-out",
+        points: series(&h.accuracy),
+        color: GREEN,
+    }];
+    let panels = [
+        Panel {
+            title: "Loss (cross-entropy)",
+            top: max_loss.max(1e-3),
+            legend: SeriesLabelPosition::UpperRight,
+            lines: &loss_lines,
+        },
+        Panel {
+            title: "Held-out accuracy",
+            top: 1.0,
+            legend: SeriesLabelPosition::LowerRight,
+            lines: &accuracy_lines,
+        },
+    ];
+    for (area, panel) in [&left, &right].into_iter().zip(panels) {
         let mut builder = ChartBuilder::on(area);
         builder.margin(20);
         if fonts {
             builder
-                .caption(title, ("sans-serif", 22))
+                .caption(panel.title, ("sans-serif", 22))
                 .x_label_area_size(40)
                 .y_label_area_size(50);
         }
         let mut chart = builder
-            .build_cartesian_2d(1f64..epochs.max(2.0), 0f64..top)
+            .build_cartesian_2d(1f64..epochs.max(2.0), 0f64..panel.top)
             .map_err(|x| e(Box::new(x)))?;
         let mut mesh = chart.configure_mesh();
         if fonts {
@@ -203,23 +224,28 @@ fn plot(h: &History, path: &Path) -> Result<Option<String>> {
             mesh.x_labels(0).y_labels(0);
         }
         mesh.draw().map_err(|x| e(Box::new(x)))?;
-        for (name, points, color) in lines {
+        for line in panel.lines {
+            let color = line.color;
             let s = chart
-                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+                .draw_series(LineSeries::new(line.points.clone(), color.stroke_width(2)))
                 .map_err(|x| e(Box::new(x)))?;
             if fonts {
-                s.label(name).legend(move |(x, y)| {
+                s.label(line.name).legend(move |(x, y)| {
                     PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
                 });
             }
             chart
-                .draw_series(points.iter().map(|p| Circle::new(*p, 3, color.filled())))
+                .draw_series(
+                    line.points
+                        .iter()
+                        .map(|p| Circle::new(*p, 3, color.filled())),
+                )
                 .map_err(|x| e(Box::new(x)))?;
         }
         if fonts {
             chart
                 .configure_series_labels()
-                .position(legend)
+                .position(panel.legend)
                 .background_style(WHITE.mix(0.9))
                 .border_style(BLACK)
                 .draw()

@@ -221,14 +221,17 @@ async fn prefix_lines(
     }
 }
 
+/// A bar's identity: the worker and the task.
+type BarKey = (String, String);
+
 /// Draws the workers' progress events: indicatif bars on a terminal, plain
 /// lines otherwise.
 struct Progress {
     /// The bars, by worker and task; `None` when stderr is not a terminal.
-    bars: Option<(MultiProgress, Mutex<HashMap<(String, String), ProgressBar>>)>,
+    bars: Option<(MultiProgress, Mutex<HashMap<BarKey, ProgressBar>>)>,
     /// Plain mode: the last quarter of each task printed, so a task of
     /// many steps prints about five lines.
-    printed: Mutex<HashMap<(String, String), u64>>,
+    printed: Mutex<HashMap<BarKey, u64>>,
 }
 
 impl Progress {
@@ -267,11 +270,9 @@ impl Progress {
                 }
             }
             None => {
-                let quarter = if event.total == 0 {
-                    event.position
-                } else {
-                    event.position * 4 / event.total
-                };
+                let quarter = (event.position * 4)
+                    .checked_div(event.total)
+                    .unwrap_or(event.position);
                 let mut printed = self.printed.lock().unwrap_or_else(|p| p.into_inner());
                 let last = printed.get(&key).copied();
                 let done = event.total > 0 && event.position >= event.total;

@@ -227,18 +227,18 @@ fn pick(actions: Vec<i64>, observer: i64) -> Result<i64> {
         .ok_or_else(|| Error::index_error(format!("no action for observer {observer}")))
 }
 
+/// What an observer sends back after a round: the states (4 numbers
+/// each), the actions, the normalised discounted returns, and the lengths
+/// of the episodes that ended.
+type Trajectory = (Vec<f64>, Vec<i64>, Vec<f64>, Vec<i64>);
+
 /// On an observer: plays `steps` steps of CartPole from a fresh episode,
 /// asking `agent` for every action, and returns the trajectory: the states
 /// (4 numbers each), the actions, the normalised discounted returns, and
 /// the lengths of the episodes that ended (an episode also ends at 200
 /// steps; the last, unfinished one is not counted).
 #[remote]
-fn run_episode(
-    agent: String,
-    observer: i64,
-    steps: i64,
-    batch: bool,
-) -> Result<(Vec<f64>, Vec<i64>, Vec<f64>, Vec<i64>)> {
+fn run_episode(agent: String, observer: i64, steps: i64, batch: bool) -> Result<Trajectory> {
     let mut rng = match global::<i64>("rng")? {
         Some(bits) => Rng(bits as u64),
         None => Rng::seeded(observer + 1),
@@ -335,7 +335,7 @@ fn run(
         let mut returns = Vec::new();
         let mut finished = Vec::new();
         for call in calls {
-            let (s, a, g, f): (Vec<f64>, Vec<i64>, Vec<f64>, Vec<i64>) = call.wait()?;
+            let (s, a, g, f): Trajectory = call.wait()?;
             states.extend(s);
             actions.extend(a);
             returns.extend(g);
