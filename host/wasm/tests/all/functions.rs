@@ -528,6 +528,29 @@ async fn async_functions_complete_when_their_future_does() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_function_returning_a_value_is_refused_with_pytorchs_text() {
+    // `async_wrong_type` returns a tensor from an `async_execution` function
+    // (the seed's `async_wrong_type`): a RuntimeError with PyTorch's text,
+    // naming what came back, and the tensor is released.
+    timed(async {
+        let (rt, plugin, host) = setup();
+        let e = rt
+            .call(&plugin, "async_wrong_type", args(vec![]), host.arc())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::RuntimeError, "{e}");
+        let message = e.to_remote().message;
+        assert!(
+            message.starts_with(wasmrpc_wasm::ASYNC_WRONG_TYPE),
+            "{message}"
+        );
+        assert!(message.ends_with("but got Tensor"), "{message}");
+        assert_eq!(host.live_tensors(), 0);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn globals_and_locks_are_per_worker() {
     timed(async {
         let (rt, plugin, host) = setup();
