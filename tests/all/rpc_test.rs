@@ -12,6 +12,7 @@
 //! reasons in `wasmrpc_tests::skips::RPC_TEST`; [`seed_coverage`] checks
 //! that every seed test is ported or listed.
 
+mod async_execution;
 mod extra;
 mod rref;
 
@@ -63,7 +64,8 @@ fn seed_coverage() {
     };
     let source = concat!(
         include_str!("rpc_test.rs"),
-        include_str!("rpc_test/rref.rs")
+        include_str!("rpc_test/rref.rs"),
+        include_str!("rpc_test/async_execution.rs")
     );
     let ported = |name: &str| source.contains(&format!("fn {name}() {{"));
     let skipped = |name: &str| {
@@ -77,7 +79,7 @@ fn seed_coverage() {
         let cols: Vec<&str> = line.split('\t').collect();
         if cols.len() < 6
             || cols[0] != "rpc_test"
-            || !"ABCDEFGHIKMOQR".contains(cols[3])
+            || !"ABCDEFGHIJKMOQR".contains(cols[3])
             || cols[3].len() != 1
         {
             continue;
