@@ -35,7 +35,6 @@ pub const RPC_TEST: &[(&str, &str)] = &[
         "test_async_class_rref_proxy_remote",
         "AsyncExecutionClass: needs plugin classes on the agent (in progress)",
     ),
-
     // RRef proxies on plugin objects need the wasm plugin objects (the
     // owner answers NotImplementedError for them until then).
     (
