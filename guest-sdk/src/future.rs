@@ -87,6 +87,10 @@ impl Future {
     /// completes with its result. An error skips the callback and passes
     /// through.
     ///
+    /// The callback is part of this call: it sees the same handles, so a
+    /// future this call made and passes by its [`handle`](Self::handle) (as
+    /// a Python closure captures it) can be completed there.
+    ///
     /// # Errors
     /// A `RuntimeError` from the host.
     pub fn then(&self, function: &str, extra: impl ToArgs) -> Result<Future> {

@@ -481,6 +481,8 @@ async fn async_functions_complete_when_their_future_does() {
             .unwrap();
         assert_eq!(host.take_tensor(&r), (vec![2, 2], vec![5.0; 4]));
 
+        // A `Future()` the function made, completed by a `then` callback
+        // that got it by its handle.
         let r = rt
             .call(
                 &plugin,
