@@ -140,6 +140,16 @@ fn raise_func_escape() -> Result<()> {
     ))
 }
 
+/// `raise_or_inc(value)`: raises `ValueError("Expected error")` for a
+/// tensor of two elements, else `value + 1`.
+#[remote]
+fn raise_or_inc(value: Tensor) -> Result<Tensor> {
+    if value.numel()? == 2 {
+        return Err(Error::value_error("Expected error"));
+    }
+    value.add(1i64)
+}
+
 /// `foo_add()`: `torch.ones(1) + torch.ones(1)`.
 #[remote]
 fn foo_add() -> Result<Tensor> {

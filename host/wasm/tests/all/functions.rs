@@ -154,6 +154,30 @@ async fn raise_func_keeps_its_kind_and_text() {
         assert_eq!(e.kind(), ErrorKind::ValueError);
         assert_eq!(e.to_remote().message, "Expected error");
         assert_eq!(e.to_string(), "ValueError: Expected error");
+
+        // raise_or_inc: raises for two elements, else adds one.
+        let e = rt
+            .call(
+                &plugin,
+                "raise_or_inc",
+                args(vec![host.ones(&[2])]),
+                host.arc(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ValueError);
+        assert_eq!(e.to_remote().message, "Expected error");
+        let r = rt
+            .call(
+                &plugin,
+                "raise_or_inc",
+                args(vec![host.ones(&[3])]),
+                host.arc(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(host.take_tensor(&r), (vec![3], vec![2.0; 3]));
+        assert_eq!(host.live_tensors(), 0);
     })
     .await;
 }
