@@ -2,7 +2,7 @@
 //! change without notice.
 
 use crate::convert::{FromValue, IntoValue};
-use crate::{Error, Future, host, memory};
+use crate::{Error, Future, MaybeFuture, host, memory};
 use core::any::Any;
 use core::cell::RefCell;
 use wasmrpc_abi::RemoteError;
@@ -117,7 +117,7 @@ impl<T: IntoValue, E: Into<Error>> IntoOutcome for Result<T, E> {
 /// `Result` of one.
 #[diagnostic::on_unimplemented(
     message = "an `async_execution` function must return a `wasmrpc_guest::Future`, not `{Self}`",
-    note = "return `Future` or `Result<Future>`; drop `async_execution` to return a value"
+    note = "return `Future` or `Result<Future>` (`MaybeFuture` when the type is only known at run time); drop `async_execution` to return a value"
 )]
 pub trait IntoAsyncOutcome {
     /// The outcome to send to the host.
@@ -132,6 +132,23 @@ impl<E: Into<Error>> IntoAsyncOutcome for Result<Future, E> {
     fn into_async_outcome(self) -> Outcome {
         match self {
             Ok(f) => Outcome::Future(f.into_raw()),
+            Err(e) => Outcome::Raise(RemoteError::from(e.into())),
+        }
+    }
+}
+impl IntoAsyncOutcome for MaybeFuture {
+    fn into_async_outcome(self) -> Outcome {
+        match self {
+            MaybeFuture::Future(f) => Outcome::Future(f.into_raw()),
+            // The host checks the kind of outcome and refuses this one.
+            MaybeFuture::Value(v) => Outcome::Return(v.into_value()),
+        }
+    }
+}
+impl<E: Into<Error>> IntoAsyncOutcome for Result<MaybeFuture, E> {
+    fn into_async_outcome(self) -> Outcome {
+        match self {
+            Ok(m) => m.into_async_outcome(),
             Err(e) => Outcome::Raise(RemoteError::from(e.into())),
         }
     }

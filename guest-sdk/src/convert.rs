@@ -56,6 +56,11 @@ pub trait ToValue {
 pub struct AnyValue(Option<Value>);
 
 impl AnyValue {
+    /// Takes ownership of the handles in `value`.
+    pub(crate) fn new(value: Value) -> AnyValue {
+        AnyValue(Some(value))
+    }
+
     /// The value, still owned by `self`.
     pub fn get(&self) -> &Value {
         // `None` only after `into_inner`, which consumes `self`.

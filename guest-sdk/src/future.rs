@@ -1,7 +1,7 @@
 //! [`Future`]: a handle to a future held by the host, as returned by
 //! [`rpc_async`](crate::rpc_async) or made with [`Future::new`].
 
-use crate::convert::{FromValue, ToArgs, ToValue};
+use crate::convert::{AnyValue, FromValue, IntoValue, ToArgs, ToValue};
 use crate::host;
 use crate::{Error, Result};
 use wasmrpc_abi::protocol::{HandleKind, HostCall};
@@ -119,6 +119,10 @@ impl Future {
     /// completes with its result. An error skips the callback and passes
     /// through.
     ///
+    /// The callback is part of this call: it sees the same handles, so a
+    /// future this call made and passes by its [`handle`](Self::handle) (as
+    /// a Python closure captures it) can be completed there.
+    ///
     /// # Errors
     /// A `RuntimeError` from the host.
     pub fn then(&self, function: &str, extra: impl ToArgs) -> Result<Future> {
@@ -135,5 +139,34 @@ impl Drop for Future {
     fn drop(&mut self) {
         // A failure means the host already forgot the handle.
         let _ = host::unit(&HostCall::Drop(HandleKind::Future, self.handle));
+    }
+}
+
+/// What an `async_execution` function returns when, as in Python, its type
+/// is only known at run time: a [`Future`] (the call completes with its
+/// value), or any other value, which the host refuses with PyTorch's
+/// "Functions decorated with @rpc.async_function must return a
+/// torch.futures.Future object" `RuntimeError` (and releases).
+///
+/// A function whose result is always a future returns `Future` and never
+/// meets that error; this type is for guests that decide at run time.
+#[derive(Debug)]
+pub enum MaybeFuture {
+    /// A future: the call's result is its value.
+    Future(Future),
+    /// Not a future: the call fails.
+    Value(AnyValue),
+}
+
+impl MaybeFuture {
+    /// A value that is not a future; its handles move with it.
+    pub fn value(value: impl IntoValue) -> MaybeFuture {
+        MaybeFuture::Value(AnyValue::new(value.into_value()))
+    }
+}
+
+impl From<Future> for MaybeFuture {
+    fn from(future: Future) -> Self {
+        MaybeFuture::Future(future)
     }
 }

@@ -113,7 +113,7 @@ pub mod __private;
 
 pub use convert::{AnyValue, FromValue, IntoValue, ToArgs, ToValue};
 pub use error::{Error, Result};
-pub use future::Future;
+pub use future::{Future, MaybeFuture};
 pub use memory::wasmrpc_input_buffer;
 pub use rpc::{Call, get_worker_info, remote, rpc_async, rpc_sync, value, worker_info};
 pub use rref::RRef;

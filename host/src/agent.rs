@@ -38,6 +38,7 @@
 
 mod all_gather;
 mod current;
+mod deadlines;
 mod future;
 mod options;
 mod registry;
@@ -94,6 +95,8 @@ struct Pending {
     function: String,
     conn: u64,
     user: bool,
+    /// When the call times out, and its timeout (for the error).
+    deadline: Option<(tokio::time::Instant, Duration)>,
 }
 
 #[derive(Clone, Debug)]
@@ -113,6 +116,7 @@ pub(crate) struct AgentInner {
     handler: std::sync::OnceLock<Arc<dyn Handler>>,
     workers: RwLock<BTreeMap<String, Member>>,
     pending: Mutex<HashMap<u64, Pending>>,
+    deadlines: Arc<deadlines::Deadlines>,
     next_id: AtomicU64,
     timeout_ms: AtomicU64,
     state: AtomicU8,
@@ -129,6 +133,12 @@ pub(crate) struct AgentInner {
     worker_state: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
     debug_sources: Mutex<Vec<DebugInfoSource>>,
     shutdown_hooks: Mutex<Vec<ShutdownHook>>,
+}
+
+impl Drop for AgentInner {
+    fn drop(&mut self) {
+        self.deadlines.stop();
+    }
 }
 
 type DebugInfoSource = Arc<dyn Fn() -> BTreeMap<String, String> + Send + Sync>;
@@ -647,6 +657,15 @@ impl RpcAgent {
                 return fut;
             }
         };
+        // A peer already connected: the frame is sent from here (TR-5),
+        // with no task to spawn; the pending entry knows its connection
+        // before the frame leaves, so a close fails it.
+        let deadline =
+            (!timeout.is_zero()).then(|| (tokio::time::Instant::now() + timeout, timeout));
+        let open = self
+            .transport()
+            .ok()
+            .and_then(|t| t.open_connection(&dest.name).map(|c| (t, c)));
         inner
             .pending
             .lock()
@@ -657,40 +676,48 @@ impl RpcAgent {
                     future: fut.clone(),
                     peer: dest.name.clone(),
                     function: function.to_string(),
-                    conn: 0,
+                    conn: open.as_ref().map_or(0, |(_, c)| c.id),
                     user,
+                    deadline,
                 },
             );
+        if let Some((at, _)) = deadline {
+            inner.deadlines.insert(at, id);
+        }
         if user {
             inner.user_sent.fetch_add(1, Ordering::AcqRel);
             inner.user_pending.fetch_add(1, Ordering::AcqRel);
         }
-        let this = self.clone();
-        let function = function.to_string();
-        let waiter = fut.clone();
-        let deadline = (!timeout.is_zero()).then(|| tokio::time::Instant::now() + timeout);
-        // The send runs to completion even if the call times out first: the
-        // message still reaches the callee, as in PyTorch.
-        let sender = this.clone();
-        let sent_function = function.clone();
-        let peer = dest.name.clone();
-        inner.runtime.spawn(async move {
-            if let Err(e) = sender.send_call(id, &peer, &sent_function, frame).await {
-                let e = e.context_line(format!(
-                    "sending a call of {sent_function} to worker {peer}"
-                ));
-                sender.finish(id, Err(e));
-            }
-        });
-        if let Some(d) = deadline {
+        let sending_error = |e: Error| {
+            e.context_line(format!(
+                "sending a call of {function} to worker {}",
+                dest.name
+            ))
+        };
+        let frame = match open {
+            Some((transport, conn)) => match transport.send_now(&conn, frame) {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => {
+                    self.finish(id, Err(sending_error(e)));
+                    None
+                }
+                Err(frame) => Some(frame),
+            },
+            None => Some(frame),
+        };
+        if let Some(frame) = frame {
+            // Dialing, or faults to apply: the send runs as its own task, to
+            // completion even if the call times out first (the message still
+            // reaches the callee, as in PyTorch).
+            let sender = self.clone();
+            let sent_function = function.to_string();
+            let peer = dest.name.clone();
             inner.runtime.spawn(async move {
-                tokio::select! {
-                    _ = tokio::time::sleep_until(d) => {
-                        let e = Error::runtime(rpc_timeout_message(timeout.as_millis()))
-                            .context_line(format!("calling {function} on worker {}", dest.name));
-                        this.finish(id, Err(e));
-                    }
-                    _ = waiter.wait() => {}
+                if let Err(e) = sender.send_call(id, &peer, &sent_function, frame).await {
+                    let e = e.context_line(format!(
+                        "sending a call of {sent_function} to worker {peer}"
+                    ));
+                    sender.finish(id, Err(e));
                 }
             });
         }
@@ -733,11 +760,31 @@ impl RpcAgent {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&id);
         if let Some(p) = p {
+            if let Some((at, _)) = p.deadline {
+                self.inner.deadlines.remove(at, id);
+            }
             if p.user {
                 self.inner.user_pending.fetch_sub(1, Ordering::AcqRel);
                 self.inner.quiet.notify_waiters();
             }
             let _ = p.future.complete(result);
+        }
+    }
+
+    /// The sweeper's side of [`deadlines`]: call `id` ran out of time.
+    fn expire(&self, id: u64) {
+        let error = {
+            let pending = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
+            pending.get(&id).and_then(|p| {
+                let (_, timeout) = p.deadline?;
+                Some(
+                    Error::runtime(rpc_timeout_message(timeout.as_millis()))
+                        .context_line(format!("calling {} on worker {}", p.function, p.peer)),
+                )
+            })
+        };
+        if let Some(e) = error {
+            self.finish(id, Err(e));
         }
     }
 

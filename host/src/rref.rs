@@ -408,12 +408,19 @@ impl RRef {
             timeout,
             false,
         );
-        fut.wait().await.map_err(|e| {
+        let value = fut.wait().await.map_err(|e| {
             e.context_line(format!(
                 "to_here() on {self} owned by worker {}",
                 u.owner.name
             ))
-        })
+        })?;
+        // The owner answers `remote()` and the fetch when the value is set,
+        // as two replies that may arrive in either order: once the value is
+        // here, the creation reply is too (`_get_future().done()`, as the
+        // seeds check). Its own outcome was the value's, so it is not
+        // looked at again.
+        let _ = u.creation.wait().await;
+        Ok(value)
     }
 
     /// The future of the type of the value (`_get_type(blocking=False)`):

@@ -25,6 +25,12 @@
 //!   queued.
 //! - TR-4: when a connection closes, its handler hears of it exactly once, so
 //!   the agent can fail the calls that were pending on it.
+//! - TR-5: a frame is written by the task that sends it when nothing is
+//!   queued on the connection and the socket takes the whole frame without
+//!   waiting (the common small call: no task switch, no wake-up); otherwise
+//!   it, and every frame after it, goes through the connection's writer
+//!   task, which owns the write half until its queue is empty. A frame is
+//!   never split between two writers.
 
 mod fault;
 mod frame;

@@ -1,17 +1,26 @@
 //! Port of PyTorch's `rpc_test.py` (seed `rpc_test`), CPU tests of areas A,
 //! B, C, G, H, I, K, O, Q and R; the RRef tests (areas D, E, F, M, the RRef
-//! parts of B, G and P) are in [`rref`]. Every test keeps the seed's name.
+//! parts of B, G and P) are in [`rref`], the `@async_execution` function
+//! tests (area J) in [`async_execution`]. Every test keeps the seed's name.
 //!
-//! Python user functions are native stand-ins registered as `seed::<name>`;
-//! builtin ops (`aten::add`, ...) run through the op shim (see
-//! `wasmrpc_tests::aten`). `[D]` tests run under `dist` (the seeds' `@dist_init`:
-//! 4 workers, body on every rank, graceful shutdown, leak check); `[M]` tests
-//! manage init and shutdown themselves.
+//! The seeds' Python user functions are the seed-fns wasm plugin's
+//! (`plugins/seed-fns`), which every test worker serves as
+//! `seed_fns::<name>` (`wasmrpc_tests::register_all`): `seed_fns::my_function`,
+//! `seed_fns::raise_func`, `seed_fns::add_use_future_cb`, ... A few remain
+//! native stand-ins registered as `seed::<name>` because the test inspects
+//! their worker-side state from Rust or the plugin cannot be them yet
+//! (`set_value`, `timed_out_rpc`, the barrier counter, `MyClass` by value,
+//! `non_cont_test`; see `wasmrpc_tests::seed_fns` for why each). Builtin ops
+//! (`aten::add`, ...) run through the op shim (see `wasmrpc_tests::aten`).
+//! `[D]` tests run under `dist` (the seeds' `@dist_init`: 4 workers, body on
+//! every rank, graceful shutdown, leak check); `[M]` tests manage init and
+//! shutdown themselves.
 //!
 //! The seed tests of these areas that are not ported are listed with their
 //! reasons in `wasmrpc_tests::skips::RPC_TEST`; [`seed_coverage`] checks
 //! that every seed test is ported or listed.
 
+mod async_execution;
 mod extra;
 mod rref;
 
@@ -63,7 +72,8 @@ fn seed_coverage() {
     };
     let source = concat!(
         include_str!("rpc_test.rs"),
-        include_str!("rpc_test/rref.rs")
+        include_str!("rpc_test/rref.rs"),
+        include_str!("rpc_test/async_execution.rs")
     );
     let ported = |name: &str| source.contains(&format!("fn {name}() {{"));
     let skipped = |name: &str| {
@@ -77,7 +87,7 @@ fn seed_coverage() {
         let cols: Vec<&str> = line.split('\t').collect();
         if cols.len() < 6
             || cols[0] != "rpc_test"
-            || !"ABCDEFGHIKMOQR".contains(cols[3])
+            || !"ABCDEFGHIJKMOQR".contains(cols[3])
             || cols[3].len() != 1
         {
             continue;
@@ -214,7 +224,7 @@ fn test_world_size_one() {
         let r = agent
             .rpc_sync(
                 "me",
-                "seed::my_tensor_function",
+                "seed_fns::my_tensor_function",
                 args![ones(&[2, 2]), ones(&[2, 2])],
             )
             .await?;
@@ -222,7 +232,7 @@ fn test_world_size_one() {
         let r = agent
             .rpc_async(
                 "me",
-                "seed::my_tensor_function",
+                "seed_fns::my_tensor_function",
                 args![ones(&[2, 2]), ones(&[2, 2])],
             )
             .await?;
@@ -267,7 +277,7 @@ fn test_worker_info_pickle() {
         let me = w.agent.get_worker_info(None)?;
         let back = w
             .agent
-            .rpc_sync(w.dst(), "seed::identity", args![me.clone()])
+            .rpc_sync(w.dst(), "seed_fns::identity", args![me.clone()])
             .await?;
         ensure!(back.as_worker_info()? == me);
         Ok(())
@@ -285,7 +295,7 @@ fn test_deadlock() {
                 .agent
                 .rpc_async_with_timeout(
                     w.dst(),
-                    "seed::slow_add",
+                    "seed_fns::slow_add",
                     args![ones(&[2]), ones(&[2])],
                     Duration::from_secs(15),
                 )
@@ -361,7 +371,10 @@ fn test_init_rpc_twice() {
                     .await?;
                 expect_tensor(&r, &(ones(&[2, 2]) + 1))?;
                 if round == 1 {
-                    let r = w.agent.rpc_sync(w.dst(), "seed::foo_add", args![]).await?;
+                    let r = w
+                        .agent
+                        .rpc_sync(w.dst(), "seed_fns::foo_add", args![])
+                        .await?;
                     expect_tensor(&r, &(ones(&[1]) * 2))?;
                 }
                 w.agent.shutdown(true, Duration::ZERO).await?;
@@ -447,7 +460,7 @@ fn test_int_callee() {
         let dst = (w.rank + 1) % w.world_size;
         let r = w
             .agent
-            .rpc_sync(dst, "seed::return_callee_id", args![])
+            .rpc_sync(dst, "seed_fns::return_callee_id", args![])
             .await?;
         ensure!(r.as_int()? == i64::from(dst));
         Ok(())
@@ -555,7 +568,10 @@ fn test_py_user_defined() {
             .kwarg("a", k)
             .kwarg("b", k + 1)
             .kwarg("c", k + 2);
-        let r = w.agent.rpc_sync(w.dst(), "seed::my_function", a).await?;
+        let r = w
+            .agent
+            .rpc_sync(w.dst(), "seed_fns::my_function", a)
+            .await?;
         ensure!(r.as_int()? == 3 * k + 3);
         Ok(())
     });
@@ -647,7 +663,7 @@ fn test_py_no_return_result() {
     dist(|w| async move {
         ensure!(
             w.agent
-                .rpc_sync(w.dst(), "seed::no_result", args![])
+                .rpc_sync(w.dst(), "seed_fns::no_result", args![])
                 .await?
                 .is_none()
         );
@@ -663,7 +679,7 @@ fn test_py_tensors() {
             .agent
             .rpc_sync(
                 w.dst(),
-                "seed::my_tensor_function",
+                "seed_fns::my_tensor_function",
                 args![ones(&[k, k]), ones(&[k, k])],
             )
             .await?;
@@ -678,7 +694,7 @@ fn test_py_tensors_multi_async_call() {
             .map(|i| {
                 w.agent.rpc_async(
                     w.dst(),
-                    "seed::my_tensor_function",
+                    "seed_fns::my_tensor_function",
                     args![ones(&[i, i]), ones(&[i, i])],
                 )
             })
@@ -726,7 +742,7 @@ fn test_py_tensors_in_container() {
             .agent
             .rpc_sync(
                 w.dst(),
-                "seed::my_complex_tensor_function",
+                "seed_fns::my_complex_tensor_function",
                 args![a.clone(), record.clone(), c.clone()],
             )
             .await?;
@@ -761,7 +777,7 @@ fn test_nested_rpc() {
         let me = worker_name(w.rank);
         let r = w
             .agent
-            .rpc_sync(w.dst(), "seed::nested_rpc", args![me.as_str()])
+            .rpc_sync(w.dst(), "seed_fns::nested_rpc", args![me.as_str()])
             .await?;
         expect_tensor(&r, &(ones(&[2, 2]) + 1))
     });
@@ -771,7 +787,7 @@ fn test_nested_rpc() {
 fn test_stress_light_rpc() {
     dist(|w| async move {
         let futs: Vec<Future> = (0..1000)
-            .map(|_| w.agent.rpc_async(w.dst(), "seed::light_rpc", args![]))
+            .map(|_| w.agent.rpc_async(w.dst(), "seed_fns::light_rpc", args![]))
             .collect();
         for r in wait_all(&futs).await? {
             ensure!(r.as_int()? == 0);
@@ -786,7 +802,7 @@ fn test_stress_heavy_rpc() {
         let futs: Vec<Future> = (0..20)
             .map(|_| {
                 w.agent
-                    .rpc_async(w.dst(), "seed::heavy_rpc", args![ones(&[100, 100])])
+                    .rpc_async(w.dst(), "seed_fns::heavy_rpc", args![ones(&[100, 100])])
             })
             .collect();
         for r in wait_all(&futs).await? {
@@ -806,7 +822,7 @@ fn test_multi_layer_nested_async_rpc() {
             .agent
             .rpc_sync(
                 worker_name(w.rank),
-                "seed::multi_layer_nested_async_rpc",
+                "seed_fns::multi_layer_nested_async_rpc",
                 args![dst, 4i64, 20i64],
             )
             .await?;
@@ -843,20 +859,20 @@ fn test_default_timeout_used() {
         let dst = w.dst();
         w.agent.set_rpc_timeout(Duration::from_millis(1));
         let futs: Vec<Future> = (0..10)
-            .map(|_| w.agent.rpc_async(&dst, "seed::my_sleep_func", args![]))
+            .map(|_| w.agent.rpc_async(&dst, "seed_fns::my_sleep_func", args![]))
             .collect();
         for f in futs {
             expect_err(f.await, ErrorKind::RuntimeError, TIMEOUT_TEXT)?;
         }
         w.agent.set_rpc_timeout(Duration::from_secs(200));
-        let f1 = w.agent.rpc_async(&dst, "seed::my_sleep_func", args![1]);
+        let f1 = w.agent.rpc_async(&dst, "seed_fns::my_sleep_func", args![1]);
         w.agent.set_rpc_timeout(Duration::from_millis(1));
-        let f2 = w.agent.rpc_async(&dst, "seed::my_sleep_func", args![1]);
+        let f2 = w.agent.rpc_async(&dst, "seed_fns::my_sleep_func", args![1]);
         expect_err(f2.await, ErrorKind::RuntimeError, TIMEOUT_TEXT)?;
         f1.await?;
         w.agent.set_rpc_timeout(Duration::ZERO);
         w.agent
-            .rpc_async(&dst, "seed::my_sleep_func", args![])
+            .rpc_async(&dst, "seed_fns::my_sleep_func", args![])
             .await?;
         w.agent.set_rpc_timeout(wasmrpc::DEFAULT_RPC_TIMEOUT);
         Ok(())
@@ -870,42 +886,44 @@ fn test_rpc_timeouts() {
         let t = Duration::from_millis(100);
         let a = &w.agent;
         expect_err(
-            a.rpc_async_with_timeout(&dst, "seed::my_sleep_func", args![1], t)
+            a.rpc_async_with_timeout(&dst, "seed_fns::my_sleep_func", args![1], t)
                 .await,
             ErrorKind::RuntimeError,
             TIMEOUT_TEXT,
         )?;
-        a.rpc_async(&dst, "seed::my_sleep_func", args![1]).await?;
+        a.rpc_async(&dst, "seed_fns::my_sleep_func", args![1])
+            .await?;
         expect_err(
-            a.rpc_sync_with_timeout(&dst, "seed::my_sleep_func", args![1], t)
+            a.rpc_sync_with_timeout(&dst, "seed_fns::my_sleep_func", args![1], t)
                 .await,
             ErrorKind::RuntimeError,
             TIMEOUT_TEXT,
         )?;
-        a.rpc_sync(&dst, "seed::my_sleep_func", args![1]).await?;
+        a.rpc_sync(&dst, "seed_fns::my_sleep_func", args![1])
+            .await?;
         a.set_rpc_timeout(Duration::from_millis(1));
         expect_err(
-            a.rpc_async(&dst, "seed::my_sleep_func", args![1]).await,
+            a.rpc_async(&dst, "seed_fns::my_sleep_func", args![1]).await,
             ErrorKind::RuntimeError,
             TIMEOUT_TEXT,
         )?;
         a.rpc_async_with_timeout(
             &dst,
-            "seed::my_sleep_func",
+            "seed_fns::my_sleep_func",
             args![1],
             Duration::from_secs(5),
         )
         .await?;
-        a.rpc_async_with_timeout(&dst, "seed::my_sleep_func", args![1], Duration::ZERO)
+        a.rpc_async_with_timeout(&dst, "seed_fns::my_sleep_func", args![1], Duration::ZERO)
             .await?;
         a.rpc_sync_with_timeout(
             &dst,
-            "seed::my_sleep_func",
+            "seed_fns::my_sleep_func",
             args![1],
             Duration::from_secs(5),
         )
         .await?;
-        a.rpc_sync_with_timeout(&dst, "seed::my_sleep_func", args![1], Duration::ZERO)
+        a.rpc_sync_with_timeout(&dst, "seed_fns::my_sleep_func", args![1], Duration::ZERO)
             .await?;
         a.set_rpc_timeout(wasmrpc::DEFAULT_RPC_TIMEOUT);
         Ok(())
@@ -919,7 +937,7 @@ fn test_py_function_exception() {
     dist(|w| async move {
         expect_err(
             w.agent
-                .rpc_sync(w.dst(), "seed::no_result", args![10])
+                .rpc_sync(w.dst(), "seed_fns::no_result", args![10])
                 .await,
             ErrorKind::TypeError,
             "no_result()",
@@ -931,15 +949,17 @@ fn test_py_function_exception() {
 #[test]
 fn test_py_raise_in_user_func() {
     // The callee logs the error (the seed checks its stderr); the caller gets
-    // the ValueError with its message. The function is registered under a
-    // name of its own so that this test's log lines are its own.
-    const RAISE: &str = "seed::raise_func#test_py_raise_in_user_func";
+    // the ValueError with its message. The plugin's `raise_func` is also
+    // registered under a name of its own, so that this test's log lines are
+    // its own.
+    const RAISE: &str = "seed_fns::raise_func#test_py_raise_in_user_func";
     let logs = wasmrpc::testing::global_logs();
     let builder = cluster(4).functions(|r| {
         register_all(r);
-        r.register_native(RAISE, |_ctx, _args| async move {
-            Err::<Payload, _>(wasmrpc::Error::value("Expected error"))
-        });
+        let raise_func = r
+            .get("seed_fns::raise_func")
+            .expect("register_all registers the seed-fns plugin");
+        r.register(RAISE, raise_func);
     });
     dist_with(builder, |w| async move {
         w.store_barrier().await?;
@@ -962,7 +982,7 @@ fn test_py_raise_in_user_func_escaped_str() {
     dist(|w| async move {
         let e = expect_err(
             w.agent
-                .rpc_sync(w.dst(), "seed::raise_func_escape", args![])
+                .rpc_sync(w.dst(), "seed_fns::raise_func_escape", args![])
                 .await,
             ErrorKind::ValueError,
             "",
@@ -977,15 +997,18 @@ fn test_py_raise_in_user_func_escaped_str() {
 fn test_function_not_on_callee() {
     dist(|w| async move {
         if w.rank == 1 {
-            ensure!(w.agent.registry().unregister("seed::foo_add").is_some());
+            ensure!(w.agent.registry().unregister("seed_fns::foo_add").is_some());
             w.agent
                 .rpc_sync("worker0", "seed::set_value", args![w.rank])
                 .await?;
         }
         if w.rank == 0 {
             w.agent.state::<ValueFuture>().get().wait().await?;
-            ensure!(w.agent.registry().get("seed::foo_add").is_some());
-            let r = w.agent.rpc_sync("worker1", "seed::foo_add", args![]).await;
+            ensure!(w.agent.registry().get("seed_fns::foo_add").is_some());
+            let r = w
+                .agent
+                .rpc_sync("worker1", "seed_fns::foo_add", args![])
+                .await;
             expect_err(r, ErrorKind::RuntimeError, "RPC pickler does not serialize")?;
             // The callee did not crash.
             expect_tensor(
@@ -1018,7 +1041,7 @@ fn test_op_with_invalid_args() {
 fn test_future_wait_twice() {
     dist(|w| async move {
         let futs: Vec<Future> = (0..20)
-            .map(|_| w.agent.rpc_async(w.dst(), "seed::raise_func", args![]))
+            .map(|_| w.agent.rpc_async(w.dst(), "seed_fns::raise_func", args![]))
             .collect();
         expect_err(
             wait_all(&futs).await,
@@ -1099,7 +1122,7 @@ fn test_wait_all_timeout() {
         let r = wait_all_scope(async move {
             let _ = agent.rpc_async_with_timeout(
                 &dst,
-                "seed::my_sleep_func",
+                "seed_fns::my_sleep_func",
                 args![1],
                 Duration::from_millis(100),
             );
@@ -1118,7 +1141,7 @@ fn test_wait_all_raise_in_user_func() {
         let agent = w.agent.clone();
         let dst = w.dst();
         let r = wait_all_scope(async move {
-            let _ = agent.rpc_async(&dst, "seed::raise_func", args![]);
+            let _ = agent.rpc_async(&dst, "seed_fns::raise_func", args![]);
             Ok(())
         })
         .await;
@@ -1165,7 +1188,7 @@ fn test_wait_all_exit_early_python() {
     dist(|w| async move {
         exit_early(
             &w,
-            "seed::raise_func",
+            "seed_fns::raise_func",
             args![],
             ErrorKind::ValueError,
             "Expected error",
@@ -1269,7 +1292,7 @@ fn test_callback_in_rpc() {
             .agent
             .rpc_sync(
                 w.peer(1),
-                "seed::add_use_future_cb",
+                "seed_fns::add_use_future_cb",
                 args![w.peer(2), ones(&[2, 2]), 1, 2],
             )
             .await?;
@@ -1298,7 +1321,7 @@ fn test_callback_with_ret() {
 #[test]
 fn test_callback_with_error() {
     dist(|w| async move {
-        let fut = w.agent.rpc_async(w.dst(), "seed::raise_func", args![]);
+        let fut = w.agent.rpc_async(w.dst(), "seed_fns::raise_func", args![]);
         let saw = Arc::new(AtomicBool::new(false));
         let s = saw.clone();
         let cb_fut = fut.then(move |f| {
@@ -1378,7 +1401,7 @@ fn test_future_done() {
 #[test]
 fn test_future_done_exception() {
     dist(|w| async move {
-        let fut = w.agent.rpc_async(w.dst(), "seed::raise_func", args![]);
+        let fut = w.agent.rpc_async(w.dst(), "seed_fns::raise_func", args![]);
         expect_err(fut.wait().await, ErrorKind::ValueError, "Expected error")?;
         ensure!(fut.done());
         Ok(())
@@ -1392,7 +1415,7 @@ fn test_future_in_rpc() {
             .agent
             .rpc_sync(
                 w.peer(1),
-                "seed::add_use_future_set_result",
+                "seed_fns::add_use_future_set_result",
                 args![w.peer(2), ones(&[2, 2]), 1, 2],
             )
             .await?;
@@ -1407,7 +1430,7 @@ fn test_future_nested_callback() {
             .agent
             .rpc_sync(
                 w.peer(1),
-                "seed::add_use_future_nested_cb",
+                "seed_fns::add_use_future_nested_cb",
                 args![w.peer(2), ones(&[2, 2]), 1, 2],
             )
             .await?;
@@ -1419,7 +1442,7 @@ fn test_future_nested_callback() {
 fn test_wait_all_with_exception() {
     dist(|w| async move {
         let futs: Vec<Future> = (0..10)
-            .map(|_| w.agent.rpc_async(w.dst(), "seed::raise_func", args![]))
+            .map(|_| w.agent.rpc_async(w.dst(), "seed_fns::raise_func", args![]))
             .collect();
         expect_err(
             wait_all(&futs).await,
@@ -1436,7 +1459,7 @@ fn test_wait_all_with_partial_exception() {
         let mut futs: Vec<Future> = (0..10)
             .map(|_| w.agent.rpc_async(w.dst(), ADD, args![ones(&[2, 2]), 1]))
             .collect();
-        futs.push(w.agent.rpc_async(w.dst(), "seed::raise_func", args![]));
+        futs.push(w.agent.rpc_async(w.dst(), "seed_fns::raise_func", args![]));
         expect_err(
             wait_all(&futs).await,
             ErrorKind::ValueError,
@@ -1471,13 +1494,15 @@ async fn run_uneven_workload(w: &Worker, f: &str, x: Tensor) -> anyhow::Result<(
 
 #[test]
 fn test_graceful_shutdown_with_uneven_workload() {
-    dist(|w| async move { run_uneven_workload(&w, "seed::heavy_rpc", ones(&[100, 100])).await });
+    dist(
+        |w| async move { run_uneven_workload(&w, "seed_fns::heavy_rpc", ones(&[100, 100])).await },
+    );
 }
 
 #[test]
 fn test_wait_all_workers_dense() {
     manual(|w| async move {
-        run_uneven_workload(&w, "seed::heavy_rpc", ones(&[100, 100])).await?;
+        run_uneven_workload(&w, "seed_fns::heavy_rpc", ones(&[100, 100])).await?;
         w.agent.wait_all_workers(Duration::ZERO).await?;
         w.store_barrier().await?;
         w.agent.shutdown(false, Duration::ZERO).await?;
@@ -1488,7 +1513,7 @@ fn test_wait_all_workers_dense() {
 #[test]
 fn test_wait_all_workers_twice_dense() {
     manual(|w| async move {
-        run_uneven_workload(&w, "seed::heavy_rpc", ones(&[100, 100])).await?;
+        run_uneven_workload(&w, "seed_fns::heavy_rpc", ones(&[100, 100])).await?;
         w.agent.wait_all_workers(Duration::ZERO).await?;
         w.agent.wait_all_workers(Duration::ZERO).await?;
         w.store_barrier().await?;

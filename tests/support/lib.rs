@@ -1,8 +1,10 @@
 //! Helpers shared by the integration tests in `tests/all`.
 //!
-//! - [`seed_fns`]: native Rust stand-ins for the seed suites' Python user
-//!   functions (`my_function`, `nested_rpc`, `raise_func`, ...), registered
-//!   under `seed::<name>`. Wasm plugins replace them later.
+//! - [`register_all`]: what every test worker serves: the seed-fns wasm
+//!   plugin (`plugins/seed-fns`, the seeds' Python user functions as
+//!   `seed_fns::<name>`, loaded once per process, [`seed_fns_plugin`]), the
+//!   aten ops, and the native stand-ins of [`seed_fns`] (`seed::<name>`)
+//!   for what a plugin cannot be (see that module).
 //! - [`aten`]: the builtin ops the tests call (`aten::add`, ...), registered
 //!   over the op shim (`wasmrpc-torch-sys`: libtorch's registry and schema
 //!   matching).
@@ -14,11 +16,13 @@ pub mod rref_fns;
 pub mod seed_fns;
 pub mod skips;
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tch::{Device, Kind, Tensor};
 use wasmrpc::testing::{Cluster, ClusterBuilder, DEFAULT_TEST_TIMEOUT, Worker, dist_init, run};
-use wasmrpc::{Error, ErrorKind, FunctionRegistry, Payload, Result};
+use wasmrpc::wasm::Plugin;
+use wasmrpc::{Error, ErrorKind, FunctionRegistry, Payload, PluginHost, Result};
 
 /// The seeds' world size.
 pub const WORLD_SIZE: u32 = 4;
@@ -33,8 +37,30 @@ pub fn rand(size: &[i64]) -> Tensor {
     Tensor::rand(size, (Kind::Float, Device::Cpu))
 }
 
-/// Registers every test function (aten stand-ins and seed functions).
+/// The process's plugin host ([`PluginHost::shared`]) and the seed-fns
+/// plugin loaded into it (`wasmrpc_plugins::SEED_FNS`, built from source by
+/// `wasmrpc-plugins`), loaded on first use.
+///
+/// # Panics
+/// If the plugin host cannot start or the plugin does not load: no seed
+/// test can run then.
+pub fn seed_fns_plugin() -> &'static (PluginHost, Arc<Plugin>) {
+    static SEED_FNS: OnceLock<(PluginHost, Arc<Plugin>)> = OnceLock::new();
+    SEED_FNS.get_or_init(|| {
+        let host = PluginHost::shared().expect("the process's plugin host starts");
+        let plugin = host
+            .load_file(wasmrpc_plugins::SEED_FNS)
+            .expect("the seed-fns plugin loads");
+        (host, plugin)
+    })
+}
+
+/// Registers every test function in a worker's registry: the seed-fns
+/// plugin's functions (`seed_fns::<name>`), the aten ops, and the native
+/// stand-ins (`seed::<name>`).
 pub fn register_all(r: &FunctionRegistry) {
+    let (host, plugin) = seed_fns_plugin();
+    host.register(plugin, r);
     aten::register(r);
     seed_fns::register(r);
 }

@@ -1,5 +1,33 @@
-//! Native stand-ins for the `rpc_test` seed's Python user functions, each
-//! under `seed::<python name>` with the Python function's behaviour.
+//! Native stand-ins for the `rpc_test` seed's Python user functions that
+//! are not (or not yet) the seed-fns wasm plugin's, each under
+//! `seed::<python name>` with the Python function's behaviour. Every other
+//! Python user function the ported tests call is the plugin's
+//! (`seed_fns::<name>`, registered on every test worker by
+//! [`register_all`](crate::register_all)).
+//!
+//! Native on purpose, because the test inspects or drives the function's
+//! worker-side state from Rust, which a plugin's state (host globals scoped
+//! by plugin, not reachable from a test) cannot be:
+//! - `set_value`: the test waits on the callee's `VALUE_FUTURE`, a Rust
+//!   [`Future`] ([`ValueFuture`]);
+//! - `timed_out_rpc`: blocks until the test sets the worker's
+//!   [`TimedOutRpcEvent`];
+//! - `_reset_count`, `_increment_count`: the leader reads its
+//!   [`BarrierCount`] directly, as the seed reads `_rpc_barrier_count`.
+//!
+//! Native until the plugin can be them:
+//! - `MyClass`, `MyClass.my_instance_method`, `MyClass.my_class_method`,
+//!   `MyClass.my_static_method`: objects returned and passed by value (a
+//!   record) and a class's methods as functions; the plugin's `MyClass` is
+//!   a class (objects held in RRefs) and plugin classes are not registered
+//!   on the agent yet;
+//! - `non_cont_test`: checks strides and contiguity, which a plugin cannot
+//!   see (the guest SDK reads a tensor's elements, not its layout).
+//!
+//! Still used by `rpc_test::rref` (the RRef tests, ported on natives and
+//! switched by their owner): `my_function`, `identity`, `raise_func`,
+//! `raise_or_inc`, `my_sleep_func`, `foo_add`.
+//!
 //! Per-worker module globals (`VALUE_FUTURE`, the barrier counter, the
 //! `timed_out_rpc` event) live in the callee agent's state.
 
@@ -8,9 +36,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use wasmrpc::{
-    Args, CallContext, Dest, Error, FunctionRegistry, Future, Payload, Result, Value, args,
-};
+use wasmrpc::{Args, CallContext, Error, FunctionRegistry, Future, Payload, Result, Value};
 
 use crate::aten;
 
@@ -58,10 +84,6 @@ impl TimedOutRpcEvent {
     }
 }
 
-fn dest(p: &Payload) -> Dest {
-    Dest::from(&p.value)
-}
-
 async fn my_function(_ctx: CallContext, args: Args) -> Result<Payload> {
     args.check_arity("my_function", 3, 3, &["a", "b", "c"])?;
     let (a, b, c) = (
@@ -70,126 +92,6 @@ async fn my_function(_ctx: CallContext, args: Args) -> Result<Payload> {
         args.param(2, "c")?,
     );
     aten::add(&aten::add(&a, &b)?, &c)
-}
-
-async fn heavy_rpc(_ctx: CallContext, args: Args) -> Result<Payload> {
-    let mut t = args.get(0)?.as_tensor()?;
-    for i in 1..100i64 {
-        let _ = t.f_mul_scalar_(i)?;
-        let _ = t.f_div_scalar_(i + 1)?;
-    }
-    Ok(0.into())
-}
-
-async fn nested_rpc(ctx: CallContext, args: Args) -> Result<Payload> {
-    let dst = args.get(0)?;
-    ctx.agent()
-        .rpc_sync(dest(&dst), "aten::add", args![crate::ones(&[2, 2]), 1])
-        .await
-}
-
-async fn multi_layer_nested_async_rpc(ctx: CallContext, args: Args) -> Result<Payload> {
-    let (dst, ws, ttl) = (
-        args.get(0)?.as_int()?,
-        args.get(1)?.as_int()?,
-        args.get(2)?.as_int()?,
-    );
-    if ttl > 0 {
-        let next = (dst + 1) % ws;
-        // Fire and forget: the future is dropped, the call goes on.
-        let _ = ctx.agent().rpc_async(
-            format!("worker{dst}"),
-            "seed::multi_layer_nested_async_rpc",
-            args![next, ws, ttl - 1],
-        );
-    }
-    Ok(0.into())
-}
-
-async fn my_complex_tensor_function(_ctx: CallContext, args: Args) -> Result<Payload> {
-    let list = args.get(0)?.items()?;
-    let record = args.get(1)?;
-    let dict = args.get(2)?.entries()?;
-    let mut res = list
-        .first()
-        .ok_or_else(|| Error::runtime("empty list"))?
-        .as_tensor()?;
-    for t in &list {
-        let t = t.as_tensor()?;
-        let _ = res.f_add_(&t)?;
-    }
-    for (_, v) in &dict {
-        let _ = res.f_add_(&v.as_tensor()?)?;
-    }
-    let tensors = match &record.value {
-        Value::Record { fields, .. } => fields
-            .iter()
-            .find(|(n, _)| n == "tensors")
-            .map(|(_, v)| record.sub(v.clone())),
-        _ => None,
-    }
-    .ok_or_else(|| {
-        Error::new(
-            wasmrpc::ErrorKind::AttributeError,
-            "object has no attribute 'tensors'",
-        )
-    })?
-    .items()?;
-    let pick = |i: usize| {
-        tensors
-            .get(i)
-            .cloned()
-            .ok_or_else(|| Error::new(wasmrpc::ErrorKind::IndexError, "list index out of range"))
-    };
-    Ok(Payload::tuple(vec![
-        res.into(),
-        pick(0)?,
-        pick(1)?,
-        pick(2)?,
-    ]))
-}
-
-async fn add_use_future_cb(ctx: CallContext, args: Args) -> Result<Payload> {
-    let (to, x, y, z) = (args.get(0)?, args.get(1)?, args.get(2)?, args.get(3)?);
-    let out = Future::new();
-    let o = out.clone();
-    let fut = ctx.agent().rpc_async(dest(&to), "aten::add", args![x, y]);
-    let _ = fut.then(move |f| {
-        let r = aten::add(&f.wait_blocking()?, &z);
-        let _ = o.complete(r);
-        Ok(Payload::none())
-    });
-    out.wait().await
-}
-
-async fn add_use_future_set_result(ctx: CallContext, args: Args) -> Result<Payload> {
-    let (to, x, y, z) = (args.get(0)?, args.get(1)?, args.get(2)?, args.get(3)?);
-    let out = Future::new();
-    let o = out.clone();
-    let fut = ctx.agent().rpc_async(dest(&to), "aten::add", args![x, y]);
-    let _ = fut.then(move |f| {
-        o.set_result(aten::add(&f.wait_blocking()?, &z)?)?;
-        Ok(Payload::none())
-    });
-    out.wait().await
-}
-
-async fn add_use_future_nested_cb(ctx: CallContext, args: Args) -> Result<Payload> {
-    let (to, x, y, z) = (args.get(0)?, args.get(1)?, args.get(2)?, args.get(3)?);
-    let out = Future::new();
-    let o = out.clone();
-    let agent = ctx.agent().clone();
-    let to2 = dest(&to);
-    let fut1 = ctx.agent().rpc_async(dest(&to), "aten::add", args![x, y]);
-    let _ = fut1.then(move |f1| {
-        let fut2 = agent.rpc_async(to2, "aten::add", args![f1.wait_blocking()?, z]);
-        let _ = fut2.then(move |f2| {
-            o.set_result(f2.wait_blocking()?)?;
-            Ok(Payload::none())
-        });
-        Ok(Payload::none())
-    });
-    out.wait().await
 }
 
 fn record_field(p: &Payload, field: &str) -> Result<Payload> {
@@ -214,30 +116,12 @@ fn record_field(p: &Payload, field: &str) -> Result<Payload> {
 /// Registers every `seed::` function.
 pub fn register(r: &FunctionRegistry) {
     r.register_native("seed::my_function", my_function);
-    r.register_native("seed::my_tensor_function", |_ctx, args: Args| async move {
-        args.check_arity("my_tensor_function", 2, 2, &["a", "b"])?;
-        aten::add(&args.param(0, "a")?, &args.param(1, "b")?)
-    });
-    r.register_native(
-        "seed::my_complex_tensor_function",
-        my_complex_tensor_function,
-    );
     r.register_native("seed::identity", |_ctx, args: Args| async move {
         args.check_arity("identity", 1, 1, &["a"])?;
         args.param(0, "a")
     });
-    r.register_native("seed::no_result", |_ctx, args: Args| async move {
-        args.check_arity("no_result", 0, 0, &[])?;
-        println!("do nothing");
-        Ok(Payload::none())
-    });
     r.register_native("seed::raise_func", |_ctx, _args| async move {
         Err::<Payload, _>(Error::value("Expected error"))
-    });
-    r.register_native("seed::raise_func_escape", |_ctx, _args| async move {
-        Err::<Payload, _>(Error::value(
-            "\nFirst line of error \n next line of error \n last line of error",
-        ))
     });
     r.register_native("seed::raise_or_inc", |_ctx, args: Args| async move {
         let t = args.get(0)?.as_tensor()?;
@@ -246,15 +130,6 @@ pub fn register(r: &FunctionRegistry) {
         }
         Ok(t.f_add_scalar(1)?.into())
     });
-    r.register_native("seed::nested_rpc", nested_rpc);
-    r.register_native("seed::light_rpc", |_ctx, _args| async move {
-        Ok(Payload::from(0))
-    });
-    r.register_native("seed::heavy_rpc", heavy_rpc);
-    r.register_native(
-        "seed::multi_layer_nested_async_rpc",
-        multi_layer_nested_async_rpc,
-    );
     r.register_native("seed::my_sleep_func", |_ctx, args: Args| async move {
         let seconds = match args.param(0, "seconds") {
             Ok(s) => s.as_float()?,
@@ -277,23 +152,12 @@ pub fn register(r: &FunctionRegistry) {
         Ok(crate::ones(&[1]).f_add(&crate::ones(&[1]))?.into())
     });
     r.register_native(
-        "seed::return_callee_id",
-        |ctx: CallContext, _args| async move { Ok(Payload::from(ctx.agent().info().id)) },
-    );
-    r.register_native("seed::slow_add", |_ctx, args: Args| async move {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        aten::add(&args.get(0)?, &args.get(1)?)
-    });
-    r.register_native(
         "seed::timed_out_rpc",
         |ctx: CallContext, _args| async move {
             ctx.agent().state::<TimedOutRpcEvent>().wait().await;
             Ok(Payload::none())
         },
     );
-    r.register_native("seed::add_use_future_cb", add_use_future_cb);
-    r.register_native("seed::add_use_future_set_result", add_use_future_set_result);
-    r.register_native("seed::add_use_future_nested_cb", add_use_future_nested_cb);
     r.register_native("seed::_reset_count", |ctx: CallContext, _args| async move {
         ctx.agent()
             .state::<BarrierCount>()

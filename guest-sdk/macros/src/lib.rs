@@ -31,7 +31,8 @@ use wasmrpc_abi::protocol::{
 /// implementing `IntoValue`, or a `Result` of one whose error converts into
 /// `wasmrpc_guest::Error`. With `#[remote(async_execution)]` it returns a
 /// `wasmrpc_guest::Future` (or a `Result` of one) and the call completes
-/// when that future does.
+/// when that future does; a `wasmrpc_guest::MaybeFuture` defers the check
+/// to run time, as Python does.
 #[proc_macro_attribute]
 pub fn remote(attr: TokenStream, item: TokenStream) -> TokenStream {
     let attr = TokenStream2::from(attr);

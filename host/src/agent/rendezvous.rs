@@ -179,6 +179,7 @@ async fn start(
         handler: std::sync::OnceLock::new(),
         workers: RwLock::new(BTreeMap::new()),
         pending: Mutex::default(),
+        deadlines: Arc::default(),
         next_id: AtomicU64::new(1),
         timeout_ms: AtomicU64::new(0),
         state: AtomicU8::new(RUNNING),
@@ -198,6 +199,16 @@ async fn start(
         options: options.clone(),
     });
     let agent = RpcAgent::from_inner(inner.clone());
+    let weak = Arc::downgrade(&inner);
+    inner
+        .runtime
+        .spawn(inner.deadlines.clone().sweep(move |id| {
+            let Some(inner) = weak.upgrade() else {
+                return false;
+            };
+            RpcAgent::from_inner(inner).expire(id);
+            true
+        }));
     agent.set_rpc_timeout(options.rpc_timeout);
     crate::rref::install(&agent);
     let handler: Arc<dyn Handler> = Arc::new(AgentHandler {

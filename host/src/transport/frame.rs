@@ -57,14 +57,70 @@ impl OutFrame {
     }
 }
 
-/// Writes `frame` with vectored writes straight from tensor memory.
+impl OutFrame {
+    /// The frame's bytes from `offset` on, as slices of the header and of
+    /// tensor memory.
+    fn slices(&self, offset: usize) -> Vec<IoSlice<'_>> {
+        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(1 + self.blobs.len());
+        slices.push(IoSlice::new(&self.head));
+        slices.extend(self.blobs.iter().map(|b| IoSlice::new(b.as_bytes())));
+        let mut skip = offset;
+        let first = slices
+            .iter()
+            .position(|s| {
+                if skip < s.len() {
+                    true
+                } else {
+                    skip -= s.len();
+                    false
+                }
+            })
+            .unwrap_or(slices.len());
+        slices.drain(..first);
+        if let Some(s) = slices.first_mut() {
+            let mut one = [*s];
+            IoSlice::advance_slices(&mut &mut one[..], skip);
+            *s = one[0];
+        }
+        slices
+    }
+}
+
+/// Writes what the socket takes of `frame` from `offset` on, without
+/// waiting: returns the new offset (the frame's length when all of it was
+/// written). `try_write` is one non-blocking `writev` attempt, as tokio's
+/// `try_write_vectored`.
+pub(crate) fn try_write_frame(
+    frame: &OutFrame,
+    mut offset: usize,
+    mut try_write: impl FnMut(&[IoSlice<'_>]) -> io::Result<usize>,
+) -> io::Result<usize> {
+    let total = frame.len() as usize;
+    while offset < total {
+        let slices = frame.slices(offset);
+        match try_write(&slices[..slices.len().min(1024)]) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "connection closed while writing a frame",
+                ));
+            }
+            Ok(n) => offset += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(offset)
+}
+
+/// Writes `frame` from byte `offset` on, with vectored writes straight from
+/// tensor memory.
 pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
     w: &mut W,
     frame: &OutFrame,
+    offset: usize,
 ) -> io::Result<()> {
-    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(1 + frame.blobs.len());
-    slices.push(IoSlice::new(&frame.head));
-    slices.extend(frame.blobs.iter().map(|b| IoSlice::new(b.as_bytes())));
+    let mut slices = frame.slices(offset);
     let mut bufs = &mut slices[..];
     while !bufs.is_empty() {
         // writev takes at most IOV_MAX (1024) slices.
@@ -170,8 +226,14 @@ mod tests {
         let t = Tensor::rand([3, 4], (Kind::Float, Device::Cpu));
         let frame = OutFrame::encode(call(1), &[t.shallow_clone()]).unwrap();
         let mut bytes = Vec::new();
-        write_frame(&mut bytes, &frame).await.unwrap();
+        write_frame(&mut bytes, &frame, 0).await.unwrap();
         assert_eq!(bytes.len() as u64, frame.len());
+        // Resuming at any offset writes exactly the rest.
+        for offset in [1, 4, bytes.len() - 1] {
+            let mut rest = Vec::new();
+            write_frame(&mut rest, &frame, offset).await.unwrap();
+            assert_eq!(rest, bytes[offset..], "offset {offset}");
+        }
         let (m, ts) = read_frame(&mut &bytes[..], 1 << 20).await.unwrap().unwrap();
         assert_eq!(m, call(1));
         assert!(ts[0].equal(&t));
@@ -186,6 +248,35 @@ mod tests {
             Err(FrameError::TooLarge { .. })
         ));
         assert!(read_frame(&mut &b""[..], 16).await.unwrap().is_none());
+    }
+
+    #[test]
+    fn partial_non_blocking_writes_resume_where_they_stopped() {
+        let t = Tensor::rand([100], (Kind::Float, Device::Cpu));
+        let frame = OutFrame::encode(call(1), &[t.shallow_clone()]).unwrap();
+        let mut out = Vec::new();
+        let mut offset = 0;
+        // A socket that takes 7 bytes per attempt, every other attempt.
+        let mut turn = 0;
+        while offset < frame.len() as usize {
+            offset = try_write_frame(&frame, offset, |slices| {
+                turn += 1;
+                if turn % 2 == 0 {
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                let mut n = 0;
+                for s in slices {
+                    let take = (7 - n).min(s.len());
+                    out.extend_from_slice(&s[..take]);
+                    n += take;
+                }
+                Ok(n)
+            })
+            .unwrap();
+        }
+        let mut whole = Vec::new();
+        futures::executor::block_on(write_frame(&mut whole, &frame, 0)).unwrap();
+        assert_eq!(out, whole);
     }
 
     #[tokio::test]

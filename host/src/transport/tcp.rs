@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::fault::FaultInjection;
-use super::frame::{FrameError, OutFrame, read_frame, write_frame};
+use super::frame::{FrameError, OutFrame, read_frame, try_write_frame, write_frame};
 use super::handshake::{self, HANDSHAKE_TIMEOUT};
 use super::message::Message;
 use crate::error::{Error, Result};
@@ -36,7 +36,12 @@ pub(crate) struct TransportConfig {
 }
 
 enum WriterCmd {
+    /// A frame to write after those before it.
     Frame(OutFrame),
+    /// The write half, handed over by a sender whose direct write stopped
+    /// at `offset` of `frame` (the socket was full): the writer owns the
+    /// half until its queue is empty again.
+    Resume(tokio::net::tcp::OwnedWriteHalf, OutFrame, usize),
     Close,
 }
 
@@ -49,6 +54,10 @@ pub(crate) struct Connection {
     /// The peer's rank, as it announced.
     pub(crate) peer_rank: u32,
     tx: mpsc::UnboundedSender<WriterCmd>,
+    /// The write half while the writer task has nothing queued (TR-5): a
+    /// sender that finds it here writes its frame itself, with no task
+    /// switch, as long as the socket takes it without waiting.
+    direct: Mutex<Option<tokio::net::tcp::OwnedWriteHalf>>,
     closed: AtomicBool,
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
 }
@@ -68,17 +77,30 @@ impl Connection {
         self.closed.load(Ordering::Acquire)
     }
 
-    /// Queues `frame` (TR-3: in order).
+    /// Sends `frame` after every frame sent before it (TR-3): written at
+    /// once when nothing is queued and the socket takes it, else queued for
+    /// the writer task (TR-5).
     fn enqueue(&self, frame: OutFrame) -> Result<()> {
+        let closed = || Error::runtime(format!("connection to {} is closed", self.peer));
         if self.is_closed() {
-            return Err(Error::runtime(format!(
-                "connection to {} is closed",
-                self.peer
-            )));
+            return Err(closed());
         }
-        self.tx
-            .send(WriterCmd::Frame(frame))
-            .map_err(|_| Error::runtime(format!("connection to {} is closed", self.peer)))
+        let mut direct = lock(&self.direct);
+        let cmd = match direct.take() {
+            None => WriterCmd::Frame(frame),
+            Some(half) => {
+                // A failed write is left to the writer, which closes the
+                // connection with the error.
+                let offset =
+                    try_write_frame(&frame, 0, |bufs| half.try_write_vectored(bufs)).unwrap_or(0);
+                if offset as u64 == frame.len() {
+                    *direct = Some(half);
+                    return Ok(());
+                }
+                WriterCmd::Resume(half, frame, offset)
+            }
+        };
+        self.tx.send(cmd).map_err(|_| closed())
     }
 }
 
@@ -187,13 +209,28 @@ impl Transport {
             .cloned()
     }
 
-    /// Sends `frame` on `conn`, after the configured faults.
-    pub(crate) async fn send_on(
+    /// The open connection to `peer`, if there is one.
+    pub(crate) fn open_connection(&self, peer: &str) -> Option<Arc<Connection>> {
+        self.live(peer)
+    }
+
+    /// Sends `frame` on `conn` at once, from the calling thread (TR-5), when
+    /// no fault is configured; gives the frame back otherwise, for
+    /// [`send_on`](Self::send_on).
+    pub(crate) fn send_now(
         &self,
         conn: &Connection,
         frame: OutFrame,
-        function: Option<&str>,
-    ) -> Result<()> {
+    ) -> std::result::Result<Result<()>, OutFrame> {
+        if !self.cfg.faults.is_empty() {
+            return Err(frame);
+        }
+        Ok(self
+            .check_size(conn, &frame)
+            .and_then(|()| conn.enqueue(frame)))
+    }
+
+    fn check_size(&self, conn: &Connection, frame: &OutFrame) -> Result<()> {
         if frame.len() > self.cfg.max_frame_size {
             return Err(Error::runtime(format!(
                 "message of {} bytes to worker {} exceeds the maximum frame size of {} bytes",
@@ -202,6 +239,17 @@ impl Transport {
                 self.cfg.max_frame_size
             )));
         }
+        Ok(())
+    }
+
+    /// Sends `frame` on `conn`, after the configured faults.
+    pub(crate) async fn send_on(
+        &self,
+        conn: &Connection,
+        frame: OutFrame,
+        function: Option<&str>,
+    ) -> Result<()> {
+        self.check_size(conn, &frame)?;
         self.cfg.faults.apply(frame.kind, function).await?;
         conn.enqueue(frame)
     }
@@ -214,6 +262,7 @@ impl Transport {
             peer: who.name,
             peer_rank: who.rank,
             tx,
+            direct: Mutex::new(Some(write)),
             closed: AtomicBool::new(false),
             tasks: Mutex::new(Vec::new()),
         });
@@ -226,7 +275,9 @@ impl Transport {
                 }
             })
             .or_insert_with(|| conn.clone());
-        let writer = tokio::spawn(writer_loop(write, rx, Arc::downgrade(self), conn.clone()));
+        let writer = tokio::spawn(writer_loop(rx, Arc::downgrade(self), conn.clone()));
+        // Small frames arrive in one read instead of one per part.
+        let read = tokio::io::BufReader::with_capacity(READ_BUFFER, read);
         let reader = tokio::spawn(reader_loop(
             read,
             Arc::downgrade(self),
@@ -246,6 +297,10 @@ impl Transport {
             return;
         }
         let _ = conn.tx.send(WriterCmd::Close);
+        // A half parked for direct writes has nothing queued behind it:
+        // dropping it shuts the socket's write side now (the writer task,
+        // if it holds the half instead, does so after its queue).
+        drop(lock(&conn.direct).take());
         lock(&self.all).remove(&conn.id);
         {
             let mut conns = lock(&self.conns);
@@ -347,31 +402,58 @@ async fn accept_loop(listener: TcpListener, t: Weak<Transport>) {
 }
 
 async fn writer_loop(
-    mut write: tokio::net::tcp::OwnedWriteHalf,
     mut rx: mpsc::UnboundedReceiver<WriterCmd>,
     t: Weak<Transport>,
     conn: Arc<Connection>,
 ) {
     use tokio::io::AsyncWriteExt;
+    // The write half while this task owns it (between a `Resume` and the
+    // moment its queue is empty).
+    let mut half: Option<tokio::net::tcp::OwnedWriteHalf> = None;
     while let Some(cmd) = rx.recv().await {
-        match cmd {
-            WriterCmd::Frame(frame) => {
-                if let Err(e) = write_frame(&mut write, &frame).await {
-                    tracing::warn!(peer = %conn.peer, "write failed: {e}");
-                    if let Some(t) = t.upgrade() {
-                        t.close(&conn, &format!("write failed: {e}"));
-                    }
-                    return;
-                }
+        let (frame, offset) = match cmd {
+            WriterCmd::Frame(frame) => (frame, 0),
+            WriterCmd::Resume(h, frame, offset) => {
+                half = Some(h);
+                (frame, offset)
             }
             WriterCmd::Close => break,
+        };
+        let Some(write) = half.as_mut() else {
+            // Frames are queued only while the half is away from `direct`,
+            // and a `Resume` hands it over before them (TR-5).
+            tracing::error!(peer = %conn.peer, "frame queued while no writer owns the connection");
+            if let Some(t) = t.upgrade() {
+                t.close(&conn, "internal error: frame queued without a writer");
+            }
+            return;
+        };
+        if let Err(e) = write_frame(write, &frame, offset).await {
+            tracing::warn!(peer = %conn.peer, "write failed: {e}");
+            if let Some(t) = t.upgrade() {
+                t.close(&conn, &format!("write failed: {e}"));
+            }
+            return;
+        }
+        // Senders queue only while the half is away, and do so holding the
+        // lock: an empty queue seen under the lock stays empty until the
+        // half is back.
+        let mut direct = lock(&conn.direct);
+        if rx.is_empty() {
+            *direct = half.take();
         }
     }
-    let _ = write.shutdown().await;
+    let half = half.or_else(|| lock(&conn.direct).take());
+    if let Some(mut write) = half {
+        let _ = write.shutdown().await;
+    }
 }
 
+/// Bytes read ahead from each connection.
+const READ_BUFFER: usize = 64 << 10;
+
 async fn reader_loop(
-    mut read: tokio::net::tcp::OwnedReadHalf,
+    mut read: tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>,
     t: Weak<Transport>,
     conn: Arc<Connection>,
     max: u64,

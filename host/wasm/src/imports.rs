@@ -262,6 +262,12 @@ pub(crate) async fn release(host: &Arc<dyn GuestHost>, value: &Value) {
 
 /// `FutureThen`: a new future that completes with `function(v, *extra)`
 /// once `future` completes with `v`, or with `future`'s error.
+///
+/// The callback runs with the chaining call's own [`GuestHost`], so every
+/// handle that call holds is valid in it: a guest passes a future it made
+/// (by its handle) to a callback that completes it, as a Python closure
+/// captures one (the seeds' `Future()` set from a `then` callback, and the
+/// lock-protected fan-in of `async_add_multi_fanout`).
 async fn then(
     ctx: &Arc<CallCtx>,
     future: u32,

@@ -6,9 +6,9 @@
 //! (trap, spin, exhaust memory) for the wasm runtime's own tests.
 
 use wasmrpc_guest::{
-    AnyValue, Error, FromValue, Future, IntoValue, RRef, Result, Tensor, ToValue, Value,
-    get_worker_info, global, lock, log, remote, remote_class, rpc_async, rpc_sync, set_global,
-    sleep,
+    AnyValue, Error, ErrorKind, FromValue, Future, IntoValue, MaybeFuture, RRef, Result, Tensor,
+    ToValue, Value, clear_global, get_worker_info, global, lock, log, remote, remote_class,
+    rpc_async, rpc_sync, set_global, sleep,
 };
 
 /// A Python number or tensor: what the seeds add with `+`.
@@ -132,6 +132,187 @@ fn raise_func() -> Result<()> {
     Err(Error::value_error("Expected error"))
 }
 
+/// `raise_func_escape()`: a `ValueError` whose message has real newlines.
+#[remote]
+fn raise_func_escape() -> Result<()> {
+    Err(Error::value_error(
+        "\nFirst line of error \n next line of error \n last line of error",
+    ))
+}
+
+/// `raise_or_inc(value)`: raises `ValueError("Expected error")` for a
+/// tensor of two elements, else `value + 1`.
+#[remote]
+fn raise_or_inc(value: Tensor) -> Result<Tensor> {
+    if value.numel()? == 2 {
+        return Err(Error::value_error("Expected error"));
+    }
+    value.add(1i64)
+}
+
+/// `foo_add()`: `torch.ones(1) + torch.ones(1)`.
+#[remote]
+fn foo_add() -> Result<Tensor> {
+    Tensor::ones(&[1])?.add(&Tensor::ones(&[1])?)
+}
+
+/// `multi_layer_nested_async_rpc(dst, world_size, ttl)`: while `ttl > 0`,
+/// fires `rpc_async` of itself at `worker{dst}` with the next rank and
+/// `ttl - 1`, without waiting for it; returns 0.
+#[remote]
+fn multi_layer_nested_async_rpc(dst: i64, world_size: i64, ttl: i64) -> Result<i64> {
+    if ttl > 0 {
+        let next = (dst + 1) % world_size;
+        // Fire and forget: dropping the handle does not cancel the call.
+        drop(rpc_async(
+            &format!("worker{dst}"),
+            "multi_layer_nested_async_rpc",
+            (next, world_size, ttl - 1),
+        )?);
+    }
+    Ok(0)
+}
+
+/// Attribute `name` of a record (a Python object or named tuple), owning
+/// its handles; the other fields are released.
+fn attribute(object: AnyValue, name: &str) -> Result<AnyValue> {
+    match object.into_inner() {
+        Value::Record { name: ty, fields } => {
+            let mut found = None;
+            for (field, value) in fields {
+                let value = AnyValue::from_value(value)?;
+                if field == name && found.is_none() {
+                    found = Some(value);
+                }
+            }
+            found.ok_or_else(|| {
+                Error::new(
+                    ErrorKind::AttributeError,
+                    format!("'{ty}' object has no attribute '{name}'"),
+                )
+            })
+        }
+        other => {
+            let ty = other.type_name();
+            drop(AnyValue::from_value(other)?);
+            Err(Error::new(
+                ErrorKind::AttributeError,
+                format!("'{ty}' object has no attribute '{name}'"),
+            ))
+        }
+    }
+}
+
+/// `my_complex_tensor_function(list_input, tensor_class_input, dict_input)`:
+/// `res = list_input[0]`, plus every tensor of `list_input` and every
+/// value of `dict_input`; returns `(res, tensors[0], tensors[1],
+/// tensors[2])` of `tensor_class_input.tensors`.
+#[remote]
+fn my_complex_tensor_function(
+    list_input: Vec<Tensor>,
+    tensor_class_input: AnyValue,
+    dict_input: AnyValue,
+) -> Result<(Tensor, AnyValue, AnyValue, AnyValue)> {
+    let mut res = list_input
+        .first()
+        .ok_or_else(|| Error::index_error("list index out of range"))?
+        .add(0i64)?;
+    for t in &list_input {
+        res = res.add(t)?;
+    }
+    match dict_input.into_inner() {
+        Value::Dict(pairs) => {
+            for (key, value) in pairs {
+                drop(AnyValue::from_value(key)?);
+                res = res.add(&Tensor::from_value(value)?)?;
+            }
+        }
+        other => {
+            let ty = other.type_name();
+            drop(AnyValue::from_value(other)?);
+            return Err(Error::new(
+                ErrorKind::AttributeError,
+                format!("'{ty}' object has no attribute 'items'"),
+            ));
+        }
+    }
+    let tensors = attribute(tensor_class_input, "tensors")?;
+    let mut items = Vec::<AnyValue>::from_value(tensors.into_inner())?.into_iter();
+    let mut next = || {
+        items
+            .next()
+            .ok_or_else(|| Error::index_error("list index out of range"))
+    };
+    Ok((res, next()?, next()?, next()?))
+}
+
+/// A future the calling function made, named in a `then` callback's
+/// arguments by its handle, as a Python closure captures it. A callback
+/// runs with the handle table of the call that chained it (host invariant
+/// PL-1), so the handle is valid there; it stays that call's, released when
+/// the call and its callbacks are over.
+fn with_captured_future<R>(handle: i64, f: impl FnOnce(&Future) -> Result<R>) -> Result<R> {
+    let handle = u32::try_from(handle)
+        .map_err(|_| Error::value_error(format!("{handle} is not a future handle")))?;
+    let future = Future::from_raw(handle);
+    let result = f(&future);
+    // Borrowed, not owned: the creating call releases it.
+    let _ = future.into_raw();
+    result
+}
+
+/// The `then` callback that completes a captured future with `value + z`.
+#[remote]
+fn _set_future_to_sum(value: Num, out: i64, z: Num) -> Result<()> {
+    let sum = value.add(&z)?;
+    with_captured_future(out, |f| f.set_result(&sum))
+}
+
+/// The `then` callback that completes a captured future with `value`.
+#[remote]
+fn _set_future(value: AnyValue, out: i64) -> Result<()> {
+    with_captured_future(out, |f| f.set_result(&value))
+}
+
+/// `add_use_future_cb(to, x, y, z)`: a nested `rpc_async(to, add, (x, y))`
+/// whose callback sets a future with `+ z`; the call blocks on it.
+#[remote]
+fn add_use_future_cb(to: String, x: Num, y: Num, z: Num) -> Result<Num> {
+    let out = Future::new()?;
+    let handle = i64::from(out.handle());
+    drop(rpc_async(&to, "aten::add", (x, y))?.then("_set_future_to_sum", (handle, z))?);
+    out.wait()
+}
+
+/// `add_use_future_set_result(to, x, y, z)`: as `add_use_future_cb`, with
+/// the callback calling `set_result` on a `torch.futures.Future`.
+#[remote]
+fn add_use_future_set_result(to: String, x: Num, y: Num, z: Num) -> Result<Num> {
+    let out = Future::new()?;
+    let handle = i64::from(out.handle());
+    drop(rpc_async(&to, "aten::add", (x, y))?.then("_set_future_to_sum", (handle, z))?);
+    out.wait()
+}
+
+/// The first callback of `add_use_future_nested_cb`: a second
+/// `rpc_async(to, add, (value, z))` whose callback sets the captured future.
+#[remote]
+fn _add_use_future_nested_step(value: Num, to: String, z: Num, out: i64) -> Result<()> {
+    drop(rpc_async(&to, "aten::add", (value, z))?.then("_set_future", (out,))?);
+    Ok(())
+}
+
+/// `add_use_future_nested_cb(to, x, y, z)`: a callback issues a second
+/// `rpc_async` whose callback sets the future the call blocks on.
+#[remote]
+fn add_use_future_nested_cb(to: String, x: Num, y: Num, z: Num) -> Result<Num> {
+    let out = Future::new()?;
+    let handle = i64::from(out.handle());
+    let first = rpc_async(&to, "aten::add", (x, y))?;
+    drop(first.then("_add_use_future_nested_step", (&to, z, handle))?);
+    out.wait()
+}
+
 /// `nested_rpc(dst)`: calls back `rpc_sync(dst, torch.add, (ones(2, 2), 1))`.
 #[remote]
 fn nested_rpc(dst: String) -> Result<Tensor> {
@@ -245,23 +426,23 @@ fn _reset_count() -> Result<()> {
 
 /// `async_add(to, x, y)`: returns the future of `rpc_async(to, add, (x, y))`.
 #[remote(async_execution)]
-fn async_add(to: String, x: Tensor, y: Tensor) -> Result<Future> {
+fn async_add(to: String, x: Num, y: Num) -> Result<Future> {
     rpc_async(&to, "aten::add", (x, y))
 }
 
 /// `async_add_chained(to, x, y, z)`: `rpc_async(to, add, (x, y)).then(+ z)`.
 #[remote(async_execution)]
-fn async_add_chained(to: String, x: Tensor, y: Tensor, z: i64) -> Result<Future> {
+fn async_add_chained(to: String, x: Num, y: Num, z: Num) -> Result<Future> {
     rpc_async(&to, "aten::add", (x, y))?.then("_add_then", (z,))
 }
 
 /// `async_add_chained_multi(to, x, num, step)`: `rpc_async(to, add, (x, 0))`
 /// followed by `num` chained `then(+ step)` callbacks.
 #[remote(async_execution)]
-fn async_add_chained_multi(to: String, x: Tensor, num: i64, step: i64) -> Result<Future> {
+fn async_add_chained_multi(to: String, x: Num, num: i64, step: Num) -> Result<Future> {
     let mut fut = rpc_async(&to, "aten::add", (x, 0i64))?;
     for _ in 0..num {
-        fut = fut.then("_add_then", (step,))?;
+        fut = fut.then("_add_then", (&step,))?;
     }
     Ok(fut)
 }
@@ -272,20 +453,95 @@ fn _add_then(value: Num, z: Num) -> Result<Num> {
     value.add(&z)
 }
 
-/// `async_add_with_future_ctor(to, x, y, z)`: builds a `Future()` and
-/// completes it by hand.
+/// `async_add_nested(to, x, y, z)`: an async function calling another one,
+/// `rpc_async(to, async_add, (to, x, y)).then(+ z)`.
 #[remote(async_execution)]
-fn async_add_with_future_ctor(to: String, x: Tensor, y: Tensor, z: i64) -> Result<Future> {
-    let done = Future::new()?;
-    let sum: Tensor = rpc_async(&to, "aten::add", (x, y))?.wait()?;
-    done.set_result(sum.add(z)?)?;
-    Ok(done)
+fn async_add_nested(to: String, x: Num, y: Num, z: Num) -> Result<Future> {
+    rpc_async(&to, "async_add", (&to, x, y))?.then("_add_then", (z,))
+}
+
+/// `async_add_with_future_ctor(to, x, y, z)`: builds a `Future()` and
+/// completes it from a `then` callback on `rpc_async(to, add, (x, y))`.
+#[remote(async_execution)]
+fn async_add_with_future_ctor(to: String, x: Num, y: Num, z: Num) -> Result<Future> {
+    let fut = Future::new()?;
+    let handle = i64::from(fut.handle());
+    drop(rpc_async(&to, "aten::add", (x, y))?.then("_set_future_to_sum", (handle, z))?);
+    Ok(fut)
+}
+
+/// `async_add_multi_fanout(to, x, num, step)`: `num` concurrent
+/// `rpc_async` adds (`x + step`, then `0 + step`), summed by callbacks that
+/// share a count and a running sum under a worker-wide lock (the seed's
+/// `Lock` and `state` dict, here per-worker globals under a key of this
+/// call); the one that counts the last completes the returned future.
+#[remote(async_execution)]
+fn async_add_multi_fanout(to: String, x: Tensor, num: i64, step: Num) -> Result<Future> {
+    let ret_future = Future::new()?;
+    let zeros = Tensor::call("aten::zeros_like", (&x,))?;
+    if num <= 0 {
+        // No callback would ever run (the seed would hang).
+        ret_future.set_result(&zeros)?;
+        return Ok(ret_future);
+    }
+    let key = {
+        let _guard = lock("fanout")?;
+        let id = global::<i64>("fanout.next")?.unwrap_or(0);
+        set_global("fanout.next", id + 1)?;
+        format!("fanout.{id}")
+    };
+    set_global(&format!("{key}.cnt"), 0i64)?;
+    set_global(&format!("{key}.ret"), &zeros)?;
+    let futs = (0..num)
+        .map(|i| {
+            if i == 0 {
+                rpc_async(&to, "aten::add", (&x, &step))
+            } else {
+                rpc_async(&to, "aten::add", (0i64, &step))
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let handle = i64::from(ret_future.handle());
+    for fut in &futs {
+        drop(fut.then("_fanout_inc_and_set", (&key, num, handle))?);
+    }
+    Ok(ret_future)
+}
+
+/// The fan-in callback of `async_add_multi_fanout` (the seed's
+/// `inc_and_set`): under the call's lock, counts one more result and adds
+/// it to the sum; the last one completes the captured future and clears the
+/// call's globals.
+#[remote]
+fn _fanout_inc_and_set(value: Num, key: String, num: i64, ret_future: i64) -> Result<()> {
+    let _guard = lock(&key)?;
+    let (cnt_key, ret_key) = (format!("{key}.cnt"), format!("{key}.ret"));
+    let cnt = global::<i64>(&cnt_key)?.unwrap_or(0) + 1;
+    let ret = global::<Num>(&ret_key)?
+        .ok_or_else(|| Error::runtime_error(format!("the fan-in state {key} is gone")))?
+        .add(&value)?;
+    if cnt >= num {
+        clear_global(&cnt_key)?;
+        clear_global(&ret_key)?;
+        with_captured_future(ret_future, |f| f.set_result(&ret))
+    } else {
+        set_global(&cnt_key, cnt)?;
+        set_global(&ret_key, &ret)
+    }
 }
 
 /// `async_raise_func()`: raises before returning a future.
 #[remote(async_execution)]
 fn async_raise_func() -> Result<Future> {
     Err(Error::runtime_error("Expected error"))
+}
+
+/// `async_wrong_type()`: returns `torch.zeros(2, 2)` instead of a future,
+/// which the host refuses (`MaybeFuture` leaves the check to run time, as
+/// Python does).
+#[remote(async_execution)]
+fn async_wrong_type() -> Result<MaybeFuture> {
+    Ok(MaybeFuture::value(Tensor::zeros(&[2, 2])?))
 }
 
 // ---------------------------------------------------------------------------

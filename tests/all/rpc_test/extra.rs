@@ -47,7 +47,7 @@ fn test_peer_vanishing_mid_call_fails_pending_calls_promptly() {
             .map(|_| {
                 a0.rpc_async_with_timeout(
                     "worker2",
-                    "seed::my_sleep_func",
+                    "seed_fns::my_sleep_func",
                     args![30],
                     Duration::from_secs(60),
                 )
@@ -451,7 +451,7 @@ fn test_call_arriving_before_the_callees_init_returns_waits_for_it() {
         // which it can only name once its worker table is filled.
         ensure!(!late.is_finished());
         let r = a0
-            .rpc_sync("worker1", "seed::nested_rpc", args!["worker0"])
+            .rpc_sync("worker1", "seed_fns::nested_rpc", args!["worker0"])
             .await?;
         expect_tensor(&r, &(ones(&[2, 2]) + 1))?;
         let a1 = late.await??;

@@ -220,6 +220,30 @@ async fn raise_func_keeps_its_kind_and_text() {
         assert_eq!(e.kind(), ErrorKind::ValueError);
         assert_eq!(e.to_remote().message, "Expected error");
         assert_eq!(e.to_string(), "ValueError: Expected error");
+
+        // raise_or_inc: raises for two elements, else adds one.
+        let e = rt
+            .call(
+                &plugin,
+                "raise_or_inc",
+                args(vec![host.ones(&[2])]),
+                host.arc(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ValueError);
+        assert_eq!(e.to_remote().message, "Expected error");
+        let r = rt
+            .call(
+                &plugin,
+                "raise_or_inc",
+                args(vec![host.ones(&[3])]),
+                host.arc(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(host.take_tensor(&r), (vec![3], vec![2.0; 3]));
+        assert_eq!(host.live_tensors(), 0);
     })
     .await;
 }
@@ -547,6 +571,8 @@ async fn async_functions_complete_when_their_future_does() {
             .unwrap();
         assert_eq!(host.take_tensor(&r), (vec![2, 2], vec![5.0; 4]));
 
+        // A `Future()` the function made, completed by a `then` callback
+        // that got it by its handle.
         let r = rt
             .call(
                 &plugin,
@@ -589,6 +615,29 @@ async fn async_functions_complete_when_their_future_does() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert_eq!(host.live_futures(), 0);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_function_returning_a_value_is_refused_with_pytorchs_text() {
+    // `async_wrong_type` returns a tensor from an `async_execution` function
+    // (the seed's `async_wrong_type`): a RuntimeError with PyTorch's text,
+    // naming what came back, and the tensor is released.
+    timed(async {
+        let (rt, plugin, host) = setup();
+        let e = rt
+            .call(&plugin, "async_wrong_type", args(vec![]), host.arc())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::RuntimeError, "{e}");
+        let message = e.to_remote().message;
+        assert!(
+            message.starts_with(wasmrpc_wasm::ASYNC_WRONG_TYPE),
+            "{message}"
+        );
+        assert!(message.ends_with("but got Tensor"), "{message}");
+        assert_eq!(host.live_tensors(), 0);
     })
     .await;
 }
