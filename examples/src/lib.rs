@@ -10,6 +10,7 @@
 //! |---|---|---|
 //! | RL actor-learner, unbatched and batched (async execution) | `plugins/rl` | [`rl`] |
 //! | parameter server on scikit-learn's digits | `plugins/param-server` | [`param_server`] |
+//! | pipeline parallelism over two stage workers | `plugins/pipeline` | [`pipeline`] |
 //!
 //! A module starts a cluster of workers in this process ([`Cluster`]: one
 //! [`RpcAgent`](wasmrpc::RpcAgent) per worker on a loopback port, every one
@@ -27,6 +28,7 @@ use wasmrpc::store::HashStore;
 use wasmrpc::{Args, FunctionRegistry, Payload, PluginHost, RpcAgent, RpcBackendOptions, init_rpc};
 
 pub mod param_server;
+pub mod pipeline;
 pub mod rl;
 
 /// A local cluster of `worker0 .. worker<N-1>` in this process, each

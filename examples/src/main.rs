@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use wasmrpc_examples::{param_server, rl};
+use wasmrpc_examples::{param_server, pipeline, rl};
 
 #[derive(Parser, Debug)]
 #[command(about = "Runs wasmrpc's examples (PyTorch's RPC tutorials) on a local cluster")]
@@ -56,6 +56,23 @@ enum Example {
         /// Hidden units of the MLP [default: the plugin's, 32].
         #[arg(long)]
         hidden: Option<u32>,
+    },
+    /// Pipeline parallelism: an MLP split over worker1 and worker2, driven
+    /// from worker0; trains with micro-batches one after another, then
+    /// pipelined, and compares the times.
+    Pipeline {
+        /// Micro-batches per step.
+        #[arg(long, default_value_t = 8)]
+        micro_batches: u32,
+        /// Samples per micro-batch.
+        #[arg(long, default_value_t = 32)]
+        micro_batch_size: u32,
+        /// SGD steps.
+        #[arg(long, default_value_t = 30)]
+        steps: u32,
+        /// Hidden units.
+        #[arg(long, default_value_t = 256)]
+        hidden: u32,
     },
 }
 
@@ -148,6 +165,40 @@ async fn main() -> Result<()> {
                 started.elapsed().as_secs_f64(),
                 history.accuracy.last().copied().unwrap_or(f64::NAN)
             );
+        }
+        Example::Pipeline {
+            micro_batches,
+            micro_batch_size,
+            steps,
+            hidden,
+        } => {
+            let mut times = Vec::new();
+            for pipelined in [false, true] {
+                let config = pipeline::Config {
+                    micro_batches,
+                    micro_batch_size,
+                    steps,
+                    hidden,
+                    pipelined,
+                    ..pipeline::Config::default()
+                };
+                let out = pipeline::run(config).await?;
+                println!(
+                    "pipeline ({}): {steps} steps of {micro_batches} micro-batches of \
+                     {micro_batch_size}: loss {:.3} -> {:.3}; {:.2} s",
+                    if pipelined { "pipelined" } else { "sequential" },
+                    out.losses.first().copied().unwrap_or(f64::NAN),
+                    out.losses.last().copied().unwrap_or(f64::NAN),
+                    out.elapsed.as_secs_f64()
+                );
+                times.push(out.elapsed.as_secs_f64());
+            }
+            if let [sequential, pipelined] = times[..] {
+                println!(
+                    "pipeline: speed-up of pipelining {:.2}x",
+                    sequential / pipelined
+                );
+            }
         }
     }
     Ok(())

@@ -1,6 +1,6 @@
 //! Each example, run small on a local cluster, with its outcome checked.
 
-use wasmrpc_examples::{param_server, rl};
+use wasmrpc_examples::{param_server, pipeline, rl};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -93,4 +93,29 @@ fn param_server_trains_the_digits_mlp_to_at_least_90_percent_held_out() {
         history.train_loss.last() < history.train_loss.first(),
         "the training loss did not fall: {history:?}"
     );
+}
+
+/// Both schedules compute the same training (the same micro-batches, the
+/// same summed gradients), so their losses agree; and training works.
+#[test]
+fn pipeline_pipelined_and_sequential_train_the_same_and_the_loss_falls() {
+    let config = pipeline::Config {
+        steps: 12,
+        ..pipeline::Config::default()
+    };
+    let pipelined = timed(pipeline::run(config));
+    let sequential = timed(pipeline::run(pipeline::Config {
+        pipelined: false,
+        ..config
+    }));
+    assert_eq!(pipelined.losses.len(), 12, "{pipelined:?}");
+    for (a, b) in pipelined.losses.iter().zip(&sequential.losses) {
+        assert!(
+            (a - b).abs() < 1e-4,
+            "the schedules diverged: {pipelined:?} vs {sequential:?}"
+        );
+    }
+    let first = pipelined.losses[..3].iter().sum::<f64>() / 3.0;
+    let last = pipelined.losses[9..].iter().sum::<f64>() / 3.0;
+    assert!(last < 0.8 * first, "the loss did not fall: {pipelined:?}");
 }

@@ -107,6 +107,8 @@ fn run_tests(root: &Path, nextest_args: &[String]) -> Result<()> {
             "wasmrpc-plugin-rl",
             "-p",
             "wasmrpc-plugin-param-server",
+            "-p",
+            "wasmrpc-plugin-pipeline",
             "--",
             "-D",
             "warnings",

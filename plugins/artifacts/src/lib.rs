@@ -16,6 +16,7 @@
 //! fn demo() {}
 //! fn rl() {}
 //! fn param_server() {}
+//! fn pipeline() {}
 //! fn seed_fns() {}
 //! wasmrpc_plugins::foreach_plugin!(assert_tested);
 //! ```

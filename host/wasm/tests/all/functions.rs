@@ -104,6 +104,43 @@ pub(crate) mod param_server {
     }
 }
 
+/// The plugin `plugins/pipeline` (the pipeline parallel example): its
+/// argument checks here, against the fake host; its training across real
+/// workers in `examples/tests/examples.rs`.
+pub(crate) mod pipeline {
+    use crate::{args, setup, timed};
+    use wasmrpc_wasm::{ErrorKind, Value};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn run_rejects_zero_micro_batches_with_a_value_error() {
+        timed(async {
+            let (rt, _, host) = setup();
+            let pipeline = rt
+                .load_file(wasmrpc_plugins::PIPELINE)
+                .expect("the pipeline plugin loads");
+            let err = rt
+                .call(
+                    &pipeline,
+                    "run",
+                    args(vec![
+                        Value::Int(0),
+                        Value::Int(8),
+                        Value::Int(1),
+                        Value::Float(0.1),
+                        Value::Int(16),
+                        Value::Bool(true),
+                    ]),
+                    host.arc(),
+                )
+                .await
+                .expect_err("zero micro-batches are refused");
+            assert_eq!(err.kind(), ErrorKind::ValueError, "{err}");
+            assert!(err.to_string().contains("micro_batches"), "{err}");
+        })
+        .await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn my_function_with_kwargs_and_positional_tensors() {
     timed(async {
