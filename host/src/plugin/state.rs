@@ -132,6 +132,21 @@ mod tests {
     }
 
     #[test]
+    fn a_shared_future_is_one_future_until_taken() {
+        let futures = SharedFutures::default();
+        let waiter = futures.get("p", "batch", false);
+        let other_plugin = futures.get("q", "batch", false);
+        let completer = futures.get("p", "batch", true);
+        completer.set_result(7).expect("an unset future completes");
+        assert_eq!(waiter.try_value().unwrap().unwrap().as_int().unwrap(), 7);
+        assert!(!other_plugin.done(), "plugins share no futures");
+        assert!(
+            !futures.get("p", "batch", false).done(),
+            "a taken name starts a new future"
+        );
+    }
+
+    #[test]
     fn globals_are_scoped_by_plugin() {
         let g = Globals::default();
         g.set("a", "x", Some(Payload::from(1)));
