@@ -30,7 +30,7 @@ fn check_learns(out: &rl::Outcome) {
 #[test]
 fn rl_batched_answers_all_observers_at_once_and_learns() {
     let config = rl::Config {
-        iterations: 30,
+        iterations: 20,
         ..rl::Config::default()
     };
     let out = timed(rl::run(config));
@@ -47,7 +47,7 @@ fn rl_batched_answers_all_observers_at_once_and_learns() {
 #[test]
 fn rl_unbatched_answers_each_request_and_learns() {
     let config = rl::Config {
-        iterations: 30,
+        iterations: 20,
         batch: false,
         ..rl::Config::default()
     };
