@@ -18,6 +18,7 @@ mod plot;
 mod progress;
 mod report;
 mod rows;
+mod scale;
 mod stats;
 mod torch;
 mod worker;
@@ -136,6 +137,21 @@ enum Internal {
     /// The raw TCP echo server of the limits.
     #[command(hide = true)]
     RawServer,
+    /// What a group costs as it grows: init, memory per worker and per
+    /// connection, an all-to-all round and shutdown, for in-process workers
+    /// sharing one runtime; ends with an extrapolation to 1,000 workers.
+    Scale {
+        /// World sizes to measure.
+        #[arg(long, value_delimiter = ',', default_value = "8,32,128")]
+        worlds: Vec<u32>,
+        /// Tokio threads of the shared runtime.
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+        /// Measure the one world size given, here, and print raw numbers
+        /// (how the parent runs each size in a fresh process).
+        #[arg(long, hide = true)]
+        one: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -155,6 +171,19 @@ fn main() -> ExitCode {
             threads,
         }) => worker::init_runs(init_methods, *rank, *world_size, *threads),
         Some(Internal::RawServer) => limit::serve(),
+        Some(Internal::Scale {
+            worlds,
+            threads,
+            one: true,
+        }) => match worlds.as_slice() {
+            [world] => scale::run_one(*world, *threads),
+            _ => Err(anyhow::anyhow!("--one measures exactly one world size")),
+        },
+        Some(Internal::Scale {
+            worlds,
+            threads,
+            one: false,
+        }) => scale::run(worlds, *threads),
         None if cli.list => {
             for r in ROWS {
                 println!("{:<26} {}", r.id, r.title);

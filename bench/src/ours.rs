@@ -131,7 +131,7 @@ fn worker_args(cfg: &Config, method: &str, rank: u32, world: u32) -> Vec<String>
 }
 
 /// Resident memory of process `pid`, in MiB.
-fn rss_mib(pid: u32) -> Result<f64> {
+pub(crate) fn rss_mib(pid: u32) -> Result<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let kib: f64 = status
         .lines()

@@ -450,7 +450,7 @@ async fn writer_loop(
 }
 
 /// Bytes read ahead from each connection.
-const READ_BUFFER: usize = 64 << 10;
+const READ_BUFFER: usize = 16 << 10;
 
 async fn reader_loop(
     mut read: tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>,
