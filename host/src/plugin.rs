@@ -37,6 +37,7 @@
 //!   worker keeps serving.
 //! - PL-3: per-worker locks a call still holds when it ends are released.
 
+mod class;
 mod function;
 mod guest;
 mod handles;
@@ -50,6 +51,7 @@ use wasmrpc_wasm::{Config, Plugin, Runtime};
 
 use crate::agent::FunctionRegistry;
 use crate::error::{Error, Result};
+use class::PluginClass;
 use function::{PluginFunction, wasm_error};
 
 /// The environment variable that overrides where compiled plugins are
@@ -206,30 +208,42 @@ impl PluginHost {
         files.iter().map(|f| self.load_file(f)).collect()
     }
 
-    /// Registers every function of `plugin` (plain and `async_execution`)
-    /// in `registry` as `namespace::function` ([`plugin_namespace`]),
-    /// replacing functions of the same names, and returns the names. Plugin
-    /// classes are not registered (they need RRefs; see the module docs).
+    /// Registers every function and class of `plugin` in `registry`,
+    /// replacing entries of the same names, and returns the names:
+    ///
+    /// - functions (plain and `async_execution`) as `namespace::function`
+    ///   ([`plugin_namespace`]);
+    /// - static and class methods (exported as functions `Class.method`) as
+    ///   `namespace::Class.method`, e.g.
+    ///   `seed_fns::AsyncExecutionClass.static_async_add`;
+    /// - classes as `namespace::Class`: `remote(dst, "seed_fns::MyClass",
+    ///   args)` constructs an object on `dst` held by the RRef, whose
+    ///   methods the RRef's proxies call (`rpc_sync`/`rpc_async` of a class
+    ///   answer `TypeError`: objects stay on their owner).
     pub fn register(&self, plugin: &Arc<Plugin>, registry: &FunctionRegistry) -> Vec<String> {
         let namespace = plugin_namespace(plugin.name());
         let mut names = Vec::new();
         for export in &plugin.manifest().exports {
-            if export.class.is_some()
-                || !matches!(
-                    export.kind,
-                    ExportKind::Function | ExportKind::AsyncFunction
-                )
-            {
-                continue;
-            }
+            let function: Arc<dyn crate::agent::RpcFunction> = match (export.kind, &export.class) {
+                (ExportKind::Function | ExportKind::AsyncFunction, None) => {
+                    Arc::new(PluginFunction::new(
+                        self.runtime.clone(),
+                        plugin.clone(),
+                        namespace.clone(),
+                        export.name.clone(),
+                    ))
+                }
+                (ExportKind::Constructor, Some(class)) => Arc::new(PluginClass::new(
+                    self.runtime.clone(),
+                    plugin.clone(),
+                    namespace.clone(),
+                    class.clone(),
+                )),
+                // Methods are served through their objects.
+                _ => continue,
+            };
             let name = format!("{namespace}::{}", export.name);
-            let function = PluginFunction::new(
-                self.runtime.clone(),
-                plugin.clone(),
-                namespace.clone(),
-                export.name.clone(),
-            );
-            registry.register(name.clone(), Arc::new(function));
+            registry.register(name.clone(), function);
             names.push(name);
         }
         names
