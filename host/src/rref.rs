@@ -15,9 +15,12 @@
 //! graceful shutdown and the leak check; the wire form of an RRef inside a
 //! [`Payload`] (a fork record); the handlers of `RRefFork`,
 //! `RRefChildAccept` and `RRefUserDelete`; the owner-side functions behind
-//! `remote`, `to_here`, `_get_type` and the proxies (`proxy`). It leaves
-//! sending and timeouts to the agent and the meaning of a function to the
-//! registry.
+//! `remote`, `to_here`, `_get_type` and the proxies (`proxy`); what an
+//! owner holds (`object`): a payload, or an object (a plugin class's) that
+//! is never copied, serves the proxies' method calls, and is dropped (so
+//! disposed of) when the owner forgets the value. It leaves sending and
+//! timeouts to the agent, the meaning of a function to the registry, and
+//! running an object's methods to the object (`crate::plugin`).
 //!
 //! # Protocol
 //!

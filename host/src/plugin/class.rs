@@ -30,7 +30,12 @@ pub(crate) struct PluginClass {
 }
 
 impl PluginClass {
-    pub(crate) fn new(runtime: Runtime, plugin: Arc<Plugin>, namespace: String, class: String) -> Self {
+    pub(crate) fn new(
+        runtime: Runtime,
+        plugin: Arc<Plugin>,
+        namespace: String,
+        class: String,
+    ) -> Self {
         PluginClass {
             runtime,
             plugin,
@@ -127,11 +132,11 @@ impl Drop for PluginObject {
         let name = self.type_name.clone();
         // Without a runtime (the agent's is gone) the object is dropped
         // without its destructor; its instance is freed all the same.
-        let _ = self.tokio.spawn(async move {
+        drop(self.tokio.spawn(async move {
             if let Err(e) = object.dispose(host).await {
                 tracing::warn!(class = %name, "disposing of a plugin object failed: {e}");
             }
-        });
+        }));
     }
 }
 

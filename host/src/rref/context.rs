@@ -10,11 +10,11 @@ use std::time::Duration;
 use tch::Tensor;
 use tokio::sync::Notify;
 
+use super::object::keeping_objects;
 use super::{
     DEBUG_INFO, FETCH, LOCAL_INVOKE, OwnerState, REMOTE, RRef, RRefId, TYPEOF, UserState,
     id_from_value, malformed,
 };
-use super::object::keeping_objects;
 use crate::abi::{Value, WorkerInfo};
 use crate::agent::{Dest, FunctionRegistry, Future, RpcAgent};
 use crate::error::{

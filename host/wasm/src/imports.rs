@@ -130,7 +130,9 @@ async fn dispatch(ctx: &Arc<CallCtx>, call: HostCall) -> HostResult<HostReply> {
             args,
             timeout,
         } => match mode {
-            RpcMode::Sync => HostReply::Value(host.rref_rpc_sync(rref, &method, args, timeout).await?),
+            RpcMode::Sync => {
+                HostReply::Value(host.rref_rpc_sync(rref, &method, args, timeout).await?)
+            }
             RpcMode::Async => {
                 HostReply::Handle(host.rref_rpc_async(rref, &method, args, timeout).await?)
             }

@@ -480,7 +480,11 @@ fn drive_my_class(dst: String, a: i64) -> Result<(String, bool, i64, i64)> {
     let obj = remote(&dst, "MyClass", (a,))?;
     obj.rpc_sync().call::<()>("increment_value", (1,))?;
     let sum: i64 = obj.rpc_async().call("my_instance_method", (10,))?.wait()?;
-    let value: i64 = obj.remote().timeout(30.0).call("get_value", ())?.to_here()?;
+    let value: i64 = obj
+        .remote()
+        .timeout(30.0)
+        .call("get_value", ())?
+        .to_here()?;
     Ok((obj.owner_name()?, obj.is_owner()?, sum, value))
 }
 

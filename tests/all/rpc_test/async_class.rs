@@ -90,7 +90,10 @@ async fn async_class_rref_proxy(w: Worker, mode: RRefProxyMode) -> anyhow::Resul
                     .await?
             }
             RRefProxyMode::Remote => {
-                let r = rref.remote(&w.agent, None).call_remote(method, call).await?;
+                let r = rref
+                    .remote(&w.agent, None)
+                    .call_remote(method, call)
+                    .await?;
                 r.to_here(&w.agent, None).await?
             }
         };

@@ -890,7 +890,10 @@ async fn via(
                 .await?
         }
         RRefProxyMode::Remote => {
-            let r = rref.remote(&w.agent, None).call_remote(method, args).await?;
+            let r = rref
+                .remote(&w.agent, None)
+                .call_remote(method, args)
+                .await?;
             here(w, &r).await?
         }
     })
@@ -903,7 +906,9 @@ const MODES: [RRefProxyMode; 3] = [
 ];
 
 async fn rref_proxy_class(w: Worker, dst: String) -> anyhow::Result<()> {
-    let rref = w.agent.remote(dst.as_str(), "seed_fns::MyClass", args![7])?;
+    let rref = w
+        .agent
+        .remote(dst.as_str(), "seed_fns::MyClass", args![7])?;
     let mut expected = 7;
     for mode in MODES {
         let v = via(&w, &rref, mode, "get_value", args![]).await?;
@@ -920,7 +925,10 @@ async fn rref_proxy_class(w: Worker, dst: String) -> anyhow::Result<()> {
     }
     for (mode, b) in MODES.into_iter().zip([2, 3, 4]) {
         let v = via(&w, &rref, mode, "my_instance_method", args![b]).await?;
-        ensure!(v.as_int()? == expected + b, "{mode:?}: my_instance_method {v:?}");
+        ensure!(
+            v.as_int()? == expected + b,
+            "{mode:?}: my_instance_method {v:?}"
+        );
     }
     for (mode, f) in MODES.into_iter().zip([9, 10, 11]) {
         let v = via(&w, &rref, mode, "my_static_method", args![f]).await?;
@@ -959,7 +967,9 @@ fn test_rref_proxy_class_self() {
 fn plugin_object_rref_answers_its_class_and_is_not_copied() {
     dist_with(plugin_cluster(4), |w| async move {
         for dst in [w.dst(), me(&w)] {
-            let r = w.agent.remote(dst.as_str(), "seed_fns::MyClass", args![1])?;
+            let r = w
+                .agent
+                .remote(dst.as_str(), "seed_fns::MyClass", args![1])?;
             ensure!(r.get_type(&w.agent, None).await? == "seed_fns::MyClass");
             expect_err(
                 r.to_here(&w.agent, None).await,
@@ -990,7 +1000,9 @@ fn plugin_object_rref_answers_its_class_and_is_not_copied() {
             w.dst()
         );
         expect_err(
-            w.agent.rpc_sync(w.dst(), "seed_fns::MyClass", args![1]).await,
+            w.agent
+                .rpc_sync(w.dst(), "seed_fns::MyClass", args![1])
+                .await,
             ErrorKind::TypeError,
             &msg,
         )?;
@@ -1022,7 +1034,9 @@ fn plugin_object_is_disposed_when_its_last_user_rref_drops() {
                 )
             }
         };
-        let r = w.agent.remote(w.dst(), "seed_fns::Tracked", args![key.clone()])?;
+        let r = w
+            .agent
+            .remote(w.dst(), "seed_fns::Tracked", args![key.clone()])?;
         let k = r.rpc_sync(&w.agent, None).call("key", args![]).await?;
         ensure!(k.as_str()? == key);
         ensure!(disposed(&w, key.clone()).await? == 0, "disposed while held");
@@ -1070,17 +1084,27 @@ fn plugin_object_trap_breaks_only_that_object() {
             ErrorKind::RuntimeError,
             "MyClass exploded with a = 9",
         )?;
-        ensure!(e.to_string().contains(&format!("on worker {}", w.dst())), "{e}");
+        ensure!(
+            e.to_string().contains(&format!("on worker {}", w.dst())),
+            "{e}"
+        );
         expect_err(
             a.rpc_sync(&w.agent, None).call("get_value", args![]).await,
             ErrorKind::RuntimeError,
             "broken",
         )?;
-        let v = b.rpc_sync(&w.agent, None).call("get_value", args![]).await?;
+        let v = b
+            .rpc_sync(&w.agent, None)
+            .call("get_value", args![])
+            .await?;
         ensure!(v.as_int()? == 1, "the other object: {v:?}");
         // The worker keeps serving new objects of the class.
         let c = w.agent.remote(w.dst(), "seed_fns::MyClass", args![3])?;
-        let v = c.rpc_async(&w.agent, None).call_async("get_value", args![]).wait().await?;
+        let v = c
+            .rpc_async(&w.agent, None)
+            .call_async("get_value", args![])
+            .wait()
+            .await?;
         ensure!(v.as_int()? == 3);
         Ok(())
     });
@@ -1100,8 +1124,16 @@ fn plugin_creates_an_object_and_calls_it_through_proxies() {
             let items = p.items()?;
             ensure!(items.len() == 4, "{p:?}");
             ensure!(items[0].as_str()? == owner, "owner name {:?}", items[0]);
-            ensure!(items[1].as_bool()? == (owner == w.dst()), "is_owner {:?}", items[1]);
-            ensure!(items[2].as_int()? == 16, "my_instance_method {:?}", items[2]);
+            ensure!(
+                items[1].as_bool()? == (owner == w.dst()),
+                "is_owner {:?}",
+                items[1]
+            );
+            ensure!(
+                items[2].as_int()? == 16,
+                "my_instance_method {:?}",
+                items[2]
+            );
             ensure!(items[3].as_int()? == 6, "get_value {:?}", items[3]);
         }
         Ok(())
@@ -1535,9 +1567,11 @@ mod tp_rpc {
 
         // The proxy learns the type first, with its own timeout: a slow
         // constructor times it out before any method call.
-        let slow = w
-            .agent
-            .remote(dst.as_str(), "seed_fns::MyClass", args![ones(&[2, 2]), true])?;
+        let slow = w.agent.remote(
+            dst.as_str(),
+            "seed_fns::MyClass",
+            args![ones(&[2, 2]), true],
+        )?;
         let timeout = Some(Duration::from_millis(10));
         let r = match mode {
             RRefProxyMode::Sync => {
