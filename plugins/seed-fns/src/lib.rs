@@ -358,6 +358,11 @@ impl MyClass {
         dup_num(&self.a)
     }
 
+    /// `self.a + rref.to_here()`: an RRef argument of a method.
+    fn add_from_rref(&self, rref: RRef) -> Result<Num> {
+        self.a.add(&rref.to_here::<Num>()?)
+    }
+
     /// A method that panics, to check that a broken object reports it.
     fn explode(&self) -> i64 {
         match &self.a {

@@ -1019,6 +1019,32 @@ fn plugin_object_rref_answers_its_class_and_is_not_copied() {
 }
 
 #[test]
+fn plugin_object_methods_take_kwargs_tensors_and_rrefs() {
+    dist_with(plugin_cluster(4), |w| async move {
+        let obj = w
+            .agent
+            .remote(w.dst(), "seed_fns::MyClass", args![ones(&[2])])?;
+        let proxy = obj.rpc_sync(&w.agent, None);
+        proxy
+            .call("increment_value", Args::new().kwarg("increment", 2))
+            .await?;
+        expect_tensor(&proxy.call("get_value", args![]).await?, &(ones(&[2]) + 2))?;
+        // An RRef owned by the caller, passed to a method on the owner of
+        // the object, which fetches it back.
+        let mine = RRef::new(&w.agent, ones(&[2]) * 10);
+        let v = proxy.call("add_from_rref", args![&mine]).await?;
+        expect_tensor(&v, &(ones(&[2]) * 13))?;
+        // A kwarg the method does not take.
+        expect_err(
+            proxy.call("get_value", Args::new().kwarg("nope", 1)).await,
+            ErrorKind::TypeError,
+            "get_value() got an unexpected keyword argument 'nope'",
+        )?;
+        Ok(())
+    });
+}
+
+#[test]
 fn plugin_object_is_disposed_when_its_last_user_rref_drops() {
     dist_with(plugin_cluster(4), |w| async move {
         let key = format!("tracked-from-{}", w.rank);
