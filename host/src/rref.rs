@@ -89,7 +89,9 @@ use crate::transport::GloballyUniqueId;
 use crate::value::{Args, Payload};
 
 pub(crate) use context::{context, from_wire, handle_message, register, to_wire, wait_confirmed};
-pub(crate) use object::{Owned, RRefObject, can_keep_object, keep_object};
+pub(crate) use object::{
+    Owned, RRefObject, can_keep_object, discard_kept_object, keep_object, kept_object,
+};
 pub use proxy::{RRefProxy, RRefProxyMode};
 
 /// The id of an RRef (`RRefId`) or of one of its forks (`ForkId`).

@@ -6,7 +6,10 @@
 //!   on the CPU), each test named exactly as in the seed, plus the agent's
 //!   own failure tests in `rpc_test::extra`; its RRef tests (areas D, E, F,
 //!   M) in `rpc_test::rref`.
+//! - `remote_module_test`: PyTorch's `remote_module_test.py` (CPU tests,
+//!   `RemoteModule` over plugin classes).
 
 mod dist_autograd_test;
 mod plugin_test;
+mod remote_module_test;
 mod rpc_test;

@@ -146,6 +146,13 @@ impl RRefObject for PluginObject {
         &self.type_name
     }
 
+    fn has_method(&self, method: &str) -> bool {
+        self.plugin
+            .manifest()
+            .method(self.class(), method)
+            .is_some()
+    }
+
     async fn call_method(
         &self,
         agent: &RpcAgent,

@@ -650,6 +650,8 @@ fn rest(args: &Args, from: usize) -> Args {
 
 /// Registers the owner-side functions in the agent's internal registry.
 pub(crate) fn register(r: &FunctionRegistry) {
+    // RemoteModule's owner-side functions are built on RRefs and objects.
+    crate::remote_module::register(r);
     r.register_native(DEBUG_INFO, |ctx, _args: Args| async move {
         let info = context(ctx.agent()).debug_info();
         Ok(Payload::dict(

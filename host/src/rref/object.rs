@@ -40,6 +40,9 @@ pub(crate) trait RRefObject: Send + Sync + 'static {
     /// The type `_get_type` answers, e.g. `seed_fns::MyClass`.
     fn type_name(&self) -> &str;
 
+    /// Whether the object has an instance method `method`.
+    fn has_method(&self, method: &str) -> bool;
+
     /// Runs `method` with `args` for `caller`, on `agent` (the owner).
     ///
     /// # Errors
@@ -113,4 +116,24 @@ where
     let out = OBJECT_SLOT.scope(slot.clone(), f).await;
     let object = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
     (out, object)
+}
+
+/// The object the running function of an owner-side `remote()` has kept so
+/// far, if any (for wrappers that check what a constructor made, e.g.
+/// [`crate::RemoteModule`]'s `_create_module`).
+pub(crate) fn kept_object() -> Option<Arc<dyn RRefObject>> {
+    OBJECT_SLOT
+        .try_with(|slot| slot.lock().unwrap_or_else(|p| p.into_inner()).clone())
+        .ok()
+        .flatten()
+}
+
+/// Drops the object kept so far (it is disposed of): the wrapper rejected
+/// it and the RRef holds the wrapper's error instead.
+pub(crate) fn discard_kept_object() {
+    let object = OBJECT_SLOT
+        .try_with(|slot| slot.lock().unwrap_or_else(|p| p.into_inner()).take())
+        .ok()
+        .flatten();
+    drop(object);
 }

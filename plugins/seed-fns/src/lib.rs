@@ -476,6 +476,62 @@ impl Drop for Tracked {
     }
 }
 
+/// `MyModule(first_arg, first_kwarg=-1)` of `remote_module_test.py`: one
+/// parameter, `ones(1)`; `forward(tensor, number, word="default")` returns
+/// `(word, number, tensor)`.
+pub struct MyModule {
+    param1: Tensor,
+    training: bool,
+}
+
+#[remote_class]
+impl MyModule {
+    /// `MyModule(first_arg, first_kwarg=-1)`.
+    #[constructor]
+    fn new(first_arg: i64, first_kwarg: Option<i64>) -> Result<MyModule> {
+        let _ = (first_arg, first_kwarg);
+        Ok(MyModule {
+            param1: Tensor::ones(&[1])?,
+            training: true,
+        })
+    }
+
+    /// `forward(tensor, number, word="default")`: the arguments reversed.
+    fn forward(&self, tensor: Tensor, number: i64, word: Option<String>) -> (String, i64, Tensor) {
+        (word.unwrap_or_else(|| "default".to_owned()), number, tensor)
+    }
+
+    /// `parameters(recurse=True)`: `[param1]`.
+    fn parameters(&self, recurse: Option<bool>) -> Result<Vec<Tensor>> {
+        let _ = recurse;
+        Ok(vec![self.param1.try_clone()?])
+    }
+
+    /// `train(mode=True)`.
+    fn train(&mut self, mode: Option<bool>) {
+        self.training = mode.unwrap_or(true);
+    }
+
+    /// `training`.
+    fn training(&self) -> bool {
+        self.training
+    }
+}
+
+/// `BadModule(first_arg, first_kwarg=-1)`: constructs, but is not a
+/// module (no `forward`).
+pub struct BadModule;
+
+#[remote_class]
+impl BadModule {
+    /// `BadModule(first_arg, first_kwarg=-1)`.
+    #[constructor]
+    fn new(first_arg: i64, first_kwarg: Option<i64>) -> BadModule {
+        let _ = (first_arg, first_kwarg);
+        BadModule
+    }
+}
+
 /// Creates `MyClass(a)` on `dst` from inside a plugin and drives it
 /// through its proxies: `increment_value(1)` (sync), `my_instance_method(10)`
 /// (async), `get_value()` (remote). Returns `(owner name, is_owner,
