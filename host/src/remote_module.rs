@@ -13,8 +13,8 @@
 //! checks that the class made a module) and `remote_parameters`
 //! (`_param_rrefs`), and the handle's wire form (a dict of PyTorch's six
 //! pickled attributes, in their order, the RRef forked as any RRef in a
-//! payload). It leaves objects, proxies and RRefs to [`crate::rref`] and
-//! [`crate::plugin`].
+//! payload). It leaves objects, proxies and RRefs to the RRef module and
+//! plugin classes to the plugin module.
 //!
 //! Not supported (yet): devices other than the CPU (`cuda:N` parses, and
 //! creating a module there is a `NotImplementedError`), device maps,
@@ -264,9 +264,9 @@ impl RemoteModule {
     /// `forward(*args, **kwargs)` on the module's owner.
     ///
     /// # Errors
-    /// The module's creation error (e.g. "Expect `module_cls(*args,
-    /// **kwargs)` returns an instance of <class nn.Module>, ..."), and
-    /// `forward`'s errors.
+    /// The module's creation error (e.g. `ValueError` "Expect
+    /// \`module_cls(*args, **kwargs)\` returns an instance of `<class
+    /// nn.Module>`, ..."), and `forward`'s errors.
     pub async fn forward(&self, agent: &RpcAgent, args: Args) -> Result<Payload> {
         self.forward_async(agent, args).wait().await
     }
