@@ -6,7 +6,10 @@
 //! guest host ([`GuestCall`]) for its whole life: the handles its fields
 //! hold (tensors, RRefs) stay valid from the constructor to the
 //! destructor, and per-worker locks it takes are released when it is
-//! disposed (PL-3 at the scale of the object).
+//! disposed (PL-3 at the scale of the object). That guest host holds the
+//! agent, and the agent's RRef table holds the object: the cycle ends when
+//! the owner forgets the value, at the latest when the agent shuts down
+//! and clears its RRef context.
 
 use std::sync::Arc;
 

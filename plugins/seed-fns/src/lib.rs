@@ -317,9 +317,9 @@ impl MyClass {
         Ok(MyClass { a })
     }
 
-    /// `self.a + b`.
-    fn my_instance_method(&self, b: Num) -> Result<Num> {
-        self.a.add(&b)
+    /// `self.a + my_instance_arg`.
+    fn my_instance_method(&self, my_instance_arg: Num) -> Result<Num> {
+        self.a.add(&my_instance_arg)
     }
 
     /// `@classmethod my_class_method(cls, d, e)`: `d + e`.
