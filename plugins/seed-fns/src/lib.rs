@@ -534,10 +534,10 @@ impl BadModule {
 
 /// Creates `MyClass(a)` on `dst` from inside a plugin and drives it
 /// through its proxies: `increment_value(1)` (sync), `my_instance_method(10)`
-/// (async), `get_value()` (remote). Returns `(owner name, is_owner,
-/// a + 1 + 10, a + 1)`.
+/// (async), `get_value()` (remote). Returns `(owner name, (is_owner,
+/// confirmed_by_owner), a + 1 + 10, a + 1)`.
 #[remote]
-fn drive_my_class(dst: String, a: i64) -> Result<(String, bool, i64, i64)> {
+fn drive_my_class(dst: String, a: i64) -> Result<(String, (bool, bool), i64, i64)> {
     let obj = remote(&dst, "MyClass", (a,))?;
     obj.rpc_sync().call::<()>("increment_value", (1,))?;
     let sum: i64 = obj.rpc_async().call("my_instance_method", (10,))?.wait()?;
@@ -546,7 +546,12 @@ fn drive_my_class(dst: String, a: i64) -> Result<(String, bool, i64, i64)> {
         .timeout(30.0)
         .call("get_value", ())?
         .to_here()?;
-    Ok((obj.owner_name()?, obj.is_owner()?, sum, value))
+    Ok((
+        obj.owner_name()?,
+        (obj.is_owner()?, obj.confirmed_by_owner()?),
+        sum,
+        value,
+    ))
 }
 
 // ---------------------------------------------------------------------------

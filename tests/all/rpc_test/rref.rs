@@ -1150,11 +1150,14 @@ fn plugin_creates_an_object_and_calls_it_through_proxies() {
             let items = p.items()?;
             ensure!(items.len() == 4, "{p:?}");
             ensure!(items[0].as_str()? == owner, "owner name {:?}", items[0]);
+            let flags = items[1].items()?;
             ensure!(
-                items[1].as_bool()? == (owner == w.dst()),
+                flags[0].as_bool()? == (owner == w.dst()),
                 "is_owner {:?}",
-                items[1]
+                flags[0]
             );
+            // The owner answered the remote() before the calls returned.
+            ensure!(flags[1].as_bool()?, "confirmed_by_owner {:?}", flags[1]);
             ensure!(
                 items[2].as_int()? == 16,
                 "my_instance_method {:?}",
