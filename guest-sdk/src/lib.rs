@@ -83,6 +83,13 @@
 //!   free, so anything that must outlive a call lives in the host:
 //!   [`global`]/[`set_global`], named [`lock`]s, and objects of
 //!   [`remote_class`]es (each on an instance of its own).
+//! - **Objects.** [`remote`](fn@remote) of a class name (`"MyClass"` for
+//!   this plugin's, `"ns::Class"` for another's) constructs an object on
+//!   the destination and returns an [`RRef`] to it; the object stays there,
+//!   and its methods run through the RRef's proxies:
+//!   `rref.rpc_sync().call::<i64>("get_value", ())`, [`RRef::rpc_async`]
+//!   (a [`Future`]), [`RRef::remote`] (an [`RRef`] to the result). Static
+//!   and class methods are functions named `Class.method`.
 //! - **Errors.** Return [`Error`] (or use [`raise!`]) with an
 //!   [`ErrorKind`]; the caller sees that kind and message unchanged. A
 //!   panic traps the instance: the caller gets a `RuntimeError` naming the
@@ -113,7 +120,7 @@ pub use error::{Error, Result};
 pub use future::{Future, MaybeFuture};
 pub use memory::wasmrpc_input_buffer;
 pub use rpc::{Call, get_worker_info, remote, rpc_async, rpc_sync, value, worker_info};
-pub use rref::RRef;
+pub use rref::{AsyncProxy, RRef, RemoteProxy, SyncProxy};
 pub use state::{LockGuard, clear_global, global, lock, log, log_at, set_global, sleep};
 pub use tensor::{Element, Operand, Tensor};
 pub use wasmrpc_abi::protocol::{DType, LogLevel, TensorMeta};

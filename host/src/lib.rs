@@ -77,6 +77,7 @@ pub mod autograd;
 mod error;
 mod ops;
 mod plugin;
+pub mod remote_module;
 mod rref;
 mod tensor;
 pub mod transport;
@@ -100,6 +101,7 @@ pub use agent::{
 pub use error::*;
 pub use ops::{BuiltinOps, call_builtin};
 pub use plugin::{CACHE_DIR_ENV, PACKAGE_PREFIX, PluginHost, plugin_namespace};
+pub use remote_module::RemoteModule;
 pub use rref::{RRef, RRefId, RRefProxy, RRefProxyMode, rref_debug_info_function};
 pub use transport::{FaultInjection, MessageKind};
 pub use value::{Args, Payload};

@@ -273,6 +273,28 @@ pub enum HostCall {
     /// Create a local (owner) RRef holding a value. Replies
     /// [`HostReply::Handle`].
     RRefNew(Value),
+    // RRef proxies and RRef state (plugin classes).
+    /// Call `method` on the value of an RRef, on its owner, through a
+    /// proxy (`rref.rpc_sync().method(...)` and its async and remote
+    /// forms). Replies as [`HostCall::Rpc`] does for the same mode.
+    RRefProxyCall {
+        /// The RRef's handle.
+        rref: u32,
+        /// The proxy's mode.
+        mode: RpcMode,
+        /// The method's name.
+        method: String,
+        /// Its arguments.
+        args: CallArgs,
+        /// A timeout in seconds; `None` for the agent's default.
+        timeout: Option<f64>,
+    },
+    /// Whether this worker owns the RRef (`is_owner()`). Replies
+    /// [`HostReply::Bool`].
+    RRefIsOwner(u32),
+    /// Whether the owner has confirmed this user RRef
+    /// (`confirmed_by_owner()`). Replies [`HostReply::Bool`].
+    RRefConfirmed(u32),
     /// Create an unset future. Replies [`HostReply::Handle`].
     FutureNew,
     /// Complete a future. Replies [`HostReply::Unit`].

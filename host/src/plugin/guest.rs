@@ -8,7 +8,13 @@
 //! (and every `then` callback it chained) is over is released on drop.
 //! RRef handles are [`crate::RRef`]s: `remote` and `rref_new` create them,
 //! RRefs in arguments and results arrive as handles, and a handle passed to
-//! a call forks the RRef as any host RRef does.
+//! a call forks the RRef as any host RRef does; proxies on RRef handles
+//! (`rref_rpc_sync`, ...) are the host's [`crate::RRefProxy`], so a guest
+//! calls methods of plugin objects as host code does.
+//!
+//! A `GuestCall` serves one call of a function, or one plugin object for
+//! its whole life (`super::class`): then its handles and locks are the
+//! object's, released when the object is disposed of.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -26,6 +32,7 @@ use super::state::{Globals, Locks};
 use crate::agent::{Future, RpcAgent};
 use crate::error::Error;
 use crate::ops::run_blocking;
+use crate::rref::{RRefProxy, RRefProxyMode};
 
 /// The host side of one call of a plugin function on one worker.
 pub(crate) struct GuestCall {
@@ -147,15 +154,32 @@ impl GuestCall {
     }
 
     /// The registered name a guest means by `function`: a name of one of
-    /// its own plugin's functions without a namespace (`my_function`,
-    /// `MyClass.my_static_method`) is `namespace::function`; anything else
+    /// its own plugin's functions or classes without a namespace
+    /// (`my_function`, `MyClass.my_static_method`, `MyClass`) is
+    /// `namespace::function`; anything else
     /// (`aten::add`, `other_plugin::f`, `builtins.min`) is as given.
     pub(crate) fn qualify(&self, function: &str) -> String {
-        if !function.contains("::") && self.plugin.manifest().function(function).is_some() {
+        let manifest = self.plugin.manifest();
+        if !function.contains("::")
+            && (manifest.function(function).is_some() || manifest.constructor(function).is_some())
+        {
             format!("{}::{function}", self.namespace)
         } else {
             function.to_owned()
         }
+    }
+
+    /// A proxy of the guest's RRef `rref` with its timeout in seconds.
+    fn proxy(&self, rref: u32, timeout: Option<f64>, mode: RRefProxyMode) -> HostResult<RRefProxy> {
+        let r = self.handles().rref(rref)?;
+        let timeout = timeout
+            .map(|s| Duration::try_from_secs_f64(s).map_err(|_| bad_timeout(s)))
+            .transpose()?;
+        Ok(match mode {
+            RRefProxyMode::Sync => r.rpc_sync(&self.agent, timeout),
+            RRefProxyMode::Async => r.rpc_async(&self.agent, timeout),
+            RRefProxyMode::Remote => r.remote(&self.agent, timeout),
+        })
     }
 
     fn start_rpc(
@@ -298,6 +322,57 @@ impl GuestHost for GuestCall {
         let r = crate::rref::RRef::new(&self.agent, payload);
         Ok(self.handles().insert_rref(r))
     }
+
+    // ---- RRef proxies and RRef state (plugin classes) --------------------
+
+    async fn rref_rpc_sync(
+        &self,
+        rref: u32,
+        method: &str,
+        args: CallArgs,
+        timeout: Option<f64>,
+    ) -> HostResult<Value> {
+        let proxy = self.proxy(rref, timeout, RRefProxyMode::Sync)?;
+        let args = self.handles().borrow_args(args)?;
+        let payload = proxy.call(method, args).await.map_err(remote)?;
+        self.handles().import(payload)
+    }
+
+    async fn rref_rpc_async(
+        &self,
+        rref: u32,
+        method: &str,
+        args: CallArgs,
+        timeout: Option<f64>,
+    ) -> HostResult<u32> {
+        let proxy = self.proxy(rref, timeout, RRefProxyMode::Async)?;
+        let args = self.handles().borrow_args(args)?;
+        let fut = proxy.call_async(method, args);
+        Ok(self.handles().insert_future(fut))
+    }
+
+    async fn rref_remote(
+        &self,
+        rref: u32,
+        method: &str,
+        args: CallArgs,
+        timeout: Option<f64>,
+    ) -> HostResult<u32> {
+        let proxy = self.proxy(rref, timeout, RRefProxyMode::Remote)?;
+        let args = self.handles().borrow_args(args)?;
+        let r = proxy.call_remote(method, args).await.map_err(remote)?;
+        Ok(self.handles().insert_rref(r))
+    }
+
+    async fn rref_is_owner(&self, rref: u32) -> HostResult<bool> {
+        Ok(self.handles().rref(rref)?.is_owner())
+    }
+
+    async fn rref_confirmed_by_owner(&self, rref: u32) -> HostResult<bool> {
+        Ok(self.handles().rref(rref)?.confirmed_by_owner())
+    }
+
+    // ---- end of RRef proxies and RRef state ------------------------------
 
     async fn future_new(&self) -> HostResult<u32> {
         Ok(self.handles().insert_future(Future::new()))
