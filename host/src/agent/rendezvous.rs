@@ -124,6 +124,7 @@ fn internal_registry() -> FunctionRegistry {
     let r = FunctionRegistry::new();
     all_gather::register(&r);
     crate::rref::register(&r);
+    crate::optim::register(&r);
     r.register_native(
         super::NOOP,
         |_ctx, _args| async move { Ok(Payload::none()) },
@@ -200,6 +201,7 @@ async fn start(
     let agent = RpcAgent::from_inner(inner.clone());
     agent.set_rpc_timeout(options.rpc_timeout);
     crate::rref::install(&agent);
+    crate::optim::install(&agent);
     let handler: Arc<dyn Handler> = Arc::new(AgentHandler {
         agent: Arc::downgrade(&inner),
     });
