@@ -4,6 +4,7 @@
 //! functions (`fns`); `REMOTE` is `remote(...).to_here()` on RRefs.
 
 mod fns;
+mod optim;
 
 use std::time::Duration;
 

@@ -202,6 +202,7 @@ async fn rpc_tensor(agent: &RpcAgent, to: String, f: &str, a: Args) -> Result<Te
 /// Registers everything the suite calls.
 pub(super) fn register(r: &FunctionRegistry) {
     crate_support::register_all(r);
+    super::optim::register(r);
     for name in BUILTINS {
         r.register_native(
             *name,
