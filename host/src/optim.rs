@@ -261,7 +261,8 @@ impl OptimizerConfig {
         }
     }
 
-    fn from_payload(p: &Payload) -> Result<Self> {
+    /// The configuration a guest sends ([`Self::to_payload`]'s form).
+    pub(crate) fn from_payload(p: &Payload) -> Result<Self> {
         let items = p.items()?;
         let num = |i: usize| -> Result<f64> {
             items
