@@ -83,6 +83,12 @@
 //!   free, so anything that must outlive a call lives in the host:
 //!   [`global`]/[`set_global`], named [`lock`]s, and objects of
 //!   [`remote_class`]es (each on an instance of its own).
+//! - **Autograd.** Ops record gradients in the host: [`Tensor::requires_grad_`],
+//!   [`Tensor::backward`], [`Tensor::grad`], [`no_grad`]. Distributed
+//!   autograd ([`dist_autograd::context`], [`dist_autograd::backward`],
+//!   [`dist_autograd::get_gradients`]) and the distributed optimizer
+//!   ([`optim::DistributedOptimizer`]) work as on the host, so a trainer can
+//!   be a plugin; RPCs inside a context carry it.
 //! - **Errors.** Return [`Error`] (or use [`raise!`]) with an
 //!   [`ErrorKind`]; the caller sees that kind and message unchanged. A
 //!   panic traps the instance: the caller gets a `RuntimeError` naming the
@@ -95,11 +101,14 @@
 //! SDK compiles, but every host request fails with a `RuntimeError`.
 
 mod abi;
+mod autograd;
 mod convert;
+pub mod dist_autograd;
 mod error;
 mod future;
 mod host;
 mod memory;
+pub mod optim;
 mod rpc;
 mod rref;
 mod state;
@@ -112,6 +121,7 @@ pub use convert::{AnyValue, FromValue, IntoValue, ToArgs, ToValue};
 pub use error::{Error, Result};
 pub use future::Future;
 pub use memory::wasmrpc_input_buffer;
+pub use autograd::no_grad;
 pub use rpc::{Call, get_worker_info, remote, rpc_async, rpc_sync, value, worker_info};
 pub use rref::RRef;
 pub use state::{LockGuard, clear_global, global, lock, log, log_at, set_global, sleep};

@@ -310,3 +310,139 @@ pub(super) fn register(r: &wasmrpc::FunctionRegistry) {
         Ok(forward(&p, &a.get(1)?.as_tensor()?)?.into())
     });
 }
+
+// ------------------------------------------------- autograd from a plugin
+
+/// The suite's cluster, with the autograd-fns plugin on every worker
+/// (`autograd_fns::<function>`).
+fn plugin_cluster() -> wasmrpc::testing::ClusterBuilder {
+    let host = wasmrpc::PluginHost::shared().expect("the process's plugin host starts");
+    let plugin = host
+        .load_file(wasmrpc_plugins::AUTOGRAD_FNS)
+        .expect("the autograd-fns plugin loads");
+    wasmrpc::testing::Cluster::builder(wasmrpc_tests::WORLD_SIZE).functions(move |r| {
+        super::fns::register(r);
+        host.register(&plugin, r);
+    })
+}
+
+/// A trainer that is a plugin (forward through RPCs to the owners, dist
+/// backward, distributed optimizer step) ends with the parameters the same
+/// steps give in the host with libtorch's SGD.
+#[test]
+fn guest_trainer_matches_host() {
+    dist_with(plugin_cluster(), |w| async move {
+        if w.rank == 0 {
+            let a = w.agent.clone();
+            let params = make_params(&a).await?;
+            let iters = 3;
+            let inputs = wasmrpc::Payload::list((0..iters).map(|it| input(it).into()));
+            let list = wasmrpc::Payload::list(params.iter().map(wasmrpc::Payload::from));
+            let steps = a
+                .rpc_sync(
+                    "worker0",
+                    "autograd_fns::train",
+                    args![list, inputs, 0.1f64, 0.9f64],
+                )
+                .await?
+                .as_int()?;
+            ensure!(steps == iters, "{steps} steps");
+            let want = train_local(Sgd::new(0.1).momentum(0.9).into(), iters)?;
+            for (p, l) in params.iter().zip(want) {
+                let got = p.to_here(&a, None).await?.as_tensor()?;
+                let diff = (&got - &l).abs().max().double_value(&[]);
+                ensure!(diff < 1e-6, "{}: differs from the host by {diff}", p.owner_name());
+            }
+        }
+        w.store_barrier().await?;
+        // The plugin's optimizer died with its call (OPT-4).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while num_local_optimizers(&w.agent) != 0 {
+            ensure!(tokio::time::Instant::now() < deadline, "optimizer state leaked");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    });
+}
+
+/// Local autograd in a plugin: `requires_grad_`, `backward`, `grad`,
+/// `no_grad` + `sub_`, `detach`, against the same step in the host.
+#[test]
+fn guest_local_autograd_step() {
+    dist_with(plugin_cluster(), |w| async move {
+        let a = w.agent.clone();
+        let (wt, x) = (initial_param(w.rank.into()), input(w.rank.into()));
+        let out = a
+            .rpc_sync(
+                w.dst(),
+                "autograd_fns::local_sgd_step",
+                args![wt.shallow_clone(), x.shallow_clone(), 0.5f64],
+            )
+            .await?
+            .items()?;
+        let (got_w, got_g) = (out[0].as_tensor()?, out[1].as_tensor()?);
+        let local = wt.copy().set_requires_grad(true);
+        forward(&local, &x)?.sum(None).backward();
+        let g = local.grad();
+        ensure!(got_g.allclose(&g, 1e-9, 1e-12, false), "gradient");
+        ensure!(got_w.allclose(&(&wt - &g * 0.5), 1e-9, 1e-12, false), "step");
+        ensure!(!got_w.requires_grad(), "the result is detached");
+        let e = a
+            .rpc_sync(w.dst(), "autograd_fns::in_place_on_leaf", args![wt])
+            .await
+            .err()
+            .context("an in-place op on a leaf that requires grad succeeded")?;
+        ensure!(
+            e.message().contains("a leaf Variable that requires grad is being used in an in-place operation"),
+            "{e}"
+        );
+        Ok(())
+    });
+}
+
+/// A context a plugin opens is carried by its RPCs (the callee records a
+/// recv and the backward reaches the plugin's tensors), its gradients are
+/// found by tensor, and it is released when the guard drops.
+#[test]
+fn guest_dist_autograd_context() {
+    dist_with(plugin_cluster(), |w| async move {
+        let a = w.agent.clone();
+        let (t1, t2) = (
+            Tensor::rand([3, 3], (Kind::Float, Device::Cpu)).set_requires_grad(true),
+            Tensor::rand([3, 3], (Kind::Float, Device::Cpu)).set_requires_grad(true),
+        );
+        // The plugin runs on the next worker and adds on the one after.
+        let out = a
+            .rpc_sync(
+                w.dst(),
+                "autograd_fns::dist_add_grads",
+                args![w.peer(2), t1, t2],
+            )
+            .await?
+            .items()?;
+        let ctx_id = out[0].as_int()?;
+        let ones = Tensor::ones([3, 3], (Kind::Float, Device::Cpu));
+        ensure!(out[1].as_tensor()?.equal(&ones) && out[2].as_tensor()?.equal(&ones));
+        ensure!(
+            ctx_id >> 48 == i64::from((w.rank + 1) % w.world_size),
+            "the context was made by the plugin's worker"
+        );
+        let e = a
+            .rpc_sync(w.dst(), "autograd_fns::nested_context", Args::new())
+            .await
+            .err()
+            .context("a nested context opened")?;
+        ensure!(
+            e.message() == wasmrpc::ALREADY_HAVE_AUTOGRAD_CONTEXT,
+            "{e}"
+        );
+        w.store_barrier().await?;
+        // Released on every worker it reached once the guard dropped.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while autograd::get_debug_info(&a)["num_autograd_contexts"] != "0" {
+            ensure!(tokio::time::Instant::now() < deadline, "contexts left");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    });
+}
