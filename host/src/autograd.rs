@@ -88,6 +88,7 @@
 mod context;
 mod engine;
 mod graph;
+mod rref;
 
 pub use context::{
     DistAutogradContext, context, current_context, current_context_id, get_max_id, new_context,
@@ -104,3 +105,10 @@ pub(crate) use context::{
     scope, sync_scope,
 };
 pub(crate) use engine::handle_request;
+pub use rref::{RREF_BACKWARD_NOT_TENSOR, USER_RREF_BACKWARD_NEEDS_CONTEXT};
+
+/// Registers distributed autograd's internal functions (`RRef.backward` on
+/// the owner of a user's RRef).
+pub(crate) fn register(r: &crate::agent::FunctionRegistry) {
+    rref::register(r);
+}

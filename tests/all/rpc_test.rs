@@ -12,6 +12,7 @@
 //! reasons in `wasmrpc_tests::skips::RPC_TEST`; [`seed_coverage`] checks
 //! that every seed test is ported or listed.
 
+mod autograd;
 mod extra;
 mod rref;
 

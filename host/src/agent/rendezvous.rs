@@ -125,6 +125,7 @@ fn internal_registry() -> FunctionRegistry {
     all_gather::register(&r);
     crate::rref::register(&r);
     crate::optim::register(&r);
+    crate::autograd::register(&r);
     r.register_native(
         super::NOOP,
         |_ctx, _args| async move { Ok(Payload::none()) },
