@@ -88,6 +88,7 @@
 mod context;
 mod engine;
 mod graph;
+mod hook;
 mod rref;
 
 pub use context::{
@@ -105,6 +106,7 @@ pub(crate) use context::{
     scope, sync_scope,
 };
 pub(crate) use engine::handle_request;
+pub use hook::{HookHandle, register_hook};
 pub use rref::{RREF_BACKWARD_NOT_TENSOR, USER_RREF_BACKWARD_NEEDS_CONTEXT};
 
 /// Registers distributed autograd's internal functions (`RRef.backward` on

@@ -1592,6 +1592,45 @@ fn test_backward_without_rpc() {
     });
 }
 
+/// `t1.register_hook(lambda g: g * 2)`: distributed backward applies the
+/// hook to t1's gradients. Local autograd through tch does not see host
+/// hooks, so LOCAL mode's expected gradient gets the doubling by hand.
+#[test]
+fn test_backward_verify_hooks() {
+    dist_with(cluster(), |w| async move {
+        let a = w.agent.clone();
+        let t1 = ones_rg();
+        let _hook = autograd::register_hook(&t1, |g| Ok(g * 2));
+        let t2 = ones_rg();
+        let mut local_grads: Option<LocalGrads> = None;
+        let mut next = NextRank::new(&w);
+        for mode in [ExecMode::Local, ExecMode::RpcSync, ExecMode::Remote] {
+            let dst = next.next();
+            let (a2, t1c, t2c) = (a.clone(), t1.shallow_clone(), t2.shallow_clone());
+            let lg = clone_grads(&local_grads);
+            let ret = autograd::context(&a, |ctx| async move {
+                let a = a2;
+                let ret = exec_t(
+                    &a,
+                    mode,
+                    &dst,
+                    "aten::matmul",
+                    vec![t1c.shallow_clone().into(), t2c.shallow_clone().into()],
+                )
+                .await?;
+                let loss = ret.sum(None);
+                verify_backwards(&a, mode, vec![loss], ctx, lg, ts![t1c, t2c]).await
+            })
+            .await??;
+            if let Some(mut g) = ret {
+                g[0] = g[0].as_ref().map(|x| x * 2);
+                local_grads = Some(g);
+            }
+        }
+        Ok(())
+    });
+}
+
 // ---------------------------------------------------------------- F
 
 async fn no_grad_on_tensor_impl(w: Worker, sparse: bool) -> anyhow::Result<()> {
