@@ -961,9 +961,27 @@ mod faulty_agent_dist_autograd_test {
             MessageKind::RRefUserDelete,
             MessageKind::CleanupAutogradContext,
         ];
-        (0..4).fold(cluster(), |b, r| {
+        // The seeds' faulty fixture: 8 worker threads, 3 failed sends of
+        // each of the 4 retried message kinds.
+        let options = wasmrpc::RpcBackendOptions {
+            num_worker_threads: 8,
+            ..Default::default()
+        };
+        (0..4).fold(cluster().options(options), |b, r| {
             b.faults(r, FaultInjection::new().fail_sends(&kinds, 3))
         })
+    }
+
+    /// There is one backend; its options as the faulty fixture sets them.
+    #[test]
+    fn test_verify_backend_options() {
+        dist_with(faulty(), |w| async move {
+            let o = w.agent.options();
+            anyhow::ensure!(o.num_worker_threads == 8);
+            anyhow::ensure!(o.faults.num_fail_sends() == 3);
+            anyhow::ensure!(o.faults.messages_to_fail().len() == 4);
+            Ok(())
+        });
     }
 
     #[test]
