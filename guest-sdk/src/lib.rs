@@ -117,11 +117,11 @@ mod tensor;
 #[doc(hidden)]
 pub mod __private;
 
+pub use autograd::no_grad;
 pub use convert::{AnyValue, FromValue, IntoValue, ToArgs, ToValue};
 pub use error::{Error, Result};
 pub use future::Future;
 pub use memory::wasmrpc_input_buffer;
-pub use autograd::no_grad;
 pub use rpc::{Call, get_worker_info, remote, rpc_async, rpc_sync, value, worker_info};
 pub use rref::RRef;
 pub use state::{LockGuard, clear_global, global, lock, log, log_at, set_global, sleep};

@@ -102,8 +102,8 @@ pub use graph::{
 };
 
 pub(crate) use context::{
-    incoming_call, incoming_response, outgoing_call, outgoing_response, release_if_present,
-    scope, sync_scope,
+    incoming_call, incoming_response, outgoing_call, outgoing_response, release_if_present, scope,
+    sync_scope,
 };
 pub(crate) use engine::handle_request;
 pub use hook::{HookHandle, register_hook};

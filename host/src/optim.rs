@@ -581,8 +581,11 @@ impl DistributedOptimizer {
             .owners
             .iter()
             .map(|owner| {
-                self.agent
-                    .rpc_async(owner.as_str(), STEP, Args::new().arg(self.id).arg(context_id))
+                self.agent.rpc_async(
+                    owner.as_str(),
+                    STEP,
+                    Args::new().arg(self.id).arg(context_id),
+                )
             })
             .collect();
         let results = wait_all_results(futures).await;
@@ -731,7 +734,9 @@ mod tests {
         ] {
             assert_eq!(OptimizerConfig::from_payload(&c.to_payload()).unwrap(), c);
         }
-        let e = OptimizerConfig::from(Sgd::new(-1.0)).validate().unwrap_err();
+        let e = OptimizerConfig::from(Sgd::new(-1.0))
+            .validate()
+            .unwrap_err();
         assert_eq!(e.message(), "Invalid learning rate: -1");
         let e = OptimizerConfig::from(Sgd::new(0.1).nesterov(true))
             .validate()

@@ -1715,7 +1715,8 @@ fn test_embedding_bag_with_no_grad_tensors() {
                 .kwarg("mode", "sum")
                 .kwarg("sparse", true),
         )?;
-        let local_weight = Tensor::randn([16, 16], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let local_weight =
+            Tensor::randn([16, 16], (Kind::Float, Device::Cpu)).set_requires_grad(true);
         let input = Tensor::from_slice(&[1i64, 2, 4, 5, 4, 3, 2, 9]);
         let per_sample_weights = rg(&[8]);
         let offsets = Tensor::from_slice(&[0i64, 4]);
@@ -1750,7 +1751,10 @@ fn test_embedding_bag_with_no_grad_tensors() {
                 .await?
                 .as_tensor()?;
             ensure!(remote_grad.is_sparse(), "the remote gradient is dense");
-            ensure!(close(&local_grad, &remote_grad), "{local_grad:?} vs {remote_grad:?}");
+            ensure!(
+                close(&local_grad, &remote_grad),
+                "{local_grad:?} vs {remote_grad:?}"
+            );
             anyhow::Ok(())
         })
         .await??;
@@ -2625,7 +2629,13 @@ async fn trainer_ps(
             a.rpc_async(
                 w.peer(d),
                 trainer_fn,
-                args![&rref_t1, t2.shallow_clone(), me.clone(), i64::from(d), sparse],
+                args![
+                    &rref_t1,
+                    t2.shallow_clone(),
+                    me.clone(),
+                    i64::from(d),
+                    sparse
+                ],
             )
         })
         .collect();

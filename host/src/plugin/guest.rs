@@ -21,8 +21,8 @@ use async_trait::async_trait;
 use tch::{Device, Kind, Tensor};
 use wasmrpc_torch_sys::{OpError, call_method, call_op, op_value_from_abi, op_value_into_abi};
 use wasmrpc_wasm::{
-    AutogradCall, CallArgs, DType, ErrorKind, GuestHost, HandleKind, HostResult, LogLevel, Plugin, RemoteError,
-    TensorMeta, Value, WorkerInfo,
+    AutogradCall, CallArgs, DType, ErrorKind, GuestHost, HandleKind, HostResult, LogLevel, Plugin,
+    RemoteError, TensorMeta, Value, WorkerInfo,
 };
 
 use super::handles::Handles;
@@ -179,12 +179,13 @@ impl GuestCall {
             Some(s) => Some(Duration::try_from_secs_f64(s).map_err(|_| bad_timeout(s))?),
         };
         // DA-3: a call made inside the guest's own context carries it.
-        Ok(crate::autograd::sync_scope(self.autograd.context(), || {
-            match timeout {
+        Ok(crate::autograd::sync_scope(
+            self.autograd.context(),
+            || match timeout {
                 None => self.agent.rpc_async(to, &function, args),
                 Some(t) => self.agent.rpc_async_with_timeout(to, &function, args, t),
-            }
-        }))
+            },
+        ))
     }
 }
 

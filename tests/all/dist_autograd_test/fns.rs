@@ -386,7 +386,10 @@ fn register_area_g(r: &FunctionRegistry) {
     });
     r.register_native("seed::build_sparse_tensor", |_c, a| async move {
         // build_sparse_tensor(coalesce=False, requires_grad=True)
-        let coalesce = a.param(0, "coalesce").map(|p| p.as_bool()).unwrap_or(Ok(false))?;
+        let coalesce = a
+            .param(0, "coalesce")
+            .map(|p| p.as_bool())
+            .unwrap_or(Ok(false))?;
         let rg = a
             .param(1, "requires_grad")
             .map(|p| p.as_bool())

@@ -21,8 +21,7 @@ const OWNERS: [u32; 3] = [1, 2, 3];
 
 /// The initial value of parameter `i` (what `optim::make_param` returns).
 pub(super) fn initial_param(i: i64) -> Tensor {
-    (Tensor::arange(9, (Kind::Double, Device::Cpu)).view([3, 3]) * (0.1 * (i + 1) as f64))
-        - 0.35
+    (Tensor::arange(9, (Kind::Double, Device::Cpu)).view([3, 3]) * (0.1 * (i + 1) as f64)) - 0.35
 }
 
 /// The driver's input of iteration `it`.
@@ -39,7 +38,13 @@ pub(super) fn forward(p: &Tensor, x: &Tensor) -> wasmrpc::Result<Tensor> {
 async fn make_params(a: &RpcAgent) -> anyhow::Result<Vec<RRef>> {
     OWNERS
         .iter()
-        .map(|&r| Ok(a.remote(wasmrpc::testing::worker_name(r), "optim::make_param", args![i64::from(r)])?))
+        .map(|&r| {
+            Ok(a.remote(
+                wasmrpc::testing::worker_name(r),
+                "optim::make_param",
+                args![i64::from(r)],
+            )?)
+        })
         .collect()
 }
 
@@ -82,7 +87,10 @@ fn train_local(config: OptimizerConfig, iters: i64) -> anyhow::Result<Vec<Tensor
     vs.set_kind(Kind::Double);
     let params: Vec<Tensor> = OWNERS
         .iter()
-        .map(|&r| vs.root().var_copy(&format!("p{r}"), &initial_param(i64::from(r))))
+        .map(|&r| {
+            vs.root()
+                .var_copy(&format!("p{r}"), &initial_param(i64::from(r)))
+        })
         .collect();
     let mut opt = match config {
         OptimizerConfig::Sgd(s) => nn::Sgd {
@@ -125,7 +133,11 @@ async fn matches_local(w: Worker, config: OptimizerConfig) -> anyhow::Result<()>
         for (p, l) in params.iter().zip(want) {
             let got = p.to_here(&a, None).await?.as_tensor()?;
             let diff = (&got - &l).abs().max().double_value(&[]);
-            ensure!(diff < 1e-6, "{}: differs from local by {diff}", p.owner_name());
+            ensure!(
+                diff < 1e-6,
+                "{}: differs from local by {diff}",
+                p.owner_name()
+            );
             ensure!(
                 (&got - initial_param(i64::from(p.owner_info().id)))
                     .abs()
@@ -243,7 +255,8 @@ fn step_errors_name_the_worker() {
             let e = opt.step(12345).await.err().context("step succeeded")?;
             let msg = e.to_string();
             ensure!(
-                msg.contains("worker1") && msg.contains("Could not find autograd context with id: 12345"),
+                msg.contains("worker1")
+                    && msg.contains("Could not find autograd context with id: 12345"),
                 "{msg}"
             );
             let e = DistributedOptimizer::new(&a, Sgd::new(-0.1), &params)
@@ -257,7 +270,10 @@ fn step_errors_name_the_worker() {
                 .err()
                 .context("accepted an RRef to an int")?;
             let msg = e.to_string();
-            ensure!(msg.contains("worker2") && msg.contains("does not hold a tensor"), "{msg}");
+            ensure!(
+                msg.contains("worker2") && msg.contains("does not hold a tensor"),
+                "{msg}"
+            );
             opt.close().await?;
         }
         w.store_barrier().await?;
@@ -281,19 +297,30 @@ fn optimizer_state_released() {
             second.close().await?;
         } else {
             w.store_barrier().await?;
-            ensure!(num_local_optimizers(&a) == 2, "{}", num_local_optimizers(&a));
+            ensure!(
+                num_local_optimizers(&a) == 2,
+                "{}",
+                num_local_optimizers(&a)
+            );
             w.store_barrier().await?;
         }
         w.store_barrier().await?;
         let want = usize::from(w.rank != 0);
-        ensure!(num_local_optimizers(&a) == want, "after close: {}", num_local_optimizers(&a));
+        ensure!(
+            num_local_optimizers(&a) == want,
+            "after close: {}",
+            num_local_optimizers(&a)
+        );
         // Every rank has looked before the drop's requests can arrive.
         w.store_barrier().await?;
         drop(opt);
         w.store_barrier().await?;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while num_local_optimizers(&a) != 0 {
-            ensure!(tokio::time::Instant::now() < deadline, "not released after drop");
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "not released after drop"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Ok(())
@@ -303,12 +330,22 @@ fn optimizer_state_released() {
 /// The functions the tests above call.
 pub(super) fn register(r: &wasmrpc::FunctionRegistry) {
     r.register_native("optim::make_param", |_c, a: Args| async move {
-        Ok(initial_param(a.get(0)?.as_int()?).set_requires_grad(true).into())
+        Ok(initial_param(a.get(0)?.as_int()?)
+            .set_requires_grad(true)
+            .into())
     });
-    r.register_native("optim::forward", |c: wasmrpc::CallContext, a: Args| async move {
-        let p = a.get(0)?.as_rref()?.local_value(c.agent()).await?.as_tensor()?;
-        Ok(forward(&p, &a.get(1)?.as_tensor()?)?.into())
-    });
+    r.register_native(
+        "optim::forward",
+        |c: wasmrpc::CallContext, a: Args| async move {
+            let p = a
+                .get(0)?
+                .as_rref()?
+                .local_value(c.agent())
+                .await?
+                .as_tensor()?;
+            Ok(forward(&p, &a.get(1)?.as_tensor()?)?.into())
+        },
+    );
 }
 
 // ------------------------------------------------- autograd from a plugin
@@ -351,14 +388,21 @@ fn guest_trainer_matches_host() {
             for (p, l) in params.iter().zip(want) {
                 let got = p.to_here(&a, None).await?.as_tensor()?;
                 let diff = (&got - &l).abs().max().double_value(&[]);
-                ensure!(diff < 1e-6, "{}: differs from the host by {diff}", p.owner_name());
+                ensure!(
+                    diff < 1e-6,
+                    "{}: differs from the host by {diff}",
+                    p.owner_name()
+                );
             }
         }
         w.store_barrier().await?;
         // The plugin's optimizer died with its call (OPT-4).
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while num_local_optimizers(&w.agent) != 0 {
-            ensure!(tokio::time::Instant::now() < deadline, "optimizer state leaked");
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "optimizer state leaked"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Ok(())
@@ -385,7 +429,10 @@ fn guest_local_autograd_step() {
         forward(&local, &x)?.sum(None).backward();
         let g = local.grad();
         ensure!(got_g.allclose(&g, 1e-9, 1e-12, false), "gradient");
-        ensure!(got_w.allclose(&(&wt - &g * 0.5), 1e-9, 1e-12, false), "step");
+        ensure!(
+            got_w.allclose(&(&wt - &g * 0.5), 1e-9, 1e-12, false),
+            "step"
+        );
         ensure!(!got_w.requires_grad(), "the result is detached");
         let e = a
             .rpc_sync(w.dst(), "autograd_fns::in_place_on_leaf", args![wt])
@@ -393,7 +440,9 @@ fn guest_local_autograd_step() {
             .err()
             .context("an in-place op on a leaf that requires grad succeeded")?;
         ensure!(
-            e.message().contains("a leaf Variable that requires grad is being used in an in-place operation"),
+            e.message().contains(
+                "a leaf Variable that requires grad is being used in an in-place operation"
+            ),
             "{e}"
         );
         Ok(())
@@ -432,10 +481,7 @@ fn guest_dist_autograd_context() {
             .await
             .err()
             .context("a nested context opened")?;
-        ensure!(
-            e.message() == wasmrpc::ALREADY_HAVE_AUTOGRAD_CONTEXT,
-            "{e}"
-        );
+        ensure!(e.message() == wasmrpc::ALREADY_HAVE_AUTOGRAD_CONTEXT, "{e}");
         w.store_barrier().await?;
         // Released on every worker it reached once the guard dropped.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

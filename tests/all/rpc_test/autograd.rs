@@ -5,8 +5,8 @@
 
 use anyhow::ensure;
 use tch::{Device, Kind, Tensor};
-use wasmrpc::testing::{Cluster, ClusterBuilder, Worker};
 use wasmrpc::autograd::{self, RREF_BACKWARD_NOT_TENSOR};
+use wasmrpc::testing::{Cluster, ClusterBuilder, Worker};
 use wasmrpc::{Args, ErrorKind, FunctionRegistry, Payload, RRef, args};
 use wasmrpc_tests::{dist_with, expect_err, register_all};
 
@@ -19,9 +19,10 @@ fn cluster() -> ClusterBuilder {
         r.register_native("seed::RpcTest._sum", |_c, a: Args| async move {
             Ok(a.get(0)?.as_tensor()?.f_sum(None)?.into())
         });
-        r.register_native("seed::RpcTest._identity", |_c, a: Args| async move {
-            a.get(0)
-        });
+        r.register_native(
+            "seed::RpcTest._identity",
+            |_c, a: Args| async move { a.get(0) },
+        );
     })
 }
 

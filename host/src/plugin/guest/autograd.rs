@@ -144,10 +144,12 @@ impl GuestCall {
                 autograd::release_context(&self.agent, id).map_err(remote)?;
                 Value::None
             }
-            AutogradCall::CurrentContext => match ag.context().or_else(autograd::current_context_id) {
-                Some(id) => Value::Int(id),
-                None => Value::None,
-            },
+            AutogradCall::CurrentContext => {
+                match ag.context().or_else(autograd::current_context_id) {
+                    Some(id) => Value::Int(id),
+                    None => Value::None,
+                }
+            }
             AutogradCall::DistBackward {
                 context_id,
                 roots,
