@@ -8,7 +8,7 @@
 //! id, with the agent's internal functions that create, step and delete
 //! them. It leaves gradients to [`crate::autograd`] (a step reads
 //! [`get_gradients`](crate::autograd::get_gradients) of the given context on
-//! the owner) and parameter ownership to [`crate::rref`] (parameters are
+//! the owner) and parameter ownership to [`RRef`]s (parameters are
 //! given as RRefs; an owner keeps handles to their local values).
 //!
 //! # Example
