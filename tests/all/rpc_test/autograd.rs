@@ -1,13 +1,21 @@
 //! `rpc_test` area N: distributed autograd through RRefs
-//! (`RRef.backward`). The parameter-server test is in the skip notes of
-//! the report: it needs `@async_execution` static methods of a class held
-//! in an RRef.
+//! (`RRef.backward`) and the parameter server of `test_my_parameter_server`.
+//!
+//! `MyParameterServer` is a Python class held in an RRef whose static
+//! methods the trainers call through RRef proxies; plugin classes in RRefs
+//! are not there yet, so its natural equivalent here is an RRef holding the
+//! number of trainers, per-worker server state keyed by that RRef's id, and
+//! its two static methods as native functions (`average` is asynchronous:
+//! it completes when every trainer of the iteration has reported).
 
-use anyhow::ensure;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use anyhow::{Context as _, ensure};
 use tch::{Device, Kind, Tensor};
 use wasmrpc::autograd::{self, RREF_BACKWARD_NOT_TENSOR};
 use wasmrpc::testing::{Cluster, ClusterBuilder, Worker};
-use wasmrpc::{Args, ErrorKind, FunctionRegistry, Payload, RRef, args};
+use wasmrpc::{Args, CallContext, ErrorKind, FunctionRegistry, Payload, RRef, args};
 use wasmrpc_tests::{dist_with, expect_err, register_all};
 
 const ADD: &str = "aten::add";
@@ -23,7 +31,144 @@ fn cluster() -> ClusterBuilder {
             "seed::RpcTest._identity",
             |_c, a: Args| async move { a.get(0) },
         );
+        r.register_native("seed::MyParameterServer.average", average);
+        r.register_native(
+            "seed::MyParameterServer.get_gradient",
+            |c: CallContext, a: Args| async move {
+                let rref = a.get(0)?.as_rref()?;
+                let servers = c.agent().state::<ParameterServers>();
+                let g = servers
+                    .0
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&rref.id())
+                    .and_then(|s| s.gradient.as_ref().map(Tensor::shallow_clone));
+                Ok(g.map_or_else(Payload::none, Payload::from))
+            },
+        );
+        r.register_native("seed::RpcTest._trainer_func", trainer_func);
     })
+}
+
+/// `MyParameterServer`'s state, one per server RRef on its owner.
+struct ParameterServer {
+    trainers: i64,
+    iteration: i64,
+    updates: i64,
+    futures: Vec<tokio::sync::oneshot::Sender<Tensor>>,
+    total: Option<Tensor>,
+    gradient: Option<Tensor>,
+}
+
+#[derive(Default)]
+struct ParameterServers(Mutex<HashMap<wasmrpc::RRefId, ParameterServer>>);
+
+/// `MyParameterServer.average(rref, riteration, tensor)`
+/// (`@async_execution`): completes with `total / trainers` once every
+/// trainer has reported for the iteration.
+async fn average(c: CallContext, a: Args) -> wasmrpc::Result<Payload> {
+    let rref = a.get(0)?.as_rref()?;
+    let riteration = a.get(1)?.as_int()?;
+    let tensor = a.get(2)?.as_tensor()?;
+    let trainers = rref.local_value(c.agent()).await?.as_int()?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    {
+        let servers = c.agent().state::<ParameterServers>();
+        let mut servers = servers.0.lock().unwrap_or_else(|p| p.into_inner());
+        let s = servers.entry(rref.id()).or_insert_with(|| ParameterServer {
+            trainers,
+            iteration: 0,
+            updates: 0,
+            futures: Vec::new(),
+            total: None,
+            gradient: None,
+        });
+        if riteration > s.iteration {
+            s.iteration = riteration;
+            s.updates = 0;
+            s.futures.clear();
+        }
+        s.futures.push(tx);
+        s.total = Some(match s.total.take() {
+            None => tensor,
+            Some(t) => t.f_add(&tensor)?,
+        });
+        s.updates += 1;
+        if s.trainers == s.updates
+            && let Some(total) = &s.total
+        {
+            let avg = total.f_div_scalar(s.trainers as f64)?;
+            s.gradient = Some(avg.shallow_clone());
+            for f in s.futures.drain(..) {
+                let _ = f.send(avg.copy());
+            }
+        }
+    }
+    let avg = rx
+        .await
+        .map_err(|_| wasmrpc::Error::runtime("the parameter server dropped an iteration"))?;
+    Ok(avg.into())
+}
+
+/// `MyEmbeddingBagModel` (`EmbeddingBag(10, 10, sparse)`, mode mean) on
+/// `torch.rand(10, 10).long()` (all zeros), with `MSELoss` against
+/// `rand(10, 10)`; 10 iterations, each averaged by the server.
+async fn trainer_func(c: CallContext, a: Args) -> wasmrpc::Result<Payload> {
+    let agent = c.agent().clone();
+    let rref = a.get(0)?.as_rref()?;
+    let sparse = a.get(1)?.as_bool()?;
+    let owner = rref.owner_name().to_string();
+    let weight = Tensor::randn([10, 10], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let input = Tensor::zeros([100], (Kind::Int64, Device::Cpu));
+    let offsets = Tensor::arange_start_step(0, 100, 10, (Kind::Int64, Device::Cpu));
+    let dense = |t: Tensor| {
+        if t.is_sparse() {
+            t.to_dense(None, false).to_kind(Kind::Double)
+        } else {
+            t
+        }
+    };
+    for i in 0..10i64 {
+        let outputs = Tensor::f_embedding_bag(
+            &weight,
+            &input,
+            &offsets,
+            false,
+            1,
+            sparse,
+            None::<Tensor>,
+            false,
+        )?
+        .0;
+        let target = Tensor::rand([10, 10], (Kind::Float, Device::Cpu));
+        outputs
+            .f_mse_loss(&target, tch::Reduction::Mean)?
+            .f_backward()?;
+        let gradient = weight.grad();
+        let gradient = agent
+            .rpc_async(
+                owner.as_str(),
+                "seed::MyParameterServer.average",
+                args![&rref, i, gradient],
+            )
+            .wait()
+            .await?
+            .as_tensor()?;
+        let ps_gradient = agent
+            .rpc_sync(
+                owner.as_str(),
+                "seed::MyParameterServer.get_gradient",
+                args![&rref],
+            )
+            .await?
+            .as_tensor()?;
+        if !dense(gradient).equal(&dense(ps_gradient)) {
+            return Err(wasmrpc::Error::runtime(format!(
+                "iteration {i}: the averaged gradient differs from the server's"
+            )));
+        }
+    }
+    Ok(Payload::none())
 }
 
 fn rand_rg(size: &[i64]) -> Tensor {
@@ -138,6 +283,29 @@ fn test_user_rref_backward() {
             anyhow::Ok(())
         })
         .await??;
+        Ok(())
+    });
+}
+
+/// `_my_parameter_server(sparse=False)`: every rank serves 3 trainers on
+/// the other ranks; each trainer's averaged gradient equals the server's.
+#[test]
+fn test_my_parameter_server() {
+    dist_with(cluster(), |w: Worker| async move {
+        let a = w.agent.clone();
+        let ps_rref = RRef::new(&a, Payload::from(3i64));
+        let futures: Vec<_> = (1..=3)
+            .map(|k| {
+                a.rpc_async(
+                    w.peer(k),
+                    "seed::RpcTest._trainer_func",
+                    args![&ps_rref, false],
+                )
+            })
+            .collect();
+        for f in futures {
+            f.wait().await.context("a trainer failed")?;
+        }
         Ok(())
     });
 }
