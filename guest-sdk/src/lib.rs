@@ -90,6 +90,12 @@
 //!   `rref.rpc_sync().call::<i64>("get_value", ())`, [`RRef::rpc_async`]
 //!   (a [`Future`]), [`RRef::remote`] (an [`RRef`] to the result). Static
 //!   and class methods are functions named `Class.method`.
+//! - **Autograd.** Ops record gradients in the host: [`Tensor::requires_grad_`],
+//!   [`Tensor::backward`], [`Tensor::grad`], [`no_grad`]. Distributed
+//!   autograd ([`dist_autograd::context`], [`dist_autograd::backward`],
+//!   [`dist_autograd::get_gradients`]) and the distributed optimizer
+//!   ([`optim::DistributedOptimizer`]) work as on the host, so a trainer can
+//!   be a plugin; RPCs inside a context carry it.
 //! - **Errors.** Return [`Error`] (or use [`raise!`]) with an
 //!   [`ErrorKind`]; the caller sees that kind and message unchanged. A
 //!   panic traps the instance: the caller gets a `RuntimeError` naming the
@@ -102,11 +108,14 @@
 //! SDK compiles, but every host request fails with a `RuntimeError`.
 
 mod abi;
+mod autograd;
 mod convert;
+pub mod dist_autograd;
 mod error;
 mod future;
 mod host;
 mod memory;
+pub mod optim;
 mod rpc;
 mod rref;
 mod state;
@@ -115,6 +124,7 @@ mod tensor;
 #[doc(hidden)]
 pub mod __private;
 
+pub use autograd::no_grad;
 pub use convert::{AnyValue, FromValue, IntoValue, ToArgs, ToValue};
 pub use error::{Error, Result};
 pub use future::{Future, MaybeFuture};

@@ -61,6 +61,10 @@
 //!   functions in it, [`autograd::backward`] runs backward across workers
 //!   and gradients accumulate in it ([`autograd::get_gradients`]). Each
 //!   worker holds its own copy under the same id.
+//! - **Distributed optimizer** ([`optim::DistributedOptimizer`]): one
+//!   optimizer (SGD, Adam) over parameter RRefs owned by many workers; each
+//!   owner keeps a local optimizer and `step(context_id)` updates every
+//!   owner's parameters in place with that context's gradients.
 //! - **Future** ([`Future`]): the result of [`RpcAgent::rpc_async`]; await it
 //!   or block on it, chain callbacks with `then`, combine with [`wait_all`].
 //!   Errors keep their Python kind and message across the wire ([`Error`]).
@@ -76,6 +80,7 @@ mod agent;
 pub mod autograd;
 mod error;
 mod ops;
+pub mod optim;
 mod plugin;
 pub mod remote_module;
 mod rref;

@@ -22,6 +22,7 @@
 
 mod async_class;
 mod async_execution;
+mod autograd;
 mod extra;
 mod rref;
 

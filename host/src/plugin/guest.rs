@@ -15,6 +15,11 @@
 //! A `GuestCall` serves one call of a function, or one plugin object for
 //! its whole life (`super::class`): then its handles and locks are the
 //! object's, released when the object is disposed of.
+//!
+//! Autograd requests (local autograd, a distributed autograd context the
+//! guest opens, the distributed optimizer) are in [`autograd`].
+
+mod autograd;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -23,8 +28,8 @@ use async_trait::async_trait;
 use tch::{Device, Kind, Tensor};
 use wasmrpc_torch_sys::{OpError, call_method, call_op, op_value_from_abi, op_value_into_abi};
 use wasmrpc_wasm::{
-    CallArgs, DType, ErrorKind, GuestHost, HandleKind, HostResult, LogLevel, Plugin, RemoteError,
-    TensorMeta, Value, WorkerInfo,
+    AutogradCall, CallArgs, DType, ErrorKind, GuestHost, HandleKind, HostResult, LogLevel, Plugin,
+    RemoteError, TensorMeta, Value, WorkerInfo,
 };
 
 use super::handles::Handles;
@@ -41,10 +46,12 @@ pub(crate) struct GuestCall {
     namespace: String,
     handles: Mutex<Handles>,
     held_locks: Mutex<Vec<String>>,
+    autograd: autograd::GuestAutograd,
 }
 
 impl Drop for GuestCall {
     fn drop(&mut self) {
+        self.autograd.release(&self.agent);
         let held = std::mem::take(&mut *self.held_locks.lock().unwrap_or_else(|p| p.into_inner()));
         if !held.is_empty() {
             let locks = self.agent.state::<Locks>();
@@ -145,6 +152,7 @@ impl GuestCall {
             namespace,
             handles: Mutex::new(Handles::default()),
             held_locks: Mutex::new(Vec::new()),
+            autograd: autograd::GuestAutograd::default(),
         }
     }
 
@@ -191,13 +199,18 @@ impl GuestCall {
     ) -> HostResult<Future> {
         let args = self.handles().borrow_args(args)?;
         let function = self.qualify(function);
-        Ok(match timeout {
-            None => self.agent.rpc_async(to, &function, args),
-            Some(s) => {
-                let t = Duration::try_from_secs_f64(s).map_err(|_| bad_timeout(s))?;
-                self.agent.rpc_async_with_timeout(to, &function, args, t)
-            }
-        })
+        let timeout = match timeout {
+            None => None,
+            Some(s) => Some(Duration::try_from_secs_f64(s).map_err(|_| bad_timeout(s))?),
+        };
+        // DA-3: a call made inside the guest's own context carries it.
+        Ok(crate::autograd::sync_scope(
+            self.autograd.context(),
+            || match timeout {
+                None => self.agent.rpc_async(to, &function, args),
+                Some(t) => self.agent.rpc_async_with_timeout(to, &function, args, t),
+            },
+        ))
     }
 }
 
@@ -220,7 +233,10 @@ impl GuestHost for GuestCall {
             (positional, kwargs)
         };
         let name = name.to_owned();
+        let grad_enabled = self.autograd.grad_enabled();
         let outputs = run_blocking(move || {
+            // Grad mode is per thread: set it where the op runs.
+            let _no_grad = (!grad_enabled).then(tch::no_grad_guard);
             // A bare name is a tensor method (`view`, `size`), as Python
             // calls it on a tensor.
             if name.contains("::") || name.contains('.') {
@@ -296,20 +312,28 @@ impl GuestHost for GuestCall {
     ) -> HostResult<u32> {
         let args = self.handles().borrow_args(args)?;
         let function = self.qualify(function);
-        let rref = match timeout {
+        let timeout = match timeout {
+            None => None,
+            Some(s) => Some(Duration::try_from_secs_f64(s).map_err(|_| bad_timeout(s))?),
+        };
+        let rref = crate::autograd::sync_scope(self.autograd.context(), || match timeout {
             None => self.agent.remote(to, &function, args),
-            Some(s) => {
-                let t = Duration::try_from_secs_f64(s).map_err(|_| bad_timeout(s))?;
-                self.agent.remote_with_timeout(to, &function, args, t)
-            }
-        }
+            Some(t) => self.agent.remote_with_timeout(to, &function, args, t),
+        })
         .map_err(remote)?;
         Ok(self.handles().insert_rref(rref))
     }
 
     async fn rref_to_here(&self, rref: u32) -> HostResult<Value> {
         let r = self.handles().rref(rref)?;
-        let payload = r.to_here(&self.agent, None).await.map_err(remote)?;
+        let fetch = r.to_here(&self.agent, None);
+        let payload = match self.autograd.context() {
+            Some(id) if crate::autograd::current_context_id().is_none() => {
+                crate::autograd::scope(Some(id), fetch).await
+            }
+            _ => fetch.await,
+        }
+        .map_err(remote)?;
         self.handles().import(payload)
     }
 
@@ -465,5 +489,11 @@ impl GuestHost for GuestCall {
             }
         }
         Ok(())
+    }
+
+    // ---- Autograd block (see `autograd`).
+
+    async fn autograd(&self, call: AutogradCall) -> HostResult<Value> {
+        self.run_autograd(call).await
     }
 }

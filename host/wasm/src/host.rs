@@ -24,7 +24,7 @@
 
 use async_trait::async_trait;
 use std::time::Duration;
-use wasmrpc_abi::protocol::{CallArgs, DType, HandleKind, LogLevel, TensorMeta};
+use wasmrpc_abi::protocol::{AutogradCall, CallArgs, DType, HandleKind, LogLevel, TensorMeta};
 use wasmrpc_abi::{ErrorKind, RemoteError, Value, WorkerInfo};
 
 /// The result of a request: errors keep their Python kind and message and
@@ -175,6 +175,18 @@ pub trait GuestHost: Send + Sync + 'static {
             LogLevel::Debug => tracing::debug!(target: "wasmrpc::guest", "{message}"),
         }
         Ok(())
+    }
+
+    // ---- Autograd block: local autograd on handles, distributed autograd
+    // contexts and the distributed optimizer. Keep these methods together.
+
+    /// Runs an autograd request ([`AutogradCall`]); replies as documented
+    /// on each request. The default refuses every request (a host without
+    /// autograd).
+    async fn autograd(&self, call: AutogradCall) -> HostResult<Value> {
+        Err(runtime_error(format!(
+            "this host does not support autograd requests ({call:?})"
+        )))
     }
 }
 

@@ -200,6 +200,7 @@ async fn dispatch(ctx: &Arc<CallCtx>, call: HostCall) -> HostResult<HostReply> {
             HostReply::Unit
         }
         HostCall::Panicked(_) => HostReply::Unit,
+        HostCall::Autograd(call) => HostReply::Value(host.autograd(call).await?),
     })
 }
 

@@ -13,6 +13,7 @@
 //!         const _: fn() = $name;
 //!     };
 //! }
+//! fn autograd_fns() {}
 //! fn demo() {}
 //! fn seed_fns() {}
 //! wasmrpc_plugins::foreach_plugin!(assert_tested);
