@@ -83,6 +83,19 @@
 //!   free, so anything that must outlive a call lives in the host:
 //!   [`global`]/[`set_global`], named [`lock`]s, and objects of
 //!   [`remote_class`]es (each on an instance of its own).
+//! - **Objects.** [`remote`](fn@remote) of a class name (`"MyClass"` for
+//!   this plugin's, `"ns::Class"` for another's) constructs an object on
+//!   the destination and returns an [`RRef`] to it; the object stays there,
+//!   and its methods run through the RRef's proxies:
+//!   `rref.rpc_sync().call::<i64>("get_value", ())`, [`RRef::rpc_async`]
+//!   (a [`Future`]), [`RRef::remote`] (an [`RRef`] to the result). Static
+//!   and class methods are functions named `Class.method`.
+//! - **Autograd.** Ops record gradients in the host: [`Tensor::requires_grad_`],
+//!   [`Tensor::backward`], [`Tensor::grad`], [`no_grad`]. Distributed
+//!   autograd ([`dist_autograd::context`], [`dist_autograd::backward`],
+//!   [`dist_autograd::get_gradients`]) and the distributed optimizer
+//!   ([`optim::DistributedOptimizer`]) work as on the host, so a trainer can
+//!   be a plugin; RPCs inside a context carry it.
 //! - **Errors.** Return [`Error`] (or use [`raise!`]) with an
 //!   [`ErrorKind`]; the caller sees that kind and message unchanged. A
 //!   panic traps the instance: the caller gets a `RuntimeError` naming the
@@ -97,11 +110,14 @@
 //! SDK compiles, but every host request fails with a `RuntimeError`.
 
 mod abi;
+mod autograd;
 mod convert;
+pub mod dist_autograd;
 mod error;
 mod future;
 mod host;
 mod memory;
+pub mod optim;
 pub mod progress;
 mod rpc;
 mod rref;
@@ -111,12 +127,13 @@ mod tensor;
 #[doc(hidden)]
 pub mod __private;
 
+pub use autograd::no_grad;
 pub use convert::{AnyValue, FromValue, IntoValue, ToArgs, ToValue};
 pub use error::{Error, Result};
 pub use future::{Future, MaybeFuture};
 pub use memory::wasmrpc_input_buffer;
 pub use rpc::{Call, get_worker_info, remote, rpc_async, rpc_sync, value, worker_info};
-pub use rref::RRef;
+pub use rref::{AsyncProxy, RRef, RemoteProxy, SyncProxy};
 pub use state::{LockGuard, clear_global, global, lock, log, log_at, set_global, sleep};
 pub use tensor::{Element, Operand, Tensor};
 pub use wasmrpc_abi::protocol::{DType, LogLevel, TensorMeta};

@@ -7,7 +7,11 @@
 //! reached), the send/recv records that RPCs leave in a context, the
 //! gradients a context accumulates, and the distributed backward pass
 //! (local gradient computation, the propagate-gradients requests, their
-//! completion and errors). It leaves the wire to `transport` (the reserved
+//! completion and errors), tensor hooks on leaves ([`register_hook`]) and
+//! `RRef.backward` ([`RRef::backward`](crate::RRef::backward)). The
+//! distributed optimizer that consumes a context's gradients is
+//! [`crate::optim`]; plugins reach all of this through
+//! `plugin::guest::autograd`. It leaves the wire to `transport` (the reserved
 //! [`AutogradEnvelope`](crate::transport::AutogradEnvelope),
 //! `PropagateGradients` and `CleanupAutogradContext` messages) and calling
 //! functions to the agent, which asks this module what to record.
@@ -50,8 +54,9 @@
 //!   worker's rank in its top 16 bits and a per-worker counter in the low 48;
 //!   ids never repeat on a worker.
 //! - DA-2: the current context is task-local: set by [`context`] (or
-//!   [`with_context`]) for its body, and by the agent for the function a
-//!   call inside a context runs. A task has at most one.
+//!   [`with_context`]) for its body, by the agent for the function a call
+//!   inside a context runs, and by a plugin call around the RPCs it makes
+//!   while the context it opened is open. A task has at most one.
 //! - DA-3: a call made inside a context carries the envelope
 //!   `{context_id, message_id, from_worker}` when it is forced (every
 //!   function that is not a builtin op) or when one of its tensors requires
@@ -88,6 +93,8 @@
 mod context;
 mod engine;
 mod graph;
+mod hook;
+mod rref;
 
 pub use context::{
     DistAutogradContext, context, current_context, current_context_id, get_max_id, new_context,
@@ -100,6 +107,15 @@ pub use graph::{
 };
 
 pub(crate) use context::{
-    incoming_call, incoming_response, outgoing_call, outgoing_response, scope,
+    incoming_call, incoming_response, outgoing_call, outgoing_response, release_if_present, scope,
+    sync_scope,
 };
 pub(crate) use engine::handle_request;
+pub use hook::{HookHandle, register_hook};
+pub use rref::{RREF_BACKWARD_NOT_TENSOR, USER_RREF_BACKWARD_NEEDS_CONTEXT};
+
+/// Registers distributed autograd's internal functions (`RRef.backward` on
+/// the owner of a user's RRef).
+pub(crate) fn register(r: &crate::agent::FunctionRegistry) {
+    rref::register(r);
+}

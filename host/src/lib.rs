@@ -61,6 +61,10 @@
 //!   functions in it, [`autograd::backward`] runs backward across workers
 //!   and gradients accumulate in it ([`autograd::get_gradients`]). Each
 //!   worker holds its own copy under the same id.
+//! - **Distributed optimizer** ([`optim::DistributedOptimizer`]): one
+//!   optimizer (SGD, Adam) over parameter RRefs owned by many workers; each
+//!   owner keeps a local optimizer and `step(context_id)` updates every
+//!   owner's parameters in place with that context's gradients.
 //! - **Future** ([`Future`]): the result of [`RpcAgent::rpc_async`]; await it
 //!   or block on it, chain callbacks with `then`, combine with [`wait_all`].
 //!   Errors keep their Python kind and message across the wire ([`Error`]).
@@ -76,8 +80,10 @@ mod agent;
 pub mod autograd;
 mod error;
 mod ops;
+pub mod optim;
 mod plugin;
 pub mod progress;
+pub mod remote_module;
 mod rref;
 mod tensor;
 pub mod transport;
@@ -101,6 +107,7 @@ pub use agent::{
 pub use error::*;
 pub use ops::{BuiltinOps, call_builtin};
 pub use plugin::{CACHE_DIR_ENV, PACKAGE_PREFIX, PluginHost, plugin_namespace};
+pub use remote_module::RemoteModule;
 pub use rref::{RRef, RRefId, RRefProxy, RRefProxyMode, rref_debug_info_function};
 pub use transport::{FaultInjection, MessageKind};
 pub use value::{Args, Payload};

@@ -5,38 +5,49 @@
 //! What this module owns:
 //! - [`PluginHost`]: a wasm [`Runtime`](crate::wasm::Runtime) (one per
 //!   process is enough, [`PluginHost::shared`]; its agents share it) and
-//!   the registration of each loaded plugin's functions as
-//!   `namespace::function` ([`plugin_namespace`]), so a peer calls
-//!   `rpc_sync("worker1", "seed_fns::my_function", ...)`;
-//! - the per-call guest host (`GuestCall`, a
-//!   [`GuestHost`](crate::wasm::GuestHost)): a handle table for the call's
-//!   tensors and futures, tensor ops through `wasmrpc-torch-sys` (off the
-//!   async threads, as builtin RPCs run, see [`crate::ops`]), nested
-//!   `rpc_sync`/`rpc_async` through the agent, worker info, per-worker
-//!   globals and locks (in [`RpcAgent::state`](crate::RpcAgent::state),
-//!   scoped by plugin), sleep and log.
+//!   the registration of each loaded plugin's exports
+//!   ([`PluginHost::register`]): functions as `namespace::function`
+//!   ([`plugin_namespace`]), so a peer calls `rpc_sync("worker1",
+//!   "seed_fns::my_function", ...)`; static and class methods as
+//!   `namespace::Class.method`; classes as `namespace::Class`;
+//! - plugin classes (`class`): `remote(dst, "seed_fns::MyClass", args)`
+//!   constructs an object on `dst`, which the owner's RRef holds as an
+//!   [`RRefObject`](crate::rref) (objects are never copied: `to_here`,
+//!   `local_value` and `rpc_sync` of a class answer `TypeError`); proxies
+//!   (`rref.rpc_sync().method(...)`) run its methods there, one at a time,
+//!   and static and class methods through it as functions; the object is
+//!   disposed of (its guest destructor runs) when the owner forgets it;
+//! - the guest host (`GuestCall`, a [`GuestHost`](crate::wasm::GuestHost))
+//!   of one function call, or of one object for its whole life: a handle
+//!   table for its tensors, RRefs and futures, tensor ops through
+//!   `wasmrpc-torch-sys` (off the async threads, as builtin RPCs run, see
+//!   [`crate::ops`]), nested `rpc_sync`/`rpc_async`/`remote` through the
+//!   agent, RRefs (`to_here`, `RRef(v)`, owner info, proxies), worker info,
+//!   per-worker globals and locks (in
+//!   [`RpcAgent::state`](crate::RpcAgent::state), scoped by plugin), sleep
+//!   and log.
 //!
 //! What it leaves to others: compiling, pooling and running instances,
-//! time and memory limits, `then` callbacks and async functions' futures
-//! are the runtime's (`wasmrpc-wasm`); the network and futures are the
-//! agent's; ops and their schema matching are `wasmrpc-torch-sys`'s.
-//!
-//! Not available to plugins yet: RRefs (`remote`, `to_here`, `RRef(v)`,
-//! and RRefs in arguments fail with `NotImplementedError` "RRefs are not
-//! available to plugins yet"), and so plugin **classes** (their objects are
-//! held in RRefs): their constructors and methods are not registered.
+//! objects' instances and their one-at-a-time calls, time and memory
+//! limits, `then` callbacks and async functions' futures are the runtime's
+//! (`wasmrpc-wasm`); the network and futures are the agent's; RRefs, their
+//! protocol and where an object is kept are the RRef module's
+//! ([`crate::rref`]); ops and their schema matching are
+//! `wasmrpc-torch-sys`'s.
 //!
 //! Invariants:
 //! - PL-1: a guest never sees a handle it does not own: every tensor in a
 //!   call's arguments and in every reply is a new handle, released when the
 //!   call (and every `then` callback it chained) is over, unless the guest
-//!   returned it.
+//!   returned it; an object's handles are released when it is disposed of.
 //! - PL-2: a plugin's error reaches the caller with the guest's kind and
 //!   message unchanged; a trap, a time or memory limit is a `RuntimeError`
 //!   (`TimeoutError` for time) naming the plugin and the function, and the
 //!   worker keeps serving.
-//! - PL-3: per-worker locks a call still holds when it ends are released.
+//! - PL-3: per-worker locks a call still holds when it ends (an object:
+//!   when it is disposed of) are released.
 
+mod class;
 mod function;
 mod guest;
 mod handles;
@@ -50,6 +61,7 @@ use wasmrpc_wasm::{Config, Plugin, Runtime};
 
 use crate::agent::FunctionRegistry;
 use crate::error::{Error, Result};
+use class::PluginClass;
 use function::{PluginFunction, wasm_error};
 
 /// The environment variable that overrides where compiled plugins are
@@ -206,30 +218,42 @@ impl PluginHost {
         files.iter().map(|f| self.load_file(f)).collect()
     }
 
-    /// Registers every function of `plugin` (plain and `async_execution`)
-    /// in `registry` as `namespace::function` ([`plugin_namespace`]),
-    /// replacing functions of the same names, and returns the names. Plugin
-    /// classes are not registered (they need RRefs; see the module docs).
+    /// Registers every function and class of `plugin` in `registry`,
+    /// replacing entries of the same names, and returns the names:
+    ///
+    /// - functions (plain and `async_execution`) as `namespace::function`
+    ///   ([`plugin_namespace`]);
+    /// - static and class methods (exported as functions `Class.method`) as
+    ///   `namespace::Class.method`, e.g.
+    ///   `seed_fns::AsyncExecutionClass.static_async_add`;
+    /// - classes as `namespace::Class`: `remote(dst, "seed_fns::MyClass",
+    ///   args)` constructs an object on `dst` held by the RRef, whose
+    ///   methods the RRef's proxies call (`rpc_sync`/`rpc_async` of a class
+    ///   answer `TypeError`: objects stay on their owner).
     pub fn register(&self, plugin: &Arc<Plugin>, registry: &FunctionRegistry) -> Vec<String> {
         let namespace = plugin_namespace(plugin.name());
         let mut names = Vec::new();
         for export in &plugin.manifest().exports {
-            if export.class.is_some()
-                || !matches!(
-                    export.kind,
-                    ExportKind::Function | ExportKind::AsyncFunction
-                )
-            {
-                continue;
-            }
+            let function: Arc<dyn crate::agent::RpcFunction> = match (export.kind, &export.class) {
+                (ExportKind::Function | ExportKind::AsyncFunction, None) => {
+                    Arc::new(PluginFunction::new(
+                        self.runtime.clone(),
+                        plugin.clone(),
+                        namespace.clone(),
+                        export.name.clone(),
+                    ))
+                }
+                (ExportKind::Constructor, Some(class)) => Arc::new(PluginClass::new(
+                    self.runtime.clone(),
+                    plugin.clone(),
+                    namespace.clone(),
+                    class.clone(),
+                )),
+                // Methods are served through their objects.
+                _ => continue,
+            };
             let name = format!("{namespace}::{}", export.name);
-            let function = PluginFunction::new(
-                self.runtime.clone(),
-                plugin.clone(),
-                namespace.clone(),
-                export.name.clone(),
-            );
-            registry.register(name.clone(), Arc::new(function));
+            registry.register(name.clone(), function);
             names.push(name);
         }
         names

@@ -15,9 +15,12 @@
 //! graceful shutdown and the leak check; the wire form of an RRef inside a
 //! [`Payload`] (a fork record); the handlers of `RRefFork`,
 //! `RRefChildAccept` and `RRefUserDelete`; the owner-side functions behind
-//! `remote`, `to_here`, `_get_type` and the proxies (`proxy`). It leaves
-//! sending and timeouts to the agent and the meaning of a function to the
-//! registry.
+//! `remote`, `to_here`, `_get_type` and the proxies (`proxy`); what an
+//! owner holds (`object`): a payload, or an object (a plugin class's) that
+//! is never copied, serves the proxies' method calls, and is dropped (so
+//! disposed of) when the owner forgets the value. It leaves sending and
+//! timeouts to the agent, the meaning of a function to the registry, and
+//! running an object's methods to the object (`crate::plugin`).
 //!
 //! # Protocol
 //!
@@ -68,6 +71,7 @@
 //!   RRefs), so `confirmed_by_owner()` holds inside it.
 
 mod context;
+mod object;
 mod proxy;
 
 use std::fmt;
@@ -85,6 +89,9 @@ use crate::transport::GloballyUniqueId;
 use crate::value::{Args, Payload};
 
 pub(crate) use context::{context, from_wire, handle_message, register, to_wire, wait_confirmed};
+pub(crate) use object::{
+    Owned, RRefObject, can_keep_object, discard_kept_object, keep_object, kept_object,
+};
 pub use proxy::{RRefProxy, RRefProxyMode};
 
 /// The id of an RRef (`RRefId`) or of one of its forks (`ForkId`).
@@ -125,12 +132,19 @@ enum Kind {
     User(Arc<UserState>),
 }
 
-/// The value of an RRef on its owner.
+/// The value of an RRef on its owner: a [`Payload`] or an object
+/// ([`Owned`]).
+///
+/// Dropping the last reference to it (the owner forgot the value and no
+/// handle on the owner holds it, RREF-3) drops the object, which disposes
+/// of it ([`RRefObject`]).
 pub(crate) struct OwnerState {
     pub(crate) id: RRefId,
     pub(crate) owner: WorkerInfo,
-    /// Completed once with the value or the error of the function.
+    /// Completed once with the value or the error of the function; with
+    /// `None` when the function made an object (set first, in `object`).
     pub(crate) value: Future,
+    object: std::sync::OnceLock<Arc<dyn RRefObject>>,
 }
 
 impl OwnerState {
@@ -139,8 +153,69 @@ impl OwnerState {
             id,
             owner,
             value: Future::new(),
+            object: std::sync::OnceLock::new(),
         })
     }
+
+    /// Completes the value with the outcome of the creating function: the
+    /// object it made, else its payload or error.
+    pub(crate) fn complete(&self, result: Result<Payload>, object: Option<Arc<dyn RRefObject>>) {
+        let result = match object {
+            Some(o) => {
+                let _ = self.object.set(o);
+                Ok(Payload::none())
+            }
+            None => result,
+        };
+        let _ = self.value.complete(result);
+    }
+
+    /// What the owner holds, once the creating function has run.
+    ///
+    /// # Errors
+    /// The error of the function that created the value.
+    pub(crate) async fn owned(&self) -> Result<Owned> {
+        let payload = self.value.wait().await?;
+        Ok(self.owned_from(payload))
+    }
+
+    pub(crate) fn owned_from(&self, payload: Payload) -> Owned {
+        match self.object.get() {
+            Some(o) => Owned::Object(o.clone()),
+            None => Owned::Value(payload),
+        }
+    }
+
+    /// The value as a payload, for the copying APIs (`to_here`,
+    /// `local_value`).
+    ///
+    /// # Errors
+    /// The creating function's error; `TypeError` for an object
+    /// ([`object_not_copyable`]).
+    pub(crate) async fn payload(&self, api: &str) -> Result<Payload> {
+        match self.owned().await? {
+            Owned::Value(p) => Ok(p),
+            Owned::Object(o) => Err(object_not_copyable(
+                api,
+                self.id,
+                o.type_name(),
+                &self.owner.name,
+            )),
+        }
+    }
+}
+
+/// The `TypeError` of `to_here()` / `local_value()` on an RRef holding an
+/// object: objects stay on their owner and are used through proxies.
+pub(crate) fn object_not_copyable(api: &str, id: RRefId, class: &str, owner: &str) -> Error {
+    Error::new(
+        ErrorKind::TypeError,
+        format!(
+            "{api} of RRef {id}: it holds an object of class {class} on worker {owner}, and \
+             objects stay on their owner; call its methods through rref.rpc_sync(), \
+             rref.rpc_async() or rref.remote()"
+        ),
+    )
 }
 
 /// An owner RRef handle; a remote-to-self RRef also holds its self fork.
@@ -348,8 +423,9 @@ impl RRef {
     }
 
     /// The future of the RRef's creation (`_get_future()`): the `remote()`
-    /// call on a user created by it, the value on the owner, an already
-    /// completed future on a user created by a fork.
+    /// call on a user created by it, the value on the owner (`None` once an
+    /// object is made), an already completed future on a user created by a
+    /// fork.
     pub fn get_future(&self) -> Future {
         match &*self.inner {
             Kind::Owner(o) => o.state.value.clone(),
@@ -363,10 +439,14 @@ impl RRef {
     /// # Errors
     /// On a user, `RuntimeError` "For UserRRef(...), can't call
     /// localValue() on user ... Call it on owner ..."; on the owner, the
-    /// error of the function that created the value.
+    /// error of the function that created the value, or a `TypeError` for
+    /// an object (a plugin class's): objects are not copied out of the
+    /// owner's table, even on the owner; call their methods through the
+    /// proxies ([`rpc_sync`](Self::rpc_sync), ...), which work on the owner
+    /// too.
     pub async fn local_value(&self, agent: &RpcAgent) -> Result<Payload> {
         match &*self.inner {
-            Kind::Owner(o) => o.state.value.wait().await,
+            Kind::Owner(o) => o.state.payload("local_value()").await,
             Kind::User(u) => Err(Error::runtime(local_value_not_on_owner_message(
                 &u.rref_id.to_string(),
                 &u.fork_id.to_string(),
@@ -384,11 +464,12 @@ impl RRef {
     /// `RuntimeError` "Cannot call to_here() on it after deletion." after
     /// shutdown deleted the user; "RRef creation via rpc.remote() timed out
     /// ..." when the `remote()` that created it timed out; the error of the
-    /// function that created the value; a timeout or a failure of the owner
-    /// (naming the owner and the RRef).
+    /// function that created the value; `TypeError` for an object (a
+    /// plugin class's objects stay on their owner: use the proxies); a
+    /// timeout or a failure of the owner (naming the owner and the RRef).
     pub async fn to_here(&self, agent: &RpcAgent, timeout: Option<Duration>) -> Result<Payload> {
         let u = match &*self.inner {
-            Kind::Owner(o) => return o.state.value.wait().await,
+            Kind::Owner(o) => return o.state.payload("to_here()").await,
             Kind::User(u) => u,
         };
         if u.is_deleted() {
@@ -434,11 +515,16 @@ impl RRef {
                 // Not `then`: the value's error keeps its kind.
                 let out = Future::new();
                 let o2 = out.clone();
+                // Weak: the value's future must not keep its own state alive.
+                let state = Arc::downgrade(&o.state);
                 o.state.value.add_done_callback(move |f| {
-                    let r = match f.try_value() {
-                        Some(Ok(p)) => Ok(Payload::from(type_name_of(&p))),
-                        Some(Err(e)) => Err(e),
-                        None => Err(Error::runtime(
+                    let r = match (f.try_value(), state.upgrade()) {
+                        (Some(Ok(p)), Some(state)) => {
+                            Ok(Payload::from(state.owned_from(p).type_name()))
+                        }
+                        (Some(Ok(p)), None) => Ok(Payload::from(type_name_of(&p))),
+                        (Some(Err(e)), _) => Err(e),
+                        (None, _) => Err(Error::runtime(
                             "RRef value future completed without a value",
                         )),
                     };

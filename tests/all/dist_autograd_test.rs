@@ -4,6 +4,7 @@
 //! functions (`fns`); `REMOTE` is `remote(...).to_here()` on RRefs.
 
 mod fns;
+mod optim;
 
 use std::time::Duration;
 
@@ -960,9 +961,27 @@ mod faulty_agent_dist_autograd_test {
             MessageKind::RRefUserDelete,
             MessageKind::CleanupAutogradContext,
         ];
-        (0..4).fold(cluster(), |b, r| {
+        // The seeds' faulty fixture: 8 worker threads, 3 failed sends of
+        // each of the 4 retried message kinds.
+        let options = wasmrpc::RpcBackendOptions {
+            num_worker_threads: 8,
+            ..Default::default()
+        };
+        (0..4).fold(cluster().options(options), |b, r| {
             b.faults(r, FaultInjection::new().fail_sends(&kinds, 3))
         })
+    }
+
+    /// There is one backend; its options as the faulty fixture sets them.
+    #[test]
+    fn test_verify_backend_options() {
+        dist_with(faulty(), |w| async move {
+            let o = w.agent.options();
+            anyhow::ensure!(o.num_worker_threads == 8);
+            anyhow::ensure!(o.faults.num_fail_sends() == 3);
+            anyhow::ensure!(o.faults.messages_to_fail().len() == 4);
+            Ok(())
+        });
     }
 
     #[test]
@@ -1591,6 +1610,45 @@ fn test_backward_without_rpc() {
     });
 }
 
+/// `t1.register_hook(lambda g: g * 2)`: distributed backward applies the
+/// hook to t1's gradients. Local autograd through tch does not see host
+/// hooks, so LOCAL mode's expected gradient gets the doubling by hand.
+#[test]
+fn test_backward_verify_hooks() {
+    dist_with(cluster(), |w| async move {
+        let a = w.agent.clone();
+        let t1 = ones_rg();
+        let _hook = autograd::register_hook(&t1, |g| Ok(g * 2));
+        let t2 = ones_rg();
+        let mut local_grads: Option<LocalGrads> = None;
+        let mut next = NextRank::new(&w);
+        for mode in [ExecMode::Local, ExecMode::RpcSync, ExecMode::Remote] {
+            let dst = next.next();
+            let (a2, t1c, t2c) = (a.clone(), t1.shallow_clone(), t2.shallow_clone());
+            let lg = clone_grads(&local_grads);
+            let ret = autograd::context(&a, |ctx| async move {
+                let a = a2;
+                let ret = exec_t(
+                    &a,
+                    mode,
+                    &dst,
+                    "aten::matmul",
+                    vec![t1c.shallow_clone().into(), t2c.shallow_clone().into()],
+                )
+                .await?;
+                let loss = ret.sum(None);
+                verify_backwards(&a, mode, vec![loss], ctx, lg, ts![t1c, t2c]).await
+            })
+            .await??;
+            if let Some(mut g) = ret {
+                g[0] = g[0].as_ref().map(|x| x * 2);
+                local_grads = Some(g);
+            }
+        }
+        Ok(())
+    });
+}
+
 // ---------------------------------------------------------------- F
 
 async fn no_grad_on_tensor_impl(w: Worker, sparse: bool) -> anyhow::Result<()> {
@@ -1632,6 +1690,76 @@ fn test_backward_no_grad_on_tensor() {
 #[test]
 fn test_backward_no_grad_on_tensor_sparse() {
     dist_with(cluster(), |w| no_grad_on_tensor_impl(w, true));
+}
+
+/// The seed's body is the same as `test_backward_no_grad_on_tensor_sparse`.
+#[test]
+fn test_backward_no_grad_on_tensor_remote_sparse() {
+    dist_with(cluster(), |w| no_grad_on_tensor_impl(w, true));
+}
+
+/// A remote sparse `EmbeddingBag`: its weight's sparse gradients
+/// accumulate over two backward passes on the owner and come back over RPC
+/// equal to local autograd's.
+#[test]
+fn test_embedding_bag_with_no_grad_tensors() {
+    dist_with(cluster(), |w| async move {
+        let a = w.agent.clone();
+        let dst = w.dst();
+        let remote_embedding = a.remote(
+            dst.clone(),
+            "seed::EmbeddingBag",
+            Args::new()
+                .arg(16i64)
+                .arg(16i64)
+                .kwarg("mode", "sum")
+                .kwarg("sparse", true),
+        )?;
+        let local_weight =
+            Tensor::randn([16, 16], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let input = Tensor::from_slice(&[1i64, 2, 4, 5, 4, 3, 2, 9]);
+        let per_sample_weights = rg(&[8]);
+        let offsets = Tensor::from_slice(&[0i64, 4]);
+        // Two local backward passes (tch has no retain_graph on
+        // `backward`, so the second runs on a second forward).
+        for _ in 0..2 {
+            fns::embedding_bag_sum(&local_weight, &input, &offsets, &per_sample_weights)?
+                .sum(None)
+                .f_backward()?;
+        }
+        let local_grad = local_weight.grad();
+        ensure!(local_grad.is_sparse(), "the local gradient is dense");
+        let a2 = a.clone();
+        autograd::context(&a, |ctx| async move {
+            let a = a2;
+            let res = a
+                .rpc_sync(
+                    dst.clone(),
+                    "seed::DistAutogradTest._call_remote_embedding",
+                    args![&remote_embedding, input, offsets, per_sample_weights],
+                )
+                .await?
+                .as_tensor()?;
+            autograd::backward(&a, ctx, &[res.sum(None)], true).await?;
+            autograd::backward(&a, ctx, &[res.sum(None)], false).await?;
+            let remote_grad = a
+                .rpc_sync(
+                    dst,
+                    "seed::DistAutogradTest._get_grad",
+                    args![&remote_embedding, ctx],
+                )
+                .await?
+                .as_tensor()?;
+            ensure!(remote_grad.is_sparse(), "the remote gradient is dense");
+            ensure!(
+                close(&local_grad, &remote_grad),
+                "{local_grad:?} vs {remote_grad:?}"
+            );
+            anyhow::Ok(())
+        })
+        .await??;
+        Ok(())
+    });
 }
 
 #[test]
@@ -2354,21 +2482,41 @@ async fn random_graph(w: &Worker, seed: u64) -> anyhow::Result<()> {
 
 // ---------------------------------------------------------------- G
 
-/// `_backward_rref(callee, rref_owner, t1, t2, None, sparse=False)`.
-async fn backward_rref(a: RpcAgent, callee: String, owner: String) -> anyhow::Result<()> {
-    let (t1, t2) = (ones_rg(), rg(&[3, 3]));
+/// `_backward_rref(callee, rref_owner, t1, t2, None, sparse)`.
+async fn backward_rref(
+    a: RpcAgent,
+    callee: String,
+    owner: String,
+    sparse: bool,
+) -> anyhow::Result<()> {
+    let (t1, t2) = if sparse {
+        (
+            build_sparse_tensor(true, Kind::Float),
+            build_sparse_tensor(true, Kind::Float),
+        )
+    } else {
+        (ones_rg(), rg(&[3, 3]))
+    };
     let local = t1.f_add(&t2)?;
-    local.sum(None).f_backward()?;
+    loss_of(&local).f_backward()?;
     let a2 = a.clone();
     autograd::context(&a, |ctx| async move {
         let a = a2;
-        let rref_t1 = a.remote(
-            owner.clone(),
-            "seed::_torch_ones",
-            Args::new()
-                .arg(Payload::none())
-                .kwarg("requires_grad", true),
-        )?;
+        let rref_t1 = if sparse {
+            a.remote(
+                owner.clone(),
+                "seed::build_sparse_tensor",
+                args![false, true],
+            )?
+        } else {
+            a.remote(
+                owner.clone(),
+                "seed::_torch_ones",
+                Args::new()
+                    .arg(Payload::none())
+                    .kwarg("requires_grad", true),
+            )?
+        };
         let rref = if callee == owner {
             a.remote(
                 callee,
@@ -2383,7 +2531,7 @@ async fn backward_rref(a: RpcAgent, callee: String, owner: String) -> anyhow::Re
             )?
         };
         let ret = rref.to_here(&a, None).await?.as_tensor()?;
-        autograd::backward(&a, ctx, &[ret.sum(None)], false).await?;
+        autograd::backward(&a, ctx, &[loss_of(&ret)], false).await?;
         let grads = autograd::get_gradients(&a, ctx)?;
         ensure!(close(&grads.get(&t2).context("t2")?, &t2.grad()));
         let same = a
@@ -2401,19 +2549,27 @@ async fn backward_rref(a: RpcAgent, callee: String, owner: String) -> anyhow::Re
     Ok(())
 }
 
-#[test]
-fn test_backward_rref() {
-    dist_with(cluster(), |w| async move {
+fn backward_rref_simple(sparse: bool) {
+    dist_with(cluster(), move |w| async move {
         let dst = w.dst();
-        backward_rref(w.agent.clone(), dst.clone(), dst).await
+        backward_rref(w.agent.clone(), dst.clone(), dst, sparse).await
     });
 }
 
 #[test]
-fn test_backward_rref_multi() {
-    dist_with(cluster(), |w| async move {
+fn test_backward_rref() {
+    backward_rref_simple(false);
+}
+
+#[test]
+fn test_backward_rref_sparse() {
+    backward_rref_simple(true);
+}
+
+fn backward_rref_multi(sparse: bool) {
+    dist_with(cluster(), move |w| async move {
         if w.rank > 0 {
-            backward_rref(w.agent.clone(), "worker0".into(), "worker0".into()).await?;
+            backward_rref(w.agent.clone(), "worker0".into(), "worker0".into(), sparse).await?;
         }
         w.store_barrier().await?;
         Ok(())
@@ -2421,8 +2577,151 @@ fn test_backward_rref_multi() {
 }
 
 #[test]
+fn test_backward_rref_multi() {
+    backward_rref_multi(false);
+}
+
+#[test]
+fn test_backward_rref_multi_sparse() {
+    backward_rref_multi(true);
+}
+
+fn backward_rref_nested(sparse: bool) {
+    dist_with(cluster(), move |w| async move {
+        backward_rref(w.agent.clone(), w.peer(1), w.peer(2), sparse).await
+    });
+}
+
+#[test]
 fn test_backward_rref_nested() {
+    backward_rref_nested(false);
+}
+
+#[test]
+fn test_backward_rref_nested_sparse() {
+    backward_rref_nested(true);
+}
+
+/// `_test_trainer_ps(create_ref_fn, trainer_fn, sparse)`: every rank is a
+/// parameter server for trainers on the 3 other ranks (12 contexts, each
+/// trainer blocking on its PS until the PS has checked the gradients).
+async fn trainer_ps(
+    w: Worker,
+    create_ref_fn: &'static str,
+    trainer_fn: &'static str,
+    sparse: bool,
+) -> anyhow::Result<()> {
+    let a = w.agent.clone();
+    let (t1, t2) = if sparse {
+        (
+            build_sparse_tensor(true, Kind::Float),
+            build_sparse_tensor(true, Kind::Float),
+        )
+    } else {
+        (ones_rg(), zeros_rg())
+    };
+    loss_of(&t1.f_add(&t2)?).f_backward()?;
+    let me = worker_name(w.rank);
+    let rref_t1 = a.remote(me.clone(), create_ref_fn, Args::new())?;
+    let futures: Vec<_> = [1u32, 2, 3]
+        .iter()
+        .map(|&d| {
+            a.rpc_async(
+                w.peer(d),
+                trainer_fn,
+                args![
+                    &rref_t1,
+                    t2.shallow_clone(),
+                    me.clone(),
+                    i64::from(d),
+                    sparse
+                ],
+            )
+        })
+        .collect();
+    let done = rpc_done(&a);
+    for d in 1..=3 {
+        done.wait(d).await;
+    }
+    for d in 1..=3 {
+        let ctx_id = done.ctx_id(d);
+        let grads = autograd::get_gradients(&a, ctx_id)?;
+        let local_t1 = rref_t1.to_here(&a, None).await?.as_tensor()?;
+        let g = grads
+            .get(&local_t1)
+            .with_context(|| format!("rref_t1's value has no gradient in context {d}"))?;
+        ensure!(close(&g, &t1.grad()), "context {d}: {g:?}");
+    }
+    // Unblock the trainers.
+    done.set(-1, 0);
+    for f in futures {
+        f.wait().await?;
+    }
+    Ok(())
+}
+
+#[test]
+fn test_trainer_ps() {
+    dist_with(cluster(), |w| {
+        trainer_ps(w, "seed::create_tensor", "seed::_run_trainer", false)
+    });
+}
+
+/// TorchScript is Python-only; the natural equivalent is the same trainer
+/// whose PS function fetches the RRef with `to_here()` (as
+/// `my_script_ref_add` does) instead of `local_value()`.
+#[test]
+fn test_trainer_ps_torchscript_functions() {
+    dist_with(cluster(), |w| {
+        trainer_ps(
+            w,
+            "seed::create_torchscript_tensor",
+            "seed::_run_trainer_torchscript",
+            false,
+        )
+    });
+}
+
+#[test]
+fn test_trainer_ps_sparse() {
+    dist_with(cluster(), |w| {
+        trainer_ps(w, "seed::build_sparse_tensor", "seed::_run_trainer", true)
+    });
+}
+
+/// The owner finishes `remote(_slow_add)` after `to_here` was asked for
+/// inside a context: the fetch must still record its send under that
+/// context on the owner.
+#[test]
+fn test_thread_local_context_id() {
     dist_with(cluster(), |w| async move {
-        backward_rref(w.agent.clone(), w.peer(1), w.peer(2)).await
+        let a = w.agent.clone();
+        let (t1, t2) = (rand(&[3, 3]), rand(&[3, 3]));
+        let t3 = t1.f_add(&t2)?.set_requires_grad(true);
+        t3.sum(None).f_backward()?;
+        let dst = w.dst();
+        let rref = a.remote(
+            dst.clone(),
+            "seed::DistAutogradTest._slow_add",
+            args![t1, t2],
+        )?;
+        let a2 = a.clone();
+        autograd::context(&a, |ctx| async move {
+            let a = a2;
+            let loss = rref.to_here(&a, None).await?.as_tensor()?.sum(None);
+            autograd::backward(&a, ctx, &[loss], false).await?;
+            let same = a
+                .rpc_sync(
+                    dst,
+                    "seed::_compare_owner_value",
+                    args![ctx, &rref, t3.grad()],
+                )
+                .await?
+                .as_bool()?;
+            ensure!(same, "the owner's gradient differs");
+            anyhow::Ok(())
+        })
+        .await??;
+        Ok(())
     });
 }

@@ -5,9 +5,13 @@
 //! - `rpc_test`: PyTorch's `rpc_test.py` (areas A, B, C, G, H, I, K, O, Q, R
 //!   on the CPU), each test named exactly as in the seed, plus the agent's
 //!   own failure tests in `rpc_test::extra`; its RRef tests (areas D, E, F,
-//!   M) in `rpc_test::rref`, its `@async_execution` function tests (area J)
-//!   in `rpc_test::async_execution`.
+//!   M) in `rpc_test::rref`, its `@async_execution` tests (area J) in
+//!   `rpc_test::async_execution` (functions) and `rpc_test::async_class`
+//!   (methods of a plugin class).
+//! - `remote_module_test`: PyTorch's `remote_module_test.py` (CPU tests,
+//!   `RemoteModule` over plugin classes).
 
 mod dist_autograd_test;
 mod plugin_test;
+mod remote_module_test;
 mod rpc_test;

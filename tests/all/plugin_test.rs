@@ -244,14 +244,19 @@ fn plugin_errors_keep_their_kind_and_text() {
             ErrorKind::RuntimeError,
             "name:worker9, could not find destination",
         )?;
-        // Unknown functions and plugin classes are not served.
-        for name in ["seed_fns::no_such_function", "seed_fns::MyClass"] {
-            expect_err(
-                w0.rpc_sync("worker1", name, args![1]).await,
-                ErrorKind::RuntimeError,
-                "is not registered on worker worker1",
-            )?;
-        }
+        // Unknown functions are not served; plugin classes only through
+        // remote() (their objects stay on their owner).
+        expect_err(
+            w0.rpc_sync("worker1", "seed_fns::no_such_function", args![1])
+                .await,
+            ErrorKind::RuntimeError,
+            "is not registered on worker worker1",
+        )?;
+        expect_err(
+            w0.rpc_sync("worker1", "seed_fns::MyClass", args![1]).await,
+            ErrorKind::TypeError,
+            "seed_fns::MyClass is a plugin class, called by rpc_sync/rpc_async from worker worker0 on worker worker1",
+        )?;
         Ok(())
     });
 }

@@ -20,7 +20,9 @@
 //! reasons in `wasmrpc_tests::skips::RPC_TEST`; [`seed_coverage`] checks
 //! that every seed test is ported or listed.
 
+mod async_class;
 mod async_execution;
+mod autograd;
 mod extra;
 mod rref;
 
@@ -73,7 +75,8 @@ fn seed_coverage() {
     let source = concat!(
         include_str!("rpc_test.rs"),
         include_str!("rpc_test/rref.rs"),
-        include_str!("rpc_test/async_execution.rs")
+        include_str!("rpc_test/async_execution.rs"),
+        include_str!("rpc_test/async_class.rs")
     );
     let ported = |name: &str| source.contains(&format!("fn {name}() {{"));
     let skipped = |name: &str| {

@@ -6,49 +6,6 @@
 /// `rpc_test` seed tests of areas A to K, M, O, Q, R that have no Rust
 /// test yet, and why.
 pub const RPC_TEST: &[(&str, &str)] = &[
-    // J: `@async_execution` methods of a plugin class.
-    (
-        "test_async_static_method",
-        "AsyncExecutionClass: needs plugin classes on the agent (in progress)",
-    ),
-    (
-        "test_async_static_method_remote",
-        "AsyncExecutionClass: needs plugin classes on the agent (in progress)",
-    ),
-    (
-        "test_async_class_method",
-        "AsyncExecutionClass: needs plugin classes on the agent (in progress)",
-    ),
-    (
-        "test_async_class_method_remote",
-        "AsyncExecutionClass: needs plugin classes on the agent (in progress)",
-    ),
-    (
-        "test_async_class_rref_proxy",
-        "AsyncExecutionClass: needs plugin classes on the agent (in progress)",
-    ),
-    (
-        "test_async_class_rref_proxy_async",
-        "AsyncExecutionClass: needs plugin classes on the agent (in progress)",
-    ),
-    (
-        "test_async_class_rref_proxy_remote",
-        "AsyncExecutionClass: needs plugin classes on the agent (in progress)",
-    ),
-    // RRef proxies on plugin objects need the wasm plugin objects (the
-    // owner answers NotImplementedError for them until then).
-    (
-        "test_rref_proxy_class",
-        "RRef proxy methods on plugin objects: needs wasm plugin objects",
-    ),
-    (
-        "test_rref_proxy_class_self",
-        "RRef proxy methods on plugin objects: needs wasm plugin objects",
-    ),
-    (
-        "test_rref_proxy_timeout",
-        "RRef proxy methods on plugin objects (MyClass.my_slow_method): needs wasm plugin objects",
-    ),
     ("test_disable_gil_profiling", "python-only: there is no GIL"),
     (
         "test_pg_init_no_rpc_init",

@@ -289,6 +289,28 @@ pub enum HostCall {
     /// Create a local (owner) RRef holding a value. Replies
     /// [`HostReply::Handle`].
     RRefNew(Value),
+    // RRef proxies and RRef state (plugin classes).
+    /// Call `method` on the value of an RRef, on its owner, through a
+    /// proxy (`rref.rpc_sync().method(...)` and its async and remote
+    /// forms). Replies as [`HostCall::Rpc`] does for the same mode.
+    RRefProxyCall {
+        /// The RRef's handle.
+        rref: u32,
+        /// The proxy's mode.
+        mode: RpcMode,
+        /// The method's name.
+        method: String,
+        /// Its arguments.
+        args: CallArgs,
+        /// A timeout in seconds; `None` for the agent's default.
+        timeout: Option<f64>,
+    },
+    /// Whether this worker owns the RRef (`is_owner()`). Replies
+    /// [`HostReply::Bool`].
+    RRefIsOwner(u32),
+    /// Whether the owner has confirmed this user RRef
+    /// (`confirmed_by_owner()`). Replies [`HostReply::Bool`].
+    RRefConfirmed(u32),
     /// Create an unset future. Replies [`HostReply::Handle`].
     FutureNew,
     /// Complete a future. Replies [`HostReply::Unit`].
@@ -353,6 +375,70 @@ pub enum HostCall {
     /// runtime attaches the message to the trap's error. Replies
     /// [`HostReply::Unit`].
     Panicked(String),
+    /// Local autograd, distributed autograd or the distributed optimizer
+    /// ([`AutogradCall`]). Replies [`HostReply::Value`].
+    Autograd(AutogradCall),
+}
+
+/// Autograd requests of a guest: local autograd on tensor handles,
+/// distributed autograd contexts and the distributed optimizer. Each one
+/// replies [`HostReply::Value`] (`Value::None` when there is nothing to
+/// return).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum AutogradCall {
+    /// `tensor.requires_grad_(flag)`, in place.
+    SetRequiresGrad(u32, bool),
+    /// `tensor.grad`: a new tensor handle, or `None`.
+    Grad(u32),
+    /// `tensor.backward()` with local autograd (fills `.grad` of leaves).
+    Backward(u32),
+    /// Turns gradient recording of this call's later ops on or off
+    /// (`torch.no_grad()`); replies the previous setting as a `Bool`.
+    SetGradEnabled(bool),
+    /// An opaque identity of the tensor behind a handle: equal for two
+    /// handles to the same tensor object (the key of
+    /// [`GetGradients`](Self::GetGradients)). Replies an `Int`.
+    Identity(u32),
+    /// Opens a distributed autograd context, current for this call's later
+    /// RPCs (`dist_autograd.context()`). Replies its id as an `Int`.
+    ContextNew,
+    /// Leaves and releases the context opened by
+    /// [`ContextNew`](Self::ContextNew).
+    ContextRelease(i64),
+    /// The current context's id, or `None`.
+    CurrentContext,
+    /// `dist_autograd.backward(context_id, roots, retain_graph)`.
+    DistBackward {
+        /// The context.
+        context_id: i64,
+        /// Scalar roots, by tensor handle.
+        roots: Vec<u32>,
+        /// Keep the graph for another pass.
+        retain_graph: bool,
+    },
+    /// `dist_autograd.get_gradients(context_id)`: a list of
+    /// `(identity, tensor, gradient)` tuples with new handles.
+    GetGradients(i64),
+    /// Creates a distributed optimizer over parameter RRefs (handles);
+    /// `config` is `("sgd", lr, momentum, dampening, weight_decay,
+    /// nesterov)` or `("adam", lr, beta1, beta2, eps, weight_decay)`.
+    /// Replies its id as an `Int`; it lives until
+    /// [`OptimizerDrop`](Self::OptimizerDrop) or the end of the call.
+    OptimizerNew {
+        /// The local optimizers' kind and hyperparameters.
+        config: Value,
+        /// RRef handles of the parameters.
+        params: Vec<u32>,
+    },
+    /// Steps an optimizer with a context's gradients.
+    OptimizerStep {
+        /// The optimizer's id.
+        optimizer: i64,
+        /// The context whose gradients to apply.
+        context_id: i64,
+    },
+    /// Releases an optimizer and its owners' state.
+    OptimizerDrop(i64),
 }
 
 /// The host's answer to a [`HostCall`]; it travels as `Result<HostReply,

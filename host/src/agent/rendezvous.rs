@@ -124,6 +124,8 @@ fn internal_registry() -> FunctionRegistry {
     let r = FunctionRegistry::new();
     all_gather::register(&r);
     crate::rref::register(&r);
+    crate::optim::register(&r);
+    crate::autograd::register(&r);
     r.register_native(
         super::NOOP,
         |_ctx, _args| async move { Ok(Payload::none()) },
@@ -211,6 +213,7 @@ async fn start(
         }));
     agent.set_rpc_timeout(options.rpc_timeout);
     crate::rref::install(&agent);
+    crate::optim::install(&agent);
     let handler: Arc<dyn Handler> = Arc::new(AgentHandler {
         agent: Arc::downgrade(&inner),
     });

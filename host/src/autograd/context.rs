@@ -304,6 +304,15 @@ pub async fn with_context<Fut: std::future::Future>(id: i64, fut: Fut) -> Result
     }
 }
 
+/// Runs `f` with `id` current unless the task already has a context (a
+/// plugin's own context, opened inside a call that runs in none, DA-2).
+pub(crate) fn sync_scope<R>(id: Option<i64>, f: impl FnOnce() -> R) -> R {
+    match id {
+        Some(id) if current_context_id().is_none() => CURRENT.sync_scope(id, f),
+        _ => f(),
+    }
+}
+
 /// Runs `fut` with `id` current, or with no context for `None`; for the
 /// agent's callee tasks.
 pub(crate) async fn scope<Fut: std::future::Future>(id: Option<i64>, fut: Fut) -> Fut::Output {

@@ -288,6 +288,7 @@ impl Pass {
                 let acc = st.cut_grads.remove(&id);
                 st.cut_grads.insert(id, add_grad(acc, g)?);
             } else {
+                let g = super::hook::apply(leaf, g)?;
                 let acc = st.local.remove(&id).map(|(_, g)| g);
                 st.local
                     .insert(id, (leaf.shallow_clone(), add_grad(acc, g)?));

@@ -8,7 +8,18 @@
 //! (and every `then` callback it chained) is over is released on drop.
 //! RRef handles are [`crate::RRef`]s: `remote` and `rref_new` create them,
 //! RRefs in arguments and results arrive as handles, and a handle passed to
-//! a call forks the RRef as any host RRef does.
+//! a call forks the RRef as any host RRef does; proxies on RRef handles
+//! (`rref_rpc_sync`, ...) are the host's [`crate::RRefProxy`], so a guest
+//! calls methods of plugin objects as host code does.
+//!
+//! A `GuestCall` serves one call of a function, or one plugin object for
+//! its whole life (`super::class`): then its handles and locks are the
+//! object's, released when the object is disposed of.
+//!
+//! Autograd requests (local autograd, a distributed autograd context the
+//! guest opens, the distributed optimizer) are in [`autograd`].
+
+mod autograd;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -17,7 +28,8 @@ use async_trait::async_trait;
 use tch::{Device, Kind, Tensor};
 use wasmrpc_torch_sys::{OpError, call_method, call_op, op_value_from_abi, op_value_into_abi};
 use wasmrpc_wasm::{
-    CallArgs, DType, ErrorKind, GuestHost, HandleKind, HostResult, LogLevel, Plugin, Progress,
+    AutogradCall, CallArgs, DType, ErrorKind, GuestHost, HandleKind, HostResult, LogLevel, Plugin,
+    Progress,
     RemoteError, TensorMeta, Value, WorkerInfo,
 };
 
@@ -26,6 +38,7 @@ use super::state::{Globals, Locks, SharedFutures};
 use crate::agent::{Future, RpcAgent};
 use crate::error::Error;
 use crate::ops::run_blocking;
+use crate::rref::{RRefProxy, RRefProxyMode};
 
 /// The host side of one call of a plugin function on one worker.
 pub(crate) struct GuestCall {
@@ -34,10 +47,12 @@ pub(crate) struct GuestCall {
     namespace: String,
     handles: Mutex<Handles>,
     held_locks: Mutex<Vec<String>>,
+    autograd: autograd::GuestAutograd,
 }
 
 impl Drop for GuestCall {
     fn drop(&mut self) {
+        self.autograd.release(&self.agent);
         let held = std::mem::take(&mut *self.held_locks.lock().unwrap_or_else(|p| p.into_inner()));
         if !held.is_empty() {
             let locks = self.agent.state::<Locks>();
@@ -138,6 +153,7 @@ impl GuestCall {
             namespace,
             handles: Mutex::new(Handles::default()),
             held_locks: Mutex::new(Vec::new()),
+            autograd: autograd::GuestAutograd::default(),
         }
     }
 
@@ -147,15 +163,32 @@ impl GuestCall {
     }
 
     /// The registered name a guest means by `function`: a name of one of
-    /// its own plugin's functions without a namespace (`my_function`,
-    /// `MyClass.my_static_method`) is `namespace::function`; anything else
+    /// its own plugin's functions or classes without a namespace
+    /// (`my_function`, `MyClass.my_static_method`, `MyClass`) is
+    /// `namespace::function`; anything else
     /// (`aten::add`, `other_plugin::f`, `builtins.min`) is as given.
     pub(crate) fn qualify(&self, function: &str) -> String {
-        if !function.contains("::") && self.plugin.manifest().function(function).is_some() {
+        let manifest = self.plugin.manifest();
+        if !function.contains("::")
+            && (manifest.function(function).is_some() || manifest.constructor(function).is_some())
+        {
             format!("{}::{function}", self.namespace)
         } else {
             function.to_owned()
         }
+    }
+
+    /// A proxy of the guest's RRef `rref` with its timeout in seconds.
+    fn proxy(&self, rref: u32, timeout: Option<f64>, mode: RRefProxyMode) -> HostResult<RRefProxy> {
+        let r = self.handles().rref(rref)?;
+        let timeout = timeout
+            .map(|s| Duration::try_from_secs_f64(s).map_err(|_| bad_timeout(s)))
+            .transpose()?;
+        Ok(match mode {
+            RRefProxyMode::Sync => r.rpc_sync(&self.agent, timeout),
+            RRefProxyMode::Async => r.rpc_async(&self.agent, timeout),
+            RRefProxyMode::Remote => r.remote(&self.agent, timeout),
+        })
     }
 
     fn start_rpc(
@@ -167,13 +200,18 @@ impl GuestCall {
     ) -> HostResult<Future> {
         let args = self.handles().borrow_args(args)?;
         let function = self.qualify(function);
-        Ok(match timeout {
-            None => self.agent.rpc_async(to, &function, args),
-            Some(s) => {
-                let t = Duration::try_from_secs_f64(s).map_err(|_| bad_timeout(s))?;
-                self.agent.rpc_async_with_timeout(to, &function, args, t)
-            }
-        })
+        let timeout = match timeout {
+            None => None,
+            Some(s) => Some(Duration::try_from_secs_f64(s).map_err(|_| bad_timeout(s))?),
+        };
+        // DA-3: a call made inside the guest's own context carries it.
+        Ok(crate::autograd::sync_scope(
+            self.autograd.context(),
+            || match timeout {
+                None => self.agent.rpc_async(to, &function, args),
+                Some(t) => self.agent.rpc_async_with_timeout(to, &function, args, t),
+            },
+        ))
     }
 }
 
@@ -196,7 +234,10 @@ impl GuestHost for GuestCall {
             (positional, kwargs)
         };
         let name = name.to_owned();
+        let grad_enabled = self.autograd.grad_enabled();
         let outputs = run_blocking(move || {
+            // Grad mode is per thread: set it where the op runs.
+            let _no_grad = (!grad_enabled).then(tch::no_grad_guard);
             // A bare name is a tensor method (`view`, `size`), as Python
             // calls it on a tensor.
             if name.contains("::") || name.contains('.') {
@@ -272,20 +313,28 @@ impl GuestHost for GuestCall {
     ) -> HostResult<u32> {
         let args = self.handles().borrow_args(args)?;
         let function = self.qualify(function);
-        let rref = match timeout {
+        let timeout = match timeout {
+            None => None,
+            Some(s) => Some(Duration::try_from_secs_f64(s).map_err(|_| bad_timeout(s))?),
+        };
+        let rref = crate::autograd::sync_scope(self.autograd.context(), || match timeout {
             None => self.agent.remote(to, &function, args),
-            Some(s) => {
-                let t = Duration::try_from_secs_f64(s).map_err(|_| bad_timeout(s))?;
-                self.agent.remote_with_timeout(to, &function, args, t)
-            }
-        }
+            Some(t) => self.agent.remote_with_timeout(to, &function, args, t),
+        })
         .map_err(remote)?;
         Ok(self.handles().insert_rref(rref))
     }
 
     async fn rref_to_here(&self, rref: u32) -> HostResult<Value> {
         let r = self.handles().rref(rref)?;
-        let payload = r.to_here(&self.agent, None).await.map_err(remote)?;
+        let fetch = r.to_here(&self.agent, None);
+        let payload = match self.autograd.context() {
+            Some(id) if crate::autograd::current_context_id().is_none() => {
+                crate::autograd::scope(Some(id), fetch).await
+            }
+            _ => fetch.await,
+        }
+        .map_err(remote)?;
         self.handles().import(payload)
     }
 
@@ -298,6 +347,57 @@ impl GuestHost for GuestCall {
         let r = crate::rref::RRef::new(&self.agent, payload);
         Ok(self.handles().insert_rref(r))
     }
+
+    // ---- RRef proxies and RRef state (plugin classes) --------------------
+
+    async fn rref_rpc_sync(
+        &self,
+        rref: u32,
+        method: &str,
+        args: CallArgs,
+        timeout: Option<f64>,
+    ) -> HostResult<Value> {
+        let proxy = self.proxy(rref, timeout, RRefProxyMode::Sync)?;
+        let args = self.handles().borrow_args(args)?;
+        let payload = proxy.call(method, args).await.map_err(remote)?;
+        self.handles().import(payload)
+    }
+
+    async fn rref_rpc_async(
+        &self,
+        rref: u32,
+        method: &str,
+        args: CallArgs,
+        timeout: Option<f64>,
+    ) -> HostResult<u32> {
+        let proxy = self.proxy(rref, timeout, RRefProxyMode::Async)?;
+        let args = self.handles().borrow_args(args)?;
+        let fut = proxy.call_async(method, args);
+        Ok(self.handles().insert_future(fut))
+    }
+
+    async fn rref_remote(
+        &self,
+        rref: u32,
+        method: &str,
+        args: CallArgs,
+        timeout: Option<f64>,
+    ) -> HostResult<u32> {
+        let proxy = self.proxy(rref, timeout, RRefProxyMode::Remote)?;
+        let args = self.handles().borrow_args(args)?;
+        let r = proxy.call_remote(method, args).await.map_err(remote)?;
+        Ok(self.handles().insert_rref(r))
+    }
+
+    async fn rref_is_owner(&self, rref: u32) -> HostResult<bool> {
+        Ok(self.handles().rref(rref)?.is_owner())
+    }
+
+    async fn rref_confirmed_by_owner(&self, rref: u32) -> HostResult<bool> {
+        Ok(self.handles().rref(rref)?.confirmed_by_owner())
+    }
+
+    // ---- end of RRef proxies and RRef state ------------------------------
 
     async fn future_new(&self) -> HostResult<u32> {
         Ok(self.handles().insert_future(Future::new()))
@@ -414,5 +514,11 @@ impl GuestHost for GuestCall {
             }
         }
         Ok(())
+    }
+
+    // ---- Autograd block (see `autograd`).
+
+    async fn autograd(&self, call: AutogradCall) -> HostResult<Value> {
+        self.run_autograd(call).await
     }
 }

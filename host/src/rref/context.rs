@@ -10,9 +10,10 @@ use std::time::Duration;
 use tch::Tensor;
 use tokio::sync::Notify;
 
+use super::object::keeping_objects;
 use super::{
     DEBUG_INFO, FETCH, LOCAL_INVOKE, OwnerState, REMOTE, RRef, RRefId, TYPEOF, UserState,
-    id_from_value, malformed, type_name_of,
+    id_from_value, malformed,
 };
 use crate::abi::{Value, WorkerInfo};
 use crate::agent::{Dest, FunctionRegistry, Future, RpcAgent};
@@ -264,7 +265,7 @@ impl RRefContext {
                     .value
                     .try_value()
                     .and_then(|r| r.ok())
-                    .map(|p| type_name_of(&p))
+                    .map(|p| state.owned_from(p).type_name())
             }
             None => {
                 let u = rref
@@ -649,6 +650,8 @@ fn rest(args: &Args, from: usize) -> Args {
 
 /// Registers the owner-side functions in the agent's internal registry.
 pub(crate) fn register(r: &FunctionRegistry) {
+    // RemoteModule's owner-side functions are built on RRefs and objects.
+    crate::remote_module::register(r);
     r.register_native(DEBUG_INFO, |ctx, _args: Args| async move {
         let info = context(ctx.agent()).debug_info();
         Ok(Payload::dict(
@@ -671,7 +674,7 @@ pub(crate) fn register(r: &FunctionRegistry) {
             rctx.add_fork(&state, fork_id);
         }
         let user_args = rest(&args, 3);
-        let result = match agent.lookup_function(&function) {
+        let (result, object) = match agent.lookup_function(&function) {
             Some(f) => {
                 let call = crate::agent::CallContext::new(
                     agent.clone(),
@@ -679,34 +682,44 @@ pub(crate) fn register(r: &FunctionRegistry) {
                     function.clone(),
                     ctx.autograd().copied(),
                 );
-                crate::agent::call_guarded(f, call, user_args).await
+                // OBJ-1: the one place a function may make an object.
+                keeping_objects(crate::agent::call_guarded(f, call, user_args)).await
             }
-            None => Err(Error::runtime(unknown_function_message(
-                &function,
-                agent.name(),
-            ))),
+            None => (
+                Err(Error::runtime(unknown_function_message(
+                    &function,
+                    agent.name(),
+                ))),
+                None,
+            ),
         };
-        let _ = state.value.complete(result);
+        state.complete(result, object);
         Ok(Payload::none())
     });
     r.register_native(FETCH, |ctx, args: Args| async move {
         let agent = ctx.agent().clone();
         let id = header_id(&args, 0)?;
         let state = context(&agent).get_or_create_owner(&agent, id);
-        state.value.wait().await
+        // OBJ-2: an object is not copied to the user.
+        state.payload("to_here()").await
     });
     r.register_native(TYPEOF, |ctx, args: Args| async move {
         let agent = ctx.agent().clone();
         let id = header_id(&args, 0)?;
         let state = context(&agent).get_or_create_owner(&agent, id);
-        let v = state.value.wait().await?;
-        Ok(Payload::from(type_name_of(&v)))
+        Ok(Payload::from(state.owned().await?.type_name()))
     });
     r.register_native(LOCAL_INVOKE, |ctx, args: Args| async move {
         let agent = ctx.agent().clone();
         let rref = args.get(0)?.as_rref()?;
         let method = args.get(1)?.as_str()?.to_string();
-        let value = rref.local_value(&agent).await?;
-        super::proxy::invoke_local(&agent, value, &method, rest(&args, 2)).await
+        let state = rref.owner_state().ok_or_else(|| {
+            Error::runtime(format!(
+                "proxy call of {method} on {rref}: worker {} does not own it",
+                agent.name()
+            ))
+        })?;
+        let owned = state.owned().await?;
+        super::proxy::invoke_local(&agent, ctx.caller(), owned, &method, rest(&args, 2)).await
     });
 }

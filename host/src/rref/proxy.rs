@@ -6,14 +6,16 @@
 //! the owner's local-invoke function with the same timeout. On the owner,
 //! tensor methods resolve through libtorch's operator registry
 //! (`wasmrpc_torch_sys::call_method_values`, with Python's
-//! `'Tensor' object has no attribute` text for unknown methods).
+//! `'Tensor' object has no attribute` text for unknown methods), and an
+//! object's methods are the object's ([`super::RRefObject`]: a plugin
+//! object runs them one at a time).
 
 use std::time::Duration;
 
 use tch::Tensor;
 
-use super::{LOCAL_INVOKE, RRef};
-use crate::abi::{ErrorKind, Value};
+use super::{LOCAL_INVOKE, Owned, RRef, type_name_of};
+use crate::abi::{ErrorKind, Value, WorkerInfo};
 use crate::agent::{Dest, Future, RpcAgent};
 use crate::error::{Error, Result};
 use crate::value::{Args, Payload};
@@ -155,24 +157,27 @@ impl RRefProxy {
     }
 }
 
-/// Runs `method` on `value` on the owner.
+/// Runs `method` on what the owner holds, for `caller`: an object's
+/// method, a tensor method by name, else Python's `AttributeError`.
 pub(crate) async fn invoke_local(
-    _agent: &RpcAgent,
-    value: Payload,
+    agent: &RpcAgent,
+    caller: &WorkerInfo,
+    owned: Owned,
     method: &str,
     args: Args,
 ) -> Result<Payload> {
+    let value = match owned {
+        Owned::Object(o) => return o.call_method(agent, caller, method, args).await,
+        Owned::Value(v) => v,
+    };
     match &value.value {
         Value::Tensor(_) => tensor_method(value, method, args),
-        Value::Record { name, .. } => Err(Error::new(
-            ErrorKind::NotImplementedError,
-            format!(
-                "RRef proxy call of {name}.{method}: methods of plugin objects are not served by this host yet"
-            ),
-        )),
-        v => Err(Error::new(
+        _ => Err(Error::new(
             ErrorKind::AttributeError,
-            format!("'{}' object has no attribute '{method}'", v.type_name()),
+            format!(
+                "'{}' object has no attribute '{method}'",
+                type_name_of(&value)
+            ),
         )),
     }
 }

@@ -14,6 +14,9 @@ pub struct FaultInjection {
     fail: Arc<Mutex<HashMap<MessageKind, u32>>>,
     delay: HashMap<MessageKind, Duration>,
     fail_functions: Arc<Mutex<HashMap<String, u32>>>,
+    /// What `fail_sends` was given, for introspection (the counters in
+    /// `fail` run down).
+    configured: Vec<(MessageKind, u32)>,
 }
 
 impl FaultInjection {
@@ -24,7 +27,9 @@ impl FaultInjection {
 
     /// Makes the first `n` sends of each of `kinds` fail.
     #[must_use]
-    pub fn fail_sends(self, kinds: &[MessageKind], n: u32) -> Self {
+    pub fn fail_sends(mut self, kinds: &[MessageKind], n: u32) -> Self {
+        self.configured.retain(|(k, _)| !kinds.contains(k));
+        self.configured.extend(kinds.iter().map(|k| (*k, n)));
         {
             let mut fail = self.fail.lock().unwrap_or_else(|p| p.into_inner());
             for k in kinds {
@@ -49,6 +54,18 @@ impl FaultInjection {
     pub fn delay(mut self, kind: MessageKind, by: Duration) -> Self {
         self.delay.insert(kind, by);
         self
+    }
+
+    /// The message kinds whose sends were set to fail
+    /// (`messages_to_fail`), in the order given.
+    pub fn messages_to_fail(&self) -> Vec<MessageKind> {
+        self.configured.iter().map(|(k, _)| *k).collect()
+    }
+
+    /// How many sends of each failing kind fail (`num_fail_sends`): the
+    /// largest count given to [`fail_sends`](Self::fail_sends), 0 if none.
+    pub fn num_fail_sends(&self) -> u32 {
+        self.configured.iter().map(|(_, n)| *n).max().unwrap_or(0)
     }
 
     /// Whether any fault is configured.

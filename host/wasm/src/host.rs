@@ -24,7 +24,9 @@
 
 use async_trait::async_trait;
 use std::time::Duration;
-use wasmrpc_abi::protocol::{CallArgs, DType, HandleKind, LogLevel, Progress, TensorMeta};
+use wasmrpc_abi::protocol::{
+    AutogradCall, CallArgs, DType, HandleKind, LogLevel, Progress, TensorMeta,
+};
 use wasmrpc_abi::{ErrorKind, RemoteError, Value, WorkerInfo};
 
 /// The result of a request: errors keep their Python kind and message and
@@ -81,6 +83,63 @@ pub trait GuestHost: Send + Sync + 'static {
     async fn rref_owner(&self, rref: u32) -> HostResult<WorkerInfo>;
     /// `RRef(value)`: a local owner RRef.
     async fn rref_new(&self, value: Value) -> HostResult<u32>;
+
+    // ---- RRef proxies and RRef state (plugin classes) --------------------
+    // Kept together: a host without RRef proxies keeps the defaults, which
+    // answer `NotImplementedError`.
+
+    /// `rref.rpc_sync(timeout).method(*args)`: runs `method` on the value
+    /// on its owner and waits for the result.
+    async fn rref_rpc_sync(
+        &self,
+        rref: u32,
+        method: &str,
+        args: CallArgs,
+        timeout: Option<f64>,
+    ) -> HostResult<Value> {
+        let _ = (rref, args, timeout);
+        Err(no_proxies(method))
+    }
+    /// `rref.rpc_async(timeout).method(*args)`: returns a future handle.
+    async fn rref_rpc_async(
+        &self,
+        rref: u32,
+        method: &str,
+        args: CallArgs,
+        timeout: Option<f64>,
+    ) -> HostResult<u32> {
+        let _ = (rref, args, timeout);
+        Err(no_proxies(method))
+    }
+    /// `rref.remote(timeout).method(*args)`: returns an RRef handle to the
+    /// result, kept on the owner.
+    async fn rref_remote(
+        &self,
+        rref: u32,
+        method: &str,
+        args: CallArgs,
+        timeout: Option<f64>,
+    ) -> HostResult<u32> {
+        let _ = (rref, args, timeout);
+        Err(no_proxies(method))
+    }
+    /// `rref.is_owner()`.
+    async fn rref_is_owner(&self, rref: u32) -> HostResult<bool> {
+        let _ = rref;
+        Err(RemoteError::new(
+            ErrorKind::NotImplementedError,
+            "this host does not track RRef ownership",
+        ))
+    }
+    /// `rref.confirmed_by_owner()`.
+    async fn rref_confirmed_by_owner(&self, rref: u32) -> HostResult<bool> {
+        let _ = rref;
+        Err(RemoteError::new(
+            ErrorKind::NotImplementedError,
+            "this host does not track RRef confirmations",
+        ))
+    }
+    // ---- end of RRef proxies and RRef state ------------------------------
 
     /// `Future()`: a new, unset future.
     async fn future_new(&self) -> HostResult<u32>;
@@ -147,6 +206,25 @@ pub trait GuestHost: Send + Sync + 'static {
         }
         Ok(())
     }
+
+    // ---- Autograd block: local autograd on handles, distributed autograd
+    // contexts and the distributed optimizer. Keep these methods together.
+
+    /// Runs an autograd request ([`AutogradCall`]); replies as documented
+    /// on each request. The default refuses every request (a host without
+    /// autograd).
+    async fn autograd(&self, call: AutogradCall) -> HostResult<Value> {
+        Err(runtime_error(format!(
+            "this host does not support autograd requests ({call:?})"
+        )))
+    }
+}
+
+fn no_proxies(method: &str) -> RemoteError {
+    RemoteError::new(
+        ErrorKind::NotImplementedError,
+        format!("RRef proxy call of {method}: this host does not serve RRef proxies"),
+    )
 }
 
 /// A `RuntimeError` with `message`, for implementors.

@@ -123,6 +123,25 @@ async fn dispatch(ctx: &Arc<CallCtx>, call: HostCall) -> HostResult<HostReply> {
         HostCall::RRefToHere(r) => HostReply::Value(host.rref_to_here(r).await?),
         HostCall::RRefOwner(r) => HostReply::Worker(host.rref_owner(r).await?),
         HostCall::RRefNew(v) => HostReply::Handle(host.rref_new(v).await?),
+        HostCall::RRefProxyCall {
+            rref,
+            mode,
+            method,
+            args,
+            timeout,
+        } => match mode {
+            RpcMode::Sync => {
+                HostReply::Value(host.rref_rpc_sync(rref, &method, args, timeout).await?)
+            }
+            RpcMode::Async => {
+                HostReply::Handle(host.rref_rpc_async(rref, &method, args, timeout).await?)
+            }
+            RpcMode::Remote => {
+                HostReply::Handle(host.rref_remote(rref, &method, args, timeout).await?)
+            }
+        },
+        HostCall::RRefIsOwner(r) => HostReply::Bool(host.rref_is_owner(r).await?),
+        HostCall::RRefConfirmed(r) => HostReply::Bool(host.rref_confirmed_by_owner(r).await?),
         HostCall::FutureNew => HostReply::Handle(host.future_new().await?),
         HostCall::FutureSet { future, result } => {
             host.future_set(future, result).await?;
@@ -188,6 +207,7 @@ async fn dispatch(ctx: &Arc<CallCtx>, call: HostCall) -> HostResult<HostReply> {
             HostReply::Unit
         }
         HostCall::Panicked(_) => HostReply::Unit,
+        HostCall::Autograd(call) => HostReply::Value(host.autograd(call).await?),
     })
 }
 

@@ -81,5 +81,7 @@ pub use manifest::Manifest;
 pub use object::Object;
 pub use plugin::{LoadSource, Plugin};
 pub use runtime::{Config, Runtime};
-pub use wasmrpc_abi::protocol::{CallArgs, DType, HandleKind, LogLevel, Progress, TensorMeta};
+pub use wasmrpc_abi::protocol::{
+    AutogradCall, CallArgs, DType, HandleKind, LogLevel, Progress, TensorMeta,
+};
 pub use wasmrpc_abi::{ErrorKind, RemoteError, Value, WorkerInfo};

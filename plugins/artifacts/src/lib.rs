@@ -13,6 +13,7 @@
 //!         const _: fn() = $name;
 //!     };
 //! }
+//! fn autograd_fns() {}
 //! fn demo() {}
 //! fn rl() {}
 //! fn param_server() {}

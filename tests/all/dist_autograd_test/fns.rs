@@ -202,6 +202,7 @@ async fn rpc_tensor(agent: &RpcAgent, to: String, f: &str, a: Args) -> Result<Te
 /// Registers everything the suite calls.
 pub(super) fn register(r: &FunctionRegistry) {
     crate_support::register_all(r);
+    super::optim::register(r);
     for name in BUILTINS {
         r.register_native(
             *name,
@@ -343,9 +344,21 @@ pub(super) fn register(r: &FunctionRegistry) {
             let got = grads
                 .get(&v)
                 .ok_or_else(|| Error::runtime("no gradient for the owner's value"))?;
-            Ok(Payload::from(got.equal(&want)))
+            // Both sparse or both dense; sparse ones compare densified.
+            if got.is_sparse() != want.is_sparse() {
+                return Ok(Payload::from(false));
+            }
+            let dense = |x: &Tensor| {
+                if x.is_sparse() {
+                    x.to_dense(None, false)
+                } else {
+                    x.shallow_clone()
+                }
+            };
+            Ok(Payload::from(dense(&got).equal(&dense(&want))))
         },
     );
+    register_area_g(r);
     r.register_native(
         "seed::_set_simulate_error",
         |c: CallContext, a| async move {
@@ -356,6 +369,147 @@ pub(super) fn register(r: &FunctionRegistry) {
             Ok(Payload::none())
         },
     );
+}
+
+/// The functions of the RRef / parameter-server tests (area G) and the
+/// remote `EmbeddingBag` (area F).
+fn register_area_g(r: &FunctionRegistry) {
+    r.register_native("seed::create_tensor", |_c, _a| async move {
+        Ok(Tensor::ones([3, 3], (Kind::Float, Device::Cpu))
+            .set_requires_grad(true)
+            .into())
+    });
+    r.register_native("seed::create_torchscript_tensor", |_c, _a| async move {
+        Ok(Tensor::ones([3, 3], (Kind::Float, Device::Cpu))
+            .set_requires_grad(true)
+            .into())
+    });
+    r.register_native("seed::build_sparse_tensor", |_c, a| async move {
+        // build_sparse_tensor(coalesce=False, requires_grad=True)
+        let coalesce = a
+            .param(0, "coalesce")
+            .map(|p| p.as_bool())
+            .unwrap_or(Ok(false))?;
+        let rg = a
+            .param(1, "requires_grad")
+            .map(|p| p.as_bool())
+            .unwrap_or(Ok(true))?;
+        let s = build_sparse_tensor(false, Kind::Float);
+        let s = if coalesce { s.coalesce() } else { s };
+        Ok(s.set_requires_grad(rg).into())
+    });
+    r.register_native("seed::_check_rpc_done", |c: CallContext, a| async move {
+        let d = usize::try_from(a.get(0)?.as_int()?).map_err(|_| Error::value("bad distance"))?;
+        c.agent().state::<RpcDone>().wait(d.min(3)).await;
+        Ok(Payload::none())
+    });
+    r.register_native("seed::my_script_ref_add", |c: CallContext, a| async move {
+        let v = a
+            .get(0)?
+            .as_rref()?
+            .to_here(c.agent(), None)
+            .await?
+            .as_tensor()?;
+        Ok(v.f_add(&t(&a, 1)?)?.into())
+    });
+    r.register_native("seed::_run_trainer", |c: CallContext, a| async move {
+        run_trainer(c.agent().clone(), a, "seed::my_rref_add").await
+    });
+    r.register_native(
+        "seed::_run_trainer_torchscript",
+        |c: CallContext, a| async move {
+            run_trainer(c.agent().clone(), a, "seed::my_script_ref_add").await
+        },
+    );
+    r.register_native("seed::DistAutogradTest._slow_add", |_c, a| async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        Ok(t(&a, 0)?.f_add(&t(&a, 1)?)?.set_requires_grad(true).into())
+    });
+    // `torch.nn.EmbeddingBag(16, 16, mode="sum", sparse=True)`: the module's
+    // state is its weight, which the RRef holds.
+    r.register_native("seed::EmbeddingBag", |_c, a| async move {
+        let n = a.get(0)?.as_int()?;
+        let d = a.get(1)?.as_int()?;
+        Ok(Tensor::randn([n, d], (Kind::Float, Device::Cpu))
+            .set_requires_grad(true)
+            .into())
+    });
+    r.register_native(
+        "seed::DistAutogradTest._call_remote_embedding",
+        |c: CallContext, a| async move {
+            let weight = a
+                .get(0)?
+                .as_rref()?
+                .local_value(c.agent())
+                .await?
+                .as_tensor()?;
+            Ok(embedding_bag_sum(&weight, &t(&a, 1)?, &t(&a, 2)?, &t(&a, 3)?)?.into())
+        },
+    );
+    r.register_native(
+        "seed::DistAutogradTest._get_grad",
+        |c: CallContext, a| async move {
+            let weight = a
+                .get(0)?
+                .as_rref()?
+                .local_value(c.agent())
+                .await?
+                .as_tensor()?;
+            let grads = autograd::get_gradients(c.agent(), a.get(1)?.as_int()?)?;
+            Ok(grads
+                .get(&weight)
+                .ok_or_else(|| Error::runtime("no gradient for the embedding's weight"))?
+                .into())
+        },
+    );
+}
+
+/// `EmbeddingBag(mode="sum", sparse=True)(input, offsets, per_sample_weights)`.
+pub(super) fn embedding_bag_sum(
+    weight: &Tensor,
+    input: &Tensor,
+    offsets: &Tensor,
+    per_sample_weights: &Tensor,
+) -> Result<Tensor> {
+    Ok(Tensor::f_embedding_bag(
+        weight,
+        input,
+        offsets,
+        false,
+        0,
+        true,
+        Some(per_sample_weights),
+        false,
+    )?
+    .0)
+}
+
+/// `_run_trainer(rref_t1, t2, ps, rank_diff, sparse)` (and its TorchScript
+/// twin, with `add` naming the function the trainer calls on the PS).
+async fn run_trainer(agent: RpcAgent, a: Args, add: &'static str) -> Result<Payload> {
+    let rref_t1 = a.get(0)?;
+    let t2 = t(&a, 1)?;
+    let ps = a.get(2)?.as_str()?.to_string();
+    let rank_diff = a.get(3)?.as_int()?;
+    let ag = agent.clone();
+    autograd::context(&agent, |ctx| async move {
+        let agent = ag;
+        let ret = agent
+            .rpc_sync(ps.as_str(), add, args![rref_t1, t2])
+            .await?
+            .as_tensor()?;
+        autograd::backward(&agent, ctx, &[loss_of(&ret)], false).await?;
+        // Holds the context until the PS has checked it.
+        agent
+            .rpc_sync(ps.as_str(), "seed::_set_rpc_done", args![ctx, rank_diff])
+            .await?;
+        agent
+            .rpc_sync(ps.as_str(), "seed::_check_rpc_done", args![0i64])
+            .await?;
+        Ok::<_, Error>(())
+    })
+    .await??;
+    Ok(Payload::none())
 }
 
 use wasmrpc_tests as crate_support;

@@ -3,11 +3,13 @@
 //! and a fork/drop stress test. Tests of the `TensorPipeAgentRpcTest`
 //! suite live in `tp_rpc`.
 //!
+//! The class tests (`test_rref_proxy_class`, `_self`,
+//! `tp_rpc::test_rref_proxy_timeout`, and the extra plugin-object tests)
+//! use the seed-fns wasm plugin's classes (`seed_fns::MyClass`) on a
+//! [`plugin_cluster`]: `remote()` of a class constructs the object on its
+//! owner, and proxies call its methods there.
+//!
 //! Not ported here, with the reason:
-//! - `test_rref_proxy_class`, `test_rref_proxy_class_self`, and the class
-//!   part of `tp_rpc::test_rref_proxy_timeout`: proxy methods on plugin
-//!   objects need the wasm plugin objects (the owner answers
-//!   NotImplementedError until then);
 //! - the profiler assertions of `test_rref_type_blocking` /
 //!   `_non_blocking` (no profiler yet): the ports check the type, the
 //!   cached future and that later calls send nothing;
@@ -23,8 +25,8 @@ use wasmrpc::testing::{
     wait_until_pending_futures_and_users_flushed, worker_name,
 };
 use wasmrpc::{
-    ErrorKind, LEAKING_RREF, Payload, RPC_TIMEOUT_PREFIX, RREF_FORK_AFTER_DELETION,
-    RREF_TO_HERE_AFTER_DELETION, RRef, Value, args,
+    Args, ErrorKind, LEAKING_RREF, Payload, PluginHost, RPC_TIMEOUT_PREFIX,
+    RREF_FORK_AFTER_DELETION, RREF_TO_HERE_AFTER_DELETION, RRef, RRefProxyMode, Value, args,
 };
 use wasmrpc_tests::{dist_with, expect_err, expect_tensor, ones, register_all, rref_fns, timed};
 
@@ -35,6 +37,20 @@ fn cluster(world_size: u32) -> ClusterBuilder {
     Cluster::builder(world_size).functions(|r| {
         register_all(r);
         rref_fns::register(r);
+    })
+}
+
+/// [`cluster`] whose workers also serve the seed-fns wasm plugin
+/// (`seed_fns::MyClass`, `seed_fns::AsyncExecutionClass`, ...).
+pub(super) fn plugin_cluster(world_size: u32) -> ClusterBuilder {
+    let host = PluginHost::shared().expect("the process's plugin host starts");
+    let plugin = host
+        .load_file(wasmrpc_plugins::SEED_FNS)
+        .expect("the seed-fns plugin loads");
+    Cluster::builder(world_size).functions(move |r| {
+        register_all(r);
+        rref_fns::register(r);
+        host.register(&plugin, r);
     })
 }
 
@@ -853,6 +869,306 @@ fn test_rref_proxy_reuse() {
     });
 }
 
+// ------------------------------------- E: proxies on plugin objects
+
+/// Calls `method` through `rref`'s proxy of `mode` (the seeds'
+/// `rref.rpc_sync().m(...)`, `rref.rpc_async().m(...).wait()`,
+/// `rref.remote().m(...).to_here()`).
+async fn via(
+    w: &Worker,
+    rref: &RRef,
+    mode: RRefProxyMode,
+    method: &str,
+    args: Args,
+) -> anyhow::Result<Payload> {
+    Ok(match mode {
+        RRefProxyMode::Sync => rref.rpc_sync(&w.agent, None).call(method, args).await?,
+        RRefProxyMode::Async => {
+            rref.rpc_async(&w.agent, None)
+                .call_async(method, args)
+                .wait()
+                .await?
+        }
+        RRefProxyMode::Remote => {
+            let r = rref
+                .remote(&w.agent, None)
+                .call_remote(method, args)
+                .await?;
+            here(w, &r).await?
+        }
+    })
+}
+
+const MODES: [RRefProxyMode; 3] = [
+    RRefProxyMode::Sync,
+    RRefProxyMode::Async,
+    RRefProxyMode::Remote,
+];
+
+async fn rref_proxy_class(w: Worker, dst: String) -> anyhow::Result<()> {
+    let rref = w
+        .agent
+        .remote(dst.as_str(), "seed_fns::MyClass", args![7])?;
+    let mut expected = 7;
+    for mode in MODES {
+        let v = via(&w, &rref, mode, "get_value", args![]).await?;
+        ensure!(v.as_int()? == expected, "{mode:?}: get_value {v:?}");
+    }
+    expected += 3;
+    for mode in MODES {
+        let v = via(&w, &rref, mode, "increment_value", args![1]).await?;
+        ensure!(v.is_none(), "{mode:?}: increment_value returned {v:?}");
+    }
+    for mode in MODES {
+        let v = via(&w, &rref, mode, "get_value", args![]).await?;
+        ensure!(v.as_int()? == expected, "{mode:?}: get_value {v:?}");
+    }
+    for (mode, b) in MODES.into_iter().zip([2, 3, 4]) {
+        let v = via(&w, &rref, mode, "my_instance_method", args![b]).await?;
+        ensure!(
+            v.as_int()? == expected + b,
+            "{mode:?}: my_instance_method {v:?}"
+        );
+    }
+    for (mode, f) in MODES.into_iter().zip([9, 10, 11]) {
+        let v = via(&w, &rref, mode, "my_static_method", args![f]).await?;
+        ensure!(v.as_bool()? == (f > 10), "{mode:?}: my_static_method {v:?}");
+    }
+    let tensors = [
+        Tensor::zeros([2, 2], (tch::Kind::Float, tch::Device::Cpu)),
+        ones(&[3, 3]),
+        ones(&[4, 4]),
+    ];
+    for (mode, t) in MODES.into_iter().zip(tensors) {
+        let want = &t + 2;
+        let v = via(&w, &rref, mode, "my_class_method", args![2, t]).await?;
+        expect_tensor(&v, &want)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn test_rref_proxy_class() {
+    dist_with(plugin_cluster(4), |w| async move {
+        let dst = w.dst();
+        rref_proxy_class(w, dst).await
+    });
+}
+
+#[test]
+fn test_rref_proxy_class_self() {
+    dist_with(plugin_cluster(4), |w| async move {
+        let dst = me(&w);
+        rref_proxy_class(w, dst).await
+    });
+}
+
+#[test]
+fn plugin_object_rref_answers_its_class_and_is_not_copied() {
+    dist_with(plugin_cluster(4), |w| async move {
+        for dst in [w.dst(), me(&w)] {
+            let r = w
+                .agent
+                .remote(dst.as_str(), "seed_fns::MyClass", args![1])?;
+            ensure!(r.get_type(&w.agent, None).await? == "seed_fns::MyClass");
+            expect_err(
+                r.to_here(&w.agent, None).await,
+                ErrorKind::TypeError,
+                &format!(
+                    "it holds an object of class seed_fns::MyClass on worker {dst}, and objects \
+                     stay on their owner"
+                ),
+            )?;
+            if r.is_owner() {
+                expect_err(
+                    r.local_value(&w.agent).await,
+                    ErrorKind::TypeError,
+                    "objects stay on their owner",
+                )?;
+            }
+            expect_err(
+                r.rpc_sync(&w.agent, None).call("non_exist", args![]).await,
+                ErrorKind::AttributeError,
+                "'MyClass' object has no attribute 'non_exist'",
+            )?;
+        }
+        // rpc_sync / rpc_async of a class: no owner to keep the object.
+        let msg = format!(
+            "seed_fns::MyClass is a plugin class, called by rpc_sync/rpc_async from worker {} \
+             on worker {}",
+            me(&w),
+            w.dst()
+        );
+        expect_err(
+            w.agent
+                .rpc_sync(w.dst(), "seed_fns::MyClass", args![1])
+                .await,
+            ErrorKind::TypeError,
+            &msg,
+        )?;
+        expect_err(
+            w.agent
+                .rpc_async(w.dst(), "seed_fns::MyClass", args![1])
+                .wait()
+                .await,
+            ErrorKind::TypeError,
+            &msg,
+        )?;
+        Ok(())
+    });
+}
+
+#[test]
+fn plugin_object_methods_take_kwargs_tensors_and_rrefs() {
+    dist_with(plugin_cluster(4), |w| async move {
+        let obj = w
+            .agent
+            .remote(w.dst(), "seed_fns::MyClass", args![ones(&[2])])?;
+        let proxy = obj.rpc_sync(&w.agent, None);
+        proxy
+            .call("increment_value", Args::new().kwarg("increment", 2))
+            .await?;
+        expect_tensor(&proxy.call("get_value", args![]).await?, &(ones(&[2]) + 2))?;
+        // An RRef owned by the caller, passed to a method on the owner of
+        // the object, which fetches it back.
+        let mine = RRef::new(&w.agent, ones(&[2]) * 10);
+        let v = proxy.call("add_from_rref", args![&mine]).await?;
+        expect_tensor(&v, &(ones(&[2]) * 13))?;
+        // A kwarg the method does not take.
+        expect_err(
+            proxy.call("get_value", Args::new().kwarg("nope", 1)).await,
+            ErrorKind::TypeError,
+            "get_value() got an unexpected keyword argument 'nope'",
+        )?;
+        Ok(())
+    });
+}
+
+#[test]
+fn plugin_object_is_disposed_when_its_last_user_rref_drops() {
+    dist_with(plugin_cluster(4), |w| async move {
+        let key = format!("tracked-from-{}", w.rank);
+        let disposed = |w: &Worker, key: String| {
+            let agent = w.agent.clone();
+            let dst = w.dst();
+            async move {
+                anyhow::Ok(
+                    agent
+                        .rpc_sync(dst, "seed_fns::Tracked.disposed", args![key])
+                        .await?
+                        .as_int()?,
+                )
+            }
+        };
+        let r = w
+            .agent
+            .remote(w.dst(), "seed_fns::Tracked", args![key.clone()])?;
+        let k = r.rpc_sync(&w.agent, None).call("key", args![]).await?;
+        ensure!(k.as_str()? == key);
+        ensure!(disposed(&w, key.clone()).await? == 0, "disposed while held");
+        drop(r);
+        let deadline = std::time::Instant::now() + FLUSH;
+        loop {
+            let n = disposed(&w, key.clone()).await?;
+            if n == 1 {
+                break;
+            }
+            ensure!(n == 0, "disposed {n} times");
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "the owner never disposed of the object"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn plugin_constructor_error_reaches_the_rref() {
+    dist_with(plugin_cluster(4), |w| async move {
+        let r = w.agent.remote(w.dst(), "seed_fns::MyClass", args![])?;
+        let msg = "MyClass() missing 1 required positional argument: 'a'";
+        expect_err(r.get_type(&w.agent, None).await, ErrorKind::TypeError, msg)?;
+        expect_err(r.to_here(&w.agent, None).await, ErrorKind::TypeError, msg)?;
+        expect_err(
+            r.rpc_sync(&w.agent, None).call("get_value", args![]).await,
+            ErrorKind::TypeError,
+            msg,
+        )?;
+        Ok(())
+    });
+}
+
+#[test]
+fn plugin_object_trap_breaks_only_that_object() {
+    dist_with(plugin_cluster(4), |w| async move {
+        let a = w.agent.remote(w.dst(), "seed_fns::MyClass", args![9])?;
+        let b = w.agent.remote(w.dst(), "seed_fns::MyClass", args![1])?;
+        let e = expect_err(
+            a.rpc_sync(&w.agent, None).call("explode", args![]).await,
+            ErrorKind::RuntimeError,
+            "MyClass exploded with a = 9",
+        )?;
+        ensure!(
+            e.to_string().contains(&format!("on worker {}", w.dst())),
+            "{e}"
+        );
+        expect_err(
+            a.rpc_sync(&w.agent, None).call("get_value", args![]).await,
+            ErrorKind::RuntimeError,
+            "broken",
+        )?;
+        let v = b
+            .rpc_sync(&w.agent, None)
+            .call("get_value", args![])
+            .await?;
+        ensure!(v.as_int()? == 1, "the other object: {v:?}");
+        // The worker keeps serving new objects of the class.
+        let c = w.agent.remote(w.dst(), "seed_fns::MyClass", args![3])?;
+        let v = c
+            .rpc_async(&w.agent, None)
+            .call_async("get_value", args![])
+            .wait()
+            .await?;
+        ensure!(v.as_int()? == 3);
+        Ok(())
+    });
+}
+
+#[test]
+fn plugin_creates_an_object_and_calls_it_through_proxies() {
+    dist_with(plugin_cluster(4), |w| async move {
+        // The guest runs on dst and makes the object on dst2, then on
+        // itself (an owner RRef in the guest).
+        let dst2 = w.peer(2);
+        for owner in [dst2, w.dst()] {
+            let p = w
+                .agent
+                .rpc_sync(w.dst(), "seed_fns::drive_my_class", args![owner.clone(), 5])
+                .await?;
+            let items = p.items()?;
+            ensure!(items.len() == 4, "{p:?}");
+            ensure!(items[0].as_str()? == owner, "owner name {:?}", items[0]);
+            let flags = items[1].items()?;
+            ensure!(
+                flags[0].as_bool()? == (owner == w.dst()),
+                "is_owner {:?}",
+                flags[0]
+            );
+            // The owner answered the remote() before the calls returned.
+            ensure!(flags[1].as_bool()?, "confirmed_by_owner {:?}", flags[1]);
+            ensure!(
+                items[2].as_int()? == 16,
+                "my_instance_method {:?}",
+                items[2]
+            );
+            ensure!(items[3].as_int()? == 6, "get_value {:?}", items[3]);
+        }
+        Ok(())
+    });
+}
+
 // ------------------------------------------------ F: lifecycle and leaks
 
 fn leak_test(ignore: bool) {
@@ -1244,6 +1560,82 @@ async fn here_agent(a: &wasmrpc::RpcAgent, r: &RRef) -> anyhow::Result<Payload> 
 /// Tests of the seeds' `TensorPipeAgentRpcTest` suite.
 mod tp_rpc {
     use super::*;
+
+    /// The seed's `_test_rref_proxy_timeout(api)`. The seed waits for the
+    /// object with `rref.to_here()`; an object is not copied here (a
+    /// `TypeError`), so the port waits with `_get_type()`.
+    async fn rref_proxy_timeout(w: &Worker, mode: RRefProxyMode) -> anyhow::Result<()> {
+        let dst = w.dst();
+        let rref = w
+            .agent
+            .remote(dst.as_str(), "seed_fns::MyClass", args![ones(&[2, 2])])?;
+        rref.get_type(&w.agent, None).await?;
+        let timeout = Some(Duration::from_secs(2));
+        let r = match mode {
+            RRefProxyMode::Sync => {
+                rref.rpc_sync(&w.agent, timeout)
+                    .call("my_slow_method", args![ones(&[2, 2])])
+                    .await
+            }
+            RRefProxyMode::Async => {
+                rref.rpc_async(&w.agent, timeout)
+                    .call_async("my_slow_method", args![ones(&[2, 2])])
+                    .wait()
+                    .await
+            }
+            RRefProxyMode::Remote => {
+                let result = rref
+                    .remote(&w.agent, timeout)
+                    .call_remote("my_slow_method", args![ones(&[2, 2])])
+                    .await?;
+                result.get_future().wait().await
+            }
+        };
+        expect_err(r, ErrorKind::RuntimeError, RPC_TIMEOUT_PREFIX)
+            .map_err(|e| e.context(format!("{mode:?}: my_slow_method")))?;
+
+        // The proxy learns the type first, with its own timeout: a slow
+        // constructor times it out before any method call.
+        let slow = w.agent.remote(
+            dst.as_str(),
+            "seed_fns::MyClass",
+            args![ones(&[2, 2]), true],
+        )?;
+        let timeout = Some(Duration::from_millis(10));
+        let r = match mode {
+            RRefProxyMode::Sync => {
+                slow.rpc_sync(&w.agent, timeout)
+                    .call("my_instance_method", args![ones(&[2, 2])])
+                    .await
+            }
+            RRefProxyMode::Async => {
+                slow.rpc_async(&w.agent, timeout)
+                    .call_async("my_instance_method", args![ones(&[2, 2])])
+                    .wait()
+                    .await
+            }
+            RRefProxyMode::Remote => slow
+                .remote(&w.agent, timeout)
+                .call_remote("my_instance_method", args![ones(&[2, 2])])
+                .await
+                .map(|_| Payload::none()),
+        };
+        expect_err(r, ErrorKind::RuntimeError, RPC_TIMEOUT_PREFIX)
+            .map_err(|e| e.context(format!("{mode:?}: proxy creation")))?;
+        // The seed's FIXME: wait for the owner to finish creating it.
+        slow.get_future().wait().await?;
+        Ok(())
+    }
+
+    #[test]
+    fn test_rref_proxy_timeout() {
+        dist_with(plugin_cluster(4), |w| async move {
+            for mode in MODES {
+                rref_proxy_timeout(&w, mode).await?;
+            }
+            Ok(())
+        });
+    }
 
     fn sparse() -> Tensor {
         rref_fns::build_sparse_tensor()

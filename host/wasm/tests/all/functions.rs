@@ -8,6 +8,35 @@ use wasmrpc_wasm::{Config, Error, ErrorKind, Value};
 /// The plugin `plugins/seed-fns` is tested here (see `foreach_plugin!`).
 pub(crate) mod seed_fns {}
 
+/// The plugin `plugins/autograd-fns`: its autograd requests reach the
+/// host's `GuestHost::autograd`, which the fake host does not implement;
+/// its runs across real workers are in `tests/all/dist_autograd_test`.
+pub(crate) mod autograd_fns {
+    use crate::{setup, timed};
+    use wasmrpc_wasm::ErrorKind;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn autograd_requests_reach_the_host() {
+        timed(async {
+            let (rt, _, host) = setup();
+            let plugin = rt
+                .load_file(wasmrpc_plugins::AUTOGRAD_FNS)
+                .expect("the autograd-fns plugin loads");
+            let err = rt
+                .call(&plugin, "nested_context", Default::default(), host.arc())
+                .await
+                .expect_err("the fake host has no autograd");
+            assert_eq!(err.kind(), ErrorKind::RuntimeError, "{err}");
+            assert!(
+                err.to_string()
+                    .contains("this host does not support autograd requests (ContextNew)"),
+                "{err}"
+            );
+        })
+        .await;
+    }
+}
+
 /// The plugin `plugins/demo` (a first plugin): its argument checks here,
 /// against the fake host; its whole run across real workers in
 /// `tests/all/plugin_test.rs`.

@@ -1,0 +1,219 @@
+//! Plugin classes on the agent: [`PluginClass`], a class's constructor as
+//! a `remote()` target, and [`PluginObject`], an object held by an RRef on
+//! its owner.
+//!
+//! An object lives in a wasm instance of its own ([`Object`]) and keeps one
+//! guest host ([`GuestCall`]) for its whole life: the handles its fields
+//! hold (tensors, RRefs) stay valid from the constructor to the
+//! destructor, and per-worker locks it takes are released when it is
+//! disposed (PL-3 at the scale of the object). That guest host holds the
+//! agent, and the agent's RRef table holds the object: the cycle ends when
+//! the owner forgets the value, at the latest when the agent shuts down
+//! and clears its RRef context.
+
+use std::sync::Arc;
+
+use wasmrpc_wasm::{GuestHost, Object, Plugin, Runtime};
+
+use super::function::{PluginFunction, wasm_error};
+use super::guest::GuestCall;
+use crate::abi::{ErrorKind, WorkerInfo};
+use crate::agent::{CallContext, RpcAgent, RpcFunction};
+use crate::error::{Error, Result};
+use crate::rref::{RRefObject, can_keep_object, keep_object};
+use crate::value::{Args, Payload};
+
+/// A plugin class, registered as `namespace::Class`: `remote()` of it
+/// constructs an object on the destination and the RRef holds it.
+pub(crate) struct PluginClass {
+    runtime: Runtime,
+    plugin: Arc<Plugin>,
+    namespace: String,
+    class: String,
+}
+
+impl PluginClass {
+    pub(crate) fn new(
+        runtime: Runtime,
+        plugin: Arc<Plugin>,
+        namespace: String,
+        class: String,
+    ) -> Self {
+        PluginClass {
+            runtime,
+            plugin,
+            namespace,
+            class,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl RpcFunction for PluginClass {
+    async fn call(&self, ctx: CallContext, args: Args) -> Result<Payload> {
+        let agent = ctx.agent();
+        let name = format!("{}::{}", self.namespace, self.class);
+        if !can_keep_object() {
+            // OBJ-1: only remote() has an owner to keep the object.
+            return Err(Error::new(
+                ErrorKind::TypeError,
+                format!(
+                    "{name} is a plugin class, called by rpc_sync/rpc_async from worker {} on \
+                     worker {}: its objects stay on their owner and cannot be returned; create \
+                     one with remote(\"{}\", \"{name}\", ...) and call its methods through the \
+                     RRef's proxies (rref.rpc_sync().method(...))",
+                    ctx.caller().name,
+                    agent.name(),
+                    agent.name()
+                ),
+            ));
+        }
+        let where_ = || {
+            format!(
+                "constructing {name} on worker {} for {}",
+                agent.name(),
+                ctx.caller().name
+            )
+        };
+        let host = Arc::new(GuestCall::new(
+            agent.clone(),
+            self.plugin.clone(),
+            self.namespace.clone(),
+        ));
+        let call_args = host
+            .handles()
+            .import_args(args)
+            .map_err(|e| Error::from(e).context_line(where_()))?;
+        let guest: Arc<dyn GuestHost> = host.clone();
+        let object = self
+            .runtime
+            .construct(&self.plugin, &self.class, call_args, guest)
+            .await
+            .map_err(|e| wasm_error(&e).context_line(where_()))?;
+        let object = PluginObject {
+            tokio: agent.runtime_handle(),
+            runtime: self.runtime.clone(),
+            plugin: self.plugin.clone(),
+            namespace: self.namespace.clone(),
+            type_name: name.clone(),
+            host,
+            object: Some(object),
+        };
+        keep_object(Arc::new(object))
+            .map_err(|_| Error::runtime(format!("{}: no RRef to keep it", where_())))?;
+        Ok(Payload::none())
+    }
+}
+
+/// An object of a plugin class, held by an RRef on its owner. Dropping it
+/// disposes of it (on the agent's runtime): the guest destructor runs and
+/// releases what the object held.
+pub(crate) struct PluginObject {
+    tokio: tokio::runtime::Handle,
+    runtime: Runtime,
+    plugin: Arc<Plugin>,
+    namespace: String,
+    /// `namespace::Class`.
+    type_name: String,
+    host: Arc<GuestCall>,
+    /// `Some` until dropped.
+    object: Option<Object>,
+}
+
+impl PluginObject {
+    fn class(&self) -> &str {
+        self.object.as_ref().map_or("", Object::class)
+    }
+}
+
+impl Drop for PluginObject {
+    fn drop(&mut self) {
+        let Some(object) = self.object.take() else {
+            return;
+        };
+        let host: Arc<dyn GuestHost> = self.host.clone();
+        let name = self.type_name.clone();
+        // Without a runtime (the agent's is gone) the object is dropped
+        // without its destructor; its instance is freed all the same.
+        drop(self.tokio.spawn(async move {
+            if let Err(e) = object.dispose(host).await {
+                tracing::warn!(class = %name, "disposing of a plugin object failed: {e}");
+            }
+        }));
+    }
+}
+
+#[async_trait::async_trait]
+impl RRefObject for PluginObject {
+    fn type_name(&self) -> &str {
+        &self.type_name
+    }
+
+    fn has_method(&self, method: &str) -> bool {
+        self.plugin
+            .manifest()
+            .method(self.class(), method)
+            .is_some()
+    }
+
+    async fn call_method(
+        &self,
+        agent: &RpcAgent,
+        caller: &WorkerInfo,
+        method: &str,
+        args: Args,
+    ) -> Result<Payload> {
+        let class = self.class();
+        let manifest = self.plugin.manifest();
+        let where_ = || {
+            format!(
+                "calling {}.{method} on worker {} for {}",
+                self.type_name,
+                agent.name(),
+                caller.name
+            )
+        };
+        if manifest.method(class, method).is_none() {
+            // Static and class methods are the plugin's functions
+            // `Class.method`: called through an instance as in Python.
+            let function = format!("{class}.{method}");
+            if manifest.function(&function).is_some() {
+                let f = PluginFunction::new(
+                    self.runtime.clone(),
+                    self.plugin.clone(),
+                    self.namespace.clone(),
+                    function.clone(),
+                );
+                let ctx = CallContext::new(
+                    agent.clone(),
+                    caller.clone(),
+                    format!("{}::{function}", self.namespace),
+                    None,
+                );
+                return f.call(ctx, args).await;
+            }
+            return Err(Error::new(
+                ErrorKind::AttributeError,
+                format!("'{class}' object has no attribute '{method}'"),
+            ));
+        }
+        let object = self
+            .object
+            .as_ref()
+            .ok_or_else(|| Error::runtime(format!("{}: the object is gone", where_())))?;
+        let call_args = self
+            .host
+            .handles()
+            .import_args(args)
+            .map_err(|e| Error::from(e).context_line(where_()))?;
+        let guest: Arc<dyn GuestHost> = self.host.clone();
+        let value = object
+            .call_method(method, call_args, guest)
+            .await
+            .map_err(|e| wasm_error(&e).context_line(where_()))?;
+        self.host
+            .handles()
+            .take_payload(value)
+            .map_err(|e| Error::from(e).context_line(where_()))
+    }
+}

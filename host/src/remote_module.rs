@@ -1,0 +1,490 @@
+//! [`RemoteModule`]: PyTorch's `torch.distributed.nn.RemoteModule` over
+//! plugin classes.
+//!
+//! A module is an object of a plugin class that has a `forward` method
+//! (seed-fns' `MyModule`); a `RemoteModule` is a small handle to one,
+//! living on its owner: the owner's `remote_device`, the device, and the
+//! RRef that holds the object (`module_rref`). Calls go through the RRef's
+//! proxies to the RRef's owner (not to `on`: a handle made with
+//! [`RemoteModule::init_from_module_rref`] may name another worker).
+//!
+//! What it owns: parsing `remote_device` strings with PyTorch's error
+//! texts, the owner-side functions behind creation (`_create_module`, which
+//! checks that the class made a module) and `remote_parameters`
+//! (`_param_rrefs`), and the handle's wire form (a dict of PyTorch's six
+//! pickled attributes, in their order, the RRef forked as any RRef in a
+//! payload). It leaves objects, proxies and RRefs to the RRef module and
+//! plugin classes to the plugin module.
+//!
+//! Not supported (yet): devices other than the CPU (`cuda:N` parses, and
+//! creating a module there is a `NotImplementedError`), device maps,
+//! TorchScript interfaces (`is_scriptable` is always false).
+
+use crate::abi::{ErrorKind, Value};
+use crate::agent::{CallContext, Dest, FunctionRegistry, Future, RpcAgent, call_guarded};
+use crate::error::{Error, Result, unknown_function_message};
+use crate::rref::{Owned, RRef, discard_kept_object, kept_object, type_name_of};
+use crate::value::{Args, Payload};
+
+/// The owner-side creation behind [`RemoteModule::new`] (internal).
+pub(crate) const CREATE_MODULE: &str = "wasmrpc::_create_module";
+/// The owner-side function behind [`RemoteModule::remote_parameters`]
+/// (internal).
+pub(crate) const PARAM_RREFS: &str = "wasmrpc::_param_rrefs";
+
+/// The attributes a `RemoteModule` travels with, in PyTorch's order
+/// (`_REMOTE_MODULE_PICKLED_ATTRIBUTES`).
+pub const REMOTE_MODULE_PICKLED_ATTRIBUTES: [&str; 6] = [
+    "on",
+    "device",
+    "is_device_map_set",
+    "is_scriptable",
+    "generated_methods",
+    "module_rref",
+];
+
+/// The device types c10 knows, in its error text's order.
+const DEVICE_TYPES: &str = "cpu, cuda, ipu, xpu, mkldnn, opengl, opencl, ideep, hip, ve, fpga, \
+                            maia, xla, lazy, vulkan, mps, meta, hpu, mtia, privateuseone";
+
+/// Where a module lives: a worker name, or a rank (`rank:N/...`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RemoteOn {
+    /// `worker1/cpu`.
+    Name(String),
+    /// `rank:1/cpu`.
+    Rank(u32),
+}
+
+impl RemoteOn {
+    fn dest(&self) -> Dest {
+        match self {
+            RemoteOn::Name(n) => Dest::Name(n.clone()),
+            RemoteOn::Rank(r) => Dest::Rank(i64::from(*r)),
+        }
+    }
+
+    fn to_payload(&self) -> Payload {
+        match self {
+            RemoteOn::Name(n) => Payload::from(n.clone()),
+            RemoteOn::Rank(r) => Payload::from(i64::from(*r)),
+        }
+    }
+}
+
+fn parse_error(s: &str) -> Error {
+    Error::new(
+        ErrorKind::ValueError,
+        format!(
+            "Could not parse remote_device: {s}. The valid format is '<workername>/<device>' or \
+             'rank:<rank>/<device>' or '<device>'"
+        ),
+    )
+}
+
+/// Checks a device string as `torch.device(s)` does, with c10's texts.
+///
+/// # Errors
+/// `RuntimeError` "Device string must not be empty", "Invalid device
+/// string: 'cpu2'", "Expected one of ... device type at start of device
+/// string: foo".
+pub fn parse_device(s: &str) -> Result<String> {
+    if s.is_empty() {
+        return Err(Error::runtime("Device string must not be empty"));
+    }
+    let (ty, index) = match s.split_once(':') {
+        Some((t, i)) => (t, Some(i)),
+        None => (s, None),
+    };
+    let ty_ok = !ty.is_empty() && ty.chars().all(|c| c.is_ascii_alphabetic() || c == '_');
+    let index_ok = index.is_none_or(|i| {
+        !i.is_empty() && i.chars().all(|c| c.is_ascii_digit()) && (i == "0" || !i.starts_with('0'))
+    });
+    if !ty_ok || !index_ok {
+        return Err(Error::runtime(format!("Invalid device string: '{s}'")));
+    }
+    if !DEVICE_TYPES.split(", ").any(|t| t == ty) {
+        return Err(Error::runtime(format!(
+            "Expected one of {DEVICE_TYPES} device type at start of device string: {ty}"
+        )));
+    }
+    Ok(s.to_owned())
+}
+
+/// Parses `remote_device` as PyTorch's `_remote_device`: `worker/device`,
+/// `rank:N/device`, or a worker name alone (on the CPU).
+///
+/// # Errors
+/// `ValueError` "Could not parse remote_device: ..." for anything else
+/// (three fields, an empty worker, a device without a worker), and the
+/// device's errors ([`parse_device`]).
+pub fn parse_remote_device(s: &str) -> Result<(RemoteOn, String)> {
+    let fields: Vec<&str> = s.split('/').collect();
+    let (worker, device) = match fields.as_slice() {
+        [worker, device] => (*worker, *device),
+        [one] if parse_device(one).is_err() => (*one, "cpu"),
+        _ => return Err(parse_error(s)),
+    };
+    if worker.is_empty() {
+        return Err(parse_error(s));
+    }
+    let device = parse_device(device)?;
+    let on = match worker.strip_prefix("rank:") {
+        Some(r) => RemoteOn::Rank(r.parse().map_err(|_| parse_error(s))?),
+        None => RemoteOn::Name(worker.to_owned()),
+    };
+    Ok((on, device))
+}
+
+/// A module on a remote worker (`RemoteModule`): `forward` and
+/// `forward_async` run it on its owner, `remote_parameters` returns RRefs
+/// to its parameters, `train`/`eval` set its mode there.
+///
+/// ```no_run
+/// # async fn f(agent: wasmrpc::RpcAgent) -> wasmrpc::Result<()> {
+/// use wasmrpc::{RemoteModule, args};
+/// let m = RemoteModule::new(&agent, "worker1/cpu", "seed_fns::MyModule", args![1])?;
+/// let out = m.forward(&agent, args![tch::Tensor::from(1.0), 2, "3"]).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct RemoteModule {
+    on: RemoteOn,
+    device: String,
+    is_device_map_set: bool,
+    is_scriptable: bool,
+    generated_methods: Vec<String>,
+    module_rref: RRef,
+}
+
+impl RemoteModule {
+    /// Creates an object of the plugin class `module_cls` (registered name,
+    /// e.g. `seed_fns::MyModule`) with `args` on `remote_device`'s worker,
+    /// asynchronously (`rpc.remote`): a class whose objects are not modules
+    /// (no `forward`) or a constructor error surfaces on first use.
+    ///
+    /// # Errors
+    /// The errors of [`parse_remote_device`]; `NotImplementedError` for a
+    /// device other than the CPU; those of [`RpcAgent::remote`].
+    pub fn new(
+        agent: &RpcAgent,
+        remote_device: &str,
+        module_cls: &str,
+        args: Args,
+    ) -> Result<RemoteModule> {
+        let (on, device) = parse_remote_device(remote_device)?;
+        if device != "cpu" {
+            return Err(Error::new(
+                ErrorKind::NotImplementedError,
+                format!(
+                    "RemoteModule on {remote_device}: this host places modules on the cpu only"
+                ),
+            ));
+        }
+        let Args {
+            positional,
+            kwargs,
+            tensors,
+            rrefs,
+        } = args;
+        let mut call = vec![Value::Str(module_cls.to_owned())];
+        call.extend(positional);
+        let call = Args {
+            positional: call,
+            kwargs,
+            tensors,
+            rrefs,
+        };
+        let module_rref = agent.remote(on.dest(), CREATE_MODULE, call)?;
+        Ok(Self::with_rref(on, device, module_rref))
+    }
+
+    /// A second handle to the module `module_rref` holds, naming
+    /// `remote_device` (`RemoteModule.init_from_module_rref`): nothing is
+    /// created, and calls still go to the RRef's owner.
+    ///
+    /// # Errors
+    /// The errors of [`parse_remote_device`].
+    pub fn init_from_module_rref(remote_device: &str, module_rref: RRef) -> Result<RemoteModule> {
+        let (on, device) = parse_remote_device(remote_device)?;
+        Ok(Self::with_rref(on, device, module_rref))
+    }
+
+    fn with_rref(on: RemoteOn, device: String, module_rref: RRef) -> RemoteModule {
+        RemoteModule {
+            on,
+            device,
+            is_device_map_set: false,
+            is_scriptable: false,
+            generated_methods: vec!["forward_async".into(), "forward".into()],
+            module_rref,
+        }
+    }
+
+    /// The worker named by `remote_device` (`on`).
+    pub fn on(&self) -> &RemoteOn {
+        &self.on
+    }
+
+    /// The device (`device`), e.g. `cpu`.
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// Whether a device map toward the owner is set (`is_device_map_set`;
+    /// always false for now).
+    pub fn is_device_map_set(&self) -> bool {
+        self.is_device_map_set
+    }
+
+    /// Whether the module has a typed interface (`is_scriptable`; always
+    /// false: no TorchScript).
+    pub fn is_scriptable(&self) -> bool {
+        self.is_scriptable
+    }
+
+    /// The methods the handle serves (`generated_methods`).
+    pub fn generated_methods(&self) -> &[String] {
+        &self.generated_methods
+    }
+
+    /// The RRef holding the module (`get_module_rref()`).
+    pub fn get_module_rref(&self) -> &RRef {
+        &self.module_rref
+    }
+
+    /// `forward_async(*args, **kwargs)`: the future of `forward` run on the
+    /// module's owner.
+    pub fn forward_async(&self, agent: &RpcAgent, args: Args) -> Future {
+        self.module_rref
+            .rpc_async(agent, None)
+            .call_async("forward", args)
+    }
+
+    /// `forward(*args, **kwargs)` on the module's owner.
+    ///
+    /// # Errors
+    /// The module's creation error (e.g. `ValueError` "Expect
+    /// \`module_cls(*args, **kwargs)\` returns an instance of `<class
+    /// nn.Module>`, ..."), and `forward`'s errors.
+    pub async fn forward(&self, agent: &RpcAgent, args: Args) -> Result<Payload> {
+        self.forward_async(agent, args).wait().await
+    }
+
+    /// RRefs to the module's parameters, owned by the module's owner
+    /// (`remote_parameters(recurse)`).
+    ///
+    /// # Errors
+    /// The module's creation error, or its `parameters` method's.
+    pub async fn remote_parameters(&self, agent: &RpcAgent, recurse: bool) -> Result<Vec<RRef>> {
+        let p = agent
+            .rpc_sync(
+                Dest::Info(self.module_rref.owner()),
+                PARAM_RREFS,
+                crate::args![&self.module_rref, recurse],
+            )
+            .await?;
+        p.items()?.iter().map(Payload::as_rref).collect()
+    }
+
+    /// `train(mode)`: sets the module's training mode on its owner and
+    /// returns what the module's `train` returned.
+    ///
+    /// # Errors
+    /// The module's creation error, or its `train` method's.
+    pub async fn train(&self, agent: &RpcAgent, mode: bool) -> Result<Payload> {
+        self.module_rref
+            .rpc_sync(agent, None)
+            .call("train", crate::args![mode])
+            .await
+    }
+
+    /// `eval()`: `train(false)`.
+    ///
+    /// # Errors
+    /// As [`train`](Self::train).
+    pub async fn eval(&self, agent: &RpcAgent) -> Result<Payload> {
+        self.train(agent, false).await
+    }
+
+    /// The wire form: a dict of [`REMOTE_MODULE_PICKLED_ATTRIBUTES`] in
+    /// order; sent in a call's arguments, the RRef forks as any RRef.
+    pub fn to_payload(&self) -> Payload {
+        Payload::dict([
+            (Payload::from("on"), self.on.to_payload()),
+            (Payload::from("device"), Payload::from(self.device.clone())),
+            (
+                Payload::from("is_device_map_set"),
+                Payload::from(self.is_device_map_set),
+            ),
+            (
+                Payload::from("is_scriptable"),
+                Payload::from(self.is_scriptable),
+            ),
+            (
+                Payload::from("generated_methods"),
+                Payload::list(
+                    self.generated_methods
+                        .iter()
+                        .map(|m| Payload::from(m.clone())),
+                ),
+            ),
+            (
+                Payload::from("module_rref"),
+                Payload::from(&self.module_rref),
+            ),
+        ])
+    }
+
+    /// Rebuilds a handle from [`to_payload`](Self::to_payload)'s form.
+    ///
+    /// # Errors
+    /// `TypeError` for a payload that is not a RemoteModule's.
+    pub fn from_payload(p: &Payload) -> Result<RemoteModule> {
+        let field = |k: &str| {
+            p.get(k)?.ok_or_else(|| {
+                Error::new(
+                    ErrorKind::TypeError,
+                    format!("not a RemoteModule: no attribute {k}"),
+                )
+            })
+        };
+        let on = field("on")?;
+        let on = match &on.value {
+            Value::Int(r) => RemoteOn::Rank(
+                u32::try_from(*r).map_err(|_| Error::value(format!("invalid rank {r}")))?,
+            ),
+            _ => RemoteOn::Name(on.as_str()?.to_owned()),
+        };
+        Ok(RemoteModule {
+            on,
+            device: field("device")?.as_str()?.to_owned(),
+            is_device_map_set: field("is_device_map_set")?.as_bool()?,
+            is_scriptable: field("is_scriptable")?.as_bool()?,
+            generated_methods: field("generated_methods")?
+                .items()?
+                .iter()
+                .map(|m| m.as_str().map(ToOwned::to_owned))
+                .collect::<Result<_>>()?,
+            module_rref: field("module_rref")?.as_rref()?,
+        })
+    }
+}
+
+fn not_a_module(type_name: &str) -> Error {
+    Error::new(
+        ErrorKind::ValueError,
+        format!(
+            "Expect `module_cls(*args, **kwargs)` returns an instance of <class nn.Module>, but \
+             it returns an instance of {type_name}."
+        ),
+    )
+}
+
+/// Registers the owner-side functions in the agent's internal registry.
+pub(crate) fn register(r: &FunctionRegistry) {
+    // `_create_module(cls, *args, **kwargs)`: runs as the function of the
+    // owner-side remote(), so the class's constructor keeps its object for
+    // the RRef; a result that is not a module is the ValueError instead.
+    r.register_native(CREATE_MODULE, |ctx, args: Args| async move {
+        let agent = ctx.agent().clone();
+        let cls = args.get(0)?.as_str()?.to_owned();
+        let rest = Args {
+            positional: args.positional.get(1..).unwrap_or_default().to_vec(),
+            kwargs: args.kwargs.clone(),
+            tensors: args
+                .tensors
+                .iter()
+                .map(tch::Tensor::shallow_clone)
+                .collect(),
+            rrefs: args.rrefs.clone(),
+        };
+        let Some(f) = agent.lookup_function(&cls) else {
+            return Err(Error::runtime(unknown_function_message(&cls, agent.name())));
+        };
+        let call = CallContext::new(
+            agent.clone(),
+            ctx.caller().clone(),
+            cls.clone(),
+            ctx.autograd().copied(),
+        );
+        let value = call_guarded(f, call, rest).await?;
+        match kept_object() {
+            Some(o) if o.has_method("forward") => Ok(value),
+            Some(o) => {
+                let name = o.type_name().to_owned();
+                drop(o);
+                discard_kept_object();
+                Err(not_a_module(&name))
+            }
+            None => Err(not_a_module(&type_name_of(&value))),
+        }
+    });
+    // `_param_rrefs(module_rref, recurse)`: the module's parameters, each
+    // in a new owner RRef.
+    r.register_native(PARAM_RREFS, |ctx, args: Args| async move {
+        let agent = ctx.agent().clone();
+        let rref = args.get(0)?.as_rref()?;
+        let recurse = args.get(1)?.as_bool()?;
+        let state = rref.owner_state().ok_or_else(|| {
+            Error::runtime(format!(
+                "remote_parameters of {rref}: worker {} does not own it",
+                agent.name()
+            ))
+        })?;
+        let Owned::Object(module) = state.owned().await? else {
+            return Err(Error::new(
+                ErrorKind::TypeError,
+                format!("remote_parameters of {rref}: it does not hold a module"),
+            ));
+        };
+        let params = module
+            .call_method(&agent, ctx.caller(), "parameters", crate::args![recurse])
+            .await?;
+        let rrefs: Vec<Payload> = params
+            .items()?
+            .into_iter()
+            .map(|p| Payload::from(RRef::new(&agent, p)))
+            .collect();
+        Ok(Payload::list(rrefs))
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_devices_parse_with_pytorchs_texts() {
+        assert_eq!(
+            parse_remote_device("worker1/cpu").unwrap(),
+            (RemoteOn::Name("worker1".into()), "cpu".into())
+        );
+        assert_eq!(
+            parse_remote_device("rank:1/cuda:0").unwrap(),
+            (RemoteOn::Rank(1), "cuda:0".into())
+        );
+        assert_eq!(
+            parse_remote_device("worker1").unwrap(),
+            (RemoteOn::Name("worker1".into()), "cpu".into())
+        );
+        let msg = |s: &str| parse_remote_device(s).unwrap_err().message().to_owned();
+        for s in ["worker1/cuda:0/cuda:1", "/", "/cuda:0"] {
+            assert!(
+                msg(s).starts_with(&format!(
+                    "Could not parse remote_device: {s}. The valid format is '<workername>/<device>'"
+                )),
+                "{s}: {}",
+                msg(s)
+            );
+        }
+        assert_eq!(msg("worker1/cpu2"), "Invalid device string: 'cpu2'");
+        assert_eq!(msg("worker1/"), "Device string must not be empty");
+        assert!(
+            msg("worker1/foo").starts_with("Expected one of cpu, cuda")
+                && msg("worker1/foo").ends_with("device type at start of device string: foo"),
+            "{}",
+            msg("worker1/foo")
+        );
+    }
+}

@@ -1,0 +1,139 @@
+//! Objects held by RRefs: values an owner keeps by reference and serves
+//! method calls on, instead of payloads it can copy (a plugin class's
+//! objects, [`crate::plugin`]).
+//!
+//! What it owns: the [`RRefObject`] trait, the [`Owned`] view of an owner's
+//! value, and the hand-over of an object from the function that makes it
+//! to the owner-side `remote()` ([`keep_object`]). It leaves running
+//! methods and disposing of objects to the implementors, and the fork and
+//! delete protocol to the context (an object is one more kind of value:
+//! the protocol does not look at values).
+//!
+//! Invariants:
+//! - OBJ-1: only the function of an owner-side `remote()` can make an
+//!   object ([`can_keep_object`]); everywhere else (`rpc_sync`,
+//!   `rpc_async`, a proxy's method) there is no owner to keep it, and
+//!   object-making functions refuse to run.
+//! - OBJ-2: an object is never copied: `to_here`, `local_value` and the
+//!   fetch behind them answer `TypeError` for it; its methods run on the
+//!   owner through the proxies.
+//! - OBJ-3: the owner drops its reference to an object when it forgets the
+//!   value (RREF-3: last fork deleted, or shutdown) and no handle on the
+//!   owner holds it; the implementor disposes of the object on drop.
+
+use std::sync::{Arc, Mutex};
+
+use crate::abi::WorkerInfo;
+use crate::agent::RpcAgent;
+use crate::error::Result;
+use crate::value::{Args, Payload};
+
+/// An object an RRef holds on its owner, whose methods the owner runs for
+/// proxies (`rref.rpc_sync().method(...)`).
+///
+/// The owner keeps it behind an `Arc` while it keeps the value; dropping
+/// the last reference is the object's end (OBJ-3): implementors release
+/// what the object holds in `Drop` (a plugin object runs its guest
+/// destructor).
+#[async_trait::async_trait]
+pub(crate) trait RRefObject: Send + Sync + 'static {
+    /// The type `_get_type` answers, e.g. `seed_fns::MyClass`.
+    fn type_name(&self) -> &str;
+
+    /// Whether the object has an instance method `method`.
+    fn has_method(&self, method: &str) -> bool;
+
+    /// Runs `method` with `args` for `caller`, on `agent` (the owner).
+    ///
+    /// # Errors
+    /// `AttributeError` "'Class' object has no attribute 'method'" for an
+    /// unknown method, and the method's own errors.
+    async fn call_method(
+        &self,
+        agent: &RpcAgent,
+        caller: &WorkerInfo,
+        method: &str,
+        args: Args,
+    ) -> Result<Payload>;
+}
+
+/// What an owner holds once the creating function has run.
+pub(crate) enum Owned {
+    /// A value: copied by `to_here`, methods by name for tensors.
+    Value(Payload),
+    /// An object: used in place through its methods.
+    Object(Arc<dyn RRefObject>),
+}
+
+impl Owned {
+    /// The type name `_get_type` answers.
+    pub(crate) fn type_name(&self) -> String {
+        match self {
+            Owned::Value(p) => super::type_name_of(p),
+            Owned::Object(o) => o.type_name().to_owned(),
+        }
+    }
+}
+
+type Slot = Arc<Mutex<Option<Arc<dyn RRefObject>>>>;
+
+tokio::task_local! {
+    /// Set while the function of an owner-side `remote()` runs.
+    static OBJECT_SLOT: Slot;
+}
+
+/// Whether the running function may make an object, i.e. runs as the
+/// function of an owner-side `remote()` (OBJ-1).
+pub(crate) fn can_keep_object() -> bool {
+    OBJECT_SLOT.try_with(|_| ()).is_ok()
+}
+
+/// Hands `object` to the owner-side `remote()` the running function serves;
+/// the RRef holds it instead of the function's payload.
+///
+/// # Errors
+/// Gives the object back outside a `remote()` ([`can_keep_object`]).
+pub(crate) fn keep_object(
+    object: Arc<dyn RRefObject>,
+) -> std::result::Result<(), Arc<dyn RRefObject>> {
+    let mut object = Some(object);
+    let _ = OBJECT_SLOT.try_with(|slot| {
+        *slot.lock().unwrap_or_else(|p| p.into_inner()) = object.take();
+    });
+    match object {
+        None => Ok(()),
+        Some(o) => Err(o),
+    }
+}
+
+/// Runs `f` (the function of an owner-side `remote()`) where it may keep
+/// an object; returns its result and the object it kept.
+pub(crate) async fn keeping_objects<F>(f: F) -> (F::Output, Option<Arc<dyn RRefObject>>)
+where
+    F: std::future::Future,
+{
+    let slot: Slot = Arc::new(Mutex::new(None));
+    let out = OBJECT_SLOT.scope(slot.clone(), f).await;
+    let object = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+    (out, object)
+}
+
+/// The object the running function of an owner-side `remote()` has kept so
+/// far, if any (for wrappers that check what a constructor made, e.g.
+/// [`crate::RemoteModule`]'s `_create_module`).
+pub(crate) fn kept_object() -> Option<Arc<dyn RRefObject>> {
+    OBJECT_SLOT
+        .try_with(|slot| slot.lock().unwrap_or_else(|p| p.into_inner()).clone())
+        .ok()
+        .flatten()
+}
+
+/// Drops the object kept so far (it is disposed of): the wrapper rejected
+/// it and the RRef holds the wrapper's error instead.
+pub(crate) fn discard_kept_object() {
+    let object = OBJECT_SLOT
+        .try_with(|slot| slot.lock().unwrap_or_else(|p| p.into_inner()).take())
+        .ok()
+        .flatten();
+    drop(object);
+}
