@@ -4,8 +4,8 @@
 //!
 //! [`train`] runs the plugin's driver (`param_server::run`) on a local
 //! cluster: the parameter server on worker0, trainers on worker1..; see
-//! the plugin's docs for how trainers train (pull parameters, hand-written
-//! backward pass, push gradients) until guest autograd exists.
+//! the plugin's docs for how trainers train (forward by RPC in a
+//! distributed autograd context, backward, `DistributedOptimizer` step).
 
 use anyhow::{Context, Result, ensure};
 use wasmrpc::{Args, Payload};

@@ -53,8 +53,9 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         "A parameter server, as in PyTorch's tutorial: the launcher hosts the store and starts \
          {WORKERS} worker processes serving the param-server plugin. worker0 holds an MLP's \
          parameters and runs param_server::run; the {TRAINERS} trainers (worker1..3) each train \
-         on a third of scikit-learn's digits (1,438 8x8 images; 359 more are held out), pulling \
-         the parameters from worker0 and pushing gradients back every batch. After each epoch \
+         on a third of scikit-learn's digits (1,438 8x8 images; 359 more are held out): per batch, \
+         in a distributed autograd context, the forward pass on worker0 by RPC, backward across \
+         both workers, and a DistributedOptimizer step on worker0's parameters. After each epoch \
          worker0 measures the held-out accuracy.\n"
     );
     process::run(

@@ -29,8 +29,7 @@ use tch::{Device, Kind, Tensor};
 use wasmrpc_torch_sys::{OpError, call_method, call_op, op_value_from_abi, op_value_into_abi};
 use wasmrpc_wasm::{
     AutogradCall, CallArgs, DType, ErrorKind, GuestHost, HandleKind, HostResult, LogLevel, Plugin,
-    Progress,
-    RemoteError, TensorMeta, Value, WorkerInfo,
+    Progress, RemoteError, TensorMeta, Value, WorkerInfo,
 };
 
 use super::handles::Handles;

@@ -10,16 +10,17 @@
 //! parameter server, a `batch` bar per trainer) and returns the per-epoch
 //! training loss, held-out loss and held-out accuracy.
 //!
-//! **How trainers train (today).** Each batch, a trainer pulls the current
-//! parameters ([`get_parameters`]), computes the loss and its gradients
-//! locally with tensor ops, and pushes the gradients to the parameter
-//! server ([`apply_gradients`], an SGD step under a lock): the classic
-//! pull/push parameter server. The gradients are the MLP's backward pass
-//! written out by hand ([`gradients`]), because the guest SDK has no
-//! autograd yet. PyTorch's tutorial instead runs the forward pass on the
-//! parameter server by RPC inside a distributed autograd context, then
-//! `dist_autograd.backward` and a `DistributedOptimizer` step; this example
-//! moves to that once guest autograd exists.
+//! **How trainers train**, as in PyTorch's tutorial: a trainer gets RRefs
+//! to the parameters ([`parameter_rrefs`]) and makes a
+//! `DistributedOptimizer` (SGD) over them; for each batch, in a distributed
+//! autograd context of its own, it runs the forward pass on the parameter
+//! server by RPC ([`forward`]), computes the cross-entropy locally, runs
+//! `dist_autograd::backward` (which reaches the parameters on the server)
+//! and steps the optimizer. The optimizer updates the parameters in place,
+//! which would invalidate another trainer's forward graph still waiting for
+//! its backward pass; so the trainers go in rounds, with a [`barrier`] on
+//! the parameter server after the backward passes and after the steps (a
+//! synchronous variant of the tutorial, which lets trainers run freely).
 //!
 //! **Data.** `examples/data/digits.csv.gz` (see `examples/data/README.md`),
 //! compiled into the plugin, so workers need no file access: 1,797 8x8
@@ -32,9 +33,10 @@
 //! +-1/sqrt(fan_in)) from a seeded xorshift generator. The parameters live
 //! in the parameter server's globals `W1`, `b1`, `W2`, `b2`.
 
+use wasmrpc_guest::optim::{DistributedOptimizer, Optimizer};
 use wasmrpc_guest::{
-    Error, Result, Tensor, Value, get_worker_info, global, lock, progress, remote, rpc_async,
-    rpc_sync, set_global,
+    Error, Future, RRef, Result, Tensor, Value, clear_global, dist_autograd, get_worker_info,
+    global, lock, progress, remote, rpc_async, rpc_sync, set_global,
 };
 
 /// The data set, as shipped by scikit-learn (gzip of a CSV).
@@ -179,10 +181,19 @@ fn init(hidden: i64, seed: i64) -> Result<()> {
     let mut rng = Rng((seed as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let b1 = 1.0 / (PIXELS as f32).sqrt();
     let b2 = 1.0 / (hidden as f32).sqrt();
-    set_global("W1", uniform(&mut rng, &[PIXELS as i64, hidden], b1)?)?;
-    set_global("b1", uniform(&mut rng, &[hidden], b1)?)?;
-    set_global("W2", uniform(&mut rng, &[hidden, CLASSES as i64], b2)?)?;
-    set_global("b2", uniform(&mut rng, &[CLASSES as i64], b2)?)?;
+    // Leaves that require grad: trainers' distributed backward passes
+    // reach them through `forward`.
+    let leaf = |t: Tensor| t.requires_grad_(true);
+    set_global(
+        "W1",
+        leaf(uniform(&mut rng, &[PIXELS as i64, hidden], b1)?)?,
+    )?;
+    set_global("b1", leaf(uniform(&mut rng, &[hidden], b1)?)?)?;
+    set_global(
+        "W2",
+        leaf(uniform(&mut rng, &[hidden, CLASSES as i64], b2)?)?,
+    )?;
+    set_global("b2", leaf(uniform(&mut rng, &[CLASSES as i64], b2)?)?)?;
     Ok(())
 }
 
@@ -226,69 +237,49 @@ fn evaluate(ps: String) -> Result<(f64, f64)> {
     Ok((loss, correct as f64 / test.len() as f64))
 }
 
-/// The names of the parameters, in the order they travel.
-const PARAMETERS: [&str; 4] = ["W1", "b1", "W2", "b2"];
-
-/// On the parameter server: the current parameters `(W1, b1, W2, b2)`.
-#[remote]
-fn get_parameters() -> Result<(Tensor, Tensor, Tensor, Tensor)> {
-    let _guard = lock("parameters")?;
-    Ok((
-        parameter("W1")?,
-        parameter("b1")?,
-        parameter("W2")?,
-        parameter("b2")?,
-    ))
-}
-
-/// On the parameter server: one SGD step `p -= lr * g` with a trainer's
-/// gradients, under a lock so that concurrent trainers' steps do not
-/// interleave.
-#[remote]
-fn apply_gradients(gw1: Tensor, gb1: Tensor, gw2: Tensor, gb2: Tensor, lr: f64) -> Result<()> {
-    let _guard = lock("parameters")?;
-    for (name, grad) in PARAMETERS.iter().zip([gw1, gb1, gw2, gb2]) {
-        let updated = parameter(name)?.sub(&grad.mul(lr)?)?;
-        set_global(name, updated)?;
+/// On the parameter server: returns once `parties` calls have asked for the
+/// barrier `name` (each call returns a `then`-less wait on the worker-wide
+/// future `name`, which the last arrival completes).
+#[remote(async_execution)]
+fn barrier(name: String, parties: i64) -> Result<Future> {
+    let _guard = lock("barrier")?;
+    let key = format!("arrived:{name}");
+    let arrived = global::<i64>(&key)?.unwrap_or(0) + 1;
+    if arrived >= parties {
+        clear_global(&key)?;
+        let done = Future::take_shared(&name)?;
+        done.set_result(())?;
+        Ok(done)
+    } else {
+        set_global(&key, arrived)?;
+        Future::shared(&name)
     }
-    Ok(())
 }
 
-/// The mean cross-entropy of the MLP with parameters `(w1, b1, w2, b2)` on
-/// a batch, and its gradients with respect to each parameter: the backward
-/// pass of `relu(x @ W1 + b1) @ W2 + b2` under softmax cross-entropy,
-/// written out (`onehot` is the labels' one-hot encoding, `n x 10`).
-fn gradients(
-    params: &(Tensor, Tensor, Tensor, Tensor),
-    x: &Tensor,
-    y: &Tensor,
-    onehot: &Tensor,
-) -> Result<(f64, [Tensor; 4])> {
-    let (w1, b1, w2, b2) = params;
-    let n = f64::from(y.numel()? as i32).max(1.0);
-    let pre = x.matmul(w1)?.add(b1)?;
-    let hidden = pre.relu()?;
-    let logits = hidden.matmul(w2)?.add(b2)?;
-    let (loss, _) = loss_and_correct(&logits, y)?;
-    let p = Tensor::call("aten::softmax", (&logits, 1i64))?;
-    let dlogits = p.sub(onehot)?.div(n)?;
-    let t = |m: &Tensor| Tensor::call("aten::t", (m,));
-    let column_sums = |m: &Tensor| Tensor::call("aten::sum", (m, vec![0i64]));
-    let gw2 = t(&hidden)?.matmul(&dlogits)?;
-    let gb2 = column_sums(&dlogits)?;
-    let active = Tensor::call("aten::gt", (&pre, 0i64))?;
-    let dpre = dlogits.matmul(&t(w2)?)?.mul(&active)?;
-    let gw1 = t(x)?.matmul(&dpre)?;
-    let gb1 = column_sums(&dpre)?;
-    Ok((loss, [gw1, gb1, gw2, gb2]))
+/// On the parameter server: an RRef to each parameter (PyTorch's
+/// `[RRef(p) for p in model.parameters()]`), for a `DistributedOptimizer`.
+#[remote]
+fn parameter_rrefs() -> Result<Vec<RRef>> {
+    ["W1", "b1", "W2", "b2"]
+        .iter()
+        .map(|name| RRef::new(parameter(name)?))
+        .collect()
 }
 
 /// On trainer `rank` of `trainers` (1-based worker ranks; trainer `k`
 /// takes the training images `j % trainers == k - 1`): one epoch over its
-/// shard in batches of `batch_size`, pulling parameters from and pushing
-/// gradients to `ps`. Returns the mean training loss of its batches.
+/// shard in batches of `batch_size` against the parameter server `ps`
+/// (SGD with step `lr`), in the rounds of epoch `epoch` (the barriers'
+/// names). Returns the mean training loss of its batches.
 #[remote]
-fn train_epoch(ps: String, rank: i64, trainers: i64, batch_size: i64, lr: f64) -> Result<f64> {
+fn train_epoch(
+    ps: String,
+    rank: i64,
+    trainers: i64,
+    batch_size: i64,
+    lr: f64,
+    epoch: i64,
+) -> Result<f64> {
     if trainers < 1 || !(1..=trainers).contains(&rank) || batch_size < 1 {
         return Err(Error::value_error(format!(
             "train_epoch needs 1 <= rank <= trainers and batch_size >= 1, got rank={rank}, \
@@ -303,28 +294,49 @@ fn train_epoch(ps: String, rank: i64, trainers: i64, batch_size: i64, lr: f64) -
             .extend_from_slice(&train.images[j * PIXELS..(j + 1) * PIXELS]);
         shard.labels.push(train.labels[j]);
     }
-    let batches = shard.len().div_ceil(batch_size as usize);
+    // Every trainer takes part in every round, so all count the batches
+    // of the largest shard.
+    let batches = train
+        .len()
+        .div_ceil(trainers as usize)
+        .div_ceil(batch_size as usize);
+    let params: Vec<RRef> = rpc_sync(&ps, "param_server::parameter_rrefs", ())?;
+    let optimizer =
+        DistributedOptimizer::new(Optimizer::sgd(lr), &params.iter().collect::<Vec<_>>())?;
     let mut total = 0.0;
-    for b in 0..batches {
-        let (start, end) = (
-            b * batch_size as usize,
-            ((b + 1) * batch_size as usize).min(shard.len()),
-        );
-        let (x, y) = shard.tensors(start, end)?;
-        let mut onehot = vec![0f32; (end - start) * CLASSES];
-        for (row, &label) in shard.labels[start..end].iter().enumerate() {
-            onehot[row * CLASSES + label as usize] = 1.0;
-        }
-        let onehot = Tensor::from_slice(&[(end - start) as i64, CLASSES as i64], &onehot)?;
-        let params: (Tensor, Tensor, Tensor, Tensor) =
-            rpc_sync(&ps, "param_server::get_parameters", ())?;
-        let (loss, [gw1, gb1, gw2, gb2]) = gradients(&params, &x, &y, &onehot)?;
+    let mut counted = 0usize;
+    let barrier = |b: usize, phase: &str| -> Result<()> {
         rpc_sync::<()>(
             &ps,
-            "param_server::apply_gradients",
-            (gw1, gb1, gw2, gb2, lr),
-        )?;
-        total += loss;
+            "param_server::barrier",
+            (format!("epoch{epoch}-batch{b}-{phase}"), trainers),
+        )
+    };
+    for b in 0..batches {
+        let (start, end) = (
+            (b * batch_size as usize).min(shard.len()),
+            ((b + 1) * batch_size as usize).min(shard.len()),
+        );
+        let context = dist_autograd::context()?;
+        let mut loss = f64::NAN;
+        if end > start {
+            let (x, y) = shard.tensors(start, end)?;
+            let logits: Tensor = rpc_sync(&ps, "param_server::forward", (x,))?;
+            let l = Tensor::call("aten::cross_entropy_loss", (&logits, &y))?;
+            dist_autograd::backward(context.id(), &[&l], false)?;
+            loss = f64::from(l.to_vec::<f32>()?.first().copied().unwrap_or(f32::NAN));
+            total += loss;
+            counted += 1;
+        }
+        // The optimizer updates the parameters in place, which would break
+        // the graph of a forward pass still waiting for its backward pass:
+        // every trainer's backward pass ends before any step, and every step
+        // before the next forward pass.
+        barrier(b, "backward")?;
+        if end > start {
+            optimizer.step(context.id())?;
+        }
+        barrier(b, "step")?;
         progress::report(
             "batch",
             b as u64 + 1,
@@ -332,7 +344,7 @@ fn train_epoch(ps: String, rank: i64, trainers: i64, batch_size: i64, lr: f64) -
             &format!("loss {loss:.3}"),
         );
     }
-    Ok(total / batches.max(1) as f64)
+    Ok(total / counted.max(1) as f64)
 }
 
 /// Defaults of [`run`]'s optional arguments: SGD on batches of 16 with
@@ -376,7 +388,7 @@ fn run(
             calls.push(rpc_async(
                 &format!("worker{rank}"),
                 "param_server::train_epoch",
-                (ps.clone(), rank, trainers, batch_size, lr),
+                (ps.clone(), rank, trainers, batch_size, lr, epoch),
             )?);
         }
         let mut loss = 0.0;
