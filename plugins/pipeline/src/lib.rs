@@ -9,23 +9,24 @@
 //! - **Pipelined** (`pipelined = true`): the driver sends every micro-batch
 //!   to stage 1 with `rpc_async` at once, and hands each result on to stage
 //!   2 as soon as its future completes, so stage 1 works on micro-batch
-//!   `i + 1` while stage 2 works on `i`. The backward pass runs the same way
-//!   in reverse. Each stage takes one micro-batch at a time (a per-worker
-//!   lock), as a stage object in PyTorch's tutorial does.
+//!   `i + 1` while stage 2 works on `i`. Each stage takes one micro-batch
+//!   at a time (a per-worker lock), as a stage object in PyTorch's tutorial
+//!   does.
 //!
-//! Each step, the driver sums the micro-batches' gradients (GPipe-style) and
-//! has both stages take one SGD step. Stage 1 is `relu(x @ W + b)`, stage 2
-//! `x @ W + b`; a stage's parameters, accumulated gradients and the
-//! activations it stashes for the backward pass are globals of its worker. The backward passes are written out with tensor ops, because
-//! guests have no distributed autograd yet (PyTorch's tutorial uses
-//! `dist_autograd.backward` and a `DistributedOptimizer`).
+//! Each step runs in a distributed autograd context: the driver sums the
+//! micro-batches' losses, `dist_autograd::backward` carries the gradients
+//! back through both stages, and a `DistributedOptimizer` (SGD) over RRefs
+//! to the stages' parameters takes one step (GPipe-style). Stage 1 is
+//! `relu(x @ W + b)`, stage 2 `x @ W + b`; a stage's parameters are globals
+//! of its worker (the tutorial keeps them in stage objects held in RRefs).
 //!
 //! **Data**: a synthetic 10-class problem: inputs uniform in [-1, 1]^64,
 //! labelled by the largest output of a fixed random linear "teacher" (seed
 //! 7), fresh samples every step.
 
+use wasmrpc_guest::optim::{DistributedOptimizer, Optimizer};
 use wasmrpc_guest::{
-    Error, Future, Result, Tensor, clear_global, global, lock, progress, remote, rpc_async,
+    Error, Future, RRef, Result, Tensor, dist_autograd, global, lock, progress, remote, rpc_async,
     set_global,
 };
 
@@ -63,8 +64,8 @@ fn stored(name: &str) -> Result<Tensor> {
     })
 }
 
-/// On a stage's worker: fresh parameters `W` (`inputs x outputs`) and `b`,
-/// as `torch.nn.Linear` initialises them, and zero gradients.
+/// On a stage's worker: fresh parameters `W` (`inputs x outputs`) and `b`
+/// that require grad, as `torch.nn.Linear` initialises them.
 #[remote]
 fn init_stage(inputs: i64, outputs: i64, seed: i64) -> Result<()> {
     if inputs < 1 || outputs < 1 {
@@ -78,57 +79,29 @@ fn init_stage(inputs: i64, outputs: i64, seed: i64) -> Result<()> {
         .map(|_| rng.symmetric(bound))
         .collect();
     let b: Vec<f32> = (0..outputs).map(|_| rng.symmetric(bound)).collect();
-    set_global("W", Tensor::from_slice(&[inputs, outputs], &w)?)?;
-    set_global("b", Tensor::from_slice(&[outputs], &b)?)?;
-    set_global("gW", Tensor::zeros(&[inputs, outputs])?)?;
-    set_global("gb", Tensor::zeros(&[outputs])?)
+    set_global(
+        "W",
+        Tensor::from_slice(&[inputs, outputs], &w)?.requires_grad_(true)?,
+    )?;
+    set_global(
+        "b",
+        Tensor::from_slice(&[outputs], &b)?.requires_grad_(true)?,
+    )
 }
 
-/// On a stage's worker: the stage's output for micro-batch `mb`, stashing
-/// what the backward pass needs.
+/// On a stage's worker: RRefs to its parameters, for the optimizer.
 #[remote]
-fn forward(mb: i64, x: Tensor, relu: bool) -> Result<Tensor> {
+fn parameter_rrefs() -> Result<Vec<RRef>> {
+    Ok(vec![RRef::new(stored("W")?)?, RRef::new(stored("b")?)?])
+}
+
+/// On a stage's worker: the stage's output for one micro-batch (recorded
+/// by the caller's distributed autograd context).
+#[remote]
+fn forward(x: Tensor, relu: bool) -> Result<Tensor> {
     let _stage = lock("stage")?;
     let pre = x.matmul(&stored("W")?)?.add(&stored("b")?)?;
-    let out = if relu { pre.relu()? } else { pre.try_clone()? };
-    set_global(&format!("in{mb}"), x)?;
-    set_global(&format!("pre{mb}"), pre)?;
-    Ok(out)
-}
-
-/// On a stage's worker: given the gradient of the loss with respect to
-/// micro-batch `mb`'s output, accumulates the parameters' gradients and
-/// returns the gradient with respect to its input.
-#[remote]
-fn backward(mb: i64, grad: Tensor, relu: bool) -> Result<Tensor> {
-    let _stage = lock("stage")?;
-    let (x, pre) = (stored(&format!("in{mb}"))?, stored(&format!("pre{mb}"))?);
-    clear_global(&format!("in{mb}"))?;
-    clear_global(&format!("pre{mb}"))?;
-    let grad = if relu {
-        grad.mul(&Tensor::call("aten::gt", (&pre, 0i64))?)?
-    } else {
-        grad
-    };
-    let t = |m: &Tensor| Tensor::call("aten::t", (m,));
-    let gw = stored("gW")?.add(&t(&x)?.matmul(&grad)?)?;
-    let gb = stored("gb")?.add(&Tensor::call("aten::sum", (&grad, vec![0i64]))?)?;
-    set_global("gW", gw)?;
-    set_global("gb", gb)?;
-    grad.matmul(&t(&stored("W")?)?)
-}
-
-/// On a stage's worker: one SGD step with the accumulated gradients, which
-/// are then zeroed.
-#[remote]
-fn step(lr: f64) -> Result<()> {
-    let _stage = lock("stage")?;
-    for (p, g) in [("W", "gW"), ("b", "gb")] {
-        let grad = stored(g)?;
-        set_global(p, stored(p)?.sub(&grad.mul(lr)?)?)?;
-        set_global(g, grad.mul(0i64)?)?;
-    }
-    Ok(())
+    if relu { pre.relu() } else { Ok(pre) }
 }
 
 /// A fresh batch of `n` samples of the synthetic problem: inputs (`n x
@@ -180,6 +153,10 @@ fn run(
     for f in inits.drain(..) {
         f.wait::<()>()?;
     }
+    let mut params: Vec<RRef> = rpc_async(s1, "pipeline::parameter_rrefs", ())?.wait()?;
+    params.extend(rpc_async(s2, "pipeline::parameter_rrefs", ())?.wait::<Vec<RRef>>()?);
+    let optimizer =
+        DistributedOptimizer::new(Optimizer::sgd(lr), &params.iter().collect::<Vec<_>>())?;
     let mut rng = Rng::seeded(7);
     let teacher: Vec<f32> = (0..INPUTS * CLASSES).map(|_| rng.symmetric(1.0)).collect();
     let n = micro_batch_size as usize;
@@ -190,76 +167,44 @@ fn run(
         for _ in 0..micro_batches {
             let (x, y) = batch(&mut rng, &teacher, n);
             inputs.push(Tensor::from_slice(&[n as i64, INPUTS as i64], &x)?);
-            targets.push(y);
+            targets.push(Tensor::from_slice(&[n as i64], &y)?);
         }
+        let context = dist_autograd::context()?;
         // Forward through both stages.
         let logits: Vec<Tensor> = if pipelined {
             let first: Vec<Future> = inputs
                 .iter()
-                .enumerate()
-                .map(|(i, x)| rpc_async(s1, "pipeline::forward", (i as i64, x, true)))
+                .map(|x| rpc_async(s1, "pipeline::forward", (x, true)))
                 .collect::<Result<_>>()?;
             let mut second = Vec::new();
-            for (i, f) in first.iter().enumerate() {
+            for f in &first {
                 let h: Tensor = f.wait()?;
-                second.push(rpc_async(s2, "pipeline::forward", (i as i64, h, false))?);
+                second.push(rpc_async(s2, "pipeline::forward", (h, false))?);
             }
             second.iter().map(|f| f.wait()).collect::<Result<_>>()?
         } else {
             let mut out = Vec::new();
-            for (i, x) in inputs.iter().enumerate() {
-                let h: Tensor = rpc_async(s1, "pipeline::forward", (i as i64, x, true))?.wait()?;
-                out.push(rpc_async(s2, "pipeline::forward", (i as i64, h, false))?.wait()?);
+            for x in &inputs {
+                let h: Tensor = rpc_async(s1, "pipeline::forward", (x, true))?.wait()?;
+                out.push(rpc_async(s2, "pipeline::forward", (h, false))?.wait()?);
             }
             out
         };
-        // The loss and its gradient with respect to each micro-batch's
-        // logits (the mean over the whole batch).
-        let total = (micro_batches as usize * n) as f64;
-        let mut loss = 0.0;
-        let mut grads = Vec::new();
+        // The batch's mean cross-entropy (micro-batches are equal in size).
+        let mut total: Option<Tensor> = None;
         for (out, y) in logits.iter().zip(&targets) {
-            let labels = Tensor::from_slice(&[n as i64], y)?;
-            let l = Tensor::call("aten::cross_entropy_loss", (out, &labels))?;
-            loss += f64::from(l.to_vec::<f32>()?.first().copied().unwrap_or(f32::NAN));
-            let mut onehot = vec![0f32; n * CLASSES];
-            for (row, &c) in y.iter().enumerate() {
-                onehot[row * CLASSES + c as usize] = 1.0;
-            }
-            let onehot = Tensor::from_slice(&[n as i64, CLASSES as i64], &onehot)?;
-            let p = Tensor::call("aten::softmax", (out, 1i64))?;
-            grads.push(p.sub(&onehot)?.div(total)?);
+            let l = Tensor::call("aten::cross_entropy_loss", (out, y))?;
+            total = Some(match total {
+                Some(t) => t.add(&l)?,
+                None => l,
+            });
         }
-        loss /= micro_batches as f64;
-        // Backward through both stages, in reverse.
-        if pipelined {
-            let second: Vec<Future> = grads
-                .iter()
-                .enumerate()
-                .map(|(i, g)| rpc_async(s2, "pipeline::backward", (i as i64, g, false)))
-                .collect::<Result<_>>()?;
-            let mut first = Vec::new();
-            for (i, f) in second.iter().enumerate() {
-                let g: Tensor = f.wait()?;
-                first.push(rpc_async(s1, "pipeline::backward", (i as i64, g, true))?);
-            }
-            for f in first {
-                f.wait::<Tensor>()?;
-            }
-        } else {
-            for (i, g) in grads.iter().enumerate() {
-                let g: Tensor =
-                    rpc_async(s2, "pipeline::backward", (i as i64, g, false))?.wait()?;
-                rpc_async(s1, "pipeline::backward", (i as i64, g, true))?.wait::<Tensor>()?;
-            }
-        }
-        let updates = [
-            rpc_async(s1, "pipeline::step", (lr,))?,
-            rpc_async(s2, "pipeline::step", (lr,))?,
-        ];
-        for f in updates {
-            f.wait::<()>()?;
-        }
+        let total = total
+            .ok_or_else(|| Error::value_error("no micro-batches"))?
+            .div(micro_batches)?;
+        dist_autograd::backward(context.id(), &[&total], false)?;
+        optimizer.step(context.id())?;
+        let loss = f64::from(total.to_vec::<f32>()?.first().copied().unwrap_or(f32::NAN));
         progress::report(
             "step",
             step_no as u64 + 1,
