@@ -37,6 +37,7 @@
 //!   worker keeps serving.
 //! - PL-3: per-worker locks a call still holds when it ends are released.
 
+pub(crate) mod deploy;
 mod function;
 mod guest;
 mod handles;
@@ -50,6 +51,7 @@ use wasmrpc_wasm::{Config, Plugin, Runtime};
 
 use crate::agent::FunctionRegistry;
 use crate::error::{Error, Result};
+pub use deploy::{DeployReport, WorkerDeployment};
 use function::{PluginFunction, wasm_error};
 
 /// The environment variable that overrides where compiled plugins are

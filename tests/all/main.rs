@@ -8,6 +8,7 @@
 //!   M) in `rpc_test::rref`, its `@async_execution` function tests (area J)
 //!   in `rpc_test::async_execution`.
 
+mod deploy_test;
 mod dist_autograd_test;
 mod plugin_test;
 mod rpc_test;

@@ -62,6 +62,18 @@ pub(crate) struct WorkerArgs {
     /// round trip (the launcher's health check when it has no entry).
     #[arg(long)]
     ping_all: bool,
+    /// Let peers of the group deploy plugins to this worker at run time
+    /// (`wasmrpc plugin deploy`, `RpcAgent::deploy_plugin`). Off by default:
+    /// without it a deployment is refused with "worker X does not accept
+    /// plugin deployment". Deployments only come from authenticated peers
+    /// (those holding the cluster secret).
+    #[arg(long)]
+    accept_plugin_deployment: bool,
+    /// Once up (and after `--ping-all` and `--entry`), keep serving calls
+    /// until interrupted (Ctrl-C or SIGTERM), then shut down gracefully. A
+    /// worker of a dynamic group (no world size) otherwise leaves at once.
+    #[arg(long)]
+    serve: bool,
     /// Arguments of the entry function: integers, floats, `true`/`false`,
     /// or strings.
     #[arg(last = true)]
@@ -91,6 +103,7 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         init_method: args.init_method.clone(),
         listen_addr: args.listen,
         init_timeout: args.init_timeout,
+        accept_plugin_deployment: args.accept_plugin_deployment,
         ..RpcBackendOptions::default()
     };
     let agent = init_rpc(&name, Some(rank), world, store, options)
@@ -141,6 +154,11 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
             }
         }
     }
+    if args.serve {
+        info!("{name}: serving until interrupted");
+        interrupted().await?;
+        info!("{name}: interrupted, shutting down");
+    }
     agent
         .shutdown(true, Duration::ZERO)
         .await
@@ -150,6 +168,16 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         bail!("{name}: a call failed (see above)");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Returns on Ctrl-C (SIGINT) or SIGTERM.
+async fn interrupted() -> Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot listen for SIGTERM")?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("cannot listen for Ctrl-C"),
+        _ = term.recv() => Ok(()),
+    }
 }
 
 /// Loads every plugin under `paths` (compiling off the async threads) and

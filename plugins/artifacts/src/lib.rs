@@ -14,6 +14,7 @@
 //!     };
 //! }
 //! fn demo() {}
+//! fn hello() {}
 //! fn seed_fns() {}
 //! wasmrpc_plugins::foreach_plugin!(assert_tested);
 //! ```
