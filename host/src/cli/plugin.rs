@@ -54,8 +54,7 @@ struct DeployArgs {
     /// The plugin's `.wasm` file.
     file: PathBuf,
     /// How to find the group's store, as the workers were given it:
-    /// `tcp://HOST:PORT`, `file:///PATH`, or `env://` (MASTER_ADDR,
-    /// MASTER_PORT).
+    /// `tcp://HOST:PORT` (the store rank 0 hosts) or `file:///PATH`.
     #[arg(long)]
     init_method: String,
     /// The name this tool joins the group under [default: deploy-<PID>].
@@ -97,14 +96,7 @@ async fn deploy(args: DeployArgs) -> Result<ExitCode> {
     let pid = std::process::id();
     let rank = args.rank.unwrap_or((1 << 30) + pid % (1 << 30));
     let name = args.name.unwrap_or_else(|| format!("deploy-{pid}"));
-    let (store, _, _) = wasmrpc::store::rendezvous(
-        &args.init_method,
-        i64::from(rank),
-        -1,
-        args.init_timeout,
-    )
-    .await
-    .with_context(|| format!("rendezvous through {} failed", args.init_method))?;
+    let store = super::dynamic_store(&args.init_method, rank, args.init_timeout).await?;
     let options = RpcBackendOptions {
         rpc_timeout: args.rpc_timeout,
         init_method: args.init_method.clone(),
@@ -140,7 +132,7 @@ async fn deploy(args: DeployArgs) -> Result<ExitCode> {
                 println!("  {}: already served: {}", w.worker.name, names.join(", "));
             }
             Ok(names) => println!("  {}: serving {}", w.worker.name, names.join(", ")),
-            Err(e) => println!("  {}: FAILED: {e}", w.worker.name),
+            Err(e) => println!("  {}: FAILED: {}", w.worker.name, e.message()),
         }
     }
     if workers.is_empty() {

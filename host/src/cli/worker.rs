@@ -84,10 +84,23 @@ pub(crate) struct WorkerArgs {
 pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
     let rank_hint = args.rank.map_or(-1, i64::from);
     let world_hint = args.world_size.map_or(-1, i64::from);
-    let (store, rank, world) =
-        wasmrpc::store::rendezvous(&args.init_method, rank_hint, world_hint, args.init_timeout)
-            .await
-            .with_context(|| format!("rendezvous through {} failed", args.init_method))?;
+    let (store, rank, world) = match (args.rank, args.world_size) {
+        // A dynamic group with an explicit rank: PyTorch makes its store
+        // without `rendezvous`, which requires a world size.
+        (Some(rank), None) if !args.init_method.starts_with("env://") => {
+            let store =
+                super::dynamic_store(&args.init_method, rank, args.init_timeout).await?;
+            (store, i64::from(rank), -1)
+        }
+        _ => wasmrpc::store::rendezvous(
+            &args.init_method,
+            rank_hint,
+            world_hint,
+            args.init_timeout,
+        )
+        .await
+        .with_context(|| format!("rendezvous through {} failed", args.init_method))?,
+    };
     let rank = u32::try_from(rank).with_context(|| format!("invalid rank {rank}"))?;
     let world = u32::try_from(world).ok();
     let name = args.name.clone().unwrap_or_else(|| format!("worker{rank}"));

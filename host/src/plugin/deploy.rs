@@ -109,7 +109,7 @@ impl DeployReport {
     pub fn check(&self) -> Result<()> {
         let failed: Vec<String> = self
             .failures()
-            .map(|(w, e)| format!("{}: {e}", w.name))
+            .map(|(w, e)| format!("{}: {}", w.name, e.message()))
             .collect();
         if failed.is_empty() {
             Ok(())
