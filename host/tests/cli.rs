@@ -494,7 +494,11 @@ impl ServingWorker {
     fn stop(mut self) {
         let pid = self.child.id().to_string();
         let sent = Command::new("kill").args(["-TERM", &pid]).status();
-        assert!(sent.is_ok_and(|s| s.success()), "cannot signal {}", self.name);
+        assert!(
+            sent.is_ok_and(|s| s.success()),
+            "cannot signal {}",
+            self.name
+        );
         let started = Instant::now();
         let status = loop {
             if let Some(status) = self.child.try_wait().expect("wait on the worker") {

@@ -12,8 +12,8 @@
 use anyhow::{Context, ensure};
 use wasmrpc::testing::{fresh_store, worker_name};
 use wasmrpc::{
-    ErrorKind, FaultInjection, Future, MessageKind, RpcAgent, RpcBackendOptions, args,
-    collect_all, init_rpc,
+    ErrorKind, FaultInjection, Future, MessageKind, RpcAgent, RpcBackendOptions, args, collect_all,
+    init_rpc,
 };
 use wasmrpc_tests::{expect_err, register_all, timed};
 
@@ -42,9 +42,9 @@ async fn start(
                 },
             );
             let store = store.clone();
-            tokio::spawn(
-                async move { init_rpc(&worker_name(rank), Some(rank), Some(WORLD), store, o).await },
-            )
+            tokio::spawn(async move {
+                init_rpc(&worker_name(rank), Some(rank), Some(WORLD), store, o).await
+            })
         })
         .collect();
     let mut agents = Vec::new();

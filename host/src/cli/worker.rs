@@ -88,18 +88,14 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         // A dynamic group with an explicit rank: PyTorch makes its store
         // without `rendezvous`, which requires a world size.
         (Some(rank), None) if !args.init_method.starts_with("env://") => {
-            let store =
-                super::dynamic_store(&args.init_method, rank, args.init_timeout).await?;
+            let store = super::dynamic_store(&args.init_method, rank, args.init_timeout).await?;
             (store, i64::from(rank), -1)
         }
-        _ => wasmrpc::store::rendezvous(
-            &args.init_method,
-            rank_hint,
-            world_hint,
-            args.init_timeout,
-        )
-        .await
-        .with_context(|| format!("rendezvous through {} failed", args.init_method))?,
+        _ => {
+            wasmrpc::store::rendezvous(&args.init_method, rank_hint, world_hint, args.init_timeout)
+                .await
+                .with_context(|| format!("rendezvous through {} failed", args.init_method))?
+        }
     };
     let rank = u32::try_from(rank).with_context(|| format!("invalid rank {rank}"))?;
     let world = u32::try_from(world).ok();

@@ -13,7 +13,7 @@
 //! agent like every reserved message kind):
 //! 1. refuses it unless its options allow deployment
 //!    ([`RpcBackendOptions::accept_plugin_deployment`], off by default;
-//!    `--accept-plugin-deployment` on `wasmrpc worker` and `launch`):
+//!    `wasmrpc worker --accept-plugin-deployment`):
 //!    "worker X does not accept plugin deployment";
 //! 2. checks the bytes against the sha256 the message carries;
 //! 3. answers at once if it already serves that exact plugin (same sha256,
@@ -127,9 +127,16 @@ impl DeployReport {
 
 impl RpcAgent {
     /// Deploys a plugin to every worker of the group, this one included
-    /// (`deploy_plugin`); see [the module docs](crate::plugin::deploy) for
-    /// what each worker does. Workers that refuse or fail are in the report
-    /// ([`DeployReport::check`] turns them into an error).
+    /// (`deploy_plugin`): validates `wasm` here, then sends it to every
+    /// worker at once, each under the call timeout. A worker registers the
+    /// plugin's functions as `namespace::function` and serves them to every
+    /// peer and plugin; it answers at once if it already serves these exact
+    /// bytes (same sha256); it refuses if it was started without
+    /// [`accept_plugin_deployment`](crate::RpcBackendOptions::accept_plugin_deployment),
+    /// or if it has another version of the plugin or functions of the same
+    /// names (versions are not replaced at run time). Workers that refuse
+    /// or fail are in the report ([`DeployReport::check`] turns them into
+    /// an error).
     ///
     /// # Errors
     /// Before anything is sent: "RPC has not been initialized" if the agent
@@ -278,10 +285,7 @@ pub(crate) async fn handle_request(agent: &RpcAgent, message: Message) -> Result
     // decides them (`PluginHost::register`).
     let names = host.register(&plugin, &FunctionRegistry::without_builtins());
     let registry = agent.registry();
-    let served: Vec<&String> = names
-        .iter()
-        .filter(|n| registry.get(n).is_some())
-        .collect();
+    let served: Vec<&String> = names.iter().filter(|n| registry.get(n).is_some()).collect();
     if was_loaded && served.len() == names.len() {
         // Loaded at start-up (`--plugins`) with these very bytes.
         by_sha256.insert(sha256, names.clone());
@@ -312,7 +316,11 @@ fn reply(already_served: bool, names: &[String]) -> Payload {
 }
 
 fn decode_reply(value: &Value) -> Result<(bool, Vec<String>)> {
-    let bad = || Error::runtime(format!("unexpected reply to a plugin deployment: {value:?}"));
+    let bad = || {
+        Error::runtime(format!(
+            "unexpected reply to a plugin deployment: {value:?}"
+        ))
+    };
     let Value::Tuple(items) = value else {
         return Err(bad());
     };
