@@ -15,6 +15,7 @@ use wasmrpc::{
     ErrorKind, FaultInjection, Future, MessageKind, RpcAgent, RpcBackendOptions, args, collect_all,
     init_rpc,
 };
+use wasmrpc_tests::seed_fns::TimedOutRpcEvent;
 use wasmrpc_tests::{expect_err, register_all, timed};
 
 const WORLD: u32 = 3;
@@ -239,33 +240,29 @@ fn a_worker_with_deployment_off_refuses_and_the_others_get_it() {
 fn deploying_while_calls_are_running() {
     timed(async {
         let agents = start(|_, o| o).await?;
-        // Calls that are still running (each sleeps 1 s in seed-fns) while
-        // the plugin is loaded and registered on every worker.
+        // Calls that block on every worker until the test releases them
+        // (`seed::timed_out_rpc` waits for the worker's event), so they are
+        // running for the whole deployment whatever the machine's speed.
         let running: Vec<Future> = (0..WORLD)
             .flat_map(|to| {
                 let a = &agents[0];
-                (0..4).map(move |i| {
-                    a.rpc_async(
-                        worker_name(to),
-                        "seed_fns::slow_add",
-                        args![i64::from(to), i],
-                    )
-                })
+                (0..4).map(move |_| a.rpc_async(worker_name(to), "seed::timed_out_rpc", args![]))
             })
             .collect();
         agents[2].deploy_plugin(&hello_wasm()).await?.check()?;
-        ensure!(
-            running.iter().any(|f| !f.done()),
-            "the calls ended before the deployment did"
-        );
         for to in 0..WORLD {
             let dst = worker_name(to);
             ensure!(greet(&agents[1], &dst, "busy").await? == format!("hello busy from {dst}"));
         }
-        let results = collect_all(&running).await;
-        for (k, r) in results.into_iter().enumerate() {
-            let (to, i) = (k as i64 / 4, k as i64 % 4);
-            ensure!(r?.as_int()? == to + i, "call {k}");
+        ensure!(
+            running.iter().all(|f| !f.done()),
+            "a blocked call ended before it was released"
+        );
+        for a in &agents {
+            a.state::<TimedOutRpcEvent>().set();
+        }
+        for r in collect_all(&running).await {
+            r?;
         }
         stop(agents).await
     });

@@ -152,6 +152,8 @@ fn run_tests(root: &Path, nextest_args: &[String]) -> Result<()> {
             "wasmrpc-plugin-seed-fns",
             "-p",
             "wasmrpc-plugin-demo",
+            "-p",
+            "wasmrpc-plugin-hello",
             "--",
             "-D",
             "warnings",
