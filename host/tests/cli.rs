@@ -635,6 +635,20 @@ fn plugin_deploy_ships_a_plugin_to_a_running_group_that_then_serves_it() {
     assert!(!ok && stderr.contains("was not deployed"), "{stderr}");
 
     assert!(w1.output().contains("deployed plugin wasmrpc-plugin-hello"));
+    // A worker that joins now installs what was deployed before it.
+    let mut w3 = ServingWorker::start(3, &init, &["--accept-plugin-deployment"]);
+    w3.wait_serving();
+    assert!(
+        w3.output().contains("serving deployed plugins: hello::"),
+        "{}",
+        w3.output()
+    );
+    let stdout = call("hello::greet", "worker3", &["late"]);
+    assert!(
+        stdout.contains(r#"hello::greet returned Str("hello late from worker3")"#),
+        "{stdout}"
+    );
+    w3.stop();
     w2.stop();
     w1.stop();
     w0.stop();

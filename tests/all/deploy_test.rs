@@ -291,3 +291,42 @@ fn another_version_of_a_served_plugin_is_refused() {
         stop(agents).await
     });
 }
+
+#[test]
+fn a_late_joiner_of_a_dynamic_group_installs_the_deployed_plugins() {
+    timed(async {
+        let store = fresh_store();
+        let join = |rank: u32| {
+            let store = store.clone();
+            async move {
+                let registry = wasmrpc::FunctionRegistry::new();
+                register_all(&registry);
+                let o = RpcBackendOptions {
+                    registry: std::sync::Arc::new(registry),
+                    accept_plugin_deployment: true,
+                    ..RpcBackendOptions::default()
+                };
+                init_rpc(&worker_name(rank), Some(rank), None, store, o).await
+            }
+        };
+        let w0 = join(0).await?;
+        // Nothing deployed yet: nothing to install.
+        ensure!(w0.install_deployed_plugins().await?.is_empty());
+        w0.deploy_plugin(&hello_wasm()).await?.check()?;
+        let w1 = join(1).await?;
+        expect_err(
+            greet(&w0, "worker1", "early").await,
+            ErrorKind::RuntimeError,
+            "hello::greet",
+        )?;
+        let names = w1.install_deployed_plugins().await?;
+        ensure!(names.contains(&"hello::greet".to_string()), "{names:?}");
+        ensure!(greet(&w0, "worker1", "late").await? == "hello late from worker1");
+        ensure!(greet(&w1, "worker0", "back").await? == "hello back from worker0");
+        // Installing again finds nothing new.
+        ensure!(w1.install_deployed_plugins().await?.is_empty());
+        w1.shutdown(true, std::time::Duration::ZERO).await?;
+        w0.shutdown(true, std::time::Duration::ZERO).await?;
+        Ok(())
+    });
+}

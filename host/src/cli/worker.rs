@@ -126,6 +126,16 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
             .map_or_else(|| "?".to_string(), |a| a.to_string()),
     );
 
+    if world.is_none() && args.accept_plugin_deployment {
+        // Plugins deployed to the group before this worker joined.
+        let names = agent
+            .install_deployed_plugins()
+            .await
+            .with_context(|| format!("{name}: installing the group's deployed plugins failed"))?;
+        if !names.is_empty() {
+            info!("{name}: serving deployed plugins: {}", names.join(", "));
+        }
+    }
     let mut failed = false;
     if args.ping_all {
         for peer in agent.get_worker_infos() {

@@ -40,9 +40,15 @@
 //! without the secret cannot connect). Plugins run sandboxed, with only the
 //! host API every peer can already reach through calls.
 //!
-//! Not done: late joiners of a dynamic group do not fetch plugins deployed
-//! before they joined (workers do not keep the bytes); deploy again after a
-//! join (same bytes are a no-op on the workers that have them).
+//! Late joiners of a dynamic group: a deployment that at least one worker
+//! accepted is also published in the group's store (`rpc/plugins/count`,
+//! `rpc/plugins/{i}` → sha256, `rpc/plugins/sha256/{hex}` → bytes; static
+//! groups, which nobody joins later, publish nothing). A worker that joins
+//! later installs them with [`RpcAgent::install_deployed_plugins`] (the
+//! `wasmrpc worker` binary does so right after joining when it accepts
+//! deployment), through the same steps as a deployment message. Until it
+//! has, it does not serve them: a peer calling it in that window gets the
+//! unknown-function error.
 //!
 //! What this module leaves to others: loading and registering are
 //! [`PluginHost`]'s, sending and timeouts the agent's.
@@ -189,6 +195,14 @@ impl RpcAgent {
             })
             .collect();
         let results = collect_all(&futures).await;
+        let accepted = results.iter().any(Result::is_ok);
+        if accepted && !self.is_static_group() {
+            publish(self, &sha256, &bytes).await.map_err(|e| {
+                e.context_line(format!(
+                    "plugin {name} was deployed, but not published for workers that join later"
+                ))
+            })?;
+        }
         let workers = workers
             .iter()
             .zip(results)
@@ -212,6 +226,81 @@ impl RpcAgent {
             workers,
         })
     }
+}
+
+impl RpcAgent {
+    /// Installs every plugin deployed to this worker's dynamic group before
+    /// it joined (see the module docs), in deployment order, as if each
+    /// deployment had reached it; returns the names it now serves from
+    /// them. Plugins it already serves are skipped.
+    ///
+    /// # Errors
+    /// "worker X does not accept plugin deployment" if its options refuse
+    /// deployments and a plugin was deployed; store errors; the first plugin
+    /// it cannot install (as a deployment would fail).
+    pub async fn install_deployed_plugins(&self) -> Result<Vec<String>> {
+        let store = self.store();
+        let key = |k: &str| format!("{PUBLISHED}/{k}");
+        let count = store
+            .add(&key("count"), 0)
+            .await
+            .map_err(|e| Error::runtime(format!("reading the deployed plugins: {e}")))?;
+        let mut names = Vec::new();
+        for i in 0..count {
+            let read = async |k: String| {
+                store
+                    .get(&k)
+                    .await
+                    .map_err(|e| Error::runtime(format!("reading deployed plugin {i} ({k}): {e}")))
+            };
+            let sha_hex = String::from_utf8_lossy(&read(key(&i.to_string())).await?).into_owned();
+            let wasm = read(key(&format!("sha256/{sha_hex}"))).await?;
+            let sha256: [u8; 32] = Sha256::digest(&wasm).into();
+            let name = wasmrpc_wasm::manifest::read(&wasm)
+                .map(|m| m.name)
+                .unwrap_or_else(|_| format!("sha256 {sha_hex}"));
+            let reply = handle_request(
+                self,
+                Message::DeployPlugin {
+                    id: 0,
+                    name,
+                    sha256,
+                    wasm,
+                },
+            )
+            .await?;
+            let (already, registered) = decode_reply(&reply.value)?;
+            if !already {
+                names.extend(registered);
+            }
+        }
+        Ok(names)
+    }
+}
+
+/// The store prefix deployments are published under for late joiners.
+const PUBLISHED: &str = "rpc/plugins";
+
+/// Publishes a deployment in the group's store: the bytes first, then the
+/// next index, so a reader that sees the index finds the bytes.
+async fn publish(agent: &RpcAgent, sha256: &[u8; 32], wasm: &[u8]) -> Result<()> {
+    let store = agent.store();
+    let sha_hex = hex(sha256);
+    let bytes_key = format!("{PUBLISHED}/sha256/{sha_hex}");
+    let err = |e: crate::store::Error| Error::runtime(format!("store: {e}"));
+    if store.check(&[&bytes_key]).await.map_err(err)? {
+        return Ok(());
+    }
+    store.set(&bytes_key, wasm).await.map_err(err)?;
+    let i = store
+        .add(&format!("{PUBLISHED}/count"), 1)
+        .await
+        .map_err(err)?
+        - 1;
+    store
+        .set(&format!("{PUBLISHED}/{i}"), sha_hex.as_bytes())
+        .await
+        .map_err(err)
 }
 
 /// The plugins deployed to one agent, by sha256, with the names each
