@@ -743,6 +743,12 @@ impl RpcAgent {
         transport.send_on(&conn, frame, Some(function)).await
     }
 
+    /// The cluster secret (for data the group signs, e.g. published
+    /// plugin deployments).
+    pub(crate) fn cluster_secret(&self) -> Result<Vec<u8>> {
+        Ok(self.transport()?.secret().to_vec())
+    }
+
     fn transport(&self) -> Result<Arc<Transport>> {
         self.inner
             .transport

@@ -312,7 +312,8 @@ fn a_late_joiner_of_a_dynamic_group_installs_the_deployed_plugins() {
         let w0 = join(0).await?;
         // Nothing deployed yet: nothing to install.
         ensure!(w0.install_deployed_plugins().await?.is_empty());
-        w0.deploy_plugin(&hello_wasm()).await?.check()?;
+        let report = w0.deploy_plugin(&hello_wasm()).await?;
+        report.check()?;
         let w1 = join(1).await?;
         expect_err(
             greet(&w0, "worker1", "early").await,
@@ -325,6 +326,22 @@ fn a_late_joiner_of_a_dynamic_group_installs_the_deployed_plugins() {
         ensure!(greet(&w1, "worker0", "back").await? == "hello back from worker0");
         // Installing again finds nothing new.
         ensure!(w1.install_deployed_plugins().await?.is_empty());
+        // An entry written into the store by someone without the cluster
+        // secret is not installed.
+        // (Real bytes and their sha256, with a MAC made up.)
+        let n = store.add("rpc/plugins/count", 1).await? - 1;
+        store
+            .set(
+                &format!("rpc/plugins/{n}"),
+                format!("{} {}", report.sha256, "00".repeat(32)).as_bytes(),
+            )
+            .await?;
+        let e = w1
+            .install_deployed_plugins()
+            .await
+            .err()
+            .context("a forged entry was installed")?;
+        ensure!(e.contains("is not signed with the cluster secret"), "{e}");
         w1.shutdown(true, std::time::Duration::ZERO).await?;
         w0.shutdown(true, std::time::Duration::ZERO).await?;
         Ok(())

@@ -42,8 +42,11 @@
 //!
 //! Late joiners of a dynamic group: a deployment that at least one worker
 //! accepted is also published in the group's store (`rpc/plugins/count`,
-//! `rpc/plugins/{i}` → sha256, `rpc/plugins/sha256/{hex}` → bytes; static
-//! groups, which nobody joins later, publish nothing). A worker that joins
+//! `rpc/plugins/{i}` → sha256 and its HMAC-SHA256 under the cluster secret,
+//! `rpc/plugins/sha256/{hex}` → bytes; static groups, which nobody joins
+//! later, publish nothing). The HMAC keeps the store (unauthenticated, as
+//! PyTorch's TCPStore is) from being a way around the handshake: a joiner
+//! installs only what a holder of the cluster secret published. A worker that joins
 //! later installs them with [`RpcAgent::install_deployed_plugins`] (the
 //! `wasmrpc worker` binary does so right after joining when it accepts
 //! deployment), through the same steps as a deployment message. Until it
@@ -240,6 +243,7 @@ impl RpcAgent {
     /// it cannot install (as a deployment would fail).
     pub async fn install_deployed_plugins(&self) -> Result<Vec<String>> {
         let store = self.store();
+        let secret = self.cluster_secret()?;
         let key = |k: &str| format!("{PUBLISHED}/{k}");
         let count = store
             .add(&key("count"), 0)
@@ -253,9 +257,17 @@ impl RpcAgent {
                     .await
                     .map_err(|e| Error::runtime(format!("reading deployed plugin {i} ({k}): {e}")))
             };
-            let sha_hex = String::from_utf8_lossy(&read(key(&i.to_string())).await?).into_owned();
+            let entry = String::from_utf8_lossy(&read(key(&i.to_string())).await?).into_owned();
+            let (sha_hex, mac_hex) = entry.split_once(' ').unwrap_or((&entry, ""));
             let wasm = read(key(&format!("sha256/{sha_hex}"))).await?;
             let sha256: [u8; 32] = Sha256::digest(&wasm).into();
+            if hex(&sha256) != sha_hex || hex(&sign(&secret, &sha256)) != mac_hex {
+                return Err(Error::runtime(format!(
+                    "worker {} did not install deployed plugin {i} (sha256 {sha_hex}): the \
+                     store's entry is not signed with the cluster secret",
+                    self.name()
+                )));
+            }
             let name = wasmrpc_wasm::manifest::read(&wasm)
                 .map(|m| m.name)
                 .unwrap_or_else(|_| format!("sha256 {sha_hex}"));
@@ -297,10 +309,29 @@ async fn publish(agent: &RpcAgent, sha256: &[u8; 32], wasm: &[u8]) -> Result<()>
         .await
         .map_err(err)?
         - 1;
+    let mac_hex = hex(&sign(&agent.cluster_secret()?, sha256));
     store
-        .set(&format!("{PUBLISHED}/{i}"), sha_hex.as_bytes())
+        .set(
+            &format!("{PUBLISHED}/{i}"),
+            format!("{sha_hex} {mac_hex}").as_bytes(),
+        )
         .await
         .map_err(err)
+}
+
+/// HMAC-SHA256 of a published plugin's sha256 under the cluster secret.
+fn sign(secret: &[u8], sha256: &[u8; 32]) -> [u8; 32] {
+    use hmac::{Hmac, Mac};
+    match <Hmac<Sha256> as Mac>::new_from_slice(secret) {
+        Ok(mut m) => {
+            m.update(b"wasmrpc published plugin v1\0");
+            m.update(sha256);
+            m.finalize().into_bytes().into()
+        }
+        // HMAC takes keys of any length; were it to refuse one, no entry
+        // would verify, which fails closed.
+        Err(_) => [0; 32],
+    }
 }
 
 /// The plugins deployed to one agent, by sha256, with the names each
