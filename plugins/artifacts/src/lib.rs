@@ -15,6 +15,7 @@
 //! }
 //! fn autograd_fns() {}
 //! fn demo() {}
+//! fn hello() {}
 //! fn seed_fns() {}
 //! wasmrpc_plugins::foreach_plugin!(assert_tested);
 //! ```

@@ -67,6 +67,35 @@ pub(crate) mod demo {
     }
 }
 
+/// The plugin `plugins/hello` (deployed at run time by the deployment
+/// tests): `greet` against the fake host here; its deployment to real
+/// workers in `tests/all/deploy_test.rs`.
+pub(crate) mod hello {
+    use crate::{args, setup, timed};
+    use wasmrpc_wasm::Value;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn greet_names_the_worker_it_runs_on() {
+        timed(async {
+            let (rt, _, host) = setup();
+            let hello = rt
+                .load_file(wasmrpc_plugins::HELLO)
+                .expect("the hello plugin loads");
+            let r = rt
+                .call(
+                    &hello,
+                    "greet",
+                    args(vec![Value::Str("you".into())]),
+                    host.arc(),
+                )
+                .await
+                .expect("greet answers");
+            assert_eq!(r, Value::Str("hello you from worker0".into()));
+        })
+        .await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn my_function_with_kwargs_and_positional_tensors() {
     timed(async {
