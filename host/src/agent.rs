@@ -743,6 +743,12 @@ impl RpcAgent {
         transport.send_on(&conn, frame, Some(function)).await
     }
 
+    /// The cluster secret (for data the group signs, e.g. published
+    /// plugin deployments).
+    pub(crate) fn cluster_secret(&self) -> Result<Vec<u8>> {
+        Ok(self.transport()?.secret().to_vec())
+    }
+
     fn transport(&self) -> Result<Arc<Transport>> {
         self.inner
             .transport
@@ -1130,6 +1136,25 @@ impl RpcAgent {
     }
 
     /// Answers request `id` on `conn` with `error`.
+    /// Runs the work of a reserved-kind request as its own task (AG-1),
+    /// counted as active until its reply is queued (AG-4), and replies with
+    /// its result.
+    fn serve_request(
+        &self,
+        conn: &Arc<Connection>,
+        id: u64,
+        work: impl std::future::Future<Output = Result<Payload>> + Send + 'static,
+    ) {
+        let (agent, conn) = (self.clone(), conn.clone());
+        self.inner.active.fetch_add(1, Ordering::AcqRel);
+        self.inner.runtime.clone().spawn(async move {
+            let r = work.await;
+            agent.respond(&conn, id, r, None).await;
+            agent.inner.active.fetch_sub(1, Ordering::AcqRel);
+            agent.inner.quiet.notify_waiters();
+        });
+    }
+
     pub(crate) async fn respond_error(&self, conn: &Arc<Connection>, id: u64, error: Error) {
         self.respond(conn, id, Err(error), None).await;
     }
@@ -1253,14 +1278,15 @@ impl Handler for AgentHandler {
                 }),
             ),
             Message::PropagateGradients { .. } | Message::CleanupAutogradContext { .. } => {
-                let id = message.id();
-                let conn = conn.clone();
-                agent.inner.active.fetch_add(1, Ordering::AcqRel);
-                agent.inner.runtime.clone().spawn(async move {
-                    let r = crate::autograd::handle_request(&agent, message, tensors).await;
-                    agent.respond(&conn, id, r, None).await;
-                    agent.inner.active.fetch_sub(1, Ordering::AcqRel);
-                    agent.inner.quiet.notify_waiters();
+                let a = agent.clone();
+                agent.serve_request(conn, message.id(), async move {
+                    crate::autograd::handle_request(&a, message, tensors).await
+                });
+            }
+            Message::DeployPlugin { .. } => {
+                let a = agent.clone();
+                agent.serve_request(conn, message.id(), async move {
+                    crate::plugin::deploy::handle_request(&a, message).await
                 });
             }
             other => {

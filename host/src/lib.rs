@@ -106,7 +106,9 @@ pub use agent::{
 };
 pub use error::*;
 pub use ops::{BuiltinOps, call_builtin};
-pub use plugin::{CACHE_DIR_ENV, PACKAGE_PREFIX, PluginHost, plugin_namespace};
+pub use plugin::{
+    CACHE_DIR_ENV, DeployReport, PACKAGE_PREFIX, PluginHost, WorkerDeployment, plugin_namespace,
+};
 pub use remote_module::RemoteModule;
 pub use rref::{RRef, RRefId, RRefProxy, RRefProxyMode, rref_debug_info_function};
 pub use transport::{FaultInjection, MessageKind};

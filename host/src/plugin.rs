@@ -48,6 +48,7 @@
 //!   when it is disposed of) are released.
 
 mod class;
+pub(crate) mod deploy;
 mod function;
 mod guest;
 mod handles;
@@ -62,6 +63,7 @@ use wasmrpc_wasm::{Config, Plugin, Runtime};
 use crate::agent::FunctionRegistry;
 use crate::error::{Error, Result};
 use class::PluginClass;
+pub use deploy::{DeployReport, WorkerDeployment};
 use function::{PluginFunction, wasm_error};
 
 /// The environment variable that overrides where compiled plugins are

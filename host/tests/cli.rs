@@ -487,3 +487,238 @@ fn launch_shows_plugin_progress_and_writes_the_result_as_json() {
     assert_eq!(json[2], 120, "{json}");
     assert_eq!(json[1], 60, "{json}");
 }
+
+/// A `wasmrpc worker --serve` process whose output lines are collected; it
+/// is killed if the test ends without stopping it.
+struct ServingWorker {
+    name: String,
+    child: std::process::Child,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl ServingWorker {
+    /// Starts a worker of a dynamic group (no world size) that serves until
+    /// SIGTERM, with `extra` flags.
+    fn start(rank: u32, init_method: &str, extra: &[&str]) -> ServingWorker {
+        use std::io::{BufRead, BufReader};
+        let name = format!("worker{rank}");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_wasmrpc"))
+            .args(["worker", "--rank", &rank.to_string()])
+            .args(["--init-method", init_method, "--serve"])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the wasmrpc binary starts");
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        for stream in [
+            Box::new(child.stdout.take().expect("piped stdout")) as Box<dyn std::io::Read + Send>,
+            Box::new(child.stderr.take().expect("piped stderr")),
+        ] {
+            let lines = lines.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    lines.lock().expect("lines lock").push(line);
+                }
+            });
+        }
+        ServingWorker { name, child, lines }
+    }
+
+    fn output(&self) -> String {
+        self.lines.lock().expect("lines lock").join("\n")
+    }
+
+    /// Waits until the worker has joined and serves.
+    fn wait_serving(&mut self) {
+        let started = Instant::now();
+        while !self.output().contains("serving until interrupted") {
+            if started.elapsed() > Duration::from_secs(60)
+                || self.child.try_wait().ok().flatten().is_some()
+            {
+                panic!("{} did not come up:\n{}", self.name, self.output());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM, then waits for a clean exit (a graceful leave).
+    fn stop(mut self) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status();
+        assert!(
+            sent.is_ok_and(|s| s.success()),
+            "cannot signal {}",
+            self.name
+        );
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait on the worker") {
+                break status;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{} did not stop:\n{}",
+                self.name,
+                self.output()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "{}:\n{}", self.name, self.output());
+    }
+}
+
+impl Drop for ServingWorker {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A port nothing listens on now (the store's, hosted by worker0).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+#[test]
+fn plugin_deploy_ships_a_plugin_to_a_running_group_that_then_serves_it() {
+    let init = format!("tcp://127.0.0.1:{}", free_port());
+    let hello = wasmrpc_plugins::HELLO;
+    // Only seed-fns' file: its folder also holds hello.
+    let mut w0 = ServingWorker::start(
+        0,
+        &init,
+        &[
+            "--accept-plugin-deployment",
+            "--plugins",
+            wasmrpc_plugins::SEED_FNS,
+        ],
+    );
+    w0.wait_serving();
+    let mut w1 = ServingWorker::start(1, &init, &["--accept-plugin-deployment"]);
+    w1.wait_serving();
+    // worker2 keeps the default: deployment off.
+    let mut w2 = ServingWorker::start(2, &init, &[]);
+    w2.wait_serving();
+
+    let deploy = |file: &str| {
+        let out = wasmrpc(
+            &["plugin", "deploy", file, "--init-method", &init],
+            Duration::from_secs(60),
+        );
+        let (stdout, stderr) = text(&out);
+        (out.status.success(), stdout, stderr)
+    };
+    let (ok, stdout, stderr) = deploy(hello);
+    assert!(!ok, "worker2 refuses, so the deployment is incomplete");
+    assert!(
+        stdout.contains("plugin wasmrpc-plugin-hello") && stdout.contains("to 3 workers"),
+        "{stdout}\n{stderr}"
+    );
+    for w in ["worker0", "worker1"] {
+        assert!(
+            stdout.contains(&format!("{w}: serving hello::greet, hello::double_on"))
+                || stdout.contains(&format!("{w}: serving hello::double_on, hello::greet")),
+            "{stdout}\n{stderr}"
+        );
+    }
+    assert!(
+        stdout.contains("worker2: FAILED: worker worker2 does not accept plugin deployment"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("was not deployed to 1 of 3 workers"),
+        "{stdout}\n{stderr}"
+    );
+
+    // Another worker joins, calls the deployed function on worker1 by
+    // name, and leaves; then seed-fns on worker0 calls it on worker1.
+    let call = |entry: &str, on: &str, entry_args: &[&str]| {
+        let mut a = vec!["worker", "--rank", "7", "--init-method", &init];
+        a.extend(["--entry", entry, "--entry-on", on, "--"]);
+        a.extend(entry_args);
+        let out = wasmrpc(&a, Duration::from_secs(60));
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        stdout
+    };
+    let stdout = call("hello::greet", "worker1", &["you"]);
+    assert!(
+        stdout.contains(r#"hello::greet returned Str("hello you from worker1")"#),
+        "{stdout}"
+    );
+    let stdout = call(
+        "seed_fns::call_str",
+        "worker0",
+        &["worker1", "hello::greet", "seed-fns"],
+    );
+    assert!(
+        stdout.contains(r#"returned Str("hello seed-fns from worker1")"#),
+        "{stdout}"
+    );
+
+    // The same bytes again: worker0 and worker1 already serve them.
+    let (_, stdout, stderr) = deploy(hello);
+    assert!(
+        stdout.contains("worker0: already served") && stdout.contains("worker1: already served"),
+        "{stdout}\n{stderr}"
+    );
+    // Another version (one more custom section) is refused by the workers.
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let v2 = dir.path().join("hello-v2.wasm");
+    let mut bytes = std::fs::read(hello).expect("the hello plugin was built");
+    bytes.extend_from_slice(&[0, 7, 4, b'n', b'o', b't', b'e', b'v', b'2']);
+    std::fs::write(&v2, bytes).expect("write the new version");
+    let (ok, stdout, stderr) = deploy(v2.to_str().expect("a UTF-8 path"));
+    assert!(!ok, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("worker1: FAILED: worker worker1 already serves another version of plugin wasmrpc-plugin-hello"),
+        "{stdout}\n{stderr}"
+    );
+    // Not a plugin: refused before joining the group's work.
+    let junk = dir.path().join("junk.wasm");
+    std::fs::write(&junk, b"not wasm").expect("write junk");
+    let (ok, _, stderr) = deploy(junk.to_str().expect("a UTF-8 path"));
+    assert!(!ok && stderr.contains("was not deployed"), "{stderr}");
+
+    assert!(w1.output().contains("deployed plugin wasmrpc-plugin-hello"));
+    // A worker that joins now installs what was deployed before it.
+    let mut w3 = ServingWorker::start(3, &init, &["--accept-plugin-deployment"]);
+    w3.wait_serving();
+    assert!(
+        w3.output().contains("serving deployed plugins: hello::"),
+        "{}",
+        w3.output()
+    );
+    let stdout = call("hello::greet", "worker3", &["late"]);
+    assert!(
+        stdout.contains(r#"hello::greet returned Str("hello late from worker3")"#),
+        "{stdout}"
+    );
+    w3.stop();
+    w2.stop();
+    w1.stop();
+    w0.stop();
+}
+
+#[test]
+fn plugin_deploy_help_explains_how_to_reach_a_group() {
+    let out = wasmrpc(&["plugin", "deploy", "--help"], Duration::from_secs(30));
+    let (stdout, _) = text(&out);
+    assert!(out.status.success());
+    for needle in [
+        "--init-method",
+        "--accept-plugin-deployment",
+        "dynamic",
+        "WASMRPC_CLUSTER_SECRET",
+    ] {
+        assert!(stdout.contains(needle), "{needle} missing from:\n{stdout}");
+    }
+}

@@ -11,6 +11,7 @@
 //! - `remote_module_test`: PyTorch's `remote_module_test.py` (CPU tests,
 //!   `RemoteModule` over plugin classes).
 
+mod deploy_test;
 mod dist_autograd_test;
 mod plugin_test;
 mod remote_module_test;

@@ -17,7 +17,7 @@ mod demo;
 mod process;
 mod setup;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use std::path::{Path, PathBuf};
 
@@ -91,29 +91,19 @@ fn run_tests(root: &Path, nextest_args: &[String]) -> Result<()> {
     process::step("lints, host crates (cargo clippy --all-targets -D warnings)");
     process::cargo(root, &["clippy", "--all-targets", "--", "-D", "warnings"])?;
     process::step("lints, guest SDK and plugins on wasm32");
-    process::cargo(
-        root,
-        &[
-            "clippy",
-            "--target",
-            "wasm32-unknown-unknown",
-            "-p",
-            "wasmrpc-guest",
-            "-p",
-            "wasmrpc-plugin-seed-fns",
-            "-p",
-            "wasmrpc-plugin-demo",
-            "-p",
-            "wasmrpc-plugin-rl",
-            "-p",
-            "wasmrpc-plugin-param-server",
-            "-p",
-            "wasmrpc-plugin-pipeline",
-            "--",
-            "-D",
-            "warnings",
-        ],
-    )?;
+    let mut args = vec![
+        "clippy",
+        "--target",
+        "wasm32-unknown-unknown",
+        "-p",
+        "wasmrpc-guest",
+    ];
+    let plugins = plugin_packages(root)?;
+    for p in &plugins {
+        args.extend(["-p", p.as_str()]);
+    }
+    args.extend(["--", "-D", "warnings"]);
+    process::cargo(root, &args)?;
 
     process::step("tests (cargo nextest run --profile ci)");
     setup::ensure_nextest()?;
@@ -138,4 +128,31 @@ fn run_tests(root: &Path, nextest_args: &[String]) -> Result<()> {
 fn workspace_root() -> PathBuf {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     manifest.parent().map(Path::to_path_buf).unwrap_or(manifest)
+}
+
+/// The package names of the plugins under `plugins/` (every folder with a
+/// `Cargo.toml`, except `artifacts`, which builds them for the host), so a
+/// new plugin is linted on wasm32 without being listed here.
+fn plugin_packages(root: &Path) -> Result<Vec<String>> {
+    let dir = root.join("plugins");
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
+        let path = entry?.path();
+        let manifest = path.join("Cargo.toml");
+        if path.file_name().is_some_and(|n| n == "artifacts") || !manifest.is_file() {
+            continue;
+        }
+        let text = std::fs::read_to_string(&manifest)
+            .with_context(|| format!("reading {}", manifest.display()))?;
+        let name = text
+            .lines()
+            .find_map(|l| {
+                let (key, value) = l.split_once('=')?;
+                (key.trim() == "name").then(|| value.trim().trim_matches('"').to_string())
+            })
+            .with_context(|| format!("no package name in {}", manifest.display()))?;
+        names.push(name);
+    }
+    names.sort();
+    Ok(names)
 }

@@ -49,6 +49,14 @@ pub struct RpcBackendOptions {
     pub devices: Vec<String>,
     /// How long rendezvous waits for the other workers.
     pub init_timeout: Duration,
+    /// Whether peers may deploy plugins to this worker at run time
+    /// (`RpcAgent::deploy_plugin`, `Message::DeployPlugin`). Off by default:
+    /// a worker runs only the code its operator started it with unless the
+    /// operator opts in (`wasmrpc worker --accept-plugin-deployment`); with
+    /// it off a deployment is answered with "worker X does not accept plugin
+    /// deployment". Deployments only ever arrive over authenticated
+    /// connections (every peer proved the cluster secret).
+    pub accept_plugin_deployment: bool,
 }
 
 impl Default for RpcBackendOptions {
@@ -65,6 +73,7 @@ impl Default for RpcBackendOptions {
             device_maps: BTreeMap::new(),
             devices: Vec::new(),
             init_timeout: Duration::from_secs(300),
+            accept_plugin_deployment: false,
         }
     }
 }

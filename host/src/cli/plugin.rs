@@ -2,14 +2,20 @@
 //! manifest (what the guest SDK's macros wrote into the module) without
 //! compiling it: its name and the namespace its functions are served under,
 //! version, protocol version, sha256, and every export with its kind and
-//! parameters.
+//! parameters. `deploy` ships a plugin to every worker of a running dynamic
+//! group (`wasmrpc::plugin::deploy` does the work): it joins the group as a
+//! member of its own, deploys, prints what each worker did, and leaves.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 use wasmrpc::wasm::manifest;
+use wasmrpc::{RpcBackendOptions, init_rpc};
+
+use super::parse_seconds;
 
 /// Flags of `wasmrpc plugin`.
 #[derive(clap::Args, Debug)]
@@ -26,6 +32,45 @@ enum PluginCommand {
         /// The plugin's `.wasm` file.
         file: PathBuf,
     },
+    /// Deploy a plugin to every worker of a running group: join it as a
+    /// member of its own, send the plugin to every other worker at once
+    /// (each loads it and serves its functions as `namespace::function`),
+    /// print what each worker did, and leave.
+    ///
+    /// The group must be dynamic (workers started without a world size,
+    /// e.g. `wasmrpc worker --rank 0 --init-method tcp://HOST:PORT --serve
+    /// --accept-plugin-deployment`); workers started without
+    /// `--accept-plugin-deployment` refuse. Give the cluster secret in
+    /// WASMRPC_CLUSTER_SECRET if the workers were given one. The same
+    /// bytes deployed again are a no-op; another version of a plugin the
+    /// workers already serve is refused (deploy it under a new name).
+    /// Exits non-zero unless every worker serves the plugin.
+    Deploy(DeployArgs),
+}
+
+/// Flags of `wasmrpc plugin deploy`.
+#[derive(clap::Args, Debug)]
+struct DeployArgs {
+    /// The plugin's `.wasm` file.
+    file: PathBuf,
+    /// How to find the group's store, as the workers were given it:
+    /// `tcp://HOST:PORT` (the store rank 0 hosts) or `file:///PATH`.
+    #[arg(long)]
+    init_method: String,
+    /// The name this tool joins the group under [default: deploy-<PID>].
+    #[arg(long)]
+    name: Option<String>,
+    /// The rank this tool joins under; it must not be a live member's
+    /// [default: 2^30 + PID].
+    #[arg(long)]
+    rank: Option<u32>,
+    /// How long each worker gets to load the plugin and answer, in seconds
+    /// (0: no limit).
+    #[arg(long, default_value = "60", value_parser = parse_seconds)]
+    rpc_timeout: Duration,
+    /// How long to wait for the group's store, in seconds.
+    #[arg(long, default_value = "60", value_parser = parse_seconds)]
+    init_timeout: Duration,
 }
 
 /// Runs a `plugin` subcommand.
@@ -35,7 +80,66 @@ pub(crate) fn run(args: PluginArgs) -> Result<ExitCode> {
             print!("{}", inspect(&file)?);
             Ok(ExitCode::SUCCESS)
         }
+        PluginCommand::Deploy(args) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?
+            .block_on(deploy(args)),
     }
+}
+
+/// Joins the group, deploys to every other member, prints one line per
+/// worker, leaves.
+async fn deploy(args: DeployArgs) -> Result<ExitCode> {
+    let wasm = std::fs::read(&args.file)
+        .with_context(|| format!("cannot read {}", args.file.display()))?;
+    let pid = std::process::id();
+    let rank = args.rank.unwrap_or((1 << 30) + pid % (1 << 30));
+    let name = args.name.unwrap_or_else(|| format!("deploy-{pid}"));
+    let store = super::dynamic_store(&args.init_method, rank, args.init_timeout).await?;
+    let options = RpcBackendOptions {
+        rpc_timeout: args.rpc_timeout,
+        init_method: args.init_method.clone(),
+        init_timeout: args.init_timeout,
+        ..RpcBackendOptions::default()
+    };
+    let agent = init_rpc(&name, Some(rank), None, store, options)
+        .await
+        .with_context(|| format!("joining the group through {} failed", args.init_method))?;
+    let workers: Vec<_> = agent
+        .get_worker_infos()
+        .into_iter()
+        .filter(|w| w.name != name)
+        .collect();
+    let report = agent.deploy_plugin_to(&wasm, &workers).await;
+    // Leave the group whatever happened, then report.
+    let left = agent
+        .shutdown(true, Duration::ZERO)
+        .await
+        .context("leaving the group failed");
+    let report = report.with_context(|| format!("{} was not deployed", args.file.display()))?;
+    left?;
+    println!(
+        "plugin {} {} (sha256 {}) to {} workers:",
+        report.plugin,
+        report.version,
+        report.sha256,
+        report.workers.len()
+    );
+    for w in &report.workers {
+        match &w.result {
+            Ok(names) if w.already_served => {
+                println!("  {}: already served: {}", w.worker.name, names.join(", "));
+            }
+            Ok(names) => println!("  {}: serving {}", w.worker.name, names.join(", ")),
+            Err(e) => println!("  {}: FAILED: {}", w.worker.name, e.message()),
+        }
+    }
+    if workers.is_empty() {
+        anyhow::bail!("the group has no workers besides this tool");
+    }
+    report.check()?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The report `inspect` prints: the manifest as the runtime describes it,

@@ -66,6 +66,18 @@ pub(crate) struct WorkerArgs {
     /// round trip (the launcher's health check when it has no entry).
     #[arg(long)]
     ping_all: bool,
+    /// Let peers of the group deploy plugins to this worker at run time
+    /// (`wasmrpc plugin deploy`, `RpcAgent::deploy_plugin`). Off by default:
+    /// without it a deployment is refused with "worker X does not accept
+    /// plugin deployment". Deployments only come from authenticated peers
+    /// (those holding the cluster secret).
+    #[arg(long)]
+    accept_plugin_deployment: bool,
+    /// Once up (and after `--ping-all` and `--entry`), keep serving calls
+    /// until interrupted (Ctrl-C or SIGTERM), then shut down gracefully. A
+    /// worker of a dynamic group (no world size) otherwise leaves at once.
+    #[arg(long)]
+    serve: bool,
     /// Arguments of the entry function: integers, floats, `true`/`false`,
     /// or strings.
     #[arg(last = true)]
@@ -76,10 +88,19 @@ pub(crate) struct WorkerArgs {
 pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
     let rank_hint = args.rank.map_or(-1, i64::from);
     let world_hint = args.world_size.map_or(-1, i64::from);
-    let (store, rank, world) =
-        wasmrpc::store::rendezvous(&args.init_method, rank_hint, world_hint, args.init_timeout)
-            .await
-            .with_context(|| format!("rendezvous through {} failed", args.init_method))?;
+    let (store, rank, world) = match (args.rank, args.world_size) {
+        // A dynamic group with an explicit rank: PyTorch makes its store
+        // without `rendezvous`, which requires a world size.
+        (Some(rank), None) if !args.init_method.starts_with("env://") => {
+            let store = super::dynamic_store(&args.init_method, rank, args.init_timeout).await?;
+            (store, i64::from(rank), -1)
+        }
+        _ => {
+            wasmrpc::store::rendezvous(&args.init_method, rank_hint, world_hint, args.init_timeout)
+                .await
+                .with_context(|| format!("rendezvous through {} failed", args.init_method))?
+        }
+    };
     let rank = u32::try_from(rank).with_context(|| format!("invalid rank {rank}"))?;
     let world = u32::try_from(world).ok();
     let name = args.name.clone().unwrap_or_else(|| format!("worker{rank}"));
@@ -95,6 +116,7 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         init_method: args.init_method.clone(),
         listen_addr: args.listen,
         init_timeout: args.init_timeout,
+        accept_plugin_deployment: args.accept_plugin_deployment,
         ..RpcBackendOptions::default()
     };
     let agent = init_rpc(&name, Some(rank), world, store, options)
@@ -108,6 +130,16 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
             .map_or_else(|| "?".to_string(), |a| a.to_string()),
     );
 
+    if world.is_none() && args.accept_plugin_deployment {
+        // Plugins deployed to the group before this worker joined.
+        let names = agent
+            .install_deployed_plugins()
+            .await
+            .with_context(|| format!("{name}: installing the group's deployed plugins failed"))?;
+        if !names.is_empty() {
+            info!("{name}: serving deployed plugins: {}", names.join(", "));
+        }
+    }
     let mut failed = false;
     if args.ping_all {
         for peer in agent.get_worker_infos() {
@@ -155,6 +187,11 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
             }
         }
     }
+    if args.serve {
+        info!("{name}: serving until interrupted");
+        interrupted().await?;
+        info!("{name}: interrupted, shutting down");
+    }
     agent
         .shutdown(true, Duration::ZERO)
         .await
@@ -164,6 +201,16 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         bail!("{name}: a call failed (see above)");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Returns on Ctrl-C (SIGINT) or SIGTERM.
+async fn interrupted() -> Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot listen for SIGTERM")?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("cannot listen for Ctrl-C"),
+        _ = term.recv() => Ok(()),
+    }
 }
 
 /// Loads every plugin under `paths` (compiling off the async threads) and

@@ -132,12 +132,15 @@ pub enum Message {
         /// The events.
         events: Vec<Value>,
     },
-    /// Reserved: install a wasm plugin on the receiving worker.
+    /// Install a wasm plugin on the receiving worker and register its
+    /// functions (`crate::plugin::deploy`); answered with a `Response`.
     DeployPlugin {
         /// Request id.
         id: u64,
-        /// The plugin's name.
+        /// The plugin's name (from its manifest), for messages.
         name: String,
+        /// The sha256 of `wasm`: the plugin's identity (content-addressed).
+        sha256: [u8; 32],
         /// The module's bytes.
         wasm: Vec<u8>,
     },

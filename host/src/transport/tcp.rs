@@ -118,6 +118,11 @@ pub(crate) struct Transport {
 }
 
 impl Transport {
+    /// The cluster secret every connection is authenticated with.
+    pub(crate) fn secret(&self) -> &[u8] {
+        &self.cfg.secret
+    }
+
     /// Binds `listen` and starts accepting connections.
     pub(crate) async fn bind(
         cfg: TransportConfig,

@@ -18,6 +18,7 @@
 //! fn rl() {}
 //! fn param_server() {}
 //! fn pipeline() {}
+//! fn hello() {}
 //! fn seed_fns() {}
 //! wasmrpc_plugins::foreach_plugin!(assert_tested);
 //! ```

@@ -326,6 +326,14 @@ fn nested_udf(dst: String, n: i64) -> Result<i64> {
     rpc_sync(&dst, "my_function", (n, 1i64, 2i64))
 }
 
+/// `call_str(dst, function, arg)`: `function(arg)` called by name on `dst`
+/// from inside this plugin, with a string result (how the deployment tests
+/// reach a plugin deployed after this one was loaded).
+#[remote]
+fn call_str(dst: String, function: String, arg: String) -> Result<String> {
+    rpc_sync(&dst, &function, (arg,))
+}
+
 /// `add_rref_to_value(rref, value)`: `rref.to_here() + value`.
 #[remote]
 fn add_rref_to_value(rref: RRef, value: Num) -> Result<Num> {

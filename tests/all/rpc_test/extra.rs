@@ -239,14 +239,6 @@ fn test_reserved_message_kinds_get_a_clear_error_reply() {
                 Box::new(|id| Message::ProfilingRequest { id, enabled: true }),
                 "ProfilingRequest",
             ),
-            (
-                Box::new(|id| Message::DeployPlugin {
-                    id,
-                    name: "p".into(),
-                    wasm: b"\0asm".to_vec(),
-                }),
-                "DeployPlugin",
-            ),
         ];
         for (build, kind) in cases {
             let tensors = if kind == "PropagateGradients" {

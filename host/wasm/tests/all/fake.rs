@@ -150,6 +150,16 @@ impl FakeHost {
     pub(crate) fn live_tensors(&self) -> usize {
         self.tensors.lock().unwrap().map.len()
     }
+    /// Live tensor handles once `then` tasks still finishing have released
+    /// theirs: waits up to 10 s for the count to reach `expected`, then
+    /// returns it (whatever it is).
+    pub(crate) async fn settled_tensors(&self, expected: usize) -> usize {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.live_tensors() != expected && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        self.live_tensors()
+    }
     /// Live future handles.
     pub(crate) fn live_futures(&self) -> usize {
         self.futures.lock().unwrap().map.len()

@@ -170,6 +170,35 @@ pub(crate) mod pipeline {
     }
 }
 
+/// The plugin `plugins/hello` (deployed at run time by the deployment
+/// tests): `greet` against the fake host here; its deployment to real
+/// workers in `tests/all/deploy_test.rs`.
+pub(crate) mod hello {
+    use crate::{args, setup, timed};
+    use wasmrpc_wasm::Value;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn greet_names_the_worker_it_runs_on() {
+        timed(async {
+            let (rt, _, host) = setup();
+            let hello = rt
+                .load_file(wasmrpc_plugins::HELLO)
+                .expect("the hello plugin loads");
+            let r = rt
+                .call(
+                    &hello,
+                    "greet",
+                    args(vec![Value::Str("you".into())]),
+                    host.arc(),
+                )
+                .await
+                .expect("greet answers");
+            assert_eq!(r, Value::Str("hello you from worker0".into()));
+        })
+        .await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn my_function_with_kwargs_and_positional_tensors() {
     timed(async {
@@ -674,7 +703,7 @@ async fn async_functions_complete_when_their_future_does() {
             .unwrap_err();
         assert!(e.to_remote().message.contains("must match the size"), "{e}");
 
-        assert_eq!(host.live_tensors(), 0);
+        assert_eq!(host.settled_tensors(0).await, 0);
         // The `then` tasks release their own handles just after completing.
         let deadline = Instant::now() + Duration::from_secs(10);
         while host.live_futures() != 0 && Instant::now() < deadline {
@@ -848,7 +877,8 @@ async fn nested_remotes_and_returned_rrefs() {
             .await
             .unwrap();
         assert_eq!(host.take_tensor(&r), (vec![2, 2], vec![61.0; 4]));
-        assert_eq!(host.live_tensors(), 0);
+        // The `then` tasks release their own handles just after completing.
+        assert_eq!(host.settled_tensors(0).await, 0);
     })
     .await;
 }

@@ -194,6 +194,9 @@ async fn async_methods_and_disposal_release_handles() {
             .await
             .unwrap();
         assert_eq!(host.take_tensor(&r), (vec![2], vec![12.0; 2]));
+        // The method's `then` task releases its handles just after the
+        // result is in.
+        assert_eq!(host.settled_tensors(0).await, 0);
 
         let wrapper = rt
             .construct(
