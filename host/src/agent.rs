@@ -549,7 +549,8 @@ impl RpcAgent {
         // given explicitly wins.
         let internal_only = function.starts_with(INTERNAL_PREFIX)
             && function != crate::rref::REMOTE
-            && function != crate::rref::FETCH;
+            && function != crate::rref::FETCH
+            && function != crate::rref::LOCAL_INVOKE;
         let autograd = if autograd.is_some() || internal_only {
             autograd
         } else {

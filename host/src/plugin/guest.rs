@@ -358,7 +358,10 @@ impl GuestHost for GuestCall {
     ) -> HostResult<Value> {
         let proxy = self.proxy(rref, timeout, RRefProxyMode::Sync)?;
         let args = self.handles().borrow_args(args)?;
-        let payload = proxy.call(method, args).await.map_err(remote)?;
+        // DA-3: a proxy call made inside the guest's own context carries it.
+        let payload = crate::autograd::scope(self.autograd.context(), proxy.call(method, args))
+            .await
+            .map_err(remote)?;
         self.handles().import(payload)
     }
 
@@ -371,7 +374,8 @@ impl GuestHost for GuestCall {
     ) -> HostResult<u32> {
         let proxy = self.proxy(rref, timeout, RRefProxyMode::Async)?;
         let args = self.handles().borrow_args(args)?;
-        let fut = proxy.call_async(method, args);
+        let fut =
+            crate::autograd::sync_scope(self.autograd.context(), || proxy.call_async(method, args));
         Ok(self.handles().insert_future(fut))
     }
 
@@ -384,7 +388,9 @@ impl GuestHost for GuestCall {
     ) -> HostResult<u32> {
         let proxy = self.proxy(rref, timeout, RRefProxyMode::Remote)?;
         let args = self.handles().borrow_args(args)?;
-        let r = proxy.call_remote(method, args).await.map_err(remote)?;
+        let r = crate::autograd::scope(self.autograd.context(), proxy.call_remote(method, args))
+            .await
+            .map_err(remote)?;
         Ok(self.handles().insert_rref(r))
     }
 

@@ -116,7 +116,10 @@ impl RRefProxy {
         let this = self.clone();
         let method = method.to_string();
         let o = out.clone();
-        self.agent.runtime_handle().spawn(async move {
+        // The call is made inside the caller's distributed autograd context,
+        // if any, as `rpc_async` would be (DA-3): the task carries it.
+        let context = crate::autograd::current_context_id();
+        let call = async move {
             let r = match this.ready().await {
                 Ok(()) => {
                     let owner = Dest::Info(this.rref.owner());
@@ -134,7 +137,10 @@ impl RRefProxy {
                     this.rref
                 ))
             }));
-        });
+        };
+        self.agent
+            .runtime_handle()
+            .spawn(crate::autograd::scope(context, call));
         out
     }
 

@@ -309,3 +309,47 @@ fn test_my_parameter_server() {
         Ok(())
     });
 }
+
+/// Not a seed test: a method called through an RRef proxy inside a
+/// distributed autograd context is recorded like any RPC of the context,
+/// in every proxy mode, so gradients flow back to the caller's tensor.
+#[test]
+fn proxy_calls_inside_a_context_record_autograd() {
+    dist_with(cluster(), |w: Worker| async move {
+        let a = w.agent.clone();
+        let ones = Tensor::ones([2, 2], (Kind::Float, Device::Cpu));
+        let owned = a.remote(w.dst(), ADD, args![ones, 1])?;
+        let x = rand_rg(&[2, 2]);
+        for mode in 0..3 {
+            let (a2, owned2, x2) = (a.clone(), owned.clone(), x.shallow_clone());
+            autograd::context(&a, |ctx| async move {
+                let a = a2;
+                let call = args![x2.shallow_clone()];
+                let out = match mode {
+                    0 => owned2.rpc_sync(&a, None).call("add", call).await?,
+                    1 => {
+                        owned2
+                            .rpc_async(&a, None)
+                            .call_async("add", call)
+                            .wait()
+                            .await?
+                    }
+                    _ => {
+                        let r = owned2.remote(&a, None).call_remote("add", call).await?;
+                        r.to_here(&a, None).await?
+                    }
+                }
+                .as_tensor()?;
+                autograd::backward(&a, ctx, &[out.sum(None)], false).await?;
+                let g = autograd::get_gradients(&a, ctx)?;
+                ensure!(
+                    g.get(&x2).is_some_and(|g| g.equal(&x2.ones_like())),
+                    "proxy mode {mode}: the caller's tensor has no gradient"
+                );
+                anyhow::Ok(())
+            })
+            .await??;
+        }
+        Ok(())
+    });
+}
