@@ -9,16 +9,17 @@
 //! - **Pipelined** (`pipelined = true`): the driver sends every micro-batch
 //!   to stage 1 with `rpc_async` at once, and hands each result on to stage
 //!   2 as soon as its future completes, so stage 1 works on micro-batch
-//!   `i + 1` while stage 2 works on `i`. Each stage takes one micro-batch
-//!   at a time (a per-worker lock), as a stage object in PyTorch's tutorial
-//!   does.
+//!   `i + 1` while stage 2 works on `i`. Each stage is a plugin object
+//!   (`Stage`) on its worker, held by the driver in an RRef and called
+//!   through RRef proxies; an object runs one method at a time, so a stage
+//!   takes one micro-batch at a time, as in PyTorch's tutorial.
 //!
 //! Each step runs in a distributed autograd context: the driver sums the
 //! micro-batches' losses, `dist_autograd::backward` carries the gradients
 //! back through both stages, and a `DistributedOptimizer` (SGD) over RRefs
 //! to the stages' parameters takes one step (GPipe-style). Stage 1 is
-//! `relu(x @ W + b)`, stage 2 `x @ W + b`; a stage's parameters are globals
-//! of its worker (the tutorial keeps them in stage objects held in RRefs).
+//! `relu(x @ W + b)`, stage 2 `x @ W + b`; the parameters are fields of
+//! the stage objects.
 //!
 //! **Data**: a synthetic 10-class problem: inputs uniform in [-1, 1]^64,
 //! labelled by the largest output of a fixed random linear "teacher" (seed
@@ -26,8 +27,7 @@
 
 use wasmrpc_guest::optim::{DistributedOptimizer, Optimizer};
 use wasmrpc_guest::{
-    Error, Future, RRef, Result, Tensor, dist_autograd, global, lock, progress, remote, rpc_async,
-    set_global,
+    Error, Future, RRef, Result, Tensor, dist_autograd, progress, remote, remote_class,
 };
 
 /// Inputs and classes of the synthetic problem.
@@ -56,52 +56,52 @@ impl Rng {
     }
 }
 
-fn stored(name: &str) -> Result<Tensor> {
-    global::<Tensor>(name)?.ok_or_else(|| {
-        Error::runtime_error(format!(
-            "this stage has no `{name}`: call pipeline::init_stage first"
-        ))
-    })
+/// One stage of the model, an object on its worker (the tutorial's stage
+/// modules held in RRefs): `relu(x @ W + b)` or `x @ W + b`. Its methods
+/// run one at a time (plugin objects are actors), so a stage takes one
+/// micro-batch at a time.
+pub struct Stage {
+    w: Tensor,
+    b: Tensor,
+    relu: bool,
 }
 
-/// On a stage's worker: fresh parameters `W` (`inputs x outputs`) and `b`
-/// that require grad, as `torch.nn.Linear` initialises them.
-#[remote]
-fn init_stage(inputs: i64, outputs: i64, seed: i64) -> Result<()> {
-    if inputs < 1 || outputs < 1 {
-        return Err(Error::value_error(format!(
-            "init_stage needs inputs and outputs >= 1, got {inputs} and {outputs}"
-        )));
+#[remote_class]
+impl Stage {
+    /// `Stage(inputs, outputs, seed, relu)`: fresh parameters `W` (`inputs
+    /// x outputs`) and `b` that require grad, initialised as
+    /// `torch.nn.Linear` does.
+    #[constructor]
+    fn new(inputs: i64, outputs: i64, seed: i64, relu: bool) -> Result<Stage> {
+        if inputs < 1 || outputs < 1 {
+            return Err(Error::value_error(format!(
+                "Stage needs inputs and outputs >= 1, got {inputs} and {outputs}"
+            )));
+        }
+        let mut rng = Rng::seeded(seed);
+        let bound = 1.0 / (inputs as f32).sqrt();
+        let w: Vec<f32> = (0..inputs * outputs)
+            .map(|_| rng.symmetric(bound))
+            .collect();
+        let b: Vec<f32> = (0..outputs).map(|_| rng.symmetric(bound)).collect();
+        Ok(Stage {
+            w: Tensor::from_slice(&[inputs, outputs], &w)?.requires_grad_(true)?,
+            b: Tensor::from_slice(&[outputs], &b)?.requires_grad_(true)?,
+            relu,
+        })
     }
-    let mut rng = Rng::seeded(seed);
-    let bound = 1.0 / (inputs as f32).sqrt();
-    let w: Vec<f32> = (0..inputs * outputs)
-        .map(|_| rng.symmetric(bound))
-        .collect();
-    let b: Vec<f32> = (0..outputs).map(|_| rng.symmetric(bound)).collect();
-    set_global(
-        "W",
-        Tensor::from_slice(&[inputs, outputs], &w)?.requires_grad_(true)?,
-    )?;
-    set_global(
-        "b",
-        Tensor::from_slice(&[outputs], &b)?.requires_grad_(true)?,
-    )
-}
 
-/// On a stage's worker: RRefs to its parameters, for the optimizer.
-#[remote]
-fn parameter_rrefs() -> Result<Vec<RRef>> {
-    Ok(vec![RRef::new(stored("W")?)?, RRef::new(stored("b")?)?])
-}
+    /// RRefs to the stage's parameters, for the optimizer.
+    fn parameter_rrefs(&self) -> Result<Vec<RRef>> {
+        Ok(vec![RRef::new(&self.w)?, RRef::new(&self.b)?])
+    }
 
-/// On a stage's worker: the stage's output for one micro-batch (recorded
-/// by the caller's distributed autograd context).
-#[remote]
-fn forward(x: Tensor, relu: bool) -> Result<Tensor> {
-    let _stage = lock("stage")?;
-    let pre = x.matmul(&stored("W")?)?.add(&stored("b")?)?;
-    if relu { pre.relu() } else { Ok(pre) }
+    /// The stage's output for one micro-batch (recorded by the caller's
+    /// distributed autograd context).
+    fn forward(&self, x: Tensor) -> Result<Tensor> {
+        let pre = x.matmul(&self.w)?.add(&self.b)?;
+        if self.relu { pre.relu() } else { Ok(pre) }
+    }
 }
 
 /// A fresh batch of `n` samples of the synthetic problem: inputs (`n x
@@ -145,16 +145,10 @@ fn run(
              {micro_batch_size}, {steps}"
         )));
     }
-    let (s1, s2) = ("worker1", "worker2");
-    let mut inits = vec![
-        rpc_async(s1, "pipeline::init_stage", (INPUTS as i64, hidden, 1i64))?,
-        rpc_async(s2, "pipeline::init_stage", (hidden, CLASSES as i64, 2i64))?,
-    ];
-    for f in inits.drain(..) {
-        f.wait::<()>()?;
-    }
-    let mut params: Vec<RRef> = rpc_async(s1, "pipeline::parameter_rrefs", ())?.wait()?;
-    params.extend(rpc_async(s2, "pipeline::parameter_rrefs", ())?.wait::<Vec<RRef>>()?);
+    let s1 = remote("worker1", "Stage", (INPUTS as i64, hidden, 1i64, true))?;
+    let s2 = remote("worker2", "Stage", (hidden, CLASSES as i64, 2i64, false))?;
+    let mut params: Vec<RRef> = s1.rpc_sync().call("parameter_rrefs", ())?;
+    params.extend(s2.rpc_sync().call::<Vec<RRef>>("parameter_rrefs", ())?);
     let optimizer =
         DistributedOptimizer::new(Optimizer::sgd(lr), &params.iter().collect::<Vec<_>>())?;
     let mut rng = Rng::seeded(7);
@@ -174,19 +168,19 @@ fn run(
         let logits: Vec<Tensor> = if pipelined {
             let first: Vec<Future> = inputs
                 .iter()
-                .map(|x| rpc_async(s1, "pipeline::forward", (x, true)))
+                .map(|x| s1.rpc_async().call("forward", (x,)))
                 .collect::<Result<_>>()?;
             let mut second = Vec::new();
             for f in &first {
                 let h: Tensor = f.wait()?;
-                second.push(rpc_async(s2, "pipeline::forward", (h, false))?);
+                second.push(s2.rpc_async().call("forward", (h,))?);
             }
             second.iter().map(|f| f.wait()).collect::<Result<_>>()?
         } else {
             let mut out = Vec::new();
             for x in &inputs {
-                let h: Tensor = rpc_async(s1, "pipeline::forward", (x, true))?.wait()?;
-                out.push(rpc_async(s2, "pipeline::forward", (h, false))?.wait()?);
+                let h: Tensor = s1.rpc_sync().call("forward", (x,))?;
+                out.push(s2.rpc_sync().call("forward", (h,))?);
             }
             out
         };
