@@ -16,8 +16,11 @@
 //! per-rank options (each rank maps toward its own `dst`), 2 workers unless
 //! a test needs more.
 //!
-//! Not ported here: area U (CUDA streams; see `skips::RPC_TEST`) and area V
-//! (device-aware `Future(devices=...)`, not built yet).
+//! Of area U (CUDA streams) only `test_tensor_view_as_return_value` has an
+//! equivalent (a view of a CUDA tensor returned through the map); the others
+//! need CUDA streams and events, which tch does not expose (see
+//! `tests/support/not_applicable.tsv`). Area V (device-aware
+//! `Future(devices=...)`) is not built yet.
 
 use std::time::Duration;
 
@@ -83,6 +86,11 @@ fn register(r: &FunctionRegistry) {
         } else {
             Err(Error::value("Wrong device affinity"))
         }
+    });
+    r.register_native("cuda::return_tensor_view", |_ctx, a: Args| async move {
+        let i = a.get(0)?.as_int()?;
+        let x = Tensor::f_ones([1000, 200], (Kind::Float, Device::Cuda(0)))?.f_mul_scalar(i)?;
+        Ok(Payload::from(x.f_split(100, 0)?.swap_remove(0)))
     });
     r.register_native("cuda::gpu_device_mismatch", |_ctx, a: Args| async move {
         let (x, y) = (a.get(0)?.as_tensor()?, a.get(1)?.as_tensor()?);
@@ -684,6 +692,25 @@ fn test_device_mismatch() {
             ErrorKind::RuntimeError,
             "Expected all tensors to be on the same device, but found at least two devices",
         )?;
+        shutdown(agents).await
+    });
+}
+
+#[test]
+fn test_tensor_view_as_return_value() {
+    if !require_gpus(1) {
+        return;
+    }
+    timed(async {
+        let agents = start(2, |rank, o| o.set_device_map(&dst(rank, 2), [(0, 0)])).await?;
+        let futs: Vec<_> = (0..5)
+            .map(|i| agents[0].rpc_async("worker1", "cuda::return_tensor_view", args![i]))
+            .collect();
+        for (i, f) in futs.into_iter().enumerate() {
+            let t = f.wait().await?.as_tensor()?;
+            let want = Tensor::ones([100, 200], (Kind::Float, Device::Cuda(0))) * (i as f64);
+            ensure!(t.device() == Device::Cuda(0) && t.equal(&want), "view {i}");
+        }
         shutdown(agents).await
     });
 }
