@@ -19,8 +19,11 @@
 //! Of area U (CUDA streams) only `test_tensor_view_as_return_value` has an
 //! equivalent (a view of a CUDA tensor returned through the map); the others
 //! need CUDA streams and events, which tch does not expose (see
-//! `tests/support/not_applicable.tsv`). Area V (device-aware
-//! `Future(devices=...)`) is not built yet.
+//! `tests/support/not_applicable.tsv`). Area V: device-aware futures
+//! (`Future::with_devices`); not ported: the two `_custom_class_` variants
+//! (a Python object with fields that cannot be pickled as the value) and
+//! the two `test_async_execution_*_with_cuda_future` (an `@async_execution`
+//! function on CUDA tensors, which plugins cannot hold).
 
 use std::time::Duration;
 
@@ -712,5 +715,185 @@ fn test_tensor_view_as_return_value() {
             ensure!(t.device() == Device::Cuda(0) && t.equal(&want), "view {i}");
         }
         shutdown(agents).await
+    });
+}
+
+// ---- Area V: device-aware futures ----------------------------------------
+
+#[test]
+fn test_cuda_future_device_as_int() {
+    if !require_gpus(1) {
+        return;
+    }
+    let f = wasmrpc::Future::with_devices([0]).unwrap();
+    assert_eq!(f.devices(), [wasmrpc::device::Device::Cuda(0)]);
+}
+
+#[test]
+fn test_cuda_future_device_as_str() {
+    if !require_gpus(1) {
+        return;
+    }
+    let f = wasmrpc::Future::with_devices(["cuda:0"]).unwrap();
+    assert_eq!(f.devices(), [wasmrpc::device::Device::Cuda(0)]);
+}
+
+#[test]
+fn test_cuda_future_device_as_device() {
+    if !require_gpus(1) {
+        return;
+    }
+    let f = wasmrpc::Future::with_devices([Device::Cuda(0)]).unwrap();
+    assert_eq!(f.devices(), [wasmrpc::device::Device::Cuda(0)]);
+}
+
+#[test]
+fn test_cuda_future_device_not_cuda() {
+    // Refused before any device is touched: runs without a GPU.
+    expect_err(
+        wasmrpc::Future::with_devices(["cpu"]),
+        ErrorKind::ValueError,
+        "Expected devices to have indices, got cpu",
+    )
+    .unwrap();
+}
+
+/// `_test_cuda_future_extraction`: a value set on a `cuda:0` future reads
+/// back finished (tch runs every op on the current stream).
+fn cuda_future_extraction(sparse: bool, list: bool) {
+    if !require_gpus(1) {
+        return;
+    }
+    timed(async move {
+        let f = wasmrpc::Future::with_devices(["cuda:0"])?;
+        let c0 = (Kind::Float, Device::Cuda(0));
+        let t = if sparse {
+            let i = Tensor::from_slice2(&[[0i64, 1, 1], [2, 0, 2]]).to_device(Device::Cuda(0));
+            let v = Tensor::from_slice(&[3.2f32, 4.1, 5.3]).to_device(Device::Cuda(0));
+            let s = Tensor::sparse_coo_tensor_indices_size(&i, &v, [3, 3], c0, false);
+            (&s + &s).coalesce()
+        } else {
+            let mut t = Tensor::zeros([100], c0);
+            t += Tensor::ones([100], c0);
+            t
+        };
+        let value = if list {
+            Payload::list([Payload::from(&t)])
+        } else {
+            Payload::from(&t)
+        };
+        f.set_result(value)?;
+        let got = f.wait().await?;
+        let got = if list {
+            got.items()?[0].as_tensor()?
+        } else {
+            got.as_tensor()?
+        };
+        if sparse {
+            ensure!(got.indices().equal(&t.indices()) && got.values().equal(&t.values()));
+            ensure!(got.size() == t.size());
+        } else {
+            ensure!(got.equal(&Tensor::ones([100], c0)));
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn test_cuda_future_can_extract_cuda_tensor() {
+    cuda_future_extraction(false, false);
+}
+
+#[test]
+fn test_cuda_future_can_extract_list_with_cuda_tensor() {
+    cuda_future_extraction(false, true);
+}
+
+#[test]
+fn test_cuda_future_can_extract_cuda_sparse_tensor() {
+    cuda_future_extraction(true, false);
+}
+
+#[test]
+fn test_cuda_future_can_extract_list_with_cuda_sparse_tensor() {
+    cuda_future_extraction(true, true);
+}
+
+#[test]
+fn test_cuda_future_callback_changes_devices() {
+    if !require_gpus(2) {
+        return;
+    }
+    timed(async {
+        let parent = wasmrpc::Future::with_devices(["cuda:0", "cuda:1"])?;
+        let child = parent.then(|p| {
+            let t = p.try_value().expect("completed")?.as_tensor()?;
+            Ok(Payload::from(t.f_to_device(Device::Cuda(1))?))
+        });
+        parent.set_result(Tensor::ones([100], (Kind::Float, Device::Cuda(0))))?;
+        let got = child.wait().await?.as_tensor()?;
+        ensure!(got.device() == Device::Cuda(1));
+        ensure!(got.equal(&Tensor::ones([100], (Kind::Float, Device::Cuda(1)))));
+        Ok(())
+    });
+}
+
+#[test]
+fn test_cuda_future_value_on_bad_device() {
+    if !require_gpus(2) {
+        return;
+    }
+    timed(async {
+        let parent = wasmrpc::Future::with_devices(["cuda:1"])?;
+        // A callback that does not touch the parent's value still runs and
+        // succeeds.
+        let child = parent.then(|_| {
+            Ok(Payload::from(Tensor::ones(
+                [100],
+                (Kind::Float, Device::Cuda(1)),
+            )))
+        });
+        parent.set_result(Tensor::ones([100], (Kind::Float, Device::Cuda(0))))?;
+        expect_err(
+            parent.wait().await,
+            ErrorKind::ValueError,
+            "The result contained tensors residing on device(s) cuda:0 which are not among the expected device(s) cuda:1",
+        )?;
+        let got = child.wait().await?.as_tensor()?;
+        ensure!(got.equal(&Tensor::ones([100], (Kind::Float, Device::Cuda(1)))));
+        Ok(())
+    });
+}
+
+#[test]
+fn test_cuda_future_modify_tensor_inplace() {
+    if !require_gpus(1) {
+        return;
+    }
+    timed(async {
+        let f = wasmrpc::Future::with_devices(["cuda:0"])?;
+        let mut t = Tensor::zeros([100], (Kind::Float, Device::Cuda(0)));
+        f.set_result(&t)?;
+        // Undefined behaviour in the seed; it must not crash.
+        let _ = t.fill_(1);
+        f.wait().await?;
+        Ok(())
+    });
+}
+
+#[test]
+fn test_cuda_future_replace_tensor() {
+    if !require_gpus(1) {
+        return;
+    }
+    timed(async {
+        let f = wasmrpc::Future::with_devices(["cuda:0"])?;
+        let t = Tensor::zeros([100], (Kind::Float, Device::Cuda(0)));
+        f.set_result(Payload::list([Payload::from(&t)]))?;
+        // The seed replaces list[0] so the original may be freed; our
+        // payload owns its tensors, so dropping ours must not crash.
+        drop(t);
+        f.wait().await?;
+        Ok(())
     });
 }
