@@ -313,6 +313,29 @@ fn test_device_map_beyond_device_count_fails_at_init() {
     );
 }
 
+/// Beyond the seeds: validation is global (the maps are all-gathered at
+/// init), so rank 0, whose own options are valid, reports rank 1's bad map
+/// with rank 1's name, as every PyTorch rank does.
+#[test]
+fn test_device_maps_validated_on_every_rank() {
+    let count = tch::Cuda::device_count();
+    timed(async move {
+        let agents = start(2, move |rank, o| {
+            if rank == 1 {
+                o.set_device_map("worker0", [(count, 0)])?;
+            }
+            Ok(())
+        })
+        .await;
+        expect_err(
+            agents,
+            ErrorKind::ValueError,
+            "Node worker1 has source devices with invalid indices in its device map for worker0",
+        )?;
+        Ok(())
+    });
+}
+
 // ---- Area T: device-mapped transfer --------------------------------------
 
 /// `_test_device_maps_gpu(x_from, y_from, z_to, device_map, dst)`: every
