@@ -649,7 +649,8 @@ impl RpcAgent {
         let timeout = timeout.unwrap_or_else(|| self.get_rpc_timeout());
         let inner = &self.inner;
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let frame = match OutFrame::encode(build(id), tensors) {
+        let devices = crate::device::devices_for(self, &dest.name, true, tensors);
+        let frame = match devices.and_then(|d| OutFrame::encode(build(id), tensors, &d)) {
             Ok(f) => f,
             Err(e) => {
                 let _ = fut.set_error(
@@ -1125,7 +1126,7 @@ impl RpcAgent {
 
     /// Sends `message` (an RRef acknowledgement) on `conn`.
     pub(crate) async fn reply(&self, conn: &Arc<Connection>, message: Message) {
-        let Ok(frame) = OutFrame::encode(message, &[]) else {
+        let Ok(frame) = OutFrame::encode(message, &[], &[]) else {
             return;
         };
         let Ok(transport) = self.transport() else {
@@ -1190,14 +1191,18 @@ impl RpcAgent {
             Ok(p) => (Ok(p.value), p.tensors),
             Err(e) => (Err(e.to_remote()), Vec::new()),
         };
-        let sent = match OutFrame::encode(
-            Message::Response {
-                id,
-                result,
-                autograd,
-            },
-            &tensors,
-        ) {
+        let devices = crate::device::devices_for(self, &conn.peer, false, &tensors);
+        let sent = match devices.and_then(|d| {
+            OutFrame::encode(
+                Message::Response {
+                    id,
+                    result,
+                    autograd,
+                },
+                &tensors,
+                &d,
+            )
+        }) {
             Ok(frame) => transport.send_on(conn, frame, None).await,
             Err(e) => Err(e.context_line("encoding the result")),
         };
@@ -1211,7 +1216,7 @@ impl RpcAgent {
                 result: Err(crate::abi::RemoteError::new(e.kind(), format!("{e}"))),
                 autograd: None,
             };
-            let retry = match OutFrame::encode(message, &[]) {
+            let retry = match OutFrame::encode(message, &[], &[]) {
                 Ok(frame) => transport.send_on(conn, frame, None).await,
                 Err(e) => Err(e),
             };

@@ -78,6 +78,7 @@
 
 mod agent;
 pub mod autograd;
+pub mod device;
 mod error;
 mod ops;
 pub mod optim;

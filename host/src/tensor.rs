@@ -14,8 +14,8 @@
 //!
 //! Storage bytes are written straight from tensor memory and read straight
 //! into fresh tensor memory; this is the only module of the agent with
-//! `unsafe` code. CPU tensors only: device maps come later, and a CUDA tensor
-//! is refused with an error.
+//! `unsafe` code. CUDA tensors travel as CPU copies and are placed on the
+//! device `crate::device` chose for them (the device maps) on arrival.
 //!
 //! It leaves framing and sockets to `transport`.
 

@@ -3,6 +3,7 @@
 //! `faulty_agent_dist_autograd_test`. Python user functions are native
 //! functions (`fns`); `REMOTE` is `remote(...).to_here()` on RRefs.
 
+mod cuda;
 mod fns;
 mod optim;
 

@@ -23,6 +23,7 @@
 mod async_class;
 mod async_execution;
 mod autograd;
+mod cuda;
 mod extra;
 mod rref;
 

@@ -153,3 +153,15 @@ pub fn expect_tensor(p: &Payload, want: &Tensor) -> anyhow::Result<()> {
 pub async fn sleep_ms(ms: u64) {
     tokio::time::sleep(Duration::from_millis(ms)).await;
 }
+
+/// Whether this machine has at least `n` CUDA devices. When it has not,
+/// prints the skip line the coverage tool counts (`wasmrpc-skip: needs N
+/// GPUs (found K)`) and returns false; the test then returns.
+pub fn require_gpus(n: usize) -> bool {
+    let found = usize::try_from(tch::Cuda::device_count()).unwrap_or(0);
+    if found < n {
+        println!("wasmrpc-skip: needs {n} GPUs (found {found})");
+        return false;
+    }
+    true
+}

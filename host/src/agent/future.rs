@@ -17,6 +17,9 @@ struct State {
 }
 
 struct Inner {
+    /// The CUDA devices a device-aware future's value may live on
+    /// ([`Future::with_devices`]); empty: any.
+    devices: Vec<crate::device::Device>,
     state: Mutex<State>,
     cond: Condvar,
     notify: Notify,
@@ -87,8 +90,13 @@ fn as_runtime(e: Error) -> Error {
 impl Future {
     /// A future that is not completed yet.
     pub fn new() -> Self {
+        Self::on_devices(Vec::new())
+    }
+
+    fn on_devices(devices: Vec<crate::device::Device>) -> Self {
         Future {
             inner: Arc::new(Inner {
+                devices,
                 state: Mutex::new(State {
                     result: None,
                     callbacks: Vec::new(),
@@ -97,6 +105,76 @@ impl Future {
                 notify: Notify::new(),
             }),
         }
+    }
+
+    /// A device-aware future (`torch.futures.Future(devices=...)`): its
+    /// value may hold tensors on these CUDA devices (indices, `"cuda:N"` or
+    /// devices) and on the CPU; a value with a tensor on another device
+    /// completes it with an error instead.
+    ///
+    /// wasmrpc runs every CUDA op on the current stream (tch exposes no
+    /// streams), so the value needs no stream synchronization beyond that.
+    ///
+    /// # Errors
+    /// `ValueError` "Expected devices to have indices, got cpu" for a
+    /// device without index, and for an index past this process's CUDA
+    /// device count; `torch.device` parse errors.
+    pub fn with_devices<D: Into<crate::device::DeviceSpec>>(
+        devices: impl IntoIterator<Item = D>,
+    ) -> Result<Self> {
+        let mut parsed = Vec::new();
+        for d in devices {
+            let d = crate::device::parse_device(d)?;
+            if !d.is_cuda() {
+                return Err(Error::value(format!(
+                    "Expected devices to have indices, got {d}"
+                )));
+            }
+            let count = crate::device::cuda_device_count();
+            if matches!(d, crate::device::Device::Cuda(i) if i >= count) {
+                return Err(Error::value(format!(
+                    "Expected devices within the device count, got {d} with {count} CUDA devices"
+                )));
+            }
+            if !parsed.contains(&d) {
+                parsed.push(d);
+            }
+        }
+        Ok(Self::on_devices(parsed))
+    }
+
+    /// The devices of a device-aware future (empty for others).
+    pub fn devices(&self) -> &[crate::device::Device] {
+        &self.inner.devices
+    }
+
+    /// PyTorch's check in `markCompleted`: a device-aware future's value
+    /// must live on its devices (or the CPU).
+    fn check_devices(&self, p: &Payload) -> Result<()> {
+        if self.inner.devices.is_empty() {
+            return Ok(());
+        }
+        let mut bad = Vec::new();
+        for t in &p.tensors {
+            let d = crate::device::Device::from_tch(t.device())?;
+            if d.is_cuda() && !self.inner.devices.contains(&d) && !bad.contains(&d) {
+                bad.push(d);
+            }
+        }
+        if bad.is_empty() {
+            return Ok(());
+        }
+        let show = |v: &[crate::device::Device]| {
+            v.iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        Err(Error::value(format!(
+            "The result contained tensors residing on device(s) {} which are not among the expected device(s) {}",
+            show(&bad),
+            show(&self.inner.devices)
+        )))
     }
 
     /// A future already completed with `result`.
@@ -169,6 +247,10 @@ impl Future {
     /// `RuntimeError` "Future can only be marked completed once" if it is
     /// already completed.
     pub fn complete(&self, result: Result<Payload>) -> Result<()> {
+        let result = match result {
+            Ok(p) => self.check_devices(&p).map(|()| p),
+            Err(e) => Err(e),
+        };
         let callbacks = {
             let mut st = lock(&self.inner.state);
             if st.result.is_some() {
@@ -203,7 +285,8 @@ impl Future {
     /// `torch.futures`, it arrives as a `RuntimeError` with the callback's
     /// message.
     pub fn then(&self, cb: impl FnOnce(&Future) -> Result<Payload> + Send + 'static) -> Future {
-        let child = Future::new();
+        // Children keep the parent's devices, as `torch.futures` does.
+        let child = Future::on_devices(self.inner.devices.clone());
         let c = child.clone();
         self.add_done_callback(move |parent| {
             let _ = c.complete(run_guarded(|| cb(parent)).map_err(as_runtime));
@@ -221,7 +304,8 @@ impl Future {
         F: FnOnce(Future) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = Result<Payload>> + Send + 'static,
     {
-        let child = Future::new();
+        // Children keep the parent's devices, as `torch.futures` does.
+        let child = Future::on_devices(self.inner.devices.clone());
         let c = child.clone();
         let handle = tokio::runtime::Handle::current();
         self.add_done_callback(move |parent| {

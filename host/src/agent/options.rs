@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::registry::FunctionRegistry;
 use crate::abi::{Value, WorkerInfo};
+use crate::device::{Device, DeviceMap, DeviceSpec, parse_device, to_device_map};
 use crate::error::{Error, MAX_NAME_LEN, Result, invalid_worker_name_message};
 use crate::transport::{DEFAULT_MAX_FRAME_SIZE, FaultInjection};
 
@@ -43,10 +44,14 @@ pub struct RpcBackendOptions {
     pub registry: Arc<FunctionRegistry>,
     /// Faults to inject into this worker's sends (tests).
     pub faults: FaultInjection,
-    /// Device maps per destination (`set_device_map`); reserved for CUDA.
-    pub device_maps: BTreeMap<String, BTreeMap<String, String>>,
-    /// Devices this worker uses; reserved for CUDA.
-    pub devices: Vec<String>,
+    /// Device maps per destination (`set_device_map`): this worker's
+    /// device → the destination's device, for the tensors of requests;
+    /// responses use the inverse of the caller's map. Validated at init
+    /// against every worker's maps and device count (`crate::device`).
+    pub device_maps: BTreeMap<String, DeviceMap>,
+    /// Devices this worker uses (`set_devices`); empty: the devices its
+    /// maps name.
+    pub devices: Vec<Device>,
     /// How long rendezvous waits for the other workers.
     pub init_timeout: Duration,
     /// Whether peers may deploy plugins to this worker at run time
@@ -75,6 +80,58 @@ impl Default for RpcBackendOptions {
             init_timeout: Duration::from_secs(300),
             accept_plugin_deployment: false,
         }
+    }
+}
+
+impl RpcBackendOptions {
+    /// `set_device_map(to, device_map)`: maps this worker's devices to
+    /// `to`'s devices for the tensors of requests to `to` (responses from
+    /// `to` travel the inverse way). Calls for one destination merge.
+    ///
+    /// # Errors
+    /// `RuntimeError` "Device index must not be negative" and other
+    /// `torch.device` parse errors; `ValueError` "`set_device_map` only
+    /// supports 1-to-1 mapping, trying to map A to B and C" when a source
+    /// device is already mapped elsewhere; "`device_map` only supports
+    /// 1-to-1 mapping ..." for two sources to one target in one call.
+    /// Invalid indices and targets mapped twice across calls are found at
+    /// init, where the device counts of all workers are known.
+    pub fn set_device_map<K, V>(
+        &mut self,
+        to: &str,
+        device_map: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<()>
+    where
+        K: Into<DeviceSpec>,
+        V: Into<DeviceSpec>,
+    {
+        let full = to_device_map(device_map)?;
+        if let Some(curr) = self.device_maps.get(to) {
+            for (k, v) in &full {
+                if let Some(prev) = curr.get(k).filter(|prev| *prev != v) {
+                    return Err(Error::value(format!(
+                        "`set_device_map` only supports 1-to-1 mapping, trying to map {k} to {v} and {prev}"
+                    )));
+                }
+            }
+        }
+        self.device_maps.entry(to.into()).or_default().extend(full);
+        Ok(())
+    }
+
+    /// `set_devices(devices)`: the devices this worker uses.
+    ///
+    /// # Errors
+    /// `torch.device` parse errors.
+    pub fn set_devices<D: Into<DeviceSpec>>(
+        &mut self,
+        devices: impl IntoIterator<Item = D>,
+    ) -> Result<()> {
+        self.devices = devices
+            .into_iter()
+            .map(parse_device)
+            .collect::<Result<_>>()?;
+        Ok(())
     }
 }
 

@@ -45,6 +45,9 @@ struct Record {
     rank: u32,
     addr: String,
     left: bool,
+    /// The worker's device count, `devices` and device maps, all-gathered
+    /// for `device::validate_device_maps`.
+    devices: crate::device::DeviceInfo,
 }
 
 impl Record {
@@ -146,6 +149,7 @@ fn internal_registry() -> FunctionRegistry {
             rank,
             addr,
             left: false,
+            devices: crate::device::DeviceInfo::default(),
         }
         .member()?;
         let mut workers = ctx
@@ -281,6 +285,7 @@ async fn init_static(
             rank,
             addr: addr.to_string(),
             left: false,
+            devices: crate::device::DeviceInfo::local(agent.options()),
         };
         store
             .set(&format!("rpc/worker/{rank}"), &encode_record(&me)?)
@@ -290,14 +295,18 @@ async fn init_static(
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let values = store.multi_get(&key_refs).await.map_err(store_err)?;
         let mut table: BTreeMap<String, Member> = BTreeMap::new();
+        let mut devices = BTreeMap::new();
         for bytes in values {
-            let m = decode_record(&bytes)?.member()?;
+            let record = decode_record(&bytes)?;
+            let m = record.member()?;
+            devices.insert(record.name, record.devices);
             if let Some(prev) = table.get(&m.info.name) {
                 let (a, b) = (prev.info.id.min(m.info.id), prev.info.id.max(m.info.id));
                 return Err(Error::runtime(name_not_unique_message(&m.info.name, a, b)));
             }
             table.insert(m.info.name.clone(), m);
         }
+        crate::device::install(&agent, &devices, true)?;
         *agent
             .inner
             .workers
@@ -407,7 +416,14 @@ async fn init_dynamic(
             rank,
             addr: addr.clone(),
             left: false,
+            devices: crate::device::DeviceInfo::local(agent.options()),
         };
+        let devices = live
+            .iter()
+            .chain(std::iter::once(&me))
+            .map(|r| (r.name.clone(), r.devices.clone()))
+            .collect();
+        crate::device::install(&agent, &devices, false)?;
         let slot = store.add("rpc/nmembers", 1).await.map_err(store_err)? - 1;
         store
             .set(&format!("rpc/member/{slot}"), &encode_record(&me)?)
@@ -499,6 +515,7 @@ pub(super) async fn leave(agent: &RpcAgent, timeout: Duration) -> Result<()> {
                 rank: agent.rank(),
                 addr,
                 left: true,
+                devices: crate::device::DeviceInfo::default(),
             };
             store
                 .set(&format!("rpc/member/{slot}"), &encode_record(&me)?)

@@ -196,8 +196,9 @@ fn dense_part(
     index: &mut HashMap<(usize, u8), usize>,
 ) -> Result<Part> {
     if t.device() != Device::Cpu {
+        // `encode_tensors` has copied CUDA tensors to the CPU already.
         return Err(Error::runtime(format!(
-            "only CPU tensors can be sent for now (device maps are not implemented), got a tensor on {:?}",
+            "only CPU and CUDA tensors can be sent, got a tensor on {:?}",
             t.device()
         )));
     }
@@ -269,11 +270,31 @@ enum Entry {
 /// blobs to write after the header.
 ///
 /// # Errors
-/// Fails for tensors that cannot travel: non-CPU devices, quantized dtypes,
-/// layouts other than strided and sparse COO.
+/// Fails for tensors that cannot travel: devices other than the CPU and
+/// CUDA, quantized dtypes, layouts other than strided and sparse COO.
+///
+/// CUDA tensors travel through a CPU copy (the socket carries host memory;
+/// `crate::device` decided beforehand that the destination maps their
+/// device). Storage sharing between CUDA tensors is therefore not kept.
 pub(crate) fn encode_tensors(
     tensors: &[Tensor],
 ) -> Result<(Vec<WireTensor>, Vec<BlobDesc>, Vec<Blob>)> {
+    let host_copies;
+    let tensors = if tensors.iter().any(|t| t.device().is_cuda()) {
+        host_copies = tensors
+            .iter()
+            .map(|t| {
+                if t.device().is_cuda() {
+                    t.f_to_device(Device::Cpu)
+                } else {
+                    Ok(t.shallow_clone())
+                }
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        host_copies.as_slice()
+    } else {
+        tensors
+    };
     // tch panics (rather than failing) on a few layout queries; a tensor the
     // caller built is not network input, but a panic must still not unwind
     // through the agent.
@@ -436,16 +457,37 @@ fn check_sparse(size: &[i64], indices: &Tensor, values: &Tensor) -> Result<()> {
 ///
 /// # Errors
 /// Fails on any inconsistent descriptor.
-pub(crate) fn decode_tensors(wire: &[WireTensor], blobs: &[DecodedBlob]) -> Result<Vec<Tensor>> {
+///
+/// `devices`: where each tensor lands (the sender's device map chose it);
+/// empty: all on the CPU. A tensor moved to a CUDA device is moved before
+/// `requires_grad` is set, so it arrives as a leaf as CPU tensors do.
+pub(crate) fn decode_tensors(
+    wire: &[WireTensor],
+    blobs: &[DecodedBlob],
+    devices: &[crate::device::Device],
+) -> Result<Vec<Tensor>> {
+    if !devices.is_empty() && devices.len() != wire.len() {
+        return Err(Error::runtime(format!(
+            "malformed frame: {} tensors but {} target devices",
+            wire.len(),
+            devices.len()
+        )));
+    }
+    let place = |i: usize, t: Tensor| -> Result<Tensor> {
+        match devices.get(i) {
+            Some(d) if d.is_cuda() => Ok(t.f_to_device(d.to_tch())?),
+            _ => Ok(t),
+        }
+    };
     let decode = || -> Result<Vec<Tensor>> {
         let mut out = Vec::with_capacity(wire.len());
-        for w in wire {
+        for (i, w) in wire.iter().enumerate() {
             let t = match w {
                 WireTensor::Dense {
                     desc,
                     requires_grad,
                 } => {
-                    let t = decode_dense(desc, blobs)?;
+                    let t = place(i, decode_dense(desc, blobs)?)?;
                     if *requires_grad {
                         t.f_set_requires_grad(true)?
                     } else {
@@ -470,6 +512,7 @@ pub(crate) fn decode_tensors(wire: &[WireTensor], blobs: &[DecodedBlob]) -> Resu
                         (kind, Device::Cpu),
                         *coalesced,
                     )?;
+                    let t = place(i, t)?;
                     if *requires_grad {
                         t.f_set_requires_grad(true)?
                     } else {
@@ -502,7 +545,7 @@ mod tests {
         for (d, b) in decoded.iter_mut().zip(&blobs) {
             d.bytes_mut().copy_from_slice(b.as_bytes());
         }
-        decode_tensors(&wire, &decoded).unwrap()
+        decode_tensors(&wire, &decoded, &[]).unwrap()
     }
 
     #[test]
@@ -570,7 +613,7 @@ mod tests {
             desc: d,
             requires_grad: false,
         }];
-        assert!(decode_tensors(&wire, &[blob]).is_err());
+        assert!(decode_tensors(&wire, &[blob], &[]).is_err());
         assert!(DecodedBlob::new(BlobDesc { dtype: 6, len: 3 }).is_err());
         assert!(DecodedBlob::new(BlobDesc { dtype: 99, len: 4 }).is_err());
     }

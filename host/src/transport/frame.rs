@@ -7,6 +7,7 @@ use tch::Tensor;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::message::{Message, MessageKind};
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::tensor::{Blob, BlobDesc, DecodedBlob, WireTensor, decode_tensors, encode_tensors};
 
@@ -14,6 +15,8 @@ use crate::tensor::{Blob, BlobDesc, DecodedBlob, WireTensor, decode_tensors, enc
 struct Header {
     message: Message,
     tensors: Vec<WireTensor>,
+    /// Where each tensor lands (`crate::device::devices_for`); empty: CPU.
+    devices: Vec<Device>,
     blobs: Vec<BlobDesc>,
 }
 
@@ -29,16 +32,18 @@ pub(crate) struct OutFrame {
 }
 
 impl OutFrame {
-    /// Encodes `message` with the tensors its values refer to.
+    /// Encodes `message` with the tensors its values refer to, each to land
+    /// on `devices[i]` (empty: all on the CPU).
     ///
     /// # Errors
     /// Fails if a tensor cannot travel.
-    pub(crate) fn encode(message: Message, tensors: &[Tensor]) -> Result<Self> {
+    pub(crate) fn encode(message: Message, tensors: &[Tensor], devices: &[Device]) -> Result<Self> {
         let kind = message.kind();
         let (tensors, blobs_desc, blobs) = encode_tensors(tensors)?;
         let header = Header {
             message,
             tensors,
+            devices: devices.to_vec(),
             blobs: blobs_desc,
         };
         let mut head = vec![0u8; 4];
@@ -201,7 +206,8 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
         r.read_exact(blob.bytes_mut()).await?;
         blobs.push(blob);
     }
-    let tensors = decode_tensors(&header.tensors, &blobs).map_err(FrameError::Tensor)?;
+    let tensors =
+        decode_tensors(&header.tensors, &blobs, &header.devices).map_err(FrameError::Tensor)?;
     Ok(Some((header.message, tensors)))
 }
 
@@ -224,7 +230,7 @@ mod tests {
     #[tokio::test]
     async fn frames_round_trip_and_truncations_are_errors() {
         let t = Tensor::rand([3, 4], (Kind::Float, Device::Cpu));
-        let frame = OutFrame::encode(call(1), &[t.shallow_clone()]).unwrap();
+        let frame = OutFrame::encode(call(1), &[t.shallow_clone()], &[]).unwrap();
         let mut bytes = Vec::new();
         write_frame(&mut bytes, &frame, 0).await.unwrap();
         assert_eq!(bytes.len() as u64, frame.len());
@@ -253,7 +259,7 @@ mod tests {
     #[test]
     fn partial_non_blocking_writes_resume_where_they_stopped() {
         let t = Tensor::rand([100], (Kind::Float, Device::Cpu));
-        let frame = OutFrame::encode(call(1), &[t.shallow_clone()]).unwrap();
+        let frame = OutFrame::encode(call(1), &[t.shallow_clone()], &[]).unwrap();
         let mut out = Vec::new();
         let mut offset = 0;
         // A socket that takes 7 bytes per attempt, every other attempt.

@@ -1,0 +1,565 @@
+//! Devices and device maps (`TensorPipeRpcBackendOptions.set_device_map`,
+//! `devices`): parsing device specs, the set-time checks of
+//! `set_device_map`, the init-time validation of every worker's maps
+//! (PyTorch's `_validate_device_maps` over the all-gathered maps), the
+//! reverse maps responses use, and choosing the device each tensor of a
+//! message lands on (`getDevicesForRemote`).
+//!
+//! It owns no tensors and no sockets: the wire layer (`tensor::wire`) moves
+//! tensors to the devices chosen here, rendezvous publishes and gathers the
+//! maps, and the agent asks for a message's devices before it encodes it.
+//!
+//! CUDA here is only as real as libtorch's build: on a machine without GPUs
+//! `tch::Cuda::device_count()` is 0, every `cuda:N` is an invalid index, and
+//! init refuses any map that names one.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// A device a tensor can live on: the CPU or one CUDA device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Device {
+    /// The CPU.
+    Cpu,
+    /// CUDA device `index`.
+    Cuda(u32),
+}
+
+impl Device {
+    /// The `tch` device.
+    pub fn to_tch(self) -> tch::Device {
+        match self {
+            Device::Cpu => tch::Device::Cpu,
+            Device::Cuda(i) => tch::Device::Cuda(i as usize),
+        }
+    }
+
+    /// The device of a `tch` tensor, or an error for devices RPC does not
+    /// know (MPS, Vulkan).
+    ///
+    /// # Errors
+    /// `RuntimeError` for devices other than the CPU and CUDA.
+    pub fn from_tch(d: tch::Device) -> Result<Self> {
+        match d {
+            tch::Device::Cpu => Ok(Device::Cpu),
+            tch::Device::Cuda(i) => {
+                Ok(Device::Cuda(u32::try_from(i).map_err(|_| {
+                    Error::runtime(format!("CUDA device index {i} out of range"))
+                })?))
+            }
+            other => Err(Error::runtime(format!(
+                "RPC supports CPU and CUDA tensors only, got a tensor on {other:?}"
+            ))),
+        }
+    }
+
+    /// Whether this is a CUDA device.
+    pub fn is_cuda(self) -> bool {
+        matches!(self, Device::Cuda(_))
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+/// Something that names a device, as `torch.device(...)` accepts: an index
+/// (a CUDA device), `"cpu"`, `"cuda"`, `"cuda:N"`, or a [`Device`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum DeviceSpec {
+    /// An index: `cuda:index`. Negative indices are refused.
+    Index(i64),
+    /// A device string.
+    Str(String),
+    /// A parsed device.
+    Device(Device),
+}
+
+impl From<i64> for DeviceSpec {
+    fn from(v: i64) -> Self {
+        DeviceSpec::Index(v)
+    }
+}
+impl From<i32> for DeviceSpec {
+    fn from(v: i32) -> Self {
+        DeviceSpec::Index(v.into())
+    }
+}
+impl From<u32> for DeviceSpec {
+    fn from(v: u32) -> Self {
+        DeviceSpec::Index(v.into())
+    }
+}
+impl From<usize> for DeviceSpec {
+    fn from(v: usize) -> Self {
+        DeviceSpec::Index(i64::try_from(v).unwrap_or(i64::MAX))
+    }
+}
+impl From<&str> for DeviceSpec {
+    fn from(v: &str) -> Self {
+        DeviceSpec::Str(v.into())
+    }
+}
+impl From<String> for DeviceSpec {
+    fn from(v: String) -> Self {
+        DeviceSpec::Str(v)
+    }
+}
+impl From<Device> for DeviceSpec {
+    fn from(v: Device) -> Self {
+        DeviceSpec::Device(v)
+    }
+}
+impl From<tch::Device> for DeviceSpec {
+    fn from(v: tch::Device) -> Self {
+        match v {
+            tch::Device::Cuda(i) => DeviceSpec::Index(i64::try_from(i).unwrap_or(i64::MAX)),
+            tch::Device::Cpu => DeviceSpec::Device(Device::Cpu),
+            other => DeviceSpec::Str(format!("{other:?}").to_lowercase()),
+        }
+    }
+}
+
+const NEGATIVE_INDEX: &str = "Device index must not be negative";
+
+fn index(i: i64) -> Result<u32> {
+    if i < 0 {
+        return Err(Error::runtime(NEGATIVE_INDEX));
+    }
+    u32::try_from(i).map_err(|_| Error::runtime(format!("Device index {i} is out of range")))
+}
+
+/// Parses a device spec as `torch.device(spec)` does.
+///
+/// # Errors
+/// `RuntimeError` "Device index must not be negative" for negative indices
+/// (`-1`, `"cuda:-1"`), and PyTorch's "Expected one of cpu, cuda ... device
+/// type at start of device string: X" for unknown strings.
+pub fn parse_device(spec: impl Into<DeviceSpec>) -> Result<Device> {
+    match spec.into() {
+        DeviceSpec::Device(d) => Ok(d),
+        DeviceSpec::Index(i) => Ok(Device::Cuda(index(i)?)),
+        DeviceSpec::Str(s) => {
+            let s = s.trim();
+            let (kind, idx) = match s.split_once(':') {
+                Some((k, i)) => (k, Some(i)),
+                None => (s, None),
+            };
+            match (kind, idx) {
+                ("cpu", None) => Ok(Device::Cpu),
+                ("cpu", Some("0" | "-1")) => Ok(Device::Cpu),
+                ("cuda", None) => Ok(Device::Cuda(0)),
+                ("cuda", Some(i)) => {
+                    let i: i64 = i
+                        .parse()
+                        .map_err(|_| Error::runtime(format!("Invalid device string: '{s}'")))?;
+                    Ok(Device::Cuda(index(i)?))
+                }
+                _ => Err(Error::runtime(format!(
+                    "Expected one of cpu, cuda device type at start of device string: {s}"
+                ))),
+            }
+        }
+    }
+}
+
+/// One destination's device map: local device → the destination's device.
+pub type DeviceMap = BTreeMap<Device, Device>;
+
+/// `_to_device_map`: parses a map given by the user, refusing two sources
+/// mapped to one target.
+///
+/// # Errors
+/// Parse errors of [`parse_device`]; `ValueError` "`device_map` only
+/// supports 1-to-1 mapping, trying to map A and B to C".
+pub fn to_device_map<K, V>(map: impl IntoIterator<Item = (K, V)>) -> Result<DeviceMap>
+where
+    K: Into<DeviceSpec>,
+    V: Into<DeviceSpec>,
+{
+    let mut full = DeviceMap::new();
+    let mut reverse: BTreeMap<Device, Device> = BTreeMap::new();
+    for (k, v) in map {
+        let (k, v) = (parse_device(k)?, parse_device(v)?);
+        if let Some(prev) = reverse.get(&v) {
+            return Err(Error::value(format!(
+                "`device_map` only supports 1-to-1 mapping, trying to map {k} and {prev} to {v}"
+            )));
+        }
+        full.insert(k, v);
+        reverse.insert(v, k);
+    }
+    Ok(full)
+}
+
+/// What one worker publishes at init for the all-gather of device maps:
+/// its CUDA device count, its `devices` option and its maps.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    /// `torch.cuda.device_count()` on that worker.
+    pub device_count: u32,
+    /// Its `devices` option (empty: inferred from the maps).
+    pub devices: Vec<Device>,
+    /// Its device maps, by destination name.
+    pub device_maps: BTreeMap<String, DeviceMap>,
+}
+
+impl DeviceInfo {
+    /// This process's info for `options`.
+    pub fn local(options: &crate::RpcBackendOptions) -> Self {
+        DeviceInfo {
+            device_count: cuda_device_count(),
+            devices: options.devices.clone(),
+            device_maps: options.device_maps.clone(),
+        }
+    }
+}
+
+/// `torch.cuda.device_count()`.
+pub fn cuda_device_count() -> u32 {
+    u32::try_from(tch::Cuda::device_count()).unwrap_or(0)
+}
+
+fn valid_devices<'a>(devices: impl IntoIterator<Item = &'a Device>, count: u32) -> bool {
+    devices.into_iter().all(|d| match d {
+        Device::Cpu => true,
+        Device::Cuda(i) => *i < count,
+    })
+}
+
+fn list(devices: impl IntoIterator<Item = Device>) -> String {
+    let v: Vec<String> = devices.into_iter().map(|d| d.to_string()).collect();
+    format!("[{}]", v.join(", "))
+}
+
+fn show_map(map: &DeviceMap) -> String {
+    let v: Vec<String> = map.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+    format!("{{{}}}", v.join(", "))
+}
+
+/// `_validate_device_maps`: checks every worker's `devices` and device
+/// maps against every worker's device count, in name order, so that every
+/// worker reports the same first offender. `static_group`: whether a map
+/// may name only workers of the group (dynamic groups skip that check, and
+/// the target checks for workers not yet joined).
+///
+/// # Errors
+/// `ValueError` with PyTorch's texts ("Node worker0 has invalid target node
+/// names in its device maps", "... has source devices with invalid indices
+/// in its device map for worker1", "... duplicated target devices ...",
+/// "... unexpected source devices ...", "... unexpected target devices ...",
+/// "... target devices with invalid indices ...", "... has duplicated
+/// devices", "... has devices with invalid indices").
+pub fn validate_device_maps(all: &BTreeMap<String, DeviceInfo>, static_group: bool) -> Result<()> {
+    for (node, info) in all {
+        let mut seen = std::collections::BTreeSet::new();
+        if !info.devices.iter().all(|d| seen.insert(*d)) {
+            return Err(Error::value(format!(
+                "Node {node} has duplicated devices\ndevices = {}",
+                list(info.devices.iter().copied())
+            )));
+        }
+        if !valid_devices(&info.devices, info.device_count) {
+            return Err(Error::value(format!(
+                "Node {node} has devices with invalid indices\ndevices = {}\ndevice count = {}",
+                list(info.devices.iter().copied()),
+                info.device_count
+            )));
+        }
+    }
+    for (source, info) in all {
+        if static_group && !info.device_maps.keys().all(|t| all.contains_key(t)) {
+            return Err(Error::value(format!(
+                "Node {source} has invalid target node names in its device maps\ndevice maps = {:?}\nnode names = {:?}",
+                info.device_maps.keys().collect::<Vec<_>>(),
+                all.keys().collect::<Vec<_>>()
+            )));
+        }
+        for (target, map) in &info.device_maps {
+            let targets: std::collections::BTreeSet<_> = map.values().collect();
+            if targets.len() != map.len() {
+                return Err(Error::value(format!(
+                    "Node {source} has duplicated target devices in its device map for {target}\ndevice map = {}",
+                    show_map(map)
+                )));
+            }
+            if !info.devices.is_empty() {
+                if !map.keys().all(|d| info.devices.contains(d)) {
+                    return Err(Error::value(format!(
+                        "Node {source} has unexpected source devices in its device map for {target}\ndevice map = {}\ndevices = {}",
+                        show_map(map),
+                        list(info.devices.iter().copied())
+                    )));
+                }
+            } else if !valid_devices(map.keys(), info.device_count) {
+                return Err(Error::value(format!(
+                    "Node {source} has source devices with invalid indices in its device map for {target}\ndevice map = {}\ndevice count = {}",
+                    show_map(map),
+                    info.device_count
+                )));
+            }
+            let Some(peer) = all.get(target) else {
+                continue;
+            };
+            if !peer.devices.is_empty() {
+                if !map.values().all(|d| peer.devices.contains(d)) {
+                    return Err(Error::value(format!(
+                        "Node {source} has unexpected target devices in its device map for {target}\ndevice map = {}\ndevices = {}",
+                        show_map(map),
+                        list(peer.devices.iter().copied())
+                    )));
+                }
+            } else if !valid_devices(map.values(), peer.device_count) {
+                return Err(Error::value(format!(
+                    "Node {source} has target devices with invalid indices in its device map for {target}\ndevice map = {}\ndevice count = {}",
+                    show_map(map),
+                    peer.device_count
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `_create_reverse_mapping`: for every worker whose map names `me`, the
+/// inverse of that map (my device → its device), which responses to it use.
+pub fn reverse_maps(me: &str, all: &BTreeMap<String, DeviceInfo>) -> BTreeMap<String, DeviceMap> {
+    all.iter()
+        .filter_map(|(node, info)| {
+            info.device_maps
+                .get(me)
+                .map(|m| (node.clone(), m.iter().map(|(k, v)| (*v, *k)).collect()))
+        })
+        .collect()
+}
+
+/// The device maps an agent uses after init: its own (requests) and the
+/// inverses of its callers' maps (responses).
+#[derive(Debug, Default)]
+pub struct AgentDeviceMaps {
+    /// Requests: destination → (my device → its device).
+    pub requests: std::sync::RwLock<BTreeMap<String, DeviceMap>>,
+    /// Responses: caller → (my device → its device).
+    pub responses: std::sync::RwLock<BTreeMap<String, DeviceMap>>,
+}
+
+/// Validates the all-gathered device infos at init and records the maps
+/// the agent sends with ([`AgentDeviceMaps`], in the agent's state).
+/// Dynamic groups validate against the members present at join time;
+/// members that joined earlier do not learn a joiner's map, so responses
+/// toward a joiner carry CPU tensors only.
+///
+/// # Errors
+/// The `ValueError`s of [`validate_device_maps`].
+pub(crate) fn install(
+    agent: &crate::RpcAgent,
+    all: &BTreeMap<String, DeviceInfo>,
+    static_group: bool,
+) -> Result<()> {
+    validate_device_maps(all, static_group)?;
+    let maps = agent.state::<AgentDeviceMaps>();
+    *maps.requests.write().unwrap_or_else(|p| p.into_inner()) = agent.options().device_maps.clone();
+    *maps.responses.write().unwrap_or_else(|p| p.into_inner()) = reverse_maps(agent.name(), all);
+    Ok(())
+}
+
+/// The devices of a message's tensors at `remote` for this agent:
+/// [`devices_for_remote`] with the request map toward `remote` or the
+/// reverse map of `remote`'s map toward this agent.
+///
+/// # Errors
+/// As [`devices_for_remote`].
+pub(crate) fn devices_for(
+    agent: &crate::RpcAgent,
+    remote: &str,
+    is_request: bool,
+    tensors: &[tch::Tensor],
+) -> Result<Vec<Device>> {
+    let maps = agent.state::<AgentDeviceMaps>();
+    let maps = if is_request {
+        &maps.requests
+    } else {
+        &maps.responses
+    };
+    let maps = maps.read().unwrap_or_else(|p| p.into_inner());
+    devices_for_remote(remote, is_request, maps.get(remote), tensors)
+}
+
+/// `getDevicesForRemote`: the device each of a message's tensors lands on at
+/// `remote`, given the map toward it (`None`: no map). Empty when no tensor
+/// is mapped (everything stays on the CPU), as PyTorch does.
+///
+/// # Errors
+/// `RuntimeError` "TensorPipe RPC backend only supports CPU tensors by
+/// default, ... Request|Response device mapping is not available for
+/// destination X ..." for a CUDA tensor without a mapping.
+pub fn devices_for_remote(
+    remote: &str,
+    is_request: bool,
+    map: Option<&DeviceMap>,
+    tensors: &[tch::Tensor],
+) -> Result<Vec<Device>> {
+    let err = format!(
+        "TensorPipe RPC backend only supports CPU tensors by default, please move your tensors \
+         to CPU before sending them over RPC, or call `set_device_map` on \
+         `TensorPipeRpcBackendOptions` to explicitly configure device mapping. {} device \
+         mapping is not available for destination {remote}",
+        if is_request { "Request" } else { "Response" }
+    );
+    let Some(map) = map else {
+        for t in tensors {
+            let d = Device::from_tch(t.device())?;
+            if d != Device::Cpu {
+                return Err(Error::runtime(format!(
+                    "{err}, but found tensor on device: {d}"
+                )));
+            }
+        }
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::with_capacity(tensors.len());
+    let mut mapped = false;
+    for t in tensors {
+        let d = Device::from_tch(t.device())?;
+        match map.get(&d) {
+            Some(to) => {
+                out.push(*to);
+                mapped = true;
+            }
+            None if d == Device::Cpu => out.push(Device::Cpu),
+            None => {
+                return Err(Error::runtime(format!(
+                    "{err} for device {d} but received a tensor on that device."
+                )));
+            }
+        }
+    }
+    if !mapped {
+        out.clear();
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(count: u32, maps: &[(&str, &[(Device, Device)])], devices: &[Device]) -> DeviceInfo {
+        DeviceInfo {
+            device_count: count,
+            devices: devices.to_vec(),
+            device_maps: maps
+                .iter()
+                .map(|(n, m)| (n.to_string(), m.iter().copied().collect()))
+                .collect(),
+        }
+    }
+
+    fn check(all: Vec<(&str, DeviceInfo)>) -> Result<()> {
+        let all = all.into_iter().map(|(n, i)| (n.to_string(), i)).collect();
+        validate_device_maps(&all, true)
+    }
+
+    #[test]
+    fn parses_like_torch_device() {
+        assert_eq!(parse_device(1).unwrap(), Device::Cuda(1));
+        assert_eq!(parse_device("cuda:2").unwrap(), Device::Cuda(2));
+        assert_eq!(parse_device("cuda").unwrap(), Device::Cuda(0));
+        assert_eq!(parse_device("cpu").unwrap(), Device::Cpu);
+        let e = parse_device(-1).unwrap_err();
+        assert!(e.message().contains(NEGATIVE_INDEX));
+        assert!(
+            parse_device("cuda:-1")
+                .unwrap_err()
+                .message()
+                .contains(NEGATIVE_INDEX)
+        );
+        assert!(parse_device("tpu").is_err());
+    }
+
+    #[test]
+    fn validation_texts() {
+        let (c0, c1, c2) = (Device::Cuda(0), Device::Cuda(1), Device::Cuda(2));
+        let ok = info(2, &[("worker1", &[(c0, c1), (c1, c0)])], &[]);
+        assert!(check(vec![("worker0", ok), ("worker1", info(2, &[], &[]))]).is_ok());
+        let cases: Vec<(DeviceInfo, DeviceInfo, &str)> = vec![
+            (
+                info(2, &[("none_exist", &[(c0, c1)])], &[]),
+                info(2, &[], &[]),
+                "Node worker0 has invalid target node names in its device maps",
+            ),
+            (
+                info(2, &[("worker1", &[(c2, c0)])], &[]),
+                info(2, &[], &[]),
+                "Node worker0 has source devices with invalid indices in its device map for worker1",
+            ),
+            (
+                info(2, &[("worker1", &[(c0, c2)])], &[]),
+                info(2, &[], &[]),
+                "Node worker0 has target devices with invalid indices in its device map for worker1",
+            ),
+            (
+                info(2, &[("worker1", &[(c1, c0), (c0, c0)])], &[]),
+                info(2, &[], &[]),
+                "Node worker0 has duplicated target devices in its device map for worker1",
+            ),
+            (
+                info(2, &[("worker1", &[(c0, c0)])], &[c1]),
+                info(2, &[], &[c1]),
+                "Node worker0 has unexpected source devices in its device map for worker1",
+            ),
+            (
+                info(2, &[("worker1", &[(c0, c1)])], &[c0]),
+                info(2, &[], &[c0]),
+                "Node worker0 has unexpected target devices in its device map for worker1",
+            ),
+        ];
+        for (w0, w1, text) in cases {
+            let e = check(vec![("worker0", w0), ("worker1", w1)]).unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::ValueError);
+            assert!(e.message().starts_with(text), "{} vs {text}", e.message());
+        }
+    }
+
+    #[test]
+    fn reverse_and_request_devices() {
+        let (c0, c1) = (Device::Cuda(0), Device::Cuda(1));
+        let all: BTreeMap<String, DeviceInfo> = [
+            (
+                "worker0".to_string(),
+                info(2, &[("worker1", &[(c0, c1), (Device::Cpu, c0)])], &[]),
+            ),
+            ("worker1".to_string(), info(2, &[], &[])),
+        ]
+        .into();
+        let rev = reverse_maps("worker1", &all);
+        assert_eq!(rev["worker0"][&c1], c0);
+        assert_eq!(rev["worker0"][&c0], Device::Cpu);
+        let cpu = tch::Tensor::zeros([2], (tch::Kind::Float, tch::Device::Cpu));
+        let m = &all["worker0"].device_maps["worker1"];
+        assert_eq!(
+            devices_for_remote("worker1", true, Some(m), &[cpu.shallow_clone()]).unwrap(),
+            vec![c0]
+        );
+        assert!(
+            devices_for_remote("worker1", true, None, &[cpu.shallow_clone()])
+                .unwrap()
+                .is_empty()
+        );
+        let empty = DeviceMap::new();
+        assert!(
+            devices_for_remote("worker1", true, Some(&empty), &[cpu])
+                .unwrap()
+                .is_empty()
+        );
+    }
+}
