@@ -392,7 +392,26 @@ impl RpcAgent {
     /// unchanged until the future completes. Errors (unknown destination,
     /// agent shut down, remote failure, timeout) complete the future.
     pub fn rpc_async(&self, to: impl Into<Dest>, function: &str, args: Args) -> Future {
-        self.call(to.into(), function, args, None, true)
+        self.profiled(
+            crate::profiler::RpcExecMode::Async,
+            to.into(),
+            function,
+            |to| self.call(to, function, args, None, true),
+        )
+    }
+
+    /// Makes a call with `make` and reports it to an enclosing profiling
+    /// scope (`crate::profiler`).
+    fn profiled(
+        &self,
+        mode: crate::profiler::RpcExecMode,
+        to: Dest,
+        function: &str,
+        make: impl FnOnce(Dest) -> Future,
+    ) -> Future {
+        let fut = make(to.clone());
+        crate::profiler::on_rpc(self, mode, &to, function, &fut);
+        fut
     }
 
     /// [`rpc_async`](Self::rpc_async) with its own timeout; zero means none.
@@ -403,7 +422,12 @@ impl RpcAgent {
         args: Args,
         timeout: Duration,
     ) -> Future {
-        self.call(to.into(), function, args, Some(timeout), true)
+        self.profiled(
+            crate::profiler::RpcExecMode::Async,
+            to.into(),
+            function,
+            |to| self.call(to, function, args, Some(timeout), true),
+        )
     }
 
     /// Calls `function` on `to` and waits for its result (`rpc_sync`).
@@ -418,9 +442,14 @@ impl RpcAgent {
         function: &str,
         args: Args,
     ) -> Result<Payload> {
-        self.call_inner(to.into(), function, args, None, true, false)
-            .wait()
-            .await
+        self.profiled(
+            crate::profiler::RpcExecMode::Sync,
+            to.into(),
+            function,
+            |to| self.call_inner(to, function, args, None, true, false),
+        )
+        .wait()
+        .await
     }
 
     /// Runs the registered `function` on this worker, in the calling task,
@@ -457,9 +486,14 @@ impl RpcAgent {
         args: Args,
         timeout: Duration,
     ) -> Result<Payload> {
-        self.call_inner(to.into(), function, args, Some(timeout), true, false)
-            .wait()
-            .await
+        self.profiled(
+            crate::profiler::RpcExecMode::Sync,
+            to.into(),
+            function,
+            |to| self.call_inner(to, function, args, Some(timeout), true, false),
+        )
+        .wait()
+        .await
     }
 
     pub(crate) fn call(

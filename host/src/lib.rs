@@ -82,6 +82,7 @@ mod error;
 mod ops;
 pub mod optim;
 mod plugin;
+pub mod profiler;
 pub mod remote_module;
 mod rref;
 mod tensor;

@@ -613,7 +613,22 @@ impl RpcAgent {
     /// "RPC has not been initialized ..." after shutdown, and the
     /// destination errors of [`resolve`](Self::resolve).
     pub fn remote(&self, to: impl Into<Dest>, function: &str, args: Args) -> Result<RRef> {
-        self.remote_inner(to.into(), function, args, None)
+        self.remote_profiled(to.into(), function, args, None)
+    }
+
+    /// [`remote_inner`](Self::remote_inner), reported to an enclosing
+    /// profiling scope until the value is created (`crate::profiler`).
+    fn remote_profiled(
+        &self,
+        to: Dest,
+        function: &str,
+        args: Args,
+        timeout: Option<Duration>,
+    ) -> Result<RRef> {
+        let rref = self.remote_inner(to.clone(), function, args, timeout)?;
+        let mode = crate::profiler::RpcExecMode::Remote;
+        crate::profiler::on_rpc(self, mode, &to, function, &rref.get_future());
+        Ok(rref)
     }
 
     /// [`remote`](Self::remote) with its own timeout for the creation;
@@ -628,7 +643,7 @@ impl RpcAgent {
         args: Args,
         timeout: Duration,
     ) -> Result<RRef> {
-        self.remote_inner(to.into(), function, args, Some(timeout))
+        self.remote_profiled(to.into(), function, args, Some(timeout))
     }
 
     fn remote_inner(

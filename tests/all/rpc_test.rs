@@ -30,6 +30,7 @@ mod async_class;
 mod async_execution;
 mod autograd;
 mod extra;
+mod profiling;
 mod rref;
 
 use std::collections::BTreeSet;
@@ -120,7 +121,8 @@ fn seed_coverage() {
         include_str!("rpc_test/rref.rs"),
         include_str!("rpc_test/async_execution.rs"),
         include_str!("rpc_test/async_class.rs"),
-        include_str!("rpc_test/autograd.rs")
+        include_str!("rpc_test/autograd.rs"),
+        include_str!("rpc_test/profiling.rs")
     );
     let ported = |name: &str| source.contains(&format!("fn {name}() {{"));
     let skipped = |name: &str| {
