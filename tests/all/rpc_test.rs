@@ -136,7 +136,7 @@ fn seed_coverage() {
         let cols: Vec<&str> = line.split('\t').collect();
         if cols.len() < 6
             || cols[0] != "rpc_test"
-            || !"ABCDEFGHIJKMOPQR".contains(cols[3])
+            || !"ABCDEFGHIJKLMOPQR".contains(cols[3])
             || cols[3].len() != 1
         {
             continue;

@@ -3,7 +3,7 @@
 //! `../shared/seed-tests.tsv`: every seed test of the ported areas is either
 //! a test of the same name or listed here.
 
-/// `rpc_test` seed tests of areas A to K, M, O, Q, R that have no Rust
+/// `rpc_test` seed tests of areas A to M, O, P, Q, R that have no Rust
 /// test yet, and why.
 pub const RPC_TEST: &[(&str, &str)] = &[
     ("test_disable_gil_profiling", "python-only: there is no GIL"),
@@ -78,5 +78,138 @@ pub const RPC_TEST: &[(&str, &str)] = &[
     (
         "test_tensorpipe_options_throw_on_timedelta_timeout",
         "python-only: timedelta",
+    ),
+    // Area L: the profiler records the caller's side only (wasmrpc::profiler).
+    (
+        "test_profiler_rpc_record_shapes",
+        "needs the callee's events (remote events not shipped yet) and input shapes",
+    ),
+    (
+        "test_profiler_rpc_memory",
+        "needs the callee's events (remote events not shipped yet) and memory figures",
+    ),
+    (
+        "test_profiler_export_trace",
+        "asserts remote op names in the trace: remote events not shipped yet (the caller-side export is tested by rpc_test::profiling::profile_exports_a_chrome_trace)",
+    ),
+    (
+        "test_profiler_remote_events_profiled",
+        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+    ),
+    (
+        "test_profiler_remote_events_profiled_single_threaded",
+        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+    ),
+    (
+        "test_rpc_profiling_async_function",
+        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+    ),
+    (
+        "test_rpc_profiling_async_function_single_threaded",
+        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+    ),
+    (
+        "test_rpc_profiling_remote_record_function",
+        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+    ),
+    (
+        "test_profiler_with_autograd_context_single_threaded",
+        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+    ),
+    (
+        "test_profiler_with_autograd_context",
+        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+    ),
+    (
+        "test_profiler_with_sync_rpc_udf",
+        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+    ),
+    (
+        "test_profiler_with_sync_rpc_udf_single_threaded",
+        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+    ),
+    (
+        "test_profiler_with_sync_rpc_builtin",
+        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+    ),
+    (
+        "test_profiler_with_sync_rpc_builtin_single_threaded",
+        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+    ),
+    (
+        "test_profiler_with_async_rpc_udf",
+        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+    ),
+    (
+        "test_profiler_with_async_rpc_udf_single_threaded",
+        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+    ),
+    (
+        "test_profiler_with_async_rpc_builtin",
+        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+    ),
+    (
+        "test_profiler_with_async_rpc_builtin_single_threaded",
+        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+    ),
+    (
+        "test_profiler_with_remote_udf",
+        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+    ),
+    (
+        "test_profiler_with_remote_udf_single_threaded",
+        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+    ),
+    (
+        "test_profiler_with_remote_builtin",
+        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+    ),
+    (
+        "test_profiler_with_remote_builtin_single_threaded",
+        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+    ),
+    (
+        "test_server_process_global_profiler",
+        "no server-side process-global profiler yet",
+    ),
+    (
+        "test_profiler_remote_cuda",
+        "needs remote events and a GPU (CUDA kernel times)",
+    ),
+    (
+        "test_profiler_with_script_async_rpc",
+        "python-only: TorchScript",
+    ),
+    (
+        "test_profiler_with_script_async_rpc_single_threaded",
+        "python-only: TorchScript",
+    ),
+    (
+        "test_profiler_with_script_sync_rpc",
+        "python-only: TorchScript",
+    ),
+    (
+        "test_profiler_with_script_sync_rpc_single_threaded",
+        "python-only: TorchScript",
+    ),
+    (
+        "test_profiler_with_script_remote_rpc",
+        "python-only: TorchScript",
+    ),
+    (
+        "test_profiler_with_script_remote_rpc_single_threaded",
+        "python-only: TorchScript",
+    ),
+    (
+        "test_async_record_function_double_end_callbacks",
+        "python-only: record_function end-callback bookkeeping",
+    ),
+    (
+        "test_async_record_function_legacy",
+        "python-only: legacy torch.ops.profiler record_function ops",
+    ),
+    (
+        "test_async_record_function_cbs_jit_call",
+        "python-only: TorchScript",
     ),
 ];
