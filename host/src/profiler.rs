@@ -1,8 +1,11 @@
-//! The RPC profiler, caller side: a profiling scope records one event per
-//! RPC made inside it (`rpc_sync`, `rpc_async`, `remote`), named by the
-//! PyTorch RPC profiling key `rpc_<mode>#<function>(<caller> -> <callee>)`,
-//! and the user ranges opened with [`record_function`]; the events export
-//! to Chrome trace JSON ([`Profile::export_chrome_trace`]).
+//! The RPC profiler: a profiling scope records one event per RPC made
+//! inside it (`rpc_sync`, `rpc_async`, `remote`), named by the PyTorch RPC
+//! profiling key `rpc_<mode>#<function>(<caller> -> <callee>)`, the user
+//! ranges opened with [`record_function`], and the callee's events for each
+//! call ("remote events": the call itself, and the RPCs a native function
+//! makes while serving it, with their own remote events), named
+//! `<key>#remote_op: <callee event>` with the callee's rank; the events
+//! export to Chrome trace JSON ([`Profile::export_chrome_trace`]).
 //!
 //! ```no_run
 //! # async fn demo(agent: wasmrpc::RpcAgent) -> wasmrpc::Result<()> {
@@ -17,21 +20,29 @@
 //! ```
 //!
 //! Owns: the scope (a tokio task-local, so it follows the profiled future,
-//! not the thread), events, keys, export. The agent only reports its calls
-//! here ([`on_rpc`], called from `RpcAgent::rpc_sync`/`rpc_async` and
-//! `RpcAgent::remote`); this module must not reach into the transport.
+//! not the thread), events, keys, the callee-side scope of a profiled call
+//! ([`serve`]), merging the callee's events ([`incoming`]), export. The
+//! agent only carries the flag and the events: a call made in a scope
+//! sends its key (`Message::Call::profiling`, picked up by [`outgoing`]
+//! from [`rpc`]), the callee runs it under [`serve`] and returns the events
+//! in `Message::Response::profiled`. This module must not reach into the
+//! transport.
 //!
-//! Not done yet: the callee's events (the ops a remote call runs, prefixed
-//! `key#remote_op: `) are not shipped back (the `ProfilingRequest` /
-//! `ProfilingResponse` message kinds stay reserved), there is no
-//! server-side global profiler, and events carry no input shapes or memory
-//! figures. Spawned tasks leave the scope, as they leave a task-local.
+//! Not done yet: the ops a wasm plugin function runs and the RPCs it makes
+//! are not recorded (the guest runs outside the task-local scope), calls to
+//! self bring no callee events (the caller's future completes first),
+//! there is no server-side global profiler, and events carry no input
+//! shapes or memory figures. Spawned tasks leave the scope, as they leave a
+//! task-local.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::agent::{Dest, RpcAgent};
+use crate::transport::ProfiledEvent;
 use crate::{Error, Future, Result};
 
 /// Separates an RPC key from the name of a remote event
@@ -230,17 +241,150 @@ pub async fn record_function<F: std::future::Future>(name: &str, body: F) -> F::
     out
 }
 
-/// Called by the agent for each RPC it starts: inside a profiling scope,
-/// records the call under its key until `fut` completes. Unresolvable
-/// destinations are not recorded (the call fails at once anyway).
-pub(crate) fn on_rpc(agent: &RpcAgent, mode: RpcExecMode, to: &Dest, function: &str, fut: &Future) {
+/// The RPC being started on this thread inside a profiling scope, for
+/// the agent's call path to pick up (`outgoing`).
+pub(crate) struct Outgoing {
+    recorder: Arc<Recorder>,
+    index: usize,
+    key: String,
+    start_us: u64,
+    pending: Arc<Pending>,
+}
+
+impl Outgoing {
+    /// The caller's future completed: the RPC's event ends, and events
+    /// arriving later are dropped.
+    fn completed(self: &Arc<Self>) {
+        self.recorder.close(self.index);
+        self.pending.lock().retain(|_, o| !Arc::ptr_eq(o, self));
+    }
+}
+
+impl Outgoing {
+    /// The key to send with request `id`; the response's events are merged
+    /// under it ([`incoming`]).
+    pub(crate) fn sent_as(self: &Arc<Self>, id: u64) -> String {
+        self.pending.lock().insert(id, Arc::clone(self));
+        self.key.clone()
+    }
+}
+
+/// The agent's calls waiting for their callee's events, by request id.
+#[derive(Default)]
+pub(crate) struct Pending(Mutex<HashMap<u64, Arc<Outgoing>>>);
+
+impl Pending {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Arc<Outgoing>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+thread_local! {
+    static OUTGOING: RefCell<Option<Arc<Outgoing>>> = const { RefCell::new(None) };
+}
+
+/// Called by the agent for each RPC it starts (`rpc_sync`, `rpc_async`,
+/// `remote`): inside a profiling scope, records the call under its key
+/// from now until the future `done` gives completes, and has the request
+/// that `make` sends carry the key. Unresolvable destinations are not
+/// recorded (the call fails at once anyway).
+pub(crate) fn rpc<T>(
+    agent: &RpcAgent,
+    mode: RpcExecMode,
+    to: &Dest,
+    function: &str,
+    make: impl FnOnce() -> T,
+    done: impl FnOnce(&T) -> Option<Future>,
+) -> T {
     let Some(recorder) = current() else {
-        return;
+        return make();
     };
     let Ok(dst) = agent.resolve(to.clone()) else {
-        return;
+        return make();
     };
     let key = build_rpc_profiling_key(mode, function, agent.name(), &dst.name);
-    let index = recorder.open(key);
-    fut.add_done_callback(move |_| recorder.close(index));
+    let index = recorder.open(key.clone());
+    let start_us = recorder.lock()[index].start_us;
+    let pending = agent.state::<Pending>();
+    let out = Arc::new(Outgoing {
+        recorder,
+        index,
+        key,
+        start_us,
+        pending,
+    });
+    let previous = OUTGOING.with(|o| o.borrow_mut().replace(Arc::clone(&out)));
+    let made = make();
+    OUTGOING.with(|o| *o.borrow_mut() = previous);
+    match done(&made) {
+        Some(fut) => fut.add_done_callback(move |_| out.completed()),
+        None => out.completed(),
+    }
+    made
+}
+
+/// The profiled RPC the agent is sending now, taken once (by the request
+/// that carries the user's call, not by later internal ones).
+pub(crate) fn outgoing() -> Option<Arc<Outgoing>> {
+    OUTGOING.with(|o| o.borrow_mut().take())
+}
+
+/// Merges the callee's events for request `id` into the scope that made
+/// it, named `<key>#remote_op: <event>` and placed from the RPC's start.
+pub(crate) fn incoming(agent: &RpcAgent, id: u64, events: Vec<ProfiledEvent>) {
+    let Some(out) = agent.state::<Pending>().lock().remove(&id) else {
+        return;
+    };
+    {
+        let mut recorded = out.recorder.lock();
+        for e in events {
+            recorded.push(Event {
+                name: format!("{}{REMOTE_OP_STR}{}", out.key, e.name),
+                worker: e.worker,
+                start_us: out.start_us + e.start_us,
+                end_us: Some(out.start_us + e.end_us),
+            });
+        }
+    }
+}
+
+/// The name the callee's event for a call gets: the function, or for a
+/// `remote()` the function it runs.
+pub(crate) fn served_name(function: &str, args: &Result<crate::Args>) -> String {
+    if function == crate::rref::REMOTE
+        && let Ok(a) = args
+        && let Some(crate::Value::Str(f)) = a.positional.get(2)
+    {
+        return f.clone();
+    }
+    function.to_string()
+}
+
+/// Runs a call the caller profiles (callee side) in a scope of its own,
+/// with one event named `name` for the call itself, and returns its output
+/// and every event recorded, for the response.
+pub(crate) async fn serve<F: std::future::Future>(
+    agent: &RpcAgent,
+    name: String,
+    call: F,
+) -> (F::Output, Vec<ProfiledEvent>) {
+    let recorder = Arc::new(Recorder {
+        epoch: Instant::now(),
+        worker: agent.rank(),
+        events: Mutex::new(Vec::new()),
+    });
+    let index = recorder.open(name);
+    let out = CURRENT.scope(Arc::clone(&recorder), call).await;
+    recorder.close(index);
+    let now = recorder.now_us();
+    let events = std::mem::take(&mut *recorder.lock())
+        .into_iter()
+        .map(|e| ProfiledEvent {
+            name: e.name,
+            worker: e.worker,
+            start_us: e.start_us,
+            end_us: e.end_us.unwrap_or(now),
+        })
+        .collect();
+    (out, events)
 }

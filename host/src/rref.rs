@@ -625,10 +625,15 @@ impl RpcAgent {
         args: Args,
         timeout: Option<Duration>,
     ) -> Result<RRef> {
-        let rref = self.remote_inner(to.clone(), function, args, timeout)?;
         let mode = crate::profiler::RpcExecMode::Remote;
-        crate::profiler::on_rpc(self, mode, &to, function, &rref.get_future());
-        Ok(rref)
+        crate::profiler::rpc(
+            self,
+            mode,
+            &to,
+            function,
+            || self.remote_inner(to.clone(), function, args, timeout),
+            |r| r.as_ref().ok().map(RRef::get_future),
+        )
     }
 
     /// [`remote`](Self::remote) with its own timeout for the creation;

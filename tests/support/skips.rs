@@ -113,60 +113,20 @@ pub const RPC_TEST: &[(&str, &str)] = &[
         "asserts the callee's events (node_id == dst): remote events not shipped yet",
     ),
     (
-        "test_profiler_with_autograd_context_single_threaded",
-        "asserts the callee's events (node_id == dst): remote events not shipped yet",
-    ),
-    (
-        "test_profiler_with_autograd_context",
-        "asserts the callee's events (node_id == dst): remote events not shipped yet",
-    ),
-    (
-        "test_profiler_with_sync_rpc_udf",
-        "asserts the callee's events (node_id == dst): remote events not shipped yet",
-    ),
-    (
-        "test_profiler_with_sync_rpc_udf_single_threaded",
-        "asserts the callee's events (node_id == dst): remote events not shipped yet",
-    ),
-    (
-        "test_profiler_with_sync_rpc_builtin",
-        "asserts the callee's events (node_id == dst): remote events not shipped yet",
-    ),
-    (
-        "test_profiler_with_sync_rpc_builtin_single_threaded",
-        "asserts the callee's events (node_id == dst): remote events not shipped yet",
-    ),
-    (
-        "test_profiler_with_async_rpc_udf",
-        "asserts the callee's events (node_id == dst): remote events not shipped yet",
-    ),
-    (
-        "test_profiler_with_async_rpc_udf_single_threaded",
-        "asserts the callee's events (node_id == dst): remote events not shipped yet",
-    ),
-    (
-        "test_profiler_with_async_rpc_builtin",
-        "asserts the callee's events (node_id == dst): remote events not shipped yet",
-    ),
-    (
-        "test_profiler_with_async_rpc_builtin_single_threaded",
-        "asserts the callee's events (node_id == dst): remote events not shipped yet",
-    ),
-    (
         "test_profiler_with_remote_udf",
-        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+        "its remote-to-self part: a call to self brings no callee events yet",
     ),
     (
         "test_profiler_with_remote_udf_single_threaded",
-        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+        "its remote-to-self part: a call to self brings no callee events yet",
     ),
     (
         "test_profiler_with_remote_builtin",
-        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+        "its remote-to-self part: a call to self brings no callee events yet",
     ),
     (
         "test_profiler_with_remote_builtin_single_threaded",
-        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+        "its remote-to-self part: a call to self brings no callee events yet",
     ),
     (
         "test_server_process_global_profiler",

@@ -20,7 +20,8 @@
 //!
 //! Not ported here, with the reason:
 //! - the profiler assertions of `test_rref_type_blocking` /
-//!   `_non_blocking` (no profiler yet): the ports check the type, the
+//!   `_non_blocking` (the type query is an internal call, which
+//!   `wasmrpc::profiler` does not record): the ports check the type, the
 //!   cached future and that later calls send nothing;
 //! - `test_rref_get_future`'s TorchScript function, and
 //!   `test_disable_gil_profiling` (python-only).
