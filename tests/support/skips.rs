@@ -79,38 +79,38 @@ pub const RPC_TEST: &[(&str, &str)] = &[
         "test_tensorpipe_options_throw_on_timedelta_timeout",
         "python-only: timedelta",
     ),
-    // Area L: the profiler records the caller's side only (wasmrpc::profiler).
+    // Area L (wasmrpc::profiler): what the profiler does not record yet.
     (
         "test_profiler_rpc_record_shapes",
-        "needs the callee's events (remote events not shipped yet) and input shapes",
+        "events carry no input shapes yet",
     ),
     (
         "test_profiler_rpc_memory",
-        "needs the callee's events (remote events not shipped yet) and memory figures",
+        "events carry no memory figures yet",
     ),
     (
         "test_profiler_export_trace",
-        "asserts remote op names in the trace: remote events not shipped yet (the caller-side export is tested by rpc_test::profiling::profile_exports_a_chrome_trace)",
+        "asserts the ops udf_with_torch_ops runs: ops inside a plugin function are not recorded yet (the export itself: rpc_test::profiling::profile_exports_a_chrome_trace)",
     ),
     (
         "test_profiler_remote_events_profiled",
-        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+        "asserts the ops udf_with_torch_ops runs: ops inside a plugin function are not recorded yet",
     ),
     (
         "test_profiler_remote_events_profiled_single_threaded",
-        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+        "asserts the ops udf_with_torch_ops runs: ops inside a plugin function are not recorded yet",
     ),
     (
         "test_rpc_profiling_async_function",
-        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+        "asserts the nested RPC of the plugin's slow_async_add: RPCs made from a plugin are not recorded yet",
     ),
     (
         "test_rpc_profiling_async_function_single_threaded",
-        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+        "asserts the nested RPC of the plugin's slow_async_add: RPCs made from a plugin are not recorded yet",
     ),
     (
         "test_rpc_profiling_remote_record_function",
-        "asserts the callee's events (node_id == dst): remote events not shipped yet",
+        "record_function inside a plugin function is not recorded yet",
     ),
     (
         "test_profiler_with_remote_udf",
@@ -134,7 +134,7 @@ pub const RPC_TEST: &[(&str, &str)] = &[
     ),
     (
         "test_profiler_remote_cuda",
-        "needs remote events and a GPU (CUDA kernel times)",
+        "needs a GPU (CUDA kernel times) and ops inside a plugin function recorded",
     ),
     (
         "test_profiler_with_script_async_rpc",
