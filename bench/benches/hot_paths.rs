@@ -27,6 +27,7 @@ fn small_call() -> Message {
         args: vec![Value::Int(1)],
         kwargs: vec![],
         autograd: None,
+        profiling: None,
     }
 }
 
@@ -51,6 +52,7 @@ fn headers(c: &mut Criterion) {
         id: 42,
         result: Ok(Value::None),
         autograd: None,
+        profiled: None,
     };
     for (name, msg) in [("call_noop_int", &call), ("response_none", &response)] {
         let bytes = abi::encode(msg).expect("encodes");

@@ -392,7 +392,31 @@ impl RpcAgent {
     /// unchanged until the future completes. Errors (unknown destination,
     /// agent shut down, remote failure, timeout) complete the future.
     pub fn rpc_async(&self, to: impl Into<Dest>, function: &str, args: Args) -> Future {
-        self.call(to.into(), function, args, None, true)
+        self.profiled(
+            crate::profiler::RpcExecMode::Async,
+            to.into(),
+            function,
+            |to| self.call(to, function, args, None, true),
+        )
+    }
+
+    /// Makes a call with `make` and reports it to an enclosing profiling
+    /// scope (`crate::profiler`).
+    fn profiled(
+        &self,
+        mode: crate::profiler::RpcExecMode,
+        to: Dest,
+        function: &str,
+        make: impl FnOnce(Dest) -> Future,
+    ) -> Future {
+        crate::profiler::rpc(
+            self,
+            mode,
+            &to,
+            function,
+            || make(to.clone()),
+            |f| Some(f.clone()),
+        )
     }
 
     /// [`rpc_async`](Self::rpc_async) with its own timeout; zero means none.
@@ -403,7 +427,12 @@ impl RpcAgent {
         args: Args,
         timeout: Duration,
     ) -> Future {
-        self.call(to.into(), function, args, Some(timeout), true)
+        self.profiled(
+            crate::profiler::RpcExecMode::Async,
+            to.into(),
+            function,
+            |to| self.call(to, function, args, Some(timeout), true),
+        )
     }
 
     /// Calls `function` on `to` and waits for its result (`rpc_sync`).
@@ -418,9 +447,14 @@ impl RpcAgent {
         function: &str,
         args: Args,
     ) -> Result<Payload> {
-        self.call_inner(to.into(), function, args, None, true, false)
-            .wait()
-            .await
+        self.profiled(
+            crate::profiler::RpcExecMode::Sync,
+            to.into(),
+            function,
+            |to| self.call_inner(to, function, args, None, true, false),
+        )
+        .wait()
+        .await
     }
 
     /// Runs the registered `function` on this worker, in the calling task,
@@ -457,9 +491,14 @@ impl RpcAgent {
         args: Args,
         timeout: Duration,
     ) -> Result<Payload> {
-        self.call_inner(to.into(), function, args, Some(timeout), true, false)
-            .wait()
-            .await
+        self.profiled(
+            crate::profiler::RpcExecMode::Sync,
+            to.into(),
+            function,
+            |to| self.call_inner(to, function, args, Some(timeout), true, false),
+        )
+        .wait()
+        .await
     }
 
     pub(crate) fn call(
@@ -561,12 +600,16 @@ impl RpcAgent {
                 }),
             }
         };
+        // Inside a profiling scope, the call asks the callee for its events
+        // (`crate::profiler`).
+        let profiling = crate::profiler::outgoing();
         let build = |id| Message::Call {
             id,
             function: function.to_string(),
             args: positional,
             kwargs,
             autograd,
+            profiling: profiling.map(|p| p.sent_as(id)),
         };
         self.send_tracked(to, function, build, &tensors, timeout, user, collect)
     }
@@ -1045,6 +1088,7 @@ impl RpcAgent {
             args,
             kwargs,
             autograd,
+            profiling,
         } = message
         else {
             return;
@@ -1075,11 +1119,21 @@ impl RpcAgent {
                 (Some(e), Ok(a)) => Some(crate::autograd::incoming_call(&this, e, &a.tensors)),
                 _ => None,
             };
+            let mut profiled = None;
+            let served = crate::profiler::served_name(&function, &args);
             let result = match (f, args) {
                 (_, Err(e)) => Err(e.context_line(format!("receiving RRefs from worker {}", conn.peer))),
                 (Some(f), Ok(args)) => {
                     let ctx = CallContext::new(this.clone(), caller, function.clone(), autograd);
-                    crate::autograd::scope(context_id, registry::call_guarded(f, ctx, args)).await
+                    let call = crate::autograd::scope(context_id, registry::call_guarded(f, ctx, args));
+                    match &profiling {
+                        Some(_) => {
+                            let (r, events) = crate::profiler::serve(&this, served, call).await;
+                            profiled = Some(events);
+                            r
+                        }
+                        None => call.await,
+                    }
                 }
                 (None, Ok(_)) => Err(Error::runtime(unknown_function_message(&function, this.name()))),
             };
@@ -1090,7 +1144,7 @@ impl RpcAgent {
             if let Err(e) = &result {
                 tracing::warn!(worker = %this.name(), caller = %conn.peer, function = %function, "function raised {}: {}", e.kind(), e.message());
             }
-            this.respond(&conn, id, result, reply_autograd).await;
+            this.respond_profiled(&conn, id, result, reply_autograd, profiled).await;
             // AG-4: the response is queued; stop counting the task.
             if !internal {
                 this.inner.user_active.fetch_sub(1, Ordering::AcqRel);
@@ -1168,6 +1222,20 @@ impl RpcAgent {
         result: Result<Payload>,
         autograd: Option<crate::transport::AutogradEnvelope>,
     ) {
+        self.respond_profiled(conn, id, result, autograd, None)
+            .await;
+    }
+
+    /// [`respond`](Self::respond), with the callee's profiled events for a
+    /// call that asked for them.
+    async fn respond_profiled(
+        &self,
+        conn: &Arc<Connection>,
+        id: u64,
+        result: Result<Payload>,
+        autograd: Option<crate::transport::AutogradEnvelope>,
+        profiled: Option<Vec<crate::transport::ProfiledEvent>>,
+    ) {
         let Ok(transport) = self.transport() else {
             return;
         };
@@ -1198,6 +1266,7 @@ impl RpcAgent {
                     id,
                     result,
                     autograd,
+                    profiled,
                 },
                 &tensors,
                 &d,
@@ -1215,6 +1284,7 @@ impl RpcAgent {
                 id,
                 result: Err(crate::abi::RemoteError::new(e.kind(), format!("{e}"))),
                 autograd: None,
+                profiled: None,
             };
             let retry = match OutFrame::encode(message, &[], &[]) {
                 Ok(frame) => transport.send_on(conn, frame, None).await,
@@ -1244,9 +1314,13 @@ impl Handler for AgentHandler {
                 id,
                 result,
                 autograd,
+                profiled,
             } => {
                 if let (Some(env), Ok(_)) = (&autograd, &result) {
                     crate::autograd::incoming_response(&agent, env, &tensors);
+                }
+                if let Some(events) = profiled {
+                    crate::profiler::incoming(&agent, id, events);
                 }
                 let peer = conn.peer.clone();
                 let function = agent

@@ -83,6 +83,7 @@ mod error;
 mod ops;
 pub mod optim;
 mod plugin;
+pub mod profiler;
 pub mod progress;
 pub mod remote_module;
 mod rref;

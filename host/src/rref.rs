@@ -613,7 +613,27 @@ impl RpcAgent {
     /// "RPC has not been initialized ..." after shutdown, and the
     /// destination errors of [`resolve`](Self::resolve).
     pub fn remote(&self, to: impl Into<Dest>, function: &str, args: Args) -> Result<RRef> {
-        self.remote_inner(to.into(), function, args, None)
+        self.remote_profiled(to.into(), function, args, None)
+    }
+
+    /// [`remote_inner`](Self::remote_inner), reported to an enclosing
+    /// profiling scope until the value is created (`crate::profiler`).
+    fn remote_profiled(
+        &self,
+        to: Dest,
+        function: &str,
+        args: Args,
+        timeout: Option<Duration>,
+    ) -> Result<RRef> {
+        let mode = crate::profiler::RpcExecMode::Remote;
+        crate::profiler::rpc(
+            self,
+            mode,
+            &to,
+            function,
+            || self.remote_inner(to.clone(), function, args, timeout),
+            |r| r.as_ref().ok().map(RRef::get_future),
+        )
     }
 
     /// [`remote`](Self::remote) with its own timeout for the creation;
@@ -628,7 +648,7 @@ impl RpcAgent {
         args: Args,
         timeout: Duration,
     ) -> Result<RRef> {
-        self.remote_inner(to.into(), function, args, Some(timeout))
+        self.remote_profiled(to.into(), function, args, Some(timeout))
     }
 
     fn remote_inner(

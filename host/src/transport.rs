@@ -39,7 +39,7 @@ mod message;
 mod tcp;
 
 pub use fault::FaultInjection;
-pub use message::{AutogradEnvelope, GloballyUniqueId, Message, MessageKind};
+pub use message::{AutogradEnvelope, GloballyUniqueId, Message, MessageKind, ProfiledEvent};
 
 pub(crate) use frame::OutFrame;
 pub(crate) use handshake::random_bytes;

@@ -1,7 +1,11 @@
 //! Port of PyTorch's `rpc_test.py` (seed `rpc_test`), CPU tests of areas A,
-//! B, C, G, H, I, K, O, Q and R; the RRef tests (areas D, E, F, M, the RRef
-//! parts of B, G and P) are in [`rref`], the `@async_execution` function
-//! tests (area J) in [`async_execution`]. Every test keeps the seed's name.
+//! B, C, G, H, I, K, O, P, Q and R; the RRef tests (areas D, E, F, M, the
+//! RRef parts of B, G and P) are in [`rref`], the `@async_execution`
+//! function tests (area J) in [`async_execution`], the parameter server
+//! (`test_my_parameter_server[_sparse]`) in [`autograd`]. Every test keeps
+//! the seed's name. Area P's sparse variants share their dense sibling's
+//! body (a helper taking the arguments or a `sparse` flag) and compare
+//! sparse results densely ([`expect_sparse`]).
 //!
 //! The seeds' Python user functions are the seed-fns wasm plugin's
 //! (`plugins/seed-fns`), which every test worker serves as
@@ -10,7 +14,9 @@
 //! native stand-ins registered as `seed::<name>` because the test inspects
 //! their worker-side state from Rust or the plugin cannot be them yet
 //! (`set_value`, `timed_out_rpc`, the barrier counter, `MyClass` by value,
-//! `non_cont_test`; see `wasmrpc_tests::seed_fns` for why each). Builtin ops
+//! `non_cont_test`; see `wasmrpc_tests::seed_fns` for why each), and the
+//! seeds' sparse builders (`seed::nested_rpc_sparse`, in
+//! `wasmrpc_tests::rref_fns`: a plugin cannot build a sparse tensor). Builtin ops
 //! (`aten::add`, ...) run through the op shim (see `wasmrpc_tests::aten`).
 //! `[D]` tests run under `dist` (the seeds' `@dist_init`: 4 workers, body on
 //! every rank, graceful shutdown, leak check); `[M]` tests manage init and
@@ -25,6 +31,7 @@ mod async_execution;
 mod autograd;
 mod cuda;
 mod extra;
+mod profiling;
 mod rref;
 
 use std::collections::BTreeSet;
@@ -48,6 +55,43 @@ const ADD: &str = "aten::add";
 
 fn n(w: &Worker) -> i64 {
     i64::from(w.rank) + 1
+}
+
+/// The seeds' `build_sparse_tensor()` (area P's sparse variants).
+fn sparse() -> Tensor {
+    wasmrpc_tests::rref_fns::build_sparse_tensor()
+}
+
+/// `p` is a sparse tensor with `want`'s values (the seeds' `assertEqual`
+/// on sparse tensors compares them densely).
+fn expect_sparse(p: &Payload, want: &Tensor) -> anyhow::Result<()> {
+    let got = p.as_tensor()?;
+    ensure!(got.is_sparse(), "result is not sparse: {got:?}");
+    let (g, w) = (got.to_dense(None, false), want.to_dense(None, false));
+    ensure!(
+        g.size() == w.size() && g.allclose(&w, 1e-5, 1e-8, false),
+        "sparse mismatch {g:?} vs {w:?}"
+    );
+    Ok(())
+}
+
+/// [`expect_sparse`] for a sparse `want`, else [`expect_tensor`]: the
+/// checks of the tests run with dense and sparse arguments.
+fn expect_same(p: &Payload, want: &Tensor) -> anyhow::Result<()> {
+    if want.is_sparse() {
+        expect_sparse(p, want)
+    } else {
+        expect_tensor(p, want)
+    }
+}
+
+/// The test cluster plus the native RRef/sparse stand-ins of
+/// `wasmrpc_tests::rref_fns` (`seed::nested_rpc_sparse`, ...).
+fn sparse_cluster() -> wasmrpc::testing::ClusterBuilder {
+    wasmrpc::testing::Cluster::builder(wasmrpc_tests::WORLD_SIZE).functions(|r| {
+        register_all(r);
+        wasmrpc_tests::rref_fns::register(r);
+    })
 }
 
 /// Runs `body` on every rank of a started 4-worker cluster without the
@@ -77,7 +121,9 @@ fn seed_coverage() {
         include_str!("rpc_test.rs"),
         include_str!("rpc_test/rref.rs"),
         include_str!("rpc_test/async_execution.rs"),
-        include_str!("rpc_test/async_class.rs")
+        include_str!("rpc_test/async_class.rs"),
+        include_str!("rpc_test/autograd.rs"),
+        include_str!("rpc_test/profiling.rs")
     );
     let ported = |name: &str| source.contains(&format!("fn {name}() {{"));
     let skipped = |name: &str| {
@@ -91,7 +137,7 @@ fn seed_coverage() {
         let cols: Vec<&str> = line.split('\t').collect();
         if cols.len() < 6
             || cols[0] != "rpc_test"
-            || !"ABCDEFGHIJKMOQR".contains(cols[3])
+            || !"ABCDEFGHIJKLMOPQR".contains(cols[3])
             || cols[3].len() != 1
         {
             continue;
@@ -218,32 +264,35 @@ fn test_reinit() {
     });
 }
 
-#[test]
-fn test_world_size_one() {
-    timed(async {
+/// The seed's `_world_size_one(a, b)`: a one-worker group calls itself
+/// with `rpc_sync`, `rpc_async` and `remote`.
+fn world_size_one(a: fn() -> Tensor, b: fn() -> Tensor) {
+    timed(async move {
         let options = RpcBackendOptions::default();
         register_all(&options.registry);
         let agent = init_rpc("me", Some(0), Some(1), fresh_store(), options).await?;
-        let want = ones(&[2, 2]) * 2;
-        let r = agent
-            .rpc_sync(
-                "me",
-                "seed_fns::my_tensor_function",
-                args![ones(&[2, 2]), ones(&[2, 2])],
-            )
-            .await?;
-        expect_tensor(&r, &want)?;
-        let r = agent
-            .rpc_async(
-                "me",
-                "seed_fns::my_tensor_function",
-                args![ones(&[2, 2]), ones(&[2, 2])],
-            )
-            .await?;
-        expect_tensor(&r, &want)?;
+        let want = a() * 2;
+        let f = "seed_fns::my_tensor_function";
+        let r = agent.rpc_sync("me", f, args![a(), b()]).await?;
+        expect_same(&r, &want)?;
+        let r = agent.rpc_async("me", f, args![a(), b()]).await?;
+        expect_same(&r, &want)?;
+        let rref = agent.remote("me", f, args![a(), b()])?;
+        expect_same(&rref.to_here(&agent, None).await?, &want)?;
+        drop(rref);
         agent.shutdown(true, Duration::ZERO).await?;
         Ok(())
     });
+}
+
+#[test]
+fn test_world_size_one() {
+    world_size_one(|| ones(&[2, 2]), || ones(&[2, 2]));
+}
+
+#[test]
+fn test_world_size_one_sparse() {
+    world_size_one(sparse, sparse);
 }
 
 #[test]
@@ -446,6 +495,49 @@ fn test_send_to_rank() {
     });
 }
 
+/// The seed's `_run_func_in_mode`.
+#[derive(Clone, Copy, Debug)]
+enum ExecMode {
+    Sync,
+    Async,
+    Remote,
+}
+
+async fn run_func_in_mode(
+    w: &Worker,
+    to: u32,
+    f: &str,
+    mode: ExecMode,
+    args: Args,
+) -> anyhow::Result<Payload> {
+    Ok(match mode {
+        ExecMode::Sync => w.agent.rpc_sync(to, f, args).await?,
+        ExecMode::Async => w.agent.rpc_async(to, f, args).wait().await?,
+        ExecMode::Remote => w.agent.remote(to, f, args)?.to_here(&w.agent, None).await?,
+    })
+}
+
+#[test]
+fn test_send_to_rank_sparse() {
+    dist(|w| async move {
+        let dst = (w.rank + 1) % w.world_size;
+        for coalesce in [false, true] {
+            let build = || {
+                let t = sparse();
+                if coalesce { t.coalesce() } else { t }
+            };
+            for mode in [ExecMode::Sync, ExecMode::Async, ExecMode::Remote] {
+                let (x, y) = (build(), build());
+                let want = &x + &y;
+                let r = run_func_in_mode(&w, dst, ADD, mode, args![x, y]).await?;
+                expect_sparse(&r, &want)
+                    .map_err(|e| e.context(format!("{mode:?}, coalesce={coalesce}")))?;
+            }
+        }
+        Ok(())
+    });
+}
+
 #[test]
 fn test_add() {
     dist(|w| async move {
@@ -524,18 +616,31 @@ fn test_nonzero() {
     });
 }
 
+/// The seed's `_multi_rpc(sparse)`: 20 sequential adds on the next rank.
+async fn multi_rpc(w: Worker, sparse_args: bool) -> anyhow::Result<()> {
+    let dst = (w.rank + 1) % w.world_size;
+    for i in 0..20 {
+        let n = i + i64::from(w.rank) + 1;
+        let (x, y) = if sparse_args {
+            (sparse() * n, sparse() * n)
+        } else {
+            (ones(&[2, 2]), ones(&[2, 2]))
+        };
+        let want = &x * 2;
+        let r = w.agent.rpc_sync(dst, ADD, args![x, y]).await?;
+        expect_same(&r, &want)?;
+    }
+    Ok(())
+}
+
 #[test]
 fn test_multi_rpc() {
-    dist(|w| async move {
-        for _ in 0..20 {
-            let r = w
-                .agent
-                .rpc_sync(w.dst(), ADD, args![ones(&[2, 2]), ones(&[2, 2])])
-                .await?;
-            expect_tensor(&r, &(ones(&[2, 2]) * 2))?;
-        }
-        Ok(())
-    });
+    dist(|w| multi_rpc(w, false));
+}
+
+#[test]
+fn test_multi_rpc_sparse() {
+    dist(|w| multi_rpc(w, true));
 }
 
 #[test]
@@ -773,6 +878,18 @@ fn test_py_tensors_in_container() {
     });
 }
 
+#[test]
+fn test_py_sparse_tensors_in_container() {
+    dist(|w| async move {
+        let a = Payload::list(vec![sparse().into(), sparse().into()]);
+        let r = w
+            .agent
+            .rpc_sync(w.dst(), "seed_fns::my_container_sum", args![a])
+            .await?;
+        expect_sparse(&r, &(sparse() + sparse()))
+    });
+}
+
 // ------------------------------------------------- C: nested, stress, chains
 
 #[test]
@@ -784,6 +901,18 @@ fn test_nested_rpc() {
             .rpc_sync(w.dst(), "seed_fns::nested_rpc", args![me.as_str()])
             .await?;
         expect_tensor(&r, &(ones(&[2, 2]) + 1))
+    });
+}
+
+#[test]
+fn test_nested_rpc_sparse() {
+    dist_with(sparse_cluster(), |w| async move {
+        let me = worker_name(w.rank);
+        let r = w
+            .agent
+            .rpc_sync(w.dst(), "seed::nested_rpc_sparse", args![me.as_str()])
+            .await?;
+        expect_sparse(&r, &(sparse() * 2))
     });
 }
 
@@ -800,20 +929,30 @@ fn test_stress_light_rpc() {
     });
 }
 
+/// The seed's `_stress_test_rpc(f, repeat=20, args)`. The plugin's
+/// `heavy_rpc` is the seeds' `heavy_rpc_sparse` too: both multiply in
+/// place and divide, which for the caller's copy of the tensor is the same.
+async fn stress_heavy_rpc(w: Worker, arg: fn() -> Tensor) -> anyhow::Result<()> {
+    let futs: Vec<Future> = (0..20)
+        .map(|_| {
+            w.agent
+                .rpc_async(w.dst(), "seed_fns::heavy_rpc", args![arg()])
+        })
+        .collect();
+    for r in wait_all(&futs).await? {
+        ensure!(r.as_int()? == 0);
+    }
+    Ok(())
+}
+
 #[test]
 fn test_stress_heavy_rpc() {
-    dist(|w| async move {
-        let futs: Vec<Future> = (0..20)
-            .map(|_| {
-                w.agent
-                    .rpc_async(w.dst(), "seed_fns::heavy_rpc", args![ones(&[100, 100])])
-            })
-            .collect();
-        for r in wait_all(&futs).await? {
-            ensure!(r.as_int()? == 0);
-        }
-        Ok(())
-    });
+    dist(|w| stress_heavy_rpc(w, || ones(&[100, 100])));
+}
+
+#[test]
+fn test_stress_heavy_rpc_sparse() {
+    dist(|w| stress_heavy_rpc(w, sparse));
 }
 
 #[test]
@@ -1503,27 +1642,36 @@ fn test_graceful_shutdown_with_uneven_workload() {
     );
 }
 
+/// The seed's `_wait_all_workers(f, x)` (`twice`: `_wait_all_workers_twice`).
+async fn wait_all_workers(w: Worker, x: Tensor, twice: bool) -> anyhow::Result<()> {
+    run_uneven_workload(&w, "seed_fns::heavy_rpc", x).await?;
+    w.agent.wait_all_workers(Duration::ZERO).await?;
+    if twice {
+        w.agent.wait_all_workers(Duration::ZERO).await?;
+    }
+    w.store_barrier().await?;
+    w.agent.shutdown(false, Duration::ZERO).await?;
+    Ok(())
+}
+
 #[test]
 fn test_wait_all_workers_dense() {
-    manual(|w| async move {
-        run_uneven_workload(&w, "seed_fns::heavy_rpc", ones(&[100, 100])).await?;
-        w.agent.wait_all_workers(Duration::ZERO).await?;
-        w.store_barrier().await?;
-        w.agent.shutdown(false, Duration::ZERO).await?;
-        Ok(())
-    });
+    manual(|w| wait_all_workers(w, ones(&[100, 100]), false));
 }
 
 #[test]
 fn test_wait_all_workers_twice_dense() {
-    manual(|w| async move {
-        run_uneven_workload(&w, "seed_fns::heavy_rpc", ones(&[100, 100])).await?;
-        w.agent.wait_all_workers(Duration::ZERO).await?;
-        w.agent.wait_all_workers(Duration::ZERO).await?;
-        w.store_barrier().await?;
-        w.agent.shutdown(false, Duration::ZERO).await?;
-        Ok(())
-    });
+    manual(|w| wait_all_workers(w, ones(&[100, 100]), true));
+}
+
+#[test]
+fn test_wait_all_workers_sparse() {
+    manual(|w| wait_all_workers(w, sparse(), false));
+}
+
+#[test]
+fn test_wait_all_workers_twice_sparse() {
+    manual(|w| wait_all_workers(w, sparse(), true));
 }
 
 fn slow_calls() -> wasmrpc::FaultInjection {

@@ -1,6 +1,9 @@
 //! Native stand-ins for the `rpc_test` seed's Python functions that use
 //! RRefs (`add_rref_to_value`, `my_rref_function`, `nested_rref`,
-//! `rref_forward_chain`, ...), under `seed::<python name>`, and a mutable
+//! `rref_forward_chain`, ...), under `seed::<python name>`, the seeds'
+//! sparse builders (`nested_rpc_sparse`, `nested_remote_sparse`,
+//! `nested_rref_sparse`: they build sparse tensors, which the guest SDK
+//! cannot), and a mutable
 //! `MyClass` (the seeds' class held in RRefs: `increment_value`,
 //! `get_value`), whose instances live in the creating worker's state.
 //!
@@ -174,6 +177,29 @@ pub fn register(r: &FunctionRegistry) {
                 args![build_sparse_tensor(), build_sparse_tensor()],
             )?;
             to_here(&ctx, Payload::from(r)).await
+        },
+    );
+    r.register_native(
+        "seed::nested_rpc_sparse",
+        |ctx: CallContext, args: Args| async move {
+            let dst = args.get(0)?.as_str()?.to_string();
+            ctx.agent()
+                .rpc_sync(
+                    dst.as_str(),
+                    "aten::add",
+                    args![build_sparse_tensor(), build_sparse_tensor()],
+                )
+                .await
+        },
+    );
+    r.register_native(
+        "seed::nested_rref_sparse",
+        |ctx: CallContext, args: Args| async move {
+            let dst = args.get(0)?.as_str()?.to_string();
+            let pair = || args![build_sparse_tensor(), build_sparse_tensor()];
+            let a = ctx.agent().remote(dst.as_str(), "aten::add", pair())?;
+            let b = ctx.agent().remote(dst.as_str(), "aten::add", pair())?;
+            Ok(Payload::tuple(vec![a.into(), b.into()]))
         },
     );
     r.register_native(

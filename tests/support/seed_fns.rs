@@ -24,16 +24,11 @@
 //! - `non_cont_test`: checks strides and contiguity, which a plugin cannot
 //!   see (the guest SDK reads a tensor's elements, not its layout).
 //!
-//! Still used by `rpc_test::rref` (the RRef tests, ported on natives and
-//! switched by their owner): `my_function`, `identity`, `raise_func`,
-//! `raise_or_inc`, `my_sleep_func`, `foo_add`.
-//!
 //! Per-worker module globals (`VALUE_FUTURE`, the barrier counter, the
 //! `timed_out_rpc` event) live in the callee agent's state.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::Duration;
 
 use tokio::sync::Notify;
 use wasmrpc::{Args, CallContext, Error, FunctionRegistry, Future, Payload, Result, Value};
@@ -84,16 +79,6 @@ impl TimedOutRpcEvent {
     }
 }
 
-async fn my_function(_ctx: CallContext, args: Args) -> Result<Payload> {
-    args.check_arity("my_function", 3, 3, &["a", "b", "c"])?;
-    let (a, b, c) = (
-        args.param(0, "a")?,
-        args.param(1, "b")?,
-        args.param(2, "c")?,
-    );
-    aten::add(&aten::add(&a, &b)?, &c)
-}
-
 fn record_field(p: &Payload, field: &str) -> Result<Payload> {
     match &p.value {
         Value::Record { fields, .. } => fields
@@ -115,29 +100,6 @@ fn record_field(p: &Payload, field: &str) -> Result<Payload> {
 
 /// Registers every `seed::` function.
 pub fn register(r: &FunctionRegistry) {
-    r.register_native("seed::my_function", my_function);
-    r.register_native("seed::identity", |_ctx, args: Args| async move {
-        args.check_arity("identity", 1, 1, &["a"])?;
-        args.param(0, "a")
-    });
-    r.register_native("seed::raise_func", |_ctx, _args| async move {
-        Err::<Payload, _>(Error::value("Expected error"))
-    });
-    r.register_native("seed::raise_or_inc", |_ctx, args: Args| async move {
-        let t = args.get(0)?.as_tensor()?;
-        if t.numel() == 2 {
-            return Err(Error::value("Expected error"));
-        }
-        Ok(t.f_add_scalar(1)?.into())
-    });
-    r.register_native("seed::my_sleep_func", |_ctx, args: Args| async move {
-        let seconds = match args.param(0, "seconds") {
-            Ok(s) => s.as_float()?,
-            Err(_) => 1.0,
-        };
-        tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
-        Ok(Payload::none())
-    });
     r.register_native(
         "seed::set_value",
         |ctx: CallContext, args: Args| async move {
@@ -148,9 +110,6 @@ pub fn register(r: &FunctionRegistry) {
             Ok(Payload::none())
         },
     );
-    r.register_native("seed::foo_add", |_ctx, _args| async move {
-        Ok(crate::ones(&[1]).f_add(&crate::ones(&[1]))?.into())
-    });
     r.register_native(
         "seed::timed_out_rpc",
         |ctx: CallContext, _args| async move {

@@ -224,6 +224,7 @@ mod tests {
             args: (0..tensors as u32).map(Value::Tensor).collect(),
             kwargs: vec![],
             autograd: None,
+            profiling: None,
         }
     }
 

@@ -16,6 +16,22 @@ pub struct AutogradEnvelope {
     pub from_worker: u32,
 }
 
+/// A range a callee profiled while serving a call made inside the
+/// caller's profiling scope (`crate::profiler`), sent back with the
+/// response. Times are microseconds since the callee received the call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProfiledEvent {
+    /// The event's name on the callee (its function, a nested RPC's key,
+    /// ...), without the caller's key.
+    pub name: String,
+    /// The rank it ran on.
+    pub worker: u32,
+    /// Start.
+    pub start_us: u64,
+    /// End.
+    pub end_us: u64,
+}
+
 /// An RRef or fork id: the worker that created it and a local counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct GloballyUniqueId {
@@ -56,6 +72,10 @@ pub enum Message {
         kwargs: Vec<(String, Value)>,
         /// Set when the call is made inside a distributed autograd context.
         autograd: Option<AutogradEnvelope>,
+        /// The caller's RPC profiling key, set when the call is made inside
+        /// a profiling scope: the callee profiles the call and returns its
+        /// events with the response.
+        profiling: Option<String>,
     },
     /// The result of a request.
     Response {
@@ -65,6 +85,8 @@ pub enum Message {
         result: Result<Value, RemoteError>,
         /// Set when the reply carries autograd information.
         autograd: Option<AutogradEnvelope>,
+        /// The callee's events for a call that asked for profiling.
+        profiled: Option<Vec<ProfiledEvent>>,
     },
     /// A user forked an RRef to a new user: the new user asks the owner to
     /// count its fork (`RREF_FORK_REQUEST`); answered with `RRefAck`.

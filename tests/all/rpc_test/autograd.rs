@@ -287,11 +287,11 @@ fn test_user_rref_backward() {
     });
 }
 
-/// `_my_parameter_server(sparse=False)`: every rank serves 3 trainers on
-/// the other ranks; each trainer's averaged gradient equals the server's.
-#[test]
-fn test_my_parameter_server() {
-    dist_with(cluster(), |w: Worker| async move {
+/// The seed's `_my_parameter_server(sparse)`: every rank serves 3
+/// trainers on the other ranks; each trainer's averaged gradient equals the
+/// server's.
+fn my_parameter_server(sparse: bool) {
+    dist_with(cluster(), move |w: Worker| async move {
         let a = w.agent.clone();
         let ps_rref = RRef::new(&a, Payload::from(3i64));
         let futures: Vec<_> = (1..=3)
@@ -299,7 +299,7 @@ fn test_my_parameter_server() {
                 a.rpc_async(
                     w.peer(k),
                     "seed::RpcTest._trainer_func",
-                    args![&ps_rref, false],
+                    args![&ps_rref, sparse],
                 )
             })
             .collect();
@@ -308,6 +308,16 @@ fn test_my_parameter_server() {
         }
         Ok(())
     });
+}
+
+#[test]
+fn test_my_parameter_server() {
+    my_parameter_server(false);
+}
+
+#[test]
+fn test_my_parameter_server_sparse() {
+    my_parameter_server(true);
 }
 
 /// Not a seed test: a method called through an RRef proxy inside a

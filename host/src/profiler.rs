@@ -1,0 +1,390 @@
+//! The RPC profiler: a profiling scope records one event per RPC made
+//! inside it (`rpc_sync`, `rpc_async`, `remote`), named by the PyTorch RPC
+//! profiling key `rpc_<mode>#<function>(<caller> -> <callee>)`, the user
+//! ranges opened with [`record_function`], and the callee's events for each
+//! call ("remote events": the call itself, and the RPCs a native function
+//! makes while serving it, with their own remote events), named
+//! `<key>#remote_op: <callee event>` with the callee's rank; the events
+//! export to Chrome trace JSON ([`Profile::export_chrome_trace`]).
+//!
+//! ```no_run
+//! # async fn demo(agent: wasmrpc::RpcAgent) -> wasmrpc::Result<()> {
+//! use wasmrpc::profiler::{profile, record_function};
+//! let (result, events) = profile(&agent, async {
+//!     record_function("forward", agent.rpc_sync("worker1", "aten::add", wasmrpc::args![1, 2])).await
+//! })
+//! .await;
+//! result?;
+//! events.export_chrome_trace("/tmp/trace.json")?;
+//! # Ok(()) }
+//! ```
+//!
+//! Owns: the scope (a tokio task-local, so it follows the profiled future,
+//! not the thread), events, keys, the callee-side scope of a profiled call
+//! ([`serve`]), merging the callee's events ([`incoming`]), export. The
+//! agent only carries the flag and the events: a call made in a scope
+//! sends its key (`Message::Call::profiling`, picked up by [`outgoing`]
+//! from [`rpc`]), the callee runs it under [`serve`] and returns the events
+//! in `Message::Response::profiled`. This module must not reach into the
+//! transport.
+//!
+//! Not done yet: the ops a wasm plugin function runs and the RPCs it makes
+//! are not recorded (the guest runs outside the task-local scope), calls to
+//! self bring no callee events (the caller's future completes first),
+//! there is no server-side global profiler, and events carry no input
+//! shapes or memory figures. Spawned tasks leave the scope, as they leave a
+//! task-local.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use crate::agent::{Dest, RpcAgent};
+use crate::transport::ProfiledEvent;
+use crate::{Error, Future, Result};
+
+/// Separates an RPC key from the name of a remote event
+/// (`<key>#remote_op: <op>`, PyTorch's `REMOTE_OP_STR`).
+pub const REMOTE_OP_STR: &str = "#remote_op: ";
+
+/// How an RPC was made: the `mode` of its profiling key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RpcExecMode {
+    /// `rpc_sync`.
+    Sync,
+    /// `rpc_async`.
+    Async,
+    /// `remote`.
+    Remote,
+}
+
+impl RpcExecMode {
+    /// The mode as it appears in keys: `sync`, `async`, `remote`.
+    pub fn value(self) -> &'static str {
+        match self {
+            RpcExecMode::Sync => "sync",
+            RpcExecMode::Async => "async",
+            RpcExecMode::Remote => "remote",
+        }
+    }
+}
+
+/// PyTorch's `_build_rpc_profiling_key`:
+/// `rpc_<mode>#<function>(<src> -> <dst>)`.
+pub fn build_rpc_profiling_key(mode: RpcExecMode, function: &str, src: &str, dst: &str) -> String {
+    format!("rpc_{}#{function}({src} -> {dst})", mode.value())
+}
+
+/// One profiled range.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Event {
+    /// The event's name: an RPC key or a [`record_function`] name.
+    pub name: String,
+    /// The rank of the worker it ran on (PyTorch's `node_id`).
+    pub worker: u32,
+    /// Start, in microseconds since the scope began.
+    pub start_us: u64,
+    /// End, in microseconds since the scope began; `None` while running
+    /// (an RPC still in flight when the scope closed).
+    pub end_us: Option<u64>,
+}
+
+impl Event {
+    /// Whether `self` starts no later and ends no earlier than `other`.
+    pub fn encloses(&self, other: &Event) -> bool {
+        match (self.end_us, other.end_us) {
+            (Some(a), Some(b)) => self.start_us <= other.start_us && a >= b,
+            _ => false,
+        }
+    }
+}
+
+struct Recorder {
+    epoch: Instant,
+    worker: u32,
+    events: Mutex<Vec<Event>>,
+}
+
+impl Recorder {
+    fn lock(&self) -> MutexGuard<'_, Vec<Event>> {
+        self.events.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn now_us(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// Opens an event and returns its index.
+    fn open(&self, name: String) -> usize {
+        let start_us = self.now_us();
+        let mut events = self.lock();
+        events.push(Event {
+            name,
+            worker: self.worker,
+            start_us,
+            end_us: None,
+        });
+        events.len() - 1
+    }
+
+    fn close(&self, index: usize) {
+        let end = self.now_us();
+        if let Some(e) = self.lock().get_mut(index) {
+            e.end_us = Some(end);
+        }
+    }
+}
+
+tokio::task_local! {
+    static CURRENT: Arc<Recorder>;
+}
+
+fn current() -> Option<Arc<Recorder>> {
+    CURRENT.try_with(Arc::clone).ok()
+}
+
+/// The events of one profiling scope, in the order they started.
+#[derive(Clone, Debug, Default)]
+pub struct Profile {
+    /// The events.
+    pub events: Vec<Event>,
+}
+
+impl Profile {
+    /// The events whose name contains `pattern`.
+    pub fn find(&self, pattern: &str) -> Vec<&Event> {
+        self.events
+            .iter()
+            .filter(|e| e.name.contains(pattern))
+            .collect()
+    }
+
+    /// The profile as Chrome trace JSON (`chrome://tracing`, Perfetto):
+    /// complete (`"ph": "X"`) events, `pid` the worker's rank.
+    pub fn to_chrome_trace(&self) -> String {
+        let mut out = String::from("[");
+        for (i, e) in self.events.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            let dur = e.end_us.map_or(0, |end| end.saturating_sub(e.start_us));
+            let _ = write!(
+                out,
+                "{{\"name\": \"{}\", \"ph\": \"X\", \"ts\": {}, \"dur\": {dur}, \"pid\": {}, \"tid\": 0, \"args\": {{\"node_id\": {}}}}}",
+                json_escape(&e.name),
+                e.start_us,
+                e.worker,
+                e.worker
+            );
+        }
+        out.push(']');
+        out
+    }
+
+    /// Writes [`to_chrome_trace`](Self::to_chrome_trace) to `path`
+    /// (PyTorch's `export_chrome_trace`).
+    ///
+    /// # Errors
+    /// The file could not be written (the message names the path).
+    pub fn export_chrome_trace(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        let path = path.as_ref();
+        std::fs::write(path, self.to_chrome_trace()).map_err(|e| {
+            Error::runtime(format!(
+                "could not write the chrome trace to {}: {e}",
+                path.display()
+            ))
+        })
+    }
+}
+
+fn json_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Runs `body` in a profiling scope on `agent`'s worker and returns its
+/// output with the events recorded in it (PyTorch's `with _profile()`).
+/// Scopes nest: an inner scope records into its own profile only.
+pub async fn profile<F: std::future::Future>(agent: &RpcAgent, body: F) -> (F::Output, Profile) {
+    let recorder = Arc::new(Recorder {
+        epoch: Instant::now(),
+        worker: agent.rank(),
+        events: Mutex::new(Vec::new()),
+    });
+    let out = CURRENT.scope(Arc::clone(&recorder), body).await;
+    let mut events = std::mem::take(&mut *recorder.lock());
+    events.sort_by_key(|e| e.start_us);
+    (out, Profile { events })
+}
+
+/// Runs `body` as a user range named `name` in the enclosing profiling
+/// scope (PyTorch's `record_function`); outside a scope it just runs it.
+pub async fn record_function<F: std::future::Future>(name: &str, body: F) -> F::Output {
+    let Some(recorder) = current() else {
+        return body.await;
+    };
+    let index = recorder.open(name.to_string());
+    let out = body.await;
+    recorder.close(index);
+    out
+}
+
+/// The RPC being started on this thread inside a profiling scope, for
+/// the agent's call path to pick up (`outgoing`).
+pub(crate) struct Outgoing {
+    recorder: Arc<Recorder>,
+    index: usize,
+    key: String,
+    start_us: u64,
+    pending: Arc<Pending>,
+}
+
+impl Outgoing {
+    /// The caller's future completed: the RPC's event ends, and events
+    /// arriving later are dropped.
+    fn completed(self: &Arc<Self>) {
+        self.recorder.close(self.index);
+        self.pending.lock().retain(|_, o| !Arc::ptr_eq(o, self));
+    }
+}
+
+impl Outgoing {
+    /// The key to send with request `id`; the response's events are merged
+    /// under it ([`incoming`]).
+    pub(crate) fn sent_as(self: &Arc<Self>, id: u64) -> String {
+        self.pending.lock().insert(id, Arc::clone(self));
+        self.key.clone()
+    }
+}
+
+/// The agent's calls waiting for their callee's events, by request id.
+#[derive(Default)]
+pub(crate) struct Pending(Mutex<HashMap<u64, Arc<Outgoing>>>);
+
+impl Pending {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Arc<Outgoing>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+thread_local! {
+    static OUTGOING: RefCell<Option<Arc<Outgoing>>> = const { RefCell::new(None) };
+}
+
+/// Called by the agent for each RPC it starts (`rpc_sync`, `rpc_async`,
+/// `remote`): inside a profiling scope, records the call under its key
+/// from now until the future `done` gives completes, and has the request
+/// that `make` sends carry the key. Unresolvable destinations are not
+/// recorded (the call fails at once anyway).
+pub(crate) fn rpc<T>(
+    agent: &RpcAgent,
+    mode: RpcExecMode,
+    to: &Dest,
+    function: &str,
+    make: impl FnOnce() -> T,
+    done: impl FnOnce(&T) -> Option<Future>,
+) -> T {
+    let Some(recorder) = current() else {
+        return make();
+    };
+    let Ok(dst) = agent.resolve(to.clone()) else {
+        return make();
+    };
+    let key = build_rpc_profiling_key(mode, function, agent.name(), &dst.name);
+    let index = recorder.open(key.clone());
+    let start_us = recorder.lock()[index].start_us;
+    let pending = agent.state::<Pending>();
+    let out = Arc::new(Outgoing {
+        recorder,
+        index,
+        key,
+        start_us,
+        pending,
+    });
+    let previous = OUTGOING.with(|o| o.borrow_mut().replace(Arc::clone(&out)));
+    let made = make();
+    OUTGOING.with(|o| *o.borrow_mut() = previous);
+    match done(&made) {
+        Some(fut) => fut.add_done_callback(move |_| out.completed()),
+        None => out.completed(),
+    }
+    made
+}
+
+/// The profiled RPC the agent is sending now, taken once (by the request
+/// that carries the user's call, not by later internal ones).
+pub(crate) fn outgoing() -> Option<Arc<Outgoing>> {
+    OUTGOING.with(|o| o.borrow_mut().take())
+}
+
+/// Merges the callee's events for request `id` into the scope that made
+/// it, named `<key>#remote_op: <event>` and placed from the RPC's start.
+pub(crate) fn incoming(agent: &RpcAgent, id: u64, events: Vec<ProfiledEvent>) {
+    let Some(out) = agent.state::<Pending>().lock().remove(&id) else {
+        return;
+    };
+    {
+        let mut recorded = out.recorder.lock();
+        for e in events {
+            recorded.push(Event {
+                name: format!("{}{REMOTE_OP_STR}{}", out.key, e.name),
+                worker: e.worker,
+                start_us: out.start_us + e.start_us,
+                end_us: Some(out.start_us + e.end_us),
+            });
+        }
+    }
+}
+
+/// The name the callee's event for a call gets: the function, or for a
+/// `remote()` the function it runs.
+pub(crate) fn served_name(function: &str, args: &Result<crate::Args>) -> String {
+    if function == crate::rref::REMOTE
+        && let Ok(a) = args
+        && let Some(crate::Value::Str(f)) = a.positional.get(2)
+    {
+        return f.clone();
+    }
+    function.to_string()
+}
+
+/// Runs a call the caller profiles (callee side) in a scope of its own,
+/// with one event named `name` for the call itself, and returns its output
+/// and every event recorded, for the response.
+pub(crate) async fn serve<F: std::future::Future>(
+    agent: &RpcAgent,
+    name: String,
+    call: F,
+) -> (F::Output, Vec<ProfiledEvent>) {
+    let recorder = Arc::new(Recorder {
+        epoch: Instant::now(),
+        worker: agent.rank(),
+        events: Mutex::new(Vec::new()),
+    });
+    let index = recorder.open(name);
+    let out = CURRENT.scope(Arc::clone(&recorder), call).await;
+    recorder.close(index);
+    let now = recorder.now_us();
+    let events = std::mem::take(&mut *recorder.lock())
+        .into_iter()
+        .map(|e| ProfiledEvent {
+            name: e.name,
+            worker: e.worker,
+            start_us: e.start_us,
+            end_us: e.end_us.unwrap_or(now),
+        })
+        .collect();
+    (out, events)
+}
