@@ -157,7 +157,8 @@ pub(crate) fn regenerate(root: &Path) -> Result<Report> {
                 } else {
                     Status::NotPorted(
                         not_yet
-                            .get(&(s.file.clone(), s.area.clone()))
+                            .get(&(s.file.clone(), s.test.clone()))
+                            .or_else(|| not_yet.get(&(s.file.clone(), s.area.clone())))
                             .or_else(|| not_yet.get(&(s.file.clone(), "*".into())))
                             .cloned(),
                     )
@@ -348,8 +349,8 @@ fn read_not_applicable(path: &Path) -> Result<HashMap<(String, String, String), 
     Ok(out)
 }
 
-/// `seed_file \t area \t reason` lines: why the area's tests are not
-/// ported yet (`*` for every area of the file).
+/// `seed_file \t area-or-test \t reason` lines: why a test, or an area's
+/// tests, are not ported yet (`*` for every area of the file).
 fn read_not_yet_ported(path: &Path) -> Result<HashMap<(String, String), String>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("could not read {}", path.display()))?;
