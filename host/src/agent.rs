@@ -135,6 +135,11 @@ pub(crate) struct AgentInner {
     shutdown_hooks: Mutex<Vec<ShutdownHook>>,
 }
 
+/// The error of a call whose frame could not be sent.
+fn send_failure(e: Error, function: &str, peer: &str) -> Error {
+    e.context_line(format!("sending a call of {function} to worker {peer}"))
+}
+
 impl Drop for AgentInner {
     fn drop(&mut self) {
         self.deadlines.stop();
@@ -733,17 +738,11 @@ impl RpcAgent {
             inner.user_sent.fetch_add(1, Ordering::AcqRel);
             inner.user_pending.fetch_add(1, Ordering::AcqRel);
         }
-        let sending_error = |e: Error| {
-            e.context_line(format!(
-                "sending a call of {function} to worker {}",
-                dest.name
-            ))
-        };
         let frame = match open {
             Some((transport, conn)) => match transport.send_now(&conn, frame) {
                 Ok(Ok(())) => None,
                 Ok(Err(e)) => {
-                    self.finish(id, Err(sending_error(e)));
+                    self.finish(id, Err(send_failure(e, function, &dest.name)));
                     None
                 }
                 Err(frame) => Some(frame),
@@ -759,10 +758,7 @@ impl RpcAgent {
             let peer = dest.name.clone();
             inner.runtime.spawn(async move {
                 if let Err(e) = sender.send_call(id, &peer, &sent_function, frame).await {
-                    let e = e.context_line(format!(
-                        "sending a call of {sent_function} to worker {peer}"
-                    ));
-                    sender.finish(id, Err(e));
+                    sender.finish(id, Err(send_failure(e, &sent_function, &peer)));
                 }
             });
         }

@@ -169,7 +169,7 @@ impl Transport {
         peer: &str,
         addr: SocketAddr,
     ) -> Result<Arc<Connection>> {
-        if let Some(c) = self.live(peer) {
+        if let Some(c) = self.open_connection(peer) {
             return Ok(c);
         }
         let gate = lock(&self.dial_locks)
@@ -177,7 +177,7 @@ impl Transport {
             .or_default()
             .clone();
         let _guard = gate.lock().await;
-        if let Some(c) = self.live(peer) {
+        if let Some(c) = self.open_connection(peer) {
             return Ok(c);
         }
         if self.shut.load(Ordering::Acquire) {
@@ -207,16 +207,12 @@ impl Transport {
         Ok(self.start(stream, who))
     }
 
-    fn live(&self, peer: &str) -> Option<Arc<Connection>> {
+    /// The open connection to `peer`, if there is one.
+    pub(crate) fn open_connection(&self, peer: &str) -> Option<Arc<Connection>> {
         lock(&self.conns)
             .get(peer)
             .filter(|c| !c.is_closed())
             .cloned()
-    }
-
-    /// The open connection to `peer`, if there is one.
-    pub(crate) fn open_connection(&self, peer: &str) -> Option<Arc<Connection>> {
-        self.live(peer)
     }
 
     /// Sends `frame` on `conn` at once, from the calling thread (TR-5), when
