@@ -30,9 +30,8 @@ impl RRef {
     /// "RRef should contain a tensor for .backward()"; "User RRefs require
     /// 'dist_autograd_ctx_id' to be specified"; "Could not find autograd
     /// context with id: N"; libtorch's texts for a tensor without a graph or
-    /// that is not a scalar; `retain_graph` without a context is not
-    /// supported (libtorch's local backward through tch cannot keep the
-    /// graph).
+    /// that is not a scalar, or for a second pass over a graph that was
+    /// not retained.
     pub async fn backward(
         &self,
         agent: &RpcAgent,
@@ -66,12 +65,9 @@ async fn owner_backward(
         .map_err(|_| Error::runtime(RREF_BACKWARD_NOT_TENSOR))?;
     match context_id {
         Some(ctx) => super::backward(agent, ctx, &[t], retain_graph).await,
-        None if retain_graph => Err(Error::runtime(
-            "RRef.backward without a context cannot retain the graph here",
-        )),
-        None => crate::ops::run_blocking(move || t.f_backward())
+        None => crate::ops::run_blocking(move || wasmrpc_torch_sys::backward(&[t], retain_graph))
             .await?
-            .map_err(|e| Error::runtime(e.to_string())),
+            .map_err(crate::ops::op_error),
     }
 }
 

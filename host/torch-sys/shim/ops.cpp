@@ -1187,4 +1187,29 @@ int32_t wrs_autograd_grad(const void* const* outputs, size_t n_outputs,
   }
 }
 
+int32_t wrs_autograd_backward(const void* const* roots, size_t n_roots, int32_t retain_graph,
+                              wrs_out* out) {
+  try {
+    torch::autograd::variable_list list;
+    list.reserve(n_roots);
+    for (size_t k = 0; k < n_roots; ++k) {
+      if (roots[k] == nullptr) {
+        throw BadInput("null tensor pointer");
+      }
+      list.push_back(*static_cast<const at::Tensor*>(roots[k]));
+    }
+    torch::autograd::backward(list, {}, std::optional<bool>(retain_graph != 0), false);
+    return WRS_OK;
+  } catch (const c10::Error& e) {
+    set_error(out, e.what_without_backtrace(), error_class(e));
+    return WRS_ERR_OP;
+  } catch (const std::exception& e) {
+    set_error(out, e.what(), WRS_CLASS_RUNTIME);
+    return WRS_ERR_OP;
+  } catch (...) {
+    set_error(out, "unknown C++ exception", WRS_CLASS_RUNTIME);
+    return WRS_ERR_INTERNAL;
+  }
+}
+
 }  // extern "C"

@@ -141,6 +141,11 @@ int32_t wrs_autograd_grad(const void* const* outputs, size_t n_outputs,
                           int32_t retain_graph, int32_t create_graph,
                           int32_t allow_unused, void** results, wrs_out* out);
 
+// `torch.autograd.backward(roots, retain_graph=...)`: runs the local engine
+// from the (scalar) `roots`, accumulating into the leaves' `.grad`.
+int32_t wrs_autograd_backward(const void* const* roots, size_t n_roots, int32_t retain_graph,
+                              wrs_out* out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -75,19 +75,7 @@ pub fn grad(
         )
     };
     if status != ffi::STATUS_OK {
-        let message = if out.err.is_null() {
-            String::new()
-        } else {
-            // SAFETY: the shim set `err` to its thread-local message, valid
-            // until the next shim call on this thread.
-            String::from_utf8_lossy(unsafe { std::slice::from_raw_parts(out.err, out.err_len) })
-                .into_owned()
-        };
-        return Err(OpError::Raised {
-            op: "torch.autograd.grad".to_owned(),
-            kind: ErrorKind::RuntimeError,
-            message,
-        });
+        return Err(engine_error("torch.autograd.grad", &out));
     }
     Ok(results
         .into_iter()
@@ -99,6 +87,50 @@ pub fn grad(
             })
         })
         .collect())
+}
+
+/// `torch.autograd.backward(roots, retain_graph=retain_graph)`: runs
+/// libtorch's engine from the scalar `roots` and accumulates into the
+/// leaves' `.grad`, keeping the graph for another pass if asked (tch's
+/// `backward` always frees it).
+///
+/// # Errors
+///
+/// [`OpError::Raised`] with libtorch's message (`element 0 of tensors does
+/// not require grad...`, `grad can be implicitly created only for scalar
+/// outputs`, `Trying to backward through the graph a second time...`).
+pub fn backward(roots: &[Tensor], retain_graph: bool) -> Result<(), OpError> {
+    let ptrs = roots
+        .iter()
+        .map(|t| t.as_ptr().cast::<c_void>())
+        .collect::<Vec<_>>();
+    let mut out = RawOut::empty();
+    // SAFETY: `ptrs` holds live `at::Tensor*` borrowed from `roots` for the
+    // call; `out` is writable; the shim catches every exception.
+    let status = unsafe {
+        ffi::wrs_autograd_backward(ptrs.as_ptr(), ptrs.len(), i32::from(retain_graph), &mut out)
+    };
+    if status != ffi::STATUS_OK {
+        return Err(engine_error("torch.autograd.backward", &out));
+    }
+    Ok(())
+}
+
+/// The error of a failed engine call, with the shim's message.
+fn engine_error(op: &str, out: &RawOut) -> OpError {
+    let message = if out.err.is_null() {
+        String::new()
+    } else {
+        // SAFETY: the shim set `err` to its thread-local message, valid
+        // until the next shim call on this thread.
+        String::from_utf8_lossy(unsafe { std::slice::from_raw_parts(out.err, out.err_len) })
+            .into_owned()
+    };
+    OpError::Raised {
+        op: op.to_owned(),
+        kind: ErrorKind::RuntimeError,
+        message,
+    }
 }
 
 /// The name of the autograd node that produced `tensor` (Python's

@@ -153,4 +153,10 @@ unsafe extern "C" {
         results: *mut *mut c_void,
         out: *mut RawOut,
     ) -> i32;
+    pub(crate) fn wrs_autograd_backward(
+        roots: *const *const c_void,
+        n_roots: usize,
+        retain_graph: i32,
+        out: *mut RawOut,
+    ) -> i32;
 }

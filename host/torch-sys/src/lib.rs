@@ -93,7 +93,7 @@ mod ffi;
 mod op;
 mod value;
 
-pub use autograd::{GradFn, GradOptions, grad, grad_fn_name};
+pub use autograd::{GradFn, GradOptions, backward, grad, grad_fn_name};
 pub use builtin::BUILTINS;
 pub use convert::{
     call_method_values, call_op_abi, call_op_values, device_string, op_value_from_abi,

@@ -186,6 +186,23 @@ fn test_owner_rref_backward() {
         let expected_grad = t1.ones_like() * 2;
         ensure!(t1.grad().equal(&expected_grad), "local backward");
 
+        // Local backward keeping the graph: a second pass accumulates, a
+        // pass over a freed graph is libtorch's error.
+        // (MulBackward saves its inputs, so the graph's buffers matter.)
+        let rref = RRef::new(&a, (&t1 * &t1).sum(None));
+        rref.backward(&a, None, true).await?;
+        rref.backward(&a, None, false).await?;
+        let expected_grad = expected_grad + &t1 * 4;
+        ensure!(
+            t1.grad().allclose(&expected_grad, 1e-6, 1e-6, false),
+            "local retain_graph"
+        );
+        expect_err(
+            rref.backward(&a, None, false).await,
+            ErrorKind::RuntimeError,
+            "Trying to backward through the graph a second time",
+        )?;
+
         let a2 = a.clone();
         let (t, d) = (t1.shallow_clone(), dst.clone());
         autograd::context(&a, |ctx| async move {
