@@ -59,6 +59,10 @@ pub(crate) struct Pass {
     ctx: DistAutogradContext,
     agent: RpcAgent,
     retain_graph: bool,
+    /// Every piece this worker fires is small and no custom function (user
+    /// code) runs: firing on the runtime thread beats the hop to the
+    /// blocking pool.
+    cheap: bool,
     state: Mutex<Option<PassState>>,
     /// Gradient requests this pass sent (DA-7).
     outstanding: Mutex<Vec<Future>>,
@@ -127,10 +131,12 @@ impl Pass {
             }
         }
         let pending = reach.keys().copied().collect();
+        let cheap = customs.is_empty() && reach.values().all(|r| r.is_cheap());
         Arc::new(Pass {
             ctx: ctx.clone(),
             agent: agent.clone(),
             retain_graph,
+            cheap,
             state: Mutex::new(Some(PassState {
                 pending,
                 reach,
@@ -250,6 +256,8 @@ impl Pass {
         }
         let mut outs = Vec::new();
         let mut seeds = Vec::new();
+        // A leaf's gradient is its seed: no engine run for it.
+        let mut direct: Vec<(Tensor, Tensor)> = Vec::new();
         for (t, g) in outputs.iter().zip(grads) {
             let Some(g) = g else { continue };
             if !g.defined() || !t.requires_grad() {
@@ -262,36 +270,50 @@ impl Pass {
                     t.size()
                 )));
             }
-            outs.push(t.shallow_clone());
-            seeds.push(g);
+            if wasmrpc_torch_sys::GradFn::of(t).is_none() {
+                direct.push((t.shallow_clone(), g));
+            } else {
+                outs.push(t.shallow_clone());
+                seeds.push(g);
+            }
         }
+        let mut results: Vec<(Tensor, Tensor)> = direct;
         let leaves = reach.leaves.get();
-        if outs.is_empty() || leaves.is_empty() {
-            return Ok(());
+        if !outs.is_empty() && !leaves.is_empty() {
+            let computed = grad(
+                &outs,
+                &seeds,
+                &leaves,
+                GradOptions {
+                    retain_graph: Some(true),
+                    create_graph: false,
+                    allow_unused: true,
+                },
+            )
+            .map_err(|e| Error::new(e.kind(), e.to_string()))?;
+            results.extend(
+                leaves
+                    .into_iter()
+                    .zip(computed)
+                    .filter_map(|(leaf, g)| g.map(|g| (leaf, g))),
+            );
         }
-        let results = grad(
-            &outs,
-            &seeds,
-            &leaves,
-            GradOptions {
-                retain_graph: Some(true),
-                create_graph: false,
-                allow_unused: true,
-            },
-        )
-        .map_err(|e| Error::new(e.kind(), e.to_string()))?;
-        let cut_of: HashMap<usize, Cut> = self.ctx.state().cut_leaves.clone();
-        for (leaf, g) in leaves.iter().zip(results) {
-            let Some(g) = g else { continue };
-            let id = impl_id(leaf);
-            if cut_of.contains_key(&id) {
+        let is_cut: Vec<bool> = {
+            let cst = self.ctx.state();
+            results
+                .iter()
+                .map(|(leaf, _)| cst.cut_leaves.contains_key(&impl_id(leaf)))
+                .collect()
+        };
+        for ((leaf, g), is_cut) in results.into_iter().zip(is_cut) {
+            let id = impl_id(&leaf);
+            if is_cut {
                 let acc = st.cut_grads.remove(&id);
                 st.cut_grads.insert(id, add_grad(acc, g)?);
             } else {
-                let g = super::hook::apply(leaf, g)?;
+                let g = super::hook::apply(&leaf, g)?;
                 let acc = st.local.remove(&id).map(|(_, g)| g);
-                st.local
-                    .insert(id, (leaf.shallow_clone(), add_grad(acc, g)?));
+                st.local.insert(id, (leaf, add_grad(acc, g)?));
             }
         }
         Ok(())
@@ -415,8 +437,12 @@ impl Pass {
     }
 }
 
-/// Runs [`Pass::fire`] on a blocking thread (libtorch's engine blocks).
+/// Runs [`Pass::fire`] on a blocking thread (libtorch's engine blocks),
+/// or in place when the pass is cheap and no hook (user code) may run.
 async fn fire(pass: &Arc<Pass>, entry: Entry, grads: Vec<Option<Tensor>>) -> Result<()> {
+    if pass.cheap && !super::hook::any_registered() {
+        return pass.fire(entry, grads);
+    }
     let p = pass.clone();
     tokio::task::spawn_blocking(move || p.fire(entry, grads))
         .await

@@ -53,6 +53,23 @@ pub(crate) enum Cut {
 pub(crate) struct Reach {
     pub(crate) leaves: Tensors,
     pub(crate) cuts: BTreeSet<Cut>,
+    /// How many autograd nodes the walk visited.
+    pub(crate) nodes: usize,
+    /// The largest element count among the outputs and leaves.
+    pub(crate) max_elements: i64,
+}
+
+impl Reach {
+    /// Whether backward through this piece costs less than a thread hop
+    /// (a few small nodes): then the engine may run it on the calling
+    /// runtime thread instead of the blocking pool.
+    pub(crate) fn is_cheap(&self) -> bool {
+        /// Nodes, and elements per tensor (a 64x64 matmul's backward is
+        /// about a million flops, tens of microseconds).
+        const CHEAP_NODES: usize = 32;
+        const CHEAP_ELEMENTS: i64 = 4096;
+        self.nodes <= CHEAP_NODES && self.max_elements <= CHEAP_ELEMENTS
+    }
 }
 
 /// Walks the graph behind `outputs` down to its leaves; `cut_of` tells
@@ -73,7 +90,9 @@ pub(crate) fn walk(outputs: &[Tensor], cut_of: &dyn Fn(usize) -> Option<Cut>) ->
         }
         leaves.push(t);
     };
+    let mut max_elements = 0;
     for t in outputs {
+        max_elements = max_elements.max(element_count(t));
         let id = impl_id(t);
         if cut_of(id).is_some() {
             leaf(t.shallow_clone(), &mut leaves, &mut cuts);
@@ -98,9 +117,23 @@ pub(crate) fn walk(outputs: &[Tensor], cut_of: &dyn Fn(usize) -> Option<Cut>) ->
             }
         }
     }
+    let max_elements = leaves
+        .iter()
+        .map(element_count)
+        .fold(max_elements, i64::max);
     Reach {
         leaves: Tensors::new(leaves),
         cuts,
+        nodes: seen_nodes.len(),
+        max_elements,
+    }
+}
+
+fn element_count(t: &Tensor) -> i64 {
+    if t.defined() {
+        t.size().iter().product()
+    } else {
+        0
     }
 }
 

@@ -85,6 +85,16 @@ pub fn register_hook(
     HookHandle { key, id }
 }
 
+/// Whether any hook is registered: hooks are user code, which may block, so
+/// a pass with hooks around never runs on a runtime thread.
+pub(crate) fn any_registered() -> bool {
+    HOOKS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .is_some_and(|m| !m.is_empty())
+}
+
 /// `grad` after the hooks of `leaf`.
 pub(crate) fn apply(leaf: &Tensor, grad: Tensor) -> Result<Tensor> {
     let fs: Vec<HookFn> = {
