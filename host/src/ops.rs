@@ -18,9 +18,12 @@
 //! explicitly under the same names win over these.
 //!
 //! Invariants:
-//! - OPS-1: an op never runs on a tokio worker thread: it runs on the
-//!   blocking pool, so a slow op delays neither the connections' readers
-//!   nor other calls.
+//! - OPS-1: an op that may be slow never runs on a tokio worker thread: it
+//!   runs on the blocking pool, so it delays neither the connections'
+//!   readers nor other calls. Only an op whose work is bounded by its
+//!   tensor arguments (elementwise, reductions, products: [`BOUNDED_OPS`])
+//!   with tensors of at most [`CHEAP_ELEMENTS`] elements runs in place,
+//!   since it costs less than the hop to the pool and back.
 //! - OPS-2: arguments are borrowed: the caller's tensors are passed by
 //!   reference to the same storage (in-place ops such as `aten::add_` change
 //!   them, as in PyTorch), and every output is a new entry of the result's
@@ -86,11 +89,60 @@ impl RpcFunction for BuiltinOp {
 /// `TypeError` for arguments no op takes (dicts, RRefs, worker infos).
 pub async fn call_builtin(name: &str, args: Args) -> Result<Payload> {
     let (positional, kwargs) = op_args(args).map_err(op_error)?;
-    let name = name.to_owned();
-    let outputs = run_blocking(move || call_op(&name, &positional, &kwargs)).await?;
+    let outputs = if is_cheap(name, &positional, &kwargs) {
+        call_op(name, &positional, &kwargs)
+    } else {
+        let name = name.to_owned();
+        run_blocking(move || call_op(&name, &positional, &kwargs)).await?
+    };
     Ok(payload_from_op_value(OpValue::from_outputs(
         outputs.map_err(op_error)?,
     )))
+}
+
+/// Tensors of at most this many elements make an op, or a piece of a
+/// backward pass, cheaper than the hop to the blocking pool (OPS-1): a
+/// 32x32 matmul is 65k flops, a few microseconds.
+pub(crate) const CHEAP_ELEMENTS: i64 = 1024;
+
+/// Ops (names without the `aten::` namespace) whose work and output are
+/// bounded by the size of their tensor arguments, unlike e.g. `ones` or
+/// `repeat`, whose sizes come from integer arguments.
+const BOUNDED_OPS: &[&str] = &[
+    "abs", "add", "add_", "addmm", "bmm", "clone", "cos", "div", "div_", "dot", "eq", "exp", "ge",
+    "gt", "le", "log", "lt", "matmul", "max", "mean", "min", "mm", "mul", "mul_", "mv", "ne",
+    "neg", "pow", "relu", "sigmoid", "sin", "sqrt", "sub", "sub_", "sum", "t", "tanh",
+];
+
+/// Whether the op `name` on these arguments runs in place (OPS-1): a
+/// bounded op, with small tensors and otherwise scalars (or short lists of
+/// them, such as reduction dims).
+fn is_cheap(name: &str, positional: &[OpValue], kwargs: &[(String, OpValue)]) -> bool {
+    let base = name
+        .strip_prefix("aten::")
+        .or_else(|| name.strip_prefix(WIRE_PREFIX));
+    let Some(base) = base.map(|b| b.split('.').next().unwrap_or(b)) else {
+        return false;
+    };
+    if !BOUNDED_OPS.contains(&base) {
+        return false;
+    }
+    fn small(v: &OpValue) -> bool {
+        match v {
+            OpValue::Tensor(t) => t.size().iter().product::<i64>() <= CHEAP_ELEMENTS,
+            OpValue::List(vs) | OpValue::Tuple(vs) => {
+                vs.len() <= 8
+                    && vs
+                        .iter()
+                        .all(|v| !matches!(v, OpValue::Tensor(_)) && small(v))
+            }
+            _ => true,
+        }
+    }
+    positional
+        .iter()
+        .chain(kwargs.iter().map(|(_, v)| v))
+        .all(small)
 }
 
 type OpArgs = (Vec<OpValue>, Vec<(String, OpValue)>);
@@ -165,6 +217,51 @@ mod tests {
             .build()
             .expect("a runtime")
             .block_on(f)
+    }
+
+    #[test]
+    fn only_bounded_ops_on_small_tensors_run_in_place() {
+        let small = || OpValue::Tensor(Tensor::ones([32, 32], (Kind::Float, Device::Cpu)));
+        let big = || OpValue::Tensor(Tensor::ones([33, 32], (Kind::Float, Device::Cpu)));
+        assert!(is_cheap("aten::matmul", &[small(), small()], &[]));
+        assert!(is_cheap(
+            "torch.ops.aten.add",
+            &[small(), OpValue::Int(1)],
+            &[]
+        ));
+        assert!(is_cheap(
+            "aten::sum.dim_IntList",
+            &[small(), OpValue::List(vec![OpValue::Int(0)])],
+            &[]
+        ));
+        assert!(!is_cheap("aten::matmul", &[small(), big()], &[]));
+        assert!(!is_cheap(
+            "aten::add",
+            &[small()],
+            &[("other".into(), big())]
+        ));
+        // Sizes from integers: the work is not bounded by the tensors.
+        assert!(!is_cheap(
+            "aten::ones",
+            &[OpValue::List(vec![OpValue::Int(1 << 20)])],
+            &[]
+        ));
+        assert!(!is_cheap(
+            "aten::repeat",
+            &[small(), OpValue::List(vec![OpValue::Int(1000)])],
+            &[]
+        ));
+        assert!(!is_cheap(
+            "builtins.min",
+            &[OpValue::Int(1), OpValue::Int(2)],
+            &[]
+        ));
+        // A list of tensors is never cheap (its length is unbounded).
+        assert!(!is_cheap(
+            "aten::add",
+            &[OpValue::List(vec![small()]), small()],
+            &[]
+        ));
     }
 
     #[test]

@@ -64,11 +64,8 @@ impl Reach {
     /// (a few small nodes): then the engine may run it on the calling
     /// runtime thread instead of the blocking pool.
     pub(crate) fn is_cheap(&self) -> bool {
-        /// Nodes, and elements per tensor (a 64x64 matmul's backward is
-        /// about a million flops, tens of microseconds).
         const CHEAP_NODES: usize = 32;
-        const CHEAP_ELEMENTS: i64 = 4096;
-        self.nodes <= CHEAP_NODES && self.max_elements <= CHEAP_ELEMENTS
+        self.nodes <= CHEAP_NODES && self.max_elements <= crate::ops::CHEAP_ELEMENTS
     }
 }
 
