@@ -263,7 +263,7 @@ static PLUGINS: LazyLock<RwLock<BTreeMap<String, BackendPlugin>>> =
 
 /// Backend names and the plugin registry (PyTorch's `dist.Backend`).
 ///
-/// Names are lower case; [`Backend::new`] accepts any case.
+/// Names are lower case; [`Backend::parse`] accepts any case.
 #[derive(Debug)]
 pub struct Backend;
 
@@ -291,7 +291,7 @@ impl Backend {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty name.
-    pub fn new(name: &str) -> Result<String> {
+    pub fn parse(name: &str) -> Result<String> {
         if name.is_empty() {
             return Err(Error::InvalidArgument("Backend name must be a string".into()));
         }
@@ -471,11 +471,11 @@ impl BackendConfig {
                         "Duplicate device type {device} in backend string: {backend}. {usage}"
                     )));
                 }
-                map.push(((*device).to_owned(), Backend::new(name)?));
+                map.push(((*device).to_owned(), Backend::parse(name)?));
             }
             map
         } else {
-            let name = Backend::new(&lower)?;
+            let name = Backend::parse(&lower)?;
             vec![("cpu".to_owned(), name.clone()), ("cuda".to_owned(), name)]
         };
         Ok(BackendConfig { map })

@@ -157,7 +157,7 @@ impl Mesh {
         });
 
         let mut streams: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
-        for peer in 0..rank {
+        for (peer, slot) in streams.iter_mut().enumerate().take(rank) {
             let key = format!("addr/{peer}");
             store.wait(&[key.as_str()], timeout).await?;
             let addr = String::from_utf8_lossy(&store.get(&key).await?).into_owned();
@@ -171,7 +171,7 @@ impl Mesh {
                 .await
                 .map_err(|_| peer_error(peer, format!("no connection to {addr} within {timeout:?}")))?
                 .map_err(|e| peer_error(peer, format!("connecting to {addr}: {e}")))?;
-            streams[peer] = Some(stream);
+            *slot = Some(stream);
         }
         let accepted = match tokio::time::timeout(timeout, accept).await {
             Ok(Ok(Ok(accepted))) => accepted,
@@ -248,13 +248,13 @@ impl Mesh {
             changed.as_mut().enable();
             {
                 let mut slots = self.mailbox.lock();
-                if let Some(queue) = slots.queues.get_mut(&(peer, tag)) {
-                    if let Some(payload) = queue.pop_front() {
-                        if queue.is_empty() {
-                            slots.queues.remove(&(peer, tag));
-                        }
-                        return Ok(payload);
+                if let Some(queue) = slots.queues.get_mut(&(peer, tag))
+                    && let Some(payload) = queue.pop_front()
+                {
+                    if queue.is_empty() {
+                        slots.queues.remove(&(peer, tag));
                     }
+                    return Ok(payload);
                 }
                 if slots.shut_down {
                     return Err(self.peer_error(op, peer, "the process group was destroyed".into()));
@@ -275,12 +275,12 @@ impl Mesh {
         }
     }
 
-    /// Makes every waiting and later `recv` fail.
+    /// Makes every waiting and later `recv` fail. The readers keep
+    /// draining the sockets until the mesh is dropped, so a peer's last
+    /// frames are never refused (closing a socket with unread data would
+    /// reset the connection under the peer's feet).
     pub(crate) fn shut_down(&self) {
         self.mailbox.shut_down();
-        for r in &self.readers {
-            r.abort();
-        }
     }
 
     fn writer(&self, op: &str, peer: usize) -> Result<&tokio::sync::Mutex<OwnedWriteHalf>> {
