@@ -9,9 +9,12 @@
 //! receiving yet, and a receiver waits only for its own frame (or the
 //! timeout, or the peer's connection closing).
 //!
-//! Frame: `kind u8, seq u64, sub u32, step u32, len u64`, then `len` bytes
-//! (little endian). `kind` separates collectives (tagged with the group's
-//! sequence number) from point-to-point messages (tagged by the user).
+//! Frame: `kind u8, op u8, seq u64, sub u32, step u32, len u64`, then `len`
+//! bytes (little endian). `kind` separates collectives (tagged with the
+//! group's sequence number) from point-to-point messages (tagged by the
+//! user); `op` names the collective, so ranks that issue different
+//! collectives as the same sequence number get an error that says so
+//! instead of garbled tensors.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -45,11 +48,39 @@ pub(crate) struct Tag {
     pub(crate) step: u32,
 }
 
-const HEADER: usize = 1 + 8 + 4 + 4 + 8;
+const HEADER: usize = 1 + 1 + 8 + 4 + 4 + 8;
+
+/// The collectives a frame may belong to, by their code on the wire.
+const OPS: [&str; 16] = [
+    "all_reduce",
+    "all_reduce_coalesced",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "all_gather_coalesced",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "all_to_all_single",
+    "all_to_all",
+    "barrier",
+    "send",
+    "recv",
+    "connect",
+    "all_gather_object",
+];
+
+fn op_code(op: &str) -> u8 {
+    OPS.iter().position(|o| *o == op).map_or(u8::MAX, |i| i as u8)
+}
+
+fn op_name(code: u8) -> &'static str {
+    OPS.get(usize::from(code)).copied().unwrap_or("an unknown operation")
+}
 
 #[derive(Default)]
 struct Slots {
-    queues: HashMap<(usize, Tag), VecDeque<Vec<u8>>>,
+    queues: HashMap<(usize, Tag), VecDeque<(u8, Vec<u8>)>>,
     /// Peers whose connection ended, with the reason.
     closed: HashMap<usize, String>,
     shut_down: bool,
@@ -67,12 +98,12 @@ impl Mailbox {
         self.slots.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn push(&self, from: usize, tag: Tag, payload: Vec<u8>) {
+    fn push(&self, from: usize, tag: Tag, op: u8, payload: Vec<u8>) {
         self.lock()
             .queues
             .entry((from, tag))
             .or_default()
-            .push_back(payload);
+            .push_back((op, payload));
         self.changed.notify_waiters();
     }
 
@@ -219,10 +250,11 @@ impl Mesh {
         let writer = self.writer(op, peer)?;
         let mut header = [0u8; HEADER];
         header[0] = tag.kind as u8;
-        header[1..9].copy_from_slice(&tag.seq.to_le_bytes());
-        header[9..13].copy_from_slice(&tag.sub.to_le_bytes());
-        header[13..17].copy_from_slice(&tag.step.to_le_bytes());
-        header[17..25].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+        header[1] = op_code(op);
+        header[2..10].copy_from_slice(&tag.seq.to_le_bytes());
+        header[10..14].copy_from_slice(&tag.sub.to_le_bytes());
+        header[14..18].copy_from_slice(&tag.step.to_le_bytes());
+        header[18..26].copy_from_slice(&(payload.len() as u64).to_le_bytes());
         let mut w = writer.lock().await;
         let result = async {
             w.write_all(&header).await?;
@@ -249,10 +281,21 @@ impl Mesh {
             {
                 let mut slots = self.mailbox.lock();
                 if let Some(queue) = slots.queues.get_mut(&(peer, tag))
-                    && let Some(payload) = queue.pop_front()
+                    && let Some((their_op, payload)) = queue.pop_front()
                 {
                     if queue.is_empty() {
                         slots.queues.remove(&(peer, tag));
+                    }
+                    if tag.kind == Kind::Collective && their_op != op_code(op) {
+                        return Err(self.peer_error(
+                            op,
+                            peer,
+                            format!(
+                                "collective #{} of the group is {op} here but {} on rank {peer}",
+                                tag.seq,
+                                op_name(their_op)
+                            ),
+                        ));
                     }
                     return Ok(payload);
                 }
@@ -323,20 +366,21 @@ async fn read_frames(peer: usize, mut read: OwnedReadHalf, mailbox: Arc<Mailbox>
         };
         let u64_at = |i: usize| u64::from_le_bytes(header[i..i + 8].try_into().unwrap_or([0; 8]));
         let u32_at = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().unwrap_or([0; 4]));
+        let op = header[1];
         let tag = Tag {
             kind,
-            seq: u64_at(1),
-            sub: u32_at(9),
-            step: u32_at(13),
+            seq: u64_at(2),
+            sub: u32_at(10),
+            step: u32_at(14),
         };
-        let Ok(len) = usize::try_from(u64_at(17)) else {
+        let Ok(len) = usize::try_from(u64_at(18)) else {
             break "protocol error: frame too large".to_owned();
         };
         let mut payload = vec![0u8; len];
         if let Err(e) = read.read_exact(&mut payload).await {
             break format!("receive failed mid-frame: {e}");
         }
-        mailbox.push(peer, tag, payload);
+        mailbox.push(peer, tag, op, payload);
     };
     mailbox.close(peer, why);
 }

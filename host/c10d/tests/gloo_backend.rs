@@ -312,3 +312,34 @@ async fn tcp_init_method_and_double_init() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mismatched_collectives_are_named() {
+    const N: usize = 2;
+    run_ranks(N, |rank, file| async move {
+        let world = init(rank, N, &file, Duration::from_secs(15)).await;
+        let t = vals(&[1.]);
+        let work = if rank == 0 {
+            world.all_reduce(&t, ReduceOp::SUM, None).unwrap()
+        } else {
+            world.barrier(None).unwrap()
+        };
+        let result = work.wait().await;
+        if rank == 0 {
+            let text = result.unwrap_err().to_string();
+            assert!(
+                text.contains("collective #1 of the group is all_reduce here but barrier on rank 1"),
+                "{text}"
+            );
+            world.default_store().unwrap().set("done", b"1").await.unwrap();
+        } else {
+            // Rank 1's barrier got rank 0's all_reduce frame: also refused.
+            let text = result.unwrap_err().to_string();
+            assert!(text.contains("is barrier here but all_reduce on rank 0"), "{text}");
+            let store = world.default_store().unwrap();
+            store.wait(&["done"], Duration::from_secs(20)).await.unwrap();
+        }
+        world.destroy_process_group(None).unwrap();
+    })
+    .await;
+}
