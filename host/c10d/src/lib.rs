@@ -46,7 +46,9 @@
 //!   whose addresses are exchanged through the group's store.
 //! - [`ReduceOp`]: SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR and
 //!   PREMUL_SUM.
-//! - [`compute_bucket_assignment_by_size`]: DDP's gradient bucketing.
+//! - [`compute_bucket_assignment_by_size`]: DDP's gradient bucketing;
+//!   [`ddp::Reducer`] synchronises gradients bucket by bucket through a
+//!   communication hook (by default an averaging allreduce).
 //!
 //! # Where this crate sits
 //!
@@ -55,11 +57,12 @@
 //! process groups do not need wasm. It owns the process-group layer and
 //! nothing below it (stores, rendezvous) or above it (DDP itself).
 //!
-//! Not done: NCCL, UCC and MPI (known names, never available), DDP and
-//! its communication hooks.
+//! Not done: NCCL, UCC and MPI (known names, never available); DDP's module
+//! wrapper (forward hooks, overlap with backward, unused parameters).
 
 mod backend;
 mod bucketing;
+pub mod ddp;
 mod error;
 pub mod gloo;
 mod group;

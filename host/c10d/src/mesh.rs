@@ -78,9 +78,12 @@ fn op_name(code: u8) -> &'static str {
     OPS.get(usize::from(code)).copied().unwrap_or("an unknown operation")
 }
 
+/// A received frame: the sender's op code and the payload.
+type Frame = (u8, Vec<u8>);
+
 #[derive(Default)]
 struct Slots {
-    queues: HashMap<(usize, Tag), VecDeque<(u8, Vec<u8>)>>,
+    queues: HashMap<(usize, Tag), VecDeque<Frame>>,
     /// Peers whose connection ended, with the reason.
     closed: HashMap<usize, String>,
     shut_down: bool,

@@ -1091,3 +1091,159 @@ mod abstract_large_comm_test {
         .await;
     }
 }
+
+mod common_distributed_data_parallel_test {
+    use super::*;
+    use tch::nn::{self, Module};
+    use wasmrpc_c10d::ddp::{GradBucket, HookFuture, Reducer};
+
+    /// The seed's `Net`: fc1 2→10, fc2 10→50, fc3 50→4 (no bias), ReLU,
+    /// softmax over dim 1.
+    fn net(vs: &nn::VarStore) -> impl Module + use<> {
+        let root = vs.root();
+        let no_bias = nn::LinearConfig {
+            bias: false,
+            ..Default::default()
+        };
+        let fc1 = nn::linear(&root / "fc1", 2, 10, no_bias);
+        let fc2 = nn::linear(&root / "fc2", 10, 50, no_bias);
+        let fc3 = nn::linear(&root / "fc3", 50, 4, no_bias);
+        nn::func(move |x| {
+            x.apply(&fc1)
+                .relu()
+                .apply(&fc2)
+                .relu()
+                .apply(&fc3)
+                .softmax(1, Kind::Float)
+        })
+    }
+
+    /// The parameters, in name order (a `VarStore` keeps them unordered).
+    fn params(vs: &nn::VarStore) -> Vec<Tensor> {
+        let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        named.into_iter().map(|(_, t)| t).collect()
+    }
+
+    fn step_model(model: &impl Module, input: &Tensor, target: &Tensor) {
+        let output = model.forward(input);
+        output.mse_loss(target, tch::Reduction::Mean).backward();
+    }
+
+    fn update_parameters(params: &[Tensor]) {
+        tch::no_grad(|| {
+            for p in params {
+                let mut p = p.shallow_clone();
+                let _ = p.f_sub_(&p.grad()).unwrap();
+                let _ = p.grad().zero_();
+            }
+        });
+    }
+
+    /// `rank 0`'s tensor on every rank (the seed's ranks draw the same
+    /// numbers from one seed; threads of one process share torch's
+    /// generator, so here rank 0 draws and broadcasts).
+    async fn same_everywhere(world: &World, t: Tensor) -> Tensor {
+        world.broadcast(&t, 0, None).unwrap().wait().await.unwrap();
+        t
+    }
+
+    /// `_test_ddp_with_process_group(process_group, devices=[cpu],
+    /// device_ids=None)` adapted: DDP is a [`Reducer`] whose default hook
+    /// averages gradients through the group (bucket cap 0.001 MB, as the
+    /// seed's, so several buckets); the replicas must track a local model
+    /// trained on the global batch.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn _test_ddp_with_process_group() {
+        const WORLD: usize = 2;
+        run_ranks(WORLD, |rank, file| async move {
+            let world = Arc::new(init(Some("gloo"), rank, WORLD, &file).await);
+            let process_group = world.default_group().unwrap();
+            let local_batch_size = 1;
+            let global_batch_size = (WORLD * local_batch_size) as i64;
+
+            let ddp_vs = nn::VarStore::new(Device::Cpu);
+            let ddp_model = net(&ddp_vs);
+            let ddp_params = params(&ddp_vs);
+            let mut reducer = Reducer::new(
+                Arc::clone(&world),
+                ddp_params.iter().map(Tensor::shallow_clone).collect(),
+                1048,
+                Some(process_group),
+            )
+            .await
+            .unwrap();
+            assert!(reducer.buckets().len() > 1, "{:?}", reducer.buckets());
+
+            // The local model starts as a copy of the (broadcast) replica.
+            let mut vs = nn::VarStore::new(Device::Cpu);
+            let model = net(&vs);
+            vs.copy(&ddp_vs).unwrap();
+            let model_params = params(&vs);
+
+            let mut input = same_everywhere(&world, Tensor::randn([global_batch_size, 2], cpu(Kind::Float))).await;
+            let target = same_everywhere(&world, Tensor::randn([global_batch_size, 4], cpu(Kind::Float))).await;
+            let lo = (rank * local_batch_size) as i64;
+            for iteration in 0..2 {
+                step_model(&model, &input, &target);
+                step_model(
+                    &ddp_model,
+                    &input.narrow(0, lo, local_batch_size as i64),
+                    &target.narrow(0, lo, local_batch_size as i64),
+                );
+                reducer.sync_gradients().await.unwrap();
+
+                update_parameters(&model_params);
+                update_parameters(&ddp_params);
+                assert_eq!(model_params.len(), ddp_params.len());
+                for (i, j) in model_params.iter().zip(&ddp_params) {
+                    assert!(
+                        i.allclose(j, 1.3e-6, 5e-5, false),
+                        "iteration {iteration}, rank {rank}: {i} != {j}"
+                    );
+                }
+                // Shuffle the input so that DDP input is different.
+                let perm = same_everywhere(&world, Tensor::randperm(global_batch_size, (Kind::Int64, Device::Cpu))).await;
+                input = input.index_select(0, &perm);
+            }
+            // The replicas agree with each other too, bit for bit.
+            let gathered: Vec<(Vec<Tensor>, wasmrpc_c10d::Work)> = ddp_params
+                .iter()
+                .map(|p| {
+                    let copies: Vec<Tensor> = (0..WORLD).map(|_| p.zeros_like()).collect();
+                    let work = world.all_gather(&copies, p, None).unwrap();
+                    (copies, work)
+                })
+                .collect();
+            for (copies, work) in gathered {
+                work.wait().await.unwrap();
+                assert!(copies[0].equal(&copies[1]));
+            }
+            world.destroy_process_group(None).unwrap();
+        })
+        .await;
+    }
+
+    /// `register_comm_hook` with the seeds' `_simple_hook` (a future of
+    /// `ones_like(bucket.buffer())`, then `+ 1`): every gradient becomes 2.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn simple_comm_hook_sets_the_gradients() {
+        run_ranks(2, |rank, file| async move {
+            let world = Arc::new(init(Some("gloo"), rank, 2, &file).await);
+            let p = Tensor::ones([2, 2], cpu(Kind::Float)).set_requires_grad(true);
+            let mut reducer = Reducer::new(Arc::clone(&world), vec![p.shallow_clone()], 1 << 20, None)
+                .await
+                .unwrap();
+            reducer.register_comm_hook(Arc::new(|bucket: GradBucket| -> HookFuture {
+                Box::pin(async move { Ok(bucket.buffer.ones_like() + 1) })
+            }));
+            // ModuleForDdpCommHook: p + (x + rank), then mean().backward().
+            let x = Tensor::zeros([2, 2], cpu(Kind::Float));
+            (&p + (x + rank as f64)).mean(Kind::Float).backward();
+            reducer.sync_gradients().await.unwrap();
+            assert!(p.grad().equal(&Tensor::full([2, 2], 2.0, cpu(Kind::Float))));
+            world.destroy_process_group(None).unwrap();
+        })
+        .await;
+    }
+}
