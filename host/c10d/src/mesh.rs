@@ -179,7 +179,7 @@ impl Mesh {
 
         // Higher ranks connect to us and introduce themselves.
         let expected = size - 1 - rank;
-        let accept = tokio::spawn(async move {
+        let mut accept = AbortOnDrop(tokio::spawn(async move {
             let mut accepted = Vec::with_capacity(expected);
             while accepted.len() < expected {
                 let (mut stream, _) = listener.accept().await?;
@@ -188,7 +188,7 @@ impl Mesh {
                 accepted.push((peer, stream));
             }
             Ok::<_, std::io::Error>(accepted)
-        });
+        }));
 
         let mut streams: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
         for (peer, slot) in streams.iter_mut().enumerate().take(rank) {
@@ -207,7 +207,7 @@ impl Mesh {
                 .map_err(|e| peer_error(peer, format!("connecting to {addr}: {e}")))?;
             *slot = Some(stream);
         }
-        let accepted = match tokio::time::timeout(timeout, accept).await {
+        let accepted = match tokio::time::timeout(timeout, &mut accept.0).await {
             Ok(Ok(Ok(accepted))) => accepted,
             Ok(Ok(Err(e))) => return Err(peer_error(rank, format!("accepting peers: {e}"))),
             Ok(Err(e)) => return Err(peer_error(rank, format!("accepting peers: {e}"))),
@@ -349,6 +349,16 @@ impl Mesh {
             peer,
             detail,
         }
+    }
+}
+
+/// Aborts a task when dropped: the accept loop must not outlive a failed
+/// connect.
+struct AbortOnDrop<T>(JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -343,3 +343,30 @@ async fn mismatched_collectives_are_named() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_fails_when_a_rank_never_joins() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("store");
+    // Rank 0 of 2 alone: rank 1 never connects.
+    let world = World::new();
+    let started = Instant::now();
+    let err = world
+        .init_process_group(InitOptions {
+            backend: Some("gloo".into()),
+            store: Some(Arc::new(FileStore::new(&file, Some(2)))),
+            rank: Some(0),
+            world_size: Some(2),
+            timeout: Some(Duration::from_millis(500)),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let text = err.to_string();
+    assert!(
+        text.contains("rank 0 of group 0") && text.contains("not every higher rank connected"),
+        "{text}"
+    );
+    assert!(!world.is_initialized());
+}
