@@ -82,7 +82,8 @@ pub trait CollectiveBackend: Send + Sync + fmt::Debug {
     ) -> Result<()> {
         let flat: Vec<Tensor> = tensors.iter().map(|t| t.reshape([-1])).collect();
         let buffer = Tensor::f_cat(&flat, 0).map_err(|e| self.tensor_error(ctx, e))?;
-        self.allreduce(ctx, vec![buffer.shallow_clone()], op).await?;
+        self.allreduce(ctx, vec![buffer.shallow_clone()], op)
+            .await?;
         let mut offset = 0;
         for mut t in tensors {
             let n = t.numel() as i64;
@@ -293,7 +294,9 @@ impl Backend {
     /// [`Error::InvalidArgument`] for an empty name.
     pub fn parse(name: &str) -> Result<String> {
         if name.is_empty() {
-            return Err(Error::InvalidArgument("Backend name must be a string".into()));
+            return Err(Error::InvalidArgument(
+                "Backend name must be a string".into(),
+            ));
         }
         Ok(name.to_lowercase())
     }
@@ -324,7 +327,11 @@ impl Backend {
         let devices: &[&str] = match name {
             Self::GLOO | Self::UCC | Self::MPI => &["cpu", "cuda"],
             Self::NCCL => &["cuda"],
-            _ => return plugins().get(&name.to_uppercase()).map(|p| p.devices.clone()),
+            _ => {
+                return plugins()
+                    .get(&name.to_uppercase())
+                    .map(|p| p.devices.clone());
+            }
         };
         Some(devices.iter().map(|d| (*d).to_owned()).collect())
     }
@@ -356,10 +363,13 @@ impl Backend {
             .iter()
             .map(|d| (*d).to_owned())
             .collect();
-        PLUGINS
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(upper, BackendPlugin { creator_fn, devices });
+        PLUGINS.write().unwrap_or_else(|e| e.into_inner()).insert(
+            upper,
+            BackendPlugin {
+                creator_fn,
+                devices,
+            },
+        );
         Ok(())
     }
 

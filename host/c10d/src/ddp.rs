@@ -110,7 +110,10 @@ impl Reducer {
         for work in works {
             work.wait().await?;
         }
-        let limits = [DEFAULT_FIRST_BUCKET_BYTES.min(bucket_cap_bytes), bucket_cap_bytes];
+        let limits = [
+            DEFAULT_FIRST_BUCKET_BYTES.min(bucket_cap_bytes),
+            bucket_cap_bytes,
+        ];
         // DDP buckets parameters in reverse order, the order backward
         // produces their gradients.
         let reversed: Vec<Tensor> = params.iter().rev().map(Tensor::shallow_clone).collect();

@@ -27,7 +27,9 @@ pub enum Error {
         op: String,
     },
     /// A collective or point-to-point operation outlived the group timeout.
-    #[error("Timeout after {timeout:?}: rank {rank} of group {group} waiting in {op} for rank {peer}")]
+    #[error(
+        "Timeout after {timeout:?}: rank {rank} of group {group} waiting in {op} for rank {peer}"
+    )]
     Timeout {
         /// This worker's rank in the group.
         rank: usize,

@@ -81,7 +81,8 @@ impl Gloo {
     fn encode(&self, ctx: &OpContext, t: &Tensor) -> Result<Vec<u8>> {
         let n = t.numel();
         let mut buf = vec![0u8; n * t.kind().elt_size_in_bytes()];
-        t.f_copy_data_u8(&mut buf, n).map_err(|e| self.err(ctx, e))?;
+        t.f_copy_data_u8(&mut buf, n)
+            .map_err(|e| self.err(ctx, e))?;
         Ok(buf)
     }
 
@@ -265,7 +266,9 @@ impl CollectiveBackend for Gloo {
                 self.mesh.send(ctx.op, root, tag(ctx, i), &bytes).await?;
                 continue;
             }
-            let outs = outputs.get(i).map(|o| o.iter().map(Tensor::shallow_clone).collect::<Vec<_>>());
+            let outs = outputs
+                .get(i)
+                .map(|o| o.iter().map(Tensor::shallow_clone).collect::<Vec<_>>());
             for (r, mut out) in outs.unwrap_or_default().into_iter().enumerate() {
                 let theirs = if r == self.rank {
                     bytes.clone()

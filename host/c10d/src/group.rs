@@ -63,7 +63,10 @@ impl ProcessGroup {
                 ranks: (0..size).collect(),
                 group_rank: Some(rank),
                 backend_name: backend.name(),
-                backends: vec![("cpu".into(), Arc::clone(&backend)), ("cuda".into(), backend)],
+                backends: vec![
+                    ("cpu".into(), Arc::clone(&backend)),
+                    ("cuda".into(), backend),
+                ],
                 seq: AtomicU64::new(0),
                 timeout: wasmrpc_store::DEFAULT_PG_TIMEOUT,
             }),

@@ -71,11 +71,15 @@ const OPS: [&str; 16] = [
 ];
 
 fn op_code(op: &str) -> u8 {
-    OPS.iter().position(|o| *o == op).map_or(u8::MAX, |i| i as u8)
+    OPS.iter()
+        .position(|o| *o == op)
+        .map_or(u8::MAX, |i| i as u8)
 }
 
 fn op_name(code: u8) -> &'static str {
-    OPS.get(usize::from(code)).copied().unwrap_or("an unknown operation")
+    OPS.get(usize::from(code))
+        .copied()
+        .unwrap_or("an unknown operation")
 }
 
 /// A received frame: the sender's op code and the payload.
@@ -203,7 +207,9 @@ impl Mesh {
             };
             let stream = tokio::time::timeout(timeout, connect)
                 .await
-                .map_err(|_| peer_error(peer, format!("no connection to {addr} within {timeout:?}")))?
+                .map_err(|_| {
+                    peer_error(peer, format!("no connection to {addr} within {timeout:?}"))
+                })?
                 .map_err(|e| peer_error(peer, format!("connecting to {addr}: {e}")))?;
             *slot = Some(stream);
         }
@@ -303,7 +309,11 @@ impl Mesh {
                     return Ok(payload);
                 }
                 if slots.shut_down {
-                    return Err(self.peer_error(op, peer, "the process group was destroyed".into()));
+                    return Err(self.peer_error(
+                        op,
+                        peer,
+                        "the process group was destroyed".into(),
+                    ));
                 }
                 if let Some(why) = slots.closed.get(&peer) {
                     return Err(self.peer_error(op, peer, why.clone()));

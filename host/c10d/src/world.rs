@@ -509,7 +509,10 @@ impl World {
     /// (with a warning, once per op and group) outside the group.
     fn target(&self, group: Option<&ProcessGroup>, op: &'static str) -> Result<Target> {
         let (rank, pg) = self.with_state(|s| {
-            Ok((s.rank, group.cloned().unwrap_or_else(|| s.default_pg.clone())))
+            Ok((
+                s.rank,
+                group.cloned().unwrap_or_else(|| s.default_pg.clone()),
+            ))
         })?;
         if pg.is_member() {
             return Ok(Target::Member(pg));

@@ -106,7 +106,8 @@ struct Dummy {
 impl Dummy {
     fn add(tensors: Vec<Tensor>, v: i64) -> Result<()> {
         for mut t in tensors {
-            let _ = t.f_add_scalar_(v)
+            let _ = t
+                .f_add_scalar_(v)
                 .map_err(|e| Error::Runtime(e.to_string()))?;
         }
         Ok(())
@@ -382,8 +383,7 @@ mod python_process_group_extension_test {
         // tests of this binary (which register "dummy") from racing it when
         // they share a process.
         assert!(!is_backend_available("dummy_availability"));
-        Backend::register_backend("dummy_availability", Arc::clone(&CREATE_DUMMY), None)
-            .unwrap();
+        Backend::register_backend("dummy_availability", Arc::clone(&CREATE_DUMMY), None).unwrap();
         assert!(is_backend_available("dummy_availability"));
         assert!(is_backend_available("DUMMY_AVAILABILITY"));
     }
@@ -425,7 +425,12 @@ mod python_process_group_extension_test {
             let world = init_env("cpu:dummy,cuda:dummy", rank, 2, port).await;
             let input = full(&[2, 2], 7.0);
             let outputs: Vec<Tensor> = (0..2).map(|_| full(&[2, 2], 0.0)).collect();
-            world.all_gather(&outputs, &input, None).unwrap().wait().await.unwrap();
+            world
+                .all_gather(&outputs, &input, None)
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
             for out in &outputs {
                 assert!(out.equal(&input));
             }
@@ -445,13 +450,23 @@ mod python_process_group_extension_test {
 
             let input = full(&[2, 2], 7.0);
             let outputs: Vec<Tensor> = (0..2).map(|_| full(&[2, 2], 0.0)).collect();
-            world.all_gather(&outputs, &input, None).unwrap().wait().await.unwrap();
+            world
+                .all_gather(&outputs, &input, None)
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
             for out in &outputs {
                 assert!(out.equal(&input));
             }
 
             let t = full(&[2, 2], 7.0);
-            world.all_reduce(&t, ReduceOp::SUM, None).unwrap().wait().await.unwrap();
+            world
+                .all_reduce(&t, ReduceOp::SUM, None)
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
             assert!(t.equal(&full(&[2, 2], 9.0)));
 
             let t = full(&[2, 2], 0.0);
@@ -482,7 +497,12 @@ mod python_process_group_extension_test {
         run_ranks(2, move |rank, _| async move {
             let world = init_env("dummy", rank, 2, port).await;
             let t = full(&[2, 2], 0.0);
-            world.send(&t, (rank + 1) % 2, None, 0).unwrap().wait().await.unwrap();
+            world
+                .send(&t, (rank + 1) % 2, None, 0)
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
             assert!(t.equal(&full(&[2, 2], 1.0)));
 
             assert_value_error(
@@ -491,7 +511,12 @@ mod python_process_group_extension_test {
             );
 
             let t = full(&[2, 2], 0.0);
-            world.recv(&t, (rank + 1) % 2, None, 0).unwrap().wait().await.unwrap();
+            world
+                .recv(&t, (rank + 1) % 2, None, 0)
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
             assert!(t.equal(&full(&[2, 2], 2.0)));
 
             world.barrier(None).unwrap().wait().await.unwrap();
@@ -563,7 +588,10 @@ mod process_group_with_dispatched_collectives_tests {
                 })
                 .await
                 .unwrap_err();
-            assert!(err.to_string().contains("doesn't have NCCL built in"), "{err}");
+            assert!(
+                err.to_string().contains("doesn't have NCCL built in"),
+                "{err}"
+            );
         })
         .await;
     }
@@ -577,10 +605,30 @@ mod process_group_with_dispatched_collectives_tests {
             let world = init(Some("gloo"), rank, 1, &file).await;
             let t = || Tensor::zeros([2, 2], cpu(Kind::Float));
             let x = t();
-            world.reduce(&x, rank, ReduceOp::SUM, None).unwrap().wait().await.unwrap();
-            world.broadcast(&x, rank, None).unwrap().wait().await.unwrap();
-            world.all_reduce(&x, ReduceOp::SUM, None).unwrap().wait().await.unwrap();
-            world.all_gather(&[t()], &x, None).unwrap().wait().await.unwrap();
+            world
+                .reduce(&x, rank, ReduceOp::SUM, None)
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
+            world
+                .broadcast(&x, rank, None)
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
+            world
+                .all_reduce(&x, ReduceOp::SUM, None)
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
+            world
+                .all_gather(&[t()], &x, None)
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
             world
                 .reduce_scatter(&x, &[t()], ReduceOp::SUM, None)
                 .unwrap()
@@ -588,9 +636,24 @@ mod process_group_with_dispatched_collectives_tests {
                 .await
                 .unwrap();
             world.barrier(None).unwrap().wait().await.unwrap();
-            world.all_to_all(&[t()], &[t()], None).unwrap().wait().await.unwrap();
-            world.scatter(&x, Some(&[t()]), rank, None).unwrap().wait().await.unwrap();
-            world.gather(&x, Some(&[t()]), rank, None).unwrap().wait().await.unwrap();
+            world
+                .all_to_all(&[t()], &[t()], None)
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
+            world
+                .scatter(&x, Some(&[t()]), rank, None)
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
+            world
+                .gather(&x, Some(&[t()]), rank, None)
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
             assert!(x.equal(&t()));
             world.destroy_process_group(None).unwrap();
         })
@@ -655,7 +718,10 @@ mod abstract_comm_test {
             .all_gather_object(&seq.to_le_bytes(), Some(verify_pg))
             .await
             .unwrap();
-        assert_eq!(all.len() as i64, world.get_world_size(Some(verify_pg)).unwrap());
+        assert_eq!(
+            all.len() as i64,
+            world.get_world_size(Some(verify_pg)).unwrap()
+        );
         let values: std::collections::BTreeSet<Vec<u8>> = all.into_iter().collect();
         assert_eq!(values.len(), 1, "sequence numbers differ across ranks");
         seq
@@ -689,7 +755,12 @@ mod abstract_comm_test {
         };
         let t = Tensor::ones([1], cpu(Kind::Float));
         for i in 0..10 {
-            world.all_reduce(&t, ReduceOp::SUM, Some(pg)).unwrap().wait().await.unwrap();
+            world
+                .all_reduce(&t, ReduceOp::SUM, Some(pg))
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
             if pg.is_member() {
                 let seq = verify_sequence_number_across_pg(world, pg, &verify_pg).await;
                 assert_eq!(initial + i + 1, seq as i64);
@@ -707,7 +778,10 @@ mod abstract_comm_test {
                 let seq = pg.sequence_number_for_group();
                 let mut mine = group_rank.to_le_bytes().to_vec();
                 mine.extend(seq.to_le_bytes());
-                let all = world.all_gather_object(&mine, Some(&verify_pg)).await.unwrap();
+                let all = world
+                    .all_gather_object(&mine, Some(&verify_pg))
+                    .await
+                    .unwrap();
                 let rank_to_seq: std::collections::BTreeMap<i64, u64> = all
                     .iter()
                     .map(|b| (decode(&b[..8]) as i64, decode(&b[8..])))
@@ -778,7 +852,10 @@ mod abstract_comm_test {
         run_ranks(2, |rank, file| async move {
             let world = init(Some("gloo"), rank, 2, &file).await;
             let seq = world.default_group().unwrap().sequence_number_for_group();
-            let all = world.all_gather_object(&seq.to_le_bytes(), None).await.unwrap();
+            let all = world
+                .all_gather_object(&seq.to_le_bytes(), None)
+                .await
+                .unwrap();
             assert_eq!(all.len(), 2);
             assert!(all.iter().all(|s| s == &all[0]), "{all:?}");
             world.destroy_process_group(None).unwrap();
@@ -919,7 +996,9 @@ mod abstract_comm_test {
             let outs_h: Vec<Vec<Tensor>> = (0..WORLD)
                 .map(|_| tensor_list_h.iter().map(Tensor::zeros_like).collect())
                 .collect();
-            let inputs: Vec<Tensor> = (0..WORLD).map(|i| full(&[2, 2], (rank * 10 + i) as f64)).collect();
+            let inputs: Vec<Tensor> = (0..WORLD)
+                .map(|i| full(&[2, 2], (rank * 10 + i) as f64))
+                .collect();
             world
                 .all_gather_coalesced(&outs_h, &inputs, None)
                 .unwrap()
@@ -945,9 +1024,18 @@ mod abstract_comm_test {
             assert!(outs.iter().flatten().all(|t| t.equal(&full(&[2, 2], 1.0))));
 
             assert_value_error(world.all_reduce_coalesced(&tensor_list_h, sum, None), msg);
-            assert_value_error(world.reduce_scatter(&tensor, &tensor_list_h, sum, None), msg);
-            assert_value_error(world.reduce_scatter(&tensor_h, &tensor_list, sum, None), msg);
-            assert_value_error(world.all_to_all_single(&tensor_h, &tensor, &[], &[], None), msg);
+            assert_value_error(
+                world.reduce_scatter(&tensor, &tensor_list_h, sum, None),
+                msg,
+            );
+            assert_value_error(
+                world.reduce_scatter(&tensor_h, &tensor_list, sum, None),
+                msg,
+            );
+            assert_value_error(
+                world.all_to_all_single(&tensor_h, &tensor, &[], &[], None),
+                msg,
+            );
             assert_value_error(world.all_to_all(&tensor_list_h, &tensor_list, None), msg);
             assert_value_error(world.all_to_all(&tensor_list, &tensor_list_h, None), msg);
             assert_value_error(world.scatter(&tensor, Some(&tensor_list_h), 0, None), msg);
@@ -969,7 +1057,9 @@ mod abstract_comm_test {
             let value = |r: usize| Tensor::from_slice(&[r as f32 + 0.5, r as f32 + 0.25]);
             let tensor = value(rank);
             let tensor_c = tensor.view_as_complex();
-            let tensor_list: Vec<Tensor> = (0..WORLD).map(|_| Tensor::zeros([2], cpu(Kind::Float))).collect();
+            let tensor_list: Vec<Tensor> = (0..WORLD)
+                .map(|_| Tensor::zeros([2], cpu(Kind::Float)))
+                .collect();
             let mut tensor_list_c: Vec<Tensor> =
                 tensor_list.iter().map(Tensor::shallow_clone).collect();
             tensor_list_c[1] = tensor_list_c[1].view_as_complex();
@@ -978,7 +1068,11 @@ mod abstract_comm_test {
                 for t in &tensor_list {
                     let _ = t.shallow_clone().fill_(0.0);
                 }
-                let outs = if case < 2 { &tensor_list } else { &tensor_list_c };
+                let outs = if case < 2 {
+                    &tensor_list
+                } else {
+                    &tensor_list_c
+                };
                 let input = if case % 2 == 0 { &tensor } else { &tensor_c };
                 let work = world.all_gather(outs, input, None).unwrap();
                 work.wait().await.unwrap();
@@ -999,7 +1093,12 @@ mod abstract_comm_test {
             let tensor = Tensor::from_slice(&[true, false, false, true]);
             let zeros = Tensor::from_slice(&[false; 4]);
             let outensor = if rank > 0 { zeros } else { tensor.copy() };
-            world.broadcast(&outensor, 0, None).unwrap().wait().await.unwrap();
+            world
+                .broadcast(&outensor, 0, None)
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
             assert_eq!(outensor.kind(), Kind::Bool);
             assert!(outensor.equal(&tensor), "{outensor}");
             world.destroy_process_group(None).unwrap();
@@ -1030,8 +1129,18 @@ mod abstract_large_comm_test {
             assert!(ranks_in.contains(&rank));
             assert!(!ranks_out.contains(&rank));
 
-            assert!(world.new_group(&ranks_out, local_sync()).await.unwrap().is_none());
-            let new_pg = world.new_group(&ranks_in, local_sync()).await.unwrap().unwrap();
+            assert!(
+                world
+                    .new_group(&ranks_out, local_sync())
+                    .await
+                    .unwrap()
+                    .is_none()
+            );
+            let new_pg = world
+                .new_group(&ranks_in, local_sync())
+                .await
+                .unwrap()
+                .unwrap();
             assert!(new_pg.is_member());
 
             ranks_in.sort();
@@ -1044,12 +1153,23 @@ mod abstract_large_comm_test {
         .await;
     }
 
-    async fn gather_in(world: &World, pg: &ProcessGroup, pg_idx: usize, rank: usize, ranks_in: &[usize]) {
+    async fn gather_in(
+        world: &World,
+        pg: &ProcessGroup,
+        pg_idx: usize,
+        rank: usize,
+        ranks_in: &[usize],
+    ) {
         let input = Tensor::from_slice(&[pg_idx as i64, rank as i64]);
         let outputs: Vec<Tensor> = (0..pg.size())
             .map(|_| Tensor::from_slice(&[-1i64, -1]))
             .collect();
-        world.all_gather(&outputs, &input, Some(pg)).unwrap().wait().await.unwrap();
+        world
+            .all_gather(&outputs, &input, Some(pg))
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
         let expected: Vec<Tensor> = ranks_in
             .iter()
             .map(|&r| Tensor::from_slice(&[pg_idx as i64, r as i64]))
@@ -1065,7 +1185,11 @@ mod abstract_large_comm_test {
             let world = init(Some("gloo"), rank, WORLD, &file).await;
             let pg_idx = rank / 2;
             let ranks_in = [pg_idx * 2, pg_idx * 2 + 1];
-            let new_pg = world.new_group(&ranks_in, local_sync()).await.unwrap().unwrap();
+            let new_pg = world
+                .new_group(&ranks_in, local_sync())
+                .await
+                .unwrap()
+                .unwrap();
             gather_in(&world, &new_pg, pg_idx, rank, &ranks_in).await;
             world.destroy_process_group(None).unwrap();
         })
@@ -1080,7 +1204,13 @@ mod abstract_large_comm_test {
             let ranks_in = [pg_idx * 2, pg_idx * 2 + 1];
             let mut new_pgs = Vec::new();
             for _ in 0..2 {
-                new_pgs.push(world.new_group(&ranks_in, local_sync()).await.unwrap().unwrap());
+                new_pgs.push(
+                    world
+                        .new_group(&ranks_in, local_sync())
+                        .await
+                        .unwrap()
+                        .unwrap(),
+                );
             }
             assert_ne!(new_pgs[0].group_name(), new_pgs[1].group_name());
             for new_pg in &new_pgs {
@@ -1181,8 +1311,16 @@ mod common_distributed_data_parallel_test {
             vs.copy(&ddp_vs).unwrap();
             let model_params = params(&vs);
 
-            let mut input = same_everywhere(&world, Tensor::randn([global_batch_size, 2], cpu(Kind::Float))).await;
-            let target = same_everywhere(&world, Tensor::randn([global_batch_size, 4], cpu(Kind::Float))).await;
+            let mut input = same_everywhere(
+                &world,
+                Tensor::randn([global_batch_size, 2], cpu(Kind::Float)),
+            )
+            .await;
+            let target = same_everywhere(
+                &world,
+                Tensor::randn([global_batch_size, 4], cpu(Kind::Float)),
+            )
+            .await;
             let lo = (rank * local_batch_size) as i64;
             for iteration in 0..2 {
                 step_model(&model, &input, &target);
@@ -1203,7 +1341,11 @@ mod common_distributed_data_parallel_test {
                     );
                 }
                 // Shuffle the input so that DDP input is different.
-                let perm = same_everywhere(&world, Tensor::randperm(global_batch_size, (Kind::Int64, Device::Cpu))).await;
+                let perm = same_everywhere(
+                    &world,
+                    Tensor::randperm(global_batch_size, (Kind::Int64, Device::Cpu)),
+                )
+                .await;
                 input = input.index_select(0, &perm);
             }
             // The replicas agree with each other too, bit for bit.
@@ -1231,9 +1373,10 @@ mod common_distributed_data_parallel_test {
         run_ranks(2, |rank, file| async move {
             let world = Arc::new(init(Some("gloo"), rank, 2, &file).await);
             let p = Tensor::ones([2, 2], cpu(Kind::Float)).set_requires_grad(true);
-            let mut reducer = Reducer::new(Arc::clone(&world), vec![p.shallow_clone()], 1 << 20, None)
-                .await
-                .unwrap();
+            let mut reducer =
+                Reducer::new(Arc::clone(&world), vec![p.shallow_clone()], 1 << 20, None)
+                    .await
+                    .unwrap();
             reducer.register_comm_hook(Arc::new(|bucket: GradBucket| -> HookFuture {
                 Box::pin(async move { Ok(bucket.buffer.ones_like() + 1) })
             }));

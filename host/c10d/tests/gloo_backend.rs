@@ -78,7 +78,12 @@ async fn collectives_compute_across_three_ranks() {
         ];
         for (op, want) in cases {
             let t = vals(&[r + 1., 10.]);
-            world.all_reduce(&t, op, None).unwrap().wait().await.unwrap();
+            world
+                .all_reduce(&t, op, None)
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
             assert!(close(&t, &vals(&want)), "{op:?}: {t}");
         }
         for (op, want) in [
@@ -87,7 +92,12 @@ async fn collectives_compute_across_three_ranks() {
             (ReduceOp::BXOR, 0b111),
         ] {
             let t = Tensor::from_slice(&[1i64 << rank]);
-            world.all_reduce(&t, op, None).unwrap().wait().await.unwrap();
+            world
+                .all_reduce(&t, op, None)
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
             assert_eq!(t.int64_value(&[0]), want, "{op:?}");
         }
 
@@ -98,13 +108,23 @@ async fn collectives_compute_across_three_ranks() {
 
         // reduce to rank 2 (others keep their input).
         let t = vals(&[r]);
-        world.reduce(&t, 2, ReduceOp::SUM, None).unwrap().wait().await.unwrap();
+        world
+            .reduce(&t, 2, ReduceOp::SUM, None)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
         let want = if rank == 2 { 3. } else { r };
         assert!(t.equal(&vals(&[want])), "{t}");
 
         // all_gather.
         let outs: Vec<Tensor> = (0..N).map(|_| vals(&[-1., -1.])).collect();
-        world.all_gather(&outs, &vals(&[r, r * 2.]), None).unwrap().wait().await.unwrap();
+        world
+            .all_gather(&outs, &vals(&[r, r * 2.]), None)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
         for (s, out) in outs.iter().enumerate() {
             assert!(out.equal(&vals(&[s as f32, s as f32 * 2.])));
         }
@@ -112,7 +132,12 @@ async fn collectives_compute_across_three_ranks() {
         // gather to rank 0, scatter from rank 0.
         let outs: Vec<Tensor> = (0..N).map(|_| vals(&[-1.])).collect();
         let list = (rank == 0).then_some(outs.as_slice());
-        world.gather(&vals(&[r * 3.]), list, 0, None).unwrap().wait().await.unwrap();
+        world
+            .gather(&vals(&[r * 3.]), list, 0, None)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
         if rank == 0 {
             for (s, out) in outs.iter().enumerate() {
                 assert!(out.equal(&vals(&[s as f32 * 3.])));
@@ -121,7 +146,12 @@ async fn collectives_compute_across_three_ranks() {
         let parts: Vec<Tensor> = (0..N).map(|s| vals(&[s as f32 + 100.])).collect();
         let list = (rank == 0).then_some(parts.as_slice());
         let out = vals(&[0.]);
-        world.scatter(&out, list, 0, None).unwrap().wait().await.unwrap();
+        world
+            .scatter(&out, list, 0, None)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
         assert!(out.equal(&vals(&[r + 100.])));
 
         // reduce_scatter: rank d gets sum over s of (s * 10 + d).
@@ -171,8 +201,18 @@ async fn collectives_compute_across_three_ranks() {
         let b = world.send(&vals(&[r + 0.5]), next, None, 8).unwrap();
         let got8 = vals(&[0.]);
         let got7 = vals(&[0.]);
-        world.recv(&got8, prev, None, 8).unwrap().wait().await.unwrap();
-        world.recv(&got7, prev, None, 7).unwrap().wait().await.unwrap();
+        world
+            .recv(&got8, prev, None, 8)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        world
+            .recv(&got7, prev, None, 7)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
         a.wait().await.unwrap();
         b.wait().await.unwrap();
         assert!(got7.equal(&vals(&[prev as f32])));
@@ -223,7 +263,12 @@ async fn a_missing_peer_times_out_with_context() {
         if rank == 0 {
             let t = vals(&[0.]);
             let started = Instant::now();
-            let err = world.recv(&t, 1, None, 3).unwrap().wait().await.unwrap_err();
+            let err = world
+                .recv(&t, 1, None, 3)
+                .unwrap()
+                .wait()
+                .await
+                .unwrap_err();
             assert!(started.elapsed() < Duration::from_secs(5));
             assert!(matches!(err, Error::Timeout { .. }), "{err}");
             let text = err.to_string();
@@ -231,14 +276,27 @@ async fn a_missing_peer_times_out_with_context() {
                 assert!(text.contains(part), "{text} lacks {part}");
             }
             // A collective the peer never joins times out the same way.
-            let err = world.all_reduce(&t, ReduceOp::SUM, None).unwrap().wait().await.unwrap_err();
+            let err = world
+                .all_reduce(&t, ReduceOp::SUM, None)
+                .unwrap()
+                .wait()
+                .await
+                .unwrap_err();
             assert!(matches!(err, Error::Timeout { .. }), "{err}");
             assert!(err.to_string().contains("all_reduce"), "{err}");
-            world.default_store().unwrap().set("done", b"1").await.unwrap();
+            world
+                .default_store()
+                .unwrap()
+                .set("done", b"1")
+                .await
+                .unwrap();
         } else {
             // Stays connected, silent, until rank 0 is done.
             let store = world.default_store().unwrap();
-            store.wait(&["done"], Duration::from_secs(20)).await.unwrap();
+            store
+                .wait(&["done"], Duration::from_secs(20))
+                .await
+                .unwrap();
         }
         world.destroy_process_group(None).unwrap();
     })
@@ -263,7 +321,10 @@ async fn destroy_fails_pending_operations() {
     assert!(err.to_string().contains("destroyed"), "{err}");
     assert!(!w0.is_initialized());
     let err = w0.barrier(None).unwrap_err();
-    assert!(err.to_string().contains("has not been initialized"), "{err}");
+    assert!(
+        err.to_string().contains("has not been initialized"),
+        "{err}"
+    );
     w1.destroy_process_group(None).unwrap();
 }
 
@@ -273,9 +334,17 @@ async fn mismatched_sizes_fail_with_context() {
     run_ranks(N, |rank, file| async move {
         let world = init(rank, N, &file, Duration::from_secs(15)).await;
         let t = Tensor::zeros([rank as i64 + 1], (Kind::Float, Device::Cpu));
-        let err = world.all_reduce(&t, ReduceOp::SUM, None).unwrap().wait().await.unwrap_err();
+        let err = world
+            .all_reduce(&t, ReduceOp::SUM, None)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap_err();
         let text = err.to_string();
-        assert!(text.contains("all_reduce") && text.contains("sizes differ"), "{text}");
+        assert!(
+            text.contains("all_reduce") && text.contains("sizes differ"),
+            "{text}"
+        );
         world.destroy_process_group(None).unwrap();
     })
     .await;
@@ -304,7 +373,12 @@ async fn tcp_init_method_and_double_init() {
         let err = world.init_process_group(opts).await.unwrap_err();
         assert!(err.to_string().contains("twice"), "{err}");
         let t = vals(&[rank as f32 + 1.]);
-        world.all_reduce(&t, ReduceOp::SUM, None).unwrap().wait().await.unwrap();
+        world
+            .all_reduce(&t, ReduceOp::SUM, None)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
         assert!(t.equal(&vals(&[3.])));
         // Rank 0 hosts the TCP store: it leaves last.
         world.barrier(None).unwrap().wait().await.unwrap();
@@ -328,16 +402,29 @@ async fn mismatched_collectives_are_named() {
         if rank == 0 {
             let text = result.unwrap_err().to_string();
             assert!(
-                text.contains("collective #1 of the group is all_reduce here but barrier on rank 1"),
+                text.contains(
+                    "collective #1 of the group is all_reduce here but barrier on rank 1"
+                ),
                 "{text}"
             );
-            world.default_store().unwrap().set("done", b"1").await.unwrap();
+            world
+                .default_store()
+                .unwrap()
+                .set("done", b"1")
+                .await
+                .unwrap();
         } else {
             // Rank 1's barrier got rank 0's all_reduce frame: also refused.
             let text = result.unwrap_err().to_string();
-            assert!(text.contains("is barrier here but all_reduce on rank 0"), "{text}");
+            assert!(
+                text.contains("is barrier here but all_reduce on rank 0"),
+                "{text}"
+            );
             let store = world.default_store().unwrap();
-            store.wait(&["done"], Duration::from_secs(20)).await.unwrap();
+            store
+                .wait(&["done"], Duration::from_secs(20))
+                .await
+                .unwrap();
         }
         world.destroy_process_group(None).unwrap();
     })
