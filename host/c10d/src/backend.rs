@@ -35,6 +35,8 @@ pub struct OpContext {
     pub sub: u32,
     /// How long to wait for peers.
     pub timeout: Duration,
+    /// The group's name, for error messages.
+    pub group: Arc<str>,
 }
 
 impl OpContext {
@@ -213,7 +215,7 @@ pub trait CollectiveBackend: Send + Sync + fmt::Debug {
     fn tensor_error(&self, ctx: &OpContext, source: tch::TchError) -> Error {
         Error::Tensor {
             rank: self.rank(),
-            group: self.name(),
+            group: ctx.group.to_string(),
             op: ctx.op.to_owned(),
             source,
         }

@@ -111,7 +111,9 @@ impl Gloo {
 
     async fn send_all(&self, ctx: &OpContext, step: usize, bytes: &[u8]) -> Result<()> {
         for peer in (0..self.size).filter(|&p| p != self.rank) {
-            self.mesh.send(ctx.op, peer, tag(ctx, step), bytes).await?;
+            self.mesh
+                .send(ctx.op, peer, tag(ctx, step), bytes, ctx.timeout)
+                .await?;
         }
         Ok(())
     }
@@ -226,7 +228,9 @@ impl CollectiveBackend for Gloo {
             if self.rank == root {
                 self.reduce_into(ctx, i, &bytes, &mut t, op).await?;
             } else {
-                self.mesh.send(ctx.op, root, tag(ctx, i), &bytes).await?;
+                self.mesh
+                    .send(ctx.op, root, tag(ctx, i), &bytes, ctx.timeout)
+                    .await?;
             }
         }
         Ok(())
@@ -263,7 +267,9 @@ impl CollectiveBackend for Gloo {
         for (i, input) in inputs.into_iter().enumerate() {
             let bytes = self.encode(ctx, &input)?;
             if self.rank != root {
-                self.mesh.send(ctx.op, root, tag(ctx, i), &bytes).await?;
+                self.mesh
+                    .send(ctx.op, root, tag(ctx, i), &bytes, ctx.timeout)
+                    .await?;
                 continue;
             }
             let outs = outputs
@@ -299,7 +305,9 @@ impl CollectiveBackend for Gloo {
                     if r == self.rank {
                         self.write(ctx, &mut out, &bytes)?;
                     } else {
-                        self.mesh.send(ctx.op, r, tag(ctx, i), &bytes).await?;
+                        self.mesh
+                            .send(ctx.op, r, tag(ctx, i), &bytes, ctx.timeout)
+                            .await?;
                     }
                 }
             } else {
@@ -324,7 +332,9 @@ impl CollectiveBackend for Gloo {
                 if r == self.rank {
                     own = bytes;
                 } else {
-                    self.mesh.send(ctx.op, r, tag(ctx, i), &bytes).await?;
+                    self.mesh
+                        .send(ctx.op, r, tag(ctx, i), &bytes, ctx.timeout)
+                        .await?;
                 }
             }
             self.reduce_into(ctx, i, &own, &mut out, op).await?;
@@ -357,7 +367,9 @@ impl CollectiveBackend for Gloo {
             if r == self.rank {
                 own = bytes;
             } else {
-                self.mesh.send(ctx.op, r, tag(ctx, 0), &bytes).await?;
+                self.mesh
+                    .send(ctx.op, r, tag(ctx, 0), &bytes, ctx.timeout)
+                    .await?;
             }
         }
         for (r, mut out) in outputs.into_iter().enumerate() {
@@ -394,7 +406,9 @@ impl CollectiveBackend for Gloo {
                 sub: 0,
                 step: i as u32,
             };
-            self.mesh.send(ctx.op, dst, tag, &bytes).await?;
+            self.mesh
+                .send(ctx.op, dst, tag, &bytes, ctx.timeout)
+                .await?;
         }
         Ok(())
     }

@@ -165,6 +165,7 @@ impl ProcessGroup {
             seq: self.inner.seq.fetch_add(1, Ordering::SeqCst) + 1,
             sub: 0,
             timeout: self.inner.timeout,
+            group: Arc::from(self.inner.group_name.as_str()),
         }
     }
 
@@ -175,6 +176,7 @@ impl ProcessGroup {
             seq: 0,
             sub: 0,
             timeout: self.inner.timeout,
+            group: Arc::from(self.inner.group_name.as_str()),
         }
     }
 

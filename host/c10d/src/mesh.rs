@@ -254,8 +254,16 @@ impl Mesh {
         })
     }
 
-    /// Sends one frame to `peer`.
-    pub(crate) async fn send(&self, op: &str, peer: usize, tag: Tag, payload: &[u8]) -> Result<()> {
+    /// Sends one frame to `peer`, failing after `timeout` if the peer
+    /// stops reading.
+    pub(crate) async fn send(
+        &self,
+        op: &str,
+        peer: usize,
+        tag: Tag,
+        payload: &[u8],
+        timeout: Duration,
+    ) -> Result<()> {
         let writer = self.writer(op, peer)?;
         let mut header = [0u8; HEADER];
         header[0] = tag.kind as u8;
@@ -264,13 +272,23 @@ impl Mesh {
         header[10..14].copy_from_slice(&tag.sub.to_le_bytes());
         header[14..18].copy_from_slice(&tag.step.to_le_bytes());
         header[18..26].copy_from_slice(&(payload.len() as u64).to_le_bytes());
-        let mut w = writer.lock().await;
-        let result = async {
+        let write = async {
+            let mut w = writer.lock().await;
             w.write_all(&header).await?;
             w.write_all(payload).await
+        };
+        match tokio::time::timeout(timeout, write).await {
+            Ok(result) => {
+                result.map_err(|e| self.peer_error(op, peer, format!("send failed: {e}")))
+            }
+            Err(_) => Err(Error::Timeout {
+                rank: self.rank,
+                group: self.group.clone(),
+                op: op.to_owned(),
+                peer,
+                timeout,
+            }),
         }
-        .await;
-        result.map_err(|e| self.peer_error(op, peer, format!("send failed: {e}")))
     }
 
     /// Waits for the frame `tag` from `peer`.
