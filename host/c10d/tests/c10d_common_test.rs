@@ -440,6 +440,31 @@ mod python_process_group_extension_test {
         .await;
     }
 
+    /// Not a seed test: with two different backends, each device type's
+    /// tensors go to its own (cpu to gloo, which really sums; cuda to the
+    /// dummy), and the group shows the config as its name.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn distinct_backends_dispatch_by_device() {
+        register_dummy();
+        run_ranks(2, |rank, file| async move {
+            let world = init(Some("cpu:gloo,cuda:dummy"), rank, 2, &file).await;
+            let pg = world.default_group().unwrap();
+            assert_eq!(pg.name(), "cpu:gloo,cuda:dummy");
+            assert_eq!(pg.backend_for(Device::Cpu).unwrap().name(), "gloo");
+            assert_eq!(pg.backend_for(Device::Cuda(0)).unwrap().name(), "Dummy");
+            let t = full(&[2], 1.0 + rank as f64);
+            world
+                .all_reduce(&t, ReduceOp::SUM, None)
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
+            assert!(t.equal(&full(&[2], 3.0)), "{t}");
+            world.destroy_process_group(None).unwrap();
+        })
+        .await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn test_collectives() {
         register_dummy();
