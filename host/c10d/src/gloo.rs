@@ -2,7 +2,7 @@
 //! expect (`init_process_group("gloo", ...)`, `pg.name() == "gloo"`).
 //!
 //! It is not a binding to Facebook's Gloo: collectives run over the
-//! [`crate::mesh`] (one TCP connection per pair of members, addresses
+//! crate's mesh (one TCP connection per pair of members, addresses
 //! exchanged through the group's store). The algorithms are direct: every
 //! contributor sends its data to every receiver, and each receiver combines
 //! the contributions in rank order, so every rank computes a bit-identical
