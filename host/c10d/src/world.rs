@@ -260,8 +260,13 @@ impl World {
                 "rank {rank} is not below world_size {world_size}"
             )));
         }
+        // As PyTorch: the default group's store is the rendezvous store
+        // under "default_pg/", and every later group nests its own prefix in
+        // it. (The prefix store keeps the rendezvous store, and with it a
+        // TCP store's server, alive.)
+        let store: Arc<dyn Store> = Arc::new(PrefixStore::new("default_pg", store));
         let default_pg = build_group(
-            Arc::new(PrefixStore::new("default_pg", Arc::clone(&store))),
+            Arc::clone(&store),
             &config,
             "0",
             (0..world_size).collect(),
@@ -333,7 +338,8 @@ impl World {
         self.with_state(|s| Ok(s.default_pg.clone()))
     }
 
-    /// `c10d._get_default_store()`: the store the world rendezvoused on.
+    /// `c10d._get_default_store()`: the default group's store (the
+    /// rendezvous store under the `default_pg/` prefix).
     ///
     /// # Errors
     /// [`Error::Runtime`] before `init_process_group`.
