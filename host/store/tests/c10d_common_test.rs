@@ -1,7 +1,9 @@
 //! Ports of the store, timeout and environment tests of PyTorch's
 //! `test/distributed/test_c10d_common.py` (seed suites `TimeoutTest`,
 //! `AbstractTimeoutTest`, `LocalRankTest`, `CommTest`), one submodule per
-//! suite, test functions named as in the seed.
+//! suite, test functions named as in the seed. The process-group suites of
+//! the same seed need tensors and live with the process-group crate, in
+//! `host/c10d/tests/c10d_common_test.rs`.
 
 mod common;
 

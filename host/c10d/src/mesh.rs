@@ -1,0 +1,427 @@
+//! The data path of the CPU backend: one TCP connection between every pair of
+//! group members, and a mailbox that sorts incoming frames by sender and tag.
+//!
+//! Members exchange listening addresses through the group's (prefixed)
+//! store; tensors never go through the store. Rank `r` connects to every
+//! lower rank and accepts from every higher one, so each pair has exactly one
+//! connection. A reader task per connection drains the socket into the
+//! [`Mailbox`], so sends never block on a peer that has not started
+//! receiving yet, and a receiver waits only for its own frame (or the
+//! timeout, or the peer's connection closing).
+//!
+//! Frame: `kind u8, op u8, seq u64, sub u32, step u32, len u64`, then `len`
+//! bytes (little endian). `kind` separates collectives (tagged with the
+//! group's sequence number) from point-to-point messages (tagged by the
+//! user); `op` names the collective, so ranks that issue different
+//! collectives as the same sequence number get an error that says so
+//! instead of garbled tensors.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use wasmrpc_store::Store;
+
+use crate::error::{Error, Result};
+
+/// Which stream of messages a frame belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub(crate) enum Kind {
+    /// A collective, tagged by the group's sequence number.
+    Collective = 0,
+    /// A point-to-point message, tagged by the user's tag.
+    P2p = 1,
+}
+
+/// A frame's tag: which message of which operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Tag {
+    pub(crate) kind: Kind,
+    pub(crate) seq: u64,
+    pub(crate) sub: u32,
+    pub(crate) step: u32,
+}
+
+const HEADER: usize = 1 + 1 + 8 + 4 + 4 + 8;
+
+/// The collectives a frame may belong to, by their code on the wire.
+const OPS: [&str; 16] = [
+    "all_reduce",
+    "all_reduce_coalesced",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "all_gather_coalesced",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "all_to_all_single",
+    "all_to_all",
+    "barrier",
+    "send",
+    "recv",
+    "connect",
+    "all_gather_object",
+];
+
+fn op_code(op: &str) -> u8 {
+    OPS.iter()
+        .position(|o| *o == op)
+        .map_or(u8::MAX, |i| i as u8)
+}
+
+fn op_name(code: u8) -> &'static str {
+    OPS.get(usize::from(code))
+        .copied()
+        .unwrap_or("an unknown operation")
+}
+
+/// A received frame: the sender's op code and the payload.
+type Frame = (u8, Vec<u8>);
+
+#[derive(Default)]
+struct Slots {
+    queues: HashMap<(usize, Tag), VecDeque<Frame>>,
+    /// Peers whose connection ended, with the reason.
+    closed: HashMap<usize, String>,
+    shut_down: bool,
+}
+
+/// Frames received and not yet taken, by sender and tag.
+#[derive(Default)]
+struct Mailbox {
+    slots: Mutex<Slots>,
+    changed: Notify,
+}
+
+impl Mailbox {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slots> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&self, from: usize, tag: Tag, op: u8, payload: Vec<u8>) {
+        self.lock()
+            .queues
+            .entry((from, tag))
+            .or_default()
+            .push_back((op, payload));
+        self.changed.notify_waiters();
+    }
+
+    fn close(&self, peer: usize, why: String) {
+        self.lock().closed.entry(peer).or_insert(why);
+        self.changed.notify_waiters();
+    }
+
+    fn shut_down(&self) {
+        self.lock().shut_down = true;
+        self.changed.notify_waiters();
+    }
+}
+
+/// The connections of one group member to all the others.
+pub(crate) struct Mesh {
+    rank: usize,
+    size: usize,
+    group: String,
+    writers: Vec<Option<tokio::sync::Mutex<OwnedWriteHalf>>>,
+    readers: Vec<JoinHandle<()>>,
+    mailbox: Arc<Mailbox>,
+}
+
+impl std::fmt::Debug for Mesh {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mesh")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("group", &self.group)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Mesh {
+    fn drop(&mut self) {
+        for r in &self.readers {
+            r.abort();
+        }
+    }
+}
+
+impl Mesh {
+    /// Connects `rank` to every other member of a group of `size`, publishing
+    /// this member's address as `addr/{rank}` in `store`.
+    pub(crate) async fn connect(
+        store: &dyn Store,
+        host: &str,
+        rank: usize,
+        size: usize,
+        group: &str,
+        timeout: Duration,
+    ) -> Result<Mesh> {
+        let peer_error = |peer: usize, detail: String| Error::Peer {
+            rank,
+            group: group.to_owned(),
+            op: "connect".into(),
+            peer,
+            detail,
+        };
+        let listener = TcpListener::bind((host, 0))
+            .await
+            .map_err(|e| peer_error(rank, format!("cannot listen on {host}: {e}")))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| peer_error(rank, e.to_string()))?;
+        store
+            .set(&format!("addr/{rank}"), addr.to_string().as_bytes())
+            .await?;
+
+        // Higher ranks connect to us and introduce themselves.
+        let expected = size - 1 - rank;
+        let mut accept = AbortOnDrop(tokio::spawn(async move {
+            let mut accepted = Vec::with_capacity(expected);
+            while accepted.len() < expected {
+                let (mut stream, _) = listener.accept().await?;
+                let peer = stream.read_u64_le().await? as usize;
+                stream.set_nodelay(true)?;
+                accepted.push((peer, stream));
+            }
+            Ok::<_, std::io::Error>(accepted)
+        }));
+
+        let mut streams: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
+        for (peer, slot) in streams.iter_mut().enumerate().take(rank) {
+            let key = format!("addr/{peer}");
+            store.wait(&[key.as_str()], timeout).await?;
+            let addr = String::from_utf8_lossy(&store.get(&key).await?).into_owned();
+            let connect = async {
+                let mut stream = TcpStream::connect(&addr).await?;
+                stream.set_nodelay(true)?;
+                stream.write_u64_le(rank as u64).await?;
+                Ok::<_, std::io::Error>(stream)
+            };
+            let stream = tokio::time::timeout(timeout, connect)
+                .await
+                .map_err(|_| {
+                    peer_error(peer, format!("no connection to {addr} within {timeout:?}"))
+                })?
+                .map_err(|e| peer_error(peer, format!("connecting to {addr}: {e}")))?;
+            *slot = Some(stream);
+        }
+        let accepted = match tokio::time::timeout(timeout, &mut accept.0).await {
+            Ok(Ok(Ok(accepted))) => accepted,
+            Ok(Ok(Err(e))) => return Err(peer_error(rank, format!("accepting peers: {e}"))),
+            Ok(Err(e)) => return Err(peer_error(rank, format!("accepting peers: {e}"))),
+            Err(_) => {
+                return Err(peer_error(
+                    rank,
+                    format!("not every higher rank connected within {timeout:?}"),
+                ));
+            }
+        };
+        for (peer, stream) in accepted {
+            if peer <= rank || peer >= size || streams[peer].is_some() {
+                return Err(peer_error(peer, "unexpected peer rank in handshake".into()));
+            }
+            streams[peer] = Some(stream);
+        }
+
+        let mailbox = Arc::new(Mailbox::default());
+        let mut writers = Vec::with_capacity(size);
+        let mut readers = Vec::new();
+        for (peer, stream) in streams.into_iter().enumerate() {
+            match stream {
+                Some(stream) => {
+                    let (read, write) = stream.into_split();
+                    writers.push(Some(tokio::sync::Mutex::new(write)));
+                    readers.push(tokio::spawn(read_frames(peer, read, Arc::clone(&mailbox))));
+                }
+                None => writers.push(None),
+            }
+        }
+        Ok(Mesh {
+            rank,
+            size,
+            group: group.to_owned(),
+            writers,
+            readers,
+            mailbox,
+        })
+    }
+
+    /// Sends one frame to `peer`, failing after `timeout` if the peer
+    /// stops reading.
+    pub(crate) async fn send(
+        &self,
+        op: &str,
+        peer: usize,
+        tag: Tag,
+        payload: &[u8],
+        timeout: Duration,
+    ) -> Result<()> {
+        let writer = self.writer(op, peer)?;
+        let mut header = [0u8; HEADER];
+        header[0] = tag.kind as u8;
+        header[1] = op_code(op);
+        header[2..10].copy_from_slice(&tag.seq.to_le_bytes());
+        header[10..14].copy_from_slice(&tag.sub.to_le_bytes());
+        header[14..18].copy_from_slice(&tag.step.to_le_bytes());
+        header[18..26].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+        let write = async {
+            let mut w = writer.lock().await;
+            w.write_all(&header).await?;
+            w.write_all(payload).await
+        };
+        match tokio::time::timeout(timeout, write).await {
+            Ok(result) => {
+                result.map_err(|e| self.peer_error(op, peer, format!("send failed: {e}")))
+            }
+            Err(_) => Err(Error::Timeout {
+                rank: self.rank,
+                group: self.group.clone(),
+                op: op.to_owned(),
+                peer,
+                timeout,
+            }),
+        }
+    }
+
+    /// Waits for the frame `tag` from `peer`.
+    pub(crate) async fn recv(
+        &self,
+        op: &str,
+        peer: usize,
+        tag: Tag,
+        timeout: Duration,
+    ) -> Result<Vec<u8>> {
+        self.writer(op, peer)?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let changed = self.mailbox.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let mut slots = self.mailbox.lock();
+                if let Some(queue) = slots.queues.get_mut(&(peer, tag))
+                    && let Some((their_op, payload)) = queue.pop_front()
+                {
+                    if queue.is_empty() {
+                        slots.queues.remove(&(peer, tag));
+                    }
+                    if tag.kind == Kind::Collective && their_op != op_code(op) {
+                        return Err(self.peer_error(
+                            op,
+                            peer,
+                            format!(
+                                "collective #{} of the group is {op} here but {} on rank {peer}",
+                                tag.seq,
+                                op_name(their_op)
+                            ),
+                        ));
+                    }
+                    return Ok(payload);
+                }
+                if slots.shut_down {
+                    return Err(self.peer_error(
+                        op,
+                        peer,
+                        "the process group was destroyed".into(),
+                    ));
+                }
+                if let Some(why) = slots.closed.get(&peer) {
+                    return Err(self.peer_error(op, peer, why.clone()));
+                }
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return Err(Error::Timeout {
+                    rank: self.rank,
+                    group: self.group.clone(),
+                    op: op.to_owned(),
+                    peer,
+                    timeout,
+                });
+            }
+        }
+    }
+
+    /// Makes every waiting and later `recv` fail. The readers keep
+    /// draining the sockets until the mesh is dropped, so a peer's last
+    /// frames are never refused (closing a socket with unread data would
+    /// reset the connection under the peer's feet).
+    pub(crate) fn shut_down(&self) {
+        self.mailbox.shut_down();
+    }
+
+    fn writer(&self, op: &str, peer: usize) -> Result<&tokio::sync::Mutex<OwnedWriteHalf>> {
+        self.writers
+            .get(peer)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "rank {} of group {}: {op} with rank {peer}: not a peer in a group of size {}",
+                    self.rank, self.group, self.size
+                ))
+            })
+    }
+
+    fn peer_error(&self, op: &str, peer: usize, detail: String) -> Error {
+        Error::Peer {
+            rank: self.rank,
+            group: self.group.clone(),
+            op: op.to_owned(),
+            peer,
+            detail,
+        }
+    }
+}
+
+/// Aborts a task when dropped: the accept loop must not outlive a failed
+/// connect.
+struct AbortOnDrop<T>(JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+async fn read_frames(peer: usize, mut read: OwnedReadHalf, mailbox: Arc<Mailbox>) {
+    let why = loop {
+        let mut header = [0u8; HEADER];
+        if let Err(e) = read.read_exact(&mut header).await {
+            break if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                "connection closed by the peer".to_owned()
+            } else {
+                format!("receive failed: {e}")
+            };
+        }
+        let kind = match header[0] {
+            0 => Kind::Collective,
+            1 => Kind::P2p,
+            other => break format!("protocol error: unknown frame kind {other}"),
+        };
+        let u64_at = |i: usize| u64::from_le_bytes(header[i..i + 8].try_into().unwrap_or([0; 8]));
+        let u32_at = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().unwrap_or([0; 4]));
+        let op = header[1];
+        let tag = Tag {
+            kind,
+            seq: u64_at(2),
+            sub: u32_at(10),
+            step: u32_at(14),
+        };
+        let Ok(len) = usize::try_from(u64_at(18)) else {
+            break "protocol error: frame too large".to_owned();
+        };
+        let mut payload = vec![0u8; len];
+        if let Err(e) = read.read_exact(&mut payload).await {
+            break format!("receive failed mid-frame: {e}");
+        }
+        mailbox.push(peer, tag, op, payload);
+    };
+    mailbox.close(peer, why);
+}

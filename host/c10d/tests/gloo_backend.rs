@@ -1,0 +1,459 @@
+//! The `gloo` backend's data path, beyond what the seeds check: every
+//! collective's numbers on three ranks, each reduce op, point-to-point
+//! tags, timeouts that fail instead of hanging, errors that name the rank,
+//! group and op, destroy failing pending operations, and `tcp://` init.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tch::{Device, Kind, Tensor};
+use wasmrpc_c10d::{Error, InitOptions, NewGroupOptions, ReduceOp, World};
+use wasmrpc_store::FileStore;
+
+const TEST_LIMIT: Duration = Duration::from_secs(40);
+
+async fn run_ranks<F, Fut>(world_size: usize, body: F)
+where
+    F: Fn(usize, PathBuf) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("store");
+    let tasks: Vec<_> = (0..world_size)
+        .map(|rank| tokio::spawn(body(rank, file.clone())))
+        .collect();
+    let all = async {
+        for t in tasks {
+            if let Err(e) = t.await {
+                std::panic::resume_unwind(e.into_panic());
+            }
+        }
+    };
+    tokio::time::timeout(TEST_LIMIT, all)
+        .await
+        .expect("the ranks did not finish in time");
+}
+
+async fn init(rank: usize, world_size: usize, file: &std::path::Path, timeout: Duration) -> World {
+    let world = World::new();
+    world
+        .init_process_group(InitOptions {
+            backend: Some("gloo".into()),
+            store: Some(Arc::new(FileStore::new(file, Some(world_size)))),
+            rank: Some(rank as i64),
+            world_size: Some(world_size as i64),
+            timeout: Some(timeout),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    world
+}
+
+fn vals(v: &[f32]) -> Tensor {
+    Tensor::from_slice(v)
+}
+
+fn close(a: &Tensor, b: &Tensor) -> bool {
+    a.allclose(b, 1e-6, 1e-6, false)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collectives_compute_across_three_ranks() {
+    const N: usize = 3;
+    run_ranks(N, |rank, file| async move {
+        let world = init(rank, N, &file, Duration::from_secs(15)).await;
+        let r = rank as f32;
+
+        // all_reduce with every op.
+        let cases: [(ReduceOp, [f32; 2]); 6] = [
+            (ReduceOp::SUM, [1. + 2. + 3., 3. * 10.]),
+            (ReduceOp::PRODUCT, [1. * 2. * 3., 1000.]),
+            (ReduceOp::MIN, [1., 10.]),
+            (ReduceOp::MAX, [3., 10.]),
+            (ReduceOp::AVG, [2., 10.]),
+            (ReduceOp::PremulSum(0.5), [3., 15.]),
+        ];
+        for (op, want) in cases {
+            let t = vals(&[r + 1., 10.]);
+            world
+                .all_reduce(&t, op, None)
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
+            assert!(close(&t, &vals(&want)), "{op:?}: {t}");
+        }
+        for (op, want) in [
+            (ReduceOp::BAND, 0b000i64),
+            (ReduceOp::BOR, 0b111),
+            (ReduceOp::BXOR, 0b111),
+        ] {
+            let t = Tensor::from_slice(&[1i64 << rank]);
+            world
+                .all_reduce(&t, op, None)
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
+            assert_eq!(t.int64_value(&[0]), want, "{op:?}");
+        }
+
+        // broadcast from rank 1.
+        let t = vals(&[r, r]);
+        world.broadcast(&t, 1, None).unwrap().wait().await.unwrap();
+        assert!(t.equal(&vals(&[1., 1.])));
+
+        // reduce to rank 2 (others keep their input).
+        let t = vals(&[r]);
+        world
+            .reduce(&t, 2, ReduceOp::SUM, None)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        let want = if rank == 2 { 3. } else { r };
+        assert!(t.equal(&vals(&[want])), "{t}");
+
+        // all_gather.
+        let outs: Vec<Tensor> = (0..N).map(|_| vals(&[-1., -1.])).collect();
+        world
+            .all_gather(&outs, &vals(&[r, r * 2.]), None)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        for (s, out) in outs.iter().enumerate() {
+            assert!(out.equal(&vals(&[s as f32, s as f32 * 2.])));
+        }
+
+        // gather to rank 0, scatter from rank 0.
+        let outs: Vec<Tensor> = (0..N).map(|_| vals(&[-1.])).collect();
+        let list = (rank == 0).then_some(outs.as_slice());
+        world
+            .gather(&vals(&[r * 3.]), list, 0, None)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        if rank == 0 {
+            for (s, out) in outs.iter().enumerate() {
+                assert!(out.equal(&vals(&[s as f32 * 3.])));
+            }
+        }
+        let parts: Vec<Tensor> = (0..N).map(|s| vals(&[s as f32 + 100.])).collect();
+        let list = (rank == 0).then_some(parts.as_slice());
+        let out = vals(&[0.]);
+        world
+            .scatter(&out, list, 0, None)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        assert!(out.equal(&vals(&[r + 100.])));
+
+        // reduce_scatter: rank d gets sum over s of (s * 10 + d).
+        let inputs: Vec<Tensor> = (0..N).map(|d| vals(&[r * 10. + d as f32])).collect();
+        let out = vals(&[0.]);
+        world
+            .reduce_scatter(&out, &inputs, ReduceOp::SUM, None)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        assert!(out.equal(&vals(&[30. + 3. * r])), "{out}");
+
+        // all_to_all_single with uneven splits: rank s sends s+1 rows of
+        // value s*10+d to each d... here: 1 row per peer, equal splits.
+        let input = Tensor::from_slice(&[r * 10., r * 10. + 1., r * 10. + 2.]);
+        let output = Tensor::zeros([3], (Kind::Float, Device::Cpu));
+        world
+            .all_to_all_single(&output, &input, &[], &[], None)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        let want: Vec<f32> = (0..N).map(|s| s as f32 * 10. + r).collect();
+        assert!(output.equal(&vals(&want)), "{output}");
+
+        // Uneven splits: rank s sends (d + 1) rows to rank d.
+        let rows_out: Vec<i64> = vec![rank as i64 + 1; N];
+        let rows_in: Vec<i64> = (0..N as i64).map(|d| d + 1).collect();
+        let input = Tensor::full([6], r as f64, (Kind::Float, Device::Cpu));
+        let output = Tensor::zeros([3 * (rank as i64 + 1)], (Kind::Float, Device::Cpu));
+        world
+            .all_to_all_single(&output, &input, &rows_out, &rows_in, None)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        let want: Vec<f32> = (0..N)
+            .flat_map(|s| std::iter::repeat_n(s as f32, rank + 1))
+            .collect();
+        assert!(output.equal(&vals(&want)), "{output}");
+
+        // Point to point in a ring, two tags issued out of order.
+        let next = (rank + 1) % N;
+        let prev = (rank + N - 1) % N;
+        let a = world.send(&vals(&[r]), next, None, 7).unwrap();
+        let b = world.send(&vals(&[r + 0.5]), next, None, 8).unwrap();
+        let got8 = vals(&[0.]);
+        let got7 = vals(&[0.]);
+        world
+            .recv(&got8, prev, None, 8)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        world
+            .recv(&got7, prev, None, 7)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        a.wait().await.unwrap();
+        b.wait().await.unwrap();
+        assert!(got7.equal(&vals(&[prev as f32])));
+        assert!(got8.equal(&vals(&[prev as f32 + 0.5])));
+
+        world.barrier(None).unwrap().wait().await.unwrap();
+        world.destroy_process_group(None).unwrap();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_collectives_on_two_groups_do_not_mix() {
+    const N: usize = 2;
+    run_ranks(N, |rank, file| async move {
+        let world = init(rank, N, &file, Duration::from_secs(15)).await;
+        let other = world
+            .new_group(&[], NewGroupOptions::default())
+            .await
+            .unwrap()
+            .unwrap();
+        // Several collectives in flight at once, on both groups.
+        let ts: Vec<Tensor> = (0..6).map(|i| vals(&[(rank * 10 + i) as f32])).collect();
+        let works: Vec<_> = ts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let g = (i % 2 == 1).then_some(&other);
+                world.all_reduce(t, ReduceOp::SUM, g).unwrap()
+            })
+            .collect();
+        for w in works {
+            w.wait().await.unwrap();
+        }
+        for (i, t) in ts.iter().enumerate() {
+            assert!(t.equal(&vals(&[(10 + 2 * i) as f32])), "{i}: {t}");
+        }
+        world.destroy_process_group(None).unwrap();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_peer_times_out_with_context() {
+    const N: usize = 2;
+    run_ranks(N, |rank, file| async move {
+        let world = init(rank, N, &file, Duration::from_millis(500)).await;
+        if rank == 0 {
+            let t = vals(&[0.]);
+            let started = Instant::now();
+            let err = world
+                .recv(&t, 1, None, 3)
+                .unwrap()
+                .wait()
+                .await
+                .unwrap_err();
+            assert!(started.elapsed() < Duration::from_secs(5));
+            assert!(matches!(err, Error::Timeout { .. }), "{err}");
+            let text = err.to_string();
+            for part in ["Timeout", "rank 0", "group 0", "recv", "rank 1"] {
+                assert!(text.contains(part), "{text} lacks {part}");
+            }
+            // A collective the peer never joins times out the same way.
+            let err = world
+                .all_reduce(&t, ReduceOp::SUM, None)
+                .unwrap()
+                .wait()
+                .await
+                .unwrap_err();
+            assert!(matches!(err, Error::Timeout { .. }), "{err}");
+            assert!(err.to_string().contains("all_reduce"), "{err}");
+            world
+                .default_store()
+                .unwrap()
+                .set("done", b"1")
+                .await
+                .unwrap();
+        } else {
+            // Stays connected, silent, until rank 0 is done.
+            let store = world.default_store().unwrap();
+            store
+                .wait(&["done"], Duration::from_secs(20))
+                .await
+                .unwrap();
+        }
+        world.destroy_process_group(None).unwrap();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destroy_fails_pending_operations() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("store");
+    let (w0, w1) = tokio::join!(
+        init(0, 2, &file, Duration::from_secs(30)),
+        init(1, 2, &file, Duration::from_secs(30))
+    );
+    let t = vals(&[0.]);
+    let pending = w0.recv(&t, 1, None, 0).unwrap();
+    w0.destroy_process_group(None).unwrap();
+    let err = tokio::time::timeout(Duration::from_secs(5), pending.wait())
+        .await
+        .expect("destroy did not wake the pending recv")
+        .unwrap_err();
+    assert!(err.to_string().contains("destroyed"), "{err}");
+    assert!(!w0.is_initialized());
+    let err = w0.barrier(None).unwrap_err();
+    assert!(
+        err.to_string().contains("has not been initialized"),
+        "{err}"
+    );
+    w1.destroy_process_group(None).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mismatched_sizes_fail_with_context() {
+    const N: usize = 2;
+    run_ranks(N, |rank, file| async move {
+        let world = init(rank, N, &file, Duration::from_secs(15)).await;
+        let t = Tensor::zeros([rank as i64 + 1], (Kind::Float, Device::Cpu));
+        let err = world
+            .all_reduce(&t, ReduceOp::SUM, None)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("all_reduce") && text.contains("sizes differ"),
+            "{text}"
+        );
+        world.destroy_process_group(None).unwrap();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_init_method_and_double_init() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    run_ranks(2, move |rank, _| async move {
+        let world = World::new();
+        let opts = InitOptions {
+            backend: Some("gloo".into()),
+            init_method: Some(format!("tcp://127.0.0.1:{port}")),
+            rank: Some(rank as i64),
+            world_size: Some(2),
+            timeout: Some(Duration::from_secs(15)),
+            ..Default::default()
+        };
+        world.init_process_group(opts.clone()).await.unwrap();
+        assert_eq!(world.get_rank(None).unwrap(), rank as i64);
+        assert_eq!(world.get_world_size(None).unwrap(), 2);
+        let err = world.init_process_group(opts).await.unwrap_err();
+        assert!(err.to_string().contains("twice"), "{err}");
+        let t = vals(&[rank as f32 + 1.]);
+        world
+            .all_reduce(&t, ReduceOp::SUM, None)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        assert!(t.equal(&vals(&[3.])));
+        // Rank 0 hosts the TCP store: it leaves last.
+        world.barrier(None).unwrap().wait().await.unwrap();
+        world.destroy_process_group(None).unwrap();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mismatched_collectives_are_named() {
+    const N: usize = 2;
+    run_ranks(N, |rank, file| async move {
+        let world = init(rank, N, &file, Duration::from_secs(15)).await;
+        let t = vals(&[1.]);
+        let work = if rank == 0 {
+            world.all_reduce(&t, ReduceOp::SUM, None).unwrap()
+        } else {
+            world.barrier(None).unwrap()
+        };
+        let result = work.wait().await;
+        if rank == 0 {
+            let text = result.unwrap_err().to_string();
+            assert!(
+                text.contains(
+                    "collective #1 of the group is all_reduce here but barrier on rank 1"
+                ),
+                "{text}"
+            );
+            world
+                .default_store()
+                .unwrap()
+                .set("done", b"1")
+                .await
+                .unwrap();
+        } else {
+            // Rank 1's barrier got rank 0's all_reduce frame: also refused.
+            let text = result.unwrap_err().to_string();
+            assert!(
+                text.contains("is barrier here but all_reduce on rank 0"),
+                "{text}"
+            );
+            let store = world.default_store().unwrap();
+            store
+                .wait(&["done"], Duration::from_secs(20))
+                .await
+                .unwrap();
+        }
+        world.destroy_process_group(None).unwrap();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_fails_when_a_rank_never_joins() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("store");
+    // Rank 0 of 2 alone: rank 1 never connects.
+    let world = World::new();
+    let started = Instant::now();
+    let err = world
+        .init_process_group(InitOptions {
+            backend: Some("gloo".into()),
+            store: Some(Arc::new(FileStore::new(&file, Some(2)))),
+            rank: Some(0),
+            world_size: Some(2),
+            timeout: Some(Duration::from_millis(500)),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let text = err.to_string();
+    assert!(
+        text.contains("rank 0 of group 0") && text.contains("not every higher rank connected"),
+        "{text}"
+    );
+    assert!(!world.is_initialized());
+}
