@@ -186,7 +186,17 @@ impl Pass {
     /// Fires `entry` with `grads` (one per output; `None` for none) and
     /// whatever becomes ready after it, then completes the pass if nothing
     /// is left (DA-5, DA-6). Blocking: runs libtorch's engine.
-    fn fire(self: &Arc<Self>, entry: Entry, grads: Vec<Option<Tensor>>) -> Result<()> {
+    ///
+    /// `requester` is the worker whose gradient request this firing serves:
+    /// gradients due to it are returned, to travel in the reply, instead of
+    /// being sent in a request of their own (one round trip less per hop).
+    fn fire(
+        self: &Arc<Self>,
+        entry: Entry,
+        grads: Vec<Option<Tensor>>,
+        requester: Option<u32>,
+    ) -> Result<Vec<Piggyback>> {
+        let mut piggyback = Vec::new();
         let mut work = std::collections::VecDeque::from([(entry, grads)]);
         if entry == Entry::Roots {
             work.extend(self.initial_work());
@@ -222,7 +232,7 @@ impl Pass {
                     });
                     if left == Some(0) {
                         st.remaining.remove(cut);
-                        if let Some(next) = self.dispatch(st, *cut)? {
+                        if let Some(next) = self.dispatch(st, *cut, requester, &mut piggyback)? {
                             work.push_back(next);
                         }
                     }
@@ -237,7 +247,17 @@ impl Pass {
                 self.commit(st);
             }
         }
-        Ok(())
+        // Gradients ride on the reply only when this worker has nothing left
+        // to wait for: otherwise the reply waits, and what it waits for may
+        // need the requester to have these gradients first.
+        let idle = complete && lock(&self.outstanding).iter().all(Future::done);
+        if let Some(to) = requester.filter(|_| !idle) {
+            for b in piggyback.drain(..) {
+                let fut = self.send_gradients(b.message_id, to, b.grads);
+                lock(&self.outstanding).push(fut);
+            }
+        }
+        Ok(piggyback)
     }
 
     fn run_engine(
@@ -319,12 +339,15 @@ impl Pass {
         Ok(())
     }
 
-    /// A cut whose gradients are final: a recv record sends them back; a
+    /// A cut whose gradients are final: a recv record sends them back (or
+    /// leaves them in `piggyback` when they are due to `requester`); a
     /// custom function runs its backward and fires its inputs.
     fn dispatch(
         self: &Arc<Self>,
         st: &mut PassState,
         cut: Cut,
+        requester: Option<u32>,
+        piggyback: &mut Vec<Piggyback>,
     ) -> Result<Option<(Entry, Vec<Option<Tensor>>)>> {
         match cut {
             Cut::Recv(m) => {
@@ -339,8 +362,15 @@ impl Pass {
                     .iter()
                     .map(|l| st.cut_grads.remove(&impl_id(l)))
                     .collect();
-                let fut = self.send_gradients(recv.message_id(), recv.from_worker(), grads);
-                lock(&self.outstanding).push(fut);
+                if requester == Some(recv.from_worker()) {
+                    piggyback.push(Piggyback {
+                        message_id: recv.message_id(),
+                        grads,
+                    });
+                } else {
+                    let fut = self.send_gradients(recv.message_id(), recv.from_worker(), grads);
+                    lock(&self.outstanding).push(fut);
+                }
                 Ok(None)
             }
             Cut::Custom(c) => {
@@ -400,13 +430,42 @@ impl Pass {
         );
         let pass = Arc::downgrade(self);
         fut.add_done_callback(move |f| {
-            if let Some(Err(e)) = f.try_value()
-                && let Some(pass) = pass.upgrade()
-            {
-                pass.fail(e);
+            let Some(pass) = pass.upgrade() else { return };
+            match f.try_value() {
+                Some(Err(e)) => pass.fail(e),
+                Some(Ok(reply)) => pass.take_piggyback(to, &reply),
+                None => {}
             }
         });
         fut
+    }
+
+    /// Fires the gradients worker `from` returned in its reply to a
+    /// gradient request (they are for this worker's sends to it), on a
+    /// task of their own: the reply's callback must not run the engine.
+    fn take_piggyback(self: Arc<Self>, from: u32, reply: &Payload) {
+        let batches = match Piggyback::decode(reply) {
+            Ok(b) if b.is_empty() => return,
+            Ok(b) => b,
+            Err(e) => return self.fail(e),
+        };
+        let agent = self.agent.clone();
+        let context_id = self.ctx.context_id();
+        let retain_graph = self.retain_graph;
+        tokio::spawn(async move {
+            for b in batches {
+                let envelope = AutogradEnvelope {
+                    context_id,
+                    message_id: b.message_id,
+                    from_worker: from,
+                };
+                // The sender already replied: nothing can ride back on it.
+                if let Err(e) = propagate(&agent, envelope, b.grads, retain_graph, None).await {
+                    self.fail(e);
+                    return;
+                }
+            }
+        });
     }
 
     /// The pass completed: its gradients join the context (DA-6).
@@ -437,14 +496,65 @@ impl Pass {
     }
 }
 
+/// Gradients for the recv record `message_id` of the worker they go to,
+/// carried in the reply to that worker's gradient request.
+struct Piggyback {
+    message_id: i64,
+    grads: Vec<Option<Tensor>>,
+}
+
+impl Piggyback {
+    /// The reply to a gradient request: a list of `(message_id, [grad or
+    /// None, ...])`.
+    fn encode(batches: Vec<Piggyback>) -> Payload {
+        Payload::list(batches.into_iter().map(|b| {
+            let grads = b.grads.into_iter().map(|g| match g {
+                Some(g) => Payload::from(g),
+                None => Payload::none(),
+            });
+            Payload::tuple([Payload::from(b.message_id), Payload::list(grads)])
+        }))
+    }
+
+    fn decode(reply: &Payload) -> Result<Vec<Piggyback>> {
+        if reply.is_none() {
+            return Ok(Vec::new());
+        }
+        reply
+            .items()?
+            .into_iter()
+            .map(|item| {
+                let [m, grads]: [Payload; 2] = item
+                    .items()?
+                    .try_into()
+                    .map_err(|_| Error::runtime("a malformed gradient reply"))?;
+                let grads = grads
+                    .items()?
+                    .into_iter()
+                    .map(|g| (!g.is_none()).then(|| g.as_tensor()).transpose())
+                    .collect::<Result<_>>()?;
+                Ok(Piggyback {
+                    message_id: m.as_int()?,
+                    grads,
+                })
+            })
+            .collect()
+    }
+}
+
 /// Runs [`Pass::fire`] on a blocking thread (libtorch's engine blocks),
 /// or in place when the pass is cheap and no hook (user code) may run.
-async fn fire(pass: &Arc<Pass>, entry: Entry, grads: Vec<Option<Tensor>>) -> Result<()> {
+async fn fire(
+    pass: &Arc<Pass>,
+    entry: Entry,
+    grads: Vec<Option<Tensor>>,
+    requester: Option<u32>,
+) -> Result<Vec<Piggyback>> {
     if pass.cheap && !super::hook::any_registered() {
-        return pass.fire(entry, grads);
+        return pass.fire(entry, grads, requester);
     }
     let p = pass.clone();
-    tokio::task::spawn_blocking(move || p.fire(entry, grads))
+    tokio::task::spawn_blocking(move || p.fire(entry, grads, requester))
         .await
         .map_err(|e| Error::runtime(format!("the backward pass task failed: {e}")))?
 }
@@ -520,7 +630,7 @@ pub fn backward(
         let started = start_backward(&agent, context_id, &roots, retain_graph);
         drop(roots);
         let (pass, seeds) = started?;
-        if let Err(e) = fire(&pass, Entry::Roots, seeds).await {
+        if let Err(e) = fire(&pass, Entry::Roots, seeds, None).await {
             pass.fail(e.clone());
             return Err(e);
         }
@@ -555,15 +665,9 @@ fn start_backward(
     Ok((pass, seeds))
 }
 
-async fn propagate(
-    agent: &RpcAgent,
-    envelope: AutogradEnvelope,
-    grads: Vec<Value>,
-    tensors: Vec<Tensor>,
-    retain_graph: bool,
-) -> Result<()> {
-    let ctx = container(agent).retrieve(envelope.context_id)?;
-    let grads = grads
+/// The gradients of a request, as sent: one per tensor of the send record.
+fn gradients_of_request(grads: Vec<Value>, tensors: Vec<Tensor>) -> Result<Vec<Option<Tensor>>> {
+    grads
         .into_iter()
         .map(|v| match v {
             Value::None => Ok(None),
@@ -576,7 +680,21 @@ async fn propagate(
                 other.type_name()
             ))),
         })
-        .collect::<Result<Vec<_>>>()?;
+        .collect()
+}
+
+/// Fires the gradients `envelope.from_worker` sent for this worker's send
+/// record `envelope.message_id`, joining the context's running pass or
+/// starting one; returns once this worker's part is done, with the
+/// gradients that ride back to `requester` (see [`Pass::fire`]).
+async fn propagate(
+    agent: &RpcAgent,
+    envelope: AutogradEnvelope,
+    grads: Vec<Option<Tensor>>,
+    retain_graph: bool,
+    requester: Option<u32>,
+) -> Result<Vec<Piggyback>> {
+    let ctx = container(agent).retrieve(envelope.context_id)?;
     let (pass, first) = {
         let running = ctx.state().pass.clone();
         match running {
@@ -584,16 +702,20 @@ async fn propagate(
             None => install(&ctx, Pass::start(agent, &ctx, None, retain_graph)),
         }
     };
-    if let Err(e) = fire(&pass, Entry::Send(envelope.message_id), grads).await {
-        let e = error_on_node(agent.rank(), &e);
-        pass.fail(e.clone());
-        return Err(e);
-    }
+    let piggyback = match fire(&pass, Entry::Send(envelope.message_id), grads, requester).await {
+        Ok(p) => p,
+        Err(e) => {
+            let e = error_on_node(agent.rank(), &e);
+            pass.fail(e.clone());
+            return Err(e);
+        }
+    };
     if first {
-        finish(&pass).await
+        finish(&pass).await?;
     } else {
-        pass.done.wait().await.map(|_| ())
+        pass.done.wait().await?;
     }
+    Ok(piggyback)
 }
 
 /// Serves the autograd requests a peer sends: gradients for a send record,
@@ -610,16 +732,20 @@ pub(crate) async fn handle_request(
             retain_graph,
             ..
         } => {
-            propagate(agent, envelope, grads, tensors, retain_graph)
-                .await
-                .map_err(|e| {
-                    if e.message().starts_with(ERROR_ON_NODE_PREFIX) {
-                        e
-                    } else {
-                        error_on_node(agent.rank(), &e)
-                    }
-                })?;
-            Ok(Payload::none())
+            let requester = envelope.from_worker;
+            let piggyback = async {
+                let grads = gradients_of_request(grads, tensors)?;
+                propagate(agent, envelope, grads, retain_graph, Some(requester)).await
+            }
+            .await
+            .map_err(|e| {
+                if e.message().starts_with(ERROR_ON_NODE_PREFIX) {
+                    e
+                } else {
+                    error_on_node(agent.rank(), &e)
+                }
+            })?;
+            Ok(Piggyback::encode(piggyback))
         }
         Message::CleanupAutogradContext { context_id, .. } => {
             super::context::release_if_present(agent, context_id);
