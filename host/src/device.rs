@@ -448,6 +448,20 @@ pub fn has_device_map_to(agent: &crate::RpcAgent, remote: &str) -> bool {
     maps.get(remote).is_some_and(|m| !m.is_empty())
 }
 
+/// Which of an agent's maps toward a peer a message's tensors travel with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MapDirection {
+    /// This agent's own map toward the peer (requests; gradients a recv
+    /// record of a *response* sends back, the inverse of the response's
+    /// reverse map).
+    Request,
+    /// The inverse of the peer's map toward this agent (responses;
+    /// gradients a recv record of a *request* sends back to its caller,
+    /// as PyTorch's `RecvRpcBackward` keeps the reverse map of the message
+    /// it received).
+    Response,
+}
+
 /// The devices of a message's tensors at `remote` for this agent:
 /// [`devices_for_remote`] with the request map toward `remote` or the
 /// reverse map of `remote`'s map toward this agent.
@@ -457,10 +471,11 @@ pub fn has_device_map_to(agent: &crate::RpcAgent, remote: &str) -> bool {
 pub(crate) fn devices_for(
     agent: &crate::RpcAgent,
     remote: &str,
-    is_request: bool,
+    direction: MapDirection,
     tensors: &[tch::Tensor],
 ) -> Result<Vec<Device>> {
     let maps = agent.state::<AgentDeviceMaps>();
+    let is_request = direction == MapDirection::Request;
     let maps = if is_request {
         &maps.requests
     } else {

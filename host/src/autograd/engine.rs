@@ -8,7 +8,7 @@ use tch::Tensor;
 use wasmrpc_torch_sys::{GradOptions, grad};
 
 use super::context::{DistAutogradContext, container, current_context};
-use super::graph::{Cut, Gradients, Reach, Tensors, walk};
+use super::graph::{Cut, Gradients, Reach, RecvFunction, Tensors, walk};
 use crate::abi::Value;
 use crate::agent::{Future, RpcAgent};
 use crate::error::{
@@ -317,7 +317,7 @@ impl Pass {
                     .iter()
                     .map(|l| st.cut_grads.remove(&impl_id(l)))
                     .collect();
-                let fut = self.send_gradients(recv.message_id(), recv.from_worker(), grads);
+                let fut = self.send_gradients(&recv, grads);
                 lock(&self.outstanding).push(fut);
                 Ok(None)
             }
@@ -342,12 +342,12 @@ impl Pass {
         }
     }
 
-    fn send_gradients(
-        self: &Arc<Self>,
-        message_id: i64,
-        to: u32,
-        grads: Vec<Option<Tensor>>,
-    ) -> Future {
+    /// Sends `recv`'s gradients to the worker its message came from, with
+    /// the inverse of that message's device map (PyTorch's
+    /// `RecvRpcBackward`): they land on the devices the sender's tensors
+    /// were on.
+    fn send_gradients(self: &Arc<Self>, recv: &RecvFunction, grads: Vec<Option<Tensor>>) -> Future {
+        let (message_id, to) = (recv.message_id(), recv.from_worker());
         let mut tensors = Vec::new();
         let values: Vec<Value> = grads
             .into_iter()
@@ -365,7 +365,7 @@ impl Pass {
             from_worker: self.agent.rank(),
         };
         let retain_graph = self.retain_graph;
-        let fut = self.agent.request(
+        let fut = self.agent.request_mapped(
             i64::from(to),
             |id| Message::PropagateGradients {
                 id,
@@ -375,6 +375,7 @@ impl Pass {
             },
             &tensors,
             None,
+            recv.inner.grads_map,
         );
         let pass = Arc::downgrade(self);
         fut.add_done_callback(move |f| {
