@@ -125,7 +125,8 @@ fn seed_coverage() {
         include_str!("rpc_test/async_execution.rs"),
         include_str!("rpc_test/async_class.rs"),
         include_str!("rpc_test/autograd.rs"),
-        include_str!("rpc_test/profiling.rs")
+        include_str!("rpc_test/profiling.rs"),
+        include_str!("rpc_test/cuda.rs")
     );
     let ported = |name: &str| source.contains(&format!("fn {name}() {{"));
     let unported = wasmrpc_tests::skips::unported("rpc_test");
