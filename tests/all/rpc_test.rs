@@ -1136,6 +1136,30 @@ fn test_py_raise_in_user_func_escaped_str() {
     });
 }
 
+/// The plugin's `custom_raise_func` raises `CustomException(True, "foo")`,
+/// a class outside `ErrorKind`: errors cross as a kind and a message, so no
+/// caller can rebuild it, and the caller gets the `RuntimeError` that names
+/// the remote class and message.
+#[test]
+fn test_custom_exception_throw_during_reconstruction() {
+    dist(|w| async move {
+        if w.rank != 0 {
+            let r = w
+                .agent
+                .rpc_sync(worker_name(0), "seed_fns::custom_raise_func", args![])
+                .await;
+            let e = expect_err(
+                r,
+                ErrorKind::RuntimeError,
+                "Original exception on remote side was",
+            )?;
+            ensure!(e.message().contains("CustomException"), "{e}");
+            ensure!(e.message().contains("CustomException: foo"), "{e}");
+        }
+        Ok(())
+    });
+}
+
 #[test]
 fn test_function_not_on_callee() {
     dist(|w| async move {

@@ -132,6 +132,13 @@ fn raise_func() -> Result<()> {
     Err(Error::value_error("Expected error"))
 }
 
+/// `custom_raise_func()`: raises `CustomException(True, "foo")`, an
+/// exception class of the plugin's own, which no caller can rebuild.
+#[remote]
+fn custom_raise_func() -> Result<()> {
+    Err(Error::exception("CustomException", "foo"))
+}
+
 /// `raise_func_escape()`: a `ValueError` whose message has real newlines.
 #[remote]
 fn raise_func_escape() -> Result<()> {
