@@ -167,9 +167,10 @@ pub fn check_device_string(s: &str) -> Result<(&str, Option<u32>)> {
                 && i.chars().all(|c| c.is_ascii_digit())
                 && (i == "0" || !i.starts_with('0')) =>
         {
-            Some(i.parse::<u32>().map_err(|_| {
-                Error::runtime(format!("Device index {i} is out of range"))
-            })?)
+            Some(
+                i.parse::<u32>()
+                    .map_err(|_| Error::runtime(format!("Device index {i} is out of range")))?,
+            )
         }
         Some(_) => return Err(Error::runtime(format!("Invalid device string: '{s}'"))),
     };
@@ -202,7 +203,9 @@ pub fn parse_device(spec: impl Into<DeviceSpec>) -> Result<Device> {
             // indices get the text of the integer form.
             match s.split_once(':') {
                 Some(("cpu", "-1")) => return Ok(Device::Cpu),
-                Some((_, i)) if i.starts_with('-') && i[1..].chars().all(|c| c.is_ascii_digit()) => {
+                Some((_, i))
+                    if i.starts_with('-') && i[1..].chars().all(|c| c.is_ascii_digit()) =>
+                {
                     return Err(Error::runtime(NEGATIVE_INDEX));
                 }
                 _ => {}

@@ -273,11 +273,7 @@ impl RemoteModule {
             tensors,
             rrefs,
         };
-        agent.rpc_async(
-            Dest::Info(self.module_rref.owner()),
-            REMOTE_FORWARD,
-            call,
-        )
+        agent.rpc_async(Dest::Info(self.module_rref.owner()), REMOTE_FORWARD, call)
     }
 
     /// `forward(*args, **kwargs)` on the module's owner.
@@ -497,7 +493,10 @@ pub(crate) fn register(r: &FunctionRegistry) {
             positional: args.positional.get(3..).unwrap_or_default().to_vec(),
             kwargs: args.kwargs.clone(),
             tensors: if device == Device::Cpu {
-                args.tensors.iter().map(tch::Tensor::shallow_clone).collect()
+                args.tensors
+                    .iter()
+                    .map(tch::Tensor::shallow_clone)
+                    .collect()
             } else {
                 moved(&args.tensors, device)?
             },

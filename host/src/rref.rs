@@ -82,8 +82,8 @@ use std::time::Duration;
 use crate::abi::{ErrorKind, Value, WorkerInfo};
 use crate::agent::{AgentInner, Dest, Future, RpcAgent};
 use crate::error::{
-    CURRENT_AGENT_NOT_SET, Error, RPC_TIMEOUT_PREFIX, RREF_CREATION_TIMED_OUT, RREF_TO_HERE_AFTER_DELETION, Result,
-    local_value_not_on_owner_message,
+    CURRENT_AGENT_NOT_SET, Error, RPC_TIMEOUT_PREFIX, RREF_CREATION_TIMED_OUT,
+    RREF_TO_HERE_AFTER_DELETION, Result, local_value_not_on_owner_message,
 };
 use crate::transport::GloballyUniqueId;
 use crate::value::{Args, Payload};

@@ -50,9 +50,9 @@ fn register_modules(r: &FunctionRegistry) {
         let grads = autograd::get_gradients(ctx.agent(), a.get(1)?.as_int()?)?;
         let mut out = Vec::new();
         for i in 0..2 {
-            let g = grads.get(layer.tensor(i)?).ok_or_else(|| {
-                wasmrpc::Error::runtime(format!("parameter {i} has no gradient"))
-            })?;
+            let g = grads
+                .get(layer.tensor(i)?)
+                .ok_or_else(|| wasmrpc::Error::runtime(format!("parameter {i} has no gradient")))?;
             out.push(Payload::from(g));
         }
         Ok(Payload::list(out))

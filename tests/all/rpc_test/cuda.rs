@@ -124,7 +124,11 @@ fn register(r: &FunctionRegistry) {
     // `rpc_async(to, torch.add, (x, y)).then(lambda fut: fut.value() + z)`.
     r.register_native("cuda::async_cuda_nested_add", |ctx, a: Args| async move {
         let to = a.get(0)?.as_str()?.to_owned();
-        let (x, y, z) = (a.get(1)?.as_tensor()?, a.get(2)?.as_tensor()?, a.get(3)?.as_tensor()?);
+        let (x, y, z) = (
+            a.get(1)?.as_tensor()?,
+            a.get(2)?.as_tensor()?,
+            a.get(3)?.as_tensor()?,
+        );
         ctx.agent()
             .rpc_async(to.as_str(), "aten::add", args![x, y])
             .then(move |f| {
@@ -939,8 +943,15 @@ fn test_async_execution_with_cuda_future() {
                 .wait()
                 .await?
                 .as_tensor()?;
-            ensure!(got.device() == Device::Cuda(0), "result on {:?}", got.device());
-            ensure!(got.eq(1).all().int64_value(&[]) == 1, "not all ones: {got:?}");
+            ensure!(
+                got.device() == Device::Cuda(0),
+                "result on {:?}",
+                got.device()
+            );
+            ensure!(
+                got.eq(1).all().int64_value(&[]) == 1,
+                "not all ones: {got:?}"
+            );
         }
         shutdown(agents).await
     });
@@ -966,8 +977,15 @@ fn test_async_execution_nested_with_cuda_future() {
                 .wait()
                 .await?
                 .as_tensor()?;
-            ensure!(got.device() == Device::Cuda(0), "result on {:?}", got.device());
-            ensure!(got.eq(3).all().int64_value(&[]) == 1, "not all threes: {got:?}");
+            ensure!(
+                got.device() == Device::Cuda(0),
+                "result on {:?}",
+                got.device()
+            );
+            ensure!(
+                got.eq(3).all().int64_value(&[]) == 1,
+                "not all threes: {got:?}"
+            );
         }
         shutdown(agents).await
     });
