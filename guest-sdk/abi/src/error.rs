@@ -136,3 +136,25 @@ impl fmt::Display for RemoteError {
         write!(f, "{}: {}", self.kind, self.message)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exception_classes_outside_error_kind_are_not_rebuilt() {
+        for kind in ErrorKind::ALL {
+            let e = RemoteError::exception(kind.python_name(), "m");
+            assert_eq!((e.kind, e.message.as_str()), (kind, "m"));
+        }
+        let e = RemoteError::exception("CustomException", "foo");
+        assert_eq!(e.kind, ErrorKind::RuntimeError);
+        assert!(e.message.starts_with(
+            "Failed to create original exception type. Error msg was CustomException is not"
+        ));
+        assert!(
+            e.message
+                .ends_with("Original exception on remote side was CustomException: foo")
+        );
+    }
+}
