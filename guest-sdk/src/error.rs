@@ -50,6 +50,22 @@ impl Error {
     pub fn assertion_error(message: impl Into<String>) -> Self {
         Error::new(ErrorKind::AssertionError, message)
     }
+    /// An exception of the class named `class` (`raise CustomException(...)`):
+    /// a class of [`ErrorKind`] keeps its kind; any other reaches the caller
+    /// as the `RuntimeError` PyTorch raises when it cannot rebuild a remote
+    /// exception, naming the class and the message
+    /// ([`RemoteError::exception`]).
+    ///
+    /// ```
+    /// use wasmrpc_guest::{Error, ErrorKind};
+    /// let e = Error::exception("CustomException", "foo");
+    /// assert_eq!(e.kind(), ErrorKind::RuntimeError);
+    /// assert!(e.message().contains("Original exception on remote side was CustomException: foo"));
+    /// assert_eq!(Error::exception("KeyError", "k").kind(), ErrorKind::KeyError);
+    /// ```
+    pub fn exception(class: &str, message: impl Into<String>) -> Self {
+        RemoteError::exception(class, message).into()
+    }
     /// The exception class.
     pub fn kind(&self) -> ErrorKind {
         self.kind

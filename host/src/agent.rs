@@ -66,6 +66,7 @@ pub(crate) use registry::call_guarded;
 pub use registry::{CallContext, FunctionRegistry, FunctionResolver, RpcFunction};
 
 use crate::abi::{ErrorKind, WorkerInfo};
+use crate::device::MapDirection;
 use crate::error::{
     Error, Result, cannot_get_worker_info_message, rpc_timeout_message, unknown_function_message,
     unknown_worker_id_message, unknown_worker_name_message,
@@ -616,7 +617,16 @@ impl RpcAgent {
             autograd,
             profiling: profiling.map(|p| p.sent_as(id)),
         };
-        self.send_tracked(to, function, build, &tensors, timeout, user, collect)
+        self.send_tracked(
+            to,
+            function,
+            build,
+            &tensors,
+            timeout,
+            user,
+            collect,
+            MapDirection::Request,
+        )
     }
 
     /// Forks the RRefs of a call's arguments toward `to` (`crate::rref`).
@@ -654,6 +664,20 @@ impl RpcAgent {
         tensors: &[Tensor],
         timeout: Option<Duration>,
     ) -> Future {
+        self.request_mapped(to, build, tensors, timeout, MapDirection::Request)
+    }
+
+    /// [`request`](Self::request) whose tensors travel with the map
+    /// `direction` names: gradients sent back toward the caller of a
+    /// request use the inverse of that caller's map (`crate::autograd`).
+    pub(crate) fn request_mapped(
+        &self,
+        to: impl Into<Dest>,
+        build: impl FnOnce(u64) -> Message,
+        tensors: &[Tensor],
+        timeout: Option<Duration>,
+        direction: MapDirection,
+    ) -> Future {
         self.send_tracked(
             to.into(),
             "a request",
@@ -662,6 +686,7 @@ impl RpcAgent {
             timeout,
             false,
             false,
+            direction,
         )
     }
 
@@ -678,6 +703,7 @@ impl RpcAgent {
         timeout: Option<Duration>,
         user: bool,
         collect: bool,
+        direction: MapDirection,
     ) -> Future {
         let fut = Future::new();
         if collect && user {
@@ -697,7 +723,7 @@ impl RpcAgent {
         let timeout = timeout.unwrap_or_else(|| self.get_rpc_timeout());
         let inner = &self.inner;
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let devices = crate::device::devices_for(self, &dest.name, true, tensors);
+        let devices = crate::device::devices_for(self, &dest.name, direction, tensors);
         let frame = match devices.and_then(|d| OutFrame::encode(build(id), tensors, &d)) {
             Ok(f) => f,
             Err(e) => {
@@ -1255,7 +1281,8 @@ impl RpcAgent {
             Ok(p) => (Ok(p.value), p.tensors),
             Err(e) => (Err(e.to_remote()), Vec::new()),
         };
-        let devices = crate::device::devices_for(self, &conn.peer, false, &tensors);
+        let devices =
+            crate::device::devices_for(self, &conn.peer, MapDirection::Response, &tensors);
         let sent = match devices.and_then(|d| {
             OutFrame::encode(
                 Message::Response {

@@ -138,37 +138,107 @@ fn index(i: i64) -> Result<u32> {
     u32::try_from(i).map_err(|_| Error::runtime(format!("Device index {i} is out of range")))
 }
 
-/// Parses a device spec as `torch.device(spec)` does.
+/// The device types c10 knows, in the order of its error text.
+const DEVICE_TYPES: &str = "cpu, cuda, ipu, xpu, mkldnn, opengl, opencl, ideep, hip, ve, fpga, \
+                            maia, xla, lazy, vulkan, mps, meta, hpu, mtia, privateuseone";
+
+/// Checks a device string as c10 does before `torch.device(s)` accepts it
+/// (`type` or `type:index`, a known type, a decimal index without leading
+/// zeros), and returns its type and index. Any c10 device type passes,
+/// not only the ones RPC moves tensors to (see [`parse_device`]).
+///
+/// # Errors
+/// `RuntimeError` with c10's texts: "Device string must not be empty",
+/// "Invalid device string: 'cpu2'", "Expected one of cpu, cuda, ... device
+/// type at start of device string: foo".
+pub fn check_device_string(s: &str) -> Result<(&str, Option<u32>)> {
+    if s.is_empty() {
+        return Err(Error::runtime("Device string must not be empty"));
+    }
+    let (ty, index) = match s.split_once(':') {
+        Some((t, i)) => (t, Some(i)),
+        None => (s, None),
+    };
+    let ty_ok = !ty.is_empty() && ty.chars().all(|c| c.is_ascii_alphabetic() || c == '_');
+    let index = match index {
+        None => None,
+        Some(i)
+            if !i.is_empty()
+                && i.chars().all(|c| c.is_ascii_digit())
+                && (i == "0" || !i.starts_with('0')) =>
+        {
+            Some(
+                i.parse::<u32>()
+                    .map_err(|_| Error::runtime(format!("Device index {i} is out of range")))?,
+            )
+        }
+        Some(_) => return Err(Error::runtime(format!("Invalid device string: '{s}'"))),
+    };
+    if !ty_ok {
+        return Err(Error::runtime(format!("Invalid device string: '{s}'")));
+    }
+    if !DEVICE_TYPES.split(", ").any(|t| t == ty) {
+        return Err(Error::runtime(format!(
+            "Expected one of {DEVICE_TYPES} device type at start of device string: {ty}"
+        )));
+    }
+    Ok((ty, index))
+}
+
+/// Parses a device spec as `torch.device(spec)` does, for the devices RPC
+/// knows (the CPU and CUDA).
 ///
 /// # Errors
 /// `RuntimeError` "Device index must not be negative" for negative indices
-/// (`-1`, `"cuda:-1"`), and PyTorch's "Expected one of cpu, cuda ... device
-/// type at start of device string: X" for unknown strings.
+/// (`-1`, `"cuda:-1"`), the c10 texts of [`check_device_string`] for
+/// malformed strings, and "RPC supports CPU and CUDA devices only" for
+/// other device types (`meta`, `mps`).
 pub fn parse_device(spec: impl Into<DeviceSpec>) -> Result<Device> {
     match spec.into() {
         DeviceSpec::Device(d) => Ok(d),
         DeviceSpec::Index(i) => Ok(Device::Cuda(index(i)?)),
         DeviceSpec::Str(s) => {
             let s = s.trim();
-            let (kind, idx) = match s.split_once(':') {
-                Some((k, i)) => (k, Some(i)),
-                None => (s, None),
-            };
-            match (kind, idx) {
-                ("cpu", None) => Ok(Device::Cpu),
-                ("cpu", Some("0" | "-1")) => Ok(Device::Cpu),
-                ("cuda", None) => Ok(Device::Cuda(0)),
-                ("cuda", Some(i)) => {
-                    let i: i64 = i
-                        .parse()
-                        .map_err(|_| Error::runtime(format!("Invalid device string: '{s}'")))?;
-                    Ok(Device::Cuda(index(i)?))
+            // `cpu:-1` is torch's own spelling of the CPU; other negative
+            // indices get the text of the integer form.
+            match s.split_once(':') {
+                Some(("cpu", "-1")) => return Ok(Device::Cpu),
+                Some((_, i))
+                    if i.starts_with('-') && i[1..].chars().all(|c| c.is_ascii_digit()) =>
+                {
+                    return Err(Error::runtime(NEGATIVE_INDEX));
                 }
+                _ => {}
+            }
+            match check_device_string(s)? {
+                ("cpu", None | Some(0)) => Ok(Device::Cpu),
+                ("cpu", Some(i)) => Err(Error::runtime(format!(
+                    "CPU device index must be -1 or zero, got {i}"
+                ))),
+                ("cuda", i) => Ok(Device::Cuda(i.unwrap_or(0))),
                 _ => Err(Error::runtime(format!(
-                    "Expected one of cpu, cuda device type at start of device string: {s}"
+                    "RPC supports CPU and CUDA devices only, got {s}"
                 ))),
             }
         }
+    }
+}
+
+/// Whether this process has `device`, checked before any CUDA call: a CUDA
+/// index at or past `torch.cuda.device_count()` is CUDA's own error,
+/// raised here without touching the driver (the same text with or without
+/// GPUs).
+///
+/// # Errors
+/// `RuntimeError` "CUDA error: invalid device ordinal (cuda:N, this process
+/// has M CUDA devices)".
+pub fn check_available(device: Device) -> Result<()> {
+    match device {
+        Device::Cuda(i) if i >= cuda_device_count() => Err(Error::runtime(format!(
+            "CUDA error: invalid device ordinal ({device}, this process has {} CUDA devices)",
+            cuda_device_count()
+        ))),
+        _ => Ok(()),
     }
 }
 
@@ -372,6 +442,29 @@ pub(crate) fn install(
     Ok(())
 }
 
+/// Whether `agent` has a non-empty device map toward `remote` (the
+/// request map its calls to `remote` use; `_get_device_map(...)` is not
+/// empty).
+pub fn has_device_map_to(agent: &crate::RpcAgent, remote: &str) -> bool {
+    let maps = agent.state::<AgentDeviceMaps>();
+    let maps = maps.requests.read().unwrap_or_else(|p| p.into_inner());
+    maps.get(remote).is_some_and(|m| !m.is_empty())
+}
+
+/// Which of an agent's maps toward a peer a message's tensors travel with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MapDirection {
+    /// This agent's own map toward the peer (requests; gradients a recv
+    /// record of a *response* sends back, the inverse of the response's
+    /// reverse map).
+    Request,
+    /// The inverse of the peer's map toward this agent (responses;
+    /// gradients a recv record of a *request* sends back to its caller,
+    /// as PyTorch's `RecvRpcBackward` keeps the reverse map of the message
+    /// it received).
+    Response,
+}
+
 /// The devices of a message's tensors at `remote` for this agent:
 /// [`devices_for_remote`] with the request map toward `remote` or the
 /// reverse map of `remote`'s map toward this agent.
@@ -381,10 +474,11 @@ pub(crate) fn install(
 pub(crate) fn devices_for(
     agent: &crate::RpcAgent,
     remote: &str,
-    is_request: bool,
+    direction: MapDirection,
     tensors: &[tch::Tensor],
 ) -> Result<Vec<Device>> {
     let maps = agent.state::<AgentDeviceMaps>();
+    let is_request = direction == MapDirection::Request;
     let maps = if is_request {
         &maps.requests
     } else {
@@ -484,6 +578,34 @@ mod tests {
                 .contains(NEGATIVE_INDEX)
         );
         assert!(parse_device("tpu").is_err());
+        assert_eq!(parse_device("cpu:0").unwrap(), Device::Cpu);
+        assert!(
+            parse_device("meta")
+                .unwrap_err()
+                .message()
+                .contains("RPC supports CPU and CUDA devices only")
+        );
+    }
+
+    #[test]
+    fn device_strings_are_checked_with_c10s_texts() {
+        assert_eq!(check_device_string("cuda:1").unwrap(), ("cuda", Some(1)));
+        assert_eq!(check_device_string("meta").unwrap(), ("meta", None));
+        let msg = |s: &str| check_device_string(s).unwrap_err().message().to_owned();
+        assert_eq!(msg(""), "Device string must not be empty");
+        assert_eq!(msg("cpu2"), "Invalid device string: 'cpu2'");
+        assert_eq!(msg("cuda:01"), "Invalid device string: 'cuda:01'");
+        assert_eq!(msg("cuda:"), "Invalid device string: 'cuda:'");
+        assert!(msg("foo").starts_with("Expected one of cpu, cuda, ipu"));
+        assert!(msg("foo").ends_with("device type at start of device string: foo"));
+        let count = cuda_device_count();
+        assert!(check_available(Device::Cpu).is_ok());
+        assert!(
+            check_available(Device::Cuda(count))
+                .unwrap_err()
+                .message()
+                .starts_with("CUDA error: invalid device ordinal")
+        );
     }
 
     #[test]

@@ -4,24 +4,37 @@
 //! A module is an object of a plugin class that has a `forward` method
 //! (seed-fns' `MyModule`); a `RemoteModule` is a small handle to one,
 //! living on its owner: the owner's `remote_device`, the device, and the
-//! RRef that holds the object (`module_rref`). Calls go through the RRef's
-//! proxies to the RRef's owner (not to `on`: a handle made with
+//! RRef that holds the object (`module_rref`). Calls go to the RRef's
+//! owner (not to `on`: a handle made with
 //! [`RemoteModule::init_from_module_rref`] may name another worker).
 //!
-//! What it owns: parsing `remote_device` strings with PyTorch's error
-//! texts, the owner-side functions behind creation (`_create_module`, which
-//! checks that the class made a module) and `remote_parameters`
-//! (`_param_rrefs`), and the handle's wire form (a dict of PyTorch's six
-//! pickled attributes, in their order, the RRef forked as any RRef in a
-//! payload). It leaves objects, proxies and RRefs to the RRef module and
-//! plugin classes to the plugin module.
+//! Devices: a module created on `worker1/cuda:N` has every tensor it holds
+//! (its parameters) moved to `cuda:N` on the owner right after its
+//! constructor ran (`_create_module`'s `module.to(device)`); a `forward`
+//! moves the call's tensors there first and, unless the caller has a
+//! device map toward the owner (`is_device_map_set`), brings the result's
+//! tensors back to the CPU (`_remote_forward`). Unlike PyTorch, which
+//! moves only top-level tensors, every tensor of the arguments and of the
+//! result moves: a nested CUDA tensor could not travel without a map
+//! anyway.
 //!
-//! Not supported (yet): devices other than the CPU (`cuda:N` parses, and
-//! creating a module there is a `NotImplementedError`), device maps,
-//! TorchScript interfaces (`is_scriptable` is always false).
+//! What it owns: parsing `remote_device` strings with PyTorch's error
+//! texts (the device part is [`crate::device::check_device_string`]'s),
+//! the owner-side functions behind creation (`_create_module`, which checks
+//! that the class made a module and places it), `forward`
+//! (`_remote_forward`) and `remote_parameters` (`_param_rrefs`), and the
+//! handle's wire form (a dict of PyTorch's six pickled attributes, in
+//! their order, the RRef forked as any RRef in a payload). It leaves
+//! objects, proxies and RRefs to the RRef module, plugin classes to the
+//! plugin module, and device maps to [`crate::device`].
+//!
+//! Not supported: TorchScript interfaces (`is_scriptable` is always false),
+//! devices other than the CPU and CUDA (`meta`, `mps`: refused at
+//! creation).
 
 use crate::abi::{ErrorKind, Value};
 use crate::agent::{CallContext, Dest, FunctionRegistry, Future, RpcAgent, call_guarded};
+use crate::device::{Device, check_available, check_device_string, has_device_map_to};
 use crate::error::{Error, Result, unknown_function_message};
 use crate::rref::{Owned, RRef, discard_kept_object, kept_object, type_name_of};
 use crate::value::{Args, Payload};
@@ -31,6 +44,9 @@ pub(crate) const CREATE_MODULE: &str = "wasmrpc::_create_module";
 /// The owner-side function behind [`RemoteModule::remote_parameters`]
 /// (internal).
 pub(crate) const PARAM_RREFS: &str = "wasmrpc::_param_rrefs";
+/// The owner-side function behind [`RemoteModule::forward_async`]
+/// (internal).
+pub(crate) const REMOTE_FORWARD: &str = "wasmrpc::_remote_forward";
 
 /// The attributes a `RemoteModule` travels with, in PyTorch's order
 /// (`_REMOTE_MODULE_PICKLED_ATTRIBUTES`).
@@ -42,10 +58,6 @@ pub const REMOTE_MODULE_PICKLED_ATTRIBUTES: [&str; 6] = [
     "generated_methods",
     "module_rref",
 ];
-
-/// The device types c10 knows, in its error text's order.
-const DEVICE_TYPES: &str = "cpu, cuda, ipu, xpu, mkldnn, opengl, opencl, ideep, hip, ve, fpga, \
-                            maia, xla, lazy, vulkan, mps, meta, hpu, mtia, privateuseone";
 
 /// Where a module lives: a worker name, or a rank (`rank:N/...`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,53 +94,27 @@ fn parse_error(s: &str) -> Error {
     )
 }
 
-/// Checks a device string as `torch.device(s)` does, with c10's texts.
-///
-/// # Errors
-/// `RuntimeError` "Device string must not be empty", "Invalid device
-/// string: 'cpu2'", "Expected one of ... device type at start of device
-/// string: foo".
-pub fn parse_device(s: &str) -> Result<String> {
-    if s.is_empty() {
-        return Err(Error::runtime("Device string must not be empty"));
-    }
-    let (ty, index) = match s.split_once(':') {
-        Some((t, i)) => (t, Some(i)),
-        None => (s, None),
-    };
-    let ty_ok = !ty.is_empty() && ty.chars().all(|c| c.is_ascii_alphabetic() || c == '_');
-    let index_ok = index.is_none_or(|i| {
-        !i.is_empty() && i.chars().all(|c| c.is_ascii_digit()) && (i == "0" || !i.starts_with('0'))
-    });
-    if !ty_ok || !index_ok {
-        return Err(Error::runtime(format!("Invalid device string: '{s}'")));
-    }
-    if !DEVICE_TYPES.split(", ").any(|t| t == ty) {
-        return Err(Error::runtime(format!(
-            "Expected one of {DEVICE_TYPES} device type at start of device string: {ty}"
-        )));
-    }
-    Ok(s.to_owned())
-}
-
 /// Parses `remote_device` as PyTorch's `_remote_device`: `worker/device`,
 /// `rank:N/device`, or a worker name alone (on the CPU).
 ///
 /// # Errors
 /// `ValueError` "Could not parse remote_device: ..." for anything else
 /// (three fields, an empty worker, a device without a worker), and the
-/// device's errors ([`parse_device`]).
+/// device's c10 errors ([`check_device_string`]). The device is returned
+/// as written (`str(torch.device)`); [`RemoteModule::new`] checks it is
+/// one RPC can place a module on.
 pub fn parse_remote_device(s: &str) -> Result<(RemoteOn, String)> {
     let fields: Vec<&str> = s.split('/').collect();
     let (worker, device) = match fields.as_slice() {
         [worker, device] => (*worker, *device),
-        [one] if parse_device(one).is_err() => (*one, "cpu"),
+        [one] if check_device_string(one).is_err() => (*one, "cpu"),
         _ => return Err(parse_error(s)),
     };
     if worker.is_empty() {
         return Err(parse_error(s));
     }
-    let device = parse_device(device)?;
+    check_device_string(device)?;
+    let device = device.to_owned();
     let on = match worker.strip_prefix("rank:") {
         Some(r) => RemoteOn::Rank(r.parse().map_err(|_| parse_error(s))?),
         None => RemoteOn::Name(worker.to_owned()),
@@ -163,9 +149,15 @@ impl RemoteModule {
     /// asynchronously (`rpc.remote`): a class whose objects are not modules
     /// (no `forward`) or a constructor error surfaces on first use.
     ///
+    /// On `cuda:N`, the owner moves the module's tensors there after
+    /// construction; an index the owner does not have is a `RuntimeError`
+    /// "CUDA error: invalid device ordinal" that surfaces on first use, as
+    /// the constructor's errors do.
+    ///
     /// # Errors
-    /// The errors of [`parse_remote_device`]; `NotImplementedError` for a
-    /// device other than the CPU; those of [`RpcAgent::remote`].
+    /// The errors of [`parse_remote_device`]; `RuntimeError` "RPC supports
+    /// CPU and CUDA devices only" for other device types; those of
+    /// [`RpcAgent::remote`].
     pub fn new(
         agent: &RpcAgent,
         remote_device: &str,
@@ -173,21 +165,18 @@ impl RemoteModule {
         args: Args,
     ) -> Result<RemoteModule> {
         let (on, device) = parse_remote_device(remote_device)?;
-        if device != "cpu" {
-            return Err(Error::new(
-                ErrorKind::NotImplementedError,
-                format!(
-                    "RemoteModule on {remote_device}: this host places modules on the cpu only"
-                ),
-            ));
-        }
+        crate::device::parse_device(device.as_str())
+            .map_err(|e| e.context_line(format!("RemoteModule on {remote_device}")))?;
         let Args {
             positional,
             kwargs,
             tensors,
             rrefs,
         } = args;
-        let mut call = vec![Value::Str(module_cls.to_owned())];
+        let mut call = vec![
+            Value::Str(module_cls.to_owned()),
+            Value::Str(device.clone()),
+        ];
         call.extend(positional);
         let call = Args {
             positional: call,
@@ -196,7 +185,12 @@ impl RemoteModule {
             rrefs,
         };
         let module_rref = agent.remote(on.dest(), CREATE_MODULE, call)?;
-        Ok(Self::with_rref(on, device, module_rref))
+        let map_set = agent
+            .resolve(on.dest())
+            .is_ok_and(|w| has_device_map_to(agent, &w.name));
+        let mut m = Self::with_rref(on, device, module_rref);
+        m.is_device_map_set = map_set;
+        Ok(m)
     }
 
     /// A second handle to the module `module_rref` holds, naming
@@ -231,8 +225,9 @@ impl RemoteModule {
         &self.device
     }
 
-    /// Whether a device map toward the owner is set (`is_device_map_set`;
-    /// always false for now).
+    /// Whether the creating worker had a device map toward `on`
+    /// (`is_device_map_set`): then `forward` returns the result's tensors
+    /// where the module left them, through the map, instead of on the CPU.
     pub fn is_device_map_set(&self) -> bool {
         self.is_device_map_set
     }
@@ -254,11 +249,31 @@ impl RemoteModule {
     }
 
     /// `forward_async(*args, **kwargs)`: the future of `forward` run on the
-    /// module's owner.
+    /// module's owner (`_remote_forward`): on a CUDA module, the call's
+    /// tensors move to its device first, and the result's come back to
+    /// the CPU unless [`is_device_map_set`](Self::is_device_map_set).
     pub fn forward_async(&self, agent: &RpcAgent, args: Args) -> Future {
-        self.module_rref
-            .rpc_async(agent, None)
-            .call_async("forward", args)
+        let Args {
+            positional,
+            kwargs,
+            tensors,
+            mut rrefs,
+        } = args;
+        rrefs.push(self.module_rref.clone());
+        let module = u32::try_from(rrefs.len() - 1).unwrap_or(u32::MAX);
+        let mut call = vec![
+            Value::RRef(module),
+            Value::Str(self.device.clone()),
+            Value::Bool(self.is_device_map_set),
+        ];
+        call.extend(positional);
+        let call = Args {
+            positional: call,
+            kwargs,
+            tensors,
+            rrefs,
+        };
+        agent.rpc_async(Dest::Info(self.module_rref.owner()), REMOTE_FORWARD, call)
     }
 
     /// `forward(*args, **kwargs)` on the module's owner.
@@ -381,6 +396,31 @@ fn not_a_module(type_name: &str) -> Error {
     )
 }
 
+/// The module `rref` holds, on its owner `agent`, for `api`.
+///
+/// # Errors
+/// The module's creation error; `RuntimeError` if `agent` does not own
+/// `rref`; `TypeError` if it holds a value, not a module.
+async fn owned_module(
+    agent: &RpcAgent,
+    rref: &RRef,
+    api: &str,
+) -> Result<std::sync::Arc<dyn crate::rref::RRefObject>> {
+    let state = rref.owner_state().ok_or_else(|| {
+        Error::runtime(format!(
+            "{api} of {rref}: worker {} does not own it",
+            agent.name()
+        ))
+    })?;
+    match state.owned().await? {
+        Owned::Object(module) => Ok(module),
+        Owned::Value(_) => Err(Error::new(
+            ErrorKind::TypeError,
+            format!("{api} of {rref}: it does not hold a module"),
+        )),
+    }
+}
+
 /// Registers the owner-side functions in the agent's internal registry.
 pub(crate) fn register(r: &FunctionRegistry) {
     // `_create_module(cls, *args, **kwargs)`: runs as the function of the
@@ -389,8 +429,9 @@ pub(crate) fn register(r: &FunctionRegistry) {
     r.register_native(CREATE_MODULE, |ctx, args: Args| async move {
         let agent = ctx.agent().clone();
         let cls = args.get(0)?.as_str()?.to_owned();
+        let device = crate::device::parse_device(args.get(1)?.as_str()?)?;
         let rest = Args {
-            positional: args.positional.get(1..).unwrap_or_default().to_vec(),
+            positional: args.positional.get(2..).unwrap_or_default().to_vec(),
             kwargs: args.kwargs.clone(),
             tensors: args
                 .tensors
@@ -410,7 +451,20 @@ pub(crate) fn register(r: &FunctionRegistry) {
         );
         let value = call_guarded(f, call, rest).await?;
         match kept_object() {
-            Some(o) if o.has_method("forward") => Ok(value),
+            Some(o) if o.has_method("forward") => {
+                if device != Device::Cpu {
+                    let placed = check_available(device).and_then(|()| o.to_device(device));
+                    if let Err(e) = placed {
+                        drop(o);
+                        discard_kept_object();
+                        return Err(e.context_line(format!(
+                            "placing {cls} on {device} of worker {}",
+                            agent.name()
+                        )));
+                    }
+                }
+                Ok(value)
+            }
             Some(o) => {
                 let name = o.type_name().to_owned();
                 drop(o);
@@ -420,24 +474,49 @@ pub(crate) fn register(r: &FunctionRegistry) {
             None => Err(not_a_module(&type_name_of(&value))),
         }
     });
+    // `_remote_forward(module_rref, device, is_device_map_set, *args,
+    // **kwargs)`: the module's `forward` on its owner, around the device
+    // moves.
+    r.register_native(REMOTE_FORWARD, |ctx, args: Args| async move {
+        let agent = ctx.agent().clone();
+        let rref = args.get(0)?.as_rref()?;
+        let device = crate::device::parse_device(args.get(1)?.as_str()?)?;
+        let map_set = args.get(2)?.as_bool()?;
+        let module = owned_module(&agent, &rref, "forward").await?;
+        let moved = |tensors: &[tch::Tensor], to: Device| {
+            tensors
+                .iter()
+                .map(|t| t.f_to_device(to.to_tch()))
+                .collect::<std::result::Result<Vec<_>, _>>()
+        };
+        let call = Args {
+            positional: args.positional.get(3..).unwrap_or_default().to_vec(),
+            kwargs: args.kwargs.clone(),
+            tensors: if device == Device::Cpu {
+                args.tensors
+                    .iter()
+                    .map(tch::Tensor::shallow_clone)
+                    .collect()
+            } else {
+                moved(&args.tensors, device)?
+            },
+            rrefs: args.rrefs.clone(),
+        };
+        let mut out = module
+            .call_method(&agent, ctx.caller(), "forward", call)
+            .await?;
+        if device != Device::Cpu && !map_set {
+            out.tensors = moved(&out.tensors, Device::Cpu)?;
+        }
+        Ok(out)
+    });
     // `_param_rrefs(module_rref, recurse)`: the module's parameters, each
     // in a new owner RRef.
     r.register_native(PARAM_RREFS, |ctx, args: Args| async move {
         let agent = ctx.agent().clone();
         let rref = args.get(0)?.as_rref()?;
         let recurse = args.get(1)?.as_bool()?;
-        let state = rref.owner_state().ok_or_else(|| {
-            Error::runtime(format!(
-                "remote_parameters of {rref}: worker {} does not own it",
-                agent.name()
-            ))
-        })?;
-        let Owned::Object(module) = state.owned().await? else {
-            return Err(Error::new(
-                ErrorKind::TypeError,
-                format!("remote_parameters of {rref}: it does not hold a module"),
-            ));
-        };
+        let module = owned_module(&agent, &rref, "remote_parameters").await?;
         let params = module
             .call_method(&agent, ctx.caller(), "parameters", crate::args![recurse])
             .await?;

@@ -82,8 +82,8 @@ use std::time::Duration;
 use crate::abi::{ErrorKind, Value, WorkerInfo};
 use crate::agent::{AgentInner, Dest, Future, RpcAgent};
 use crate::error::{
-    Error, RPC_TIMEOUT_PREFIX, RREF_CREATION_TIMED_OUT, RREF_TO_HERE_AFTER_DELETION, Result,
-    local_value_not_on_owner_message,
+    CURRENT_AGENT_NOT_SET, Error, RPC_TIMEOUT_PREFIX, RREF_CREATION_TIMED_OUT,
+    RREF_TO_HERE_AFTER_DELETION, Result, local_value_not_on_owner_message,
 };
 use crate::transport::GloballyUniqueId;
 use crate::value::{Args, Payload};
@@ -314,6 +314,23 @@ impl RRef {
         let state = OwnerState::new(ctx.new_id(agent), agent.info().clone());
         let _ = state.value.set_result(value.into());
         RRef::from_owner(state, None)
+    }
+
+    /// `RRef(value)` without an agent at hand: [`new`](Self::new) on the
+    /// process-wide current agent ([`crate::set_current_agent`]), as
+    /// PyTorch's constructor finds its agent.
+    ///
+    /// # Errors
+    /// `RuntimeError` "Current RPC agent is not set! Did you initialize the
+    /// RPC framework" when no running agent is current (a process that
+    /// only joined a store rendezvous, or whose agent shut down).
+    pub fn on_current_agent(value: impl Into<Payload>) -> Result<RRef> {
+        let agent = crate::current_agent().map_err(|_| {
+            Error::runtime(format!(
+                "{CURRENT_AGENT_NOT_SET} (e.g. calling `init_rpc`, then `set_current_agent`)?"
+            ))
+        })?;
+        Ok(RRef::new(&agent, value))
     }
 
     pub(crate) fn from_owner(state: Arc<OwnerState>, self_fork: Option<&RpcAgent>) -> RRef {

@@ -126,6 +126,7 @@ impl From<Error> for TestFailure {
 }
 
 type Setup = Arc<dyn Fn(&FunctionRegistry) + Send + Sync>;
+type Configure = Arc<dyn Fn(u32, &mut RpcBackendOptions) + Send + Sync>;
 
 /// Configures a [`Cluster`].
 #[derive(Clone)]
@@ -133,6 +134,7 @@ pub struct ClusterBuilder {
     world_size: u32,
     setup: Option<Setup>,
     options: RpcBackendOptions,
+    configure: Option<Configure>,
     faults: Vec<(u32, FaultInjection)>,
     store: Option<Arc<dyn Store>>,
 }
@@ -152,6 +154,17 @@ impl ClusterBuilder {
         self
     }
 
+    /// Adjusts each rank's options before it starts, e.g. the device maps
+    /// the seeds set per rank (`options.set_device_map(dst, {rank: ...})`).
+    #[must_use]
+    pub fn configure(
+        mut self,
+        configure: impl Fn(u32, &mut RpcBackendOptions) + Send + Sync + 'static,
+    ) -> Self {
+        self.configure = Some(Arc::new(configure));
+        self
+    }
+
     /// Faults for rank `rank`'s sends.
     #[must_use]
     pub fn faults(mut self, rank: u32, faults: FaultInjection) -> Self {
@@ -167,7 +180,7 @@ impl ClusterBuilder {
     }
 
     /// The options rank `rank` starts with: the template, a registry of its
-    /// own with the setup's functions, and its faults.
+    /// own with the setup's functions, its faults, then [`configure`](Self::configure)'s changes.
     pub fn options_for(&self, rank: u32) -> RpcBackendOptions {
         let mut o = self.options.clone();
         let registry = FunctionRegistry::new();
@@ -177,6 +190,9 @@ impl ClusterBuilder {
         o.registry = Arc::new(registry);
         if let Some((_, f)) = self.faults.iter().find(|(r, _)| *r == rank) {
             o.faults = f.clone();
+        }
+        if let Some(c) = &self.configure {
+            c(rank, &mut o);
         }
         o
     }
@@ -234,6 +250,7 @@ impl Cluster {
             world_size,
             setup: None,
             options: RpcBackendOptions::default(),
+            configure: None,
             faults: Vec::new(),
             store: None,
         }

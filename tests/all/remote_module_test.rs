@@ -5,23 +5,35 @@
 //! functions registered as `remote_module_test::<name>`. As in the seed,
 //! every test body runs on rank 0 only; the other ranks host modules.
 //!
-//! Not ported, with the reason:
-//! - `MODULE_CTOR_WITH_INTERFACE` (TorchScript interfaces) and the
-//!   `*_script` tests, `test_remote_module_py_pickle_not_supported*`,
-//!   `test_send_remote_module_with_a_new_attribute_not_pickled_over_the_wire`,
-//!   `test_send_remote_module_over_the_wire_script_not_supported`:
-//!   python-only (TorchScript, pickle, open Python objects);
-//! - `test_unsupported_methods`: the Rust handle has no `nn.Module` API to
-//!   refuse;
-//! - the CUDA tests (`test_valid_device`, `test_invalid_devices`,
-//!   `test_input_moved_to_cuda_device*`): modules are placed on the CPU
-//!   only for now; `remote_device` parsing with the seed's error texts is
-//!   unit-tested in `wasmrpc::remote_module`.
+//! Adapted:
+//! - the `*_script` tests call the module through the seed's typed
+//!   interfaces (`MyModuleInterface`, `RemoteMyModuleInterface`), written
+//!   here as Rust traits over [`RemoteModule`]: TorchScript's role, typed
+//!   code that knows the module only by its interface, is the Rust
+//!   caller's (`is_scriptable` stays false);
+//! - `test_send_remote_module_with_a_new_attribute_not_pickled_over_the_wire`:
+//!   Rust structs are closed, so the new attribute is an extra entry added
+//!   to the handle's wire form; the receiver's handle keeps the six pickled
+//!   attributes only;
+//! - `test_valid_device` asks the owner for the device of the module's
+//!   first parameter through `remote_parameters` (plugin objects are not
+//!   copied out of the owner, so there is no `module_rref.local_value()`).
+//!
+//! The CUDA tests need a GPU and skip without one, except
+//! `test_invalid_devices`: its errors are raised before any CUDA call (the
+//! bad ordinal by the owner's device count check), so it runs everywhere.
+//!
+//! Not ported (see `tests/support/not_applicable.tsv`): the
+//! `test_remote_module_py_pickle_not_supported*` tests and
+//! `test_send_remote_module_over_the_wire_script_not_supported` (Python's
+//! pickler and TorchScript modules), and `test_unsupported_methods` (the
+//! Rust handle has no `nn.Module` API to refuse).
 
 use anyhow::ensure;
+use tch::{Device, Tensor};
 use wasmrpc::testing::{Cluster, ClusterBuilder, Worker};
-use wasmrpc::{Args, ErrorKind, Payload, PluginHost, RemoteModule, args};
-use wasmrpc_tests::{dist_with, expect_err, expect_tensor, ones, register_all};
+use wasmrpc::{Args, ErrorKind, Payload, PluginHost, RemoteModule, RpcAgent, args};
+use wasmrpc_tests::{dist_with, expect_err, expect_tensor, ones, register_all, require_gpus};
 
 const MY_MODULE: &str = "seed_fns::MyModule";
 
@@ -45,14 +57,19 @@ fn expect_forward_result(p: &Payload) -> anyhow::Result<()> {
 
 /// The seed's RPC handler functions, run on the callee.
 fn register_handlers(r: &wasmrpc::FunctionRegistry) {
-    // `remote_module.__dict__` as received: the wire attributes in order,
-    // then the generated methods, and the plain attributes' values.
+    // `remote_module.__dict__` of the handle rebuilt from what arrived: its
+    // wire attributes in order, then the generated methods, and the plain
+    // attributes' values.
     r.register_native(
         "remote_module_test::remote_module_attributes",
         |_ctx, args: Args| async move {
-            let p = args.get(0)?;
-            let m = RemoteModule::from_payload(&p)?;
-            let mut keys: Vec<Payload> = p.entries()?.into_iter().map(|(k, _)| k).collect();
+            let m = RemoteModule::from_payload(&args.get(0)?)?;
+            let mut keys: Vec<Payload> = m
+                .to_payload()
+                .entries()?
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect();
             for method in ["forward_async", "forward"] {
                 keys.push(Payload::from(method));
             }
@@ -97,6 +114,17 @@ fn register_handlers(r: &wasmrpc::FunctionRegistry) {
             rref.rpc_sync(ctx.agent(), None)
                 .call("training", args![])
                 .await
+        },
+    );
+    // The seed's `remote_device(module_rref)`, given an RRef to the
+    // module's first parameter (from `remote_parameters`): its device on
+    // the owner.
+    r.register_native(
+        "remote_module_test::remote_device",
+        |ctx, args: Args| async move {
+            let param = args.get(0)?.as_rref()?.local_value(ctx.agent()).await?;
+            let device = wasmrpc::device::Device::from_tch(param.as_tensor()?.device())?;
+            Ok(Payload::from(device.to_string()))
         },
     );
     r.register_native(
@@ -163,6 +191,63 @@ fn test_forward_async() {
         let m = RemoteModule::new(&w.agent, "worker1", MY_MODULE, ctor_args())?;
         let p = m.forward_async(&w.agent, forward_args()).wait().await?;
         expect_forward_result(&p)
+    });
+}
+
+/// The seed's `@torch.jit.interface MyModuleInterface` and
+/// `RemoteMyModuleInterface`: the typed signature a caller that knows the
+/// module only by its interface uses (the `*_script` tests' TorchScript
+/// functions).
+trait RemoteMyModuleInterface {
+    fn forward_async(
+        &self,
+        agent: &RpcAgent,
+        tensor: &Tensor,
+        number: i64,
+        word: &str,
+    ) -> wasmrpc::Future;
+}
+
+impl RemoteMyModuleInterface for RemoteModule {
+    fn forward_async(
+        &self,
+        agent: &RpcAgent,
+        tensor: &Tensor,
+        number: i64,
+        word: &str,
+    ) -> wasmrpc::Future {
+        RemoteModule::forward_async(self, agent, args![tensor, number, word])
+    }
+}
+
+/// The interface's return type, `Tuple[str, int, Tensor]`.
+fn typed_result(p: &Payload) -> anyhow::Result<(String, i64, Tensor)> {
+    let items = p.items()?;
+    ensure!(items.len() == 3, "forward returned {p:?}");
+    Ok((
+        items[0].as_str()?.to_owned(),
+        items[1].as_int()?,
+        items[2].as_tensor()?,
+    ))
+}
+
+/// The seed's `@torch.jit.script run_forward_async(scripted_remote_module:
+/// RemoteMyModuleInterface)` (and `run_forward`: the same, waited).
+async fn run_forward_async(
+    agent: &RpcAgent,
+    m: &impl RemoteMyModuleInterface,
+) -> anyhow::Result<(String, i64, Tensor)> {
+    let fut = m.forward_async(agent, &ones(&[1]), 2, "3");
+    typed_result(&fut.wait().await?)
+}
+
+#[test]
+fn test_forward_async_script() {
+    on_rank0(2, |w| async move {
+        let m = RemoteModule::new(&w.agent, "worker1", MY_MODULE, ctor_args())?;
+        let (word, number, tensor) = run_forward_async(&w.agent, &m).await?;
+        ensure!(word == "3" && number == 2, "({word}, {number}, _)");
+        expect_tensor(&Payload::from(&tensor), &ones(&[1]))
     });
 }
 
@@ -243,6 +328,36 @@ fn test_train_eval() {
             !training(w.clone(), m.clone()).await?,
             "training after eval()"
         );
+        Ok(())
+    });
+}
+
+#[test]
+fn test_send_remote_module_with_a_new_attribute_not_pickled_over_the_wire() {
+    on_rank0(2, |w| async move {
+        let m = RemoteModule::new(&w.agent, "worker1", MY_MODULE, ctor_args())?;
+        // `setattr(remote_module, "new_attr", 1)`: the handle's attributes
+        // with one more entry.
+        let mut entries = m.to_payload().entries()?;
+        entries.push((Payload::from("new_attr"), Payload::from(1)));
+        let attrs = w
+            .agent
+            .rpc_sync(
+                "worker1",
+                "remote_module_test::remote_module_attributes",
+                args![Payload::dict(entries)],
+            )
+            .await?
+            .items()?;
+        let keys: Vec<String> = attrs[0]
+            .items()?
+            .iter()
+            .map(|k| k.as_str().map(ToOwned::to_owned))
+            .collect::<wasmrpc::Result<_>>()?;
+        ensure!(!keys.iter().any(|k| k == "new_attr"), "{keys:?}");
+        let mut want: Vec<&str> = wasmrpc::remote_module::REMOTE_MODULE_PICKLED_ATTRIBUTES.to_vec();
+        want.extend(["forward_async", "forward"]);
+        ensure!(keys == want, "{keys:?}");
         Ok(())
     });
 }
@@ -336,5 +451,142 @@ fn test_create_remote_module_from_module_rref() {
         // Both handles name the same module, owned by worker1.
         ensure!(m2.get_module_rref().owner_name() == "worker1");
         Ok(())
+    });
+}
+
+// -------------------------------------------------- CudaRemoteModuleTest
+
+#[test]
+fn test_valid_device() {
+    if !require_gpus(1) {
+        return;
+    }
+    on_rank0(2, |w| async move {
+        for remote_device in ["worker1/cuda:0", "rank:1/cuda:0"] {
+            let m = RemoteModule::new(&w.agent, remote_device, MY_MODULE, ctor_args())?;
+            let params = m.remote_parameters(&w.agent, true).await?;
+            ensure!(!params.is_empty(), "{remote_device}: no parameters");
+            let device = w
+                .agent
+                .rpc_sync(
+                    "worker1",
+                    "remote_module_test::remote_device",
+                    args![&params[0]],
+                )
+                .await?;
+            ensure!(device.as_str()? == "cuda:0", "{remote_device}: {device:?}");
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn test_invalid_devices() {
+    on_rank0(2, |w| async move {
+        // `[m.forward() for m in _create_remote_module_iter(remote_device)]`:
+        // creation errors raise locally, the owner's on first use.
+        let create_and_forward = |remote_device: &'static str| {
+            let w = w.clone();
+            async move {
+                let m = RemoteModule::new(&w.agent, remote_device, MY_MODULE, ctor_args())?;
+                m.forward(&w.agent, args![]).await
+            }
+        };
+        let cases: [(&str, ErrorKind, &str); 7] = [
+            (
+                "worker1/foo",
+                ErrorKind::RuntimeError,
+                "device type at start of device string",
+            ),
+            (
+                "worker1/cuda:100",
+                ErrorKind::RuntimeError,
+                "CUDA error: invalid device ordinal",
+            ),
+            (
+                "worker1/cpu2",
+                ErrorKind::RuntimeError,
+                "Invalid device string: 'cpu2'",
+            ),
+            (
+                "worker1/",
+                ErrorKind::RuntimeError,
+                "Device string must not be empty",
+            ),
+            (
+                "worker1/cuda:0/cuda:1",
+                ErrorKind::ValueError,
+                "Could not parse remote_device: worker1/cuda:0/cuda:1. The valid format is '<workername>/<device>'",
+            ),
+            (
+                "/",
+                ErrorKind::ValueError,
+                "Could not parse remote_device: /. The valid format is '<workername>/<device>'",
+            ),
+            (
+                "/cuda:0",
+                ErrorKind::ValueError,
+                "Could not parse remote_device: /cuda:0. The valid format is '<workername>/<device>'",
+            ),
+        ];
+        for (remote_device, kind, text) in cases {
+            let e = expect_err(create_and_forward(remote_device).await, kind, text)?;
+            if remote_device == "worker1/foo" {
+                ensure!(
+                    e.message().starts_with("Expected one of cpu, cuda, "),
+                    "{}",
+                    e.message()
+                );
+            }
+        }
+        Ok(())
+    });
+}
+
+/// `test_input_moved_to_cuda_device`'s checks: `(t2, 2, t1)`, the tensors
+/// back on the CPU (no device map toward the owner).
+fn expect_moved_back(p: &Payload, t1: &Tensor, t2: &Tensor) -> anyhow::Result<()> {
+    let items = p.items()?;
+    ensure!(items.len() == 3, "forward returned {p:?}");
+    expect_tensor(&items[0], t2)?;
+    ensure!(items[1].as_int()? == 2, "number {:?}", items[1]);
+    expect_tensor(&items[2], t1)?;
+    for i in [0, 2] {
+        let d = items[i].as_tensor()?.device();
+        ensure!(d == Device::Cpu, "result {i} on {d:?}");
+    }
+    Ok(())
+}
+
+#[test]
+fn test_input_moved_to_cuda_device() {
+    if !require_gpus(1) {
+        return;
+    }
+    on_rank0(2, |w| async move {
+        let m = RemoteModule::new(&w.agent, "worker1/cuda:0", MY_MODULE, ctor_args())?;
+        ensure!(!m.is_device_map_set());
+        // `t1 = ones(1)`, `t2 = t1 * 2`; `args=(t1, 2)`, `kwargs={"word": t2}`.
+        let t1 = || ones(&[1]);
+        let t2 = || ones(&[1]) * 2;
+        let call = || args![t1(), 2].kwarg("word", t2());
+        let p = m.forward_async(&w.agent, call()).wait().await?;
+        expect_moved_back(&p, &t1(), &t2())?;
+        let p = m.forward(&w.agent, call()).await?;
+        expect_moved_back(&p, &t1(), &t2())
+    });
+}
+
+#[test]
+fn test_input_moved_to_cuda_device_script() {
+    if !require_gpus(1) {
+        return;
+    }
+    on_rank0(2, |w| async move {
+        let m = RemoteModule::new(&w.agent, "worker1/cuda:0", MY_MODULE, ctor_args())?;
+        let (word, number, tensor) = run_forward_async(&w.agent, &m).await?;
+        ensure!(word == "3" && number == 2, "({word}, {number}, _)");
+        ensure!(tensor.device() == Device::Cpu, "{:?}", tensor.device());
+        expect_tensor(&Payload::from(&tensor), &ones(&[1]))
     });
 }

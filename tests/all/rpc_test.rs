@@ -125,7 +125,8 @@ fn seed_coverage() {
         include_str!("rpc_test/async_execution.rs"),
         include_str!("rpc_test/async_class.rs"),
         include_str!("rpc_test/autograd.rs"),
-        include_str!("rpc_test/profiling.rs")
+        include_str!("rpc_test/profiling.rs"),
+        include_str!("rpc_test/cuda.rs")
     );
     let ported = |name: &str| source.contains(&format!("fn {name}() {{"));
     let unported = wasmrpc_tests::skips::unported("rpc_test");
@@ -1131,6 +1132,30 @@ fn test_py_raise_in_user_func_escaped_str() {
         )?;
         ensure!(e.message() == "\nFirst line of error \n next line of error \n last line of error");
         ensure!(!e.message().contains("\\n"));
+        Ok(())
+    });
+}
+
+/// The plugin's `custom_raise_func` raises `CustomException(True, "foo")`,
+/// a class outside `ErrorKind`: errors cross as a kind and a message, so no
+/// caller can rebuild it, and the caller gets the `RuntimeError` that names
+/// the remote class and message.
+#[test]
+fn test_custom_exception_throw_during_reconstruction() {
+    dist(|w| async move {
+        if w.rank != 0 {
+            let r = w
+                .agent
+                .rpc_sync(worker_name(0), "seed_fns::custom_raise_func", args![])
+                .await;
+            let e = expect_err(
+                r,
+                ErrorKind::RuntimeError,
+                "Original exception on remote side was",
+            )?;
+            ensure!(e.message().contains("CustomException"), "{e}");
+            ensure!(e.message().contains("CustomException: foo"), "{e}");
+        }
         Ok(())
     });
 }

@@ -34,6 +34,25 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [ErrorKind; 10] = [
+        ErrorKind::RuntimeError,
+        ErrorKind::ValueError,
+        ErrorKind::TypeError,
+        ErrorKind::TimeoutError,
+        ErrorKind::KeyError,
+        ErrorKind::IndexError,
+        ErrorKind::AttributeError,
+        ErrorKind::NotImplementedError,
+        ErrorKind::AssertionError,
+        ErrorKind::ConnectionError,
+    ];
+
+    /// The kind whose Python class is named `name`, if any.
+    pub fn from_python_name(name: &str) -> Option<ErrorKind> {
+        ErrorKind::ALL.into_iter().find(|k| k.python_name() == name)
+    }
+
     /// The Python class name, e.g. `"ValueError"`.
     pub fn python_name(self) -> &'static str {
         match self {
@@ -77,8 +96,65 @@ impl RemoteError {
     }
 }
 
+impl RemoteError {
+    /// An exception of the class named `class` raised with `message`, as it
+    /// crosses the wire. Errors travel as an [`ErrorKind`] and a message,
+    /// never as objects, so only the classes of [`ErrorKind::ALL`] can be
+    /// rebuilt by the receiver: such a class keeps its kind; any other (a
+    /// plugin's own `CustomException`) becomes the `RuntimeError` PyTorch
+    /// raises when it cannot reconstruct a remote exception, which names the
+    /// original class and message: "Failed to create original exception
+    /// type. Error msg was ... Original exception on remote side was
+    /// CustomException: foo".
+    pub fn exception(class: &str, message: impl Into<String>) -> Self {
+        let message = message.into();
+        match ErrorKind::from_python_name(class) {
+            Some(kind) => RemoteError::new(kind, message),
+            None => {
+                let mut known = String::new();
+                for (i, k) in ErrorKind::ALL.iter().enumerate() {
+                    if i > 0 {
+                        known.push_str(", ");
+                    }
+                    known.push_str(k.python_name());
+                }
+                RemoteError::new(
+                    ErrorKind::RuntimeError,
+                    alloc::format!(
+                        "Failed to create original exception type. Error msg was {class} is not \
+                         an exception class RPC can rebuild (one of {known}). Original exception \
+                         on remote side was {class}: {message}"
+                    ),
+                )
+            }
+        }
+    }
+}
+
 impl fmt::Display for RemoteError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.kind, self.message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exception_classes_outside_error_kind_are_not_rebuilt() {
+        for kind in ErrorKind::ALL {
+            let e = RemoteError::exception(kind.python_name(), "m");
+            assert_eq!((e.kind, e.message.as_str()), (kind, "m"));
+        }
+        let e = RemoteError::exception("CustomException", "foo");
+        assert_eq!(e.kind, ErrorKind::RuntimeError);
+        assert!(e.message.starts_with(
+            "Failed to create original exception type. Error msg was CustomException is not"
+        ));
+        assert!(
+            e.message
+                .ends_with("Original exception on remote side was CustomException: foo")
+        );
     }
 }

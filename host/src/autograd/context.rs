@@ -197,13 +197,25 @@ impl DistAutogradContext {
         self.state().sends.insert(message_id, send);
     }
 
-    pub(crate) fn add_recv(&self, message_id: i64, from: u32, leaves: Vec<Tensor>) {
+    /// Records the tensors requiring grad of a received message;
+    /// `grads_map`: the map their gradients travel back with (the inverse
+    /// of the message's: `Response` for a request, `Request` for a
+    /// response).
+    pub(crate) fn add_recv(
+        &self,
+        message_id: i64,
+        from: u32,
+        grads_map: crate::device::MapDirection,
+        leaves: Vec<Tensor>,
+    ) {
         let mut st = self.state();
         for t in &leaves {
             st.cut_leaves.insert(impl_id(t), Cut::Recv(message_id));
         }
-        st.recvs
-            .insert(message_id, RecvFunction::new(message_id, from, leaves));
+        st.recvs.insert(
+            message_id,
+            RecvFunction::new(message_id, from, grads_map, leaves),
+        );
     }
 }
 
@@ -467,7 +479,10 @@ pub(crate) fn incoming_call(agent: &RpcAgent, env: &AutogradEnvelope, tensors: &
     let ctx = container(agent).get_or_create(env.context_id);
     let received = requires_grad(tensors);
     if !received.is_empty() {
-        ctx.add_recv(env.message_id, env.from_worker, received);
+        // The call came with the caller's map toward this worker: its
+        // gradients go back with the inverse, as a response would.
+        let back = crate::device::MapDirection::Response;
+        ctx.add_recv(env.message_id, env.from_worker, back, received);
     }
     env.context_id
 }
@@ -496,6 +511,9 @@ pub(crate) fn incoming_response(agent: &RpcAgent, env: &AutogradEnvelope, tensor
     };
     let received = requires_grad(tensors);
     if !received.is_empty() {
-        ctx.add_recv(env.message_id, env.from_worker, received);
+        // The response came with the inverse of this worker's map toward
+        // its sender: its gradients go back with that map itself.
+        let back = crate::device::MapDirection::Request;
+        ctx.add_recv(env.message_id, env.from_worker, back, received);
     }
 }

@@ -8,7 +8,7 @@ use tch::Tensor;
 use wasmrpc_torch_sys::{GradOptions, grad};
 
 use super::context::{DistAutogradContext, container, current_context};
-use super::graph::{Cut, Gradients, Reach, Tensors, walk};
+use super::graph::{Cut, Gradients, Reach, RecvFunction, Tensors, walk};
 use crate::abi::Value;
 use crate::agent::{Future, RpcAgent};
 use crate::error::{
@@ -251,13 +251,20 @@ impl Pass {
         // to wait for: otherwise the reply waits, and what it waits for may
         // need the requester to have these gradients first.
         let idle = complete && lock(&self.outstanding).iter().all(Future::done);
-        if let Some(to) = requester.filter(|_| !idle) {
-            for b in piggyback.drain(..) {
-                let fut = self.send_gradients(b.message_id, to, b.grads);
-                lock(&self.outstanding).push(fut);
-            }
+        if idle {
+            return Ok(piggyback
+                .into_iter()
+                .map(|(recv, grads)| Piggyback {
+                    message_id: recv.message_id(),
+                    grads,
+                })
+                .collect());
         }
-        Ok(piggyback)
+        for (recv, grads) in piggyback {
+            let fut = self.send_gradients(&recv, grads);
+            lock(&self.outstanding).push(fut);
+        }
+        Ok(Vec::new())
     }
 
     fn run_engine(
@@ -347,7 +354,7 @@ impl Pass {
         st: &mut PassState,
         cut: Cut,
         requester: Option<u32>,
-        piggyback: &mut Vec<Piggyback>,
+        piggyback: &mut Vec<(RecvFunction, Vec<Option<Tensor>>)>,
     ) -> Result<Option<(Entry, Vec<Option<Tensor>>)>> {
         match cut {
             Cut::Recv(m) => {
@@ -362,13 +369,14 @@ impl Pass {
                     .iter()
                     .map(|l| st.cut_grads.remove(&impl_id(l)))
                     .collect();
-                if requester == Some(recv.from_worker()) {
-                    piggyback.push(Piggyback {
-                        message_id: recv.message_id(),
-                        grads,
-                    });
+                // A reply travels with the inverse of the requester's map,
+                // as gradients of a received request must.
+                let rides_back = requester == Some(recv.from_worker())
+                    && recv.inner.grads_map == crate::device::MapDirection::Response;
+                if rides_back {
+                    piggyback.push((recv, grads));
                 } else {
-                    let fut = self.send_gradients(recv.message_id(), recv.from_worker(), grads);
+                    let fut = self.send_gradients(&recv, grads);
                     lock(&self.outstanding).push(fut);
                 }
                 Ok(None)
@@ -394,12 +402,12 @@ impl Pass {
         }
     }
 
-    fn send_gradients(
-        self: &Arc<Self>,
-        message_id: i64,
-        to: u32,
-        grads: Vec<Option<Tensor>>,
-    ) -> Future {
+    /// Sends `recv`'s gradients to the worker its message came from, with
+    /// the inverse of that message's device map (PyTorch's
+    /// `RecvRpcBackward`): they land on the devices the sender's tensors
+    /// were on.
+    fn send_gradients(self: &Arc<Self>, recv: &RecvFunction, grads: Vec<Option<Tensor>>) -> Future {
+        let (message_id, to) = (recv.message_id(), recv.from_worker());
         let mut tensors = Vec::new();
         let values: Vec<Value> = grads
             .into_iter()
@@ -417,7 +425,7 @@ impl Pass {
             from_worker: self.agent.rank(),
         };
         let retain_graph = self.retain_graph;
-        let fut = self.agent.request(
+        let fut = self.agent.request_mapped(
             i64::from(to),
             |id| Message::PropagateGradients {
                 id,
@@ -427,6 +435,7 @@ impl Pass {
             },
             &tensors,
             None,
+            recv.inner.grads_map,
         );
         let pass = Arc::downgrade(self);
         fut.add_done_callback(move |f| {

@@ -241,6 +241,9 @@ fn recv_of(t: &Tensor, ctx: &Weak<ContextInner>) -> Option<RecvFunction> {
 pub(crate) struct RecvInner {
     pub(crate) message_id: i64,
     pub(crate) from: u32,
+    /// The device map the gradients travel back with: the inverse of the
+    /// map the received message came with.
+    pub(crate) grads_map: crate::device::MapDirection,
     pub(crate) leaves: Tensors,
 }
 
@@ -268,11 +271,17 @@ impl PartialEq for RecvFunction {
 }
 
 impl RecvFunction {
-    pub(crate) fn new(message_id: i64, from: u32, leaves: Vec<Tensor>) -> Self {
+    pub(crate) fn new(
+        message_id: i64,
+        from: u32,
+        grads_map: crate::device::MapDirection,
+        leaves: Vec<Tensor>,
+    ) -> Self {
         RecvFunction {
             inner: Arc::new(RecvInner {
                 message_id,
                 from,
+                grads_map,
                 leaves: Tensors::new(leaves),
             }),
         }

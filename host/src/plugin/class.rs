@@ -156,6 +156,18 @@ impl RRefObject for PluginObject {
             .is_some()
     }
 
+    fn to_device(&self, device: crate::device::Device) -> Result<()> {
+        self.host
+            .handles()
+            .move_tensors(device.to_tch())
+            .map_err(|e| {
+                Error::from(e).context_line(format!(
+                    "moving the tensors of {} to {device}",
+                    self.type_name
+                ))
+            })
+    }
+
     async fn call_method(
         &self,
         agent: &RpcAgent,

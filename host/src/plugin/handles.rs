@@ -106,6 +106,19 @@ impl Handles {
             .ok_or_else(|| no_handle("tensor", h))
     }
 
+    /// Moves every tensor behind a handle to `device` in place
+    /// (`set_data`): the handles, and every other reference to the same
+    /// tensors, see them on `device`.
+    pub(crate) fn move_tensors(&mut self, device: tch::Device) -> Result<(), tch::TchError> {
+        for t in self.tensors.values_mut() {
+            if t.device() != device {
+                let moved = tch::no_grad(|| t.f_to_device(device))?;
+                t.f_set_data(&moved)?;
+            }
+        }
+        Ok(())
+    }
+
     /// A new handle to `f`.
     pub(crate) fn insert_future(&mut self, f: Future) -> u32 {
         let h = self.fresh();

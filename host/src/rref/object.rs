@@ -55,6 +55,15 @@ pub(crate) trait RRefObject: Send + Sync + 'static {
         method: &str,
         args: Args,
     ) -> Result<Payload>;
+
+    /// Moves every tensor the object holds to `device`, in place: each
+    /// keeps its identity (as `nn.Module.to(device)` sets `param.data`), so
+    /// the object's fields and RRefs to them see the moved tensors. Used to
+    /// place a module on its owner's device (`RemoteModule` on `cuda:N`).
+    ///
+    /// # Errors
+    /// The move's error (the caller checks the device exists first).
+    fn to_device(&self, device: crate::device::Device) -> Result<()>;
 }
 
 /// What an owner holds once the creating function has run.

@@ -132,6 +132,13 @@ fn raise_func() -> Result<()> {
     Err(Error::value_error("Expected error"))
 }
 
+/// `custom_raise_func()`: raises `CustomException(True, "foo")`, an
+/// exception class of the plugin's own, which no caller can rebuild.
+#[remote]
+fn custom_raise_func() -> Result<()> {
+    Err(Error::exception("CustomException", "foo"))
+}
+
 /// `raise_func_escape()`: a `ValueError` whose message has real newlines.
 #[remote]
 fn raise_func_escape() -> Result<()> {
@@ -742,7 +749,8 @@ impl Drop for Tracked {
 
 /// `MyModule(first_arg, first_kwarg=-1)` of `remote_module_test.py`: one
 /// parameter, `ones(1)`; `forward(tensor, number, word="default")` returns
-/// `(word, number, tensor)`.
+/// `(word, number, tensor)`. `word` takes any value, as in Python
+/// (`test_input_moved_to_cuda_device` passes a tensor).
 pub struct MyModule {
     param1: Tensor,
     training: bool,
@@ -761,8 +769,17 @@ impl MyModule {
     }
 
     /// `forward(tensor, number, word="default")`: the arguments reversed.
-    fn forward(&self, tensor: Tensor, number: i64, word: Option<String>) -> (String, i64, Tensor) {
-        (word.unwrap_or_else(|| "default".to_owned()), number, tensor)
+    fn forward(
+        &self,
+        tensor: Tensor,
+        number: i64,
+        word: Option<AnyValue>,
+    ) -> Result<(AnyValue, i64, Tensor)> {
+        let word = match word {
+            Some(w) => w,
+            None => AnyValue::from_value(Value::Str("default".to_owned()))?,
+        };
+        Ok((word, number, tensor))
     }
 
     /// `parameters(recurse=True)`: `[param1]`.

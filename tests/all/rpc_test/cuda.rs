@@ -20,10 +20,18 @@
 //! equivalent (a view of a CUDA tensor returned through the map); the others
 //! need CUDA streams and events, which tch does not expose (see
 //! `tests/support/not_applicable.tsv`). Area V: device-aware futures
-//! (`Future::with_devices`); not ported: the two `_custom_class_` variants
-//! (a Python object with fields that cannot be pickled as the value) and
-//! the two `test_async_execution_*_with_cuda_future` (an `@async_execution`
-//! function on CUDA tensors, which plugins cannot hold).
+//! (`Future::with_devices`). The `_custom_class_` variants wrap the tensor
+//! in a named record (`TensorWrapper { tensor }`), the value tree's custom
+//! class; the seed's unpicklable fields (a lock, a CUDA event, a thread)
+//! have no counterpart in a value. The `@async_execution` functions of
+//! `test_async_execution_*_with_cuda_future` are native async functions
+//! here (`cuda::async_cuda_sleep_and_set_to_one`, `cuda::async_cuda_nested_add`):
+//! the call completes when the future they wait on does, without holding
+//! a thread; the wasm guest SDK sees tensor elements, not devices.
+//!
+//! Area Q's `test_dynamic_rpc_existing_rank_can_communicate_with_new_rank_cuda`
+//! is here too (it needs 2 GPUs): rank 0 joins a dynamic group with maps
+//! toward workers that have not joined yet.
 
 use std::time::Duration;
 
@@ -94,6 +102,41 @@ fn register(r: &FunctionRegistry) {
         let i = a.get(0)?.as_int()?;
         let x = Tensor::f_ones([1000, 200], (Kind::Float, Device::Cuda(0)))?.f_mul_scalar(i)?;
         Ok(Payload::from(x.f_split(100, 0)?.swap_remove(0)))
+    });
+    // `@async_execution async_cuda_sleep_and_set_to_one(t)`: returns a
+    // future on `t`'s device that a later task completes with `t` filled
+    // with ones (the seed's sleep on a side stream, then `fill_(1)`).
+    r.register_native(
+        "cuda::async_cuda_sleep_and_set_to_one",
+        |_ctx, a: Args| async move {
+            let mut t = a.get(0)?.as_tensor()?;
+            let fut = wasmrpc::Future::with_devices([t.device()])?;
+            let done = fut.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let r = t.f_fill_(1).map(|_| Payload::from(t)).map_err(Error::from);
+                let _ = done.complete(r);
+            });
+            fut.wait().await
+        },
+    );
+    // `@async_execution async_cuda_nested_add(to, x, y, z)`:
+    // `rpc_async(to, torch.add, (x, y)).then(lambda fut: fut.value() + z)`.
+    r.register_native("cuda::async_cuda_nested_add", |ctx, a: Args| async move {
+        let to = a.get(0)?.as_str()?.to_owned();
+        let (x, y, z) = (
+            a.get(1)?.as_tensor()?,
+            a.get(2)?.as_tensor()?,
+            a.get(3)?.as_tensor()?,
+        );
+        ctx.agent()
+            .rpc_async(to.as_str(), "aten::add", args![x, y])
+            .then(move |f| {
+                let sum = f.try_value().expect("completed")?.as_tensor()?;
+                Ok(Payload::from(sum.f_add(&z)?))
+            })
+            .wait()
+            .await
     });
     r.register_native("cuda::gpu_device_mismatch", |_ctx, a: Args| async move {
         let (x, y) = (a.get(0)?.as_tensor()?, a.get(1)?.as_tensor()?);
@@ -781,9 +824,18 @@ fn test_cuda_future_device_not_cuda() {
     .unwrap();
 }
 
+/// How `_test_cuda_future_extraction` wraps the tensor it sets: as is, in
+/// a list, or in a custom class (`TensorWrapper`).
+#[derive(Clone, Copy, PartialEq)]
+enum Wrapper {
+    Plain,
+    List,
+    CustomClass,
+}
+
 /// `_test_cuda_future_extraction`: a value set on a `cuda:0` future reads
 /// back finished (tch runs every op on the current stream).
-fn cuda_future_extraction(sparse: bool, list: bool) {
+fn cuda_future_extraction(sparse: bool, wrapper: Wrapper) {
     if !require_gpus(1) {
         return;
     }
@@ -800,17 +852,32 @@ fn cuda_future_extraction(sparse: bool, list: bool) {
             t += Tensor::ones([100], c0);
             t
         };
-        let value = if list {
-            Payload::list([Payload::from(&t)])
-        } else {
-            Payload::from(&t)
+        let value = match wrapper {
+            Wrapper::Plain => Payload::from(&t),
+            Wrapper::List => Payload::list([Payload::from(&t)]),
+            Wrapper::CustomClass => Payload {
+                value: wasmrpc::Value::Record {
+                    name: "TensorWrapper".into(),
+                    fields: vec![("tensor".into(), wasmrpc::Value::Tensor(0))],
+                },
+                tensors: vec![t.shallow_clone()],
+                rrefs: Vec::new(),
+            },
         };
         f.set_result(value)?;
         let got = f.wait().await?;
-        let got = if list {
-            got.items()?[0].as_tensor()?
-        } else {
-            got.as_tensor()?
+        let got = match (wrapper, &got.value) {
+            (Wrapper::Plain, _) => got.as_tensor()?,
+            (Wrapper::List, _) => got.items()?[0].as_tensor()?,
+            // `unwrapper=lambda v: v.tensor`.
+            (Wrapper::CustomClass, wasmrpc::Value::Record { fields, .. }) => {
+                let (_, v) = fields
+                    .iter()
+                    .find(|(k, _)| k == "tensor")
+                    .context("TensorWrapper without its tensor")?;
+                got.sub(v.clone()).as_tensor()?
+            }
+            (Wrapper::CustomClass, other) => anyhow::bail!("not a TensorWrapper: {other:?}"),
         };
         if sparse {
             ensure!(got.indices().equal(&t.indices()) && got.values().equal(&t.values()));
@@ -824,22 +891,104 @@ fn cuda_future_extraction(sparse: bool, list: bool) {
 
 #[test]
 fn test_cuda_future_can_extract_cuda_tensor() {
-    cuda_future_extraction(false, false);
+    cuda_future_extraction(false, Wrapper::Plain);
 }
 
 #[test]
 fn test_cuda_future_can_extract_list_with_cuda_tensor() {
-    cuda_future_extraction(false, true);
+    cuda_future_extraction(false, Wrapper::List);
+}
+
+#[test]
+fn test_cuda_future_can_extract_custom_class_with_cuda_tensor() {
+    cuda_future_extraction(false, Wrapper::CustomClass);
 }
 
 #[test]
 fn test_cuda_future_can_extract_cuda_sparse_tensor() {
-    cuda_future_extraction(true, false);
+    cuda_future_extraction(true, Wrapper::Plain);
 }
 
 #[test]
 fn test_cuda_future_can_extract_list_with_cuda_sparse_tensor() {
-    cuda_future_extraction(true, true);
+    cuda_future_extraction(true, Wrapper::List);
+}
+
+#[test]
+fn test_cuda_future_can_extract_custom_class_with_cuda_sparse_tensor() {
+    cuda_future_extraction(true, Wrapper::CustomClass);
+}
+
+/// Every rank maps `cuda:0` to its next rank's `cuda:0` (the seeds'
+/// `options.set_device_map(dst, {"cuda:0": "cuda:0"})`).
+fn cuda0_ring(world_size: u32) -> impl Fn(u32, &mut RpcBackendOptions) -> wasmrpc::Result<()> {
+    move |rank, o| o.set_device_map(&dst(rank, world_size), [("cuda:0", "cuda:0")])
+}
+
+#[test]
+fn test_async_execution_with_cuda_future() {
+    if !require_gpus(1) {
+        return;
+    }
+    timed(async {
+        let agents = start(2, cuda0_ring(2)).await?;
+        for (rank, agent) in (0u32..).zip(&agents) {
+            let t = Tensor::zeros([100], (Kind::Float, Device::Cuda(0)));
+            let got = agent
+                .rpc_async(
+                    dst(rank, 2).as_str(),
+                    "cuda::async_cuda_sleep_and_set_to_one",
+                    args![&t],
+                )
+                .wait()
+                .await?
+                .as_tensor()?;
+            ensure!(
+                got.device() == Device::Cuda(0),
+                "result on {:?}",
+                got.device()
+            );
+            ensure!(
+                got.eq(1).all().int64_value(&[]) == 1,
+                "not all ones: {got:?}"
+            );
+        }
+        shutdown(agents).await
+    });
+}
+
+#[test]
+fn test_async_execution_nested_with_cuda_future() {
+    if !require_gpus(1) {
+        return;
+    }
+    // Three workers, so that `dst` and `nested_dst` differ from the caller.
+    timed(async {
+        let agents = start(3, cuda0_ring(3)).await?;
+        for (rank, agent) in (0u32..).zip(&agents) {
+            let ones = || Tensor::ones([100], (Kind::Float, Device::Cuda(0)));
+            let nested_dst = worker_name((rank + 2) % 3);
+            let got = agent
+                .rpc_async(
+                    dst(rank, 3).as_str(),
+                    "cuda::async_cuda_nested_add",
+                    args![nested_dst, ones(), ones(), ones()],
+                )
+                .wait()
+                .await?
+                .as_tensor()?;
+            ensure!(
+                got.device() == Device::Cuda(0),
+                "result on {:?}",
+                got.device()
+            );
+            ensure!(
+                got.eq(3).all().int64_value(&[]) == 1,
+                "not all threes: {got:?}"
+            );
+        }
+        shutdown(agents).await
+    });
 }
 
 #[test]
@@ -917,6 +1066,61 @@ fn test_cuda_future_replace_tensor() {
         // payload owns its tensors, so dropping ours must not crash.
         drop(t);
         f.wait().await?;
+        Ok(())
+    });
+}
+
+// ---- Area Q: a dynamic group with device maps ---------------------------
+
+/// Rank 0 joins first, with the map `{1: 0, 0: 1}` toward every other
+/// worker (none of which has joined yet); the others join after it,
+/// without maps. The seed's RPC part is commented out (it crashed
+/// PyTorch's CUDA allocator); it is run here: a tensor rank 0 sends from
+/// `cuda:0` or `cuda:1` is added on the joiner's mapped device and comes
+/// back to where it started, through the inverse map the joiner learnt
+/// from rank 0's published maps.
+#[test]
+fn test_dynamic_rpc_existing_rank_can_communicate_with_new_rank_cuda() {
+    if !require_gpus(2) {
+        return;
+    }
+    let world_size = 4u32;
+    super::per_rank(world_size, move |rank, store| async move {
+        let mut options = RpcBackendOptions::default();
+        register(&options.registry);
+        if rank == 0 {
+            for i in 1..world_size {
+                let dst = worker_name(i);
+                options.set_device_map(&dst, [(1, 0)])?;
+                options.set_device_map(&dst, [(0, 1)])?;
+            }
+        } else {
+            wasmrpc::testing::store_barrier(&*store, "joined0", world_size).await?;
+        }
+        let agent = init_rpc(&worker_name(rank), Some(rank), None, store.clone(), options).await?;
+        if rank == 0 {
+            wasmrpc::testing::store_barrier(&*store, "joined0", world_size).await?;
+        }
+        wasmrpc::testing::store_barrier(&*store, "all_joined", world_size).await?;
+        if rank == 0 {
+            for i in 1..world_size {
+                let x = Tensor::ones([2], (Kind::Float, Device::Cpu));
+                for device in [Device::Cuda(0), Device::Cuda(1)] {
+                    let got = agent
+                        .rpc_sync(
+                            worker_name(i).as_str(),
+                            "aten::add",
+                            args![x.to_device(device), 1],
+                        )
+                        .await?
+                        .as_tensor()?;
+                    ensure!(got.device() == device, "result on {:?}", got.device());
+                    ensure!(got.to_device(Device::Cpu).equal(&(&x + 1)), "{got:?}");
+                }
+            }
+        }
+        wasmrpc::testing::store_barrier(&*store, "done", world_size).await?;
+        agent.shutdown(true, Duration::ZERO).await?;
         Ok(())
     });
 }

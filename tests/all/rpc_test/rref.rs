@@ -1910,3 +1910,54 @@ mod tp_rpc {
         });
     }
 }
+
+/// `test_pg_init_no_rpc_init`, adapted: the ranks meet through a store
+/// rendezvous only (the seed's `init_process_group("gloo")`; its DDP wrapper
+/// is Python's), then wrap a model's parameters (`nn.Linear(3, 4)`: weight
+/// and bias) in RRefs without naming an agent (`RRef(param)`): no agent is
+/// current, so each is refused with the seed's text. Once an agent is
+/// current the same call makes a local owner RRef.
+#[test]
+fn test_pg_init_no_rpc_init() {
+    timed(async {
+        let store = wasmrpc::testing::fresh_store();
+        let ranks: Vec<_> = (0..2u32)
+            .map(|rank| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    wasmrpc::testing::store_barrier(&*store, "pg_init", 2).await?;
+                    let params = [
+                        Tensor::rand([4, 3], (tch::Kind::Float, tch::Device::Cpu)),
+                        Tensor::rand([4], (tch::Kind::Float, tch::Device::Cpu)),
+                    ];
+                    for p in params {
+                        expect_err(
+                            RRef::on_current_agent(p.set_requires_grad(true)),
+                            ErrorKind::RuntimeError,
+                            "Current RPC agent is not set! Did you initialize the RPC framework",
+                        )
+                        .map_err(|e| e.context(format!("rank {rank}")))?;
+                    }
+                    anyhow::Ok(())
+                })
+            })
+            .collect();
+        for r in ranks {
+            r.await??;
+        }
+        let options = wasmrpc::RpcBackendOptions::default();
+        register_all(&options.registry);
+        let agent = wasmrpc::init_rpc("worker0", Some(0), Some(1), store, options).await?;
+        wasmrpc::set_current_agent(&agent)?;
+        let rref = RRef::on_current_agent(ones(&[2]))?;
+        ensure!(rref.is_owner() && rref.owner_name() == "worker0");
+        expect_tensor(&rref.local_value(&agent).await?, &ones(&[2]))?;
+        drop(rref);
+        agent.shutdown(true, Duration::ZERO).await?;
+        ensure!(
+            RRef::on_current_agent(ones(&[2])).is_err(),
+            "shutdown leaves the agent current"
+        );
+        Ok(())
+    });
+}
