@@ -92,6 +92,12 @@ pub struct Event {
 }
 
 impl Event {
+    /// How long the range ran, in microseconds (PyTorch's
+    /// `cpu_time_total` of one event); `None` while running.
+    pub fn duration_us(&self) -> Option<u64> {
+        self.end_us.map(|end| end.saturating_sub(self.start_us))
+    }
+
     /// Whether `self` starts no later and ends no earlier than `other`.
     pub fn encloses(&self, other: &Event) -> bool {
         match (self.end_us, other.end_us) {
@@ -143,6 +149,68 @@ tokio::task_local! {
 
 fn current() -> Option<Arc<Recorder>> {
     CURRENT.try_with(Arc::clone).ok()
+}
+
+/// The name of the event wrapping a distributed backward pass on the
+/// worker that called `backward` (PyTorch's
+/// `kDistAutogradBackwardProfilingKey`).
+pub const DIST_AUTOGRAD_BACKWARD_PROFILING_KEY: &str = "torch::distributed::autograd::backward";
+
+/// The active profiling scope as a value, for work the scope's future hands
+/// to other tasks or threads (the task-local does not follow them): taken
+/// where the work starts, it records into that scope from anywhere, and
+/// re-enters it around calls ([`Recording::sync_scope`],
+/// [`Recording::scope`]) so the RPCs they make are profiled too. Without a
+/// scope there is no `Recording`, so the hot path pays for an `Option`
+/// check only.
+#[derive(Clone)]
+pub(crate) struct Recording(Arc<Recorder>);
+
+impl Recording {
+    /// The scope the current task runs in, if any.
+    pub(crate) fn active() -> Option<Recording> {
+        current().map(Recording)
+    }
+
+    /// Opens an event named `name` now; it ends when the [`Range`] drops.
+    pub(crate) fn range(&self, name: impl Into<String>) -> Range {
+        let index = self.0.open(name.into());
+        Range {
+            recorder: Arc::clone(&self.0),
+            index,
+        }
+    }
+
+    /// Runs `f` inside this scope (for synchronous code, e.g. the call path
+    /// of an RPC, which looks the scope up).
+    pub(crate) fn sync_scope<R>(&self, f: impl FnOnce() -> R) -> R {
+        CURRENT.sync_scope(Arc::clone(&self.0), f)
+    }
+
+    /// Runs `body` inside this scope.
+    pub(crate) async fn scope<F: std::future::Future>(&self, body: F) -> F::Output {
+        CURRENT.scope(Arc::clone(&self.0), body).await
+    }
+}
+
+/// Runs `f` in `recording`'s scope, or just runs it without one.
+pub(crate) fn sync_scope_opt<R>(recording: Option<&Recording>, f: impl FnOnce() -> R) -> R {
+    match recording {
+        Some(r) => r.sync_scope(f),
+        None => f(),
+    }
+}
+
+/// An open event of a [`Recording`]; it ends when dropped.
+pub(crate) struct Range {
+    recorder: Arc<Recorder>,
+    index: usize,
+}
+
+impl Drop for Range {
+    fn drop(&mut self) {
+        self.recorder.close(self.index);
+    }
 }
 
 /// The events of one profiling scope, in the order they started.
