@@ -422,6 +422,7 @@ impl RpcAgent {
             || make(to.clone()),
             |f| Some(f.clone()),
         )
+        .0
     }
 
     /// [`rpc_async`](Self::rpc_async) with its own timeout; zero means none.
@@ -614,9 +615,13 @@ impl RpcAgent {
             args: positional,
             kwargs,
             autograd,
-            profiling: profiling.map(|p| p.sent_as(id)),
+            profiling: profiling.as_ref().map(|p| p.sent_as(id)),
         };
-        self.send_tracked(to, function, build, &tensors, timeout, user, collect)
+        let fut = self.send_tracked(to, function, build, &tensors, timeout, user, collect);
+        if let Some(p) = &profiling {
+            p.until(&fut);
+        }
+        fut
     }
 
     /// Forks the RRefs of a call's arguments toward `to` (`crate::rref`).

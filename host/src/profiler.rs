@@ -38,6 +38,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -317,23 +318,41 @@ pub(crate) struct Outgoing {
     key: String,
     start_us: u64,
     pending: Arc<Pending>,
+    /// The futures still to complete before the RPC's event ends: the
+    /// caller's (what [`rpc`]'s `done` gives) and the request's, which
+    /// differ for a `remote()` to self (the value exists before the
+    /// response with the callee's events arrives).
+    unfinished: AtomicUsize,
+    /// Completes once the event has ended and the callee's events are in.
+    recorded: Future,
 }
 
 impl Outgoing {
-    /// The caller's future completed: the RPC's event ends, and events
-    /// arriving later are dropped.
+    /// One of the futures the RPC waits for completed; after the last, the
+    /// RPC's event ends and events arriving later are dropped.
     fn completed(self: &Arc<Self>) {
+        if self.unfinished.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
         self.recorder.close(self.index);
         self.pending.lock().retain(|_, o| !Arc::ptr_eq(o, self));
+        let _ = self.recorded.set_result(crate::Payload::none());
     }
-}
 
-impl Outgoing {
     /// The key to send with request `id`; the response's events are merged
     /// under it ([`incoming`]).
     pub(crate) fn sent_as(self: &Arc<Self>, id: u64) -> String {
         self.pending.lock().insert(id, Arc::clone(self));
         self.key.clone()
+    }
+
+    /// The RPC's event lasts until `request` (the future of the request
+    /// that carries the call) completes too; the agent's call path gives it
+    /// after sending. Its response's events are merged before it completes.
+    pub(crate) fn until(self: &Arc<Self>, request: &Future) {
+        self.unfinished.fetch_add(1, Ordering::AcqRel);
+        let this = Arc::clone(self);
+        request.add_done_callback(move |_| this.completed());
     }
 }
 
@@ -353,9 +372,12 @@ thread_local! {
 
 /// Called by the agent for each RPC it starts (`rpc_sync`, `rpc_async`,
 /// `remote`): inside a profiling scope, records the call under its key
-/// from now until the future `done` gives completes, and has the request
-/// that `make` sends carry the key. Unresolvable destinations are not
-/// recorded (the call fails at once anyway).
+/// from now until both the future `done` gives and the request that
+/// `make` sends (it carries the key) complete. Returns what `make` made
+/// and, in a scope, a future that completes once the event is recorded
+/// with the callee's events (PyTorch's `_get_profiling_future()`).
+/// Unresolvable destinations are not recorded (the call fails at once
+/// anyway).
 pub(crate) fn rpc<T>(
     agent: &RpcAgent,
     mode: RpcExecMode,
@@ -363,12 +385,12 @@ pub(crate) fn rpc<T>(
     function: &str,
     make: impl FnOnce() -> T,
     done: impl FnOnce(&T) -> Option<Future>,
-) -> T {
+) -> (T, Option<Future>) {
     let Some(recorder) = current() else {
-        return make();
+        return (make(), None);
     };
     let Ok(dst) = agent.resolve(to.clone()) else {
-        return make();
+        return (make(), None);
     };
     let key = build_rpc_profiling_key(mode, function, agent.name(), &dst.name);
     let index = recorder.open(key.clone());
@@ -380,7 +402,10 @@ pub(crate) fn rpc<T>(
         key,
         start_us,
         pending,
+        unfinished: AtomicUsize::new(1),
+        recorded: Future::new(),
     });
+    let recorded = out.recorded.clone();
     let previous = OUTGOING.with(|o| o.borrow_mut().replace(Arc::clone(&out)));
     let made = make();
     OUTGOING.with(|o| *o.borrow_mut() = previous);
@@ -388,7 +413,7 @@ pub(crate) fn rpc<T>(
         Some(fut) => fut.add_done_callback(move |_| out.completed()),
         None => out.completed(),
     }
-    made
+    (made, Some(recorded))
 }
 
 /// The profiled RPC the agent is sending now, taken once (by the request

@@ -39,8 +39,11 @@ async fn call(w: &Worker, mode: RpcExecMode, dst: &str) -> anyhow::Result<Payloa
         RpcExecMode::Async => w.agent.rpc_async(dst, "aten::mul", a).wait().await?,
         RpcExecMode::Remote => {
             let r = w.agent.remote(dst, "aten::mul", a)?;
-            r.get_future().wait().await?;
-            r.to_here(&w.agent, None).await?
+            let value = r.to_here(&w.agent, None).await?;
+            // As the seed: the RRef is profiled once its creation is
+            // acknowledged (a remote() to self has its value earlier).
+            r.get_profiling_future().wait().await?;
+            value
         }
     })
 }
@@ -73,13 +76,13 @@ fn rpc_events_are_recorded_under_their_keys() {
                 let (r, p) = profile(&w.agent, call(&w, mode, &dst)).await;
                 expect_tensor(&r?, &ones(&[1]))?;
                 let rpc = rpc_event(&p, &w, mode, &dst)?;
-                if dst != worker_name(w.rank) {
-                    // The RPC and the callee's event for the call, nothing
-                    // more (calls to self bring no callee events yet).
-                    ensure!(p.events.len() == 2, "extra events: {p:?}");
-                    let remote = format!("{}{REMOTE_OP_STR}aten::mul", rpc.name);
-                    ensure!(p.find(&remote).len() == 1, "no {remote}: {p:?}");
-                }
+                // The RPC and the callee's event for the call, nothing more,
+                // for a call to self too.
+                ensure!(p.events.len() == 2, "extra events: {p:?}");
+                let remote = format!("{}{REMOTE_OP_STR}aten::mul", rpc.name);
+                let found = p.find(&remote);
+                ensure!(found.len() == 1, "no {remote}: {p:?}");
+                ensure!(rpc.encloses(found[0]), "{remote} outlasts the RPC: {p:?}");
             }
         }
         // Outside a scope nothing is recorded, and a call still works.
@@ -152,15 +155,17 @@ fn profile_exports_a_chrome_trace() {
 /// use_record_function, dst)`, on rank 1: the RPC event ran on the caller
 /// and names both workers, the function and the mode; the callee's events
 /// came back (`node_id == dst`); a `record_function("foo")` scope encloses
-/// the RPC and comes first.
+/// the RPC and comes first. `dst` `None` is the seed's default, the next
+/// rank.
 async fn profiler_test_with_rpc(
     w: &Worker,
     mode: RpcExecMode,
     func: &str,
     make_args: fn() -> Args,
     use_record_function: bool,
+    dst: Option<u32>,
 ) -> anyhow::Result<()> {
-    let dst = (w.rank + 1) % w.world_size;
+    let dst = dst.unwrap_or((w.rank + 1) % w.world_size);
     let dst_name = worker_name(dst);
     let body = async {
         let a = make_args();
@@ -169,7 +174,8 @@ async fn profiler_test_with_rpc(
             RpcExecMode::Async => w.agent.rpc_async(dst, func, a).wait().await.map(drop),
             RpcExecMode::Remote => {
                 let r = w.agent.remote(dst, func, a)?;
-                r.get_future().wait().await.map(drop)
+                r.to_here(&w.agent, None).await?;
+                r.get_profiling_future().wait().await.map(drop)
             }
         }
     };
@@ -222,8 +228,12 @@ fn run_profiler_test(mode: RpcExecMode, func: &'static str, make_args: fn() -> A
         if w.rank != 1 {
             return Ok(());
         }
-        profiler_test_with_rpc(&w, mode, func, make_args, false).await?;
-        profiler_test_with_rpc(&w, mode, func, make_args, true).await?;
+        profiler_test_with_rpc(&w, mode, func, make_args, false, None).await?;
+        profiler_test_with_rpc(&w, mode, func, make_args, true, None).await?;
+        if mode == RpcExecMode::Remote {
+            // `_run_test_profiler_with_remote_*`: a remote() to self too.
+            profiler_test_with_rpc(&w, mode, func, make_args, false, Some(w.rank)).await?;
+        }
         Ok(())
     });
 }
@@ -268,6 +278,26 @@ fn test_profiler_with_async_rpc_builtin() {
 #[test]
 fn test_profiler_with_async_rpc_builtin_single_threaded() {
     run_profiler_test(RpcExecMode::Async, MUL, mul_args);
+}
+
+#[test]
+fn test_profiler_with_remote_udf() {
+    run_profiler_test(RpcExecMode::Remote, SLEEP, sleep_args);
+}
+
+#[test]
+fn test_profiler_with_remote_udf_single_threaded() {
+    run_profiler_test(RpcExecMode::Remote, SLEEP, sleep_args);
+}
+
+#[test]
+fn test_profiler_with_remote_builtin() {
+    run_profiler_test(RpcExecMode::Remote, MUL, mul_args);
+}
+
+#[test]
+fn test_profiler_with_remote_builtin_single_threaded() {
+    run_profiler_test(RpcExecMode::Remote, MUL, mul_args);
 }
 
 /// `run_profiling_workload` inside a distributed autograd context and a
