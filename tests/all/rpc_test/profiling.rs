@@ -10,7 +10,7 @@
 //! records, in the seeds' terms (`_profiler_test_with_rpc`'s checks on the
 //! RPC event and the `record_function` scope).
 
-use anyhow::ensure;
+use anyhow::{Context as _, ensure};
 use tch::Tensor;
 use wasmrpc::autograd;
 use wasmrpc::profiler::{
@@ -355,4 +355,134 @@ fn test_profiler_with_autograd_context() {
 #[test]
 fn test_profiler_with_autograd_context_single_threaded() {
     profiler_with_autograd_context();
+}
+
+const SLOW_ASYNC_ADD: &str = "seed_fns::slow_async_add";
+const SLOW_ADD: &str = "seed_fns::slow_add";
+
+/// `_run_rpc_profiling_async_function` (CPU): the RPC the async plugin
+/// function makes to `dst2` is among `dst1`'s events, with `dst2`'s
+/// `aten::add` nested under it.
+fn rpc_profiling_async_function() {
+    dist(|w| async move {
+        if w.rank != 1 {
+            return Ok(());
+        }
+        let dst1 = (w.rank + 1) % w.world_size;
+        let dst2 = (w.rank + 2) % w.world_size;
+        let (x, y) = (ones(&[2]), ones(&[2]));
+        let (r, p) = profile(&w.agent, async {
+            w.agent
+                .rpc_async_with_timeout(
+                    dst1,
+                    SLOW_ASYNC_ADD,
+                    args![worker_name(dst2), x, y, "cpu"],
+                    std::time::Duration::from_secs(20),
+                )
+                .wait()
+                .await
+        })
+        .await;
+        expect_tensor(&r?, &(ones(&[2]) * 2))?;
+        let key_prefix = build_rpc_profiling_key(
+            RpcExecMode::Async,
+            SLOW_ASYNC_ADD,
+            &worker_name(w.rank),
+            &worker_name(dst1),
+        );
+        let nested_rpc_key_prefix = build_rpc_profiling_key(
+            RpcExecMode::Async,
+            SLOW_ADD,
+            &worker_name(dst1),
+            &worker_name(dst2),
+        );
+        let expected_key = format!("{key_prefix}{REMOTE_OP_STR}{nested_rpc_key_prefix}");
+        let rpc_remote: Vec<&Event> = p.events.iter().filter(|e| e.name == expected_key).collect();
+        ensure!(rpc_remote.len() == 1, "{expected_key}: {p:?}");
+        ensure!(rpc_remote[0].worker == dst1, "{:?}", rpc_remote[0]);
+        let remote_add_key = format!("{expected_key}{REMOTE_OP_STR}aten::add");
+        let add: Vec<&Event> = p
+            .events
+            .iter()
+            .filter(|e| e.name == remote_add_key)
+            .collect();
+        ensure!(add.len() == 1, "{remote_add_key}: {p:?}");
+        ensure!(add[0].worker == dst2, "{:?}", add[0]);
+        ensure!(rpc_remote[0].encloses(add[0]), "{p:?}");
+        Ok(())
+    });
+}
+
+#[test]
+fn test_rpc_profiling_async_function() {
+    rpc_profiling_async_function();
+}
+
+#[test]
+fn test_rpc_profiling_async_function_single_threaded() {
+    rpc_profiling_async_function();
+}
+
+const UDF_WITH_TORCH_OPS: &str = "seed_fns::udf_with_torch_ops";
+
+/// The events of `p` on `worker` inside `range` (its CPU children, all
+/// levels), without `range`.
+fn children<'a>(p: &'a Profile, range: &Event) -> Vec<&'a Event> {
+    p.events
+        .iter()
+        .filter(|e| *e != range && e.worker == range.worker && range.encloses(e))
+        .collect()
+}
+
+#[test]
+fn test_rpc_profiling_remote_record_function() {
+    dist(|w| async move {
+        if w.rank != 1 {
+            return Ok(());
+        }
+        for dst in (0..w.world_size).filter(|r| *r != w.rank) {
+            let (r, p) = profile(&w.agent, async {
+                w.agent
+                    .rpc_async(dst, UDF_WITH_TORCH_OPS, args![-1, true])
+                    .wait()
+                    .await
+            })
+            .await;
+            r?;
+            let forward: Vec<&Event> = p.find("##forward##");
+            ensure!(forward.len() == 1, "{p:?}");
+            let forward = forward[0];
+            ensure!(forward.worker == dst, "{forward:?}");
+            let remote_children = children(&p, forward);
+            // The same function run here, in a profiling scope.
+            let (r, local) = profile(&w.agent, async {
+                w.agent
+                    .call_local(UDF_WITH_TORCH_OPS, args![-1, true])
+                    .await
+            })
+            .await;
+            r?;
+            let local_forward = local
+                .events
+                .iter()
+                .find(|e| e.name.contains("##forward##"))
+                .with_context(|| format!("no local ##forward##: {local:?}"))?;
+            let local_children_names: Vec<&str> = children(&local, local_forward)
+                .iter()
+                .map(|e| e.name.as_str())
+                .collect();
+            ensure!(!remote_children.is_empty(), "##forward## is empty: {p:?}");
+            for evt in remote_children {
+                let local_name = evt
+                    .name
+                    .rsplit_once(REMOTE_OP_STR)
+                    .map_or(evt.name.as_str(), |(_, n)| n);
+                ensure!(
+                    local_children_names.contains(&local_name),
+                    "{local_name} not among {local_children_names:?}"
+                );
+            }
+        }
+        Ok(())
+    });
 }
