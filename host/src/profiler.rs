@@ -182,6 +182,21 @@ impl Recording {
         }
     }
 
+    /// Records a range named `name` that ran from `start` to `end` (e.g.
+    /// an op that ran on another thread).
+    pub(crate) fn add(&self, name: String, start: Instant, end: Instant) {
+        let us = |t: Instant| {
+            u64::try_from(t.saturating_duration_since(self.0.epoch).as_micros()).unwrap_or(u64::MAX)
+        };
+        let event = Event {
+            name,
+            worker: self.0.worker,
+            start_us: us(start),
+            end_us: Some(us(end)),
+        };
+        self.0.lock().push(event);
+    }
+
     /// Runs `f` inside this scope (for synchronous code, e.g. the call path
     /// of an RPC, which looks the scope up).
     pub(crate) fn sync_scope<R>(&self, f: impl FnOnce() -> R) -> R {

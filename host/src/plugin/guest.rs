@@ -20,7 +20,8 @@
 //! guest opens, the distributed optimizer) are in [`autograd`].
 //!
 //! Profiling: a call served in a caller's profiling scope records its ops
-//! (one event per op, named `aten::<op>`), the RPCs it makes and the
+//! (every aten op libtorch runs for them, nested ones included, through
+//! `wasmrpc_torch_sys::record_ops`), the RPCs it makes and the
 //! guest's `record_function` ranges in that scope (`crate::profiler`). The
 //! scope is carried as a value ([`GuestCall::profiled_by`]), since `then`
 //! callbacks run in tasks of their own and ops on the blocking pool.
@@ -28,7 +29,7 @@
 mod autograd;
 
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tch::{Device, Kind, Tensor};
@@ -274,26 +275,42 @@ impl GuestHost for GuestCall {
         };
         let name = name.to_owned();
         let grad_enabled = self.autograd.grad_enabled();
-        let _event = self.recording().map(|r| {
-            r.range(if name.contains("::") {
-                name.clone()
-            } else {
-                format!("aten::{name}")
-            })
-        });
-        let outputs = run_blocking(move || {
+        let recording = self.recording();
+        let profiled = recording.is_some();
+        let (outputs, ops) = run_blocking(move || {
             // Grad mode is per thread: set it where the op runs.
             let _no_grad = (!grad_enabled).then(tch::no_grad_guard);
             // A bare name is a tensor method (`view`, `size`), as Python
             // calls it on a tensor.
-            if name.contains("::") || name.contains('.') {
-                call_op(&name, &positional, &kwargs)
-            } else {
-                call_method(&name, &positional, &kwargs)
+            let run = || {
+                if name.contains("::") || name.contains('.') {
+                    call_op(&name, &positional, &kwargs)
+                } else {
+                    call_method(&name, &positional, &kwargs)
+                }
+            };
+            if !profiled {
+                return (run(), None);
             }
+            // In a profiling scope: every aten op libtorch runs for it,
+            // nested ones included, as PyTorch's profiler lists them.
+            let start = Instant::now();
+            let (out, ops) = wasmrpc_torch_sys::record_ops(run);
+            (out, Some((name, start, Instant::now(), ops)))
         })
         .await
-        .map_err(remote)??;
+        .map_err(remote)?;
+        if let (Some(r), Some((name, start, end, ops))) = (recording, ops) {
+            if ops.is_empty() {
+                // Nothing went through the dispatcher (a Python builtin).
+                r.add(name, start, end);
+            }
+            for op in ops {
+                let at = |ns| start + Duration::from_nanos(ns);
+                r.add(op.name, at(op.start_ns), at(op.end_ns));
+            }
+        }
+        let outputs = outputs?;
         let value = wasmrpc_torch_sys::OpValue::from_outputs(outputs);
         let mut handles = self.handles();
         Ok(op_value_into_abi(value, &mut |t| handles.insert_tensor(t)))

@@ -486,3 +486,153 @@ fn test_rpc_profiling_remote_record_function() {
         Ok(())
     });
 }
+
+/// The seeds' `EXPECTED_REMOTE_EVENTS`: what `udf_with_torch_ops` runs
+/// (`relu` is `clamp_min` inside libtorch).
+const EXPECTED_REMOTE_EVENTS: [&str; 7] = [
+    "aten::ones",
+    "aten::ones",
+    "aten::add",
+    "aten::mul",
+    "aten::relu",
+    "aten::clamp_min",
+    "aten::sigmoid",
+];
+
+/// The `name` of each event of a Chrome trace, unescaped.
+fn trace_event_names(trace: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for part in trace.split("{\"name\": \"").skip(1) {
+        let mut name = String::new();
+        let mut chars = part.chars();
+        while let Some(c) = chars.next() {
+            match c {
+                '"' => break,
+                '\\' => name.extend(chars.next()),
+                c => name.push(c),
+            }
+        }
+        names.push(name);
+    }
+    names
+}
+
+#[test]
+fn test_profiler_export_trace() {
+    dist(|w| async move {
+        if w.rank != 1 {
+            return Ok(());
+        }
+        let dst = (w.rank + 1) % w.world_size;
+        let (r, p) = profile(&w.agent, async {
+            w.agent
+                .rpc_async(dst, UDF_WITH_TORCH_OPS, args![])
+                .wait()
+                .await
+        })
+        .await;
+        r?;
+        let path = std::env::temp_dir().join(format!(
+            "wasmrpc-export-trace-{}-{}.json",
+            std::process::id(),
+            w.rank
+        ));
+        p.export_chrome_trace(&path)?;
+        let trace = std::fs::read_to_string(&path);
+        let _ = std::fs::remove_file(&path);
+        let event_names = trace_event_names(&trace?);
+        ensure!(event_names.len() == p.events.len(), "{event_names:?}");
+        for expected in EXPECTED_REMOTE_EVENTS
+            .iter()
+            .copied()
+            .chain([RpcExecMode::Async.value()])
+        {
+            ensure!(
+                event_names.iter().any(|n| n.contains(expected)),
+                "no {expected} in {event_names:?}"
+            );
+        }
+        Ok(())
+    });
+}
+
+/// `_run_test_profiler_remote_events_profiled`: to every other worker, the
+/// ops `udf_with_torch_ops` ran there come back under the RPC's key, with
+/// that worker's rank.
+fn profiler_remote_events_profiled() {
+    dist(|w| async move {
+        if w.rank != 1 {
+            return Ok(());
+        }
+        for dst in (0..w.world_size).filter(|r| *r != w.rank) {
+            let (r, p) = profile(&w.agent, async {
+                w.agent
+                    .rpc_async(dst, UDF_WITH_TORCH_OPS, args![])
+                    .wait()
+                    .await
+            })
+            .await;
+            r?;
+            let rpc_profiling_key = build_rpc_profiling_key(
+                RpcExecMode::Async,
+                UDF_WITH_TORCH_OPS,
+                &worker_name(w.rank),
+                &worker_name(dst),
+            );
+            // check_profiling_info: one RPC event, on the caller, naming
+            // both workers, the function and the mode.
+            let rpc: Vec<&Event> = p
+                .events
+                .iter()
+                .filter(|e| e.name == rpc_profiling_key)
+                .collect();
+            ensure!(rpc.len() == 1, "{rpc_profiling_key}: {p:?}");
+            ensure!(rpc[0].worker == w.rank, "{:?}", rpc[0]);
+            let remote_op_key = format!("{rpc_profiling_key}{REMOTE_OP_STR}");
+            let remote_events: Vec<&Event> = p
+                .events
+                .iter()
+                .filter(|e| e.name.starts_with(&remote_op_key))
+                .collect();
+            for expected in EXPECTED_REMOTE_EVENTS {
+                let expected_key = format!("{remote_op_key}{expected}");
+                let found: Vec<&&Event> = remote_events
+                    .iter()
+                    .filter(|e| e.name == expected_key)
+                    .collect();
+                ensure!(!found.is_empty(), "no {expected_key} in {p:?}");
+                for e in found {
+                    ensure!(e.worker == dst, "node_id of {e:?}");
+                }
+            }
+            let profiled: std::collections::BTreeSet<&str> = remote_events
+                .iter()
+                .map(|e| &e.name[remote_op_key.len()..])
+                .filter(|n| EXPECTED_REMOTE_EVENTS.contains(n))
+                .collect();
+            let expected: std::collections::BTreeSet<&str> =
+                EXPECTED_REMOTE_EVENTS.into_iter().collect();
+            ensure!(
+                profiled == expected,
+                "Mismatch between profiled events: {profiled:?} and expected events: {expected:?}"
+            );
+            // Two `aten::ones`, as the function runs.
+            let ones = remote_events
+                .iter()
+                .filter(|e| e.name == format!("{remote_op_key}aten::ones"))
+                .count();
+            ensure!(ones == 2, "{ones} aten::ones in {p:?}");
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn test_profiler_remote_events_profiled() {
+    profiler_remote_events_profiled();
+}
+
+#[test]
+fn test_profiler_remote_events_profiled_single_threaded() {
+    profiler_remote_events_profiled();
+}
