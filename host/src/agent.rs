@@ -1127,14 +1127,9 @@ impl RpcAgent {
                 (Some(f), Ok(args)) => {
                     let ctx = CallContext::new(this.clone(), caller, function.clone(), autograd);
                     let call = crate::autograd::scope(context_id, registry::call_guarded(f, ctx, args));
-                    match &profiling {
-                        Some(_) => {
-                            let (r, events) = crate::profiler::serve(&this, served, call).await;
-                            profiled = Some(events);
-                            r
-                        }
-                        None => call.await,
-                    }
+                    let (r, events) = crate::profiler::serve(&this, served, profiling.is_some(), call).await;
+                    profiled = events;
+                    r
                 }
                 (None, Ok(_)) => Err(Error::runtime(unknown_function_message(&function, this.name()))),
             };

@@ -1,14 +1,11 @@
-//! `rpc_test` area L (RPC profiling) on `wasmrpc::profiler`, caller side:
-//! the profiling key, one event per RPC made in a scope, user ranges, and
-//! the Chrome trace export.
-//!
-//! Only `test_build_rpc_profiling_key` is a seed port so far: every other
-//! area L seed asserts the callee's events ("remote events profiled",
-//! `node_id == dst`), which the profiler does not ship back yet (see the
-//! module doc of `wasmrpc::profiler`); they are listed with that reason in
-//! `wasmrpc_tests::skips`. The other tests here check what the caller side
-//! records, in the seeds' terms (`_profiler_test_with_rpc`'s checks on the
-//! RPC event and the `record_function` scope).
+//! `rpc_test` area L (RPC profiling) on `wasmrpc::profiler`: the seed
+//! ports (the profiling key; RPC events and the callee's events for
+//! builtins, native and plugin functions, to other workers and to self;
+//! ops, nested RPCs and `record_function` inside plugin functions; the
+//! Chrome trace export) and tests of what the caller records, in the
+//! seeds' terms (`_profiler_test_with_rpc`'s checks on the RPC event and
+//! the `record_function` scope). Seeds not ported yet are listed with their
+//! reasons in `tests/support/not_yet_ported.tsv`.
 
 use anyhow::{Context as _, ensure};
 use tch::Tensor;
@@ -635,4 +632,67 @@ fn test_profiler_remote_events_profiled() {
 #[test]
 fn test_profiler_remote_events_profiled_single_threaded() {
     profiler_remote_events_profiled();
+}
+
+/// The seed's `_assert_top_level_events`: the events that start after the
+/// previous top-level one ended, sorted by name, are `expected`.
+fn assert_top_level_events(p: &Profile, expected: &[&str]) -> anyhow::Result<()> {
+    let mut top_level_event_names = Vec::new();
+    let mut last_end: Option<u64> = None;
+    for e in &p.events {
+        if last_end.is_none_or(|end| e.start_us > end) {
+            top_level_event_names.push(e.name.as_str());
+            last_end = Some(e.end_us.with_context(|| format!("{} never ended", e.name))?);
+        }
+    }
+    top_level_event_names.sort_unstable();
+    let mut expected = expected.to_vec();
+    expected.sort_unstable();
+    ensure!(
+        top_level_event_names == expected,
+        "Expected events {expected:?}, but got {top_level_event_names:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn test_server_process_global_profiler() {
+    use wasmrpc::profiler::{
+        disable_server_process_global_profiler_on, enable_server_process_global_profiler_on,
+    };
+    dist(|w| async move {
+        if w.rank != 0 {
+            return Ok(());
+        }
+        let dst_rank = (w.rank + 1) % w.world_size;
+        let x = || Tensor::from(1i64);
+        let y = || Tensor::from(2i64);
+        enable_server_process_global_profiler_on(&w.agent, dst_rank).await?;
+        w.agent
+            .rpc_sync(dst_rank, "aten::add", args![x(), y()])
+            .await?;
+        enable_server_process_global_profiler_on(&w.agent, dst_rank).await?;
+        w.agent
+            .rpc_sync(dst_rank, "aten::sub", args![x(), y()])
+            .await?;
+        let inner_events = disable_server_process_global_profiler_on(&w.agent, dst_rank).await?;
+        let outer_events = disable_server_process_global_profiler_on(&w.agent, dst_rank).await?;
+        let expected_inner_events = ["aten::sub"];
+        let expected_outer_events = ["aten::sub", "aten::add"];
+        assert_top_level_events(&inner_events, &expected_inner_events)?;
+        assert_top_level_events(&outer_events, &expected_outer_events)?;
+        for e in inner_events.events.iter().chain(&outer_events.events) {
+            ensure!(e.worker == dst_rank, "{e:?}");
+        }
+        // None is left enabled there.
+        let e = disable_server_process_global_profiler_on(&w.agent, dst_rank)
+            .await
+            .expect_err("a third disable");
+        ensure!(
+            e.message()
+                .contains("no server process global profiler is enabled on worker"),
+            "{e}"
+        );
+        Ok(())
+    });
 }
