@@ -35,7 +35,10 @@
 //!   [`DIST_AUTOGRAD_BACKWARD_PROFILING_KEY`] around the whole pass, and on
 //!   this worker one event per firing of a send function
 //!   (`...::SendRpcBackward`) and of a recv function
-//!   (`...::RecvRpcBackward`) (`crate::autograd::engine`).
+//!   (`...::RecvRpcBackward`) (`crate::autograd::engine`);
+//! - in a server process global profiler
+//!   ([`enable_server_process_global_profiler`]), one event per user call
+//!   the worker serves, whoever calls.
 //!
 //! Owns: the scope (a tokio task-local, so it follows the profiled future,
 //! not the thread; [`Recording`] carries it as a value to the tasks and
@@ -49,10 +52,11 @@
 //! the hot paths only check for a scope (no lock, no allocation).
 //!
 //! Not done yet: the ops a native function or a builtin call runs are not
-//! listed one by one (a builtin call is its one callee event); there is no
-//! server-side global profiler; events carry no input shapes or memory
-//! figures. Spawned tasks leave the scope, as they leave a task-local,
-//! unless given a [`Recording`].
+//! listed one by one (a builtin call is its one callee event), nor are a
+//! served call's ops and nested RPCs in a server process global profiler
+//! (only the call); events carry no input shapes or memory figures.
+//! Spawned tasks leave the scope, as they leave a task-local, unless given
+//! a [`Recording`].
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -61,9 +65,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use crate::abi::Value;
 use crate::agent::{Dest, RpcAgent};
 use crate::transport::ProfiledEvent;
-use crate::abi::Value;
 use crate::{Error, Future, Result};
 
 /// Separates an RPC key from the name of a remote event
@@ -617,7 +621,11 @@ pub async fn enable_server_process_global_profiler_on(
     to: impl Into<Dest>,
 ) -> Result<()> {
     agent
-        .rpc_sync(to, ENABLE_SERVER_PROCESS_GLOBAL_PROFILER, crate::Args::new())
+        .rpc_sync(
+            to,
+            ENABLE_SERVER_PROCESS_GLOBAL_PROFILER,
+            crate::Args::new(),
+        )
         .await
         .map(drop)
 }
@@ -632,7 +640,11 @@ pub async fn disable_server_process_global_profiler_on(
     to: impl Into<Dest>,
 ) -> Result<Profile> {
     let p = agent
-        .rpc_sync(to, DISABLE_SERVER_PROCESS_GLOBAL_PROFILER, crate::Args::new())
+        .rpc_sync(
+            to,
+            DISABLE_SERVER_PROCESS_GLOBAL_PROFILER,
+            crate::Args::new(),
+        )
         .await?;
     let malformed = || Error::runtime("malformed server process global profiler events");
     let Value::List(items) = p.value else {
@@ -661,25 +673,31 @@ pub async fn disable_server_process_global_profiler_on(
 
 /// Registers the internal functions of this module on the agent.
 pub(crate) fn register(r: &crate::agent::FunctionRegistry) {
-    r.register_native(ENABLE_SERVER_PROCESS_GLOBAL_PROFILER, |ctx, _args| async move {
-        enable_server_process_global_profiler(ctx.agent());
-        Ok(crate::Payload::none())
-    });
-    r.register_native(DISABLE_SERVER_PROCESS_GLOBAL_PROFILER, |ctx, _args| async move {
-        let profile = disable_server_process_global_profiler(ctx.agent())?;
-        let events = profile
-            .events
-            .into_iter()
-            .map(|e| {
-                let int = |v: u64| Value::Int(i64::try_from(v).unwrap_or(i64::MAX));
-                Value::Tuple(vec![
-                    Value::Str(e.name),
-                    Value::Int(i64::from(e.worker)),
-                    int(e.start_us),
-                    e.end_us.map_or(Value::None, int),
-                ])
-            })
-            .collect();
-        Ok(crate::Payload::from_value(Value::List(events)))
-    });
+    r.register_native(
+        ENABLE_SERVER_PROCESS_GLOBAL_PROFILER,
+        |ctx, _args| async move {
+            enable_server_process_global_profiler(ctx.agent());
+            Ok(crate::Payload::none())
+        },
+    );
+    r.register_native(
+        DISABLE_SERVER_PROCESS_GLOBAL_PROFILER,
+        |ctx, _args| async move {
+            let profile = disable_server_process_global_profiler(ctx.agent())?;
+            let events = profile
+                .events
+                .into_iter()
+                .map(|e| {
+                    let int = |v: u64| Value::Int(i64::try_from(v).unwrap_or(i64::MAX));
+                    Value::Tuple(vec![
+                        Value::Str(e.name),
+                        Value::Int(i64::from(e.worker)),
+                        int(e.start_us),
+                        e.end_us.map_or(Value::None, int),
+                    ])
+                })
+                .collect();
+            Ok(crate::Payload::from_value(Value::List(events)))
+        },
+    );
 }

@@ -2103,7 +2103,9 @@ fn test_dist_autograd_profiling() {
         .await??;
         let get_event = |partial: &str| -> anyhow::Result<(&Event, usize)> {
             let found = p.find(partial);
-            let first = found.first().with_context(|| format!("no {partial} event: {p:?}"))?;
+            let first = found
+                .first()
+                .with_context(|| format!("no {partial} event: {p:?}"))?;
             Ok((first, found.len()))
         };
         let (send, send_count) = get_event("SendRpcBackward")?;
@@ -2114,7 +2116,10 @@ fn test_dist_autograd_profiling() {
         // and its result).
         ensure!(send_count == 1, "{send_count} send events: {p:?}");
         ensure!(recv_count == 1, "{recv_count} recv events: {p:?}");
-        let cpu = |e: &Event| e.duration_us().with_context(|| format!("{} never ended", e.name));
+        let cpu = |e: &Event| {
+            e.duration_us()
+                .with_context(|| format!("{} never ended", e.name))
+        };
         ensure!(cpu(backward)? > cpu(send)?, "{p:?}");
         ensure!(cpu(backward)? > cpu(recv)?, "{p:?}");
         ensure!(backward.encloses(send) && backward.encloses(recv), "{p:?}");
@@ -2126,7 +2131,11 @@ fn test_dist_autograd_profiling() {
         autograd::context(&w.agent.clone(), |id| async move {
             let t = rg(&[3, 3]);
             let loss = a
-                .rpc_sync(NextRank::new(&w).next(), "aten::add", args![t.shallow_clone(), t])
+                .rpc_sync(
+                    NextRank::new(&w).next(),
+                    "aten::add",
+                    args![t.shallow_clone(), t],
+                )
                 .await?
                 .as_tensor()?
                 .sum(Kind::Float);

@@ -13,11 +13,11 @@ use super::graph::{
 };
 use crate::abi::Value;
 use crate::agent::{Future, RpcAgent};
-use crate::profiler::Recording;
 use crate::error::{
     ERROR_ON_NODE_PREFIX, Error, NO_TENSORS_FOR_GRADIENT, ROOT_NO_GRAD_FN, ROOT_NOT_SCALAR,
     ROOT_REQUIRES_GRAD_NOT_SET, Result, error_on_node,
 };
+use crate::profiler::Recording;
 use crate::tensor::impl_id;
 use crate::transport::{AutogradEnvelope, Message};
 use crate::value::Payload;
@@ -327,7 +327,10 @@ impl Pass {
                 };
                 // A recv function fires: the gradients of a received
                 // tensor go back to its sender.
-                let _event = self.profiler.as_ref().map(|p| p.range(RECV_RPC_BACKWARD_NAME));
+                let _event = self
+                    .profiler
+                    .as_ref()
+                    .map(|p| p.range(RECV_RPC_BACKWARD_NAME));
                 let grads: Vec<Option<Tensor>> = recv
                     .inner
                     .leaves

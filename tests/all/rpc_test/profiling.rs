@@ -642,7 +642,10 @@ fn assert_top_level_events(p: &Profile, expected: &[&str]) -> anyhow::Result<()>
     for e in &p.events {
         if last_end.is_none_or(|end| e.start_us > end) {
             top_level_event_names.push(e.name.as_str());
-            last_end = Some(e.end_us.with_context(|| format!("{} never ended", e.name))?);
+            last_end = Some(
+                e.end_us
+                    .with_context(|| format!("{} never ended", e.name))?,
+            );
         }
     }
     top_level_event_names.sort_unstable();
