@@ -565,6 +565,14 @@ impl ServerProfilers {
     }
 }
 
+impl Drop for ServerProfilers {
+    /// A worker gone with profilers still enabled no longer counts.
+    fn drop(&mut self) {
+        let left = self.lock().len();
+        GLOBAL_ENABLED.fetch_sub(left, Ordering::AcqRel);
+    }
+}
+
 /// The internal function behind [`enable_server_process_global_profiler_on`].
 pub const ENABLE_SERVER_PROCESS_GLOBAL_PROFILER: &str =
     "wasmrpc::_enable_server_process_global_profiler";
