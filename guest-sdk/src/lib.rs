@@ -102,6 +102,8 @@
 //!   plugin and function, with the panic message.
 //! - **Progress.** [`progress::report`] reports how far a long task is;
 //!   `wasmrpc launch` draws a bar per worker and task.
+//! - **Profiling.** [`profiler::record_function`] opens a named range that
+//!   a profiling caller gets back with the ops and RPCs the function ran.
 //!
 //! # Building
 //!
@@ -118,6 +120,7 @@ mod future;
 mod host;
 mod memory;
 pub mod optim;
+pub mod profiler;
 pub mod progress;
 mod rpc;
 mod rref;

@@ -423,6 +423,7 @@ impl RpcAgent {
             || make(to.clone()),
             |f| Some(f.clone()),
         )
+        .0
     }
 
     /// [`rpc_async`](Self::rpc_async) with its own timeout; zero means none.
@@ -615,9 +616,9 @@ impl RpcAgent {
             args: positional,
             kwargs,
             autograd,
-            profiling: profiling.map(|p| p.sent_as(id)),
+            profiling: profiling.as_ref().map(|p| p.sent_as(id)),
         };
-        self.send_tracked(
+        let fut = self.send_tracked(
             to,
             function,
             build,
@@ -626,7 +627,11 @@ impl RpcAgent {
             user,
             collect,
             MapDirection::Request,
-        )
+        );
+        if let Some(p) = &profiling {
+            p.until(&fut);
+        }
+        fut
     }
 
     /// Forks the RRefs of a call's arguments toward `to` (`crate::rref`).
@@ -1148,14 +1153,9 @@ impl RpcAgent {
                 (Some(f), Ok(args)) => {
                     let ctx = CallContext::new(this.clone(), caller, function.clone(), autograd);
                     let call = crate::autograd::scope(context_id, registry::call_guarded(f, ctx, args));
-                    match &profiling {
-                        Some(_) => {
-                            let (r, events) = crate::profiler::serve(&this, served, call).await;
-                            profiled = Some(events);
-                            r
-                        }
-                        None => call.await,
-                    }
+                    let (r, events) = crate::profiler::serve(&this, served, profiling.is_some(), call).await;
+                    profiled = events;
+                    r
                 }
                 (None, Ok(_)) => Err(Error::runtime(unknown_function_message(&function, this.name()))),
             };

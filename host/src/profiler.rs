@@ -2,10 +2,9 @@
 //! inside it (`rpc_sync`, `rpc_async`, `remote`), named by the PyTorch RPC
 //! profiling key `rpc_<mode>#<function>(<caller> -> <callee>)`, the user
 //! ranges opened with [`record_function`], and the callee's events for each
-//! call ("remote events": the call itself, and the RPCs a native function
-//! makes while serving it, with their own remote events), named
-//! `<key>#remote_op: <callee event>` with the callee's rank; the events
-//! export to Chrome trace JSON ([`Profile::export_chrome_trace`]).
+//! call ("remote events"), named `<key>#remote_op: <callee event>` with the
+//! callee's rank; the events export to Chrome trace JSON
+//! ([`Profile::export_chrome_trace`]).
 //!
 //! ```no_run
 //! # async fn demo(agent: wasmrpc::RpcAgent) -> wasmrpc::Result<()> {
@@ -19,28 +18,54 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Owns: the scope (a tokio task-local, so it follows the profiled future,
-//! not the thread), events, keys, the callee-side scope of a profiled call
-//! ([`serve`]), merging the callee's events ([`incoming`]), export. The
-//! agent only carries the flag and the events: a call made in a scope
-//! sends its key (`Message::Call::profiling`, picked up by [`outgoing`]
-//! from [`rpc`]), the callee runs it under [`serve`] and returns the events
-//! in `Message::Response::profiled`. This module must not reach into the
-//! transport.
+//! What is recorded:
+//! - on the caller, each RPC from its start until both its future and the
+//!   request carrying it completed (so a `remote()` to self, whose value
+//!   exists before the response, still gets its callee's events;
+//!   [`crate::RRef::get_profiling_future`] completes then), and every
+//!   [`record_function`] range;
+//! - on the callee of a profiled call: the call itself (named by the
+//!   function, or for a `remote()` the function it runs); inside a plugin
+//!   function, every aten op libtorch runs for it, nested ops included
+//!   (`aten::relu` and its `aten::clamp_min`), the RPCs it makes (with
+//!   their own remote events, so they nest) and the guest's
+//!   `record_function` ranges (`crate::plugin::guest`); the RPCs a native
+//!   function makes;
+//! - a distributed backward called in a scope:
+//!   [`DIST_AUTOGRAD_BACKWARD_PROFILING_KEY`] around the whole pass, and on
+//!   this worker one event per firing of a send function
+//!   (`...::SendRpcBackward`) and of a recv function
+//!   (`...::RecvRpcBackward`) (`crate::autograd::engine`);
+//! - in a server process global profiler
+//!   ([`enable_server_process_global_profiler`]), one event per user call
+//!   the worker serves, whoever calls.
 //!
-//! Not done yet: the ops a wasm plugin function runs and the RPCs it makes
-//! are not recorded (the guest runs outside the task-local scope), calls to
-//! self bring no callee events (the caller's future completes first),
-//! there is no server-side global profiler, and events carry no input
-//! shapes or memory figures. Spawned tasks leave the scope, as they leave a
-//! task-local.
+//! Owns: the scope (a tokio task-local, so it follows the profiled future,
+//! not the thread; [`Recording`] carries it as a value to the tasks and
+//! threads that work for it), events, keys, the callee-side scope of a
+//! profiled call ([`serve`]), merging the callee's events ([`incoming`]),
+//! export. The agent only carries the flag and the events: a call made in
+//! a scope sends its key (`Message::Call::profiling`, picked up by
+//! [`outgoing`] from [`rpc`]), the callee runs it under [`serve`] and
+//! returns the events in `Message::Response::profiled`. This module must
+//! not reach into the transport. Outside a scope nothing is recorded and
+//! the hot paths only check for a scope (no lock, no allocation).
+//!
+//! Not done yet: the ops a native function or a builtin call runs are not
+//! listed one by one (a builtin call is its one callee event), nor are a
+//! served call's ops and nested RPCs in a server process global profiler
+//! (only the call); events carry no input shapes or memory figures.
+//! Spawned tasks leave the scope, as they leave a task-local, unless given
+//! a [`Recording`].
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use crate::abi::Value;
 use crate::agent::{Dest, RpcAgent};
 use crate::transport::ProfiledEvent;
 use crate::{Error, Future, Result};
@@ -92,6 +117,12 @@ pub struct Event {
 }
 
 impl Event {
+    /// How long the range ran, in microseconds (PyTorch's
+    /// `cpu_time_total` of one event); `None` while running.
+    pub fn duration_us(&self) -> Option<u64> {
+        self.end_us.map(|end| end.saturating_sub(self.start_us))
+    }
+
     /// Whether `self` starts no later and ends no earlier than `other`.
     pub fn encloses(&self, other: &Event) -> bool {
         match (self.end_us, other.end_us) {
@@ -143,6 +174,83 @@ tokio::task_local! {
 
 fn current() -> Option<Arc<Recorder>> {
     CURRENT.try_with(Arc::clone).ok()
+}
+
+/// The name of the event wrapping a distributed backward pass on the
+/// worker that called `backward` (PyTorch's
+/// `kDistAutogradBackwardProfilingKey`).
+pub const DIST_AUTOGRAD_BACKWARD_PROFILING_KEY: &str = "torch::distributed::autograd::backward";
+
+/// The active profiling scope as a value, for work the scope's future hands
+/// to other tasks or threads (the task-local does not follow them): taken
+/// where the work starts, it records into that scope from anywhere, and
+/// re-enters it around calls ([`Recording::sync_scope`],
+/// [`Recording::scope`]) so the RPCs they make are profiled too. Without a
+/// scope there is no `Recording`, so the hot path pays for an `Option`
+/// check only.
+#[derive(Clone)]
+pub(crate) struct Recording(Arc<Recorder>);
+
+impl Recording {
+    /// The scope the current task runs in, if any.
+    pub(crate) fn active() -> Option<Recording> {
+        current().map(Recording)
+    }
+
+    /// Opens an event named `name` now; it ends when the [`Range`] drops.
+    pub(crate) fn range(&self, name: impl Into<String>) -> Range {
+        let index = self.0.open(name.into());
+        Range {
+            recorder: Arc::clone(&self.0),
+            index,
+        }
+    }
+
+    /// Records a range named `name` that ran from `start` to `end` (e.g.
+    /// an op that ran on another thread).
+    pub(crate) fn add(&self, name: String, start: Instant, end: Instant) {
+        let us = |t: Instant| {
+            u64::try_from(t.saturating_duration_since(self.0.epoch).as_micros()).unwrap_or(u64::MAX)
+        };
+        let event = Event {
+            name,
+            worker: self.0.worker,
+            start_us: us(start),
+            end_us: Some(us(end)),
+        };
+        self.0.lock().push(event);
+    }
+
+    /// Runs `f` inside this scope (for synchronous code, e.g. the call path
+    /// of an RPC, which looks the scope up).
+    pub(crate) fn sync_scope<R>(&self, f: impl FnOnce() -> R) -> R {
+        CURRENT.sync_scope(Arc::clone(&self.0), f)
+    }
+
+    /// Runs `body` inside this scope.
+    pub(crate) async fn scope<F: std::future::Future>(&self, body: F) -> F::Output {
+        CURRENT.scope(Arc::clone(&self.0), body).await
+    }
+}
+
+/// Runs `f` in `recording`'s scope, or just runs it without one.
+pub(crate) fn sync_scope_opt<R>(recording: Option<&Recording>, f: impl FnOnce() -> R) -> R {
+    match recording {
+        Some(r) => r.sync_scope(f),
+        None => f(),
+    }
+}
+
+/// An open event of a [`Recording`]; it ends when dropped.
+pub(crate) struct Range {
+    recorder: Arc<Recorder>,
+    index: usize,
+}
+
+impl Drop for Range {
+    fn drop(&mut self) {
+        self.recorder.close(self.index);
+    }
 }
 
 /// The events of one profiling scope, in the order they started.
@@ -249,23 +357,41 @@ pub(crate) struct Outgoing {
     key: String,
     start_us: u64,
     pending: Arc<Pending>,
+    /// The futures still to complete before the RPC's event ends: the
+    /// caller's (what [`rpc`]'s `done` gives) and the request's, which
+    /// differ for a `remote()` to self (the value exists before the
+    /// response with the callee's events arrives).
+    unfinished: AtomicUsize,
+    /// Completes once the event has ended and the callee's events are in.
+    recorded: Future,
 }
 
 impl Outgoing {
-    /// The caller's future completed: the RPC's event ends, and events
-    /// arriving later are dropped.
+    /// One of the futures the RPC waits for completed; after the last, the
+    /// RPC's event ends and events arriving later are dropped.
     fn completed(self: &Arc<Self>) {
+        if self.unfinished.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
         self.recorder.close(self.index);
         self.pending.lock().retain(|_, o| !Arc::ptr_eq(o, self));
+        let _ = self.recorded.set_result(crate::Payload::none());
     }
-}
 
-impl Outgoing {
     /// The key to send with request `id`; the response's events are merged
     /// under it ([`incoming`]).
     pub(crate) fn sent_as(self: &Arc<Self>, id: u64) -> String {
         self.pending.lock().insert(id, Arc::clone(self));
         self.key.clone()
+    }
+
+    /// The RPC's event lasts until `request` (the future of the request
+    /// that carries the call) completes too; the agent's call path gives it
+    /// after sending. Its response's events are merged before it completes.
+    pub(crate) fn until(self: &Arc<Self>, request: &Future) {
+        self.unfinished.fetch_add(1, Ordering::AcqRel);
+        let this = Arc::clone(self);
+        request.add_done_callback(move |_| this.completed());
     }
 }
 
@@ -285,9 +411,12 @@ thread_local! {
 
 /// Called by the agent for each RPC it starts (`rpc_sync`, `rpc_async`,
 /// `remote`): inside a profiling scope, records the call under its key
-/// from now until the future `done` gives completes, and has the request
-/// that `make` sends carry the key. Unresolvable destinations are not
-/// recorded (the call fails at once anyway).
+/// from now until both the future `done` gives and the request that
+/// `make` sends (it carries the key) complete. Returns what `make` made
+/// and, in a scope, a future that completes once the event is recorded
+/// with the callee's events (PyTorch's `_get_profiling_future()`).
+/// Unresolvable destinations are not recorded (the call fails at once
+/// anyway).
 pub(crate) fn rpc<T>(
     agent: &RpcAgent,
     mode: RpcExecMode,
@@ -295,12 +424,12 @@ pub(crate) fn rpc<T>(
     function: &str,
     make: impl FnOnce() -> T,
     done: impl FnOnce(&T) -> Option<Future>,
-) -> T {
+) -> (T, Option<Future>) {
     let Some(recorder) = current() else {
-        return make();
+        return (make(), None);
     };
     let Ok(dst) = agent.resolve(to.clone()) else {
-        return make();
+        return (make(), None);
     };
     let key = build_rpc_profiling_key(mode, function, agent.name(), &dst.name);
     let index = recorder.open(key.clone());
@@ -312,7 +441,10 @@ pub(crate) fn rpc<T>(
         key,
         start_us,
         pending,
+        unfinished: AtomicUsize::new(1),
+        recorded: Future::new(),
     });
+    let recorded = out.recorded.clone();
     let previous = OUTGOING.with(|o| o.borrow_mut().replace(Arc::clone(&out)));
     let made = make();
     OUTGOING.with(|o| *o.borrow_mut() = previous);
@@ -320,7 +452,7 @@ pub(crate) fn rpc<T>(
         Some(fut) => fut.add_done_callback(move |_| out.completed()),
         None => out.completed(),
     }
-    made
+    (made, Some(recorded))
 }
 
 /// The profiled RPC the agent is sending now, taken once (by the request
@@ -360,10 +492,40 @@ pub(crate) fn served_name(function: &str, args: &Result<crate::Args>) -> String 
     function.to_string()
 }
 
-/// Runs a call the caller profiles (callee side) in a scope of its own,
-/// with one event named `name` for the call itself, and returns its output
-/// and every event recorded, for the response.
+/// Serves a call named `name` (see [`served_name`]): when the caller
+/// profiles it (`profiled`), in a scope of its own with one event for the
+/// call itself, returning every event recorded, for the response; and with
+/// one event in each server process global profiler enabled on this
+/// worker, unless it is one of the agent's internal calls.
 pub(crate) async fn serve<F: std::future::Future>(
+    agent: &RpcAgent,
+    name: String,
+    profiled: bool,
+    call: F,
+) -> (F::Output, Option<Vec<ProfiledEvent>>) {
+    // One atomic load while no worker of the process has a global profiler.
+    let global = if GLOBAL_ENABLED.load(Ordering::Acquire) > 0
+        && !name.starts_with(crate::agent::INTERNAL_PREFIX)
+    {
+        let recorders = agent.state::<ServerProfilers>().lock().clone();
+        recorders
+            .into_iter()
+            .map(|r| Recording(r).range(name.clone()))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let out = if profiled {
+        let (out, events) = serve_profiled(agent, name, call).await;
+        (out, Some(events))
+    } else {
+        (call.await, None)
+    };
+    drop(global);
+    out
+}
+
+async fn serve_profiled<F: std::future::Future>(
     agent: &RpcAgent,
     name: String,
     call: F,
@@ -387,4 +549,163 @@ pub(crate) async fn serve<F: std::future::Future>(
         })
         .collect();
     (out, events)
+}
+
+/// How many server process global profilers are enabled in this process,
+/// on any worker: serving a call checks this before anything else.
+static GLOBAL_ENABLED: AtomicUsize = AtomicUsize::new(0);
+
+/// A worker's enabled server process global profilers, innermost last.
+#[derive(Default)]
+struct ServerProfilers(Mutex<Vec<Arc<Recorder>>>);
+
+impl ServerProfilers {
+    fn lock(&self) -> MutexGuard<'_, Vec<Arc<Recorder>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Drop for ServerProfilers {
+    /// A worker gone with profilers still enabled no longer counts.
+    fn drop(&mut self) {
+        let left = self.lock().len();
+        GLOBAL_ENABLED.fetch_sub(left, Ordering::AcqRel);
+    }
+}
+
+/// The internal function behind [`enable_server_process_global_profiler_on`].
+pub const ENABLE_SERVER_PROCESS_GLOBAL_PROFILER: &str =
+    "wasmrpc::_enable_server_process_global_profiler";
+/// The internal function behind [`disable_server_process_global_profiler_on`].
+pub const DISABLE_SERVER_PROCESS_GLOBAL_PROFILER: &str =
+    "wasmrpc::_disable_server_process_global_profiler";
+
+/// Starts a server process global profiler on `agent`'s worker
+/// (PyTorch's `_enable_server_process_global_profiler`): until it is
+/// disabled, it records one event for every call the worker serves, named
+/// as the callee's event of a profiled call (the function, or for a
+/// `remote()` the function it runs); the agent's internal calls are left
+/// out. Profilers nest: each records what is served while it is enabled.
+/// "Process" is the worker: several agents in one process (tests) each
+/// have their own.
+pub fn enable_server_process_global_profiler(agent: &RpcAgent) {
+    let recorder = Arc::new(Recorder {
+        epoch: Instant::now(),
+        worker: agent.rank(),
+        events: Mutex::new(Vec::new()),
+    });
+    agent.state::<ServerProfilers>().lock().push(recorder);
+    GLOBAL_ENABLED.fetch_add(1, Ordering::AcqRel);
+}
+
+/// Stops the innermost server process global profiler of `agent`'s worker
+/// and returns its events, in the order they started (PyTorch's
+/// `_disable_server_process_global_profiler`).
+///
+/// # Errors
+/// No server process global profiler is enabled on the worker.
+pub fn disable_server_process_global_profiler(agent: &RpcAgent) -> Result<Profile> {
+    let recorder = agent.state::<ServerProfilers>().lock().pop();
+    let Some(recorder) = recorder else {
+        return Err(Error::runtime(format!(
+            "no server process global profiler is enabled on worker {}",
+            agent.name()
+        )));
+    };
+    GLOBAL_ENABLED.fetch_sub(1, Ordering::AcqRel);
+    let mut events = std::mem::take(&mut *recorder.lock());
+    events.sort_by_key(|e| e.start_us);
+    Ok(Profile { events })
+}
+
+/// [`enable_server_process_global_profiler`] on worker `to`, by RPC (the
+/// seeds' `rpc.remote(to, rpc._server_process_global_profile)` entered
+/// there).
+///
+/// # Errors
+/// The RPC's errors.
+pub async fn enable_server_process_global_profiler_on(
+    agent: &RpcAgent,
+    to: impl Into<Dest>,
+) -> Result<()> {
+    agent
+        .rpc_sync(
+            to,
+            ENABLE_SERVER_PROCESS_GLOBAL_PROFILER,
+            crate::Args::new(),
+        )
+        .await
+        .map(drop)
+}
+
+/// [`disable_server_process_global_profiler`] on worker `to`, by RPC; the
+/// events keep that worker's rank and clock.
+///
+/// # Errors
+/// The RPC's errors, and the callee's for no profiler enabled there.
+pub async fn disable_server_process_global_profiler_on(
+    agent: &RpcAgent,
+    to: impl Into<Dest>,
+) -> Result<Profile> {
+    let p = agent
+        .rpc_sync(
+            to,
+            DISABLE_SERVER_PROCESS_GLOBAL_PROFILER,
+            crate::Args::new(),
+        )
+        .await?;
+    let malformed = || Error::runtime("malformed server process global profiler events");
+    let Value::List(items) = p.value else {
+        return Err(malformed());
+    };
+    let events = items
+        .into_iter()
+        .map(|item| match item {
+            Value::Tuple(fields) => match fields.as_slice() {
+                [Value::Str(name), Value::Int(worker), Value::Int(start), end] => Ok(Event {
+                    name: name.clone(),
+                    worker: u32::try_from(*worker).map_err(|_| malformed())?,
+                    start_us: u64::try_from(*start).map_err(|_| malformed())?,
+                    end_us: match end {
+                        Value::Int(e) => Some(u64::try_from(*e).map_err(|_| malformed())?),
+                        _ => None,
+                    },
+                }),
+                _ => Err(malformed()),
+            },
+            _ => Err(malformed()),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Profile { events })
+}
+
+/// Registers the internal functions of this module on the agent.
+pub(crate) fn register(r: &crate::agent::FunctionRegistry) {
+    r.register_native(
+        ENABLE_SERVER_PROCESS_GLOBAL_PROFILER,
+        |ctx, _args| async move {
+            enable_server_process_global_profiler(ctx.agent());
+            Ok(crate::Payload::none())
+        },
+    );
+    r.register_native(
+        DISABLE_SERVER_PROCESS_GLOBAL_PROFILER,
+        |ctx, _args| async move {
+            let profile = disable_server_process_global_profiler(ctx.agent())?;
+            let events = profile
+                .events
+                .into_iter()
+                .map(|e| {
+                    let int = |v: u64| Value::Int(i64::try_from(v).unwrap_or(i64::MAX));
+                    Value::Tuple(vec![
+                        Value::Str(e.name),
+                        Value::Int(i64::from(e.worker)),
+                        int(e.start_us),
+                        e.end_us.map_or(Value::None, int),
+                    ])
+                })
+                .collect();
+            Ok(crate::Payload::from_value(Value::List(events)))
+        },
+    );
 }

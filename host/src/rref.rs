@@ -125,6 +125,9 @@ pub(crate) const LOCAL_INVOKE: &str = "wasmrpc::_rref_local_invoke";
 #[derive(Clone)]
 pub struct RRef {
     inner: Arc<Kind>,
+    /// For an RRef `remote()` made in a profiling scope: completes once the
+    /// call's event is recorded (`crate::profiler`).
+    profiling: Option<Future>,
 }
 
 enum Kind {
@@ -339,6 +342,7 @@ impl RRef {
                 state,
                 self_fork: self_fork.map(RpcAgent::downgrade),
             })),
+            profiling: None,
         }
     }
 
@@ -367,6 +371,7 @@ impl RRef {
         (
             RRef {
                 inner: Arc::new(Kind::User(state.clone())),
+                profiling: None,
             },
             state,
         )
@@ -447,6 +452,22 @@ impl RRef {
         match &*self.inner {
             Kind::Owner(o) => o.state.value.clone(),
             Kind::User(u) => u.creation.clone(),
+        }
+    }
+
+    /// The future that completes once the `remote()` that made this RRef in
+    /// a profiling scope has its event recorded, with the callee's events
+    /// (`_get_profiling_future()`): the creation on a user, the response to
+    /// the call on an owner made by a `remote()` to self (its value exists
+    /// earlier). An already completed future for any other RRef.
+    pub fn get_profiling_future(&self) -> Future {
+        match &self.profiling {
+            Some(f) => f.clone(),
+            None => {
+                let f = Future::new();
+                let _ = f.set_result(Payload::none());
+                f
+            }
         }
     }
 
@@ -643,14 +664,18 @@ impl RpcAgent {
         timeout: Option<Duration>,
     ) -> Result<RRef> {
         let mode = crate::profiler::RpcExecMode::Remote;
-        crate::profiler::rpc(
+        let (made, recorded) = crate::profiler::rpc(
             self,
             mode,
             &to,
             function,
             || self.remote_inner(to.clone(), function, args, timeout),
             |r| r.as_ref().ok().map(RRef::get_future),
-        )
+        );
+        made.map(|mut r| {
+            r.profiling = recorded;
+            r
+        })
     }
 
     /// [`remote`](Self::remote) with its own timeout for the creation;

@@ -2084,6 +2084,70 @@ fn test_backward_unused_send_function() {
 }
 
 #[test]
+fn test_dist_autograd_profiling() {
+    use wasmrpc::autograd::{RECV_RPC_BACKWARD_NAME, SEND_RPC_BACKWARD_NAME};
+    use wasmrpc::profiler::{DIST_AUTOGRAD_BACKWARD_PROFILING_KEY, Event, profile};
+    dist_with(cluster(), |w| async move {
+        let (a, w2) = (w.agent.clone(), w.clone());
+        let p = autograd::context(&w.agent.clone(), |id| async move {
+            let (t1, t2) = (rg(&[3, 3]), rg(&[3, 3]));
+            let loss = a
+                .rpc_sync(NextRank::new(&w2).next(), "aten::add", args![t1, t2])
+                .await?
+                .as_tensor()?
+                .sum(Kind::Float);
+            let (r, p) = profile(&a, autograd::backward(&a, id, &[loss], false)).await;
+            r?;
+            anyhow::Ok(p)
+        })
+        .await??;
+        let get_event = |partial: &str| -> anyhow::Result<(&Event, usize)> {
+            let found = p.find(partial);
+            let first = found
+                .first()
+                .with_context(|| format!("no {partial} event: {p:?}"))?;
+            Ok((first, found.len()))
+        };
+        let (send, send_count) = get_event("SendRpcBackward")?;
+        let (recv, recv_count) = get_event("RecvRpcBackward")?;
+        let (backward, _) = get_event(DIST_AUTOGRAD_BACKWARD_PROFILING_KEY)?;
+        ensure!(send.name == SEND_RPC_BACKWARD_NAME && recv.name == RECV_RPC_BACKWARD_NAME);
+        // One send and one recv function ran here (the RPC's arguments
+        // and its result).
+        ensure!(send_count == 1, "{send_count} send events: {p:?}");
+        ensure!(recv_count == 1, "{recv_count} recv events: {p:?}");
+        let cpu = |e: &Event| {
+            e.duration_us()
+                .with_context(|| format!("{} never ended", e.name))
+        };
+        ensure!(cpu(backward)? > cpu(send)?, "{p:?}");
+        ensure!(cpu(backward)? > cpu(recv)?, "{p:?}");
+        ensure!(backward.encloses(send) && backward.encloses(recv), "{p:?}");
+        for e in &p.events {
+            ensure!(e.worker == w.rank, "an event of another worker: {p:?}");
+        }
+        // Outside a profiling scope a pass records nothing, and works.
+        let a = w.agent.clone();
+        autograd::context(&w.agent.clone(), |id| async move {
+            let t = rg(&[3, 3]);
+            let loss = a
+                .rpc_sync(
+                    NextRank::new(&w).next(),
+                    "aten::add",
+                    args![t.shallow_clone(), t],
+                )
+                .await?
+                .as_tensor()?
+                .sum(Kind::Float);
+            autograd::backward(&a, id, &[loss], false).await?;
+            anyhow::Ok(())
+        })
+        .await??;
+        Ok(())
+    });
+}
+
+#[test]
 fn test_debug_info() {
     dist_with(cluster(), |w| async move {
         let a = w.agent.clone();

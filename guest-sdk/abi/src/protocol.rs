@@ -378,6 +378,16 @@ pub enum HostCall {
     /// Local autograd, distributed autograd or the distributed optimizer
     /// ([`AutogradCall`]). Replies [`HostReply::Value`].
     Autograd(AutogradCall),
+    // --- Profiling ranges (`record_function`) ---
+    /// Open a user range named by the string in the caller's profiling
+    /// scope (PyTorch's `record_function`). Replies [`HostReply::Handle`]:
+    /// the range, to close with [`HostCall::RecordFunctionExit`]; 0 when
+    /// nothing profiles the call (closing 0 does nothing).
+    RecordFunctionEnter(String),
+    /// Close a range opened with [`HostCall::RecordFunctionEnter`].
+    /// Replies [`HostReply::Unit`].
+    RecordFunctionExit(u32),
+    // --- end of profiling ranges ---
 }
 
 /// Autograd requests of a guest: local autograd on tensor handles,

@@ -129,6 +129,7 @@ fn internal_registry() -> FunctionRegistry {
     crate::rref::register(&r);
     crate::optim::register(&r);
     crate::autograd::register(&r);
+    crate::profiler::register(&r);
     r.register_native(
         super::NOOP,
         |_ctx, _args| async move { Ok(Payload::none()) },

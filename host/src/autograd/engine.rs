@@ -8,13 +8,17 @@ use tch::Tensor;
 use wasmrpc_torch_sys::{GradOptions, grad};
 
 use super::context::{DistAutogradContext, container, current_context};
-use super::graph::{Cut, Gradients, Reach, RecvFunction, Tensors, walk};
+use super::graph::{
+    Cut, Gradients, RECV_RPC_BACKWARD_NAME, Reach, RecvFunction, SEND_RPC_BACKWARD_NAME, Tensors,
+    walk,
+};
 use crate::abi::Value;
 use crate::agent::{Future, RpcAgent};
 use crate::error::{
     ERROR_ON_NODE_PREFIX, Error, NO_TENSORS_FOR_GRADIENT, ROOT_NO_GRAD_FN, ROOT_NOT_SCALAR,
     ROOT_REQUIRES_GRAD_NOT_SET, Result, error_on_node,
 };
+use crate::profiler::Recording;
 use crate::tensor::impl_id;
 use crate::transport::{AutogradEnvelope, Message};
 use crate::value::Payload;
@@ -67,6 +71,10 @@ pub(crate) struct Pass {
     /// Gradient requests this pass sent (DA-7).
     outstanding: Mutex<Vec<Future>>,
     done: Future,
+    /// The profiling scope `backward` was called in (`crate::profiler`),
+    /// taken at the start since the pass fires on other tasks and threads:
+    /// each firing of a send or recv function is an event in it.
+    profiler: Option<Recording>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -147,6 +155,7 @@ impl Pass {
             })),
             outstanding: Mutex::new(Vec::new()),
             done: Future::new(),
+            profiler: Recording::active(),
         })
     }
 
@@ -224,7 +233,14 @@ impl Pass {
             let reach = st.reach.get(&entry).cloned();
             let outputs = st.outputs.remove(&entry).unwrap_or_default();
             if let Some(reach) = &reach {
+                // A send function fires: the gradients for the tensors this
+                // worker sent go into its local graph.
+                let event = match (&self.profiler, entry) {
+                    (Some(p), Entry::Send(_)) => Some(p.range(SEND_RPC_BACKWARD_NAME)),
+                    _ => None,
+                };
                 self.run_engine(st, &outputs, grads, reach)?;
+                drop(event);
                 for cut in &reach.cuts {
                     let left = st.remaining.get_mut(cut).map(|n| {
                         *n -= 1;
@@ -362,6 +378,12 @@ impl Pass {
                 let Some(recv) = recv else {
                     return Ok(None);
                 };
+                // A recv function fires: the gradients of a received
+                // tensor go back to its sender.
+                let _event = self
+                    .profiler
+                    .as_ref()
+                    .map(|p| p.range(RECV_RPC_BACKWARD_NAME));
                 let grads: Vec<Option<Tensor>> = recv
                     .inner
                     .leaves
@@ -635,6 +657,10 @@ pub fn backward(
     let roots: Vec<Tensor> = roots.iter().map(Tensor::shallow_clone).collect();
     let roots = super::graph::Tensors::new(roots);
     async move {
+        // The whole pass, until every worker is done, in the caller's
+        // profiling scope.
+        let _event = Recording::active()
+            .map(|p| p.range(crate::profiler::DIST_AUTOGRAD_BACKWARD_PROFILING_KEY));
         let roots = roots.get();
         let started = start_backward(&agent, context_id, &roots, retain_graph);
         drop(roots);

@@ -56,11 +56,16 @@ impl RpcFunction for PluginFunction {
                 ctx.caller().name
             )
         };
-        let host = Arc::new(GuestCall::new(
-            ctx.agent().clone(),
-            self.plugin.clone(),
-            self.namespace.clone(),
-        ));
+        // The call records into the scope it is served in, if any, from
+        // wherever its requests run (`crate::profiler`).
+        let host = Arc::new(
+            GuestCall::new(
+                ctx.agent().clone(),
+                self.plugin.clone(),
+                self.namespace.clone(),
+            )
+            .profiled_by(crate::profiler::Recording::active()),
+        );
         let call_args = host
             .handles()
             .import_args(args)

@@ -18,11 +18,18 @@
 //!
 //! Autograd requests (local autograd, a distributed autograd context the
 //! guest opens, the distributed optimizer) are in [`autograd`].
+//!
+//! Profiling: a call served in a caller's profiling scope records its ops
+//! (every aten op libtorch runs for them, nested ones included, through
+//! `wasmrpc_torch_sys::record_ops`), the RPCs it makes and the
+//! guest's `record_function` ranges in that scope (`crate::profiler`). The
+//! scope is carried as a value ([`GuestCall::profiled_by`]), since `then`
+//! callbacks run in tasks of their own and ops on the blocking pool.
 
 mod autograd;
 
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tch::{Device, Kind, Tensor};
@@ -37,6 +44,7 @@ use super::state::{Globals, Locks, SharedFutures};
 use crate::agent::{Future, RpcAgent};
 use crate::error::Error;
 use crate::ops::run_blocking;
+use crate::profiler::{Range, Recording};
 use crate::rref::{RRefProxy, RRefProxyMode};
 
 /// The host side of one call of a plugin function on one worker.
@@ -47,6 +55,11 @@ pub(crate) struct GuestCall {
     handles: Mutex<Handles>,
     held_locks: Mutex<Vec<String>>,
     autograd: autograd::GuestAutograd,
+    /// The profiling scope the call is served in, if any.
+    profiler: Option<Recording>,
+    /// The guest's open `record_function` ranges; a range's id is its
+    /// index plus one.
+    ranges: Mutex<Vec<Option<Range>>>,
 }
 
 impl Drop for GuestCall {
@@ -153,7 +166,36 @@ impl GuestCall {
             handles: Mutex::new(Handles::default()),
             held_locks: Mutex::new(Vec::new()),
             autograd: autograd::GuestAutograd::default(),
+            profiler: None,
+            ranges: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The call records into `recording` (the scope it is served in), from
+    /// wherever its requests run.
+    pub(crate) fn profiled_by(mut self, recording: Option<Recording>) -> GuestCall {
+        self.profiler = recording;
+        self
+    }
+
+    /// Where the guest's requests record: the scope of the task that runs
+    /// them (a plugin object's method served in a profiling scope), else
+    /// the one the call was served in.
+    fn recording(&self) -> Option<Recording> {
+        Recording::active().or_else(|| self.profiler.clone())
+    }
+
+    /// Runs `body` (which may start RPCs) in the call's profiling scope.
+    async fn in_scope_async<F: std::future::Future>(&self, body: F) -> F::Output {
+        match self.recording() {
+            Some(r) => r.scope(body).await,
+            None => body.await,
+        }
+    }
+
+    /// Runs `f` (which may start RPCs) in the call's profiling scope.
+    fn in_scope<R>(&self, f: impl FnOnce() -> R) -> R {
+        crate::profiler::sync_scope_opt(self.recording().as_ref(), f)
     }
 
     /// The call's handle table.
@@ -204,13 +246,12 @@ impl GuestCall {
             Some(s) => Some(Duration::try_from_secs_f64(s).map_err(|_| bad_timeout(s))?),
         };
         // DA-3: a call made inside the guest's own context carries it.
-        Ok(crate::autograd::sync_scope(
-            self.autograd.context(),
-            || match timeout {
+        Ok(self.in_scope(|| {
+            crate::autograd::sync_scope(self.autograd.context(), || match timeout {
                 None => self.agent.rpc_async(to, &function, args),
                 Some(t) => self.agent.rpc_async_with_timeout(to, &function, args, t),
-            },
-        ))
+            })
+        }))
     }
 }
 
@@ -234,19 +275,42 @@ impl GuestHost for GuestCall {
         };
         let name = name.to_owned();
         let grad_enabled = self.autograd.grad_enabled();
-        let outputs = run_blocking(move || {
+        let recording = self.recording();
+        let profiled = recording.is_some();
+        let (outputs, ops) = run_blocking(move || {
             // Grad mode is per thread: set it where the op runs.
             let _no_grad = (!grad_enabled).then(tch::no_grad_guard);
             // A bare name is a tensor method (`view`, `size`), as Python
             // calls it on a tensor.
-            if name.contains("::") || name.contains('.') {
-                call_op(&name, &positional, &kwargs)
-            } else {
-                call_method(&name, &positional, &kwargs)
+            let run = || {
+                if name.contains("::") || name.contains('.') {
+                    call_op(&name, &positional, &kwargs)
+                } else {
+                    call_method(&name, &positional, &kwargs)
+                }
+            };
+            if !profiled {
+                return (run(), None);
             }
+            // In a profiling scope: every aten op libtorch runs for it,
+            // nested ones included, as PyTorch's profiler lists them.
+            let start = Instant::now();
+            let (out, ops) = wasmrpc_torch_sys::record_ops(run);
+            (out, Some((name, start, Instant::now(), ops)))
         })
         .await
-        .map_err(remote)??;
+        .map_err(remote)?;
+        if let (Some(r), Some((name, start, end, ops))) = (recording, ops) {
+            if ops.is_empty() {
+                // Nothing went through the dispatcher (a Python builtin).
+                r.add(name, start, end);
+            }
+            for op in ops {
+                let at = |ns| start + Duration::from_nanos(ns);
+                r.add(op.name, at(op.start_ns), at(op.end_ns));
+            }
+        }
+        let outputs = outputs?;
         let value = wasmrpc_torch_sys::OpValue::from_outputs(outputs);
         let mut handles = self.handles();
         Ok(op_value_into_abi(value, &mut |t| handles.insert_tensor(t)))
@@ -316,11 +380,14 @@ impl GuestHost for GuestCall {
             None => None,
             Some(s) => Some(Duration::try_from_secs_f64(s).map_err(|_| bad_timeout(s))?),
         };
-        let rref = crate::autograd::sync_scope(self.autograd.context(), || match timeout {
-            None => self.agent.remote(to, &function, args),
-            Some(t) => self.agent.remote_with_timeout(to, &function, args, t),
-        })
-        .map_err(remote)?;
+        let rref = self
+            .in_scope(|| {
+                crate::autograd::sync_scope(self.autograd.context(), || match timeout {
+                    None => self.agent.remote(to, &function, args),
+                    Some(t) => self.agent.remote_with_timeout(to, &function, args, t),
+                })
+            })
+            .map_err(remote)?;
         Ok(self.handles().insert_rref(rref))
     }
 
@@ -359,9 +426,8 @@ impl GuestHost for GuestCall {
         let proxy = self.proxy(rref, timeout, RRefProxyMode::Sync)?;
         let args = self.handles().borrow_args(args)?;
         // DA-3: a proxy call made inside the guest's own context carries it.
-        let payload = crate::autograd::scope(self.autograd.context(), proxy.call(method, args))
-            .await
-            .map_err(remote)?;
+        let call = crate::autograd::scope(self.autograd.context(), proxy.call(method, args));
+        let payload = self.in_scope_async(call).await.map_err(remote)?;
         self.handles().import(payload)
     }
 
@@ -374,8 +440,9 @@ impl GuestHost for GuestCall {
     ) -> HostResult<u32> {
         let proxy = self.proxy(rref, timeout, RRefProxyMode::Async)?;
         let args = self.handles().borrow_args(args)?;
-        let fut =
-            crate::autograd::sync_scope(self.autograd.context(), || proxy.call_async(method, args));
+        let fut = self.in_scope(|| {
+            crate::autograd::sync_scope(self.autograd.context(), || proxy.call_async(method, args))
+        });
         Ok(self.handles().insert_future(fut))
     }
 
@@ -388,9 +455,8 @@ impl GuestHost for GuestCall {
     ) -> HostResult<u32> {
         let proxy = self.proxy(rref, timeout, RRefProxyMode::Remote)?;
         let args = self.handles().borrow_args(args)?;
-        let r = crate::autograd::scope(self.autograd.context(), proxy.call_remote(method, args))
-            .await
-            .map_err(remote)?;
+        let call = crate::autograd::scope(self.autograd.context(), proxy.call_remote(method, args));
+        let r = self.in_scope_async(call).await.map_err(remote)?;
         Ok(self.handles().insert_rref(r))
     }
 
@@ -519,6 +585,41 @@ impl GuestHost for GuestCall {
             }
         }
         Ok(())
+    }
+
+    // ---- Profiling ranges (`record_function`).
+
+    async fn record_function_enter(&self, name: &str) -> HostResult<u32> {
+        let Some(recording) = self.recording() else {
+            return Ok(0);
+        };
+        let mut ranges = self.ranges.lock().unwrap_or_else(|p| p.into_inner());
+        ranges.push(Some(recording.range(name)));
+        u32::try_from(ranges.len()).map_err(|_| {
+            RemoteError::new(ErrorKind::RuntimeError, "too many record_function ranges")
+        })
+    }
+
+    async fn record_function_exit(&self, range: u32) -> HostResult<()> {
+        if range == 0 {
+            return Ok(());
+        }
+        let closed = self
+            .ranges
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(range as usize - 1)
+            .and_then(Option::take);
+        match closed {
+            Some(r) => {
+                drop(r);
+                Ok(())
+            }
+            None => Err(RemoteError::new(
+                ErrorKind::RuntimeError,
+                format!("record_function range {range} is not open in this call"),
+            )),
+        }
     }
 
     // ---- Autograd block (see `autograd`).

@@ -17,7 +17,10 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/jit/runtime/operator.h>
 
+#include <ATen/record_function.h>
+
 #include <algorithm>
+#include <chrono>
 #include <charconv>
 #include <cstring>
 #include <memory>
@@ -1210,6 +1213,85 @@ int32_t wrs_autograd_backward(const void* const* roots, size_t n_roots, int32_t 
     set_error(out, "unknown C++ exception", WRS_CLASS_RUNTIME);
     return WRS_ERR_INTERNAL;
   }
+}
+
+}  // extern "C"
+
+// ---- Op profiling (see ops.h).
+
+namespace {
+
+struct ProfiledOp {
+  std::string name;
+  int64_t start_ns;
+  int64_t end_ns;
+};
+
+struct ProfileWindow {
+  std::chrono::steady_clock::time_point epoch;
+  std::vector<ProfiledOp> ops;
+  std::vector<wrs_op_event> views;
+  std::optional<at::CallbackHandle> handle;
+};
+
+thread_local ProfileWindow tl_profile;
+
+int64_t profile_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now() - tl_profile.epoch)
+      .count();
+}
+
+struct OpIndex : at::ObserverContext {
+  explicit OpIndex(size_t i) : index(i) {}
+  size_t index;
+};
+
+std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
+  tl_profile.ops.push_back(ProfiledOp{fn.name(), profile_now_ns(), -1});
+  return std::make_unique<OpIndex>(tl_profile.ops.size() - 1);
+}
+
+void on_op_end(const at::RecordFunction&, at::ObserverContext* ctx) {
+  auto* index = static_cast<OpIndex*>(ctx);
+  if (index != nullptr && index->index < tl_profile.ops.size()) {
+    tl_profile.ops[index->index].end_ns = profile_now_ns();
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int32_t wrs_profile_start(void) {
+  if (tl_profile.handle.has_value()) {
+    return -1;
+  }
+  tl_profile.ops.clear();
+  tl_profile.views.clear();
+  tl_profile.epoch = std::chrono::steady_clock::now();
+  tl_profile.handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback(on_op_start, on_op_end)
+          .scopes({at::RecordScope::FUNCTION}));
+  return 0;
+}
+
+size_t wrs_profile_stop(const wrs_op_event** events) {
+  if (tl_profile.handle.has_value()) {
+    at::removeCallback(*tl_profile.handle);
+    tl_profile.handle.reset();
+  }
+  auto end = profile_now_ns();
+  tl_profile.views.clear();
+  for (auto& op : tl_profile.ops) {
+    if (op.end_ns < 0) {
+      op.end_ns = end;
+    }
+    tl_profile.views.push_back(
+        wrs_op_event{op.name.data(), op.name.size(), op.start_ns, op.end_ns});
+  }
+  *events = tl_profile.views.data();
+  return tl_profile.views.size();
 }
 
 }  // extern "C"

@@ -146,6 +146,27 @@ int32_t wrs_autograd_grad(const void* const* outputs, size_t n_outputs,
 int32_t wrs_autograd_backward(const void* const* roots, size_t n_roots, int32_t retain_graph,
                               wrs_out* out);
 
+// ---- Op profiling: the aten ops libtorch runs on this thread, nested ones
+// included (RecordFunction, function scope), between wrs_profile_start and
+// wrs_profile_stop. Nothing is installed outside such a window.
+
+// One op: its name (valid until the next wrs_profile_start on this thread)
+// and its start and end in nanoseconds since wrs_profile_start.
+typedef struct wrs_op_event {
+  const char* name;
+  size_t name_len;
+  int64_t start_ns;
+  int64_t end_ns;
+} wrs_op_event;
+
+// Starts recording on this thread (clearing what an earlier window kept).
+// Returns 0, or a negative value if a window is already open.
+int32_t wrs_profile_start(void);
+// Stops recording on this thread: `*events` points at the ops in the order
+// they started (thread-local storage, valid until the next
+// wrs_profile_start); returns how many.
+size_t wrs_profile_stop(const wrs_op_event** events);
+
 #ifdef __cplusplus
 }
 #endif

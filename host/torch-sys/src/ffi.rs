@@ -95,7 +95,19 @@ pub(crate) struct RawOp {
     _private: [u8; 0],
 }
 
+/// One op of a profiling window (`wrs_op_event`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RawOpEvent {
+    pub(crate) name: *const u8,
+    pub(crate) name_len: usize,
+    pub(crate) start_ns: i64,
+    pub(crate) end_ns: i64,
+}
+
 unsafe extern "C" {
+    pub(crate) fn wrs_profile_start() -> i32;
+    pub(crate) fn wrs_profile_stop(events: *mut *const RawOpEvent) -> usize;
     pub(crate) fn wrs_op_resolve(
         name: *const u8,
         name_len: usize,

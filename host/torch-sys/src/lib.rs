@@ -91,6 +91,7 @@ mod convert;
 mod error;
 mod ffi;
 mod op;
+mod profile;
 mod value;
 
 pub use autograd::{GradFn, GradOptions, backward, grad, grad_fn_name};
@@ -103,5 +104,6 @@ pub use error::{NO_MATCHING_SCHEMA, OpError};
 pub use op::{
     Operator, WIRE_PREFIX, call_method, call_op, qualified_name, registered_ops, schemas,
 };
+pub use profile::{OpEvent, record_ops};
 pub use value::{MAX_NESTING, OpValue, kind_code, kind_of_code};
 pub use wasmrpc_abi::ErrorKind;

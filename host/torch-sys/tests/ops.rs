@@ -927,3 +927,22 @@ fn every_registered_op_survives_arbitrary_arguments() {
     }
     assert!(succeeded > 500, "only {succeeded} calls succeeded");
 }
+
+#[test]
+fn record_ops_lists_the_ops_run_with_nested_ones() {
+    use wasmrpc_torch_sys::{OpValue, call_op, record_ops};
+    let x = tch::Tensor::from_slice(&[-1.0f32, 2.0]);
+    let (out, events) = record_ops(|| call_op("aten::relu", &[OpValue::Tensor(x)], &[]));
+    out.expect("relu");
+    let names: Vec<&str> = events.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names.first(), Some(&"aten::relu"), "{names:?}");
+    assert!(names.contains(&"aten::clamp_min"), "{names:?}");
+    for e in &events {
+        assert!(e.start_ns <= e.end_ns, "{e:?}");
+    }
+    // Outside a window nothing is recorded, and a window starts empty.
+    let y = tch::Tensor::from_slice(&[1.0f32]);
+    call_op("aten::neg", &[OpValue::Tensor(y)], &[]).expect("neg");
+    let ((), events) = record_ops(|| ());
+    assert!(events.is_empty(), "{events:?}");
+}

@@ -196,6 +196,23 @@ pub trait GuestHost: Send + Sync + 'static {
     }
     // --- end of progress reports ---
 
+    // --- Profiling ranges (`record_function`) ---
+    /// Opens a user range `name` in the profiling scope of the call, if
+    /// one profiles it; returns the range's id (never 0), or 0 when nothing
+    /// is recorded. The default records nothing: a host without a profiler.
+    async fn record_function_enter(&self, name: &str) -> HostResult<u32> {
+        let _ = name;
+        Ok(0)
+    }
+    /// Closes range `range` from
+    /// [`record_function_enter`](Self::record_function_enter); 0 does
+    /// nothing.
+    async fn record_function_exit(&self, range: u32) -> HostResult<()> {
+        let _ = range;
+        Ok(())
+    }
+    // --- end of profiling ranges ---
+
     /// Logs a guest's line. The default uses `tracing`.
     async fn log(&self, level: LogLevel, message: &str) -> HostResult<()> {
         match level {

@@ -208,6 +208,13 @@ async fn dispatch(ctx: &Arc<CallCtx>, call: HostCall) -> HostResult<HostReply> {
         }
         HostCall::Panicked(_) => HostReply::Unit,
         HostCall::Autograd(call) => HostReply::Value(host.autograd(call).await?),
+        HostCall::RecordFunctionEnter(name) => {
+            HostReply::Handle(host.record_function_enter(&name).await?)
+        }
+        HostCall::RecordFunctionExit(range) => {
+            host.record_function_exit(range).await?;
+            HostReply::Unit
+        }
     })
 }
 

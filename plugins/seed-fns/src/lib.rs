@@ -400,6 +400,29 @@ fn slow_add(x: Num, y: Num) -> Result<Num> {
     x.add(&y)
 }
 
+/// `udf_with_torch_ops(device=-1, use_record_function=False)`: the ops the
+/// profiling seeds expect among a callee's events (`EXPECTED_REMOTE_EVENTS`),
+/// inside a `record_function("##forward##")` range when asked. Plugins run
+/// on the CPU: a device other than -1 is an error.
+#[remote]
+fn udf_with_torch_ops(device: Option<i64>, use_record_function: Option<bool>) -> Result<()> {
+    let device = device.unwrap_or(-1);
+    if device != -1 {
+        return Err(Error::runtime_error(format!(
+            "udf_with_torch_ops: plugins run on the CPU, not on CUDA device {device}"
+        )));
+    }
+    let _range = use_record_function
+        .unwrap_or(false)
+        .then(|| wasmrpc_guest::profiler::RecordFunction::enter("##forward##"));
+    let (t1, t2) = (Tensor::ones(&[1])?, Tensor::ones(&[1])?);
+    let t = t1.add(&t2)?;
+    let t = t.mul(&t)?;
+    let t = t.relu()?;
+    t.sigmoid()?;
+    Ok(())
+}
+
 /// `RpcTest.return_callee_id()`: this worker's id.
 #[remote]
 fn return_callee_id() -> Result<u32> {
@@ -443,6 +466,19 @@ fn _reset_count() -> Result<()> {
 #[remote(async_execution)]
 fn async_add(to: String, x: Num, y: Num) -> Result<Future> {
     rpc_async(&to, "aten::add", (x, y))
+}
+
+/// `slow_async_add(to, x, y, device="cpu")`: returns the future of
+/// `rpc_async(to, slow_add, (x, y))`. Plugins run on the CPU: another
+/// device is an error.
+#[remote(async_execution)]
+fn slow_async_add(to: String, x: Num, y: Num, device: Option<String>) -> Result<Future> {
+    if let Some(d) = device.filter(|d| d != "cpu") {
+        return Err(Error::runtime_error(format!(
+            "slow_async_add: plugins run on the CPU, not on {d}"
+        )));
+    }
+    rpc_async(&to, "slow_add", (x, y))
 }
 
 /// `async_add_chained(to, x, y, z)`: `rpc_async(to, add, (x, y)).then(+ z)`.

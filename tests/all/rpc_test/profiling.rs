@@ -1,16 +1,13 @@
-//! `rpc_test` area L (RPC profiling) on `wasmrpc::profiler`, caller side:
-//! the profiling key, one event per RPC made in a scope, user ranges, and
-//! the Chrome trace export.
-//!
-//! Only `test_build_rpc_profiling_key` is a seed port so far: every other
-//! area L seed asserts the callee's events ("remote events profiled",
-//! `node_id == dst`), which the profiler does not ship back yet (see the
-//! module doc of `wasmrpc::profiler`); they are listed with that reason in
-//! `wasmrpc_tests::skips`. The other tests here check what the caller side
-//! records, in the seeds' terms (`_profiler_test_with_rpc`'s checks on the
-//! RPC event and the `record_function` scope).
+//! `rpc_test` area L (RPC profiling) on `wasmrpc::profiler`: the seed
+//! ports (the profiling key; RPC events and the callee's events for
+//! builtins, native and plugin functions, to other workers and to self;
+//! ops, nested RPCs and `record_function` inside plugin functions; the
+//! Chrome trace export) and tests of what the caller records, in the
+//! seeds' terms (`_profiler_test_with_rpc`'s checks on the RPC event and
+//! the `record_function` scope). Seeds not ported yet are listed with their
+//! reasons in `tests/support/not_yet_ported.tsv`.
 
-use anyhow::ensure;
+use anyhow::{Context as _, ensure};
 use tch::Tensor;
 use wasmrpc::autograd;
 use wasmrpc::profiler::{
@@ -39,8 +36,11 @@ async fn call(w: &Worker, mode: RpcExecMode, dst: &str) -> anyhow::Result<Payloa
         RpcExecMode::Async => w.agent.rpc_async(dst, "aten::mul", a).wait().await?,
         RpcExecMode::Remote => {
             let r = w.agent.remote(dst, "aten::mul", a)?;
-            r.get_future().wait().await?;
-            r.to_here(&w.agent, None).await?
+            let value = r.to_here(&w.agent, None).await?;
+            // As the seed: the RRef is profiled once its creation is
+            // acknowledged (a remote() to self has its value earlier).
+            r.get_profiling_future().wait().await?;
+            value
         }
     })
 }
@@ -73,13 +73,13 @@ fn rpc_events_are_recorded_under_their_keys() {
                 let (r, p) = profile(&w.agent, call(&w, mode, &dst)).await;
                 expect_tensor(&r?, &ones(&[1]))?;
                 let rpc = rpc_event(&p, &w, mode, &dst)?;
-                if dst != worker_name(w.rank) {
-                    // The RPC and the callee's event for the call, nothing
-                    // more (calls to self bring no callee events yet).
-                    ensure!(p.events.len() == 2, "extra events: {p:?}");
-                    let remote = format!("{}{REMOTE_OP_STR}aten::mul", rpc.name);
-                    ensure!(p.find(&remote).len() == 1, "no {remote}: {p:?}");
-                }
+                // The RPC and the callee's event for the call, nothing more,
+                // for a call to self too.
+                ensure!(p.events.len() == 2, "extra events: {p:?}");
+                let remote = format!("{}{REMOTE_OP_STR}aten::mul", rpc.name);
+                let found = p.find(&remote);
+                ensure!(found.len() == 1, "no {remote}: {p:?}");
+                ensure!(rpc.encloses(found[0]), "{remote} outlasts the RPC: {p:?}");
             }
         }
         // Outside a scope nothing is recorded, and a call still works.
@@ -152,15 +152,17 @@ fn profile_exports_a_chrome_trace() {
 /// use_record_function, dst)`, on rank 1: the RPC event ran on the caller
 /// and names both workers, the function and the mode; the callee's events
 /// came back (`node_id == dst`); a `record_function("foo")` scope encloses
-/// the RPC and comes first.
+/// the RPC and comes first. `dst` `None` is the seed's default, the next
+/// rank.
 async fn profiler_test_with_rpc(
     w: &Worker,
     mode: RpcExecMode,
     func: &str,
     make_args: fn() -> Args,
     use_record_function: bool,
+    dst: Option<u32>,
 ) -> anyhow::Result<()> {
-    let dst = (w.rank + 1) % w.world_size;
+    let dst = dst.unwrap_or((w.rank + 1) % w.world_size);
     let dst_name = worker_name(dst);
     let body = async {
         let a = make_args();
@@ -169,7 +171,8 @@ async fn profiler_test_with_rpc(
             RpcExecMode::Async => w.agent.rpc_async(dst, func, a).wait().await.map(drop),
             RpcExecMode::Remote => {
                 let r = w.agent.remote(dst, func, a)?;
-                r.get_future().wait().await.map(drop)
+                r.to_here(&w.agent, None).await?;
+                r.get_profiling_future().wait().await.map(drop)
             }
         }
     };
@@ -222,8 +225,12 @@ fn run_profiler_test(mode: RpcExecMode, func: &'static str, make_args: fn() -> A
         if w.rank != 1 {
             return Ok(());
         }
-        profiler_test_with_rpc(&w, mode, func, make_args, false).await?;
-        profiler_test_with_rpc(&w, mode, func, make_args, true).await?;
+        profiler_test_with_rpc(&w, mode, func, make_args, false, None).await?;
+        profiler_test_with_rpc(&w, mode, func, make_args, true, None).await?;
+        if mode == RpcExecMode::Remote {
+            // `_run_test_profiler_with_remote_*`: a remote() to self too.
+            profiler_test_with_rpc(&w, mode, func, make_args, false, Some(w.rank)).await?;
+        }
         Ok(())
     });
 }
@@ -268,6 +275,26 @@ fn test_profiler_with_async_rpc_builtin() {
 #[test]
 fn test_profiler_with_async_rpc_builtin_single_threaded() {
     run_profiler_test(RpcExecMode::Async, MUL, mul_args);
+}
+
+#[test]
+fn test_profiler_with_remote_udf() {
+    run_profiler_test(RpcExecMode::Remote, SLEEP, sleep_args);
+}
+
+#[test]
+fn test_profiler_with_remote_udf_single_threaded() {
+    run_profiler_test(RpcExecMode::Remote, SLEEP, sleep_args);
+}
+
+#[test]
+fn test_profiler_with_remote_builtin() {
+    run_profiler_test(RpcExecMode::Remote, MUL, mul_args);
+}
+
+#[test]
+fn test_profiler_with_remote_builtin_single_threaded() {
+    run_profiler_test(RpcExecMode::Remote, MUL, mul_args);
 }
 
 /// `run_profiling_workload` inside a distributed autograd context and a
@@ -325,4 +352,350 @@ fn test_profiler_with_autograd_context() {
 #[test]
 fn test_profiler_with_autograd_context_single_threaded() {
     profiler_with_autograd_context();
+}
+
+const SLOW_ASYNC_ADD: &str = "seed_fns::slow_async_add";
+const SLOW_ADD: &str = "seed_fns::slow_add";
+
+/// `_run_rpc_profiling_async_function` (CPU): the RPC the async plugin
+/// function makes to `dst2` is among `dst1`'s events, with `dst2`'s
+/// `aten::add` nested under it.
+fn rpc_profiling_async_function() {
+    dist(|w| async move {
+        if w.rank != 1 {
+            return Ok(());
+        }
+        let dst1 = (w.rank + 1) % w.world_size;
+        let dst2 = (w.rank + 2) % w.world_size;
+        let (x, y) = (ones(&[2]), ones(&[2]));
+        let (r, p) = profile(&w.agent, async {
+            w.agent
+                .rpc_async_with_timeout(
+                    dst1,
+                    SLOW_ASYNC_ADD,
+                    args![worker_name(dst2), x, y, "cpu"],
+                    std::time::Duration::from_secs(20),
+                )
+                .wait()
+                .await
+        })
+        .await;
+        expect_tensor(&r?, &(ones(&[2]) * 2))?;
+        let key_prefix = build_rpc_profiling_key(
+            RpcExecMode::Async,
+            SLOW_ASYNC_ADD,
+            &worker_name(w.rank),
+            &worker_name(dst1),
+        );
+        let nested_rpc_key_prefix = build_rpc_profiling_key(
+            RpcExecMode::Async,
+            SLOW_ADD,
+            &worker_name(dst1),
+            &worker_name(dst2),
+        );
+        let expected_key = format!("{key_prefix}{REMOTE_OP_STR}{nested_rpc_key_prefix}");
+        let rpc_remote: Vec<&Event> = p.events.iter().filter(|e| e.name == expected_key).collect();
+        ensure!(rpc_remote.len() == 1, "{expected_key}: {p:?}");
+        ensure!(rpc_remote[0].worker == dst1, "{:?}", rpc_remote[0]);
+        let remote_add_key = format!("{expected_key}{REMOTE_OP_STR}aten::add");
+        let add: Vec<&Event> = p
+            .events
+            .iter()
+            .filter(|e| e.name == remote_add_key)
+            .collect();
+        ensure!(add.len() == 1, "{remote_add_key}: {p:?}");
+        ensure!(add[0].worker == dst2, "{:?}", add[0]);
+        ensure!(rpc_remote[0].encloses(add[0]), "{p:?}");
+        Ok(())
+    });
+}
+
+#[test]
+fn test_rpc_profiling_async_function() {
+    rpc_profiling_async_function();
+}
+
+#[test]
+fn test_rpc_profiling_async_function_single_threaded() {
+    rpc_profiling_async_function();
+}
+
+const UDF_WITH_TORCH_OPS: &str = "seed_fns::udf_with_torch_ops";
+
+/// The events of `p` on `worker` inside `range` (its CPU children, all
+/// levels), without `range`.
+fn children<'a>(p: &'a Profile, range: &Event) -> Vec<&'a Event> {
+    p.events
+        .iter()
+        .filter(|e| *e != range && e.worker == range.worker && range.encloses(e))
+        .collect()
+}
+
+#[test]
+fn test_rpc_profiling_remote_record_function() {
+    dist(|w| async move {
+        if w.rank != 1 {
+            return Ok(());
+        }
+        for dst in (0..w.world_size).filter(|r| *r != w.rank) {
+            let (r, p) = profile(&w.agent, async {
+                w.agent
+                    .rpc_async(dst, UDF_WITH_TORCH_OPS, args![-1, true])
+                    .wait()
+                    .await
+            })
+            .await;
+            r?;
+            let forward: Vec<&Event> = p.find("##forward##");
+            ensure!(forward.len() == 1, "{p:?}");
+            let forward = forward[0];
+            ensure!(forward.worker == dst, "{forward:?}");
+            let remote_children = children(&p, forward);
+            // The same function run here, in a profiling scope.
+            let (r, local) = profile(&w.agent, async {
+                w.agent
+                    .call_local(UDF_WITH_TORCH_OPS, args![-1, true])
+                    .await
+            })
+            .await;
+            r?;
+            let local_forward = local
+                .events
+                .iter()
+                .find(|e| e.name.contains("##forward##"))
+                .with_context(|| format!("no local ##forward##: {local:?}"))?;
+            let local_children_names: Vec<&str> = children(&local, local_forward)
+                .iter()
+                .map(|e| e.name.as_str())
+                .collect();
+            ensure!(!remote_children.is_empty(), "##forward## is empty: {p:?}");
+            for evt in remote_children {
+                let local_name = evt
+                    .name
+                    .rsplit_once(REMOTE_OP_STR)
+                    .map_or(evt.name.as_str(), |(_, n)| n);
+                ensure!(
+                    local_children_names.contains(&local_name),
+                    "{local_name} not among {local_children_names:?}"
+                );
+            }
+        }
+        Ok(())
+    });
+}
+
+/// The seeds' `EXPECTED_REMOTE_EVENTS`: what `udf_with_torch_ops` runs
+/// (`relu` is `clamp_min` inside libtorch).
+const EXPECTED_REMOTE_EVENTS: [&str; 7] = [
+    "aten::ones",
+    "aten::ones",
+    "aten::add",
+    "aten::mul",
+    "aten::relu",
+    "aten::clamp_min",
+    "aten::sigmoid",
+];
+
+/// The `name` of each event of a Chrome trace, unescaped.
+fn trace_event_names(trace: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for part in trace.split("{\"name\": \"").skip(1) {
+        let mut name = String::new();
+        let mut chars = part.chars();
+        while let Some(c) = chars.next() {
+            match c {
+                '"' => break,
+                '\\' => name.extend(chars.next()),
+                c => name.push(c),
+            }
+        }
+        names.push(name);
+    }
+    names
+}
+
+#[test]
+fn test_profiler_export_trace() {
+    dist(|w| async move {
+        if w.rank != 1 {
+            return Ok(());
+        }
+        let dst = (w.rank + 1) % w.world_size;
+        let (r, p) = profile(&w.agent, async {
+            w.agent
+                .rpc_async(dst, UDF_WITH_TORCH_OPS, args![])
+                .wait()
+                .await
+        })
+        .await;
+        r?;
+        let path = std::env::temp_dir().join(format!(
+            "wasmrpc-export-trace-{}-{}.json",
+            std::process::id(),
+            w.rank
+        ));
+        p.export_chrome_trace(&path)?;
+        let trace = std::fs::read_to_string(&path);
+        let _ = std::fs::remove_file(&path);
+        let event_names = trace_event_names(&trace?);
+        ensure!(event_names.len() == p.events.len(), "{event_names:?}");
+        for expected in EXPECTED_REMOTE_EVENTS
+            .iter()
+            .copied()
+            .chain([RpcExecMode::Async.value()])
+        {
+            ensure!(
+                event_names.iter().any(|n| n.contains(expected)),
+                "no {expected} in {event_names:?}"
+            );
+        }
+        Ok(())
+    });
+}
+
+/// `_run_test_profiler_remote_events_profiled`: to every other worker, the
+/// ops `udf_with_torch_ops` ran there come back under the RPC's key, with
+/// that worker's rank.
+fn profiler_remote_events_profiled() {
+    dist(|w| async move {
+        if w.rank != 1 {
+            return Ok(());
+        }
+        for dst in (0..w.world_size).filter(|r| *r != w.rank) {
+            let (r, p) = profile(&w.agent, async {
+                w.agent
+                    .rpc_async(dst, UDF_WITH_TORCH_OPS, args![])
+                    .wait()
+                    .await
+            })
+            .await;
+            r?;
+            let rpc_profiling_key = build_rpc_profiling_key(
+                RpcExecMode::Async,
+                UDF_WITH_TORCH_OPS,
+                &worker_name(w.rank),
+                &worker_name(dst),
+            );
+            // check_profiling_info: one RPC event, on the caller, naming
+            // both workers, the function and the mode.
+            let rpc: Vec<&Event> = p
+                .events
+                .iter()
+                .filter(|e| e.name == rpc_profiling_key)
+                .collect();
+            ensure!(rpc.len() == 1, "{rpc_profiling_key}: {p:?}");
+            ensure!(rpc[0].worker == w.rank, "{:?}", rpc[0]);
+            let remote_op_key = format!("{rpc_profiling_key}{REMOTE_OP_STR}");
+            let remote_events: Vec<&Event> = p
+                .events
+                .iter()
+                .filter(|e| e.name.starts_with(&remote_op_key))
+                .collect();
+            for expected in EXPECTED_REMOTE_EVENTS {
+                let expected_key = format!("{remote_op_key}{expected}");
+                let found: Vec<&&Event> = remote_events
+                    .iter()
+                    .filter(|e| e.name == expected_key)
+                    .collect();
+                ensure!(!found.is_empty(), "no {expected_key} in {p:?}");
+                for e in found {
+                    ensure!(e.worker == dst, "node_id of {e:?}");
+                }
+            }
+            let profiled: std::collections::BTreeSet<&str> = remote_events
+                .iter()
+                .map(|e| &e.name[remote_op_key.len()..])
+                .filter(|n| EXPECTED_REMOTE_EVENTS.contains(n))
+                .collect();
+            let expected: std::collections::BTreeSet<&str> =
+                EXPECTED_REMOTE_EVENTS.into_iter().collect();
+            ensure!(
+                profiled == expected,
+                "Mismatch between profiled events: {profiled:?} and expected events: {expected:?}"
+            );
+            // Two `aten::ones`, as the function runs.
+            let ones = remote_events
+                .iter()
+                .filter(|e| e.name == format!("{remote_op_key}aten::ones"))
+                .count();
+            ensure!(ones == 2, "{ones} aten::ones in {p:?}");
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn test_profiler_remote_events_profiled() {
+    profiler_remote_events_profiled();
+}
+
+#[test]
+fn test_profiler_remote_events_profiled_single_threaded() {
+    profiler_remote_events_profiled();
+}
+
+/// The seed's `_assert_top_level_events`: the events that start after the
+/// previous top-level one ended, sorted by name, are `expected`.
+fn assert_top_level_events(p: &Profile, expected: &[&str]) -> anyhow::Result<()> {
+    let mut top_level_event_names = Vec::new();
+    let mut last_end: Option<u64> = None;
+    for e in &p.events {
+        if last_end.is_none_or(|end| e.start_us > end) {
+            top_level_event_names.push(e.name.as_str());
+            last_end = Some(
+                e.end_us
+                    .with_context(|| format!("{} never ended", e.name))?,
+            );
+        }
+    }
+    top_level_event_names.sort_unstable();
+    let mut expected = expected.to_vec();
+    expected.sort_unstable();
+    ensure!(
+        top_level_event_names == expected,
+        "Expected events {expected:?}, but got {top_level_event_names:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn test_server_process_global_profiler() {
+    use wasmrpc::profiler::{
+        disable_server_process_global_profiler_on, enable_server_process_global_profiler_on,
+    };
+    dist(|w| async move {
+        if w.rank != 0 {
+            return Ok(());
+        }
+        let dst_rank = (w.rank + 1) % w.world_size;
+        let x = || Tensor::from(1i64);
+        let y = || Tensor::from(2i64);
+        enable_server_process_global_profiler_on(&w.agent, dst_rank).await?;
+        w.agent
+            .rpc_sync(dst_rank, "aten::add", args![x(), y()])
+            .await?;
+        enable_server_process_global_profiler_on(&w.agent, dst_rank).await?;
+        w.agent
+            .rpc_sync(dst_rank, "aten::sub", args![x(), y()])
+            .await?;
+        let inner_events = disable_server_process_global_profiler_on(&w.agent, dst_rank).await?;
+        let outer_events = disable_server_process_global_profiler_on(&w.agent, dst_rank).await?;
+        let expected_inner_events = ["aten::sub"];
+        let expected_outer_events = ["aten::sub", "aten::add"];
+        assert_top_level_events(&inner_events, &expected_inner_events)?;
+        assert_top_level_events(&outer_events, &expected_outer_events)?;
+        for e in inner_events.events.iter().chain(&outer_events.events) {
+            ensure!(e.worker == dst_rank, "{e:?}");
+        }
+        // None is left enabled there.
+        let e = disable_server_process_global_profiler_on(&w.agent, dst_rank)
+            .await
+            .expect_err("a third disable");
+        ensure!(
+            e.message()
+                .contains("no server process global profiler is enabled on worker"),
+            "{e}"
+        );
+        Ok(())
+    });
 }
