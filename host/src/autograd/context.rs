@@ -385,35 +385,45 @@ fn send_cleanup(agent: &RpcAgent, to: u32, context_id: i64) {
     if !agent.is_running() {
         return;
     }
-    let agent = agent.clone();
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    handle.spawn(async move {
-        let mut delay = Duration::from_millis(20);
-        for _ in 0..CLEANUP_ATTEMPTS {
-            if !agent.is_running() {
-                return;
-            }
-            let r = agent
-                .request(
-                    i64::from(to),
-                    |id| Message::CleanupAutogradContext { id, context_id },
-                    &[],
-                    None,
-                )
-                .wait()
-                .await;
-            match r {
-                Ok(_) => return,
-                Err(e) => {
-                    tracing::debug!(worker = %agent.name(), to, context_id, "cleanup request failed, retrying: {e}");
-                }
-            }
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_millis(500));
+    // The first attempt goes out at once, without a task of its own (a
+    // context ends every training step); only a failure starts the
+    // retrying task.
+    let agent = agent.clone();
+    cleanup_request(&agent, to, context_id).add_done_callback(move |f| {
+        if let Some(Err(e)) = f.try_value() {
+            tracing::debug!(worker = %agent.name(), to, context_id, "cleanup request failed, retrying: {e}");
+            handle.spawn(retry_cleanup(agent, to, context_id));
         }
     });
+}
+
+fn cleanup_request(agent: &RpcAgent, to: u32, context_id: i64) -> crate::agent::Future {
+    agent.request(
+        i64::from(to),
+        |id| Message::CleanupAutogradContext { id, context_id },
+        &[],
+        None,
+    )
+}
+
+async fn retry_cleanup(agent: RpcAgent, to: u32, context_id: i64) {
+    let mut delay = Duration::from_millis(20);
+    for _ in 1..CLEANUP_ATTEMPTS {
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(500));
+        if !agent.is_running() {
+            return;
+        }
+        match cleanup_request(&agent, to, context_id).wait().await {
+            Ok(_) => return,
+            Err(e) => {
+                tracing::debug!(worker = %agent.name(), to, context_id, "cleanup request failed, retrying: {e}");
+            }
+        }
+    }
 }
 
 fn requires_grad(tensors: &[Tensor]) -> Vec<Tensor> {

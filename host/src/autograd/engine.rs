@@ -464,36 +464,40 @@ impl Pass {
             let Some(pass) = pass.upgrade() else { return };
             match f.try_value() {
                 Some(Err(e)) => pass.fail(e),
-                Some(Ok(reply)) => pass.take_piggyback(to, &reply),
+                Some(Ok(reply)) => pass.take_piggyback(&reply),
                 None => {}
             }
         });
         fut
     }
 
-    /// Fires the gradients worker `from` returned in its reply to a
-    /// gradient request (they are for this worker's sends to it), on a
-    /// task of their own: the reply's callback must not run the engine.
-    fn take_piggyback(self: Arc<Self>, from: u32, reply: &Payload) {
+    /// Fires the gradients a worker returned in its reply to a gradient
+    /// request (they are for this worker's sends to it): in the reply's
+    /// callback when the pass is cheap, on a task of their own otherwise.
+    fn take_piggyback(self: Arc<Self>, reply: &Payload) {
         let batches = match Piggyback::decode(reply) {
             Ok(b) if b.is_empty() => return,
             Ok(b) => b,
             Err(e) => return self.fail(e),
         };
-        let agent = self.agent.clone();
-        let context_id = self.ctx.context_id();
-        let retain_graph = self.retain_graph;
+        // In place when cheap, unless the state is locked: this thread may
+        // be inside `fire` itself (a reply that came before its callback
+        // was added runs the callback there).
+        let in_place =
+            self.cheap && !super::hook::any_registered() && self.state.try_lock().is_ok();
+        let failed = |pass: &Pass, e: Error| pass.fail(error_on_node(pass.agent.rank(), &e));
+        if in_place {
+            for b in batches {
+                if let Err(e) = self.fire(Entry::Send(b.message_id), b.grads, None) {
+                    return failed(&self, e);
+                }
+            }
+            return;
+        }
         tokio::spawn(async move {
             for b in batches {
-                let envelope = AutogradEnvelope {
-                    context_id,
-                    message_id: b.message_id,
-                    from_worker: from,
-                };
-                // The sender already replied: nothing can ride back on it.
-                if let Err(e) = propagate(&agent, envelope, b.grads, retain_graph, None).await {
-                    self.fail(e);
-                    return;
+                if let Err(e) = fire(&self, Entry::Send(b.message_id), b.grads, None).await {
+                    return failed(&self, e);
                 }
             }
         });
