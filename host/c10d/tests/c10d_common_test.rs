@@ -10,8 +10,10 @@
 //! its own [`World`], all ranks sharing a `FileStore` file (or, for the
 //! `env://` tests, a TCP store on a free port), as the seeds do.
 
-use std::future::Future;
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::run_ranks;
+use std::path::Path;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -20,10 +22,8 @@ use wasmrpc_c10d::{
     Backend, BackendArgs, BackendConfig, BackendCreator, CollectiveBackend, Error, InitOptions,
     NewGroupOptions, OpContext, ProcessGroup, ReduceOp, Result, World,
 };
-use wasmrpc_store::{FileStore, Store};
+use wasmrpc_store::Store;
 
-/// Every multi-rank test finishes well within this.
-const TEST_LIMIT: Duration = Duration::from_secs(40);
 /// The group timeout of the tests: long enough for a loaded machine, short
 /// enough that a lost message fails the test instead of hanging it.
 const PG_TIMEOUT: Duration = Duration::from_secs(15);
@@ -32,49 +32,9 @@ fn cpu(kind: Kind) -> (Kind, Device) {
     (kind, Device::Cpu)
 }
 
-/// Runs `body(rank, store_file)` for every rank concurrently and fails if
-/// any rank fails or the whole run outlives [`TEST_LIMIT`].
-async fn run_ranks<F, Fut>(world_size: usize, body: F)
-where
-    F: Fn(usize, PathBuf) -> Fut,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("store");
-    let tasks: Vec<_> = (0..world_size)
-        .map(|rank| tokio::spawn(body(rank, file.clone())))
-        .collect();
-    let all = async {
-        for (rank, t) in tasks.into_iter().enumerate() {
-            if let Err(e) = t.await {
-                if e.is_panic() {
-                    eprintln!("rank {rank} failed");
-                    std::panic::resume_unwind(e.into_panic());
-                }
-                panic!("rank {rank}: {e}");
-            }
-        }
-    };
-    tokio::time::timeout(TEST_LIMIT, all)
-        .await
-        .expect("the ranks did not finish in time");
-}
-
 /// `init_process_group(backend, world_size=, rank=, store=FileStore(file, world_size))`.
 async fn init(backend: Option<&str>, rank: usize, world_size: usize, file: &Path) -> World {
-    let world = World::new();
-    world
-        .init_process_group(InitOptions {
-            backend: backend.map(str::to_owned),
-            store: Some(Arc::new(FileStore::new(file, Some(world_size)))),
-            rank: Some(rank as i64),
-            world_size: Some(world_size as i64),
-            timeout: Some(PG_TIMEOUT),
-            ..Default::default()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("rank {rank}: init_process_group: {e}"));
-    world
+    common::init(backend, rank, world_size, file, PG_TIMEOUT).await
 }
 
 fn full(shape: &[i64], value: f64) -> Tensor {

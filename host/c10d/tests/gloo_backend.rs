@@ -3,8 +3,10 @@
 //! tags, timeouts that fail instead of hanging, errors that name the rank,
 //! group and op, destroy failing pending operations, and `tcp://` init.
 
-use std::future::Future;
-use std::path::PathBuf;
+mod common;
+
+use common::run_ranks;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,44 +14,8 @@ use tch::{Device, Kind, Tensor};
 use wasmrpc_c10d::{Error, InitOptions, NewGroupOptions, ReduceOp, World};
 use wasmrpc_store::FileStore;
 
-const TEST_LIMIT: Duration = Duration::from_secs(40);
-
-async fn run_ranks<F, Fut>(world_size: usize, body: F)
-where
-    F: Fn(usize, PathBuf) -> Fut,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("store");
-    let tasks: Vec<_> = (0..world_size)
-        .map(|rank| tokio::spawn(body(rank, file.clone())))
-        .collect();
-    let all = async {
-        for t in tasks {
-            if let Err(e) = t.await {
-                std::panic::resume_unwind(e.into_panic());
-            }
-        }
-    };
-    tokio::time::timeout(TEST_LIMIT, all)
-        .await
-        .expect("the ranks did not finish in time");
-}
-
 async fn init(rank: usize, world_size: usize, file: &std::path::Path, timeout: Duration) -> World {
-    let world = World::new();
-    world
-        .init_process_group(InitOptions {
-            backend: Some("gloo".into()),
-            store: Some(Arc::new(FileStore::new(file, Some(world_size)))),
-            rank: Some(rank as i64),
-            world_size: Some(world_size as i64),
-            timeout: Some(timeout),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    world
+    common::init(Some("gloo"), rank, world_size, file, timeout).await
 }
 
 fn vals(v: &[f32]) -> Tensor {

@@ -827,6 +827,37 @@ int32_t error_class(const c10::Error& e) {
   return WRS_CLASS_RUNTIME;
 }
 
+// The tensors behind an array of `at::Tensor*`.
+torch::autograd::variable_list tensor_list(const void* const* ptrs, size_t n) {
+  torch::autograd::variable_list list;
+  list.reserve(n);
+  for (size_t k = 0; k < n; ++k) {
+    if (ptrs[k] == nullptr) {
+      throw BadInput("null tensor pointer");
+    }
+    list.push_back(*static_cast<const at::Tensor*>(ptrs[k]));
+  }
+  return list;
+}
+
+// Runs a call into libtorch's autograd engine: an exception it throws
+// becomes `out`'s error (WRS_ERR_OP, with libtorch's text and class).
+template <typename F>
+int32_t run_engine_call(wrs_out* out, F&& body) {
+  try {
+    return body();
+  } catch (const c10::Error& e) {
+    set_error(out, e.what_without_backtrace(), error_class(e));
+    return WRS_ERR_OP;
+  } catch (const std::exception& e) {
+    set_error(out, e.what(), WRS_CLASS_RUNTIME);
+    return WRS_ERR_OP;
+  } catch (...) {
+    set_error(out, "unknown C++ exception", WRS_CLASS_RUNTIME);
+    return WRS_ERR_INTERNAL;
+  }
+}
+
 // Finds the overload that accepts the call and fills its stack; on failure
 // sets PyTorch's "failed to match any schema" error and returns nullptr.
 const Overload* match(const wrs_op* op, const CallArgs& call, Stack& stack, wrs_out* out) {
@@ -1152,21 +1183,10 @@ int32_t wrs_autograd_grad(const void* const* outputs, size_t n_outputs,
                           const void* const* inputs, size_t n_inputs, int32_t retain_graph,
                           int32_t create_graph, int32_t allow_unused, void** results,
                           wrs_out* out) {
-  try {
-    auto gather = [](const void* const* ptrs, size_t n) {
-      torch::autograd::variable_list list;
-      list.reserve(n);
-      for (size_t k = 0; k < n; ++k) {
-        if (ptrs[k] == nullptr) {
-          throw BadInput("null tensor pointer");
-        }
-        list.push_back(*static_cast<const at::Tensor*>(ptrs[k]));
-      }
-      return list;
-    };
+  return run_engine_call(out, [&] {
     auto grads = torch::autograd::grad(
-        gather(outputs, n_outputs), gather(inputs, n_inputs),
-        gather(grad_outputs, n_grad_outputs),
+        tensor_list(outputs, n_outputs), tensor_list(inputs, n_inputs),
+        tensor_list(grad_outputs, n_grad_outputs),
         retain_graph < 0 ? std::nullopt : std::optional<bool>(retain_graph != 0),
         create_graph != 0, allow_unused != 0);
     if (grads.size() != n_inputs) {
@@ -1178,41 +1198,16 @@ int32_t wrs_autograd_grad(const void* const* outputs, size_t n_outputs,
       results[k] = grads[k].defined() ? new at::Tensor(std::move(grads[k])) : nullptr;
     }
     return WRS_OK;
-  } catch (const c10::Error& e) {
-    set_error(out, e.what_without_backtrace(), error_class(e));
-    return WRS_ERR_OP;
-  } catch (const std::exception& e) {
-    set_error(out, e.what(), WRS_CLASS_RUNTIME);
-    return WRS_ERR_OP;
-  } catch (...) {
-    set_error(out, "unknown C++ exception", WRS_CLASS_RUNTIME);
-    return WRS_ERR_INTERNAL;
-  }
+  });
 }
 
 int32_t wrs_autograd_backward(const void* const* roots, size_t n_roots, int32_t retain_graph,
                               wrs_out* out) {
-  try {
-    torch::autograd::variable_list list;
-    list.reserve(n_roots);
-    for (size_t k = 0; k < n_roots; ++k) {
-      if (roots[k] == nullptr) {
-        throw BadInput("null tensor pointer");
-      }
-      list.push_back(*static_cast<const at::Tensor*>(roots[k]));
-    }
-    torch::autograd::backward(list, {}, std::optional<bool>(retain_graph != 0), false);
+  return run_engine_call(out, [&] {
+    torch::autograd::backward(tensor_list(roots, n_roots), {},
+                              std::optional<bool>(retain_graph != 0), false);
     return WRS_OK;
-  } catch (const c10::Error& e) {
-    set_error(out, e.what_without_backtrace(), error_class(e));
-    return WRS_ERR_OP;
-  } catch (const std::exception& e) {
-    set_error(out, e.what(), WRS_CLASS_RUNTIME);
-    return WRS_ERR_OP;
-  } catch (...) {
-    set_error(out, "unknown C++ exception", WRS_CLASS_RUNTIME);
-    return WRS_ERR_INTERNAL;
-  }
+  });
 }
 
 }  // extern "C"
