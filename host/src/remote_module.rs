@@ -167,23 +167,7 @@ impl RemoteModule {
         let (on, device) = parse_remote_device(remote_device)?;
         crate::device::parse_device(device.as_str())
             .map_err(|e| e.context_line(format!("RemoteModule on {remote_device}")))?;
-        let Args {
-            positional,
-            kwargs,
-            tensors,
-            rrefs,
-        } = args;
-        let mut call = vec![
-            Value::Str(module_cls.to_owned()),
-            Value::Str(device.clone()),
-        ];
-        call.extend(positional);
-        let call = Args {
-            positional: call,
-            kwargs,
-            tensors,
-            rrefs,
-        };
+        let call = args.prepend([Payload::from(module_cls), Payload::from(device.as_str())]);
         let module_rref = agent.remote(on.dest(), CREATE_MODULE, call)?;
         let map_set = agent
             .resolve(on.dest())
@@ -253,26 +237,11 @@ impl RemoteModule {
     /// tensors move to its device first, and the result's come back to
     /// the CPU unless [`is_device_map_set`](Self::is_device_map_set).
     pub fn forward_async(&self, agent: &RpcAgent, args: Args) -> Future {
-        let Args {
-            positional,
-            kwargs,
-            tensors,
-            mut rrefs,
-        } = args;
-        rrefs.push(self.module_rref.clone());
-        let module = u32::try_from(rrefs.len() - 1).unwrap_or(u32::MAX);
-        let mut call = vec![
-            Value::RRef(module),
-            Value::Str(self.device.clone()),
-            Value::Bool(self.is_device_map_set),
-        ];
-        call.extend(positional);
-        let call = Args {
-            positional: call,
-            kwargs,
-            tensors,
-            rrefs,
-        };
+        let call = args.prepend([
+            Payload::from(&self.module_rref),
+            Payload::from(self.device.as_str()),
+            Payload::from(self.is_device_map_set),
+        ]);
         agent.rpc_async(Dest::Info(self.module_rref.owner()), REMOTE_FORWARD, call)
     }
 

@@ -491,6 +491,20 @@ impl Args {
         self
     }
 
+    /// Puts `leading` in front of the positional arguments: a wrapper's own
+    /// arguments before its caller's, as in `_local_invoke(rref, name,
+    /// *args)`.
+    #[must_use]
+    pub fn prepend(mut self, leading: impl IntoIterator<Item = Payload>) -> Self {
+        let mut positional: Vec<Value> = leading
+            .into_iter()
+            .map(|v| absorb(&mut self.tensors, &mut self.rrefs, v))
+            .collect();
+        positional.append(&mut self.positional);
+        self.positional = positional;
+        self
+    }
+
     /// Appends a keyword argument.
     #[must_use]
     pub fn kwarg(mut self, name: impl Into<String>, v: impl Into<Payload>) -> Self {

@@ -62,23 +62,8 @@ impl RRefProxy {
     }
 
     fn invoke_args(&self, method: &str, args: Args) -> Args {
-        let Args {
-            positional,
-            kwargs,
-            tensors,
-            mut rrefs,
-        } = args;
         // The RRef goes first, as the seeds' `_local_invoke(rref, name, ...)`.
-        let rref_index = rrefs.len() as u32;
-        rrefs.push(self.rref.clone());
-        let mut p = vec![Value::RRef(rref_index), Value::Str(method.to_string())];
-        p.extend(positional);
-        Args {
-            positional: p,
-            kwargs,
-            tensors,
-            rrefs,
-        }
+        args.prepend([Payload::from(&self.rref), Payload::from(method)])
     }
 
     async fn ready(&self) -> Result<()> {
