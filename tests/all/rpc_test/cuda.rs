@@ -217,6 +217,20 @@ fn expect_init_error(
     });
 }
 
+/// `got` is on `cuda:0` and every element equals `value`.
+fn ensure_filled_on_cuda0(got: &Tensor, value: i64) -> anyhow::Result<()> {
+    ensure!(
+        got.device() == Device::Cuda(0),
+        "result on {:?}",
+        got.device()
+    );
+    ensure!(
+        got.eq(value).all().int64_value(&[]) == 1,
+        "not all {value}: {got:?}"
+    );
+    Ok(())
+}
+
 fn dst(rank: u32, world_size: u32) -> String {
     worker_name((rank + 1) % world_size)
 }
@@ -943,15 +957,7 @@ fn test_async_execution_with_cuda_future() {
                 .wait()
                 .await?
                 .as_tensor()?;
-            ensure!(
-                got.device() == Device::Cuda(0),
-                "result on {:?}",
-                got.device()
-            );
-            ensure!(
-                got.eq(1).all().int64_value(&[]) == 1,
-                "not all ones: {got:?}"
-            );
+            ensure_filled_on_cuda0(&got, 1)?;
         }
         shutdown(agents).await
     });
@@ -977,15 +983,7 @@ fn test_async_execution_nested_with_cuda_future() {
                 .wait()
                 .await?
                 .as_tensor()?;
-            ensure!(
-                got.device() == Device::Cuda(0),
-                "result on {:?}",
-                got.device()
-            );
-            ensure!(
-                got.eq(3).all().int64_value(&[]) == 1,
-                "not all threes: {got:?}"
-            );
+            ensure_filled_on_cuda0(&got, 3)?;
         }
         shutdown(agents).await
     });
