@@ -73,6 +73,54 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
+/// Checks each `--plugins` path before anything starts, so a missing build
+/// fails once, in one line, instead of in every worker.
+///
+/// # Errors
+/// The first path that does not exist, or is a folder without a `.wasm`
+/// file; for paths under a cargo `target/` folder, the error says how to
+/// build what it expected.
+pub(crate) fn check_plugin_paths(paths: &[std::path::PathBuf]) -> Result<()> {
+    for path in paths {
+        let hint = || {
+            let in_target = path.components().any(|c| c.as_os_str() == "target");
+            if !in_target {
+                return String::new();
+            }
+            if path.components().any(|c| c.as_os_str() == "wasm-plugins") {
+                "; it is where this repository's plugins are built: `cargo run -q -p \
+                 wasmrpc-plugins` builds them and prints their paths"
+                    .to_owned()
+            } else {
+                "; it is a build output: build the plugin first (`cargo build --release \
+                 --target wasm32-unknown-unknown` in its crate)"
+                    .to_owned()
+            }
+        };
+        if !path.exists() {
+            bail!(
+                "--plugins {}: no such file or folder{}",
+                path.display(),
+                hint()
+            );
+        }
+        if path.is_dir() {
+            let has_wasm = std::fs::read_dir(path)
+                .with_context(|| format!("--plugins {}: cannot list the folder", path.display()))?
+                .filter_map(|e| e.ok())
+                .any(|e| e.path().extension().is_some_and(|x| x == "wasm"));
+            if !has_wasm {
+                bail!(
+                    "--plugins {}: no plugins (*.wasm files) in the folder{}",
+                    path.display(),
+                    hint()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Parses a duration given in seconds, as PyTorch's timeouts are (`0.5`,
 /// `60`); 0 means no timeout where the flag says so.
 pub(crate) fn parse_seconds(s: &str) -> Result<Duration, String> {

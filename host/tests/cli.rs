@@ -295,8 +295,54 @@ fn a_worker_with_a_bad_plugin_folder_fails_and_says_why() {
     let (_, stderr) = text(&out);
     assert!(!out.status.success());
     assert!(
-        stderr.contains("cannot load the plugins in")
+        stderr.contains(&format!("--plugins {}", empty.path().display()))
             && stderr.contains("no plugins (*.wasm files)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn launch_with_a_missing_plugin_path_fails_once_before_starting_workers() {
+    let missing = tempfile::tempdir().expect("temp dir");
+    let path = missing
+        .path()
+        .join("target/wasm-plugins/wasm32-unknown-unknown/release/nothing.wasm");
+    let path = path.display().to_string();
+    let out = wasmrpc(
+        &["launch", "--nproc", "4", "--plugins", &path],
+        Duration::from_secs(30),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(
+        errors.len(),
+        1,
+        "one error line, not one per worker:\n{stderr}"
+    );
+    assert!(
+        errors[0].contains(&format!("--plugins {path}: no such file or folder"))
+            && errors[0].contains("cargo run -q -p wasmrpc-plugins"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("[worker0]"),
+        "no worker should start:\n{stderr}"
+    );
+
+    // A plugin crate's own build output gets the build command instead.
+    let own = missing
+        .path()
+        .join("hello/target/wasm32-unknown-unknown/release");
+    let own = own.display().to_string();
+    let out = wasmrpc(
+        &["launch", "--nproc", "2", "--plugins", &own],
+        Duration::from_secs(30),
+    );
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("cargo build --release --target wasm32-unknown-unknown"),
         "{stderr}"
     );
 }

@@ -303,8 +303,11 @@ fn shared_dir(root: &Path) -> PathBuf {
 
 /// The cargo target folder (`CARGO_TARGET_DIR` or `target/`).
 pub(crate) fn target_dir(root: &Path) -> PathBuf {
+    // Cargo reads a relative CARGO_TARGET_DIR from its working folder, which
+    // is `root` for every cargo command the xtask runs.
     std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
+        .filter(|d| !d.is_empty())
+        .map(|d| root.join(d))
         .unwrap_or_else(|| root.join("target"))
 }
 

@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result, anyhow, bail};
 use plotters::prelude::*;
 
 use crate::{coverage, process};
@@ -25,20 +25,10 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     process::step("demo: building the wasmrpc binary and the plugins (wasm32)");
     process::cargo(
         root,
-        &[
-            "build",
-            "--quiet",
-            "-p",
-            "wasmrpc",
-            "--bin",
-            "wasmrpc",
-            "-p",
-            "wasmrpc-plugins",
-        ],
+        &["build", "--quiet", "-p", "wasmrpc", "--bin", "wasmrpc"],
     )?;
+    let plugin = built_plugin(root, "param-server")?;
     let target = coverage::target_dir(root);
-    let plugin =
-        target.join("wasm-plugins/wasm32-unknown-unknown/release/wasmrpc_plugin_param_server.wasm");
     let wasmrpc = target.join("debug/wasmrpc");
     let out = target.join("demo");
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
@@ -85,6 +75,28 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         wasmrpc.display()
     );
     Ok(())
+}
+
+/// The `.wasm` file of the plugin `plugins/<name>`, built if it is missing
+/// or out of date: `wasmrpc-plugins` (`plugins/artifacts`) prints it, and
+/// building that binary runs the build script that builds every plugin, the
+/// one mechanism the tests use too.
+fn built_plugin(root: &Path, name: &str) -> Result<PathBuf> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let path = process::stdout(
+        std::process::Command::new(cargo)
+            .args(["run", "--quiet", "-p", "wasmrpc-plugins", "--", name])
+            .current_dir(root),
+    )
+    .with_context(|| format!("building the {name} plugin failed"))?;
+    let path = PathBuf::from(path.trim());
+    if !path.is_file() {
+        bail!(
+            "wasmrpc-plugins named {} for the {name} plugin, but there is no such file",
+            path.display()
+        );
+    }
+    Ok(path)
 }
 
 /// The driver's per-epoch results, as `--result` wrote them.

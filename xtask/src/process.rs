@@ -42,3 +42,17 @@ pub(crate) fn output(cmd: &mut Command) -> Result<String> {
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
+
+/// Runs `cmd` with its standard error passed through (a build's progress
+/// stays visible) and returns its standard output, failing if it fails.
+pub(crate) fn stdout(cmd: &mut Command) -> Result<String> {
+    let line = format!("{cmd:?}");
+    let out = cmd
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("could not start {line}"))?;
+    if !out.status.success() {
+        bail!("{line} failed ({})", out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}

@@ -63,6 +63,7 @@ pub(crate) struct LaunchArgs {
 
 /// Runs the cluster to completion.
 pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
+    super::check_plugin_paths(&args.plugins)?;
     let server = Arc::new(
         TcpStoreServer::bind(("127.0.0.1", args.master_port))
             .await

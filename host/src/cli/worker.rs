@@ -86,6 +86,9 @@ pub(crate) struct WorkerArgs {
 
 /// Runs one worker until the group shuts down.
 pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
+    // Before the rendezvous: a worker that cannot serve its plugins should
+    // not join a group it would leave at once.
+    super::check_plugin_paths(&args.plugins)?;
     let rank_hint = args.rank.map_or(-1, i64::from);
     let world_hint = args.world_size.map_or(-1, i64::from);
     let (store, rank, world) = match (args.rank, args.world_size) {
