@@ -134,6 +134,9 @@ pub(crate) struct AgentInner {
     worker_state: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
     debug_sources: Mutex<Vec<DebugInfoSource>>,
     shutdown_hooks: Mutex<Vec<ShutdownHook>>,
+    /// What the tensors this worker makes for its peers and plugins may
+    /// hold (`crate::tensor::budget`).
+    tensor_budget: crate::tensor::budget::WorkerBudget,
 }
 
 /// The error of a call whose frame could not be sent.
@@ -275,6 +278,20 @@ impl RpcAgent {
     /// The options the agent was started with.
     pub fn options(&self) -> &RpcBackendOptions {
         &self.inner.options
+    }
+
+    /// This worker's tensor memory budget and the per-call budgets made
+    /// under it.
+    pub(crate) fn tensor_budget(&self) -> &crate::tensor::budget::WorkerBudget {
+        &self.inner.tensor_budget
+    }
+
+    /// Bytes of CPU tensor memory charged to this worker's tensor memory
+    /// budget now (what its peers' and plugins' ops and received messages
+    /// hold), and the budget's limit.
+    pub fn tensor_memory_in_use(&self) -> (u64, u64) {
+        let budget = self.inner.tensor_budget.worker();
+        (budget.used(), budget.limit())
     }
 
     /// Whether the group was initialised with a world size.
@@ -1403,6 +1420,42 @@ impl Handler for AgentHandler {
                         format!("message kind {kind:?} is not handled by worker {name} yet"),
                     );
                     agent.respond(&conn, id, Err(e), None).await;
+                });
+            }
+        }
+    }
+
+    fn on_over_budget(
+        &self,
+        conn: &Arc<Connection>,
+        message: Message,
+        refusal: wasmrpc_torch_sys::BudgetRefusal,
+    ) {
+        let Some(inner) = self.agent.upgrade() else {
+            return;
+        };
+        let agent = RpcAgent::from_inner(inner);
+        let what = match &message {
+            Message::Call { function, .. } => {
+                format!("a call of {function} from worker {}", conn.peer)
+            }
+            other => format!("a {:?} message from worker {}", other.kind(), conn.peer),
+        };
+        let error = crate::tensor::budget::refusal_error(agent.name(), &what, refusal, false);
+        tracing::warn!(peer = %conn.peer, "{error}");
+        let id = message.id();
+        match message {
+            // The reply to one of this worker's requests: its call fails.
+            Message::Response { .. }
+            | Message::ProfilingResponse { .. }
+            | Message::RRefAck { .. } => {
+                agent.finish(id, Err(error));
+            }
+            // A request: its sender gets the error as the answer.
+            _ => {
+                let conn = conn.clone();
+                agent.inner.runtime.clone().spawn(async move {
+                    agent.respond(&conn, id, Err(error), None).await;
                 });
             }
         }

@@ -121,6 +121,53 @@ pub(crate) fn check_plugin_paths(paths: &[std::path::PathBuf]) -> Result<()> {
     Ok(())
 }
 
+/// The tensor memory budget flags, shared by `worker` and `launch`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub(crate) struct TensorMemoryArgs {
+    /// The CPU tensor memory this worker's peers and plugins may hold at
+    /// once through the ops it runs for them and the tensors they send
+    /// (e.g. `4GiB`, `512MiB`, bytes). Over it, the call that asked fails
+    /// with "tensor memory budget ... exceeded" and the worker serves on.
+    /// [default: half the machine's memory (or its cgroup's limit); under
+    /// `launch`, that divided among its workers]
+    #[arg(long, value_name = "BYTES", value_parser = parse_byte_count)]
+    tensor_memory: Option<u64>,
+    /// The same limit for one call: a builtin op a peer asked for, or a
+    /// plugin function with every op it runs. [default: half of
+    /// --tensor-memory]
+    #[arg(long, value_name = "BYTES", value_parser = parse_byte_count)]
+    tensor_memory_per_call: Option<u64>,
+}
+
+impl TensorMemoryArgs {
+    /// The limits these flags give a worker that is one of `workers` on
+    /// this machine.
+    pub(crate) fn budget(&self, workers: u32) -> wasmrpc::TensorMemoryBudget {
+        let default = wasmrpc::TensorMemoryBudget::for_memory(
+            wasmrpc::machine_memory() / u64::from(workers.max(1)),
+        );
+        let per_worker = self.tensor_memory.unwrap_or(default.per_worker);
+        wasmrpc::TensorMemoryBudget {
+            per_worker,
+            per_call: self.tensor_memory_per_call.unwrap_or(per_worker / 2),
+        }
+    }
+
+    /// The flags that give a worker process `budget`.
+    pub(crate) fn child_args(budget: wasmrpc::TensorMemoryBudget) -> [String; 4] {
+        [
+            "--tensor-memory".into(),
+            budget.per_worker.to_string(),
+            "--tensor-memory-per-call".into(),
+            budget.per_call.to_string(),
+        ]
+    }
+}
+
+fn parse_byte_count(s: &str) -> Result<u64, String> {
+    wasmrpc::parse_bytes(s)
+}
+
 /// Parses a duration given in seconds, as PyTorch's timeouts are (`0.5`,
 /// `60`); 0 means no timeout where the flag says so.
 pub(crate) fn parse_seconds(s: &str) -> Result<Duration, String> {

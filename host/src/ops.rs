@@ -37,6 +37,7 @@ use wasmrpc_torch_sys::{BUILTINS, OpError, OpValue, Operator, WIRE_PREFIX, call_
 use crate::abi::RemoteError;
 use crate::agent::{CallContext, FunctionResolver, INTERNAL_PREFIX, RpcFunction};
 use crate::error::{Error, Result};
+use crate::tensor::budget::CallBudget;
 use crate::value::{Args, Payload};
 
 /// The resolver of builtin op names (see the module docs for the names it
@@ -71,7 +72,8 @@ struct BuiltinOp;
 impl RpcFunction for BuiltinOp {
     async fn call(&self, ctx: CallContext, args: Args) -> Result<Payload> {
         let name = ctx.function().to_owned();
-        call_builtin(&name, args)
+        let budget = ctx.agent().tensor_budget().call();
+        run_builtin(&name, args, Some(budget))
             .await
             .map_err(|e| e.context_line(format!("running {name} on worker {}", ctx.agent().name())))
     }
@@ -88,16 +90,43 @@ impl RpcFunction for BuiltinOp {
 /// raises, `RuntimeError` "Unknown builtin op: ..." for an unknown name,
 /// `TypeError` for arguments no op takes (dicts, RRefs, worker infos).
 pub async fn call_builtin(name: &str, args: Args) -> Result<Payload> {
+    run_builtin(name, args, None).await
+}
+
+/// [`call_builtin`], with the op's tensor memory charged to `budget` when
+/// there is one (a peer's call: BUDGET-1 in `crate::tensor::budget`).
+async fn run_builtin(name: &str, args: Args, budget: Option<CallBudget>) -> Result<Payload> {
     let (positional, kwargs) = op_args(args).map_err(op_error)?;
     let outputs = if is_cheap(name, &positional, &kwargs) {
-        call_op(name, &positional, &kwargs)
+        in_budget(budget.as_ref(), name, || {
+            call_op(name, &positional, &kwargs)
+        })
     } else {
         let name = name.to_owned();
-        run_blocking(move || call_op(&name, &positional, &kwargs)).await?
+        run_blocking(move || {
+            in_budget(budget.as_ref(), &name, || {
+                call_op(&name, &positional, &kwargs)
+            })
+        })
+        .await?
     };
-    Ok(payload_from_op_value(OpValue::from_outputs(
-        outputs.map_err(op_error)?,
-    )))
+    Ok(payload_from_op_value(OpValue::from_outputs(outputs?)))
+}
+
+/// Runs the op work `f` for `what` in `budget` (if any); a refused
+/// allocation is reported as the budget's error, not as the op's own.
+pub(crate) fn in_budget<T>(
+    budget: Option<&CallBudget>,
+    what: &str,
+    f: impl FnOnce() -> std::result::Result<T, OpError>,
+) -> Result<T> {
+    let Some(budget) = budget else {
+        return f().map_err(op_error);
+    };
+    match budget.run(what, f) {
+        (_, Some(refused)) => Err(refused),
+        (out, None) => out.map_err(op_error),
+    }
 }
 
 /// Tensors of at most this many elements make an op, or a piece of a

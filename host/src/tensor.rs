@@ -17,8 +17,10 @@
 //! `unsafe` code. CUDA tensors travel as CPU copies and are placed on the
 //! device `crate::device` chose for them (the device maps) on arrival.
 //!
-//! It leaves framing and sockets to `transport`.
+//! It leaves framing and sockets to `transport`. [`budget`] holds a worker's
+//! tensor memory budgets.
 
+pub(crate) mod budget;
 mod wire;
 
 /// The identity of a tensor object (its `TensorImpl`): equal for every

@@ -151,6 +151,25 @@ fn help_explains_the_commands_and_init_methods() {
         stdout.contains("env://") && stdout.contains("tcp://") && stdout.contains("file://"),
         "{stdout}"
     );
+    assert!(
+        stdout.contains("--tensor-memory <BYTES>")
+            && stdout.contains("--tensor-memory-per-call <BYTES>"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_bad_tensor_memory_budget_is_refused_by_the_flag_parser() {
+    let out = wasmrpc(
+        &["launch", "--nproc", "1", "--tensor-memory", "4 parsecs"],
+        Duration::from_secs(10),
+    );
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("--tensor-memory") && stderr.contains("unknown unit"),
+        "{stderr}"
+    );
 }
 
 /// `torchrun --no-python` runs our workers unchanged: they read its

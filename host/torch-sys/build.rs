@@ -9,6 +9,8 @@ use std::path::PathBuf;
 fn main() -> Result<()> {
     println!("cargo:rerun-if-changed=shim/ops.cpp");
     println!("cargo:rerun-if-changed=shim/ops.h");
+    println!("cargo:rerun-if-changed=shim/budget.cpp");
+    println!("cargo:rerun-if-changed=shim/budget.h");
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
 
     // torch-sys (links = "tch") publishes the folder it linked against.
@@ -36,6 +38,7 @@ fn main() -> Result<()> {
         .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={cxx11_abi}"))
         .flag("-DGLOG_USE_GLOG_EXPORT")
         .file("shim/ops.cpp")
+        .file("shim/budget.cpp")
         .compile("wasmrpc_torch_shim");
 
     println!("cargo:rustc-link-search=native={}", lib.display());

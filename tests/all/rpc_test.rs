@@ -32,6 +32,7 @@ mod async_execution;
 mod autograd;
 mod cuda;
 mod extra;
+mod memory_budget;
 mod profiling;
 mod rref;
 

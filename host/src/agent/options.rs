@@ -10,6 +10,7 @@ use super::registry::FunctionRegistry;
 use crate::abi::{Value, WorkerInfo};
 use crate::device::{Device, DeviceMap, DeviceSpec, parse_device, to_device_map};
 use crate::error::{Error, MAX_NAME_LEN, Result, invalid_worker_name_message};
+use crate::tensor::budget::TensorMemoryBudget;
 use crate::transport::{DEFAULT_MAX_FRAME_SIZE, FaultInjection};
 
 /// `DEFAULT_RPC_TIMEOUT_SEC`: 60 s.
@@ -62,6 +63,12 @@ pub struct RpcBackendOptions {
     /// deployment". Deployments only ever arrive over authenticated
     /// connections (every peer proved the cluster secret).
     pub accept_plugin_deployment: bool,
+    /// How much CPU tensor memory the work this worker does for its peers
+    /// and plugins may hold, in all and per call (`crate::tensor::budget`);
+    /// by default half and a quarter of the machine's memory. An allocation
+    /// over either fails the call that asked for it with "worker1: tensor
+    /// memory budget of N bytes exceeded by aten::zeros (asked M bytes)".
+    pub tensor_memory: TensorMemoryBudget,
 }
 
 impl Default for RpcBackendOptions {
@@ -79,6 +86,7 @@ impl Default for RpcBackendOptions {
             devices: Vec::new(),
             init_timeout: Duration::from_secs(300),
             accept_plugin_deployment: false,
+            tensor_memory: TensorMemoryBudget::default(),
         }
     }
 }

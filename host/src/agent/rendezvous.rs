@@ -203,6 +203,7 @@ async fn start(
         worker_state: Mutex::default(),
         debug_sources: Mutex::default(),
         shutdown_hooks: Mutex::default(),
+        tensor_budget: crate::tensor::budget::WorkerBudget::new(&info.name, options.tensor_memory),
         options: options.clone(),
     });
     let agent = RpcAgent::from_inner(inner.clone());
@@ -232,6 +233,7 @@ async fn start(
         secret: Arc::new(secret),
         max_frame_size: options.max_frame_size,
         faults: options.faults.clone(),
+        receive_budget: Some(inner.tensor_budget.worker().clone()),
     };
     let transport = Transport::bind(cfg, options.listen_addr, weak).await?;
     let _ = inner.transport.set(transport);

@@ -55,6 +55,8 @@ pub(crate) struct LaunchArgs {
     /// Write the entry function's result to this file as JSON.
     #[arg(long, value_name = "FILE", requires = "entry")]
     result: Option<PathBuf>,
+    #[command(flatten)]
+    tensor_memory: super::TensorMemoryArgs,
     /// Arguments of the entry function: integers, floats, `true`/`false`,
     /// or strings.
     #[arg(last = true)]
@@ -88,6 +90,8 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
         .as_ref()
         .map(|p| std::path::absolute(p).with_context(|| format!("bad result path {}", p.display())))
         .transpose()?;
+    // The workers share this machine: each gets its share of the default.
+    let budget = args.tensor_memory.budget(args.nproc);
     let progress = Arc::new(Progress::new(std::io::IsTerminal::is_terminal(
         &std::io::stderr(),
     )));
@@ -113,6 +117,7 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
         for dir in &plugins {
             cmd.arg("--plugins").arg(dir);
         }
+        cmd.args(super::TensorMemoryArgs::child_args(budget));
         if rank == 0 {
             match &args.entry {
                 Some(entry) => {

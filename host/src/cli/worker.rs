@@ -78,6 +78,8 @@ pub(crate) struct WorkerArgs {
     /// worker of a dynamic group (no world size) otherwise leaves at once.
     #[arg(long)]
     serve: bool,
+    #[command(flatten)]
+    tensor_memory: super::TensorMemoryArgs,
     /// Arguments of the entry function: integers, floats, `true`/`false`,
     /// or strings.
     #[arg(last = true)]
@@ -120,6 +122,7 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         listen_addr: args.listen,
         init_timeout: args.init_timeout,
         accept_plugin_deployment: args.accept_plugin_deployment,
+        tensor_memory: args.tensor_memory.budget(1),
         ..RpcBackendOptions::default()
     };
     let agent = init_rpc(&name, Some(rank), world, store, options)

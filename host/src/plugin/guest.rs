@@ -34,6 +34,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use tch::{Device, Kind, Tensor};
 use wasmrpc_torch_sys::{OpError, call_method, call_op, op_value_from_abi, op_value_into_abi};
+
+use crate::ops::in_budget;
+use crate::tensor::budget::CallBudget;
 use wasmrpc_wasm::{
     AutogradCall, CallArgs, DType, ErrorKind, GuestHost, HandleKind, HostResult, LogLevel, Plugin,
     Progress, RemoteError, TensorMeta, Value, WorkerInfo,
@@ -60,6 +63,9 @@ pub(crate) struct GuestCall {
     /// The guest's open `record_function` ranges; a range's id is its
     /// index plus one.
     ranges: Mutex<Vec<Option<Range>>>,
+    /// What the tensors this call's ops and `tensor_new`s make are charged
+    /// to: one budget for the whole call, under the worker's (BUDGET-1).
+    budget: CallBudget,
 }
 
 impl Drop for GuestCall {
@@ -160,6 +166,7 @@ impl GuestCall {
     /// `agent`'s worker.
     pub(crate) fn new(agent: RpcAgent, plugin: Arc<Plugin>, namespace: String) -> GuestCall {
         GuestCall {
+            budget: agent.tensor_budget().call(),
             agent,
             plugin,
             namespace,
@@ -277,17 +284,20 @@ impl GuestHost for GuestCall {
         let grad_enabled = self.autograd.grad_enabled();
         let recording = self.recording();
         let profiled = recording.is_some();
+        let budget = self.budget.clone();
         let (outputs, ops) = run_blocking(move || {
             // Grad mode is per thread: set it where the op runs.
             let _no_grad = (!grad_enabled).then(tch::no_grad_guard);
             // A bare name is a tensor method (`view`, `size`), as Python
             // calls it on a tensor.
             let run = || {
-                if name.contains("::") || name.contains('.') {
-                    call_op(&name, &positional, &kwargs)
-                } else {
-                    call_method(&name, &positional, &kwargs)
-                }
+                in_budget(Some(&budget), &name, || {
+                    if name.contains("::") || name.contains('.') {
+                        call_op(&name, &positional, &kwargs)
+                    } else {
+                        call_method(&name, &positional, &kwargs)
+                    }
+                })
             };
             if !profiled {
                 return (run(), None);
@@ -310,14 +320,21 @@ impl GuestHost for GuestCall {
                 r.add(op.name, at(op.start_ns), at(op.end_ns));
             }
         }
-        let outputs = outputs?;
+        let outputs = outputs.map_err(remote)?;
         let value = wasmrpc_torch_sys::OpValue::from_outputs(outputs);
         let mut handles = self.handles();
         Ok(op_value_into_abi(value, &mut |t| handles.insert_tensor(t)))
     }
 
     async fn tensor_new(&self, dtype: DType, shape: Vec<i64>, data: Vec<u8>) -> HostResult<u32> {
-        let t = Tensor::f_from_data_size(&data, &shape, dtype_kind(dtype)).map_err(tch_error)?;
+        let what = format!("a new tensor of plugin {}", self.namespace);
+        let (t, refused) = self.budget.run(&what, || {
+            Tensor::f_from_data_size(&data, &shape, dtype_kind(dtype))
+        });
+        if let Some(e) = refused {
+            return Err(remote(e));
+        }
+        let t = t.map_err(tch_error)?;
         Ok(self.handles().insert_tensor(t))
     }
 

@@ -5,6 +5,7 @@ use std::io::{self, IoSlice};
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use wasmrpc_torch_sys::{BudgetRefusal, MemoryBudget};
 
 use super::message::{Message, MessageKind};
 use crate::device::Device;
@@ -162,12 +163,21 @@ pub(crate) enum FrameError {
     /// The tensors do not match their blobs.
     #[error("malformed tensor in frame: {0}")]
     Tensor(Error),
+    /// Receiving the frame's tensors would take the receiver's tensor
+    /// memory budget over its limit. The frame was read to its end (the
+    /// connection stays usable) and its tensors were dropped; the message
+    /// is kept so the receiver can answer it.
+    #[error("receiving {} bytes of tensors exceeds the tensor memory budget of {} bytes", .1.asked, .1.limit)]
+    OverBudget(Box<Message>, BudgetRefusal),
 }
 
 /// Reads one frame. `Ok(None)` is a clean end of stream between frames.
+/// The storage of its tensors is charged to `budget` when there is one
+/// (BUDGET-1 in `crate::tensor::budget`).
 pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
     r: &mut R,
     max: u64,
+    budget: Option<&MemoryBudget>,
 ) -> std::result::Result<Option<(Message, Vec<Tensor>)>, FrameError> {
     let mut len = [0u8; 4];
     let mut got = 0;
@@ -201,14 +211,35 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
         return Err(FrameError::TooLarge { size: total, max });
     }
     let mut blobs = Vec::with_capacity(header.blobs.len());
-    for desc in &header.blobs {
-        let mut blob = DecodedBlob::new(*desc).map_err(FrameError::Tensor)?;
+    for (i, desc) in header.blobs.iter().enumerate() {
+        let blob = match budget {
+            None => DecodedBlob::new(*desc),
+            Some(budget) => match budget.run(|| DecodedBlob::new(*desc)) {
+                (_, Some(refusal)) => {
+                    drop(blobs);
+                    let rest = header.blobs[i..].iter().map(|b| b.len).sum();
+                    skip(r, rest).await?;
+                    return Err(FrameError::OverBudget(Box::new(header.message), refusal));
+                }
+                (blob, None) => blob,
+            },
+        };
+        let mut blob = blob.map_err(FrameError::Tensor)?;
         r.read_exact(blob.bytes_mut()).await?;
         blobs.push(blob);
     }
     let tensors =
         decode_tensors(&header.tensors, &blobs, &header.devices).map_err(FrameError::Tensor)?;
     Ok(Some((header.message, tensors)))
+}
+
+/// Reads and drops `len` bytes.
+async fn skip<R: AsyncRead + Unpin>(r: &mut R, len: u64) -> io::Result<()> {
+    let copied = tokio::io::copy(&mut (&mut *r).take(len), &mut tokio::io::sink()).await?;
+    if copied < len {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -241,20 +272,65 @@ mod tests {
             write_frame(&mut rest, &frame, offset).await.unwrap();
             assert_eq!(rest, bytes[offset..], "offset {offset}");
         }
-        let (m, ts) = read_frame(&mut &bytes[..], 1 << 20).await.unwrap().unwrap();
+        let (m, ts) = read_frame(&mut &bytes[..], 1 << 20, None)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(m, call(1));
         assert!(ts[0].equal(&t));
         for cut in 1..bytes.len() {
             assert!(
-                read_frame(&mut &bytes[..cut], 1 << 20).await.is_err(),
+                read_frame(&mut &bytes[..cut], 1 << 20, None).await.is_err(),
                 "cut at {cut}"
             );
         }
         assert!(matches!(
-            read_frame(&mut &bytes[..], 16).await,
+            read_frame(&mut &bytes[..], 16, None).await,
             Err(FrameError::TooLarge { .. })
         ));
-        assert!(read_frame(&mut &b""[..], 16).await.unwrap().is_none());
+        assert!(read_frame(&mut &b""[..], 16, None).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_frame_over_the_budget_is_refused_and_the_next_one_still_reads() {
+        let big = Tensor::zeros([1 << 18], (Kind::Float, Device::Cpu));
+        let small = Tensor::ones([4], (Kind::Float, Device::Cpu));
+        let mut bytes = Vec::new();
+        for (message, tensors) in [
+            (call(2), [small.shallow_clone(), big]),
+            (call(1), [small.shallow_clone(), small.shallow_clone()]),
+        ] {
+            let n = match &message {
+                Message::Call { args, .. } => args.len(),
+                _ => unreachable!("calls only"),
+            };
+            let frame = OutFrame::encode(message, &tensors[..n], &[]).unwrap();
+            write_frame(&mut bytes, &frame, 0).await.unwrap();
+        }
+        let budget = MemoryBudget::new(64 << 10);
+        let mut r = &bytes[..];
+        match read_frame(&mut r, 16 << 20, Some(&budget)).await {
+            Err(FrameError::OverBudget(message, refusal)) => {
+                assert_eq!(*message, call(2));
+                assert_eq!((refusal.asked, refusal.limit), (1 << 20, 64 << 10));
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert_eq!(budget.used(), 0, "the refused frame holds nothing");
+        let (m, ts) = read_frame(&mut r, 16 << 20, Some(&budget))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(m, call(1));
+        assert!(ts[0].equal(&small));
+        assert_eq!(
+            budget.used(),
+            16,
+            "received tensors are charged while they live"
+        );
+        drop(ts);
+        assert_eq!(budget.used(), 0);
+        assert!(r.is_empty());
     }
 
     #[test]
@@ -289,6 +365,6 @@ mod tests {
     #[tokio::test]
     async fn garbage_is_an_error() {
         let garbage = [3u8, 0, 0, 0, 0xff, 0xff, 0xff];
-        assert!(read_frame(&mut &garbage[..], 1 << 20).await.is_err());
+        assert!(read_frame(&mut &garbage[..], 1 << 20, None).await.is_err());
     }
 }

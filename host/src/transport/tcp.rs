@@ -21,6 +21,16 @@ use crate::error::{Error, Result};
 pub(crate) trait Handler: Send + Sync + 'static {
     /// A frame arrived on `conn`.
     fn on_message(&self, conn: &Arc<Connection>, message: Message, tensors: Vec<Tensor>);
+    /// A frame arrived on `conn` whose tensors would have exceeded the
+    /// tensor memory budget: it was read and its tensors dropped, and the
+    /// connection carries on. The handler answers the message (a request
+    /// with an error, a response by failing its call).
+    fn on_over_budget(
+        &self,
+        conn: &Arc<Connection>,
+        message: Message,
+        refusal: wasmrpc_torch_sys::BudgetRefusal,
+    );
     /// `conn` closed (TR-4: called once per connection).
     fn on_close(&self, conn: &Arc<Connection>, reason: &str);
 }
@@ -33,6 +43,8 @@ pub(crate) struct TransportConfig {
     pub(crate) secret: Arc<Vec<u8>>,
     pub(crate) max_frame_size: u64,
     pub(crate) faults: FaultInjection,
+    /// What received tensors are charged to (BUDGET-1).
+    pub(crate) receive_budget: Option<wasmrpc_torch_sys::MemoryBudget>,
 }
 
 enum WriterCmd {
@@ -284,6 +296,7 @@ impl Transport {
             Arc::downgrade(self),
             conn.clone(),
             self.cfg.max_frame_size,
+            self.cfg.receive_budget.clone(),
         ));
         lock(&conn.tasks).extend([writer.abort_handle(), reader.abort_handle()]);
         if self.shut.load(Ordering::Acquire) {
@@ -458,15 +471,23 @@ async fn reader_loop(
     t: Weak<Transport>,
     conn: Arc<Connection>,
     max: u64,
+    budget: Option<wasmrpc_torch_sys::MemoryBudget>,
 ) {
     let reason = loop {
-        match read_frame(&mut read, max).await {
+        match read_frame(&mut read, max, budget.as_ref()).await {
             Ok(Some((message, tensors))) => {
                 let Some(tr) = t.upgrade() else { return };
                 let Some(h) = tr.handler.upgrade() else {
                     return;
                 };
                 h.on_message(&conn, message, tensors);
+            }
+            Err(FrameError::OverBudget(message, refusal)) => {
+                let Some(tr) = t.upgrade() else { return };
+                let Some(h) = tr.handler.upgrade() else {
+                    return;
+                };
+                h.on_over_budget(&conn, *message, refusal);
             }
             Ok(None) => break format!("worker {} closed the connection", conn.peer),
             Err(FrameError::Io(e)) => {

@@ -172,3 +172,32 @@ unsafe extern "C" {
         out: *mut RawOut,
     ) -> i32;
 }
+
+/// An opaque tensor memory budget (`wrs_budget`, `shim/budget.h`).
+#[repr(C)]
+pub(crate) struct RawBudget {
+    _private: [u8; 0],
+}
+
+/// Why an allocation was refused (`wrs_budget_refusal`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RawBudgetRefusal {
+    pub(crate) asked: u64,
+    pub(crate) limit: u64,
+    pub(crate) used: u64,
+    pub(crate) depth: u32,
+}
+
+unsafe extern "C" {
+    pub(crate) fn wrs_budget_install() -> i32;
+    pub(crate) fn wrs_budget_new(limit: u64, parent: *mut RawBudget) -> *mut RawBudget;
+    pub(crate) fn wrs_budget_retain(budget: *mut RawBudget);
+    pub(crate) fn wrs_budget_release(budget: *mut RawBudget);
+    pub(crate) fn wrs_budget_used(budget: *const RawBudget) -> u64;
+    pub(crate) fn wrs_budget_limit(budget: *const RawBudget) -> u64;
+    pub(crate) fn wrs_budget_set_limit(budget: *mut RawBudget, limit: u64);
+    pub(crate) fn wrs_budget_enter(budget: *mut RawBudget) -> *mut RawBudget;
+    pub(crate) fn wrs_budget_exit(previous: *mut RawBudget);
+    pub(crate) fn wrs_budget_take_refusal(refusal: *mut RawBudgetRefusal) -> i32;
+}

@@ -86,6 +86,7 @@
 //! nest at most [`MAX_NESTING`] deep.
 
 mod autograd;
+mod budget;
 mod builtin;
 mod convert;
 mod error;
@@ -95,6 +96,7 @@ mod profile;
 mod value;
 
 pub use autograd::{GradFn, GradOptions, backward, grad, grad_fn_name};
+pub use budget::{BudgetRefusal, MemoryBudget};
 pub use builtin::BUILTINS;
 pub use convert::{
     call_method_values, call_op_abi, call_op_values, device_string, op_value_from_abi,

@@ -907,6 +907,27 @@ fn allocate(megabytes: usize) -> usize {
         .sum()
 }
 
+/// Makes `count` float tensors of `elements` zeros in the host and holds
+/// them all until it returns: the host's per-call tensor memory budget
+/// bounds what one plugin call can make the worker allocate. Returns the
+/// elements made.
+#[remote]
+fn allocate_tensors(count: i64, elements: i64) -> Result<i64> {
+    let mut held = Vec::new();
+    for _ in 0..count {
+        held.push(Tensor::zeros(&[elements])?);
+    }
+    Ok(count * elements)
+}
+
+/// A float tensor of `elements` ones built from the plugin's own bytes
+/// (`Tensor::from_slice`), which the host copies into a tensor it owns.
+#[remote]
+fn tensor_from_bytes(elements: i64) -> Result<Tensor> {
+    let n = usize::try_from(elements).map_err(|_| Error::value_error("negative length"))?;
+    Tensor::from_slice(&[elements], &vec![1.0f32; n])
+}
+
 /// Returns its bytes unchanged: the benchmark's echo.
 #[remote]
 fn echo(data: Value) -> Value {

@@ -1,0 +1,54 @@
+// Tensor memory budgets: a CPU allocator that charges every allocation made
+// inside a budget scope to that budget and to each of its parents, and
+// refuses one that would take any of them over its limit.
+//
+// A budget is reference-counted: `wrs_budget_new` returns one reference, each
+// live allocation charged to it holds one, and a child holds one on its
+// parent. Scopes are per thread (`wrs_budget_enter`/`wrs_budget_exit`);
+// allocations outside any scope are not charged.
+
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct wrs_budget wrs_budget;
+
+// Why the last charged allocation on this thread was refused.
+typedef struct wrs_budget_refusal {
+  // The bytes the allocation asked for.
+  uint64_t asked;
+  // The limit of the budget that refused it.
+  uint64_t limit;
+  // What that budget had in use before the allocation.
+  uint64_t used;
+  // 0 when the scope's own budget refused it, 1 for its parent, and so on.
+  uint32_t depth;
+} wrs_budget_refusal;
+
+// Installs the budgeting CPU allocator in front of libtorch's current one.
+// Idempotent; returns 0 on success.
+int32_t wrs_budget_install(void);
+// A new budget of `limit` bytes under `parent` (may be null); one reference.
+wrs_budget* wrs_budget_new(uint64_t limit, wrs_budget* parent);
+void wrs_budget_retain(wrs_budget* budget);
+void wrs_budget_release(wrs_budget* budget);
+uint64_t wrs_budget_used(const wrs_budget* budget);
+uint64_t wrs_budget_limit(const wrs_budget* budget);
+void wrs_budget_set_limit(wrs_budget* budget, uint64_t limit);
+// Makes `budget` (may be null: no budget) this thread's scope and returns
+// the previous one, to give back to wrs_budget_exit. Clears the thread's
+// last refusal.
+wrs_budget* wrs_budget_enter(wrs_budget* budget);
+void wrs_budget_exit(wrs_budget* previous);
+// Takes this thread's last refusal: 1 and fills `refusal` if there was one
+// since the last wrs_budget_enter, 0 otherwise.
+int32_t wrs_budget_take_refusal(wrs_budget_refusal* refusal);
+
+#ifdef __cplusplus
+}
+#endif
