@@ -1,21 +1,26 @@
 //! Builtin ops as RPC targets: `rpc_sync("worker1", "aten::add", args![a, b])`
 //! runs libtorch's `aten::add` on worker1, matched against its overloads as
-//! PyTorch RPC matches them.
+//! PyTorch RPC matches them, if worker1's [`OpPolicy`] serves it.
 //!
 //! What this module owns: [`BuiltinOps`], the [`FunctionResolver`] every
 //! [`FunctionRegistry`](crate::FunctionRegistry) has by default, which turns
 //! an op name into an [`RpcFunction`]; the conversion of a call's
 //! [`Args`] into op arguments and of the op's outputs back into a
-//! [`Payload`]; and running ops off the agent's network and callee threads
-//! ([`run_blocking`]). Resolving names, matching schemas and running the op
-//! are `wasmrpc-torch-sys`'s; errors keep its texts (libtorch's own
+//! [`Payload`]; running ops off the agent's network and callee threads
+//! ([`run_blocking`]); and the op policy ([`policy`], with its
+//! [`family`] lists and [`schema`] hazards): which ops a worker runs for
+//! peers and plugins at all. Resolving names, matching schemas and running
+//! the op are `wasmrpc-torch-sys`'s; errors keep its texts (libtorch's own
 //! messages, PyTorch's "... failed to match any schema ...").
 //!
-//! Names it serves: any `namespace::name` libtorch's operator registry
+//! Names it resolves: any `namespace::name` libtorch's operator registry
 //! knows (`aten::add`, `aten::linalg_multi_dot`, `prim::min`, ...),
 //! PyTorch RPC's wire form `torch.ops.aten.add`, and the Python builtins
 //! the seeds call (`builtins.min`, `builtins.max`). Functions registered
-//! explicitly under the same names win over these.
+//! explicitly under the same names win over these. Which of them a worker
+//! runs is its policy's call: by default the tensor-computing families of
+//! [`family`], and a refusal is a `RuntimeError` naming the op, the worker
+//! and how to allow it (POL-1).
 //!
 //! Invariants:
 //! - OPS-1: an op that may be slow never runs on a tokio worker thread: it
@@ -28,16 +33,24 @@
 //!   reference to the same storage (in-place ops such as `aten::add_` change
 //!   them, as in PyTorch), and every output is a new entry of the result's
 //!   tensor table.
+//! - OPS-3: a builtin op a peer names runs only after the worker's op
+//!   policy admits it (POL-1), on whichever thread it runs.
+
+pub mod family;
+pub(crate) mod policy;
+pub(crate) mod schema;
 
 use std::sync::Arc;
 
 use tch::Tensor;
-use wasmrpc_torch_sys::{BUILTINS, OpError, OpValue, Operator, WIRE_PREFIX, call_op};
+use wasmrpc_torch_sys::{BUILTINS, OpError, OpValue, Operator, WIRE_PREFIX, call_op_gated};
 
 use crate::abi::RemoteError;
 use crate::agent::{CallContext, FunctionResolver, INTERNAL_PREFIX, RpcFunction};
 use crate::error::{Error, Result};
 use crate::value::{Args, Payload};
+pub use policy::OpPolicy;
+pub(crate) use policy::PolicyGate;
 
 /// The resolver of builtin op names (see the module docs for the names it
 /// serves). Stateless: resolved operators are cached process-wide by
@@ -70,30 +83,47 @@ struct BuiltinOp;
 #[async_trait::async_trait]
 impl RpcFunction for BuiltinOp {
     async fn call(&self, ctx: CallContext, args: Args) -> Result<Payload> {
-        let name = ctx.function().to_owned();
-        call_builtin(&name, args)
+        let agent = ctx.agent();
+        let name = ctx.function();
+        call_builtin(&agent.options().op_policy, agent.name(), name, args)
             .await
-            .map_err(|e| e.context_line(format!("running {name} on worker {}", ctx.agent().name())))
+            .map_err(|e| e.context_line(format!("running {name} on worker {}", agent.name())))
     }
 }
 
-/// Runs the builtin op `name` on `args` on the blocking pool (OPS-1) and
-/// returns its result as Python would see it: `None`, the one output, or a
-/// tuple of several.
+/// Runs the builtin op `name` on `args` for a caller of worker `worker`,
+/// if `policy` admits it (OPS-3), on the blocking pool (OPS-1), and returns
+/// its result as Python would see it: `None`, the one output, or a tuple of
+/// several.
 ///
 /// # Errors
-/// The op's errors with PyTorch's kind and text: `RuntimeError` "Overloaded
-/// torch operator invoked from Python failed to match any schema ..." when
-/// no overload accepts the arguments, libtorch's own message when the op
-/// raises, `RuntimeError` "Unknown builtin op: ..." for an unknown name,
-/// `TypeError` for arguments no op takes (dicts, RRefs, worker infos).
-pub async fn call_builtin(name: &str, args: Args) -> Result<Payload> {
+/// `RuntimeError` "WORKER does not run OP: ..." if the policy refuses the
+/// op; otherwise the op's errors with PyTorch's kind and text:
+/// `RuntimeError` "Overloaded torch operator invoked from Python failed to
+/// match any schema ..." when no overload accepts the arguments, libtorch's
+/// own message when the op raises, `RuntimeError` "Unknown builtin op: ..."
+/// for an unknown name, `TypeError` for arguments no op takes (dicts,
+/// RRefs, worker infos).
+pub async fn call_builtin(
+    policy: &Arc<OpPolicy>,
+    worker: &str,
+    name: &str,
+    args: Args,
+) -> Result<Payload> {
     let (positional, kwargs) = op_args(args).map_err(op_error)?;
     let outputs = if is_cheap(name, &positional, &kwargs) {
-        call_op(name, &positional, &kwargs)
+        let gate = PolicyGate { policy, worker };
+        call_op_gated(name, &positional, &kwargs, &gate)
     } else {
-        let name = name.to_owned();
-        run_blocking(move || call_op(&name, &positional, &kwargs)).await?
+        let (policy, worker, name) = (policy.clone(), worker.to_owned(), name.to_owned());
+        run_blocking(move || {
+            let gate = PolicyGate {
+                policy: &policy,
+                worker: &worker,
+            };
+            call_op_gated(&name, &positional, &kwargs, &gate)
+        })
+        .await?
     };
     Ok(payload_from_op_value(OpValue::from_outputs(
         outputs.map_err(op_error)?,
@@ -219,6 +249,11 @@ mod tests {
             .block_on(f)
     }
 
+    /// `name` on `args` as worker0 under the default policy runs it for a peer.
+    fn builtin(name: &str, args: Args) -> Result<Payload> {
+        run(call_builtin(&OpPolicy::shared_default(), "worker0", name, args))
+    }
+
     #[test]
     fn only_bounded_ops_on_small_tensors_run_in_place() {
         let small = || OpValue::Tensor(Tensor::ones([32, 32], (Kind::Float, Device::Cpu)));
@@ -278,34 +313,30 @@ mod tests {
     #[test]
     fn tensor_and_scalar_overloads() {
         let t = Tensor::ones([2, 2], (Kind::Float, Device::Cpu));
-        let out = run(call_builtin("aten::add", crate::args![&t, &t])).unwrap();
+        let out = builtin("aten::add", crate::args![&t, &t]).unwrap();
         assert!(out.as_tensor().unwrap().equal(&(&t * 2)));
-        let out = run(call_builtin(
-            "aten::add",
-            crate::args![&t, 3].kwarg("alpha", 2),
-        ))
-        .unwrap();
+        let out = builtin("aten::add", crate::args![&t, 3].kwarg("alpha", 2)).unwrap();
         assert!(out.as_tensor().unwrap().equal(&(&t * 7)));
     }
 
     #[test]
     fn several_outputs_are_a_tuple_and_errors_keep_their_text() {
         let t = Tensor::from_slice(&[1.0f32, 5.0, 2.0]);
-        let out = run(call_builtin("aten::max", crate::args![&t, 0])).unwrap();
+        let out = builtin("aten::max", crate::args![&t, 0]).unwrap();
         let items = out.items().unwrap();
         assert_eq!(items.len(), 2);
         assert_eq!(items[1].as_tensor().unwrap().int64_value(&[]), 1);
 
-        let e = run(call_builtin("aten::add", crate::args!["x"])).unwrap_err();
+        let e = builtin("aten::add", crate::args!["x"]).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::RuntimeError);
         assert!(e.message().contains("failed to match any schema"), "{e}");
-        let e = run(call_builtin(
+        let e = builtin(
             "aten::add",
             crate::args![
                 Tensor::ones([2], (Kind::Float, Device::Cpu)),
                 Tensor::ones([3], (Kind::Float, Device::Cpu))
             ],
-        ))
+        )
         .unwrap_err();
         assert!(
             e.message()

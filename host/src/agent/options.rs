@@ -10,6 +10,7 @@ use super::registry::FunctionRegistry;
 use crate::abi::{Value, WorkerInfo};
 use crate::device::{Device, DeviceMap, DeviceSpec, parse_device, to_device_map};
 use crate::error::{Error, MAX_NAME_LEN, Result, invalid_worker_name_message};
+use crate::ops::OpPolicy;
 use crate::transport::{DEFAULT_MAX_FRAME_SIZE, FaultInjection};
 
 /// `DEFAULT_RPC_TIMEOUT_SEC`: 60 s.
@@ -62,6 +63,11 @@ pub struct RpcBackendOptions {
     /// deployment". Deployments only ever arrive over authenticated
     /// connections (every peer proved the cluster secret).
     pub accept_plugin_deployment: bool,
+    /// Which builtin ops this worker runs for peers and plugins (its op
+    /// policy; see [`OpPolicy`]). Default: [`OpPolicy::shared_default`],
+    /// the tensor-computing families and nothing else; `wasmrpc worker
+    /// --allow-op/--deny-op/--op-policy` build others.
+    pub op_policy: Arc<OpPolicy>,
 }
 
 impl Default for RpcBackendOptions {
@@ -79,6 +85,7 @@ impl Default for RpcBackendOptions {
             devices: Vec::new(),
             init_timeout: Duration::from_secs(300),
             accept_plugin_deployment: false,
+            op_policy: OpPolicy::shared_default(),
         }
     }
 }
