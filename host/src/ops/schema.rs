@@ -442,6 +442,9 @@ fn kind_may_convert(ty: &str, value: &OpValue) -> bool {
 
 #[cfg(test)]
 mod tests {
+    //! POLICY_TEST_NAMES_DENIED_OPS: the schemas here are inputs the rules
+    //! must refuse, not ops the seeds call.
+
     use super::*;
 
     fn kinds(schema: &str) -> Option<HazardKind> {
