@@ -345,3 +345,203 @@ mod tests {
         );
     }
 }
+
+/// Random op names and arguments against the op path: whatever a peer
+/// sends, the worker answers `Ok` or an error, never panics or aborts, and
+/// never runs an op its policy refuses.
+#[cfg(test)]
+mod properties {
+    //! POLICY_TEST_NAMES_DENIED_OPS: names here are random or refused on
+    //! purpose, not ops the seeds call.
+
+    use std::sync::OnceLock;
+
+    use proptest::prelude::*;
+    use proptest::sample::select;
+    use tch::{Device, Kind, Tensor};
+    use wasmrpc_torch_sys::{BUILTINS, Operator, registered_ops};
+
+    use super::policy::{OpPolicy, Verdict};
+    use super::*;
+    use crate::abi::ErrorKind;
+
+    /// Every operator libtorch registers (looked up once).
+    fn registry() -> &'static [String] {
+        static NAMES: OnceLock<Vec<String>> = OnceLock::new();
+        NAMES.get_or_init(registered_ops)
+    }
+
+    /// The registry's ops the default policy serves that work in place
+    /// (their side effect shows whether they ran).
+    fn in_place_allowed() -> &'static [String] {
+        static NAMES: OnceLock<Vec<String>> = OnceLock::new();
+        NAMES.get_or_init(|| {
+            let policy = OpPolicy::default();
+            registry()
+                .iter()
+                .filter(|n| n.starts_with("aten::") && n.ends_with('_') && !n.ends_with("__"))
+                .filter(|n| policy.verdict(n).is_ok_and(|v| v.is_allowed()))
+                .cloned()
+                .collect()
+        })
+    }
+
+    /// An op name as a peer might send it: random text, or a real op in any
+    /// spelling with or without an overload suffix.
+    fn op_name() -> impl Strategy<Value = String> {
+        let real = (
+            select(registry()),
+            0..3u8,
+            prop_oneof![
+                6 => Just(String::new()),
+                1 => Just(".Tensor".to_owned()),
+                1 => Just(".out".to_owned()),
+                1 => Just(".t".to_owned()),
+                1 => "\\.[A-Za-z_]{1,8}",
+            ],
+        )
+            .prop_map(|(name, spelling, suffix)| {
+                let base = name.split_once("::").map_or(name.as_str(), |(_, b)| b);
+                match (spelling, name.starts_with("aten::")) {
+                    (1, true) => format!("torch.ops.aten.{base}{suffix}"),
+                    (2, _) => format!("{base}{suffix}"),
+                    _ => format!("{name}{suffix}"),
+                }
+            });
+        prop_oneof![
+            4 => real,
+            1 => ".{0,40}",
+            1 => "[a-z_:.]{1,30}",
+            1 => select(BUILTINS).prop_map(str::to_owned),
+        ]
+    }
+
+    /// A small tensor: up to 2 dimensions of up to 4, float or int.
+    fn small_tensor() -> impl Strategy<Value = Tensor> {
+        (prop::collection::vec(0..4i64, 0..3), any::<bool>(), -4.0..4.0f64).prop_map(
+            |(shape, float, fill)| {
+                let kind = if float { Kind::Float } else { Kind::Int64 };
+                Tensor::full(shape.as_slice(), fill, (kind, Device::Cpu))
+            },
+        )
+    }
+
+    /// A random argument: scalars, strings, small tensors, lists and tuples
+    /// of them.
+    fn value() -> impl Strategy<Value = Payload> {
+        let leaf = prop_oneof![
+            Just(Payload::from(())),
+            any::<bool>().prop_map(Payload::from),
+            (-4..16i64).prop_map(Payload::from),
+            (-4.0..4.0f64).prop_map(Payload::from),
+            "[a-z/._]{0,8}".prop_map(Payload::from),
+            small_tensor().prop_map(Payload::from),
+        ];
+        leaf.prop_recursive(2, 12, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Payload::list),
+                prop::collection::vec(inner, 0..4).prop_map(Payload::tuple),
+            ]
+        })
+    }
+
+    fn call_args() -> impl Strategy<Value = Args> {
+        let kwarg = (
+            select(&["dim", "alpha", "dtype", "generator", "out", "self", "keepdim"][..]),
+            value(),
+        );
+        (
+            prop::collection::vec(value(), 0..4),
+            prop::collection::vec(kwarg, 0..2),
+        )
+            .prop_map(|(positional, kwargs)| {
+                let mut args = positional.into_iter().fold(Args::new(), |a, v| a.arg(v));
+                for (k, v) in kwargs {
+                    args = args.kwarg(k, v);
+                }
+                args
+            })
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime")
+    }
+
+    fn is_refusal(e: &Error, worker: &str) -> bool {
+        e.kind() == ErrorKind::RuntimeError
+            && e.message().starts_with(&format!("{worker} does not run "))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Any name, any arguments: an answer, never a panic; an op the
+        /// policy refuses answers with the refusal.
+        #[test]
+        fn any_call_answers_and_refused_ops_never_run(name in op_name(), args in call_args()) {
+            let policy = OpPolicy::shared_default();
+            let result = runtime().block_on(call_builtin(&policy, "worker9", &name, args));
+            let resolves = BUILTINS.contains(&name.as_str()) || Operator::resolve(&name).is_ok();
+            match policy.verdict(&name) {
+                Ok(v) if resolves && !v.is_allowed() => {
+                    let e = result.expect_err("a refused op ran");
+                    prop_assert!(is_refusal(&e, "worker9"), "{name}: {e}");
+                }
+                Ok(_) if resolves => {
+                    // Served (or a withheld overload refused): any answer.
+                }
+                _ => {
+                    // Not an op as spelled: nothing could run, and the gate
+                    // never saw it.
+                    let e = result.expect_err("an unknown name ran");
+                    prop_assert!(e.message().starts_with("Unknown builtin op"), "{name}: {e}");
+                }
+            }
+        }
+
+        /// An in-place op the operator denies leaves its tensors untouched:
+        /// refused, not run, whichever spelling and arguments.
+        #[test]
+        fn a_denied_in_place_op_changes_nothing(
+            index in any::<prop::sample::Index>(),
+            spelling in 0..3u8,
+            fill in -4.0..4.0f64,
+            extra in prop::collection::vec(value(), 0..3),
+        ) {
+            let ops = in_place_allowed();
+            prop_assume!(!ops.is_empty());
+            let name = index.get(ops);
+            let base = &name["aten::".len()..];
+            let policy = Arc::new(OpPolicy::default().deny(name).expect("a valid pattern"));
+            let target = Tensor::full([3], fill, (Kind::Float, Device::Cpu));
+            let before = target.copy();
+            let args = extra.into_iter().fold(Args::new().arg(&target), |a, v| a.arg(v));
+            let spelled = match spelling {
+                0 => name.clone(),
+                1 => format!("torch.ops.aten.{base}"),
+                _ => base.to_owned(),
+            };
+            let e = runtime()
+                .block_on(call_builtin(&policy, "worker9", &spelled, args))
+                .expect_err("a denied op ran");
+            prop_assert!(is_refusal(&e, "worker9"), "{spelled}: {e}");
+            prop_assert!(target.equal(&before), "{spelled} changed its argument");
+        }
+
+        /// The policy's own parsing and checks answer for any input.
+        #[test]
+        fn policy_inputs_never_panic(text in ".{0,60}", name in op_name()) {
+            let _ = policy::Pattern::parse(&text);
+            let _ = OpPolicy::default().rules_from_text(&text, "fuzz");
+            // The default policy serves aten and Python's builtins only.
+            if let Ok((op, v)) = OpPolicy::shared_default().verdict_of(&name) {
+                if let Verdict::Allowed { .. } = *v {
+                    prop_assert!(op.starts_with("aten::") || op.starts_with("builtins."), "{op}");
+                    prop_assert!(!op.starts_with("aten::_"), "{op}");
+                }
+            }
+        }
+    }
+}
