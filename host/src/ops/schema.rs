@@ -327,13 +327,87 @@ fn param_hazard(p: &Param) -> Option<HazardKind> {
     None
 }
 
+/// What values a parameter can take, by kind, worked out once from its
+/// type (POL-4: screening a call allocates nothing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Accepts {
+    /// Any kind might convert: ask libtorch.
+    Anything,
+    /// A list or a tuple; one number too for a fixed-size `int[N]` or
+    /// `float[N]`, which the shim repeats N times.
+    Sequence {
+        /// Whether one number fills it.
+        number: bool,
+    },
+    /// No kind of our values converts (`Storage`, `Dict`, an enum, ...).
+    Nothing,
+}
+
+/// A parameter as the screen needs it.
+#[derive(Debug, Clone)]
+struct Slot {
+    name: String,
+    has_default: bool,
+    /// Whether `None` fills it (an optional type, `Any`, `NoneType`).
+    takes_none: bool,
+    accepts: Accepts,
+}
+
+impl Slot {
+    fn of(p: &Param) -> Slot {
+        let words = type_words(&p.ty);
+        let first = words.first().copied().unwrap_or("");
+        let accepts = if matches!(
+            first,
+            "Storage" | "Stream" | "Generator" | "Dict" | "Future" | "RRef" | "Await" | "Capsule"
+        ) || first.starts_with("AnyEnum")
+            || first.starts_with("__torch__")
+        {
+            Accepts::Nothing
+        } else if let Some(open) = p.ty.find('[').filter(|_| !p.ty.starts_with('(')) {
+            let fixed_size = p.ty[open + 1..].starts_with(|c: char| c.is_ascii_digit());
+            Accepts::Sequence {
+                number: fixed_size && matches!(first, "int" | "SymInt" | "float"),
+            }
+        } else {
+            Accepts::Anything
+        };
+        Slot {
+            name: p.name.clone(),
+            has_default: p.default.is_some(),
+            takes_none: p.ty.ends_with('?') || matches!(first, "Any" | "NoneType"),
+            accepts,
+        }
+    }
+
+    /// Whether `value` could convert to this parameter; `false` only where
+    /// no conversion exists for any value of its kind.
+    fn may_take(&self, value: &OpValue) -> bool {
+        match (value, self.accepts) {
+            (OpValue::None, _) => self.takes_none,
+            (_, Accepts::Anything) => true,
+            (_, Accepts::Nothing) => false,
+            (OpValue::List(_) | OpValue::Tuple(_), Accepts::Sequence { .. }) => true,
+            (OpValue::Int(_) | OpValue::Float(_), Accepts::Sequence { number }) => number,
+            (_, Accepts::Sequence { .. }) => false,
+        }
+    }
+}
+
 /// An overload the policy withholds from a call, with what a call needs to
 /// reach it.
 #[derive(Debug, Clone)]
 pub struct Overload {
     /// Why it is withheld.
     pub hazard: Hazard,
-    params: Vec<Param>,
+    /// Its parameters; `None` if the schema does not parse or takes
+    /// varargs (every call could bind it then).
+    slots: Option<Vec<Slot>>,
+    /// How many parameters come before `*`.
+    positional: usize,
+    /// Whether trailing ints of a method call could fill its second
+    /// parameter (`view(2, 3)`), which makes arity meaningless.
+    packs_varargs: bool,
 }
 
 impl Overload {
@@ -345,11 +419,17 @@ impl Overload {
             Some(params) => first_hazard(schema, params)?,
             None => schema_hazard(schema)?,
         };
+        let params = params.filter(|ps| ps.iter().all(|p| p.ty != "..."));
+        let positional = params
+            .as_ref()
+            .map_or(0, |ps| ps.iter().take_while(|p| !p.keyword_only).count());
+        let packs_varargs =
+            positional == 2 && params.as_ref().is_some_and(|ps| ps[1].ty.contains('['));
         Some(Overload {
             hazard,
-            // An unreadable schema has no parameters to screen with: every
-            // call could bind it.
-            params: params.unwrap_or_default(),
+            slots: params.map(|ps| ps.iter().map(Slot::of).collect()),
+            positional,
+            packs_varargs,
         })
     }
 
@@ -363,80 +443,36 @@ impl Overload {
     /// when an argument is missing or surplus, or a value's kind cannot
     /// convert to the parameter's type (a tensor to a list, anything but
     /// `None` to a type our values have no variant for). `true` means "ask
-    /// libtorch" (POL-4).
+    /// libtorch" (POL-4). Allocates nothing.
     pub(crate) fn could_bind(
         &self,
         args: &[OpValue],
         kwargs: &[(String, OpValue)],
         method: bool,
     ) -> bool {
-        let params = &self.params;
-        let unreadable = params.is_empty() && self.hazard.kind == HazardKind::Opaque;
-        if unreadable || params.iter().any(|p| p.ty == "...") {
+        let Some(slots) = &self.slots else {
+            return true;
+        };
+        if method && self.packs_varargs {
             return true;
         }
-        let positional = params.iter().take_while(|p| !p.keyword_only).count();
-        // Tensor methods pack trailing ints into a lone `int[]` (`view(2,
-        // 3)`): then arity says nothing.
-        if method && positional == 2 && params[1].ty.contains('[') {
-            return true;
-        }
-        if args.len() > positional {
+        if args.len() > self.positional {
             return false;
         }
-        for (i, p) in params.iter().enumerate() {
-            let value = if i < args.len() {
-                Some(&args[i])
-            } else {
-                kwargs.iter().find(|(k, _)| *k == p.name).map(|(_, v)| v)
+        for (i, slot) in slots.iter().enumerate() {
+            let value = match args.get(i) {
+                Some(v) => Some(v),
+                None => kwargs.iter().find(|(k, _)| *k == slot.name).map(|(_, v)| v),
             };
             match value {
-                None if p.default.is_none() => return false,
-                None => {}
-                Some(v) if !kind_may_convert(&p.ty, v) => return false,
-                Some(_) => {}
+                None if !slot.has_default => return false,
+                Some(v) if !slot.may_take(v) => return false,
+                _ => {}
             }
         }
         kwargs
             .iter()
-            .all(|(k, _)| params.iter().skip(args.len()).any(|p| p.name == *k))
-    }
-}
-
-/// Whether `value` could convert to a parameter of type `ty`; `false` only
-/// where no conversion exists for any value of that kind.
-fn kind_may_convert(ty: &str, value: &OpValue) -> bool {
-    let words = type_words(ty);
-    let Some(first) = words.first() else {
-        return true;
-    };
-    if matches!(value, OpValue::None) {
-        return ty.ends_with('?') || matches!(*first, "Any" | "NoneType");
-    }
-    // Our values have no variant for these: only None fills them.
-    if matches!(
-        *first,
-        "Storage" | "Stream" | "Generator" | "Dict" | "Future" | "RRef" | "Await" | "Capsule"
-    ) || first.starts_with("AnyEnum")
-        || first.starts_with("__torch__")
-    {
-        return false;
-    }
-    let Some(open) = ty.find('[') else {
-        return true;
-    };
-    if ty.starts_with('(') {
-        return true;
-    }
-    // A list takes a list or a tuple; a fixed-size `int[N]` or `float[N]`
-    // also takes one number, which the shim repeats N times.
-    let fixed_size = ty[open + 1..].starts_with(|c: char| c.is_ascii_digit());
-    match value {
-        OpValue::List(_) | OpValue::Tuple(_) => true,
-        OpValue::Int(_) | OpValue::Float(_) => {
-            fixed_size && matches!(*first, "int" | "SymInt" | "float")
-        }
-        _ => false,
+            .all(|(k, _)| slots.iter().skip(args.len()).any(|s| s.name == *k))
     }
 }
 
