@@ -4,7 +4,8 @@
 //!   that need no RRefs), each test named as in the seed.
 //! - `rpc_test`: PyTorch's `rpc_test.py` (areas A, B, C, G, H, I, K, O, Q, R
 //!   on the CPU), each test named exactly as in the seed, plus the agent's
-//!   own failure tests in `rpc_test::extra`; its RRef tests (areas D, E, F,
+//!   own failure tests in `rpc_test::extra`, attacks on the op policy in
+//!   `rpc_test::sandbox`; its RRef tests (areas D, E, F,
 //!   M) in `rpc_test::rref`, its `@async_execution` tests (area J) in
 //!   `rpc_test::async_execution` (functions) and `rpc_test::async_class`
 //!   (methods of a plugin class).

@@ -17,7 +17,8 @@
 //! `non_cont_test`; see `wasmrpc_tests::seed_fns` for why each), and the
 //! seeds' sparse builders (`seed::nested_rpc_sparse`, in
 //! `wasmrpc_tests::rref_fns`: a plugin cannot build a sparse tensor). Builtin ops
-//! (`aten::add`, ...) run through the op shim (see `wasmrpc_tests::aten`).
+//! (`aten::add`, ...) are the workers' own (`wasmrpc::BuiltinOps`), run under
+//! the default op policy; attacks on that policy are in [`sandbox`].
 //! `[D]` tests run under `dist` (the seeds' `@dist_init`: 4 workers, body on
 //! every rank, graceful shutdown, leak check); `[M]` tests manage init and
 //! shutdown themselves.
@@ -35,6 +36,7 @@ mod extra;
 mod memory_budget;
 mod profiling;
 mod rref;
+mod sandbox;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -1,9 +1,12 @@
-//! Builtin ops for the tests, served by the op shim (`wasmrpc-torch-sys`):
-//! libtorch's operator registry, PyTorch's schema matching and its error
-//! texts, called by aten name. Until the agent registers builtins itself,
-//! the tests register the few they call (and Python's `builtins.min`).
+//! Builtin ops run locally for the tests (`op`, `add`), through the op shim
+//! (`wasmrpc-torch-sys`): libtorch's operator registry, PyTorch's schema
+//! matching and its error texts, called by aten name.
+//!
+//! Workers serve these names themselves (`wasmrpc::BuiltinOps`, through
+//! each worker's op policy), so the seed tests that call them by RPC run
+//! under the default op policy; [`OPS`] lists them for reference.
 
-use wasmrpc::{Args, Error, FunctionRegistry, Payload, Result, args};
+use wasmrpc::{Args, Error, Payload, Result, args};
 
 /// The builtin ops the seed tests call by name.
 pub const OPS: &[&str] = &[
@@ -45,11 +48,4 @@ pub fn op(name: &str, args: &Args) -> Result<Payload> {
 /// As [`op`].
 pub fn add(a: &Payload, b: &Payload) -> Result<Payload> {
     op("aten::add", &args![a.clone(), b.clone()])
-}
-
-/// Registers [`OPS`].
-pub fn register(r: &FunctionRegistry) {
-    for name in OPS {
-        r.register_native(*name, move |_ctx, args| async move { op(name, &args) });
-    }
 }

@@ -1,11 +1,12 @@
 //! Helpers shared by the integration tests in `tests/all`.
 //!
-//! - [`register_all`]: what every test worker serves: the seed-fns wasm
-//!   plugin (`plugins/seed-fns`, the seeds' Python user functions as
-//!   `seed_fns::<name>`, loaded once per process, [`seed_fns_plugin`]), the
-//!   aten ops, and the native stand-ins of [`seed_fns`] (`seed::<name>`)
-//!   for what a plugin cannot be (see that module).
-//! - [`aten`]: the builtin ops the tests call (`aten::add`, ...), registered
+//! - [`register_all`]: what every test worker serves besides its builtin
+//!   ops (`aten::add`, which workers serve themselves under the default op
+//!   policy): the seed-fns wasm plugin (`plugins/seed-fns`, the seeds'
+//!   Python user functions as `seed_fns::<name>`, loaded once per process,
+//!   [`seed_fns_plugin`]) and the native stand-ins of [`seed_fns`]
+//!   (`seed::<name>`) for what a plugin cannot be (see that module).
+//! - [`aten`]: builtin ops run locally by the tests (`aten::add`, ...),
 //!   over the op shim (`wasmrpc-torch-sys`: libtorch's registry and schema
 //!   matching).
 //! - [`skips`]: the seed tests not ported, with their reasons.
@@ -56,12 +57,12 @@ pub fn seed_fns_plugin() -> &'static (PluginHost, Arc<Plugin>) {
 }
 
 /// Registers every test function in a worker's registry: the seed-fns
-/// plugin's functions (`seed_fns::<name>`), the aten ops, and the native
-/// stand-ins (`seed::<name>`).
+/// plugin's functions (`seed_fns::<name>`) and the native stand-ins
+/// (`seed::<name>`). Builtin ops (`aten::add`) are the workers' own, under
+/// their op policy.
 pub fn register_all(r: &FunctionRegistry) {
     let (host, plugin) = seed_fns_plugin();
     host.register(plugin, r);
-    aten::register(r);
     seed_fns::register(r);
 }
 

@@ -10,6 +10,7 @@ use super::registry::FunctionRegistry;
 use crate::abi::{Value, WorkerInfo};
 use crate::device::{Device, DeviceMap, DeviceSpec, parse_device, to_device_map};
 use crate::error::{Error, MAX_NAME_LEN, Result, invalid_worker_name_message};
+use crate::ops::OpPolicy;
 use crate::tensor::budget::TensorMemoryBudget;
 use crate::transport::{DEFAULT_MAX_FRAME_SIZE, FaultInjection};
 
@@ -69,6 +70,11 @@ pub struct RpcBackendOptions {
     /// over either fails the call that asked for it with "worker1: tensor
     /// memory budget of N bytes exceeded by aten::zeros (asked M bytes)".
     pub tensor_memory: TensorMemoryBudget,
+    /// Which builtin ops this worker runs for peers and plugins (its op
+    /// policy; see [`OpPolicy`]). Default: [`OpPolicy::shared_default`],
+    /// the tensor-computing families and nothing else; `wasmrpc worker
+    /// --allow-op/--deny-op/--op-policy` build others.
+    pub op_policy: Arc<OpPolicy>,
 }
 
 impl Default for RpcBackendOptions {
@@ -87,6 +93,7 @@ impl Default for RpcBackendOptions {
             init_timeout: Duration::from_secs(300),
             accept_plugin_deployment: false,
             tensor_memory: TensorMemoryBudget::default(),
+            op_policy: OpPolicy::shared_default(),
         }
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! It owns the call's handle table ([`Handles`]) and the per-worker locks
 //! the call holds; tensor ops go to `wasmrpc-torch-sys` on the blocking pool
-//! (OPS-1), RPCs to the agent, globals and locks to the agent's
+//! (OPS-1), through the worker's op policy (POL-1), RPCs to the agent, globals and locks to the agent's
 //! [`state`](super::state). Everything the guest still holds when the call
 //! (and every `then` callback it chained) is over is released on drop.
 //! RRef handles are [`crate::RRef`]s: `remote` and `rref_new` create them,
@@ -33,7 +33,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tch::{Device, Kind, Tensor};
-use wasmrpc_torch_sys::{OpError, call_method, call_op, op_value_from_abi, op_value_into_abi};
+use wasmrpc_torch_sys::{
+    OpError, call_method_gated, call_op_gated, op_value_from_abi, op_value_into_abi,
+};
 
 use crate::ops::in_budget;
 use crate::tensor::budget::CallBudget;
@@ -46,7 +48,7 @@ use super::handles::Handles;
 use super::state::{Globals, Locks, SharedFutures};
 use crate::agent::{Future, RpcAgent};
 use crate::error::Error;
-use crate::ops::run_blocking;
+use crate::ops::{PolicyGate, run_blocking};
 use crate::profiler::{Range, Recording};
 use crate::rref::{RRefProxy, RRefProxyMode};
 
@@ -285,17 +287,24 @@ impl GuestHost for GuestCall {
         let recording = self.recording();
         let profiled = recording.is_some();
         let budget = self.budget.clone();
+        let policy = self.agent.options().op_policy.clone();
+        let worker = self.agent.name().to_owned();
         let (outputs, ops) = run_blocking(move || {
             // Grad mode is per thread: set it where the op runs.
             let _no_grad = (!grad_enabled).then(tch::no_grad_guard);
+            // POL-1: the worker's op policy admits every op a guest names.
+            let gate = PolicyGate {
+                policy: &policy,
+                worker: &worker,
+            };
             // A bare name is a tensor method (`view`, `size`), as Python
             // calls it on a tensor.
             let run = || {
                 in_budget(Some(&budget), &name, || {
                     if name.contains("::") || name.contains('.') {
-                        call_op(&name, &positional, &kwargs)
+                        call_op_gated(&name, &positional, &kwargs, &gate)
                     } else {
-                        call_method(&name, &positional, &kwargs)
+                        call_method_gated(&name, &positional, &kwargs, &gate)
                     }
                 })
             };

@@ -4,8 +4,9 @@
 //! As in PyTorch, a proxy call first learns the value's type
 //! (`_get_type` with the proxy's timeout, cached per user RRef), then calls
 //! the owner's local-invoke function with the same timeout. On the owner,
-//! tensor methods resolve through libtorch's operator registry
-//! (`wasmrpc_torch_sys::call_method_values`, with Python's
+//! tensor methods resolve through libtorch's operator registry, if the
+//! owner's op policy admits them (POL-1)
+//! (`wasmrpc_torch_sys::call_method_values_gated`, with Python's
 //! `'Tensor' object has no attribute` text for unknown methods), and an
 //! object's methods are the object's ([`super::RRefObject`]: a plugin
 //! object runs them one at a time).
@@ -18,6 +19,7 @@ use super::{LOCAL_INVOKE, Owned, RRef, type_name_of};
 use crate::abi::{ErrorKind, Value, WorkerInfo};
 use crate::agent::{Dest, Future, RpcAgent};
 use crate::error::{Error, Result};
+use crate::ops::PolicyGate;
 use crate::value::{Args, Payload};
 
 /// How a proxy returns its results.
@@ -162,7 +164,7 @@ pub(crate) async fn invoke_local(
         Owned::Value(v) => v,
     };
     match &value.value {
-        Value::Tensor(_) => tensor_method(value, method, args),
+        Value::Tensor(_) => tensor_method(agent, value, method, args),
         _ => Err(Error::new(
             ErrorKind::AttributeError,
             format!(
@@ -173,7 +175,7 @@ pub(crate) async fn invoke_local(
     }
 }
 
-fn tensor_method(value: Payload, method: &str, args: Args) -> Result<Payload> {
+fn tensor_method(agent: &RpcAgent, value: Payload, method: &str, args: Args) -> Result<Payload> {
     let mut call = Args::new().arg(value);
     for i in 0..args.positional.len() {
         call = call.arg(args.get(i)?);
@@ -185,17 +187,29 @@ fn tensor_method(value: Payload, method: &str, args: Args) -> Result<Payload> {
     }
     let mut out: Vec<Tensor> = Vec::new();
     let tensors = &call.tensors;
-    let v = wasmrpc_torch_sys::call_method_values(
-        method,
-        &call.positional,
-        &call.kwargs,
-        &mut |i| tensors.get(i as usize).map(Tensor::shallow_clone),
-        &mut |t| {
-            out.push(t);
-            (out.len() - 1) as u32
-        },
-    )
-    .map_err(|e| Error::new(e.kind(), e.to_string()))?;
+    // POL-1: the owner's op policy admits the method's op.
+    let gate = PolicyGate {
+        policy: &agent.options().op_policy,
+        worker: agent.name(),
+    };
+    // BUDGET-1: what the method allocates is charged to this call.
+    let (v, refused) = agent.tensor_budget().call().run(method, || {
+        wasmrpc_torch_sys::call_method_values_gated(
+            method,
+            &call.positional,
+            &call.kwargs,
+            &mut |i| tensors.get(i as usize).map(Tensor::shallow_clone),
+            &mut |t| {
+                out.push(t);
+                (out.len() - 1) as u32
+            },
+            &gate,
+        )
+    });
+    if let Some(e) = refused {
+        return Err(e);
+    }
+    let v = v.map_err(|e| Error::new(e.kind(), e.to_string()))?;
     Ok(Payload {
         value: v,
         tensors: out,

@@ -9,7 +9,8 @@
 //! allocations is `wasmrpc_torch_sys::MemoryBudget`'s.
 //!
 //! What is charged (BUDGET-1): every CPU tensor allocation libtorch makes
-//! while a worker runs a builtin op for a peer or for one of its plugins,
+//! while a worker runs a builtin op for a peer (RRef proxies' tensor
+//! methods included) or for one of its plugins,
 //! while a plugin creates a tensor from its own bytes, and while a frame's
 //! tensors are received from a peer. The worker's budget holds until the
 //! memory is freed, so tensors a peer keeps alive on the worker (in RRefs,

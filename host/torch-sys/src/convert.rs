@@ -8,7 +8,7 @@
 //! with the caller.
 
 use crate::error::OpError;
-use crate::op::{call_method, call_op};
+use crate::op::{AdmitAll, OpGate, call_method_gated, call_op};
 use crate::value::{OpValue, kind_code};
 use tch::{Device, Tensor};
 use wasmrpc_abi::protocol::CallArgs;
@@ -51,12 +51,12 @@ pub fn call_op_values(
 }
 
 /// [`call_op_values`] for a tensor method on `args[0]` (an RRef proxy's
-/// `rref.rpc_sync().view(1, 4)`): see [`call_method`], including its
+/// `rref.rpc_sync().view(1, 4)`): see [`call_method`](crate::call_method), including its
 /// `AttributeError` for unknown methods.
 ///
 /// # Errors
 ///
-/// As for [`call_op_abi`] and [`call_method`].
+/// As for [`call_op_abi`] and [`call_method`](crate::call_method).
 pub fn call_method_values(
     name: &str,
     args: &[Value],
@@ -64,8 +64,25 @@ pub fn call_method_values(
     tensor: &mut impl FnMut(u32) -> Option<Tensor>,
     store: &mut impl FnMut(Tensor) -> u32,
 ) -> Result<Value, OpError> {
+    call_method_values_gated(name, args, kwargs, tensor, store, &AdmitAll)
+}
+
+/// [`call_method_values`], with `gate` deciding whether each op it would
+/// run may run ([`call_method_gated`]).
+///
+/// # Errors
+///
+/// As for [`call_method_values`], and the gate's refusal.
+pub fn call_method_values_gated(
+    name: &str,
+    args: &[Value],
+    kwargs: &[(String, Value)],
+    tensor: &mut impl FnMut(u32) -> Option<Tensor>,
+    store: &mut impl FnMut(Tensor) -> u32,
+    gate: &dyn OpGate,
+) -> Result<Value, OpError> {
     let (args, kwargs) = convert_args(args, kwargs, tensor)?;
-    let outputs = call_method(name, &args, &kwargs)?;
+    let outputs = call_method_gated(name, &args, &kwargs, gate)?;
     Ok(op_value_into_abi(OpValue::from_outputs(outputs), store))
 }
 

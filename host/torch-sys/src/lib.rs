@@ -28,6 +28,12 @@
 //!   order (dispatcher ops first) and runs the first that accepts them.
 //! - [`call_op`] / [`call_method`]: the same by name; `call_op` also serves
 //!   the Python builtins the seeds call ([`BUILTINS`]).
+//! - [`OpGate`]: a check asked before a by-name call runs the op its name
+//!   resolved to ([`call_op_gated`], [`call_method_gated`],
+//!   [`call_method_values_gated`]), with the resolved [`Operator`] (so every
+//!   spelling of a name reaches the gate as the registry's one name) and the
+//!   arguments; the host's op policy is one. [`AdmitAll`] admits anything,
+//!   for the host's own calls.
 //! - [`OpError`]: the Python exception class ([`OpError::kind`]) and
 //!   PyTorch's message: [`NO_MATCHING_SCHEMA`] with every schema tried,
 //!   libtorch's own text when an op raises, `Unknown builtin op: aten::foo`.
@@ -99,12 +105,13 @@ pub use autograd::{GradFn, GradOptions, backward, grad, grad_fn_name};
 pub use budget::{BudgetRefusal, MemoryBudget};
 pub use builtin::BUILTINS;
 pub use convert::{
-    call_method_values, call_op_abi, call_op_values, device_string, op_value_from_abi,
-    op_value_into_abi,
+    call_method_values, call_method_values_gated, call_op_abi, call_op_values, device_string,
+    op_value_from_abi, op_value_into_abi,
 };
 pub use error::{NO_MATCHING_SCHEMA, OpError};
 pub use op::{
-    Operator, WIRE_PREFIX, call_method, call_op, qualified_name, registered_ops, schemas,
+    Admission, AdmitAll, OpGate, Operator, Target, WIRE_PREFIX, call_method, call_method_gated,
+    call_op, call_op_gated, qualified_name, registered_ops, schemas,
 };
 pub use profile::{OpEvent, record_ops};
 pub use value::{MAX_NESTING, OpValue, kind_code, kind_of_code};

@@ -250,6 +250,29 @@ impl Operator {
         args: &[OpValue],
         kwargs: &[(String, OpValue)],
     ) -> Result<&str, OpError> {
+        self.matching_schema_inner(args, kwargs, false)
+    }
+
+    /// [`Operator::matching_schema`] for a tensor method call
+    /// ([`Operator::call_method`]: trailing ints may fill an `int[]`).
+    ///
+    /// # Errors
+    ///
+    /// [`OpError::NoMatchingSchema`] if no overload accepts the arguments.
+    pub fn matching_method_schema(
+        &self,
+        args: &[OpValue],
+        kwargs: &[(String, OpValue)],
+    ) -> Result<&str, OpError> {
+        self.matching_schema_inner(args, kwargs, true)
+    }
+
+    fn matching_schema_inner(
+        &self,
+        args: &[OpValue],
+        kwargs: &[(String, OpValue)],
+        method_varargs: bool,
+    ) -> Result<&str, OpError> {
         let call = Encoded::new(args, kwargs).map_err(|e| e.with_op(self.name()))?;
         let mut index = usize::MAX;
         let mut out = RawOut::empty();
@@ -262,7 +285,7 @@ impl Operator {
                 args.len(),
                 call.names.as_ptr(),
                 call.names.len(),
-                0,
+                i32::from(method_varargs),
                 &mut index,
                 &mut out,
             )
@@ -377,9 +400,79 @@ impl<'a> Encoded<'a> {
     }
 }
 
+/// One op a by-name call is about to run, as an [`OpGate`] sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Admission<'a> {
+    /// What runs: a registered operator, or one of Python's builtins
+    /// ([`BUILTINS`](crate::BUILTINS), which no registry holds).
+    pub target: Target<'a>,
+    /// The call's positional arguments.
+    pub args: &'a [OpValue],
+    /// The call's keyword arguments.
+    pub kwargs: &'a [(String, OpValue)],
+    /// Whether it is called as a tensor method ([`Operator::call_method`]),
+    /// which changes how arguments bind (trailing ints fill an `int[]`).
+    pub method: bool,
+}
+
+/// What an [`Admission`] would run.
+#[derive(Debug, Clone, Copy)]
+pub enum Target<'a> {
+    /// A registered operator (all its overloads): its registry name is
+    /// [`Operator::name`] whichever spelling the caller used.
+    Op(&'a Operator),
+    /// A Python builtin, by its qualified name (`builtins.min`).
+    Builtin(&'a str),
+}
+
+impl Admission<'_> {
+    /// The schema of the overload the call would run (without running it),
+    /// or `None` for a Python builtin.
+    ///
+    /// # Errors
+    ///
+    /// [`OpError::NoMatchingSchema`] if no overload accepts the arguments.
+    pub fn matching_schema(&self) -> Result<Option<&str>, OpError> {
+        match self.target {
+            Target::Builtin(_) => Ok(None),
+            Target::Op(op) => op
+                .matching_schema_inner(self.args, self.kwargs, self.method)
+                .map(Some),
+        }
+    }
+}
+
+/// Decides, before anything runs, whether a by-name call may run the op it
+/// resolved to: [`call_op_gated`] and [`call_method_gated`] ask it once per
+/// op they would run (a method call that falls back from `aten::<name>` to
+/// `prim::<name>` asks for each), after resolving the name and before
+/// calling. Names that resolve to nothing never reach it: they fail with
+/// [`OpError::UnknownOp`] or [`OpError::UnknownMethod`] as before.
+pub trait OpGate {
+    /// `Ok` to run `admission`'s op; an error fails the call with it, and
+    /// nothing runs.
+    ///
+    /// # Errors
+    ///
+    /// Whatever refusal the gate makes.
+    fn admit(&self, admission: &Admission<'_>) -> Result<(), OpError>;
+}
+
+/// The gate of callers that may run anything: the host's own code and
+/// tests, never a name a peer or a guest chose.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AdmitAll;
+
+impl OpGate for AdmitAll {
+    fn admit(&self, _: &Admission<'_>) -> Result<(), OpError> {
+        Ok(())
+    }
+}
+
 /// Calls the builtin named `name` (`aten::add`, `torch.ops.aten.add`, a bare
 /// tensor-op name, or a Python builtin such as `builtins.min`), resolving
-/// the name through the cache. See [`Operator::call`].
+/// the name through the cache. See [`Operator::call`]. Runs whatever the name
+/// resolves to: [`call_op_gated`] is the form for names callers choose.
 ///
 /// # Errors
 ///
@@ -390,10 +483,39 @@ pub fn call_op(
     args: &[OpValue],
     kwargs: &[(String, OpValue)],
 ) -> Result<Vec<OpValue>, OpError> {
-    if let Some(result) = builtin::call(name, args, kwargs) {
-        return result.map(|v| vec![v]);
+    call_op_gated(name, args, kwargs, &AdmitAll)
+}
+
+/// [`call_op`], with `gate` deciding whether the resolved op may run.
+///
+/// # Errors
+///
+/// As for [`call_op`], and the gate's refusal.
+pub fn call_op_gated(
+    name: &str,
+    args: &[OpValue],
+    kwargs: &[(String, OpValue)],
+    gate: &dyn OpGate,
+) -> Result<Vec<OpValue>, OpError> {
+    if crate::builtin::BUILTINS.contains(&name) {
+        gate.admit(&Admission {
+            target: Target::Builtin(name),
+            args,
+            kwargs,
+            method: false,
+        })?;
+        if let Some(result) = builtin::call(name, args, kwargs) {
+            return result.map(|v| vec![v]);
+        }
     }
-    Operator::resolve(name)?.call(args, kwargs)
+    let op = Operator::resolve(name)?;
+    gate.admit(&Admission {
+        target: Target::Op(&op),
+        args,
+        kwargs,
+        method: false,
+    })?;
+    op.call(args, kwargs)
 }
 
 /// Calls the tensor method `name` (`view`, `size`, `sum`, `to`, ...) on
@@ -404,6 +526,8 @@ pub fn call_op(
 /// exists or accepts the arguments, a bare name falls back to
 /// `prim::<name>`. Python-only methods with no operator (`float()`,
 /// `long()`, `tolist()`, `type()`) do not resolve: call `to` with a dtype.
+/// Runs whatever the name resolves to: [`call_method_gated`] is the form
+/// for names callers choose.
 ///
 /// # Errors
 ///
@@ -415,13 +539,49 @@ pub fn call_method(
     args: &[OpValue],
     kwargs: &[(String, OpValue)],
 ) -> Result<Vec<OpValue>, OpError> {
-    let first = Operator::resolve(name).and_then(|op| op.call_method(args, kwargs));
+    call_method_gated(name, args, kwargs, &AdmitAll)
+}
+
+/// [`call_method`], with `gate` deciding whether each op it would run
+/// (`aten::<name>`, then the `prim::<name>` fallback) may run.
+///
+/// # Errors
+///
+/// As for [`call_method`], and the gate's refusal: a refused `aten::` op
+/// fails the call at once (no fallback); a refused fallback is reported
+/// as the `aten::` error would be, or as the refusal when no `aten::` op
+/// exists.
+pub fn call_method_gated(
+    name: &str,
+    args: &[OpValue],
+    kwargs: &[(String, OpValue)],
+    gate: &dyn OpGate,
+) -> Result<Vec<OpValue>, OpError> {
+    let admit = |op: &Operator| {
+        gate.admit(&Admission {
+            target: Target::Op(op),
+            args,
+            kwargs,
+            method: true,
+        })
+    };
+    let first = match Operator::resolve(name) {
+        Ok(op) => {
+            // A refusal is the answer: falling back to another op after it
+            // would make refusing one op a way to reach another.
+            admit(&op)?;
+            op.call_method(args, kwargs)
+        }
+        Err(e) => Err(e),
+    };
     match first {
         Err(OpError::UnknownOp { .. } | OpError::NoMatchingSchema { .. })
             if !name.contains("::") =>
         {
-            let fallback = Operator::resolve(&format!("prim::{name}"))
-                .and_then(|op| op.call_method(args, kwargs));
+            let fallback = Operator::resolve(&format!("prim::{name}")).and_then(|op| {
+                admit(&op)?;
+                op.call_method(args, kwargs)
+            });
             match (first, fallback) {
                 (_, Ok(out)) => Ok(out),
                 (Err(OpError::UnknownOp { .. }), Err(OpError::UnknownOp { .. })) => {

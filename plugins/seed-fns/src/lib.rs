@@ -933,3 +933,12 @@ fn tensor_from_bytes(elements: i64) -> Result<Tensor> {
 fn echo(data: Value) -> Value {
     data
 }
+
+/// `run_op(name, args)`: the host op `name` run on `args` from inside this
+/// plugin (`Tensor::op`; a bare name is a tensor method), its result
+/// returned as is. The sandbox tests (`rpc_test::sandbox`) name ops the
+/// worker's op policy refuses through it, as a hostile plugin would.
+#[remote]
+fn run_op(name: String, args: Vec<Value>) -> Result<Value> {
+    Tensor::op(&name, args, &[])
+}

@@ -1,5 +1,6 @@
 //! Native stand-ins for `dist_autograd_test`'s Python functions, the
-//! builtin ops it calls by name, and its helpers (`_verify_backwards`,
+//! builtin ops it runs locally (workers serve them by name themselves,
+//! under the default op policy), and its helpers (`_verify_backwards`,
 //! `_all_contexts_cleaned_up`, the per-worker `rpc_done` globals).
 
 use std::collections::HashSet;
@@ -13,19 +14,6 @@ use wasmrpc::testing::{Cluster, ClusterBuilder, worker_name};
 use wasmrpc::{
     Args, CallContext, Error, FunctionRegistry, Payload, Result, RpcAgent, args, autograd,
 };
-
-/// The builtin ops the suite calls, by aten name, run through libtorch's
-/// operator registry.
-pub(super) const BUILTINS: &[&str] = &[
-    "aten::matmul",
-    "aten::bmm",
-    "aten::stack",
-    "aten::split",
-    "aten::linalg_multi_dot",
-    "aten::cos",
-    "aten::div",
-    "aten::linear",
-];
 
 /// Runs builtin `name` on `args` here, through libtorch's operator
 /// registry (what a callee does for a builtin RPC).
@@ -203,12 +191,6 @@ async fn rpc_tensor(agent: &RpcAgent, to: String, f: &str, a: Args) -> Result<Te
 pub(super) fn register(r: &FunctionRegistry) {
     crate_support::register_all(r);
     super::optim::register(r);
-    for name in BUILTINS {
-        r.register_native(
-            *name,
-            move |_ctx, args| async move { call_builtin(name, args) },
-        );
-    }
     r.register_native("seed::my_py_add", |_c, a| async move {
         Ok(my_py_add(&t(&a, 0)?, &t(&a, 1)?)?.into())
     });
