@@ -114,5 +114,5 @@ pub use plugin::{
 pub use remote_module::RemoteModule;
 pub use rref::{RRef, RRefId, RRefProxy, RRefProxyMode, rref_debug_info_function};
 pub use tensor::budget::{TensorMemoryBudget, machine_memory, parse_bytes};
-pub use transport::{FaultInjection, MessageKind};
+pub use transport::{CertificateAuthority, FaultInjection, MessageKind, TlsCredentials};
 pub use value::{Args, Payload};

@@ -9,7 +9,10 @@
 //!   Storages are written from tensor memory with vectored writes and read
 //!   into fresh tensor memory; nothing is copied through a buffer.
 //! - `handshake`: mutual authentication with the cluster secret (HMAC-SHA256
-//!   over both sides' nonces) before any frame is accepted.
+//!   over both sides' nonces) before any frame is accepted. The secret comes
+//!   from the operator only, never from the store (`agent::rendezvous`,
+//!   RDV-3); a worker without one runs unauthenticated, which only loopback
+//!   addresses allow unless `--insecure`.
 //! - `tcp`: one connection per pair of workers, opened lazily by whichever
 //!   side sends first and used in both directions; `TCP_NODELAY` on.
 //! - `fault`: make the first N sends of given message kinds fail, or delay
@@ -20,7 +23,8 @@
 //!   oversized frame closes only its connection, with a logged `tracing`
 //!   error.
 //! - TR-2: no frame is read from a connection before the handshake proved the
-//!   peer knows the cluster secret.
+//!   peer knows the cluster secret (the empty secret of an unauthenticated
+//!   worker proves nothing, and matches no other secret).
 //! - TR-3: frames on one connection are delivered in the order they were
 //!   queued.
 //! - TR-4: when a connection closes, its handler hears of it exactly once, so
@@ -37,17 +41,24 @@ mod frame;
 mod handshake;
 mod message;
 mod tcp;
+mod tls;
 
 pub use fault::FaultInjection;
 pub use message::{AutogradEnvelope, GloballyUniqueId, Message, MessageKind, ProfiledEvent};
 
 pub(crate) use frame::OutFrame;
-pub(crate) use handshake::random_bytes;
+pub use handshake::generate_secret;
 pub(crate) use tcp::{Connection, Handler, Transport, TransportConfig};
+pub(crate) use tls::TlsEndpoints;
+pub use tls::{
+    CertificateAuthority, TLS_CA_ENV, TLS_CA_PEM_ENV, TLS_CERT_ENV, TLS_CERT_PEM_ENV, TLS_KEY_ENV,
+    TLS_KEY_PEM_ENV, TlsCredentials, worker_dns_name,
+};
 
 /// Handshake helpers for tests that play a foreign peer.
 pub mod probe {
     pub use super::handshake::{connect, probe};
+    pub use super::tls::{TlsProbe, probe_tls};
 }
 
 /// The default maximum size of one frame (header plus storages): 2 GiB.

@@ -35,6 +35,7 @@ mod extra;
 mod memory_budget;
 mod profiling;
 mod rref;
+mod transport_security;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -37,12 +37,18 @@
 //! and every connection is authenticated by the HMAC handshake on the
 //! cluster secret before any message is read (`transport::handshake`;
 //! `rpc_test::extra::test_unauthenticated_peer_is_refused` shows a peer
-//! without the secret cannot connect). Plugins run sandboxed, with only the
+//! without the secret cannot connect). The secret is the operator's
+//! (options, `WASMRPC_CLUSTER_SECRET`, `--cluster-secret-file`), never the
+//! store's. A worker without credentials (loopback or `--insecure`) is
+//! unauthenticated: anyone who reaches it may deploy if it accepts
+//! deployments, and its store entries are signed under the empty key, which
+//! anyone can compute. Plugins run sandboxed, with only the
 //! host API every peer can already reach through calls.
 //!
 //! Late joiners of a dynamic group: a deployment that at least one worker
 //! accepted is also published in the group's store (`rpc/plugins/count`,
-//! `rpc/plugins/{i}` → sha256 and its HMAC-SHA256 under the cluster secret,
+//! `rpc/plugins/{i}` → sha256 and its HMAC-SHA256 under the cluster secret
+//! (a MAC: it reveals nothing of the secret),
 //! `rpc/plugins/sha256/{hex}` → bytes; static groups, which nobody joins
 //! later, publish nothing). The HMAC keeps the store (unauthenticated, as
 //! PyTorch's TCPStore is) from being a way around the handshake: a joiner
