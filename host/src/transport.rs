@@ -15,6 +15,9 @@
 //!   addresses allow unless `--insecure`.
 //! - `tcp`: one connection per pair of workers, opened lazily by whichever
 //!   side sends first and used in both directions; `TCP_NODELAY` on.
+//! - `tls`: TLS 1.3 with mutual authentication (rustls, ring) when the
+//!   worker has TLS credentials; certificates that name their worker; the
+//!   cluster CA and worker certificates (`CertificateAuthority`).
 //! - `fault`: make the first N sends of given message kinds fail, or delay
 //!   them, for the seeds' faulty-agent tests.
 //!
@@ -34,7 +37,16 @@
 //!   waiting (the common small call: no task switch, no wake-up); otherwise
 //!   it, and every frame after it, goes through the connection's writer
 //!   task, which owns the write half until its queue is empty. A frame is
-//!   never split between two writers.
+//!   never split between two writers. Over TLS every frame goes through the
+//!   writer task, which flushes once its queue is empty.
+//! - TR-6: a refused connection (bad handshake, bad certificate, timeout)
+//!   is one WARN line, and at most one such line per second per worker,
+//!   counting the refusals suppressed since the last; the cause never
+//!   includes a secret.
+//! - TR-7 (TLS): see `tls` (TLS-1 to TLS-3): with TLS credentials, no byte
+//!   of the agent's protocol is read before the peer proved a certificate
+//!   of the cluster CA, and a peer only passes under the name its
+//!   certificate gives.
 
 mod fault;
 mod frame;
@@ -58,7 +70,7 @@ pub use tls::{
 /// Handshake helpers for tests that play a foreign peer.
 pub mod probe {
     pub use super::handshake::{connect, probe};
-    pub use super::tls::{TlsProbe, probe_tls};
+    pub use super::tls::{TlsProbe, connect_tls, probe_tls};
 }
 
 /// The default maximum size of one frame (header plus storages): 2 GiB.

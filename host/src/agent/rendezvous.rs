@@ -155,6 +155,7 @@ fn internal_registry() -> FunctionRegistry {
     crate::optim::register(&r);
     crate::autograd::register(&r);
     crate::profiler::register(&r);
+    crate::plugin::deploy::register(&r);
     r.register_native(
         super::NOOP,
         |_ctx, _args| async move { Ok(Payload::none()) },

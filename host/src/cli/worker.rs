@@ -96,11 +96,18 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         ..RpcBackendOptions::default()
     };
     args.credentials.apply(&mut credentials)?;
-    let name_hint = args.name.clone().unwrap_or_else(|| match args.rank {
-        Some(rank) => format!("worker{rank}"),
-        None => "worker".into(),
-    });
-    credentials.check_credentials(&name_hint)?;
+    // The name is known here unless the rank comes from the rendezvous;
+    // `init_rpc` checks again in any case.
+    let rank_env = std::env::var("RANK")
+        .ok()
+        .and_then(|r| r.trim().parse::<u32>().ok());
+    let name_hint = args
+        .name
+        .clone()
+        .or_else(|| args.rank.or(rank_env).map(|r| format!("worker{r}")));
+    if let Some(name) = &name_hint {
+        credentials.check_credentials(name)?;
+    }
     // Before the rendezvous: a worker that cannot serve its plugins should
     // not join a group it would leave at once.
     super::check_plugin_paths(&args.plugins)?;

@@ -198,6 +198,35 @@ pub(crate) struct Transport {
     accept_task: Mutex<Option<JoinHandle<()>>>,
     next_id: AtomicU64,
     shut: AtomicBool,
+    refusals: RefusalLog,
+}
+
+/// TR-6: refused connections are logged as WARN lines, at most one per
+/// [`REFUSAL_LOG_INTERVAL`]; the next line logged counts those suppressed
+/// in between, so a flood of bad connections cannot flood the log.
+#[derive(Default)]
+pub(crate) struct RefusalLog {
+    /// When the last line was logged, and how many refusals since.
+    state: Mutex<(Option<std::time::Instant>, u64)>,
+}
+
+/// The shortest time between two refusal lines.
+pub(crate) const REFUSAL_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl RefusalLog {
+    /// Notes a refusal at `now`: `Some(n)` when it is to be logged, `n`
+    /// refusals having been suppressed since the last line; `None` when it
+    /// is suppressed.
+    pub(crate) fn note(&self, now: std::time::Instant) -> Option<u64> {
+        let mut state = lock(&self.state);
+        let (last, suppressed) = &mut *state;
+        if last.is_some_and(|l| now.duration_since(l) < REFUSAL_LOG_INTERVAL) {
+            *suppressed += 1;
+            return None;
+        }
+        *last = Some(now);
+        Some(std::mem::take(suppressed))
+    }
 }
 
 impl Transport {
@@ -228,11 +257,29 @@ impl Transport {
             accept_task: Mutex::new(None),
             next_id: AtomicU64::new(1),
             shut: AtomicBool::new(false),
+            refusals: RefusalLog::default(),
         });
         let weak = Arc::downgrade(&t);
         let task = tokio::spawn(accept_loop(listener, weak));
         *lock(&t.accept_task) = Some(task);
         Ok(t)
+    }
+
+    /// Logs a refused connection from `from` (TR-6).
+    fn refused(&self, from: SocketAddr, why: &str) {
+        let Some(suppressed) = self.refusals.note(std::time::Instant::now()) else {
+            return;
+        };
+        let name = &self.cfg.name;
+        if suppressed == 0 {
+            tracing::warn!(worker = %name, %from, "refused connection: {why}");
+        } else {
+            tracing::warn!(
+                worker = %name,
+                %from,
+                "refused connection: {why} ({suppressed} more refused since the last such line)"
+            );
+        }
     }
 
     /// The address peers dial.
@@ -530,10 +577,8 @@ async fn accept_loop(listener: TcpListener, t: Weak<Transport>) {
                         tr.start(stream, who);
                     }
                 }
-                Ok(Err(e)) => tracing::error!(worker = %name, %from, "refused connection: {e}"),
-                Err(_) => {
-                    tracing::error!(worker = %name, %from, "refused connection: handshake timed out")
-                }
+                Ok(Err(e)) => tr.refused(from, &e.to_string()),
+                Err(_) => tr.refused(from, "handshake timed out"),
             }
         });
     }
@@ -634,5 +679,23 @@ async fn reader_loop(
     };
     if let Some(tr) = t.upgrade() {
         tr.close(&conn, &reason);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_logged_at_most_once_per_interval_with_a_count() {
+        let log = RefusalLog::default();
+        let t0 = std::time::Instant::now();
+        assert_eq!(log.note(t0), Some(0));
+        let logged = (1..200)
+            .filter_map(|i| log.note(t0 + std::time::Duration::from_millis(i * 4)))
+            .count();
+        assert_eq!(logged, 0, "199 refusals within a second were logged");
+        assert_eq!(log.note(t0 + REFUSAL_LOG_INTERVAL), Some(199));
+        assert_eq!(log.note(t0 + REFUSAL_LOG_INTERVAL * 3), Some(0));
     }
 }

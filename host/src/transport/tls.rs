@@ -364,22 +364,18 @@ pub struct TlsProbe {
     pub server: String,
 }
 
-/// Dials `addr` over TLS as `tls` says, runs the dialer's handshake as
-/// `name` with `secret`, then waits up to `linger` for the acceptor to keep
-/// the connection open: `Ok(())` only if the acceptor took the peer. Tests
-/// use it to play peers with no, foreign or mislabelled certificates.
+/// Dials `addr` over TLS as `tls` says and runs the dialer's handshake as
+/// `name` with `secret`; returns the stream, on which the acceptor now
+/// expects frames. Tests use it to play a misbehaving TLS peer.
 ///
 /// # Errors
-/// Fails if the connection, TLS, or the handshake fails, or the acceptor
-/// closes the connection after the handshake.
-pub async fn probe_tls(
+/// Fails if the connection, TLS, or the handshake fails.
+pub async fn connect_tls(
     addr: std::net::SocketAddr,
     tls: &TlsProbe,
     secret: &[u8],
     name: &str,
-    linger: std::time::Duration,
-) -> Result<()> {
-    use tokio::io::AsyncReadExt;
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
     let roots = {
         let mut roots = RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(tls.ca_pem.as_bytes()) {
@@ -408,6 +404,25 @@ pub async fn probe_tls(
         .await
         .map_err(|e| Error::runtime(format!("TLS with {addr} failed: {e}")))?;
     super::handshake::client(&mut stream, secret, name, u32::MAX).await?;
+    Ok(stream)
+}
+
+/// [`connect_tls`], then waits up to `linger` for the acceptor to keep the
+/// connection open: `Ok(())` only if the acceptor took the peer. Tests use
+/// it to play peers with no, foreign or mislabelled certificates.
+///
+/// # Errors
+/// Fails if the connection, TLS, or the handshake fails, or the acceptor
+/// closes the connection after the handshake.
+pub async fn probe_tls(
+    addr: std::net::SocketAddr,
+    tls: &TlsProbe,
+    secret: &[u8],
+    name: &str,
+    linger: std::time::Duration,
+) -> Result<()> {
+    use tokio::io::AsyncReadExt;
+    let mut stream = connect_tls(addr, tls, secret, name).await?;
     let mut byte = [0u8; 1];
     match tokio::time::timeout(linger, stream.read(&mut byte)).await {
         Err(_) | Ok(Ok(1..)) => Ok(()),
