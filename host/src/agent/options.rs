@@ -25,8 +25,9 @@ pub const DEFAULT_INIT_METHOD: &str = "env://";
 /// secret it generates this way.
 pub const CLUSTER_SECRET_ENV: &str = "WASMRPC_CLUSTER_SECRET";
 
-/// The agent's options (`TensorPipeRpcBackendOptions`).
-#[derive(Clone, Debug)]
+/// The agent's options (`TensorPipeRpcBackendOptions`). Their `Debug`
+/// output never shows the cluster secret or a key.
+#[derive(Clone)]
 pub struct RpcBackendOptions {
     /// The default timeout of calls; `Duration::ZERO` means none.
     pub rpc_timeout: Duration,
@@ -92,6 +93,31 @@ pub struct RpcBackendOptions {
     /// over either fails the call that asked for it with "worker1: tensor
     /// memory budget of N bytes exceeded by aten::zeros (asked M bytes)".
     pub tensor_memory: TensorMemoryBudget,
+}
+
+impl std::fmt::Debug for RpcBackendOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RpcBackendOptions")
+            .field("rpc_timeout", &self.rpc_timeout)
+            .field("num_worker_threads", &self.num_worker_threads)
+            .field("init_method", &self.init_method)
+            .field("listen_addr", &self.listen_addr)
+            .field("max_frame_size", &self.max_frame_size)
+            .field(
+                "cluster_secret",
+                &self.cluster_secret.as_ref().map(|_| "<redacted>"),
+            )
+            .field("insecure", &self.insecure)
+            .field("tls", &self.tls)
+            .field("registry", &self.registry)
+            .field("faults", &self.faults)
+            .field("device_maps", &self.device_maps)
+            .field("devices", &self.devices)
+            .field("init_timeout", &self.init_timeout)
+            .field("accept_plugin_deployment", &self.accept_plugin_deployment)
+            .field("tensor_memory", &self.tensor_memory)
+            .finish()
+    }
 }
 
 impl Default for RpcBackendOptions {
@@ -336,5 +362,59 @@ impl From<&Value> for Dest {
 impl From<Value> for Dest {
     fn from(v: Value) -> Self {
         Dest::from(&v)
+    }
+}
+
+#[cfg(test)]
+mod credential_tests {
+    use super::*;
+
+    #[test]
+    fn debug_output_never_shows_the_secret_or_a_key() {
+        let ca = crate::CertificateAuthority::generate().unwrap();
+        let o = RpcBackendOptions {
+            cluster_secret: Some(b"hunter2-secret".to_vec()),
+            tls: Some(ca.credentials_for("worker0").unwrap()),
+            ..RpcBackendOptions::default()
+        };
+        let shown = format!("{o:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(!shown.contains("104, 117"), "{shown}"); // "hu" as bytes
+        assert!(!shown.contains("PRIVATE"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
+    }
+
+    #[test]
+    fn no_credentials_are_refused_off_loopback_unless_insecure() {
+        let o = RpcBackendOptions {
+            listen_addr: "0.0.0.0:0".parse().unwrap(),
+            ..RpcBackendOptions::default()
+        };
+        // The test process has no WASMRPC_CLUSTER_SECRET or WASMRPC_TLS_*.
+        let e = o.check_credentials("w").unwrap_err();
+        assert!(e.message().contains("not a loopback address"), "{e}");
+        let insecure = RpcBackendOptions {
+            insecure: true,
+            ..o.clone()
+        };
+        insecure.check_credentials("w").unwrap();
+        let with_secret = RpcBackendOptions {
+            cluster_secret: Some(b"s".to_vec()),
+            ..o.clone()
+        };
+        with_secret.check_credentials("w").unwrap();
+        let empty = RpcBackendOptions {
+            cluster_secret: Some(Vec::new()),
+            ..o
+        };
+        assert!(empty.check_credentials("w").is_err());
+        // TLS credentials must name the worker.
+        let ca = crate::CertificateAuthority::generate().unwrap();
+        let tls = RpcBackendOptions {
+            tls: Some(ca.credentials_for("w").unwrap()),
+            ..RpcBackendOptions::default()
+        };
+        tls.check_credentials("w").unwrap();
+        assert!(tls.check_credentials("other").is_err());
     }
 }

@@ -364,3 +364,51 @@ fn test_tls_only_group_installs_only_deployments_a_member_vouches_for() {
         Ok(())
     });
 }
+
+#[test]
+fn test_a_flood_of_refused_connections_logs_a_few_warn_lines() {
+    use tokio::io::AsyncWriteExt;
+    let logs = wasmrpc::testing::global_logs();
+    timed(async {
+        let c = cluster(2).start().await?;
+        let addr = c.agent(1).local_addr().context("no address")?;
+        let started = std::time::Instant::now();
+        let floods: Vec<_> = (0..200)
+            .map(|_| {
+                tokio::spawn(async move {
+                    let mut s = tokio::net::TcpStream::connect(addr).await?;
+                    // A handshake length over the limit: refused at once.
+                    s.write_all(&[0xff, 0xff, 0, 0]).await?;
+                    let mut buf = [0u8; 16];
+                    // Wait for the worker to close it.
+                    while tokio::io::AsyncReadExt::read(&mut s, &mut buf).await? > 0 {}
+                    anyhow::Ok(())
+                })
+            })
+            .collect();
+        for f in floods {
+            // A reset is also a refusal.
+            let _ = f.await?;
+        }
+        let elapsed = started.elapsed();
+        still_serves(c.agent(0), "worker1").await?;
+        c.shutdown().await?;
+        let text = logs.text();
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("refused connection"))
+            .collect();
+        ensure!(!lines.is_empty(), "no refusal was logged:\n{text}");
+        ensure!(
+            lines.iter().all(|l| l.contains("WARN")),
+            "refusals are not WARN lines: {lines:?}"
+        );
+        // At most one line per second (plus the first).
+        ensure!(
+            lines.len() as u64 <= 1 + elapsed.as_secs(),
+            "{} refusal lines in {elapsed:?}: {lines:?}",
+            lines.len()
+        );
+        Ok(())
+    });
+}
