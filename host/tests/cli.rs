@@ -142,6 +142,7 @@ fn cert_init_and_issue_make_credentials_that_workers_run_tls_with() {
     assert!(!out.status.success(), "{stdout}\n{stderr}");
     assert!(stderr.contains("another name"), "{stderr}");
 
+    // `{name}` in a path becomes the worker's name (one setting per machine).
     let mut w1 = Command::new(env!("CARGO_BIN_EXE_wasmrpc"));
     w1.args([
         "worker",
@@ -152,7 +153,7 @@ fn cert_init_and_issue_make_credentials_that_workers_run_tls_with() {
         "--init-method",
         &url,
     ])
-    .args(tls("worker1"))
+    .args(tls("{name}"))
     .env("RUST_LOG", "info");
     for var in CREDENTIAL_ENV {
         w1.env_remove(var);
@@ -315,6 +316,51 @@ fn torchrun_runs_wasmrpc_workers_on_its_agent_store() {
     assert!(
         stdout.contains("worker1 -> worker0: answered"),
         "{stdout}\n{stderr}"
+    );
+
+    // TLS under torchrun: one environment for every worker, `{name}` in the
+    // certificate paths.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = |p: &str| dir.path().join(p).to_str().expect("UTF-8").to_string();
+    let out = wasmrpc(
+        &["cert", "init", "--out", &path("ca")],
+        Duration::from_secs(30),
+    );
+    assert!(out.status.success(), "{:?}", text(&out));
+    for name in ["worker0", "worker1"] {
+        let out = wasmrpc(
+            &[
+                "cert",
+                "issue",
+                name,
+                "--ca",
+                &path("ca"),
+                "--out",
+                &path("certs"),
+            ],
+            Duration::from_secs(30),
+        );
+        assert!(out.status.success(), "{:?}", text(&out));
+    }
+    let mut cmd = Command::new(&torchrun);
+    cmd.args(["--no-python", "--standalone", "--nproc-per-node", "2"])
+        .arg(env!("CARGO_BIN_EXE_wasmrpc"))
+        .args(["worker", "--ping-all"])
+        .env("WASMRPC_TLS_CA", path("ca/ca.pem"))
+        .env("WASMRPC_TLS_CERT", path("certs/{name}.pem"))
+        .env("WASMRPC_TLS_KEY", path("certs/{name}.key"))
+        .env("RUST_LOG", "info");
+    let out = run_with_deadline(&mut cmd, Duration::from_secs(120));
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "torchrun failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("worker0 -> worker1: answered")
+            && stdout.contains("worker1 -> worker0: answered"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("connections: TLS 1.3 with mutual authentication"),
+        "{stderr}"
     );
 }
 

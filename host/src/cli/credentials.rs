@@ -42,7 +42,9 @@ pub(crate) struct CredentialArgs {
     )]
     tls_ca: Option<PathBuf>,
     /// TLS: this worker's certificate (PEM; `wasmrpc cert issue NAME`). It
-    /// must name this worker.
+    /// must name this worker. `{name}` in the path is replaced by the
+    /// worker's name, so one setting serves every worker of a machine
+    /// (e.g. under torchrun: `certs/{name}.pem`).
     #[arg(
         long,
         value_name = "FILE",
@@ -51,6 +53,7 @@ pub(crate) struct CredentialArgs {
     )]
     tls_cert: Option<PathBuf>,
     /// TLS: this worker's private key (PEM), readable by its owner only.
+    /// `{name}` in the path is replaced by the worker's name.
     #[arg(
         long,
         value_name = "FILE",
@@ -61,18 +64,38 @@ pub(crate) struct CredentialArgs {
 }
 
 impl CredentialArgs {
-    /// Puts these credentials into `options`.
+    /// Puts these credentials into `options`, for worker `name` when known
+    /// (it replaces `{name}` in the TLS paths).
     ///
     /// # Errors
     /// A secret file that cannot be read, is readable by group or others,
-    /// or is empty.
-    pub(crate) fn apply(&self, options: &mut RpcBackendOptions) -> Result<()> {
+    /// or is empty; a TLS path with `{name}` when the name is not known;
+    /// TLS files that cannot be read or used.
+    pub(crate) fn apply(&self, options: &mut RpcBackendOptions, name: Option<&str>) -> Result<()> {
         if let Some(file) = &self.cluster_secret_file {
             options.cluster_secret = Some(read_secret_file(file)?);
         }
         options.insecure = self.insecure;
         if let (Some(ca), Some(cert), Some(key)) = (&self.tls_ca, &self.tls_cert, &self.tls_key) {
-            options.tls = Some(wasmrpc::TlsCredentials::from_files(ca, cert, key)?);
+            let expand = |path: &Path| -> Result<PathBuf> {
+                let text = path.to_string_lossy();
+                if !text.contains("{name}") {
+                    return Ok(path.to_path_buf());
+                }
+                match name {
+                    Some(name) => Ok(PathBuf::from(text.replace("{name}", name))),
+                    None => bail!(
+                        "{} names the worker ({{name}}) but the worker's name is not known \
+                         before the rendezvous: give --name or --rank (or RANK)",
+                        path.display()
+                    ),
+                }
+            };
+            options.tls = Some(wasmrpc::TlsCredentials::from_files(
+                ca,
+                expand(cert)?,
+                expand(key)?,
+            )?);
         }
         Ok(())
     }

@@ -105,7 +105,7 @@ async fn deploy(args: DeployArgs) -> Result<ExitCode> {
         init_timeout: args.init_timeout,
         ..RpcBackendOptions::default()
     };
-    args.credentials.apply(&mut options)?;
+    args.credentials.apply(&mut options, Some(&name))?;
     let store = super::dynamic_store(&args.init_method, rank, args.init_timeout).await?;
     let agent = init_rpc(&name, Some(rank), None, store, options)
         .await

@@ -95,7 +95,6 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         listen_addr: args.listen,
         ..RpcBackendOptions::default()
     };
-    args.credentials.apply(&mut credentials)?;
     // The name is known here unless the rank comes from the rendezvous;
     // `init_rpc` checks again in any case.
     let rank_env = std::env::var("RANK")
@@ -105,6 +104,8 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         .name
         .clone()
         .or_else(|| args.rank.or(rank_env).map(|r| format!("worker{r}")));
+    args.credentials
+        .apply(&mut credentials, name_hint.as_deref())?;
     if let Some(name) = &name_hint {
         credentials.check_credentials(name)?;
     }
