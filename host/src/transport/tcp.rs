@@ -202,8 +202,9 @@ pub(crate) struct Transport {
 }
 
 /// TR-6: refused connections are logged as WARN lines, at most one per
-/// [`REFUSAL_LOG_INTERVAL`]; the next line logged counts those suppressed
-/// in between, so a flood of bad connections cannot flood the log.
+/// [`REFUSAL_LOG_INTERVAL`]; refusals in between are counted, and the count
+/// is logged one interval after the first of them, so a flood of bad
+/// connections cannot flood the log and is still reported.
 #[derive(Default)]
 pub(crate) struct RefusalLog {
     /// When the last line was logged, and how many refusals since.
@@ -214,19 +215,45 @@ pub(crate) struct RefusalLog {
 pub(crate) const REFUSAL_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl RefusalLog {
-    /// Notes a refusal at `now`: `Some(n)` when it is to be logged, `n`
-    /// refusals having been suppressed since the last line; `None` when it
-    /// is suppressed.
-    pub(crate) fn note(&self, now: std::time::Instant) -> Option<u64> {
+    /// Notes a refusal at `now`.
+    pub(crate) fn note(&self, now: std::time::Instant) -> Refusal {
         let mut state = lock(&self.state);
         let (last, suppressed) = &mut *state;
         if last.is_some_and(|l| now.duration_since(l) < REFUSAL_LOG_INTERVAL) {
             *suppressed += 1;
+            return if *suppressed == 1 {
+                Refusal::FirstSuppressed
+            } else {
+                Refusal::Suppressed
+            };
+        }
+        *last = Some(now);
+        Refusal::Log(std::mem::take(suppressed))
+    }
+
+    /// At `now`, one interval after a first suppressed refusal: the number
+    /// suppressed since the last line, if any (they count as a line).
+    pub(crate) fn flush(&self, now: std::time::Instant) -> Option<u64> {
+        let mut state = lock(&self.state);
+        let (last, suppressed) = &mut *state;
+        if *suppressed == 0 {
             return None;
         }
         *last = Some(now);
         Some(std::mem::take(suppressed))
     }
+}
+
+/// What [`RefusalLog::note`] says to do with a refusal.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// Log it, with the number suppressed since the last line.
+    Log(u64),
+    /// Count it; it is the first counted since the last line, so schedule
+    /// a [`RefusalLog::flush`].
+    FirstSuppressed,
+    /// Count it.
+    Suppressed,
 }
 
 impl Transport {
@@ -266,11 +293,26 @@ impl Transport {
     }
 
     /// Logs a refused connection from `from` (TR-6).
-    fn refused(&self, from: SocketAddr, why: &str) {
-        let Some(suppressed) = self.refusals.note(std::time::Instant::now()) else {
-            return;
-        };
+    fn refused(self: &Arc<Self>, from: SocketAddr, why: &str) {
         let name = &self.cfg.name;
+        let suppressed = match self.refusals.note(std::time::Instant::now()) {
+            Refusal::Log(n) => n,
+            Refusal::Suppressed => return,
+            Refusal::FirstSuppressed => {
+                let t = Arc::downgrade(self);
+                tokio::spawn(async move {
+                    tokio::time::sleep(REFUSAL_LOG_INTERVAL).await;
+                    let Some(t) = t.upgrade() else { return };
+                    if let Some(n) = t.refusals.flush(std::time::Instant::now()) {
+                        tracing::warn!(
+                            worker = %t.cfg.name,
+                            "refused {n} more connections in the last second"
+                        );
+                    }
+                });
+                return;
+            }
+        };
         if suppressed == 0 {
             tracing::warn!(worker = %name, %from, "refused connection: {why}");
         } else {
@@ -690,12 +732,20 @@ mod tests {
     fn refusals_are_logged_at_most_once_per_interval_with_a_count() {
         let log = RefusalLog::default();
         let t0 = std::time::Instant::now();
-        assert_eq!(log.note(t0), Some(0));
-        let logged = (1..200)
-            .filter_map(|i| log.note(t0 + std::time::Duration::from_millis(i * 4)))
-            .count();
-        assert_eq!(logged, 0, "199 refusals within a second were logged");
-        assert_eq!(log.note(t0 + REFUSAL_LOG_INTERVAL), Some(199));
-        assert_eq!(log.note(t0 + REFUSAL_LOG_INTERVAL * 3), Some(0));
+        let ms = |i: u64| t0 + std::time::Duration::from_millis(i);
+        assert_eq!(log.note(t0), Refusal::Log(0));
+        assert_eq!(log.note(ms(4)), Refusal::FirstSuppressed);
+        for i in 2..200 {
+            assert_eq!(log.note(ms(i * 4)), Refusal::Suppressed);
+        }
+        assert_eq!(log.note(t0 + REFUSAL_LOG_INTERVAL), Refusal::Log(199));
+        assert_eq!(log.note(t0 + REFUSAL_LOG_INTERVAL * 3), Refusal::Log(0));
+        // Refusals that no later one reports are flushed once.
+        assert_eq!(log.note(ms(3100)), Refusal::FirstSuppressed);
+        assert_eq!(log.note(ms(3200)), Refusal::Suppressed);
+        assert_eq!(log.flush(ms(4004)), Some(2));
+        assert_eq!(log.flush(ms(4005)), None);
+        // The flush counts as a line: the next refusal within a second waits.
+        assert_eq!(log.note(ms(4500)), Refusal::FirstSuppressed);
     }
 }
