@@ -36,7 +36,15 @@
 //!   A process-wide [`current_agent`] is optional.
 //! - **Store** ([`store::Store`]): the c10d key-value store workers meet
 //!   through. Rendezvous costs each worker a constant number of store round
-//!   trips; after it, workers talk directly over TCP.
+//!   trips; after it, workers talk directly over TCP. The store is
+//!   unauthenticated (PyTorch's protocol) and holds nothing secret.
+//! - **Credentials** ([`TlsCredentials`], [`CertificateAuthority`],
+//!   [`RpcBackendOptions::cluster_secret`]): every connection between agents
+//!   is TLS 1.3 with mutual authentication and certificates that name their
+//!   worker, or authenticated with a cluster secret; both come from the
+//!   operator only (options, environment, `wasmrpc worker` flags). Without
+//!   any, a worker runs unauthenticated only on a loopback address or with
+//!   [`RpcBackendOptions::insecure`].
 //! - **Function registry** ([`FunctionRegistry`]): qualified name →
 //!   [`RpcFunction`]. Builtin ops (`aten::add`), wasm exports and native Rust
 //!   functions are all called through it. Each call runs as its own tokio

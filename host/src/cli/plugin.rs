@@ -42,7 +42,10 @@ enum PluginCommand {
     /// --accept-plugin-deployment`); workers started without
     /// `--accept-plugin-deployment` refuse. Give it the workers' cluster
     /// secret as they were given it (`--cluster-secret-file FILE` or
-    /// WASMRPC_CLUSTER_SECRET); the group's store holds no credentials. The same
+    /// WASMRPC_CLUSTER_SECRET); the group's store holds no credentials. With
+    /// TLS, give it a certificate of the cluster CA issued for the name it
+    /// joins under (`wasmrpc cert issue deployer ...`, then `--name deployer
+    /// --tls-ca ... --tls-cert ... --tls-key ...`). The same
     /// bytes deployed again are a no-op; another version of a plugin the
     /// workers already serve is refused (deploy it under a new name).
     /// Exits non-zero unless every worker serves the plugin.
