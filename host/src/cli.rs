@@ -1,6 +1,8 @@
 //! Command-line flags and the environment a worker reads (rank, world size,
 //! init method), and the dispatch to each subcommand.
 
+mod cert;
+mod credentials;
 mod launch;
 mod plugin;
 mod worker;
@@ -38,6 +40,12 @@ enum Command {
     /// Tools for plugin files: `wasmrpc plugin inspect FILE` prints a
     /// plugin's manifest.
     Plugin(plugin::PluginArgs),
+    /// TLS credentials for a cluster: `wasmrpc cert init --out DIR` makes a
+    /// cluster CA, `wasmrpc cert issue NAME --ca DIR --out DIR` a worker's
+    /// certificate and key. Workers given them (--tls-ca, --tls-cert,
+    /// --tls-key) accept only peers with a certificate of the same CA that
+    /// names the worker they claim to be.
+    Cert(cert::CertArgs),
 }
 
 /// Sets up `tracing` output on stderr, filtered by `RUST_LOG` (default: info).
@@ -70,6 +78,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode> {
             runtime.block_on(launch::run(args))
         }
         Command::Plugin(args) => plugin::run(args),
+        Command::Cert(args) => cert::run(args),
     }
 }
 

@@ -36,7 +36,15 @@
 //!   A process-wide [`current_agent`] is optional.
 //! - **Store** ([`store::Store`]): the c10d key-value store workers meet
 //!   through. Rendezvous costs each worker a constant number of store round
-//!   trips; after it, workers talk directly over TCP.
+//!   trips; after it, workers talk directly over TCP. The store is
+//!   unauthenticated (PyTorch's protocol) and holds nothing secret.
+//! - **Credentials** ([`TlsCredentials`], [`CertificateAuthority`],
+//!   [`RpcBackendOptions::cluster_secret`]): every connection between agents
+//!   is TLS 1.3 with mutual authentication and certificates that name their
+//!   worker, or authenticated with a cluster secret; both come from the
+//!   operator only (options, environment, `wasmrpc worker` flags). Without
+//!   any, a worker runs unauthenticated only on a loopback address or with
+//!   [`RpcBackendOptions::insecure`].
 //! - **Function registry** ([`FunctionRegistry`]): qualified name →
 //!   [`RpcFunction`]. Builtin ops (`aten::add`), wasm exports and native Rust
 //!   functions are all called through it. Each call runs as its own tokio
@@ -121,5 +129,5 @@ pub use plugin::{
 pub use remote_module::RemoteModule;
 pub use rref::{RRef, RRefId, RRefProxy, RRefProxyMode, rref_debug_info_function};
 pub use tensor::budget::{TensorMemoryBudget, machine_memory, parse_bytes};
-pub use transport::{FaultInjection, MessageKind};
+pub use transport::{CertificateAuthority, FaultInjection, MessageKind, TlsCredentials};
 pub use value::{Args, Payload};

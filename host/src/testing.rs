@@ -137,9 +137,43 @@ pub struct ClusterBuilder {
     configure: Option<Configure>,
     faults: Vec<(u32, FaultInjection)>,
     store: Option<Arc<dyn Store>>,
+    /// The cluster's own random secret, given to every rank whose options
+    /// name no credentials: test clusters are authenticated, and two
+    /// clusters never accept each other's workers.
+    secret: Vec<u8>,
+    /// The cluster's CA and each rank's credentials, after
+    /// [`tls`](Self::tls).
+    tls: Option<(Arc<crate::CertificateAuthority>, Vec<crate::TlsCredentials>)>,
 }
 
 impl ClusterBuilder {
+    /// Runs every connection of the cluster over TLS: a fresh CA, and a
+    /// certificate naming each rank's worker (given to ranks whose options
+    /// name no TLS credentials). The cluster secret stays on too.
+    ///
+    /// # Errors
+    /// Key generation or signing failed.
+    pub fn tls(mut self) -> Result<Self> {
+        let ca = crate::CertificateAuthority::generate()?;
+        let creds = (0..self.world_size)
+            .map(|rank| ca.credentials_for(&worker_name(rank)))
+            .collect::<Result<_>>()?;
+        self.tls = Some((Arc::new(ca), creds));
+        Ok(self)
+    }
+
+    /// The cluster's CA after [`tls`](Self::tls): tests issue certificates
+    /// from it (e.g. to a peer that claims another worker's name).
+    pub fn authority(&self) -> Option<&Arc<crate::CertificateAuthority>> {
+        self.tls.as_ref().map(|(ca, _)| ca)
+    }
+
+    /// The secret ranks get when their options give none (see
+    /// [`options_for`](Self::options_for)).
+    pub fn secret(&self) -> &[u8] {
+        &self.secret
+    }
+
     /// Registers functions on every worker's (own) registry.
     #[must_use]
     pub fn functions(mut self, setup: impl Fn(&FunctionRegistry) + Send + Sync + 'static) -> Self {
@@ -179,10 +213,21 @@ impl ClusterBuilder {
         self
     }
 
-    /// The options rank `rank` starts with: the template, a registry of its
-    /// own with the setup's functions, its faults, then [`configure`](Self::configure)'s changes.
+    /// The options rank `rank` starts with: the template (with the
+    /// cluster's random [`secret`](Self::secret) if it gives no secret), a
+    /// registry of its own with the setup's functions, its faults, then
+    /// [`configure`](Self::configure)'s changes.
     pub fn options_for(&self, rank: u32) -> RpcBackendOptions {
         let mut o = self.options.clone();
+        if o.cluster_secret.is_none() {
+            o.cluster_secret = Some(self.secret.clone());
+        }
+        if o.tls.is_none()
+            && let Some((_, creds)) = &self.tls
+            && let Some(c) = creds.get(rank as usize)
+        {
+            o.tls = Some(c.clone());
+        }
         let registry = FunctionRegistry::new();
         if let Some(s) = &self.setup {
             s(&registry);
@@ -253,6 +298,8 @@ impl Cluster {
             configure: None,
             faults: Vec::new(),
             store: None,
+            secret: crate::transport::generate_secret().into_bytes(),
+            tls: None,
         }
     }
 

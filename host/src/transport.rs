@@ -9,9 +9,15 @@
 //!   Storages are written from tensor memory with vectored writes and read
 //!   into fresh tensor memory; nothing is copied through a buffer.
 //! - `handshake`: mutual authentication with the cluster secret (HMAC-SHA256
-//!   over both sides' nonces) before any frame is accepted.
+//!   over both sides' nonces) before any frame is accepted. The secret comes
+//!   from the operator only, never from the store (`agent::rendezvous`,
+//!   RDV-3); a worker without one runs unauthenticated, which only loopback
+//!   addresses allow unless `--insecure`.
 //! - `tcp`: one connection per pair of workers, opened lazily by whichever
 //!   side sends first and used in both directions; `TCP_NODELAY` on.
+//! - `tls`: TLS 1.3 with mutual authentication (rustls, ring) when the
+//!   worker has TLS credentials; certificates that name their worker; the
+//!   cluster CA and worker certificates (`CertificateAuthority`).
 //! - `fault`: make the first N sends of given message kinds fail, or delay
 //!   them, for the seeds' faulty-agent tests.
 //!
@@ -20,7 +26,8 @@
 //!   oversized frame closes only its connection, with a logged `tracing`
 //!   error.
 //! - TR-2: no frame is read from a connection before the handshake proved the
-//!   peer knows the cluster secret.
+//!   peer knows the cluster secret (the empty secret of an unauthenticated
+//!   worker proves nothing, and matches no other secret).
 //! - TR-3: frames on one connection are delivered in the order they were
 //!   queued.
 //! - TR-4: when a connection closes, its handler hears of it exactly once, so
@@ -30,24 +37,40 @@
 //!   waiting (the common small call: no task switch, no wake-up); otherwise
 //!   it, and every frame after it, goes through the connection's writer
 //!   task, which owns the write half until its queue is empty. A frame is
-//!   never split between two writers.
+//!   never split between two writers. Over TLS every frame goes through the
+//!   writer task, which flushes once its queue is empty.
+//! - TR-6: a refused connection (bad handshake, bad certificate, timeout)
+//!   is one WARN line, and at most one such line per second per worker,
+//!   counting the refusals suppressed since the last; the cause never
+//!   includes a secret.
+//! - TR-7 (TLS): see `tls` (TLS-1 to TLS-3): with TLS credentials, no byte
+//!   of the agent's protocol is read before the peer proved a certificate
+//!   of the cluster CA, and a peer only passes under the name its
+//!   certificate gives.
 
 mod fault;
 mod frame;
 mod handshake;
 mod message;
 mod tcp;
+mod tls;
 
 pub use fault::FaultInjection;
 pub use message::{AutogradEnvelope, GloballyUniqueId, Message, MessageKind, ProfiledEvent};
 
 pub(crate) use frame::OutFrame;
-pub(crate) use handshake::random_bytes;
+pub use handshake::generate_secret;
 pub(crate) use tcp::{Connection, Handler, Transport, TransportConfig};
+pub(crate) use tls::TlsEndpoints;
+pub use tls::{
+    CertificateAuthority, TLS_CA_ENV, TLS_CA_PEM_ENV, TLS_CERT_ENV, TLS_CERT_PEM_ENV, TLS_KEY_ENV,
+    TLS_KEY_PEM_ENV, TlsCredentials, worker_dns_name,
+};
 
 /// Handshake helpers for tests that play a foreign peer.
 pub mod probe {
     pub use super::handshake::{connect, probe};
+    pub use super::tls::{TlsProbe, connect_tls, probe_tls};
 }
 
 /// The default maximum size of one frame (header plus storages): 2 GiB.

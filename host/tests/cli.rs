@@ -7,11 +7,27 @@
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// The variables that give a process credentials: the tests give them
+/// explicitly, never by inheritance.
+const CREDENTIAL_ENV: [&str; 8] = [
+    "WASMRPC_CLUSTER_SECRET",
+    "WASMRPC_CLUSTER_SECRET_FILE",
+    "WASMRPC_TLS_CA",
+    "WASMRPC_TLS_CERT",
+    "WASMRPC_TLS_KEY",
+    "WASMRPC_TLS_CA_PEM",
+    "WASMRPC_TLS_CERT_PEM",
+    "WASMRPC_TLS_KEY_PEM",
+];
+
 /// Runs the binary with `args`, failing the test if it outlives `deadline`
 /// (a hang must fail, not stall the run).
 fn wasmrpc(args: &[&str], deadline: Duration) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmrpc"));
     cmd.args(args).env("RUST_LOG", "info");
+    for var in CREDENTIAL_ENV {
+        cmd.env_remove(var);
+    }
     run_with_deadline(&mut cmd, deadline)
 }
 
@@ -65,6 +81,106 @@ fn launch_starts_a_local_cluster_where_every_worker_answers() {
             "{worker} did not shut down cleanly:\n{stderr}"
         );
     }
+    // Zero configuration, and still TLS with mutual authentication.
+    assert!(
+        stderr.contains("connections: TLS 1.3 with mutual authentication"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("not authenticated"), "{stderr}");
+}
+
+#[test]
+fn cert_init_and_issue_make_credentials_that_workers_run_tls_with() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = |p: &str| dir.path().join(p).to_str().expect("UTF-8").to_string();
+    let (ca, certs) = (path("ca"), path("certs"));
+    let out = wasmrpc(&["cert", "init", "--out", &ca], Duration::from_secs(30));
+    assert!(out.status.success(), "{:?}", text(&out));
+    for name in ["worker0", "worker1"] {
+        let out = wasmrpc(
+            &["cert", "issue", name, "--ca", &ca, "--out", &certs],
+            Duration::from_secs(30),
+        );
+        assert!(out.status.success(), "{:?}", text(&out));
+    }
+    {
+        use std::os::unix::fs::PermissionsExt;
+        for key in [path("ca/ca.key"), path("certs/worker0.key")] {
+            let mode = std::fs::metadata(&key).expect("key").permissions().mode();
+            assert_eq!(mode & 0o077, 0, "{key} is readable by others: {mode:o}");
+        }
+    }
+    // `init` never overwrites a CA.
+    let out = wasmrpc(&["cert", "init", "--out", &ca], Duration::from_secs(30));
+    assert!(!out.status.success());
+
+    let url = format!("file://{}", path("store"));
+    let tls = |name: &str| {
+        vec![
+            "--tls-ca".to_string(),
+            path("ca/ca.pem"),
+            "--tls-cert".to_string(),
+            path(&format!("certs/{name}.pem")),
+            "--tls-key".to_string(),
+            path(&format!("certs/{name}.key")),
+        ]
+    };
+    // A worker with another worker's certificate does not start.
+    let mut stolen = vec![
+        "worker",
+        "--rank",
+        "1",
+        "--world-size",
+        "2",
+        "--init-method",
+    ];
+    stolen.push(&url);
+    let stolen_tls = tls("worker0");
+    stolen.extend(stolen_tls.iter().map(String::as_str));
+    let out = wasmrpc(&stolen, Duration::from_secs(30));
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("another name"), "{stderr}");
+
+    // `{name}` in a path becomes the worker's name (one setting per machine).
+    let mut w1 = Command::new(env!("CARGO_BIN_EXE_wasmrpc"));
+    w1.args([
+        "worker",
+        "--rank",
+        "1",
+        "--world-size",
+        "2",
+        "--init-method",
+        &url,
+    ])
+    .args(tls("{name}"))
+    .env("RUST_LOG", "info");
+    for var in CREDENTIAL_ENV {
+        w1.env_remove(var);
+    }
+    let w1 = std::thread::spawn(move || run_with_deadline(&mut w1, Duration::from_secs(60)));
+    let mut w0 = vec![
+        "worker",
+        "--rank",
+        "0",
+        "--world-size",
+        "2",
+        "--ping-all",
+        "--init-method",
+    ];
+    w0.push(&url);
+    let w0_tls = tls("worker0");
+    w0.extend(w0_tls.iter().map(String::as_str));
+    let out = wasmrpc(&w0, Duration::from_secs(60));
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("worker0 -> worker1: answered"), "{stdout}");
+    assert!(
+        stderr.contains("connections: TLS 1.3 with mutual authentication"),
+        "{stderr}"
+    );
+    let out = w1.join().expect("worker1's thread");
+    assert!(out.status.success(), "{:?}", text(&out));
 }
 
 #[test]
@@ -200,6 +316,51 @@ fn torchrun_runs_wasmrpc_workers_on_its_agent_store() {
     assert!(
         stdout.contains("worker1 -> worker0: answered"),
         "{stdout}\n{stderr}"
+    );
+
+    // TLS under torchrun: one environment for every worker, `{name}` in the
+    // certificate paths.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = |p: &str| dir.path().join(p).to_str().expect("UTF-8").to_string();
+    let out = wasmrpc(
+        &["cert", "init", "--out", &path("ca")],
+        Duration::from_secs(30),
+    );
+    assert!(out.status.success(), "{:?}", text(&out));
+    for name in ["worker0", "worker1"] {
+        let out = wasmrpc(
+            &[
+                "cert",
+                "issue",
+                name,
+                "--ca",
+                &path("ca"),
+                "--out",
+                &path("certs"),
+            ],
+            Duration::from_secs(30),
+        );
+        assert!(out.status.success(), "{:?}", text(&out));
+    }
+    let mut cmd = Command::new(&torchrun);
+    cmd.args(["--no-python", "--standalone", "--nproc-per-node", "2"])
+        .arg(env!("CARGO_BIN_EXE_wasmrpc"))
+        .args(["worker", "--ping-all"])
+        .env("WASMRPC_TLS_CA", path("ca/ca.pem"))
+        .env("WASMRPC_TLS_CERT", path("certs/{name}.pem"))
+        .env("WASMRPC_TLS_KEY", path("certs/{name}.key"))
+        .env("RUST_LOG", "info");
+    let out = run_with_deadline(&mut cmd, Duration::from_secs(120));
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "torchrun failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("worker0 -> worker1: answered")
+            && stdout.contains("worker1 -> worker0: answered"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("connections: TLS 1.3 with mutual authentication"),
+        "{stderr}"
     );
 }
 
@@ -567,7 +728,11 @@ impl ServingWorker {
     fn start(rank: u32, init_method: &str, extra: &[&str]) -> ServingWorker {
         use std::io::{BufRead, BufReader};
         let name = format!("worker{rank}");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_wasmrpc"))
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmrpc"));
+        for var in CREDENTIAL_ENV {
+            cmd.env_remove(var);
+        }
+        let mut child = cmd
             .args(["worker", "--rank", &rank.to_string()])
             .args(["--init-method", init_method, "--serve"])
             .args(extra)
@@ -644,6 +809,85 @@ impl Drop for ServingWorker {
     }
 }
 
+/// Writes `contents` to `dir/name`, readable by its owner only.
+fn private_file(dir: &std::path::Path, name: &str, contents: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, contents).expect("write a credential file");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        .expect("chmod a credential file");
+    path
+}
+
+#[test]
+fn a_worker_without_credentials_refuses_a_non_loopback_address_unless_insecure() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("file://{}", dir.path().join("store").display());
+    let base = [
+        "worker",
+        "--rank",
+        "0",
+        "--world-size",
+        "1",
+        "--init-method",
+        &url,
+        "--listen",
+        "0.0.0.0:0",
+    ];
+    let out = wasmrpc(&base, Duration::from_secs(30));
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    for needle in [
+        "0.0.0.0:0, which is not a loopback address, without credentials",
+        "--cluster-secret-file",
+        "--insecure",
+    ] {
+        assert!(stderr.contains(needle), "{needle} missing from:\n{stderr}");
+    }
+    assert!(
+        !dir.path().join("store").exists(),
+        "the refused worker joined the store"
+    );
+
+    let mut insecure = base.to_vec();
+    insecure.push("--insecure");
+    let out = wasmrpc(&insecure, Duration::from_secs(30));
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("WARN") && stderr.contains("NOT authenticated"),
+        "{stderr}"
+    );
+
+    // A secret file that others can read is refused, naming the file.
+    let secret = private_file(dir.path(), "secret", "s3cret-value");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    }
+    let mut with_file = base.to_vec();
+    let secret_path = secret.to_str().expect("a UTF-8 path");
+    with_file.extend(["--cluster-secret-file", secret_path]);
+    let out = wasmrpc(&with_file, Duration::from_secs(30));
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(secret_path) && stderr.contains("chmod 600"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("s3cret-value"),
+        "the secret leaked: {stderr}"
+    );
+    // Readable by its owner only, it is used: the worker starts on 0.0.0.0.
+    let secret = private_file(dir.path(), "secret", "s3cret-value");
+    assert!(secret.exists());
+    let out = wasmrpc(&with_file, Duration::from_secs(30));
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("not authenticated"), "{stderr}");
+}
+
 /// A port nothing listens on now (the store's, hosted by worker0).
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -656,26 +900,60 @@ fn free_port() -> u16 {
 fn plugin_deploy_ships_a_plugin_to_a_running_group_that_then_serves_it() {
     let init = format!("tcp://127.0.0.1:{}", free_port());
     let hello = wasmrpc_plugins::HELLO;
+    // The group's secret, from the operator: a file only its owner reads.
+    let secret_dir = tempfile::tempdir().expect("a temporary folder");
+    let secret = private_file(secret_dir.path(), "secret", "deploy-test-secret\n");
+    let secret = secret.to_str().expect("a UTF-8 path");
     // Only seed-fns' file: its folder also holds hello.
     let mut w0 = ServingWorker::start(
         0,
         &init,
         &[
             "--accept-plugin-deployment",
+            "--cluster-secret-file",
+            secret,
             "--plugins",
             wasmrpc_plugins::SEED_FNS,
         ],
     );
     w0.wait_serving();
-    let mut w1 = ServingWorker::start(1, &init, &["--accept-plugin-deployment"]);
+    let mut w1 = ServingWorker::start(
+        1,
+        &init,
+        &[
+            "--accept-plugin-deployment",
+            "--cluster-secret-file",
+            secret,
+        ],
+    );
     w1.wait_serving();
     // worker2 keeps the default: deployment off.
-    let mut w2 = ServingWorker::start(2, &init, &[]);
+    let mut w2 = ServingWorker::start(2, &init, &["--cluster-secret-file", secret]);
     w2.wait_serving();
+
+    // Without the secret, the deploy tool cannot even join.
+    let out = wasmrpc(
+        &["plugin", "deploy", hello, "--init-method", &init],
+        Duration::from_secs(60),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("cluster secret") && !stdout.contains("serving hello::"),
+        "{stdout}\n{stderr}"
+    );
 
     let deploy = |file: &str| {
         let out = wasmrpc(
-            &["plugin", "deploy", file, "--init-method", &init],
+            &[
+                "plugin",
+                "deploy",
+                file,
+                "--init-method",
+                &init,
+                "--cluster-secret-file",
+                secret,
+            ],
             Duration::from_secs(60),
         );
         let (stdout, stderr) = text(&out);
@@ -707,6 +985,7 @@ fn plugin_deploy_ships_a_plugin_to_a_running_group_that_then_serves_it() {
     // name, and leaves; then seed-fns on worker0 calls it on worker1.
     let call = |entry: &str, on: &str, entry_args: &[&str]| {
         let mut a = vec!["worker", "--rank", "7", "--init-method", &init];
+        a.extend(["--cluster-secret-file", secret]);
         a.extend(["--entry", entry, "--entry-on", on, "--"]);
         a.extend(entry_args);
         let out = wasmrpc(&a, Duration::from_secs(60));
@@ -755,7 +1034,15 @@ fn plugin_deploy_ships_a_plugin_to_a_running_group_that_then_serves_it() {
 
     assert!(w1.output().contains("deployed plugin wasmrpc-plugin-hello"));
     // A worker that joins now installs what was deployed before it.
-    let mut w3 = ServingWorker::start(3, &init, &["--accept-plugin-deployment"]);
+    let mut w3 = ServingWorker::start(
+        3,
+        &init,
+        &[
+            "--accept-plugin-deployment",
+            "--cluster-secret-file",
+            secret,
+        ],
+    );
     w3.wait_serving();
     assert!(
         w3.output().contains("serving deployed plugins: hello::"),

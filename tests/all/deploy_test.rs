@@ -301,9 +301,11 @@ fn a_late_joiner_of_a_dynamic_group_installs_the_deployed_plugins() {
             async move {
                 let registry = wasmrpc::FunctionRegistry::new();
                 register_all(&registry);
+                // The operator's secret: store entries are signed with it.
                 let o = RpcBackendOptions {
                     registry: std::sync::Arc::new(registry),
                     accept_plugin_deployment: true,
+                    cluster_secret: Some(b"late-joiner-test-secret".to_vec()),
                     ..RpcBackendOptions::default()
                 };
                 init_rpc(&worker_name(rank), Some(rank), None, store, o).await

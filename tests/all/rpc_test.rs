@@ -37,6 +37,7 @@ mod memory_budget;
 mod profiling;
 mod rref;
 mod sandbox;
+mod transport_security;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

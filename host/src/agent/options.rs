@@ -12,7 +12,7 @@ use crate::device::{Device, DeviceMap, DeviceSpec, parse_device, to_device_map};
 use crate::error::{Error, MAX_NAME_LEN, Result, invalid_worker_name_message};
 use crate::ops::OpPolicy;
 use crate::tensor::budget::TensorMemoryBudget;
-use crate::transport::{DEFAULT_MAX_FRAME_SIZE, FaultInjection};
+use crate::transport::{DEFAULT_MAX_FRAME_SIZE, FaultInjection, TlsCredentials};
 
 /// `DEFAULT_RPC_TIMEOUT_SEC`: 60 s.
 pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(60);
@@ -21,10 +21,14 @@ pub const DEFAULT_NUM_WORKER_THREADS: usize = 16;
 /// `DEFAULT_INIT_METHOD`.
 pub const DEFAULT_INIT_METHOD: &str = "env://";
 /// The environment variable that sets the cluster secret for every worker.
+/// The environment of a process is readable only by its own user (and
+/// root), unlike its command line; `wasmrpc launch` hands its workers the
+/// secret it generates this way.
 pub const CLUSTER_SECRET_ENV: &str = "WASMRPC_CLUSTER_SECRET";
 
-/// The agent's options (`TensorPipeRpcBackendOptions`).
-#[derive(Clone, Debug)]
+/// The agent's options (`TensorPipeRpcBackendOptions`). Their `Debug`
+/// output never shows the cluster secret or a key.
+#[derive(Clone)]
 pub struct RpcBackendOptions {
     /// The default timeout of calls; `Duration::ZERO` means none.
     pub rpc_timeout: Duration,
@@ -39,9 +43,29 @@ pub struct RpcBackendOptions {
     pub listen_addr: SocketAddr,
     /// The largest frame a peer may send, and this worker may send.
     pub max_frame_size: u64,
-    /// The cluster secret. `None`: the `WASMRPC_CLUSTER_SECRET` variable if
-    /// set, else a random secret published through the store at init.
+    /// The cluster secret every connection is authenticated with (an HMAC
+    /// handshake, `transport::handshake`). `None`: the
+    /// `WASMRPC_CLUSTER_SECRET` variable if set and not empty. Credentials
+    /// only ever come from the operator: nothing secret is written to or
+    /// read from the store (the store is PyTorch's unauthenticated
+    /// TCPStore protocol, readable by anyone who can reach it).
+    ///
+    /// Without credentials a worker listening on a loopback address runs
+    /// **unauthenticated** (one WARN line at init: every local user can
+    /// connect); one listening on any other address refuses to start unless
+    /// [`insecure`](Self::insecure) is set.
     pub cluster_secret: Option<Vec<u8>>,
+    /// TLS 1.3 with mutual authentication on every connection
+    /// (`transport::tls`): the cluster CA's certificate, this worker's
+    /// certificate (which must name it) and key. `None`: the
+    /// `WASMRPC_TLS_CA`/`_CERT`/`_KEY` files if set
+    /// ([`TlsCredentials::from_env`]). With TLS, a cluster secret is
+    /// optional (checked inside TLS when given).
+    pub tls: Option<TlsCredentials>,
+    /// Let a worker without credentials listen on a non-loopback address,
+    /// unauthenticated (`wasmrpc worker --insecure`); a WARN line at init
+    /// says so. Off by default: such a worker refuses to start.
+    pub insecure: bool,
     /// The functions this worker serves.
     pub registry: Arc<FunctionRegistry>,
     /// Faults to inject into this worker's sends (tests).
@@ -77,6 +101,32 @@ pub struct RpcBackendOptions {
     pub op_policy: Arc<OpPolicy>,
 }
 
+impl std::fmt::Debug for RpcBackendOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RpcBackendOptions")
+            .field("rpc_timeout", &self.rpc_timeout)
+            .field("num_worker_threads", &self.num_worker_threads)
+            .field("init_method", &self.init_method)
+            .field("listen_addr", &self.listen_addr)
+            .field("max_frame_size", &self.max_frame_size)
+            .field(
+                "cluster_secret",
+                &self.cluster_secret.as_ref().map(|_| "<redacted>"),
+            )
+            .field("insecure", &self.insecure)
+            .field("tls", &self.tls)
+            .field("registry", &self.registry)
+            .field("faults", &self.faults)
+            .field("device_maps", &self.device_maps)
+            .field("devices", &self.devices)
+            .field("init_timeout", &self.init_timeout)
+            .field("accept_plugin_deployment", &self.accept_plugin_deployment)
+            .field("tensor_memory", &self.tensor_memory)
+            .field("op_policy", &self.op_policy)
+            .finish()
+    }
+}
+
 impl Default for RpcBackendOptions {
     fn default() -> Self {
         RpcBackendOptions {
@@ -86,6 +136,8 @@ impl Default for RpcBackendOptions {
             listen_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             max_frame_size: DEFAULT_MAX_FRAME_SIZE,
             cluster_secret: None,
+            insecure: false,
+            tls: None,
             registry: Arc::new(FunctionRegistry::new()),
             faults: FaultInjection::new(),
             device_maps: BTreeMap::new(),
@@ -99,6 +151,54 @@ impl Default for RpcBackendOptions {
 }
 
 impl RpcBackendOptions {
+    /// Checks that worker `name` may start with these credentials: it has a
+    /// cluster secret (from [`cluster_secret`](Self::cluster_secret) or
+    /// `WASMRPC_CLUSTER_SECRET`), or it listens on a loopback address, or
+    /// [`insecure`](Self::insecure) is set. `init_rpc` checks the same
+    /// before touching the store; the `wasmrpc` binary checks it before the
+    /// rendezvous.
+    ///
+    /// # Errors
+    /// `ValueError` saying how to create credentials when a worker would
+    /// listen on a non-loopback address without any; `ValueError` for an
+    /// empty secret.
+    pub fn check_credentials(&self, name: &str) -> Result<()> {
+        self.resolve_credentials(name).map(|_| ())
+    }
+
+    /// The operator's credentials: the secret (the options, else
+    /// `WASMRPC_CLUSTER_SECRET`) and TLS (the options, else the
+    /// environment), checked to be worker `name`'s; both `None` where
+    /// running without any is allowed.
+    pub(crate) fn resolve_credentials(
+        &self,
+        name: &str,
+    ) -> Result<(Option<Vec<u8>>, Option<TlsCredentials>)> {
+        let tls = match &self.tls {
+            Some(t) => Some(t.clone()),
+            None => TlsCredentials::from_env()?,
+        };
+        if let Some(t) = &tls {
+            t.check_worker(name)?;
+        }
+        let secret = match &self.cluster_secret {
+            Some(s) if s.is_empty() => {
+                return Err(Error::value(format!(
+                    "worker {name}: the cluster secret is empty; give a non-empty secret or none"
+                )));
+            }
+            Some(s) => Some(s.clone()),
+            None => std::env::var(CLUSTER_SECRET_ENV)
+                .ok()
+                .filter(|s| !s.is_empty())
+                .map(String::into_bytes),
+        };
+        if secret.is_some() || tls.is_some() || self.insecure || self.listen_addr.ip().is_loopback()
+        {
+            return Ok((secret, tls));
+        }
+        Err(Error::value(no_credentials_message(name, self.listen_addr)))
+    }
     /// `set_device_map(to, device_map)`: maps this worker's devices to
     /// `to`'s devices for the tensors of requests to `to` (responses from
     /// `to` travel the inverse way). Calls for one destination merge.
@@ -148,6 +248,18 @@ impl RpcBackendOptions {
             .collect::<Result<_>>()?;
         Ok(())
     }
+}
+
+/// The refusal of a worker that would listen beyond this machine without
+/// credentials: says how to create them.
+fn no_credentials_message(name: &str, listen: SocketAddr) -> String {
+    format!(
+        "worker {name} would listen on {listen}, which is not a loopback address, without \
+         credentials: anyone who can reach it could call its functions. Give every worker of \
+         the group the same secret (e.g. `head -c 32 /dev/urandom | base64 > secret; chmod 600 \
+         secret`, then `wasmrpc worker --cluster-secret-file secret`, or the \
+         {CLUSTER_SECRET_ENV} variable), or pass --insecure to run unauthenticated anyway"
+    )
 }
 
 /// Checks a worker name against PyTorch's rule: 1 to 127 characters among
@@ -258,5 +370,59 @@ impl From<&Value> for Dest {
 impl From<Value> for Dest {
     fn from(v: Value) -> Self {
         Dest::from(&v)
+    }
+}
+
+#[cfg(test)]
+mod credential_tests {
+    use super::*;
+
+    #[test]
+    fn debug_output_never_shows_the_secret_or_a_key() {
+        let ca = crate::CertificateAuthority::generate().unwrap();
+        let o = RpcBackendOptions {
+            cluster_secret: Some(b"hunter2-secret".to_vec()),
+            tls: Some(ca.credentials_for("worker0").unwrap()),
+            ..RpcBackendOptions::default()
+        };
+        let shown = format!("{o:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(!shown.contains("104, 117"), "{shown}"); // "hu" as bytes
+        assert!(!shown.contains("PRIVATE"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
+    }
+
+    #[test]
+    fn no_credentials_are_refused_off_loopback_unless_insecure() {
+        let o = RpcBackendOptions {
+            listen_addr: "0.0.0.0:0".parse().unwrap(),
+            ..RpcBackendOptions::default()
+        };
+        // The test process has no WASMRPC_CLUSTER_SECRET or WASMRPC_TLS_*.
+        let e = o.check_credentials("w").unwrap_err();
+        assert!(e.message().contains("not a loopback address"), "{e}");
+        let insecure = RpcBackendOptions {
+            insecure: true,
+            ..o.clone()
+        };
+        insecure.check_credentials("w").unwrap();
+        let with_secret = RpcBackendOptions {
+            cluster_secret: Some(b"s".to_vec()),
+            ..o.clone()
+        };
+        with_secret.check_credentials("w").unwrap();
+        let empty = RpcBackendOptions {
+            cluster_secret: Some(Vec::new()),
+            ..o
+        };
+        assert!(empty.check_credentials("w").is_err());
+        // TLS credentials must name the worker.
+        let ca = crate::CertificateAuthority::generate().unwrap();
+        let tls = RpcBackendOptions {
+            tls: Some(ca.credentials_for("w").unwrap()),
+            ..RpcBackendOptions::default()
+        };
+        tls.check_credentials("w").unwrap();
+        assert!(tls.check_credentials("other").is_err());
     }
 }

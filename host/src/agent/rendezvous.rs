@@ -4,8 +4,6 @@
 //! Store keys (the store is the group's own, or a prefix of one):
 //! - `rpc/mode`: "static" or "dynamic", set by the first worker (compare-set),
 //!   so the two kinds never meet (RDV-1);
-//! - `rpc/secret`: the cluster secret, set by the first worker unless the
-//!   options or `WASMRPC_CLUSTER_SECRET` give one;
 //! - static: `rpc/claim/{rank}` (a counter: a second claim is a re-init) and
 //!   `rpc/worker/{rank}` (name and address), read by everyone in one
 //!   `multi_get`: five round trips per worker, whatever the world size
@@ -14,6 +12,13 @@
 //!   `RpcGroupManagementToken`), `rpc/nmembers` and `rpc/member/{i}` (every
 //!   worker that ever joined, marked when it leaves). A joiner tells every
 //!   member about itself over RPC before releasing the token.
+//!
+//! RDV-3: nothing secret is ever written to the store, nor read from it.
+//! The store speaks PyTorch's unauthenticated TCPStore protocol, so anyone
+//! who reaches it reads every key; credentials (the cluster secret, TLS
+//! keys) come from the operator only ([`RpcBackendOptions::cluster_secret`],
+//! `WASMRPC_CLUSTER_SECRET`, the `wasmrpc worker` flags). The records above
+//! hold names, ranks, addresses and device counts only.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -33,7 +38,7 @@ use crate::error::{
     name_not_unique_message, rank_parameter_missing_message,
 };
 use crate::store::Store;
-use crate::transport::{Handler, Transport, TransportConfig, random_bytes};
+use crate::transport::{Handler, Transport, TransportConfig};
 use crate::value::Payload;
 use crate::{agent::registry::FunctionRegistry, args};
 
@@ -77,10 +82,6 @@ fn encode_record(r: &Record) -> Result<Vec<u8>> {
     crate::abi::encode(r).map_err(|e| Error::runtime(format!("cannot encode worker record: {e}")))
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn resolve_rank(rank: Option<u32>, init_method: &str) -> Result<u32> {
     if let Some(r) = rank {
         return Ok(r);
@@ -95,21 +96,45 @@ fn resolve_rank(rank: Option<u32>, init_method: &str) -> Result<u32> {
     Err(Error::value(rank_parameter_missing_message(init_method)))
 }
 
-async fn cluster_secret(store: &dyn Store, options: &RpcBackendOptions) -> Result<Vec<u8>> {
-    if let Some(s) = &options.cluster_secret {
-        return Ok(s.clone());
+/// The credentials this worker authenticates its connections with
+/// ([`RpcBackendOptions::check_credentials`]): a secret, TLS, or both; an
+/// empty secret and no TLS when it runs unauthenticated, which it says in
+/// one WARN line.
+fn credentials(name: &str, options: &RpcBackendOptions) -> Result<Credentials> {
+    let (secret, tls) = options.resolve_credentials(name)?;
+    if secret.is_some() || tls.is_some() {
+        tracing::info!(
+            worker = %name,
+            "connections: {}",
+            match (&tls, &secret) {
+                (Some(_), Some(_)) => "TLS 1.3 with mutual authentication, and the cluster secret",
+                (Some(_), None) => "TLS 1.3 with mutual authentication",
+                _ => "authenticated with the cluster secret (not encrypted)",
+            }
+        );
+        let tls = tls.map(|t| t.endpoints()).transpose()?;
+        return Ok((secret.unwrap_or_default(), tls));
     }
-    if let Ok(s) = std::env::var(super::CLUSTER_SECRET_ENV)
-        && !s.is_empty()
-    {
-        return Ok(s.into_bytes());
+    let listen = options.listen_addr;
+    if listen.ip().is_loopback() {
+        tracing::warn!(
+            worker = %name,
+            "no cluster credentials: connections to {listen} are not authenticated \
+             (loopback only: every local user can connect); set {} or TLS credentials for an authenticated cluster",
+            super::CLUSTER_SECRET_ENV
+        );
+    } else {
+        tracing::warn!(
+            worker = %name,
+            "no cluster credentials and --insecure: connections to {listen} are NOT \
+             authenticated; anyone who can reach it can call this worker's functions"
+        );
     }
-    let mine = hex(&random_bytes::<32>());
-    store
-        .compare_set("rpc/secret", b"", mine.as_bytes())
-        .await
-        .map_err(store_err)
+    Ok((Vec::new(), None))
 }
+
+/// The secret (empty: none) and the TLS ends a worker's transport uses.
+type Credentials = (Vec<u8>, Option<crate::transport::TlsEndpoints>);
 
 async fn claim_mode(store: &dyn Store, mode: &str) -> Result<()> {
     let got = store
@@ -130,6 +155,7 @@ fn internal_registry() -> FunctionRegistry {
     crate::optim::register(&r);
     crate::autograd::register(&r);
     crate::profiler::register(&r);
+    crate::plugin::deploy::register(&r);
     r.register_native(
         super::NOOP,
         |_ctx, _args| async move { Ok(Payload::none()) },
@@ -173,7 +199,7 @@ async fn start(
     info: WorkerInfo,
     store: Arc<dyn Store>,
     options: RpcBackendOptions,
-    secret: Vec<u8>,
+    (secret, tls): Credentials,
     static_group: bool,
 ) -> Result<RpcAgent> {
     let inner = Arc::new(AgentInner {
@@ -234,6 +260,7 @@ async fn start(
         max_frame_size: options.max_frame_size,
         faults: options.faults.clone(),
         receive_budget: Some(inner.tensor_budget.worker().clone()),
+        tls,
     };
     let transport = Transport::bind(cfg, options.listen_addr, weak).await?;
     let _ = inner.transport.set(transport);
@@ -267,8 +294,8 @@ async fn init_static(
             "rank {rank} is not below the world size {world_size}"
         )));
     }
+    let secret = credentials(name, &options)?;
     claim_mode(&*store, "static").await?;
-    let secret = cluster_secret(&*store, &options).await?;
     let claims = store
         .add(&format!("rpc/claim/{rank}"), 1)
         .await
@@ -380,8 +407,8 @@ async fn init_dynamic(
     store: Arc<dyn Store>,
     options: RpcBackendOptions,
 ) -> Result<RpcAgent> {
+    let secret = credentials(name, &options)?;
     claim_mode(&*store, "dynamic").await?;
-    let secret = cluster_secret(&*store, &options).await?;
     let init_timeout = options.init_timeout;
     let info = WorkerInfo {
         id: rank,
@@ -461,6 +488,27 @@ async fn init_dynamic(
         Ok(())
     }
     .await;
+    if result.is_err() {
+        // A joiner that published its record but could not tell every
+        // member (e.g. refused by their handshake) marks it left, so later
+        // joiners do not wait on a worker that is gone.
+        let slot = agent
+            .inner
+            .member_slot
+            .load(std::sync::atomic::Ordering::Acquire);
+        if slot != u64::MAX {
+            let gone = Record {
+                name: name.into(),
+                rank,
+                addr: String::new(),
+                left: true,
+                devices: crate::device::DeviceInfo::default(),
+            };
+            if let Ok(bytes) = encode_record(&gone) {
+                let _ = store.set(&format!("rpc/member/{slot}"), &bytes).await;
+            }
+        }
+    }
     let released = release_token(&*store).await;
     match result.and(released) {
         Ok(()) => {

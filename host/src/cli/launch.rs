@@ -9,6 +9,14 @@
 //! worker and task when stderr is a terminal, and as plain lines (about
 //! five per task) otherwise. `--result FILE` has worker0 write the entry's result
 //! there as JSON.
+//!
+//! Credentials: the launcher makes an ephemeral cluster CA in memory and
+//! issues each worker a certificate naming it, plus a random cluster secret
+//! (or the operator's WASMRPC_CLUSTER_SECRET), and hands each child its own
+//! in its environment (`WASMRPC_TLS_*_PEM`, `WASMRPC_CLUSTER_SECRET`),
+//! which only this user can read: never on the command line (every local
+//! user can read it in /proc), never in a file, never in the store. A local
+//! cluster thus runs TLS with mutual authentication with no configuration.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -96,10 +104,24 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
         &std::io::stderr(),
     )));
 
+    // The cluster's credentials: the operator's if the environment gives
+    // them, else a fresh secret. Each child gets it in its environment,
+    // which only this user can read (never argv, which every local user
+    // can read in /proc, never a file, never the store).
+    let secret = std::env::var(wasmrpc::CLUSTER_SECRET_ENV)
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(wasmrpc::transport::generate_secret);
+    let authority =
+        wasmrpc::CertificateAuthority::generate().context("cannot make the cluster's CA")?;
+
     let mut children: Vec<(String, Child)> = Vec::new();
     let mut output = JoinSet::new();
     for rank in 0..args.nproc {
         let name = format!("worker{rank}");
+        let (cert_pem, key_pem) = authority
+            .issue(&name)
+            .with_context(|| format!("cannot issue {name}'s certificate"))?;
         let mut cmd = Command::new(&exe);
         cmd.arg("worker")
             .args(["--name", &name])
@@ -110,6 +132,16 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
             // The launcher hosts the store, as torchrun's agent does.
             .env("TORCHELASTIC_USE_AGENT_STORE", "True")
             .env(EVENTS_ENV, "1")
+            .env(wasmrpc::CLUSTER_SECRET_ENV, &secret)
+            .env(wasmrpc::transport::TLS_CA_PEM_ENV, authority.cert_pem())
+            .env(wasmrpc::transport::TLS_CERT_PEM_ENV, &cert_pem)
+            .env(wasmrpc::transport::TLS_KEY_PEM_ENV, &key_pem)
+            // The files an operator's environment may name would override
+            // the launcher's credentials.
+            .env_remove(wasmrpc::transport::TLS_CA_ENV)
+            .env_remove(wasmrpc::transport::TLS_CERT_ENV)
+            .env_remove(wasmrpc::transport::TLS_KEY_ENV)
+            .env_remove("WASMRPC_CLUSTER_SECRET_FILE")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -40,8 +40,12 @@ enum PluginCommand {
     /// The group must be dynamic (workers started without a world size,
     /// e.g. `wasmrpc worker --rank 0 --init-method tcp://HOST:PORT --serve
     /// --accept-plugin-deployment`); workers started without
-    /// `--accept-plugin-deployment` refuse. Give the cluster secret in
-    /// WASMRPC_CLUSTER_SECRET if the workers were given one. The same
+    /// `--accept-plugin-deployment` refuse. Give it the workers' cluster
+    /// secret as they were given it (`--cluster-secret-file FILE` or
+    /// WASMRPC_CLUSTER_SECRET); the group's store holds no credentials. With
+    /// TLS, give it a certificate of the cluster CA issued for the name it
+    /// joins under (`wasmrpc cert issue deployer ...`, then `--name deployer
+    /// --tls-ca ... --tls-cert ... --tls-key ...`). The same
     /// bytes deployed again are a no-op; another version of a plugin the
     /// workers already serve is refused (deploy it under a new name).
     /// Exits non-zero unless every worker serves the plugin.
@@ -71,6 +75,8 @@ struct DeployArgs {
     /// How long to wait for the group's store, in seconds.
     #[arg(long, default_value = "60", value_parser = parse_seconds)]
     init_timeout: Duration,
+    #[command(flatten)]
+    credentials: super::credentials::CredentialArgs,
 }
 
 /// Runs a `plugin` subcommand.
@@ -96,13 +102,14 @@ async fn deploy(args: DeployArgs) -> Result<ExitCode> {
     let pid = std::process::id();
     let rank = args.rank.unwrap_or((1 << 30) + pid % (1 << 30));
     let name = args.name.unwrap_or_else(|| format!("deploy-{pid}"));
-    let store = super::dynamic_store(&args.init_method, rank, args.init_timeout).await?;
-    let options = RpcBackendOptions {
+    let mut options = RpcBackendOptions {
         rpc_timeout: args.rpc_timeout,
         init_method: args.init_method.clone(),
         init_timeout: args.init_timeout,
         ..RpcBackendOptions::default()
     };
+    args.credentials.apply(&mut options, Some(&name))?;
+    let store = super::dynamic_store(&args.init_method, rank, args.init_timeout).await?;
     let agent = init_rpc(&name, Some(rank), None, store, options)
         .await
         .with_context(|| format!("joining the group through {} failed", args.init_method))?;

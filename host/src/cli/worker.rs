@@ -80,6 +80,8 @@ pub(crate) struct WorkerArgs {
     serve: bool,
     #[command(flatten)]
     tensor_memory: super::TensorMemoryArgs,
+    #[command(flatten)]
+    credentials: super::credentials::CredentialArgs,
     /// Arguments of the entry function: integers, floats, `true`/`false`,
     /// or strings.
     #[arg(last = true)]
@@ -88,6 +90,25 @@ pub(crate) struct WorkerArgs {
 
 /// Runs one worker until the group shuts down.
 pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
+    // Credentials first: a worker that may not start should not join.
+    let mut credentials = RpcBackendOptions {
+        listen_addr: args.listen,
+        ..RpcBackendOptions::default()
+    };
+    // The name is known here unless the rank comes from the rendezvous;
+    // `init_rpc` checks again in any case.
+    let rank_env = std::env::var("RANK")
+        .ok()
+        .and_then(|r| r.trim().parse::<u32>().ok());
+    let name_hint = args
+        .name
+        .clone()
+        .or_else(|| args.rank.or(rank_env).map(|r| format!("worker{r}")));
+    args.credentials
+        .apply(&mut credentials, name_hint.as_deref())?;
+    if let Some(name) = &name_hint {
+        credentials.check_credentials(name)?;
+    }
     // Before the rendezvous: a worker that cannot serve its plugins should
     // not join a group it would leave at once.
     super::check_plugin_paths(&args.plugins)?;
@@ -115,6 +136,9 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         load_plugins(&args.plugins, &registry).await?;
     }
     let options = RpcBackendOptions {
+        cluster_secret: credentials.cluster_secret,
+        insecure: credentials.insecure,
+        tls: credentials.tls,
         registry: std::sync::Arc::new(registry),
         rpc_timeout: args.rpc_timeout,
         num_worker_threads: args.num_worker_threads,

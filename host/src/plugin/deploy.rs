@@ -37,16 +37,26 @@
 //! and every connection is authenticated by the HMAC handshake on the
 //! cluster secret before any message is read (`transport::handshake`;
 //! `rpc_test::extra::test_unauthenticated_peer_is_refused` shows a peer
-//! without the secret cannot connect). Plugins run sandboxed, with only the
+//! without the secret cannot connect). The secret is the operator's
+//! (options, `WASMRPC_CLUSTER_SECRET`, `--cluster-secret-file`), never the
+//! store's. A worker without credentials (loopback or `--insecure`) is
+//! unauthenticated: anyone who reaches it may deploy if it accepts
+//! deployments, and its store entries are unsigned (see below). Plugins run sandboxed, with only the
 //! host API every peer can already reach through calls.
 //!
 //! Late joiners of a dynamic group: a deployment that at least one worker
 //! accepted is also published in the group's store (`rpc/plugins/count`,
-//! `rpc/plugins/{i}` → sha256 and its HMAC-SHA256 under the cluster secret,
+//! `rpc/plugins/{i}` → sha256 and its HMAC-SHA256 under the cluster secret
+//! (a MAC: it reveals nothing of the secret),
 //! `rpc/plugins/sha256/{hex}` → bytes; static groups, which nobody joins
 //! later, publish nothing). The HMAC keeps the store (unauthenticated, as
 //! PyTorch's TCPStore is) from being a way around the handshake: a joiner
-//! installs only what a holder of the cluster secret published. A worker that joins
+//! installs only what a holder of the cluster secret published. A group
+//! without a cluster secret (TLS only, or unauthenticated) publishes the
+//! entries unsigned; a joiner then installs only the entries whose sha256 a
+//! live member lists as deployed when asked over its authenticated
+//! connection (`wasmrpc::_deployed_plugins`), so the store is only a cache
+//! of bytes checked against their sha256. A worker that joins
 //! later installs them with [`RpcAgent::install_deployed_plugins`] (the
 //! `wasmrpc worker` binary does so right after joining when it accepts
 //! deployment), through the same steps as a deployment message. Until it
@@ -249,6 +259,17 @@ impl RpcAgent {
             .add(&key("count"), 0)
             .await
             .map_err(|e| Error::runtime(format!("reading the deployed plugins: {e}")))?;
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        // Without a cluster secret (TLS only), the store's entries prove
+        // nothing: a member, over an authenticated connection, says which
+        // sha256s were deployed.
+        let attested = if secret.is_empty() {
+            Some(self.attested_deployments().await?)
+        } else {
+            None
+        };
         let mut names = Vec::new();
         for i in 0..count {
             let read = async |k: String| {
@@ -261,7 +282,20 @@ impl RpcAgent {
             let (sha_hex, mac_hex) = entry.split_once(' ').unwrap_or((&entry, ""));
             let wasm = read(key(&format!("sha256/{sha_hex}"))).await?;
             let sha256: [u8; 32] = Sha256::digest(&wasm).into();
-            if hex(&sha256) != sha_hex || hex(&sign(&secret, &sha256)) != mac_hex {
+            let vouched = match &attested {
+                Some((_, hashes)) => hashes.iter().any(|h| h == sha_hex),
+                None => hex(&sign(&secret, &sha256)) == mac_hex,
+            };
+            if let Some((member, _)) = &attested
+                && (hex(&sha256) != sha_hex || !vouched)
+            {
+                return Err(Error::runtime(format!(
+                    "worker {} did not install deployed plugin {i} (sha256 {sha_hex}): worker \
+                     {member} does not serve it as a deployed plugin",
+                    self.name()
+                )));
+            }
+            if hex(&sha256) != sha_hex || !vouched {
                 return Err(Error::runtime(format!(
                     "worker {} did not install deployed plugin {i} (sha256 {sha_hex}): the \
                      store's entry is not signed with the cluster secret",
@@ -290,6 +324,65 @@ impl RpcAgent {
     }
 }
 
+impl RpcAgent {
+    /// Which plugins were deployed to the group, as a live member other
+    /// than this worker says over its authenticated connection: the
+    /// member's name and the sha256s (hex) it serves as deployments.
+    async fn attested_deployments(&self) -> Result<(String, Vec<String>)> {
+        let member = self
+            .get_worker_infos()
+            .into_iter()
+            .find(|w| w.name != self.name())
+            .ok_or_else(|| {
+                Error::runtime(format!(
+                    "worker {} cannot check the group's deployed plugins: no other member to \
+                     ask (without a cluster secret the store's entries are not signed)",
+                    self.name()
+                ))
+            })?;
+        let reply = self
+            .rpc_sync(member.name.as_str(), DEPLOYED_PLUGINS, crate::Args::new())
+            .await?;
+        let bad = || {
+            Error::runtime(format!(
+                "unexpected reply from worker {} listing deployed plugins",
+                member.name
+            ))
+        };
+        let Value::List(items) = &reply.value else {
+            return Err(bad());
+        };
+        let hashes = items
+            .iter()
+            .map(|v| match v {
+                Value::Str(s) => Ok(s.clone()),
+                _ => Err(bad()),
+            })
+            .collect::<Result<_>>()?;
+        Ok((member.name, hashes))
+    }
+}
+
+/// The internal function that lists the sha256s (hex) a worker serves as
+/// deployed plugins: what a late joiner of a group without a cluster secret
+/// installs from the store.
+pub(crate) const DEPLOYED_PLUGINS: &str = "wasmrpc::_deployed_plugins";
+
+/// Registers [`DEPLOYED_PLUGINS`] among the agent's internal functions.
+pub(crate) fn register(r: &FunctionRegistry) {
+    r.register_native(DEPLOYED_PLUGINS, |ctx, _args| async move {
+        let deployed = ctx.agent().state::<Deployed>();
+        let hashes = deployed
+            .by_sha256
+            .lock()
+            .await
+            .keys()
+            .map(|k| Value::Str(hex(k)))
+            .collect();
+        Ok(Payload::from_value(Value::List(hashes)))
+    });
+}
+
 /// The store prefix deployments are published under for late joiners.
 const PUBLISHED: &str = "rpc/plugins";
 
@@ -309,7 +402,14 @@ async fn publish(agent: &RpcAgent, sha256: &[u8; 32], wasm: &[u8]) -> Result<()>
         .await
         .map_err(err)?
         - 1;
-    let mac_hex = hex(&sign(&agent.cluster_secret()?, sha256));
+    let secret = agent.cluster_secret()?;
+    // Without a secret there is nothing to sign with: joiners ask a member
+    // instead (`attested_deployments`).
+    let mac_hex = if secret.is_empty() {
+        "unsigned".to_string()
+    } else {
+        hex(&sign(&secret, sha256))
+    };
     store
         .set(
             &format!("{PUBLISHED}/{i}"),

@@ -7,6 +7,11 @@
 //!    `mac_c = HMAC(secret, "wasmrpc-client" | nonce_s | nonce_c | name_c)`.
 //! 4. The acceptor checks `mac_c`. Only then are frames exchanged (TR-2).
 //!
+//! An unauthenticated worker (no credentials, loopback or `--insecure`:
+//! `agent::rendezvous`) runs the same exchange with an empty secret: the
+//! MACs then prove nothing, but the names and ranks still travel, and a
+//! worker holding a secret refuses such a peer (and is refused by it).
+//!
 //! Handshake messages are tiny and length-prefixed (u16); anything longer
 //! than [`MAX_HANDSHAKE`] bytes, or slower than the handshake timeout, fails.
 
@@ -83,6 +88,15 @@ pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
     out
 }
 
+/// A fresh random cluster secret: 32 bytes from the OS as 64 hex digits
+/// (`wasmrpc launch` hands one to its workers; test clusters get one each).
+pub fn generate_secret() -> String {
+    random_bytes::<32>()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 fn mac(secret: &[u8], label: &[u8], a: &[u8; 32], b: &[u8; 32], name: &str) -> [u8; 32] {
     let mut m = <Hmac<Sha256> as Mac>::new_from_slice(secret).unwrap_or_else(|_| {
         // HMAC accepts keys of any length; this branch cannot be taken.
@@ -150,8 +164,8 @@ async fn recv<R: AsyncRead + Unpin, T: DeserializeOwned>(r: &mut R) -> Result<T>
 }
 
 /// The dialer's side. Returns the authenticated acceptor.
-pub(crate) async fn client(
-    stream: &mut TcpStream,
+pub(crate) async fn client<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
     secret: &[u8],
     name: &str,
     rank: u32,
@@ -196,8 +210,8 @@ pub(crate) async fn client(
 }
 
 /// The acceptor's side. Returns the authenticated dialer.
-pub(crate) async fn server(
-    stream: &mut TcpStream,
+pub(crate) async fn server<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
     secret: &[u8],
     name: &str,
     rank: u32,

@@ -1,5 +1,7 @@
-//! [`Transport`]: the listener and the authenticated TCP connections of one
-//! worker.
+//! [`Transport`]: the listener and the authenticated connections of one
+//! worker: plain TCP with the HMAC handshake, or TLS with mutual
+//! authentication (`tls`) then the same handshake, whose announced name
+//! must be one the peer's certificate names (TLS-3).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -15,6 +17,7 @@ use super::fault::FaultInjection;
 use super::frame::{FrameError, OutFrame, read_frame, try_write_frame, write_frame};
 use super::handshake::{self, HANDSHAKE_TIMEOUT};
 use super::message::Message;
+use super::tls::{TlsEndpoints, check_names};
 use crate::error::{Error, Result};
 
 /// What the transport tells its owner (the agent).
@@ -45,6 +48,74 @@ pub(crate) struct TransportConfig {
     pub(crate) faults: FaultInjection,
     /// What received tensors are charged to (BUDGET-1).
     pub(crate) receive_budget: Option<wasmrpc_torch_sys::MemoryBudget>,
+    /// TLS for every connection, when the worker has TLS credentials.
+    pub(crate) tls: Option<TlsEndpoints>,
+}
+
+type TlsStream = tokio_rustls::TlsStream<TcpStream>;
+
+/// A connection's write half: a TCP socket's, which senders may write to
+/// directly (TR-5), or a TLS stream's, which only the writer task writes.
+enum WriteHalf {
+    Tcp(tokio::net::tcp::OwnedWriteHalf),
+    Tls(tokio::io::WriteHalf<TlsStream>),
+}
+
+impl tokio::io::AsyncWrite for WriteHalf {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            WriteHalf::Tcp(w) => std::pin::Pin::new(w).poll_write(cx, buf),
+            WriteHalf::Tls(w) => std::pin::Pin::new(w).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            WriteHalf::Tcp(w) => std::pin::Pin::new(w).poll_write_vectored(cx, bufs),
+            WriteHalf::Tls(w) => std::pin::Pin::new(w).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            WriteHalf::Tcp(w) => w.is_write_vectored(),
+            WriteHalf::Tls(w) => w.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            WriteHalf::Tcp(w) => std::pin::Pin::new(w).poll_flush(cx),
+            WriteHalf::Tls(w) => std::pin::Pin::new(w).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            WriteHalf::Tcp(w) => std::pin::Pin::new(w).poll_shutdown(cx),
+            WriteHalf::Tls(w) => std::pin::Pin::new(w).poll_shutdown(cx),
+        }
+    }
+}
+
+/// An authenticated stream, before it is split.
+enum Stream {
+    Tcp(TcpStream),
+    Tls(Box<TlsStream>),
 }
 
 enum WriterCmd {
@@ -127,6 +198,62 @@ pub(crate) struct Transport {
     accept_task: Mutex<Option<JoinHandle<()>>>,
     next_id: AtomicU64,
     shut: AtomicBool,
+    refusals: RefusalLog,
+}
+
+/// TR-6: refused connections are logged as WARN lines, at most one per
+/// [`REFUSAL_LOG_INTERVAL`]; refusals in between are counted, and the count
+/// is logged one interval after the first of them, so a flood of bad
+/// connections cannot flood the log and is still reported.
+#[derive(Default)]
+pub(crate) struct RefusalLog {
+    /// When the last line was logged, and how many refusals since.
+    state: Mutex<(Option<std::time::Instant>, u64)>,
+}
+
+/// The shortest time between two refusal lines.
+pub(crate) const REFUSAL_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl RefusalLog {
+    /// Notes a refusal at `now`.
+    pub(crate) fn note(&self, now: std::time::Instant) -> Refusal {
+        let mut state = lock(&self.state);
+        let (last, suppressed) = &mut *state;
+        if last.is_some_and(|l| now.duration_since(l) < REFUSAL_LOG_INTERVAL) {
+            *suppressed += 1;
+            return if *suppressed == 1 {
+                Refusal::FirstSuppressed
+            } else {
+                Refusal::Suppressed
+            };
+        }
+        *last = Some(now);
+        Refusal::Log(std::mem::take(suppressed))
+    }
+
+    /// At `now`, one interval after a first suppressed refusal: the number
+    /// suppressed since the last line, if any (they count as a line).
+    pub(crate) fn flush(&self, now: std::time::Instant) -> Option<u64> {
+        let mut state = lock(&self.state);
+        let (last, suppressed) = &mut *state;
+        if *suppressed == 0 {
+            return None;
+        }
+        *last = Some(now);
+        Some(std::mem::take(suppressed))
+    }
+}
+
+/// What [`RefusalLog::note`] says to do with a refusal.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// Log it, with the number suppressed since the last line.
+    Log(u64),
+    /// Count it; it is the first counted since the last line, so schedule
+    /// a [`RefusalLog::flush`].
+    FirstSuppressed,
+    /// Count it.
+    Suppressed,
 }
 
 impl Transport {
@@ -157,11 +284,44 @@ impl Transport {
             accept_task: Mutex::new(None),
             next_id: AtomicU64::new(1),
             shut: AtomicBool::new(false),
+            refusals: RefusalLog::default(),
         });
         let weak = Arc::downgrade(&t);
         let task = tokio::spawn(accept_loop(listener, weak));
         *lock(&t.accept_task) = Some(task);
         Ok(t)
+    }
+
+    /// Logs a refused connection from `from` (TR-6).
+    fn refused(self: &Arc<Self>, from: SocketAddr, why: &str) {
+        let name = &self.cfg.name;
+        let suppressed = match self.refusals.note(std::time::Instant::now()) {
+            Refusal::Log(n) => n,
+            Refusal::Suppressed => return,
+            Refusal::FirstSuppressed => {
+                let t = Arc::downgrade(self);
+                tokio::spawn(async move {
+                    tokio::time::sleep(REFUSAL_LOG_INTERVAL).await;
+                    let Some(t) = t.upgrade() else { return };
+                    if let Some(n) = t.refusals.flush(std::time::Instant::now()) {
+                        tracing::warn!(
+                            worker = %t.cfg.name,
+                            "refused {n} more connections in the last second"
+                        );
+                    }
+                });
+                return;
+            }
+        };
+        if suppressed == 0 {
+            tracing::warn!(worker = %name, %from, "refused connection: {why}");
+        } else {
+            tracing::warn!(
+                worker = %name,
+                %from,
+                "refused connection: {why} ({suppressed} more refused since the last such line)"
+            );
+        }
     }
 
     /// The address peers dial.
@@ -198,18 +358,42 @@ impl Transport {
                 self.cfg.name
             )));
         }
-        let mut stream = TcpStream::connect(addr).await.map_err(|e| {
+        let stream = TcpStream::connect(addr).await.map_err(|e| {
             Error::runtime(format!("cannot connect to worker {peer} at {addr}: {e}"))
         })?;
         let _ = stream.set_nodelay(true);
-        let who = tokio::time::timeout(
-            HANDSHAKE_TIMEOUT,
-            handshake::client(&mut stream, &self.cfg.secret, &self.cfg.name, self.cfg.rank),
-        )
-        .await
-        .map_err(|_| {
-            Error::runtime(format!("handshake with worker {peer} at {addr} timed out"))
-        })??;
+        let dial = async {
+            match &self.cfg.tls {
+                None => {
+                    let mut stream = stream;
+                    let who = handshake::client(
+                        &mut stream,
+                        &self.cfg.secret,
+                        &self.cfg.name,
+                        self.cfg.rank,
+                    )
+                    .await?;
+                    Ok((Stream::Tcp(stream), who))
+                }
+                Some(tls) => {
+                    // TLS-2: the certificate must name `peer`.
+                    let mut stream = tls.connect(stream, peer).await?;
+                    let who = handshake::client(
+                        &mut stream,
+                        &self.cfg.secret,
+                        &self.cfg.name,
+                        self.cfg.rank,
+                    )
+                    .await?;
+                    Ok::<_, Error>((Stream::Tls(Box::new(stream)), who))
+                }
+            }
+        };
+        let (stream, who) = tokio::time::timeout(HANDSHAKE_TIMEOUT, dial)
+            .await
+            .map_err(|_| {
+                Error::runtime(format!("handshake with worker {peer} at {addr} timed out"))
+            })??;
         if who.name != peer {
             return Err(Error::runtime(format!(
                 "dialed worker {peer} at {addr} but {} answered",
@@ -267,15 +451,26 @@ impl Transport {
         conn.enqueue(frame)
     }
 
-    fn start(self: &Arc<Self>, stream: TcpStream, who: handshake::Peer) -> Arc<Connection> {
-        let (read, write) = stream.into_split();
+    fn start(self: &Arc<Self>, stream: Stream, who: handshake::Peer) -> Arc<Connection> {
+        let (read, direct, writer_half): (Box<dyn tokio::io::AsyncRead + Send + Unpin>, _, _) =
+            match stream {
+                Stream::Tcp(stream) => {
+                    let (read, write) = stream.into_split();
+                    (Box::new(read), Some(write), None)
+                }
+                Stream::Tls(stream) => {
+                    // TLS records are written by the writer task only.
+                    let (read, write) = tokio::io::split(*stream);
+                    (Box::new(read), None, Some(WriteHalf::Tls(write)))
+                }
+            };
         let (tx, rx) = mpsc::unbounded_channel();
         let conn = Arc::new(Connection {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             peer: who.name,
             peer_rank: who.rank,
             tx,
-            direct: Mutex::new(Some(write)),
+            direct: Mutex::new(direct),
             closed: AtomicBool::new(false),
             tasks: Mutex::new(Vec::new()),
         });
@@ -288,7 +483,12 @@ impl Transport {
                 }
             })
             .or_insert_with(|| conn.clone());
-        let writer = tokio::spawn(writer_loop(rx, Arc::downgrade(self), conn.clone()));
+        let writer = tokio::spawn(writer_loop(
+            rx,
+            Arc::downgrade(self),
+            conn.clone(),
+            writer_half,
+        ));
         // Small frames arrive in one read instead of one per part.
         let read = tokio::io::BufReader::with_capacity(READ_BUFFER, read);
         let reader = tokio::spawn(reader_loop(
@@ -395,21 +595,32 @@ async fn accept_loop(listener: TcpListener, t: Weak<Transport>) {
         let _ = stream.set_nodelay(true);
         tokio::spawn(async move {
             let (secret, name, rank) = (tr.cfg.secret.clone(), tr.cfg.name.clone(), tr.cfg.rank);
-            match tokio::time::timeout(
-                HANDSHAKE_TIMEOUT,
-                handshake::server(&mut stream, &secret, &name, rank),
-            )
-            .await
-            {
-                Ok(Ok(who)) => {
+            let accept = async {
+                match &tr.cfg.tls {
+                    None => {
+                        let who = handshake::server(&mut stream, &secret, &name, rank).await?;
+                        Ok((Stream::Tcp(stream), who))
+                    }
+                    Some(tls) => {
+                        // TLS-1: a certificate of the cluster CA, or no byte
+                        // of the agent's protocol is read.
+                        let mut stream = tls.accept(stream).await?;
+                        let who = handshake::server(&mut stream, &secret, &name, rank).await?;
+                        // TLS-3: the announced name is the certificate's.
+                        let certs = stream.get_ref().1.peer_certificates().unwrap_or_default();
+                        check_names(certs, &who.name)?;
+                        Ok::<_, Error>((Stream::Tls(Box::new(stream)), who))
+                    }
+                }
+            };
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, accept).await {
+                Ok(Ok((stream, who))) => {
                     if !tr.shut.load(Ordering::Acquire) {
                         tr.start(stream, who);
                     }
                 }
-                Ok(Err(e)) => tracing::error!(worker = %name, %from, "refused connection: {e}"),
-                Err(_) => {
-                    tracing::error!(worker = %name, %from, "refused connection: handshake timed out")
-                }
+                Ok(Err(e)) => tr.refused(from, &e.to_string()),
+                Err(_) => tr.refused(from, "handshake timed out"),
             }
         });
     }
@@ -419,16 +630,17 @@ async fn writer_loop(
     mut rx: mpsc::UnboundedReceiver<WriterCmd>,
     t: Weak<Transport>,
     conn: Arc<Connection>,
+    tls: Option<WriteHalf>,
 ) {
     use tokio::io::AsyncWriteExt;
-    // The write half while this task owns it (between a `Resume` and the
-    // moment its queue is empty).
-    let mut half: Option<tokio::net::tcp::OwnedWriteHalf> = None;
+    // The write half while this task owns it: a TCP half between a `Resume`
+    // and the moment its queue is empty; a TLS half always.
+    let mut half: Option<WriteHalf> = tls;
     while let Some(cmd) = rx.recv().await {
         let (frame, offset) = match cmd {
             WriterCmd::Frame(frame) => (frame, 0),
             WriterCmd::Resume(h, frame, offset) => {
-                half = Some(h);
+                half = Some(WriteHalf::Tcp(h));
                 (frame, offset)
             }
             WriterCmd::Close => break,
@@ -442,7 +654,12 @@ async fn writer_loop(
             }
             return;
         };
-        if let Err(e) = write_frame(write, &frame, offset).await {
+        let written = match write_frame(write, &frame, offset).await {
+            // TLS buffers records: flush once nothing more is queued.
+            Ok(()) if rx.is_empty() => write.flush().await,
+            other => other,
+        };
+        if let Err(e) = written {
             tracing::warn!(peer = %conn.peer, "write failed: {e}");
             if let Some(t) = t.upgrade() {
                 t.close(&conn, &format!("write failed: {e}"));
@@ -453,11 +670,14 @@ async fn writer_loop(
         // lock: an empty queue seen under the lock stays empty until the
         // half is back.
         let mut direct = lock(&conn.direct);
-        if rx.is_empty() {
-            *direct = half.take();
+        if rx.is_empty()
+            && let Some(WriteHalf::Tcp(_)) = &half
+            && let Some(WriteHalf::Tcp(h)) = half.take()
+        {
+            *direct = Some(h);
         }
     }
-    let half = half.or_else(|| lock(&conn.direct).take());
+    let half = half.or_else(|| lock(&conn.direct).take().map(WriteHalf::Tcp));
     if let Some(mut write) = half {
         let _ = write.shutdown().await;
     }
@@ -467,7 +687,7 @@ async fn writer_loop(
 const READ_BUFFER: usize = 16 << 10;
 
 async fn reader_loop(
-    mut read: tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>,
+    mut read: tokio::io::BufReader<Box<dyn tokio::io::AsyncRead + Send + Unpin>>,
     t: Weak<Transport>,
     conn: Arc<Connection>,
     max: u64,
@@ -501,5 +721,31 @@ async fn reader_loop(
     };
     if let Some(tr) = t.upgrade() {
         tr.close(&conn, &reason);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_logged_at_most_once_per_interval_with_a_count() {
+        let log = RefusalLog::default();
+        let t0 = std::time::Instant::now();
+        let ms = |i: u64| t0 + std::time::Duration::from_millis(i);
+        assert_eq!(log.note(t0), Refusal::Log(0));
+        assert_eq!(log.note(ms(4)), Refusal::FirstSuppressed);
+        for i in 2..200 {
+            assert_eq!(log.note(ms(i * 4)), Refusal::Suppressed);
+        }
+        assert_eq!(log.note(t0 + REFUSAL_LOG_INTERVAL), Refusal::Log(199));
+        assert_eq!(log.note(t0 + REFUSAL_LOG_INTERVAL * 3), Refusal::Log(0));
+        // Refusals that no later one reports are flushed once.
+        assert_eq!(log.note(ms(3100)), Refusal::FirstSuppressed);
+        assert_eq!(log.note(ms(3200)), Refusal::Suppressed);
+        assert_eq!(log.flush(ms(4004)), Some(2));
+        assert_eq!(log.flush(ms(4005)), None);
+        // The flush counts as a line: the next refusal within a second waits.
+        assert_eq!(log.note(ms(4500)), Refusal::FirstSuppressed);
     }
 }

@@ -41,6 +41,18 @@ impl HashStore {
         }
     }
 
+    /// Every key and its value, sorted by key: what anyone who reaches the
+    /// store can read (tests check that no secret is among them).
+    pub fn entries(&self) -> Vec<(String, Vec<u8>)> {
+        let mut all: Vec<_> = self
+            .map()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        all.sort();
+        all
+    }
+
     fn map(&self) -> MutexGuard<'_, HashMap<String, Vec<u8>>> {
         // A poisoned lock only means another thread panicked while holding
         // it; every update below is a single map operation, so the map is
