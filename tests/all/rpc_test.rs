@@ -380,12 +380,13 @@ fn test_init_pg_then_rpc() {
     // RPC starts; then RPC works and the barrier still works.
     timed(async {
         let store = fresh_store();
+        // One builder: its workers share the cluster's credentials.
+        let c = cluster(4);
         let tasks: Vec<_> = (0..4u32)
             .map(|rank| {
-                let store = store.clone();
+                let (store, c) = (store.clone(), c.clone());
                 tokio::spawn(async move {
                     store_barrier(&*store, "pg/before", 4).await?;
-                    let c = cluster(4);
                     let agent = init_rpc(
                         &worker_name(rank),
                         Some(rank),
