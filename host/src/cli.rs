@@ -2,6 +2,7 @@
 //! init method), and the dispatch to each subcommand.
 
 mod launch;
+mod ops;
 mod plugin;
 mod worker;
 
@@ -38,6 +39,11 @@ enum Command {
     /// Tools for plugin files: `wasmrpc plugin inspect FILE` prints a
     /// plugin's manifest.
     Plugin(plugin::PluginArgs),
+    /// What a worker's op policy serves: `wasmrpc ops list` prints the
+    /// builtin ops a worker with the same --allow-op/--deny-op/--op-policy
+    /// flags runs for peers and plugins (`--denied`: what it refuses, and
+    /// why); `wasmrpc ops families` the default families.
+    Ops(ops::OpsArgs),
 }
 
 /// Sets up `tracing` output on stderr, filtered by `RUST_LOG` (default: info).
@@ -70,6 +76,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode> {
             runtime.block_on(launch::run(args))
         }
         Command::Plugin(args) => plugin::run(args),
+        Command::Ops(args) => ops::run(args),
     }
 }
 

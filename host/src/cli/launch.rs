@@ -55,6 +55,9 @@ pub(crate) struct LaunchArgs {
     /// Write the entry function's result to this file as JSON.
     #[arg(long, value_name = "FILE", requires = "entry")]
     result: Option<PathBuf>,
+    /// Every worker's op policy (passed to each `wasmrpc worker`).
+    #[command(flatten)]
+    op_policy: super::ops::OpPolicyArgs,
     /// Arguments of the entry function: integers, floats, `true`/`false`,
     /// or strings.
     #[arg(last = true)]
@@ -82,6 +85,9 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
         .map(|p| std::path::absolute(p).with_context(|| format!("bad plugin path {}", p.display())))
         .collect::<Result<Vec<_>>>()?;
 
+    // Checked here, so a bad rule fails once rather than in every worker.
+    args.op_policy.policy()?;
+    let op_policy = args.op_policy.child_args()?;
     let result_file = args
         .result
         .as_ref()
@@ -112,6 +118,7 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
         for dir in &plugins {
             cmd.arg("--plugins").arg(dir);
         }
+        cmd.args(&op_policy);
         if rank == 0 {
             match &args.entry {
                 Some(entry) => {

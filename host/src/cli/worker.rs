@@ -78,6 +78,10 @@ pub(crate) struct WorkerArgs {
     /// worker of a dynamic group (no world size) otherwise leaves at once.
     #[arg(long)]
     serve: bool,
+    /// Which builtin ops this worker runs for peers and plugins (its op
+    /// policy; `wasmrpc ops list` shows it).
+    #[command(flatten)]
+    op_policy: super::ops::OpPolicyArgs,
     /// Arguments of the entry function: integers, floats, `true`/`false`,
     /// or strings.
     #[arg(last = true)]
@@ -117,6 +121,7 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         listen_addr: args.listen,
         init_timeout: args.init_timeout,
         accept_plugin_deployment: args.accept_plugin_deployment,
+        op_policy: std::sync::Arc::new(args.op_policy.policy()?),
         ..RpcBackendOptions::default()
     };
     let agent = init_rpc(&name, Some(rank), world, store, options)
