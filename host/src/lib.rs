@@ -116,7 +116,8 @@ pub use ops::policy::{Action, Denial, Grant, Pattern, Rule, Verdict};
 pub use ops::schema::{Hazard, HazardKind, Overload};
 pub use ops::{BuiltinOps, OpPolicy, call_builtin, family};
 pub use plugin::{
-    CACHE_DIR_ENV, DeployReport, PACKAGE_PREFIX, PluginHost, WorkerDeployment, plugin_namespace,
+    CACHE_DIR_ENV, DeployReport, PACKAGE_PREFIX, PluginHost, PluginTrust, WorkerDeployment,
+    plugin_namespace,
 };
 pub use remote_module::RemoteModule;
 pub use rref::{RRef, RRefId, RRefProxy, RRefProxyMode, rref_debug_info_function};

@@ -120,7 +120,7 @@ impl fmt::Display for Pattern {
 }
 
 /// `*` globbing: `*` matches any run of characters, everything else itself.
-fn glob_match(pattern: &str, text: &str) -> bool {
+pub(crate) fn glob_match(pattern: &str, text: &str) -> bool {
     let mut parts = pattern.split('*');
     let first = parts.next().unwrap_or("");
     let Some(mut rest) = text.strip_prefix(first) else {
