@@ -921,6 +921,13 @@ pub(crate) mod probe {
             assert_eq!(declared.ops, ["aten::from_file"]);
             assert_eq!(declared.calls, ["seed_fns::identity"]);
             assert!(probe.manifest().function("relay").is_some());
+            let text = wasmrpc_wasm::manifest::describe(probe.manifest());
+            assert!(
+                text.ends_with(
+                    "  asks to run ops: aten::from_file\n  asks to call: seed_fns::identity\n"
+                ),
+                "{text}"
+            );
             // A plugin without a declaration asks for nothing.
             let hello = rt
                 .load_file(wasmrpc_plugins::HELLO)
