@@ -59,7 +59,9 @@ fn main() {
 
     // One comparison in the same run, as the other benches report ratios.
     let n = 200_000;
-    let _ = mean_ns(n / 10, || drop(call_op_gated("aten::add", &args, &[], &gate)));
+    let _ = mean_ns(n / 10, || {
+        drop(call_op_gated("aten::add", &args, &[], &gate))
+    });
     let ungated = mean_ns(n, || drop(call_op("aten::add", &args, &[])));
     let gated = mean_ns(n, || drop(call_op_gated("aten::add", &args, &[], &gate)));
     let check = mean_ns(n, || drop(policy.admit(&admission, "worker1")));

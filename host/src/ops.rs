@@ -251,7 +251,12 @@ mod tests {
 
     /// `name` on `args` as worker0 under the default policy runs it for a peer.
     fn builtin(name: &str, args: Args) -> Result<Payload> {
-        run(call_builtin(&OpPolicy::shared_default(), "worker0", name, args))
+        run(call_builtin(
+            &OpPolicy::shared_default(),
+            "worker0",
+            name,
+            args,
+        ))
     }
 
     #[test]
@@ -418,12 +423,15 @@ mod properties {
 
     /// A small tensor: up to 2 dimensions of up to 4, float or int.
     fn small_tensor() -> impl Strategy<Value = Tensor> {
-        (prop::collection::vec(0..4i64, 0..3), any::<bool>(), -4.0..4.0f64).prop_map(
-            |(shape, float, fill)| {
+        (
+            prop::collection::vec(0..4i64, 0..3),
+            any::<bool>(),
+            -4.0..4.0f64,
+        )
+            .prop_map(|(shape, float, fill)| {
                 let kind = if float { Kind::Float } else { Kind::Int64 };
                 Tensor::full(shape.as_slice(), fill, (kind, Device::Cpu))
-            },
-        )
+            })
     }
 
     /// A random argument: scalars, strings, small tensors, lists and tuples
@@ -447,7 +455,17 @@ mod properties {
 
     fn call_args() -> impl Strategy<Value = Args> {
         let kwarg = (
-            select(&["dim", "alpha", "dtype", "generator", "out", "self", "keepdim"][..]),
+            select(
+                &[
+                    "dim",
+                    "alpha",
+                    "dtype",
+                    "generator",
+                    "out",
+                    "self",
+                    "keepdim",
+                ][..],
+            ),
             value(),
         );
         (

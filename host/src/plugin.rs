@@ -72,8 +72,8 @@ use crate::error::{Error, Result};
 use class::PluginClass;
 pub use deploy::{DeployReport, WorkerDeployment};
 use function::{PluginFunction, wasm_error};
-pub use grant::PluginTrust;
 use grant::PluginGrant;
+pub use grant::PluginTrust;
 
 /// The environment variable that overrides where compiled plugins are
 /// cached on disk ([`PluginHost::default_config`]).

@@ -740,14 +740,30 @@ fn ops_list_prints_what_a_worker_serves_and_what_it_refuses() {
     let out = wasmrpc(&["ops", "list", "--denied"], Duration::from_secs(60));
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "ops list --denied failed:\n{stderr}");
-    assert!(stdout.contains("aten::from_file\tunsafe schema: takes a file name"), "{stdout}");
-    assert!(stdout.contains("prim::dtype\tother namespace: prim"), "{stdout}");
+    assert!(
+        stdout.contains("aten::from_file\tunsafe schema: takes a file name"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("prim::dtype\tother namespace: prim"),
+        "{stdout}"
+    );
     assert!(stdout.contains("aten::set_\tnot in a family"), "{stdout}");
-    assert!(!stdout.lines().any(|l| l.starts_with("aten::matmul\t")), "{stdout}");
+    assert!(
+        !stdout.lines().any(|l| l.starts_with("aten::matmul\t")),
+        "{stdout}"
+    );
 
     // The flags widen and narrow it as they would a worker's.
     let out = wasmrpc(
-        &["ops", "list", "--allow-op", "aten::from_file", "--deny-op", "@random"],
+        &[
+            "ops",
+            "list",
+            "--allow-op",
+            "aten::from_file",
+            "--deny-op",
+            "@random",
+        ],
         Duration::from_secs(60),
     );
     let (stdout, stderr) = text(&out);
@@ -756,16 +772,31 @@ fn ops_list_prints_what_a_worker_serves_and_what_it_refuses() {
         stdout.contains("aten::from_file\tallow aten::from_file (--allow-op)"),
         "{stdout}"
     );
-    assert!(!stdout.lines().any(|l| l.starts_with("aten::rand\t")), "{stdout}");
+    assert!(
+        !stdout.lines().any(|l| l.starts_with("aten::rand\t")),
+        "{stdout}"
+    );
 
     let out = wasmrpc(&["ops", "families"], Duration::from_secs(60));
     let (stdout, _) = text(&out);
-    assert!(stdout.lines().any(|l| l.starts_with("@random\t")), "{stdout}");
+    assert!(
+        stdout.lines().any(|l| l.starts_with("@random\t")),
+        "{stdout}"
+    );
 
     let out = wasmrpc(&["ops", "list", "--help"], Duration::from_secs(10));
     let (stdout, _) = text(&out);
-    for words in ["--denied", "--allow-op", "--deny-op", "--op-policy", "unsafe schema"] {
-        assert!(stdout.contains(words), "{words} missing from the help:\n{stdout}");
+    for words in [
+        "--denied",
+        "--allow-op",
+        "--deny-op",
+        "--op-policy",
+        "unsafe schema",
+    ] {
+        assert!(
+            stdout.contains(words),
+            "{words} missing from the help:\n{stdout}"
+        );
     }
 }
 
@@ -783,7 +814,9 @@ fn a_bad_op_policy_file_names_its_line() {
         let (_, stderr) = text(&out);
         assert!(!out.status.success(), "{args:?} accepted a bad policy");
         assert!(
-            stderr.contains(&format!("{file}:3: expected `allow PATTERN` or `deny PATTERN`")),
+            stderr.contains(&format!(
+                "{file}:3: expected `allow PATTERN` or `deny PATTERN`"
+            )),
             "{args:?}:\n{stderr}"
         );
     }

@@ -418,7 +418,8 @@ async fn relay(a: &RpcAgent, how: &str, function: &str, args: Payload) -> wasmrp
 
 /// `probe::run_op(name, args)` on worker1.
 async fn run_op(a: &RpcAgent, name: &str, args: Payload) -> wasmrpc::Result<Payload> {
-    a.rpc_sync("worker1", "probe::run_op", args![name, args]).await
+    a.rpc_sync("worker1", "probe::run_op", args![name, args])
+        .await
 }
 
 #[test]
@@ -432,7 +433,10 @@ fn a_deployed_plugin_gets_least_privilege_and_what_it_declares() {
             // Builtin ops and its own functions.
             let r = relay(a, how, "aten::add", list(vec![1i64.into(), 2i64.into()])).await?;
             ensure!(r.as_int()? == 3, "{how}: {r:?}");
-            let mul = list(vec!["aten::mul".into(), list(vec![2i64.into(), 3i64.into()])]);
+            let mul = list(vec![
+                "aten::mul".into(),
+                list(vec![2i64.into(), 3i64.into()]),
+            ]);
             let r = relay(a, how, "probe::run_op", mul).await?;
             ensure!(r.as_int()? == 6, "{how}: {r:?}");
             // The one function of another plugin it declares.
@@ -446,11 +450,19 @@ fn a_deployed_plugin_gets_least_privilege_and_what_it_declares() {
             )?;
         }
         // Ops: the families, and the op it declares, which the operator allows.
-        let two = || list(vec![wasmrpc_tests::ones(&[2]).into(), wasmrpc_tests::ones(&[2]).into()]);
+        let two = || {
+            list(vec![
+                wasmrpc_tests::ones(&[2]).into(),
+                wasmrpc_tests::ones(&[2]).into(),
+            ])
+        };
         let r = run_op(a, "aten::add", two()).await?;
         ensure!(r.as_tensor()?.sum(tch::Kind::Float).double_value(&[]) == 4.0);
         let r = run_op(a, "aten::from_file", file.args()).await?;
-        ensure!(Vec::<f32>::try_from(&r.as_tensor()?)? == [1.5, 2.5], "{r:?}");
+        ensure!(
+            Vec::<f32>::try_from(&r.as_tensor()?)? == [1.5, 2.5],
+            "{r:?}"
+        );
         // An op the operator allows for its own plugins, not declared.
         expect_err(
             run_op(a, "aten::empty", list(vec![list(vec![2i64.into()])])).await,
@@ -498,7 +510,10 @@ fn a_plugin_the_operator_loads_gets_the_whole_op_policy_and_no_more() {
             run_op(
                 a,
                 "aten::set_",
-                list(vec![wasmrpc_tests::ones(&[2]).into(), wasmrpc_tests::ones(&[4]).into()]),
+                list(vec![
+                    wasmrpc_tests::ones(&[2]).into(),
+                    wasmrpc_tests::ones(&[4]).into(),
+                ]),
             )
             .await,
             ErrorKind::RuntimeError,

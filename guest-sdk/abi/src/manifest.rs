@@ -282,8 +282,32 @@ mod tests {
     #[test]
     fn sections_without_permissions_still_parse() {
         let old: &[u8] = &[
-            10, 0, 0, 0, 0, 1, b'p', 5, b'1', b'.', b'0', b'.', b'0', ABI_VERSION as u8, //
-            8, 0, 0, 0, 1, 1, b'g', 0, 0, 1, 1, b'a',
+            10,
+            0,
+            0,
+            0,
+            0,
+            1,
+            b'p',
+            5,
+            b'1',
+            b'.',
+            b'0',
+            b'.',
+            b'0',
+            ABI_VERSION as u8, //
+            8,
+            0,
+            0,
+            0,
+            1,
+            1,
+            b'g',
+            0,
+            0,
+            1,
+            1,
+            b'a',
         ];
         assert!(ABI_VERSION < 128, "one varint byte above");
         let m = Manifest::from_section(old).unwrap();

@@ -120,7 +120,12 @@ pub(crate) fn run(args: OpsArgs) -> Result<ExitCode> {
         }
         OpsCommand::Families => {
             for f in FAMILIES {
-                println!("@{}\t{} ops\t{}", f.name, f.member_names().count(), f.summary);
+                println!(
+                    "@{}\t{} ops\t{}",
+                    f.name,
+                    f.member_names().count(),
+                    f.summary
+                );
             }
         }
     }
@@ -188,14 +193,26 @@ mod tests {
         assert_eq!(served.lines().count(), n_served);
         assert_eq!(line(&served, "aten::matmul"), Some("aten::matmul\t@linalg"));
         let add = line(&served, "aten::add").unwrap();
-        assert!(add.starts_with("aten::add\t@arithmetic (withheld: aten::add.t("), "{add}");
-        assert_eq!(line(&served, "builtins.min"), Some("builtins.min\t@builtins"));
+        assert!(
+            add.starts_with("aten::add\t@arithmetic (withheld: aten::add.t("),
+            "{add}"
+        );
+        assert_eq!(
+            line(&served, "builtins.min"),
+            Some("builtins.min\t@builtins")
+        );
         assert!(line(&served, "aten::from_file").is_none());
         let (refused, _, _) = list(&policy, true);
         assert_eq!(refused.lines().count(), n_refused);
         let from_file = line(&refused, "aten::from_file").unwrap();
-        assert!(from_file.contains("unsafe schema: takes a file name"), "{from_file}");
-        assert_eq!(line(&refused, "prim::dtype"), Some("prim::dtype\tother namespace: prim"));
+        assert!(
+            from_file.contains("unsafe schema: takes a file name"),
+            "{from_file}"
+        );
+        assert_eq!(
+            line(&refused, "prim::dtype"),
+            Some("prim::dtype\tother namespace: prim")
+        );
         assert!(line(&refused, "aten::add").is_none());
     }
 
@@ -214,7 +231,10 @@ mod tests {
             .collect();
         assert_eq!(child[0], "--op-policy");
         assert!(std::path::Path::new(&child[1]).is_absolute() && child[1].ends_with("ops.policy"));
-        assert_eq!(child[2..], ["--allow-op", "aten::from_file", "--deny-op", "@random"]);
+        assert_eq!(
+            child[2..],
+            ["--allow-op", "aten::from_file", "--deny-op", "@random"]
+        );
         let args = OpPolicyArgs { file: None, ..args };
         let policy = args.policy().unwrap();
         let (served, _, _) = list(&policy, false);
@@ -232,6 +252,9 @@ mod tests {
             ..OpPolicyArgs::default()
         };
         let e = bad.policy().unwrap_err().to_string();
-        assert!(e.contains("--deny-op: op pattern \"aten::add.Tensor\" names overload"), "{e}");
+        assert!(
+            e.contains("--deny-op: op pattern \"aten::add.Tensor\" names overload"),
+            "{e}"
+        );
     }
 }

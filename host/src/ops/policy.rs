@@ -320,9 +320,7 @@ impl Verdict {
 
 /// The hint a refusal ends with: how an operator allows `op`.
 fn how_to_allow(op: &str) -> String {
-    format!(
-        "allow it with --allow-op {op}, or OpPolicy::allow in RpcBackendOptions::op_policy"
-    )
+    format!("allow it with --allow-op {op}, or OpPolicy::allow in RpcBackendOptions::op_policy")
 }
 
 /// The `RuntimeError` for a refused op (`op` as the registry names it).
@@ -332,7 +330,10 @@ pub(crate) fn refusal(worker: &str, op: &str, denial: &Denial) -> OpError {
         Denial::Rule(_) => {
             format!("{worker} does not run {op}: {denial} (remove that rule to serve it)")
         }
-        _ => format!("{worker} does not run {op}: {denial} ({})", how_to_allow(op)),
+        _ => format!(
+            "{worker} does not run {op}: {denial} ({})",
+            how_to_allow(op)
+        ),
     };
     OpError::Rejected {
         kind: ErrorKind::RuntimeError,
@@ -546,7 +547,10 @@ impl OpPolicy {
     pub fn rules_from_file(self, path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path).map_err(|e| {
-            Error::runtime(format!("cannot read op policy file {}: {e}", path.display()))
+            Error::runtime(format!(
+                "cannot read op policy file {}: {e}",
+                path.display()
+            ))
         })?;
         self.rules_from_text(&text, &path.display().to_string())
     }
@@ -562,7 +566,9 @@ impl OpPolicy {
         if let Some(rule) = matching(Action::Deny).next() {
             return Verdict::Denied(Denial::Rule(rule.clone()));
         }
-        if let Some(rule) = matching(Action::Allow).find(|r| matches!(r.pattern, Pattern::Exact { .. })) {
+        if let Some(rule) =
+            matching(Action::Allow).find(|r| matches!(r.pattern, Pattern::Exact { .. }))
+        {
             return Verdict::Allowed {
                 by: Grant::Rule(rule.clone()),
                 withheld: Vec::new(),
@@ -577,10 +583,15 @@ impl OpPolicy {
                     .find(|f| self.defaults && f.contains(namespace, base))
                     .map(Grant::Family)
             });
-        let withheld: Vec<Overload> = schemas.iter().filter_map(|s| Overload::withheld(s)).collect();
+        let withheld: Vec<Overload> = schemas
+            .iter()
+            .filter_map(|s| Overload::withheld(s))
+            .collect();
         let all_unsafe = !schemas.is_empty() && withheld.len() == schemas.len();
         match grant {
-            Some(_) if all_unsafe => Verdict::Denied(Denial::UnsafeSchema(withheld[0].hazard.clone())),
+            Some(_) if all_unsafe => {
+                Verdict::Denied(Denial::UnsafeSchema(withheld[0].hazard.clone()))
+            }
             Some(by) => Verdict::Allowed { by, withheld },
             None if namespace != "aten" && namespace != "builtins" => {
                 Verdict::Denied(Denial::OtherNamespace(namespace.to_owned()))
@@ -645,7 +656,11 @@ impl OpPolicy {
     /// # Errors
     /// The refusal (`RuntimeError` naming the op, the worker and how to
     /// allow it).
-    pub fn admit(&self, admission: &Admission<'_>, worker: &str) -> std::result::Result<(), OpError> {
+    pub fn admit(
+        &self,
+        admission: &Admission<'_>,
+        worker: &str,
+    ) -> std::result::Result<(), OpError> {
         let (name, schemas) = match admission.target {
             Target::Op(op) => (op.name(), op.schemas()),
             Target::Builtin(name) => (name, &[][..]),
@@ -767,7 +782,10 @@ mod tests {
     fn rules_decide_in_order_deny_then_exact_allow_then_globs_and_families() {
         let default = OpPolicy::default();
         match default.decide("aten", "add", &schemas(ADD)) {
-            Verdict::Allowed { by: Grant::Family(f), withheld } => {
+            Verdict::Allowed {
+                by: Grant::Family(f),
+                withheld,
+            } => {
                 assert_eq!(f.name, "arithmetic");
                 assert_eq!(withheld.len(), 1);
                 assert_eq!(withheld[0].schema(), ADD[1]);
@@ -784,11 +802,19 @@ mod tests {
             Denial::OtherNamespace(ns) if ns == "prim"
         ));
         assert!(matches!(
-            denial(&default.decide("aten", "_foo", &schemas(&["aten::_foo(Tensor a) -> Tensor"]))),
+            denial(&default.decide(
+                "aten",
+                "_foo",
+                &schemas(&["aten::_foo(Tensor a) -> Tensor"])
+            )),
             Denial::Private
         ));
         assert!(matches!(
-            denial(&default.decide("aten", "empty", &schemas(&["aten::empty(int[] size) -> Tensor"]))),
+            denial(&default.decide(
+                "aten",
+                "empty",
+                &schemas(&["aten::empty(int[] size) -> Tensor"])
+            )),
             Denial::NotInFamily
         ));
 
@@ -798,9 +824,15 @@ mod tests {
             .unwrap()
             .allow("aten::add")
             .unwrap();
-        assert!(p.decide("aten", "from_file", &schemas(FROM_FILE)).is_allowed());
+        assert!(
+            p.decide("aten", "from_file", &schemas(FROM_FILE))
+                .is_allowed()
+        );
         match p.decide("aten", "add", &schemas(ADD)) {
-            Verdict::Allowed { by: Grant::Rule(r), withheld } => {
+            Verdict::Allowed {
+                by: Grant::Rule(r),
+                withheld,
+            } => {
                 assert_eq!(r.to_string(), "allow aten::add");
                 assert!(withheld.is_empty());
             }
@@ -822,11 +854,21 @@ mod tests {
             p.decide("aten", "add", &schemas(ADD)),
             Verdict::Allowed { withheld, .. } if withheld.len() == 1
         ));
-        assert!(p.decide("aten", "empty", &schemas(&["aten::empty(int[] size) -> Tensor"])).is_allowed());
+        assert!(
+            p.decide(
+                "aten",
+                "empty",
+                &schemas(&["aten::empty(int[] size) -> Tensor"])
+            )
+            .is_allowed()
+        );
 
         // Families can be denied as a whole; an empty policy serves nothing.
         let p = OpPolicy::default().deny("@arithmetic").unwrap();
-        assert!(matches!(denial(&p.decide("aten", "add_", &schemas(ADD))), Denial::Rule(_)));
+        assert!(matches!(
+            denial(&p.decide("aten", "add_", &schemas(ADD))),
+            Denial::Rule(_)
+        ));
         assert!(p.decide("aten", "matmul", &[]).is_allowed());
         assert!(matches!(
             denial(&OpPolicy::empty().decide("aten", "add", &schemas(ADD))),
@@ -846,7 +888,11 @@ mod tests {
         assert!(!p.decide("_caffe2", "x", &[]).is_allowed());
         let p = OpPolicy::empty().allow("aten::_*").unwrap();
         assert!(p.decide("aten", "_foo", &[]).is_allowed());
-        let p = OpPolicy::default().allow("*").unwrap().deny("aten::*").unwrap();
+        let p = OpPolicy::default()
+            .allow("*")
+            .unwrap()
+            .deny("aten::*")
+            .unwrap();
         assert!(!p.decide("aten", "_foo", &[]).is_allowed());
         assert!(!p.decide("aten", "add", &[]).is_allowed());
         assert!(p.decide("prim", "dtype", &[]).is_allowed());
@@ -858,15 +904,33 @@ mod tests {
             namespace: ns.into(),
             base: base.into(),
         };
-        assert_eq!(Pattern::parse("aten::from_file").unwrap(), exact("aten", "from_file"));
-        assert_eq!(Pattern::parse("torch.ops.aten.from_file").unwrap(), exact("aten", "from_file"));
-        assert_eq!(Pattern::parse(" from_file ").unwrap(), exact("aten", "from_file"));
-        assert_eq!(Pattern::parse("builtins.min").unwrap(), exact("builtins", "min"));
-        assert!(matches!(Pattern::parse("prim::*").unwrap(), Pattern::Glob { .. }));
+        assert_eq!(
+            Pattern::parse("aten::from_file").unwrap(),
+            exact("aten", "from_file")
+        );
+        assert_eq!(
+            Pattern::parse("torch.ops.aten.from_file").unwrap(),
+            exact("aten", "from_file")
+        );
+        assert_eq!(
+            Pattern::parse(" from_file ").unwrap(),
+            exact("aten", "from_file")
+        );
+        assert_eq!(
+            Pattern::parse("builtins.min").unwrap(),
+            exact("builtins", "min")
+        );
+        assert!(matches!(
+            Pattern::parse("prim::*").unwrap(),
+            Pattern::Glob { .. }
+        ));
         assert!(matches!(Pattern::parse("*").unwrap(), Pattern::Glob { .. }));
         assert_eq!(Pattern::parse("@random").unwrap().to_string(), "@random");
         let e = Pattern::parse("aten::add.Tensor").unwrap_err();
-        assert!(e.message().contains("names overload `Tensor` of aten::add"), "{e}");
+        assert!(
+            e.message().contains("names overload `Tensor` of aten::add"),
+            "{e}"
+        );
         let e = Pattern::parse("@nope").unwrap_err();
         assert!(e.message().contains("unknown op family @nope"), "{e}");
         assert!(e.message().contains("@arithmetic"), "{e}");
@@ -884,41 +948,83 @@ mod tests {
     #[test]
     fn policy_files_take_comments_and_name_the_line_of_a_bad_rule() {
         let text = "# trusted plugins read their data\nallow aten::from_file  # the loader\n\n  deny @random\n";
-        let p = OpPolicy::default().rules_from_text(text, "ops.policy").unwrap();
+        let p = OpPolicy::default()
+            .rules_from_text(text, "ops.policy")
+            .unwrap();
         let rules: Vec<String> = p.rules().iter().map(ToString::to_string).collect();
         assert_eq!(
             rules,
-            ["allow aten::from_file (ops.policy:2)", "deny @random (ops.policy:4)"]
+            [
+                "allow aten::from_file (ops.policy:2)",
+                "deny @random (ops.policy:4)"
+            ]
         );
         let e = OpPolicy::default()
             .rules_from_text("allow aten::add\npermit aten::mul\n", "p.txt")
             .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::ValueError);
-        assert!(e.message().starts_with("p.txt:2: expected `allow PATTERN` or `deny PATTERN`"), "{e}");
-        let e = OpPolicy::default().rules_from_text("deny @nope", "p.txt").unwrap_err();
-        assert!(e.message().starts_with("p.txt:1: unknown op family @nope"), "{e}");
-        let e = OpPolicy::default().rules_from_text("allow a b", "p.txt").unwrap_err();
-        assert!(e.message().starts_with("p.txt:1: expected one pattern"), "{e}");
-        let e = OpPolicy::default().rules_from_file("/nonexistent/ops.policy").unwrap_err();
-        assert!(e.message().contains("cannot read op policy file /nonexistent/ops.policy"), "{e}");
+        assert!(
+            e.message()
+                .starts_with("p.txt:2: expected `allow PATTERN` or `deny PATTERN`"),
+            "{e}"
+        );
+        let e = OpPolicy::default()
+            .rules_from_text("deny @nope", "p.txt")
+            .unwrap_err();
+        assert!(
+            e.message().starts_with("p.txt:1: unknown op family @nope"),
+            "{e}"
+        );
+        let e = OpPolicy::default()
+            .rules_from_text("allow a b", "p.txt")
+            .unwrap_err();
+        assert!(
+            e.message().starts_with("p.txt:1: expected one pattern"),
+            "{e}"
+        );
+        let e = OpPolicy::default()
+            .rules_from_file("/nonexistent/ops.policy")
+            .unwrap_err();
+        assert!(
+            e.message()
+                .contains("cannot read op policy file /nonexistent/ops.policy"),
+            "{e}"
+        );
     }
 
     #[test]
     fn every_spelling_of_a_name_gets_the_op_verdict() {
         let p = OpPolicy::default();
-        for name in ["aten::add", "torch.ops.aten.add", "add", "aten::add.Tensor", "torch.ops.aten.add.Scalar"] {
+        for name in [
+            "aten::add",
+            "torch.ops.aten.add",
+            "add",
+            "aten::add.Tensor",
+            "torch.ops.aten.add.Scalar",
+        ] {
             let (op, v) = p.verdict_of(name).unwrap();
             assert_eq!(op, "aten::add", "{name}");
             assert!(v.is_allowed(), "{name}");
         }
-        for name in ["aten::from_file", "torch.ops.aten.from_file", "from_file", "aten::from_file.out"] {
+        for name in [
+            "aten::from_file",
+            "torch.ops.aten.from_file",
+            "from_file",
+            "aten::from_file.out",
+        ] {
             let (op, v) = p.verdict_of(name).unwrap();
             assert_eq!(op, "aten::from_file", "{name}");
             assert!(!v.is_allowed(), "{name}");
         }
         assert!(p.verdict("builtins.min").unwrap().is_allowed());
-        assert!(matches!(p.verdict("aten::no_such_op"), Err(OpError::UnknownOp { .. })));
-        assert!(matches!(p.verdict("builtins.eval"), Err(OpError::UnknownOp { .. })));
+        assert!(matches!(
+            p.verdict("aten::no_such_op"),
+            Err(OpError::UnknownOp { .. })
+        ));
+        assert!(matches!(
+            p.verdict("builtins.eval"),
+            Err(OpError::UnknownOp { .. })
+        ));
     }
 
     #[test]
@@ -935,7 +1041,10 @@ mod tests {
         let e = p.admit(&admission, "worker1").unwrap_err();
         assert_eq!(e.kind(), ErrorKind::RuntimeError);
         let text = e.to_string();
-        assert!(text.starts_with("worker1 does not run aten::from_file: the op takes a file name"), "{text}");
+        assert!(
+            text.starts_with("worker1 does not run aten::from_file: the op takes a file name"),
+            "{text}"
+        );
         assert!(
             text.ends_with("(allow it with --allow-op aten::from_file, or OpPolicy::allow in RpcBackendOptions::op_policy)"),
             "{text}"
@@ -983,7 +1092,11 @@ mod tests {
         // Lists bind `add.t(t[] a, t[] b)`: withheld.
         let lists = [OpValue::List(vec![]), OpValue::List(vec![])];
         let e = wasmrpc_torch_sys::call_op_gated("aten::add", &lists, &[], &gate).unwrap_err();
-        assert!(e.to_string().starts_with("worker1 does not run aten::add.t(t[] a, t[] b) -> t[]"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("worker1 does not run aten::add.t(t[] a, t[] b) -> t[]"),
+            "{e}"
+        );
         // `mul.left_t(t[] l, int n)` would build a list of n items.
         let e = wasmrpc_torch_sys::call_op_gated(
             "aten::mul",
@@ -992,7 +1105,10 @@ mod tests {
             &gate,
         )
         .unwrap_err();
-        assert!(e.to_string().contains("does not run aten::mul.left_t"), "{e}");
+        assert!(
+            e.to_string().contains("does not run aten::mul.left_t"),
+            "{e}"
+        );
         // A generator the caller passes, even None, is the withheld
         // `rand.generator`; without one, the worker's own generator runs.
         let size = || OpValue::List(vec![OpValue::Int(2)]);
@@ -1003,7 +1119,10 @@ mod tests {
             &gate,
         )
         .unwrap_err();
-        assert!(e.to_string().contains("does not run aten::rand.generator"), "{e}");
+        assert!(
+            e.to_string().contains("does not run aten::rand.generator"),
+            "{e}"
+        );
         assert!(wasmrpc_torch_sys::call_op_gated("aten::rand", &[size()], &[], &gate).is_ok());
     }
 
@@ -1041,7 +1160,10 @@ mod tests {
             };
             // `aten::initial_seed(Generator self)`: only a real generator fits.
             let r = call_op("aten::initial_seed", &[value.shallow_clone()], &[]);
-            assert!(matches!(r, Err(OpError::NoMatchingSchema { .. })), "{value:?}: {r:?}");
+            assert!(
+                matches!(r, Err(OpError::NoMatchingSchema { .. })),
+                "{value:?}: {r:?}"
+            );
             // `rand.generator(..., Generator? generator)`: None, the default one.
             let rand = Operator::resolve("aten::rand").unwrap();
             let r = rand.matching_schema(
@@ -1089,7 +1211,12 @@ mod tests {
     fn a_cached_verdict_admits_without_allocating() {
         let policy = OpPolicy::default();
         let add = Operator::resolve("aten::add").unwrap();
-        let t = || OpValue::Tensor(tch::Tensor::ones([2, 2], (tch::Kind::Float, tch::Device::Cpu)));
+        let t = || {
+            OpValue::Tensor(tch::Tensor::ones(
+                [2, 2],
+                (tch::Kind::Float, tch::Device::Cpu),
+            ))
+        };
         let args = [t(), t()];
         let admission = Admission {
             target: Target::Op(&add),
@@ -1105,7 +1232,9 @@ mod tests {
         }
         let per_call = started.elapsed() / 10_000;
         let allocated = ALLOCATIONS.with(std::cell::Cell::get) - before;
-        println!("admitting aten::add from the cache: {per_call:?} a call, {allocated} allocations");
+        println!(
+            "admitting aten::add from the cache: {per_call:?} a call, {allocated} allocations"
+        );
         assert_eq!(allocated, 0);
     }
 
@@ -1122,7 +1251,8 @@ mod tests {
             let plain = ty.trim_end_matches('?').trim_end_matches("[]");
             let unsafe_type = ty.contains("Storage")
                 || ty.contains("Stream")
-                || (ty.contains("Generator") && !(ty == "Generator?" && p.default.as_deref() == Some("None")))
+                || (ty.contains("Generator")
+                    && !(ty == "Generator?" && p.default.as_deref() == Some("None")))
                 || ty.contains("Any")
                 || ty.contains("Capsule")
                 || ty.contains("__torch__")
@@ -1139,7 +1269,8 @@ mod tests {
                 && ["ptr", "data_ptr", "address", "addr", "pointer"]
                     .iter()
                     .any(|n| p.name == *n || p.name.ends_with(&format!("_{n}")));
-            let file = ty.starts_with("str") && ["filename", "path", "file", "f"].contains(&p.name.as_str());
+            let file = ty.starts_with("str")
+                && ["filename", "path", "file", "f"].contains(&p.name.as_str());
             if unsafe_type || pointer || file {
                 found.push(format!("{} {}", p.ty, p.name));
             }
@@ -1197,7 +1328,11 @@ mod tests {
     fn the_registry_walk_finds_no_unsafe_overload_a_caller_can_reach() {
         let policy = OpPolicy::default();
         let registered: BTreeSet<String> = registered_ops().into_iter().collect();
-        assert!(registered.len() > 1000, "the registry lists {} ops", registered.len());
+        assert!(
+            registered.len() > 1000,
+            "the registry lists {} ops",
+            registered.len()
+        );
 
         // No dead names: every family member is registered and callable.
         let mut dead = Vec::new();
@@ -1208,7 +1343,11 @@ mod tests {
                 }
             }
         }
-        assert!(dead.is_empty(), "family members libtorch cannot call by name:\n{}", dead.join("\n"));
+        assert!(
+            dead.is_empty(),
+            "family members libtorch cannot call by name:\n{}",
+            dead.join("\n")
+        );
 
         let (mut callable, mut allowed) = (0, 0);
         let mut withheld_seen = BTreeSet::new();
@@ -1252,7 +1391,8 @@ mod tests {
                         }
                         let independent = independent_hazards(schema);
                         if !independent.is_empty() || schema_hazard(schema).is_some() {
-                            reachable_hazards.push(format!("{schema}\n    unsafe: {independent:?}"));
+                            reachable_hazards
+                                .push(format!("{schema}\n    unsafe: {independent:?}"));
                         }
                     }
                 }
@@ -1270,7 +1410,8 @@ mod tests {
             "overloads of allowed ops that callers can reach have unsafe schemas:\n{}",
             reachable_hazards.join("\n")
         );
-        let reviewed: BTreeSet<String> = REVIEWED_WITHHELD.iter().map(|s| (*s).to_owned()).collect();
+        let reviewed: BTreeSet<String> =
+            REVIEWED_WITHHELD.iter().map(|s| (*s).to_owned()).collect();
         let new: Vec<&String> = withheld_seen.difference(&reviewed).collect();
         let gone: Vec<&String> = reviewed.difference(&withheld_seen).collect();
         assert!(
@@ -1305,7 +1446,10 @@ mod tests {
                 Some(i) if before.ends_with('>') => &before[..i],
                 _ => before,
             };
-            if [".call", ".call_async", ".call_remote"].iter().any(|c| before.ends_with(c)) {
+            if [".call", ".call_async", ".call_remote"]
+                .iter()
+                .any(|c| before.ends_with(c))
+            {
                 let name = ident(&text[at + 2..]);
                 if text[at + 2 + name.len()..].starts_with('"') && !name.is_empty() {
                     methods.insert(name);
@@ -1315,7 +1459,9 @@ mod tests {
     }
 
     fn scan(dir: &Path, names: &mut BTreeSet<String>, methods: &mut BTreeSet<String>) {
-        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
         for entry in entries.flatten() {
             let path = entry.path();
             if path.is_dir() {
@@ -1339,11 +1485,24 @@ mod tests {
     fn every_op_the_seeds_call_is_allowed_by_default() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let (mut names, mut methods) = (BTreeSet::new(), BTreeSet::new());
-        for dir in ["tests", "plugins", "examples", "bench", "host/src", "guest-sdk/src"] {
+        for dir in [
+            "tests",
+            "plugins",
+            "examples",
+            "bench",
+            "host/src",
+            "guest-sdk/src",
+        ] {
             scan(&root.join(dir), &mut names, &mut methods);
         }
-        assert!(names.contains("aten::add") && names.contains("aten::linalg_multi_dot"), "{names:?}");
-        assert!(methods.contains("view") && methods.contains("size"), "{methods:?}");
+        assert!(
+            names.contains("aten::add") && names.contains("aten::linalg_multi_dot"),
+            "{names:?}"
+        );
+        assert!(
+            methods.contains("view") && methods.contains("size"),
+            "{methods:?}"
+        );
         let policy = OpPolicy::default();
         let mut refused = Vec::new();
         let mut unknown = Vec::new();
@@ -1354,8 +1513,14 @@ mod tests {
                 Err(_) => unknown.push(name.as_str()),
             }
         }
-        println!("ops the repository calls: {names:?}; tensor methods: {methods:?}; not ops: {unknown:?}");
-        assert!(refused.is_empty(), "the default policy refuses ops the code calls:\n{}", refused.join("\n"));
+        println!(
+            "ops the repository calls: {names:?}; tensor methods: {methods:?}; not ops: {unknown:?}"
+        );
+        assert!(
+            refused.is_empty(),
+            "the default policy refuses ops the code calls:\n{}",
+            refused.join("\n")
+        );
         for builtin in BUILTINS {
             assert!(policy.verdict(builtin).unwrap().is_allowed());
         }

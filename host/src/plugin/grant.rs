@@ -184,49 +184,101 @@ mod tests {
 
     #[test]
     fn a_deployed_plugin_calls_its_own_functions_builtins_and_what_it_declares() {
-        let grant = PluginGrant::deployed("probe", &manifest(&[], &["seed_fns::identity", "hello::*"])).unwrap();
-        for ok in ["probe::relay", "aten::add", "builtins.min", "seed_fns::identity", "hello::greet"] {
+        let grant =
+            PluginGrant::deployed("probe", &manifest(&[], &["seed_fns::identity", "hello::*"]))
+                .unwrap();
+        for ok in [
+            "probe::relay",
+            "aten::add",
+            "builtins.min",
+            "seed_fns::identity",
+            "hello::greet",
+        ] {
             assert!(grant.admit_call(ok, "worker1").is_ok(), "{ok}");
         }
-        for refused in ["seed_fns::raise_func", "probe2::x", "prob::x", "wasmrpc::_rref_fetch"] {
+        for refused in [
+            "seed_fns::raise_func",
+            "probe2::x",
+            "prob::x",
+            "wasmrpc::_rref_fetch",
+        ] {
             let e = grant.admit_call(refused, "worker1").unwrap_err();
             assert_eq!(e.kind(), ErrorKind::RuntimeError);
             assert!(
-                e.message().starts_with(&format!("worker1 does not let plugin probe call {refused}")),
+                e.message()
+                    .starts_with(&format!("worker1 does not let plugin probe call {refused}")),
                 "{e}"
             );
         }
         let trusted = PluginGrant::operator("probe");
-        assert!(trusted.admit_call("seed_fns::raise_func", "worker1").is_ok());
+        assert!(
+            trusted
+                .admit_call("seed_fns::raise_func", "worker1")
+                .is_ok()
+        );
     }
 
     #[test]
     fn declared_ops_narrow_the_worker_policy_and_never_widen_it() {
-        let worker = OpPolicy::default().allow("aten::from_file").unwrap().allow("aten::empty").unwrap();
-        let declared = PluginGrant::deployed("probe", &manifest(&["aten::from_file"], &[])).unwrap();
-        let gate = PluginGate { policy: &worker, worker: "worker1", grant: &declared };
+        let worker = OpPolicy::default()
+            .allow("aten::from_file")
+            .unwrap()
+            .allow("aten::empty")
+            .unwrap();
+        let declared =
+            PluginGrant::deployed("probe", &manifest(&["aten::from_file"], &[])).unwrap();
+        let gate = PluginGate {
+            policy: &worker,
+            worker: "worker1",
+            grant: &declared,
+        };
         assert!(admit(&gate, "aten::add").is_ok(), "families are granted");
-        assert!(admit(&gate, "aten::from_file").is_ok(), "declared and allowed");
+        assert!(
+            admit(&gate, "aten::from_file").is_ok(),
+            "declared and allowed"
+        );
         let e = admit(&gate, "aten::empty").unwrap_err().to_string();
-        assert!(e.starts_with("worker1 does not run aten::empty for plugin probe"), "{e}");
+        assert!(
+            e.starts_with("worker1 does not run aten::empty for plugin probe"),
+            "{e}"
+        );
         assert!(e.contains("permissions!(ops = [\"aten::empty\"])"), "{e}");
 
         // Declared, but the worker's operator did not allow it.
         let strict = OpPolicy::default();
-        let gate = PluginGate { policy: &strict, worker: "worker1", grant: &declared };
+        let gate = PluginGate {
+            policy: &strict,
+            worker: "worker1",
+            grant: &declared,
+        };
         let e = admit(&gate, "aten::from_file").unwrap_err().to_string();
-        assert!(e.starts_with("worker1 does not run aten::from_file: the op takes a file name"), "{e}");
+        assert!(
+            e.starts_with("worker1 does not run aten::from_file: the op takes a file name"),
+            "{e}"
+        );
         // Declared and allowed, but denied.
         let denying = worker.clone().deny("aten::from_file").unwrap();
-        let gate = PluginGate { policy: &denying, worker: "worker1", grant: &declared };
+        let gate = PluginGate {
+            policy: &denying,
+            worker: "worker1",
+            grant: &declared,
+        };
         assert!(admit(&gate, "aten::from_file").is_err());
 
         // The operator's own plugins get the whole policy.
         let trusted = PluginGrant::operator("probe");
-        let gate = PluginGate { policy: &worker, worker: "worker1", grant: &trusted };
+        let gate = PluginGate {
+            policy: &worker,
+            worker: "worker1",
+            grant: &trusted,
+        };
         assert!(admit(&gate, "aten::empty").is_ok());
 
         let e = PluginGrant::deployed("probe", &manifest(&["aten::add.Tensor"], &[])).unwrap_err();
-        assert!(e.message().contains("plugin wasmrpc-plugin-probe declares op pattern"), "{e}");
+        assert!(
+            e.message()
+                .contains("plugin wasmrpc-plugin-probe declares op pattern"),
+            "{e}"
+        );
     }
 }

@@ -108,7 +108,7 @@ pub use convert::{
 };
 pub use error::{NO_MATCHING_SCHEMA, OpError};
 pub use op::{
-    AdmitAll, Admission, OpGate, Operator, Target, WIRE_PREFIX, call_method, call_method_gated,
+    Admission, AdmitAll, OpGate, Operator, Target, WIRE_PREFIX, call_method, call_method_gated,
     call_op, call_op_gated, qualified_name, registered_ops, schemas,
 };
 pub use profile::{OpEvent, record_ops};

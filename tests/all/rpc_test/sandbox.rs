@@ -79,7 +79,10 @@ fn refused<T: std::fmt::Debug>(
 
 fn leaks_nothing(e: &Error) -> anyhow::Result<()> {
     let secret = String::from_utf8_lossy(SECRET);
-    ensure!(!e.to_string().contains(secret.as_ref()), "the secret leaked: {e}");
+    ensure!(
+        !e.to_string().contains(secret.as_ref()),
+        "the secret leaked: {e}"
+    );
     Ok(())
 }
 
@@ -289,13 +292,15 @@ fn test_a_policy_narrowed_by_the_operator_refuses_what_it_denies() {
         let c = cluster(2).options(options).start().await?;
         let a = c.agent(0).clone();
         let e = refused(
-            a.rpc_sync("worker1", "aten::rand", args![list(vec![2i64.into()])]).await,
+            a.rpc_sync("worker1", "aten::rand", args![list(vec![2i64.into()])])
+                .await,
             "worker1",
             "aten::rand",
         )?;
         ensure!(e.message().contains("denied by rule `deny @random`"), "{e}");
         refused(
-            a.rpc_sync("worker1", "aten::mul", args![ones(&[2]), 2]).await,
+            a.rpc_sync("worker1", "aten::mul", args![ones(&[2]), 2])
+                .await,
             "worker1",
             "aten::mul",
         )?;
