@@ -36,8 +36,8 @@
 //! - OPS-3: a builtin op a peer names runs only after the worker's op
 //!   policy admits it (POL-1), on whichever thread it runs.
 
-pub mod family;
-pub(crate) mod policy;
+pub(crate) mod family;
+pub mod policy;
 pub(crate) mod schema;
 
 use std::sync::Arc;

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use wasmrpc::family::FAMILIES;
-use wasmrpc::{Denial, OpPolicy, Verdict};
+use wasmrpc::OpPolicy;
+use wasmrpc::op_policy::{Action, Denial, FAMILIES, Verdict};
 
 /// The op policy flags of `worker`, `launch` and `ops list`.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -44,10 +44,10 @@ impl OpPolicyArgs {
             policy = policy.rules_from_file(file)?;
         }
         for pattern in &self.allow {
-            policy = policy.rule(wasmrpc::Action::Allow, pattern, Some("--allow-op".into()))?;
+            policy = policy.rule(Action::Allow, pattern, Some("--allow-op".into()))?;
         }
         for pattern in &self.deny {
-            policy = policy.rule(wasmrpc::Action::Deny, pattern, Some("--deny-op".into()))?;
+            policy = policy.rule(Action::Deny, pattern, Some("--deny-op".into()))?;
         }
         Ok(policy)
     }

@@ -5,6 +5,9 @@
 //! if its operator allows it) and one function of another plugin
 //! (`seed_fns::identity`). Its functions run or call whatever they are
 //! told, so the tests can try everything else too.
+//!
+//! POLICY_TEST_NAMES_DENIED_OPS: the op it declares is one the default op
+//! policy refuses, on purpose.
 
 use wasmrpc_guest::{RRef, Result, Tensor, Value, permissions, remote, rpc_sync};
 
