@@ -100,6 +100,13 @@
 //!   [`ErrorKind`]; the caller sees that kind and message unchanged. A
 //!   panic traps the instance: the caller gets a `RuntimeError` naming the
 //!   plugin and function, with the panic message.
+//! - **Permissions.** A worker runs a plugin's ops through its op policy.
+//!   A plugin its operator loads (`--plugins`) may run whatever that
+//!   policy serves and call any function; a plugin deployed at run time
+//!   runs the policy's op families and calls its own functions and
+//!   builtin ops only, unless it declares more with [`permissions!`]
+//!   (`permissions!(ops = ["aten::from_file"], calls = ["hello::*"])`),
+//!   which the worker grants as far as its operator's policy allows.
 //! - **Progress.** [`progress::report`] reports how far a long task is;
 //!   `wasmrpc launch` draws a bar per worker and task.
 //! - **Profiling.** [`profiler::record_function`] opens a named range that
@@ -141,4 +148,4 @@ pub use state::{LockGuard, clear_global, global, lock, log, log_at, set_global, 
 pub use tensor::{Element, Operand, Tensor};
 pub use wasmrpc_abi::protocol::{DType, LogLevel, TensorMeta};
 pub use wasmrpc_abi::{ErrorKind, Value, WorkerInfo};
-pub use wasmrpc_guest_macros::{remote, remote_class};
+pub use wasmrpc_guest_macros::{permissions, remote, remote_class};

@@ -4,6 +4,7 @@
 mod cert;
 mod credentials;
 mod launch;
+mod ops;
 mod plugin;
 mod worker;
 
@@ -46,6 +47,11 @@ enum Command {
     /// --tls-key) accept only peers with a certificate of the same CA that
     /// names the worker they claim to be.
     Cert(cert::CertArgs),
+    /// What a worker's op policy serves: `wasmrpc ops list` prints the
+    /// builtin ops a worker with the same --allow-op/--deny-op/--op-policy
+    /// flags runs for peers and plugins (`--denied`: what it refuses, and
+    /// why); `wasmrpc ops families` the default families.
+    Ops(ops::OpsArgs),
 }
 
 /// Sets up `tracing` output on stderr, filtered by `RUST_LOG` (default: info).
@@ -79,6 +85,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Plugin(args) => plugin::run(args),
         Command::Cert(args) => cert::run(args),
+        Command::Ops(args) => ops::run(args),
     }
 }
 

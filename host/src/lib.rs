@@ -59,10 +59,11 @@
 //!   a function of the same name is registered; they run off the async
 //!   threads, with PyTorch's schema matching and error texts.
 //! - **Op policy** ([`OpPolicy`], in
-//!   [`RpcBackendOptions::op_policy`]): which of those ops a worker runs for
-//!   peers and plugins. Deny by default: the tensor-computing families of
-//!   [`family`] and nothing else; every other op is refused before it runs,
-//!   whatever the spelling of its name.
+//!   [`RpcBackendOptions::op_policy`]; the rest of its API in
+//!   [`op_policy`]): which of those ops a worker runs for peers and
+//!   plugins. Deny by default: the tensor-computing families of
+//!   [`op_policy::FAMILIES`] and nothing else; every other op is refused
+//!   before it runs, whatever the spelling of its name.
 //! - **Plugins** ([`PluginHost`]): wasm modules built with the guest SDK,
 //!   loaded once per process and registered in a worker's registry as
 //!   `namespace::function` (`seed_fns::my_function`). Each call gets its
@@ -120,11 +121,11 @@ pub use agent::{
     wait_all, wait_all_blocking, wait_all_scope, worker_info,
 };
 pub use error::*;
-pub use ops::policy::{Action, Denial, Grant, Pattern, Rule, Verdict};
-pub use ops::schema::{Hazard, HazardKind, Overload};
-pub use ops::{BuiltinOps, OpPolicy, call_builtin, family};
+pub use ops::policy as op_policy;
+pub use ops::{BuiltinOps, OpPolicy, call_builtin};
 pub use plugin::{
-    CACHE_DIR_ENV, DeployReport, PACKAGE_PREFIX, PluginHost, WorkerDeployment, plugin_namespace,
+    CACHE_DIR_ENV, DeployReport, PACKAGE_PREFIX, PluginHost, PluginTrust, WorkerDeployment,
+    plugin_namespace,
 };
 pub use remote_module::RemoteModule;
 pub use rref::{RRef, RRefId, RRefProxy, RRefProxyMode, rref_debug_info_function};

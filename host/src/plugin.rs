@@ -35,6 +35,12 @@
 //! ([`crate::rref`]); ops and their schema matching are
 //! `wasmrpc-torch-sys`'s.
 //!
+//! Each registered plugin carries a grant (`grant`): what it may do on the
+//! worker beyond the sandbox. A plugin the operator loads may run every op
+//! the worker's op policy serves and call any function; a deployed one is
+//! held to the op families and its own functions and builtin ops, plus
+//! what its manifest declares ([`PluginTrust`]).
+//!
 //! Invariants:
 //! - PL-1: a guest never sees a handle it does not own: every tensor in a
 //!   call's arguments and in every reply is a new handle, released when the
@@ -50,6 +56,7 @@
 mod class;
 pub(crate) mod deploy;
 mod function;
+mod grant;
 mod guest;
 mod handles;
 mod state;
@@ -65,6 +72,8 @@ use crate::error::{Error, Result};
 use class::PluginClass;
 pub use deploy::{DeployReport, WorkerDeployment};
 use function::{PluginFunction, wasm_error};
+use grant::PluginGrant;
+pub use grant::PluginTrust;
 
 /// The environment variable that overrides where compiled plugins are
 /// cached on disk ([`PluginHost::default_config`]).
@@ -232,8 +241,47 @@ impl PluginHost {
     ///   args)` constructs an object on `dst` held by the RRef, whose
     ///   methods the RRef's proxies call (`rpc_sync`/`rpc_async` of a class
     ///   answer `TypeError`: objects stay on their owner).
+    ///
+    /// The plugin gets the rights of one its operator loaded
+    /// ([`PluginTrust::Operator`]); see [`register_with`](Self::register_with).
     pub fn register(&self, plugin: &Arc<Plugin>, registry: &FunctionRegistry) -> Vec<String> {
         let namespace = plugin_namespace(plugin.name());
+        self.register_granted(plugin, registry, PluginGrant::operator(&namespace))
+    }
+
+    /// [`register`](Self::register) with the rights `trust` gives
+    /// (`grant`'s module docs): [`PluginTrust::Operator`], the worker's
+    /// whole op policy and any function; [`PluginTrust::Deployed`] (what
+    /// deployment uses), the op families and calls to its own functions
+    /// and builtin ops, plus what its manifest declares
+    /// (`wasmrpc_guest::permissions!`), never beyond the worker's op
+    /// policy.
+    ///
+    /// # Errors
+    /// `ValueError` if the manifest declares an op pattern that is not one
+    /// (nothing is registered then).
+    pub fn register_with(
+        &self,
+        plugin: &Arc<Plugin>,
+        registry: &FunctionRegistry,
+        trust: PluginTrust,
+    ) -> Result<Vec<String>> {
+        let namespace = plugin_namespace(plugin.name());
+        let grant = match trust {
+            PluginTrust::Operator => PluginGrant::operator(&namespace),
+            PluginTrust::Deployed => PluginGrant::deployed(&namespace, plugin.manifest())?,
+        };
+        Ok(self.register_granted(plugin, registry, grant))
+    }
+
+    fn register_granted(
+        &self,
+        plugin: &Arc<Plugin>,
+        registry: &FunctionRegistry,
+        grant: PluginGrant,
+    ) -> Vec<String> {
+        let namespace = plugin_namespace(plugin.name());
+        let grant = Arc::new(grant);
         let mut names = Vec::new();
         for export in &plugin.manifest().exports {
             let function: Arc<dyn crate::agent::RpcFunction> = match (export.kind, &export.class) {
@@ -243,6 +291,7 @@ impl PluginHost {
                         plugin.clone(),
                         namespace.clone(),
                         export.name.clone(),
+                        grant.clone(),
                     ))
                 }
                 (ExportKind::Constructor, Some(class)) => Arc::new(PluginClass::new(
@@ -250,6 +299,7 @@ impl PluginHost {
                     plugin.clone(),
                     namespace.clone(),
                     class.clone(),
+                    grant.clone(),
                 )),
                 // Methods are served through their objects.
                 _ => continue,

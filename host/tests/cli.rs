@@ -1074,3 +1074,153 @@ fn plugin_deploy_help_explains_how_to_reach_a_group() {
         assert!(stdout.contains(needle), "{needle} missing from:\n{stdout}");
     }
 }
+
+// POLICY_TEST_NAMES_DENIED_OPS: the op policy tests below name refused ops
+// on purpose.
+
+#[test]
+fn ops_list_prints_what_a_worker_serves_and_what_it_refuses() {
+    let out = wasmrpc(&["ops", "list"], Duration::from_secs(60));
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "ops list failed:\n{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines.contains(&"aten::matmul\t@linalg"), "{stdout}");
+    assert!(lines.contains(&"builtins.min\t@builtins"), "{stdout}");
+    assert!(!stdout.contains("aten::from_file"), "{stdout}");
+    assert!(stderr.contains("ops served"), "{stderr}");
+
+    let out = wasmrpc(&["ops", "list", "--denied"], Duration::from_secs(60));
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "ops list --denied failed:\n{stderr}");
+    assert!(
+        stdout.contains("aten::from_file\tunsafe schema: takes a file name"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("prim::dtype\tother namespace: prim"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("aten::set_\tnot in a family"), "{stdout}");
+    assert!(
+        !stdout.lines().any(|l| l.starts_with("aten::matmul\t")),
+        "{stdout}"
+    );
+
+    // The flags widen and narrow it as they would a worker's.
+    let out = wasmrpc(
+        &[
+            "ops",
+            "list",
+            "--allow-op",
+            "aten::from_file",
+            "--deny-op",
+            "@random",
+        ],
+        Duration::from_secs(60),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("aten::from_file\tallow aten::from_file (--allow-op)"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.lines().any(|l| l.starts_with("aten::rand\t")),
+        "{stdout}"
+    );
+
+    let out = wasmrpc(&["ops", "families"], Duration::from_secs(60));
+    let (stdout, _) = text(&out);
+    assert!(
+        stdout.lines().any(|l| l.starts_with("@random\t")),
+        "{stdout}"
+    );
+
+    let out = wasmrpc(&["ops", "list", "--help"], Duration::from_secs(10));
+    let (stdout, _) = text(&out);
+    for words in [
+        "--denied",
+        "--allow-op",
+        "--deny-op",
+        "--op-policy",
+        "unsafe schema",
+    ] {
+        assert!(
+            stdout.contains(words),
+            "{words} missing from the help:\n{stdout}"
+        );
+    }
+}
+
+#[test]
+fn a_bad_op_policy_file_names_its_line() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let file = dir.path().join("ops.policy");
+    std::fs::write(&file, "# ok\nallow aten::from_file\npermit aten::mul\n").expect("write");
+    let file = file.display().to_string();
+    for args in [
+        vec!["ops", "list", "--op-policy", &file],
+        vec!["launch", "--nproc", "1", "--op-policy", &file],
+    ] {
+        let out = wasmrpc(&args, Duration::from_secs(60));
+        let (_, stderr) = text(&out);
+        assert!(!out.status.success(), "{args:?} accepted a bad policy");
+        assert!(
+            stderr.contains(&format!(
+                "{file}:3: expected `allow PATTERN` or `deny PATTERN`"
+            )),
+            "{args:?}:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn launch_passes_the_op_policy_to_every_worker() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let file = dir.path().join("ops.policy");
+    std::fs::write(&file, "deny aten::relu   # no activations here\n").expect("write");
+    let file = file.display().to_string();
+    // seed_fns::udf_with_torch_ops runs add, mul, relu and sigmoid on
+    // worker1, whose policy refuses relu.
+    let out = wasmrpc(
+        &[
+            "launch",
+            "--nproc",
+            "2",
+            "--plugins",
+            &plugin_dir(),
+            "--op-policy",
+            &file,
+            "--entry",
+            "seed_fns::udf_with_torch_ops",
+            "--entry-on",
+            "worker1",
+        ],
+        Duration::from_secs(90),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "the entry ran:\n{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "worker1 does not run aten::relu: denied by rule `deny aten::relu ({file}:1)`"
+        )),
+        "{stdout}\n{stderr}"
+    );
+    // Without the rule the same entry runs.
+    let out = wasmrpc(
+        &[
+            "launch",
+            "--nproc",
+            "2",
+            "--plugins",
+            &plugin_dir(),
+            "--entry",
+            "seed_fns::udf_with_torch_ops",
+            "--entry-on",
+            "worker1",
+        ],
+        Duration::from_secs(90),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+}

@@ -8,12 +8,21 @@
 //! tests give one worker other options (deployment off) than the rest.
 //! Every test runs under the test timeout. The CLI's `wasmrpc plugin
 //! deploy` is tested in `host/tests/cli.rs`.
+//!
+//! Least privilege (issue 18): the `probe` plugin (`plugins/probe`), which
+//! declares `aten::from_file` and `seed_fns::identity` and tries more, is
+//! deployed and held to the op families, its own functions, builtin ops and
+//! what it declares, as far as the workers' op policy goes; loaded by the
+//! operator instead, it gets the workers' whole policy.
+//!
+//! POLICY_TEST_NAMES_DENIED_OPS: the op names of the least-privilege tests
+//! are refused on purpose.
 
 use anyhow::{Context, ensure};
 use wasmrpc::testing::{fresh_store, worker_name};
 use wasmrpc::{
-    ErrorKind, FaultInjection, Future, MessageKind, RpcAgent, RpcBackendOptions, args, collect_all,
-    init_rpc,
+    ErrorKind, FaultInjection, Future, MessageKind, OpPolicy, Payload, PluginHost, RpcAgent,
+    RpcBackendOptions, args, collect_all, init_rpc,
 };
 use wasmrpc_tests::seed_fns::TimedOutRpcEvent;
 use wasmrpc_tests::{expect_err, register_all, timed};
@@ -347,5 +356,171 @@ fn a_late_joiner_of_a_dynamic_group_installs_the_deployed_plugins() {
         w1.shutdown(true, std::time::Duration::ZERO).await?;
         w0.shutdown(true, std::time::Duration::ZERO).await?;
         Ok(())
+    });
+}
+
+fn probe_wasm() -> Vec<u8> {
+    std::fs::read(wasmrpc_plugins::PROBE).expect("the probe plugin was built")
+}
+
+/// Workers whose operator trusts its own plugins with two more ops.
+fn trusting(o: RpcBackendOptions) -> RpcBackendOptions {
+    let policy = OpPolicy::default()
+        .allow("aten::from_file")
+        .and_then(|p| p.allow("aten::empty"))
+        .expect("valid patterns");
+    RpcBackendOptions {
+        op_policy: std::sync::Arc::new(policy),
+        ..o
+    }
+}
+
+/// A file of two float32s, removed on drop.
+struct TwoFloats(std::path::PathBuf);
+
+impl TwoFloats {
+    fn new() -> anyhow::Result<TwoFloats> {
+        let path = std::env::temp_dir().join(format!(
+            "wasmrpc-probe-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)?
+                .as_nanos()
+        ));
+        let bytes: Vec<u8> = [1.5f32, 2.5].iter().flat_map(|f| f.to_le_bytes()).collect();
+        std::fs::write(&path, bytes)?;
+        Ok(TwoFloats(path))
+    }
+
+    /// `from_file(path, False, 2)`, as a list of arguments.
+    fn args(&self) -> Payload {
+        Payload::list(vec![
+            self.0.display().to_string().into(),
+            false.into(),
+            2i64.into(),
+        ])
+    }
+}
+
+impl Drop for TwoFloats {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn list(items: Vec<Payload>) -> Payload {
+    Payload::list(items)
+}
+
+/// `probe::relay(dst, function, args)` on worker1, towards worker2.
+async fn relay(a: &RpcAgent, how: &str, function: &str, args: Payload) -> wasmrpc::Result<Payload> {
+    a.rpc_sync("worker1", how, args!["worker2", function, args])
+        .await
+}
+
+/// `probe::run_op(name, args)` on worker1.
+async fn run_op(a: &RpcAgent, name: &str, args: Payload) -> wasmrpc::Result<Payload> {
+    a.rpc_sync("worker1", "probe::run_op", args![name, args])
+        .await
+}
+
+#[test]
+fn a_deployed_plugin_gets_least_privilege_and_what_it_declares() {
+    timed(async {
+        let file = TwoFloats::new()?;
+        let agents = start(|_, o| trusting(o)).await?;
+        agents[0].deploy_plugin(&probe_wasm()).await?.check()?;
+        let a = &agents[0];
+        for how in ["probe::relay", "probe::relay_remote"] {
+            // Builtin ops and its own functions.
+            let r = relay(a, how, "aten::add", list(vec![1i64.into(), 2i64.into()])).await?;
+            ensure!(r.as_int()? == 3, "{how}: {r:?}");
+            let mul = list(vec![
+                "aten::mul".into(),
+                list(vec![2i64.into(), 3i64.into()]),
+            ]);
+            let r = relay(a, how, "probe::run_op", mul).await?;
+            ensure!(r.as_int()? == 6, "{how}: {r:?}");
+            // The one function of another plugin it declares.
+            let r = relay(a, how, "seed_fns::identity", list(vec![7i64.into()])).await?;
+            ensure!(r.as_int()? == 7, "{how}: {r:?}");
+            // Any other: refused on worker1, before anything is sent.
+            expect_err(
+                relay(a, how, "seed_fns::raise_func", list(vec![])).await,
+                ErrorKind::RuntimeError,
+                "worker1 does not let plugin probe call seed_fns::raise_func",
+            )?;
+        }
+        // Ops: the families, and the op it declares, which the operator allows.
+        let two = || {
+            list(vec![
+                wasmrpc_tests::ones(&[2]).into(),
+                wasmrpc_tests::ones(&[2]).into(),
+            ])
+        };
+        let r = run_op(a, "aten::add", two()).await?;
+        ensure!(r.as_tensor()?.sum(tch::Kind::Float).double_value(&[]) == 4.0);
+        let r = run_op(a, "aten::from_file", file.args()).await?;
+        ensure!(
+            Vec::<f32>::try_from(&r.as_tensor()?)? == [1.5, 2.5],
+            "{r:?}"
+        );
+        // An op the operator allows for its own plugins, not declared.
+        expect_err(
+            run_op(a, "aten::empty", list(vec![list(vec![2i64.into()])])).await,
+            ErrorKind::RuntimeError,
+            "worker1 does not run aten::empty for plugin probe",
+        )?;
+        stop(agents).await?;
+
+        // Declaring an op is not enough where the operator does not allow it.
+        let agents = start(|_, o| o).await?;
+        agents[0].deploy_plugin(&probe_wasm()).await?.check()?;
+        expect_err(
+            run_op(&agents[0], "aten::from_file", file.args()).await,
+            ErrorKind::RuntimeError,
+            "worker1 does not run aten::from_file: the op takes a file name",
+        )?;
+        stop(agents).await
+    });
+}
+
+#[test]
+fn a_plugin_the_operator_loads_gets_the_whole_op_policy_and_no_more() {
+    timed(async {
+        let agents = start(|_, o| {
+            let o = trusting(o);
+            let host = PluginHost::shared().expect("the plugin host starts");
+            let probe = host
+                .load_file(wasmrpc_plugins::PROBE)
+                .expect("the probe plugin loads");
+            host.register(&probe, &o.registry);
+            o
+        })
+        .await?;
+        let a = &agents[0];
+        // Any function: seed_fns::raise_func runs, and raises.
+        expect_err(
+            relay(a, "probe::relay", "seed_fns::raise_func", list(vec![])).await,
+            ErrorKind::ValueError,
+            "Expected error",
+        )?;
+        // Every op the policy serves, declared or not.
+        run_op(a, "aten::empty", list(vec![list(vec![2i64.into()])])).await?;
+        // Nothing the policy refuses.
+        expect_err(
+            run_op(
+                a,
+                "aten::set_",
+                list(vec![
+                    wasmrpc_tests::ones(&[2]).into(),
+                    wasmrpc_tests::ones(&[4]).into(),
+                ]),
+            )
+            .await,
+            ErrorKind::RuntimeError,
+            "worker1 does not run aten::set_",
+        )?;
+        stop(agents).await
     });
 }

@@ -7,6 +7,13 @@
 //! linker concatenates the records of every function into one section;
 //! [`Manifest::from_section`] turns them back into a [`Manifest`]. Reading the
 //! section out of a wasm module is the host's business.
+//!
+//! A plugin may also declare what it asks a worker to let it do beyond a
+//! deployed plugin's defaults ([`Permissions`], written by
+//! `wasmrpc_guest::permissions!`). The record kind was added after the
+//! first plugins were built: sections without it (older plugins) read as
+//! asking for nothing more, and a worker grants at most what its operator
+//! allows whatever a plugin declares.
 
 use crate::protocol::{ABI_VERSION, ExportKind};
 use alloc::string::String;
@@ -29,6 +36,45 @@ pub enum Record {
     },
     /// One exported function, constructor or method.
     Export(Export),
+    /// What the plugin asks to do beyond a deployed plugin's defaults.
+    /// Last, so older sections (which never hold it) decode as before.
+    Permissions(Permissions),
+}
+
+/// What a plugin asks a worker to let it do beyond what a deployed plugin
+/// may do by default (the worker's op families; its own functions and
+/// builtin ops as RPC targets). Patterns as the worker's op policy and
+/// function names read them; the worker grants at most what its operator
+/// allows.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Permissions {
+    /// Ops beyond the worker's families: `aten::from_file`,
+    /// `aten::linalg_*`, `@random`.
+    pub ops: Vec<String>,
+    /// Registered functions of other plugins it calls by RPC:
+    /// `other_ns::*`, `hello::greet`.
+    pub calls: Vec<String>,
+}
+
+impl Permissions {
+    /// Whether it asks for nothing.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty() && self.calls.is_empty()
+    }
+
+    /// Adds `other`'s patterns that are not already here.
+    fn merge(&mut self, other: Permissions) {
+        for op in other.ops {
+            if !self.ops.contains(&op) {
+                self.ops.push(op);
+            }
+        }
+        for call in other.calls {
+            if !self.calls.contains(&call) {
+                self.calls.push(call);
+            }
+        }
+    }
 }
 
 /// One entry of the manifest.
@@ -55,6 +101,9 @@ pub struct Manifest {
     pub abi: u32,
     /// Every export, sorted by class then name.
     pub exports: Vec<Export>,
+    /// What it declares it needs (empty for plugins that declare nothing,
+    /// and for those built before declarations existed).
+    pub permissions: Permissions,
 }
 
 /// Why a manifest section could not be read.
@@ -112,6 +161,7 @@ impl Manifest {
     pub fn from_section(mut bytes: &[u8]) -> Result<Manifest, ManifestError> {
         let mut plugin: Option<(String, String, u32)> = None;
         let mut exports: Vec<Export> = Vec::new();
+        let mut permissions = Permissions::default();
         while !bytes.is_empty() {
             let (len, rest) = bytes.split_at_checked(4).ok_or(ManifestError::Truncated)?;
             let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
@@ -135,6 +185,7 @@ impl Manifest {
                         exports.push(e);
                     }
                 }
+                Record::Permissions(p) => permissions.merge(p),
             }
         }
         let (name, version, abi) = plugin.ok_or(ManifestError::NoPlugin)?;
@@ -144,6 +195,7 @@ impl Manifest {
             version,
             abi,
             exports,
+            permissions,
         })
     }
 
@@ -222,6 +274,66 @@ mod tests {
         assert!(m.method("C", "m").is_some());
         assert!(m.method("C", "g").is_none());
         assert!(m.abi_matches());
+    }
+
+    /// A section as plugins built before permission records wrote it (the
+    /// bytes of `plugin()` and one function export, framed): it reads as
+    /// before, asking for nothing more.
+    #[test]
+    fn sections_without_permissions_still_parse() {
+        let old: &[u8] = &[
+            10,
+            0,
+            0,
+            0,
+            0,
+            1,
+            b'p',
+            5,
+            b'1',
+            b'.',
+            b'0',
+            b'.',
+            b'0',
+            ABI_VERSION as u8, //
+            8,
+            0,
+            0,
+            0,
+            1,
+            1,
+            b'g',
+            0,
+            0,
+            1,
+            1,
+            b'a',
+        ];
+        const { assert!(ABI_VERSION < 128, "one varint byte above") };
+        let m = Manifest::from_section(old).unwrap();
+        assert_eq!(m.name, "p");
+        assert!(m.function("g").is_some());
+        assert!(m.permissions.is_empty());
+        // The same records framed today are the same bytes.
+        let mut now = plugin().frame().unwrap();
+        now.extend(export("g", ExportKind::Function, None).frame().unwrap());
+        assert_eq!(now, old);
+    }
+
+    #[test]
+    fn permission_records_merge() {
+        let ask = |ops: &[&str], calls: &[&str]| {
+            Record::Permissions(Permissions {
+                ops: ops.iter().map(|s| (*s).to_owned()).collect(),
+                calls: calls.iter().map(|s| (*s).to_owned()).collect(),
+            })
+        };
+        let mut section = plugin().frame().unwrap();
+        section.extend(ask(&["aten::from_file"], &["hello::*"]).frame().unwrap());
+        section.extend(ask(&["@random", "aten::from_file"], &[]).frame().unwrap());
+        let m = Manifest::from_section(&section).unwrap();
+        assert_eq!(m.permissions.ops, ["aten::from_file", "@random"]);
+        assert_eq!(m.permissions.calls, ["hello::*"]);
     }
 
     #[test]

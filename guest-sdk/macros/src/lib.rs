@@ -5,6 +5,8 @@
 //! - `#[remote]` / `#[remote(async_execution)]` on a free function.
 //! - `#[remote_class]` on an inherent `impl` block, with `#[constructor]`,
 //!   `#[async_execution]` and `#[skip]` on its functions.
+//! - `permissions!(ops = [...], calls = [...])` once per plugin: what it
+//!   asks a worker to let it do beyond a deployed plugin's defaults.
 //!
 //! Each export becomes a C-ABI wrapper `(object: u32, len: u32) -> u64`
 //! named by `wasmrpc_abi::protocol::export_name`, plus framed manifest
@@ -19,7 +21,7 @@ use syn::{
     FnArg, Ident, ImplItem, ImplItemFn, ItemFn, ItemImpl, Pat, ReturnType, Signature, Type,
     parse_macro_input,
 };
-use wasmrpc_abi::manifest::{Export, Record};
+use wasmrpc_abi::manifest::{Export, Permissions, Record};
 use wasmrpc_abi::protocol::{
     ABI_VERSION, ExportKind, MANIFEST_SECTION, drop_export_name, export_name,
 };
@@ -44,6 +46,84 @@ pub fn remote(attr: TokenStream, item: TokenStream) -> TokenStream {
             quote!(#item_fn #e).into()
         }
     }
+}
+
+/// Declares what the plugin asks a worker to let it do beyond a deployed
+/// plugin's defaults (the worker's op families; its own functions and
+/// builtin ops as RPC targets): `ops` patterns (`"aten::from_file"`,
+/// `"aten::linalg_*"`, `"@random"`) and `calls` to other plugins' functions
+/// (`"hello::*"`, `"seed_fns::identity"`). Either list may be left out.
+/// A worker grants at most what its operator's op policy allows; plugins
+/// its operator loads itself get the worker's whole policy anyway.
+///
+/// ```ignore
+/// wasmrpc_guest::permissions!(ops = ["aten::from_file"], calls = ["hello::*"]);
+/// ```
+#[proc_macro]
+pub fn permissions(input: TokenStream) -> TokenStream {
+    match expand_permissions(input.into()) {
+        Ok(tokens) => tokens.into(),
+        Err(e) => e.to_compile_error().into(),
+    }
+}
+
+fn expand_permissions(input: TokenStream2) -> syn::Result<TokenStream2> {
+    use syn::punctuated::Punctuated;
+    let span = input.span();
+    let entries = syn::parse::Parser::parse2(
+        Punctuated::<syn::MetaNameValue, syn::Token![,]>::parse_terminated,
+        input,
+    )?;
+    let mut permissions = Permissions::default();
+    let mut seen = Vec::new();
+    for entry in entries {
+        let key = entry.path.get_ident().map(ToString::to_string);
+        let list = match key.as_deref() {
+            Some("ops") => &mut permissions.ops,
+            Some("calls") => &mut permissions.calls,
+            _ => {
+                return Err(syn::Error::new_spanned(
+                    &entry.path,
+                    "expected `ops = [...]` or `calls = [...]`",
+                ));
+            }
+        };
+        if seen.contains(&key) {
+            return Err(syn::Error::new_spanned(&entry.path, "given twice"));
+        }
+        seen.push(key);
+        let syn::Expr::Array(array) = &entry.value else {
+            return Err(syn::Error::new_spanned(
+                &entry.value,
+                "expected a list of string literals: [\"aten::from_file\"]",
+            ));
+        };
+        for item in &array.elems {
+            match item {
+                syn::Expr::Lit(syn::ExprLit {
+                    lit: syn::Lit::Str(text),
+                    ..
+                }) if !text.value().trim().is_empty()
+                    && !text.value().contains(char::is_whitespace) =>
+                {
+                    list.push(text.value());
+                }
+                other => {
+                    return Err(syn::Error::new_spanned(
+                        other,
+                        "expected a pattern as a string literal without spaces",
+                    ));
+                }
+            }
+        }
+    }
+    let manifest = manifest_static(&[plugin_record(), Record::Permissions(permissions)], span)?;
+    Ok(quote! {
+        #[doc(hidden)]
+        const _: () = {
+            #manifest
+        };
+    })
 }
 
 /// Exports a class: an inherent `impl` block with one `#[constructor]`

@@ -7,6 +7,8 @@
 //! [`crate::ops::BuiltinOps`], which every registry has unless made with
 //! [`FunctionRegistry::without_builtins`]). An explicitly registered
 //! function therefore always wins over a resolved one of the same name.
+//! Resolving a builtin op is not running it: the worker's op policy decides
+//! that when it is called (`crate::ops::policy`, POL-1).
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;

@@ -65,6 +65,9 @@ pub(crate) struct LaunchArgs {
     result: Option<PathBuf>,
     #[command(flatten)]
     tensor_memory: super::TensorMemoryArgs,
+    /// Every worker's op policy (passed to each `wasmrpc worker`).
+    #[command(flatten)]
+    op_policy: super::ops::OpPolicyArgs,
     /// Arguments of the entry function: integers, floats, `true`/`false`,
     /// or strings.
     #[arg(last = true)]
@@ -93,6 +96,9 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
         .map(|p| std::path::absolute(p).with_context(|| format!("bad plugin path {}", p.display())))
         .collect::<Result<Vec<_>>>()?;
 
+    // Checked here, so a bad rule fails once rather than in every worker.
+    args.op_policy.policy()?;
+    let op_policy = args.op_policy.child_args()?;
     let result_file = args
         .result
         .as_ref()
@@ -150,6 +156,7 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
             cmd.arg("--plugins").arg(dir);
         }
         cmd.args(super::TensorMemoryArgs::child_args(budget));
+        cmd.args(&op_policy);
         if rank == 0 {
             match &args.entry {
                 Some(entry) => {

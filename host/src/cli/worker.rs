@@ -82,6 +82,10 @@ pub(crate) struct WorkerArgs {
     tensor_memory: super::TensorMemoryArgs,
     #[command(flatten)]
     credentials: super::credentials::CredentialArgs,
+    /// Which builtin ops this worker runs for peers and plugins (its op
+    /// policy; `wasmrpc ops list` shows it).
+    #[command(flatten)]
+    op_policy: super::ops::OpPolicyArgs,
     /// Arguments of the entry function: integers, floats, `true`/`false`,
     /// or strings.
     #[arg(last = true)]
@@ -147,6 +151,7 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         init_timeout: args.init_timeout,
         accept_plugin_deployment: args.accept_plugin_deployment,
         tensor_memory: args.tensor_memory.budget(1),
+        op_policy: std::sync::Arc::new(args.op_policy.policy()?),
         ..RpcBackendOptions::default()
     };
     let agent = init_rpc(&name, Some(rank), world, store, options)

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use wasmrpc_wasm::{GuestHost, Object, Plugin, Runtime};
 
 use super::function::{PluginFunction, wasm_error};
+use super::grant::PluginGrant;
 use super::guest::GuestCall;
 use crate::abi::{ErrorKind, WorkerInfo};
 use crate::agent::{CallContext, RpcAgent, RpcFunction};
@@ -30,6 +31,8 @@ pub(crate) struct PluginClass {
     plugin: Arc<Plugin>,
     namespace: String,
     class: String,
+    /// What the plugin may do on this worker.
+    grant: Arc<PluginGrant>,
 }
 
 impl PluginClass {
@@ -38,12 +41,14 @@ impl PluginClass {
         plugin: Arc<Plugin>,
         namespace: String,
         class: String,
+        grant: Arc<PluginGrant>,
     ) -> Self {
         PluginClass {
             runtime,
             plugin,
             namespace,
             class,
+            grant,
         }
     }
 }
@@ -79,6 +84,7 @@ impl RpcFunction for PluginClass {
             agent.clone(),
             self.plugin.clone(),
             self.namespace.clone(),
+            self.grant.clone(),
         ));
         let call_args = host
             .handles()
@@ -195,6 +201,7 @@ impl RRefObject for PluginObject {
                     self.plugin.clone(),
                     self.namespace.clone(),
                     function.clone(),
+                    self.host.grant(),
                 );
                 let ctx = CallContext::new(
                     agent.clone(),

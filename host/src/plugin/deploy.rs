@@ -21,8 +21,11 @@
 //!    is a no-op;
 //! 4. loads it into the process's [`PluginHost::shared`] (compiling off the
 //!    async threads) and registers its functions in the agent's registry as
-//!    `namespace::function`, as `--plugins` does; it replies with the
-//!    registered names.
+//!    `namespace::function`, as `--plugins` does but with a deployed
+//!    plugin's rights ([`PluginTrust::Deployed`](super::PluginTrust): the
+//!    worker's op families, calls to its own functions and builtin ops,
+//!    plus what its manifest declares); it replies with the registered
+//!    names.
 //!
 //! Versions are **not replaced**: a plugin whose name is already loaded in
 //! the process with other bytes, or whose functions would replace functions
@@ -41,8 +44,10 @@
 //! (options, `WASMRPC_CLUSTER_SECRET`, `--cluster-secret-file`), never the
 //! store's. A worker without credentials (loopback or `--insecure`) is
 //! unauthenticated: anyone who reaches it may deploy if it accepts
-//! deployments, and its store entries are unsigned (see below). Plugins run sandboxed, with only the
-//! host API every peer can already reach through calls.
+//! deployments, and its store entries are unsigned (see below). Plugins run
+//! sandboxed, with only the host API every peer can already reach through
+//! calls, narrowed further for deployed plugins (least privilege,
+//! `super::grant`).
 //!
 //! Late joiners of a dynamic group: a deployment that at least one worker
 //! accepted is also published in the group's store (`rpc/plugins/count`,
@@ -517,7 +522,14 @@ pub(crate) async fn handle_request(agent: &RpcAgent, message: Message) -> Result
              worker does not replace functions: deploy it under a new name"
         )));
     }
-    let names = host.register(&plugin, registry);
+    let names = host
+        .register_with(&plugin, registry, super::PluginTrust::Deployed)
+        .map_err(|e| {
+            Error::new(
+                e.kind(),
+                format!("worker {me} cannot serve plugin {name}: {}", e.message()),
+            )
+        })?;
     tracing::info!(
         "{me}: deployed plugin {name} {} (sha256 {}): serving {}",
         plugin.manifest().version,

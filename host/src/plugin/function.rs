@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use wasmrpc_wasm::{GuestHost, Plugin, Runtime};
 
+use super::grant::PluginGrant;
 use super::guest::GuestCall;
 use crate::agent::{CallContext, RpcFunction};
 use crate::error::{Error, Result};
@@ -19,6 +20,8 @@ pub(crate) struct PluginFunction {
     plugin: Arc<Plugin>,
     namespace: String,
     function: String,
+    /// What the plugin may do on this worker.
+    grant: Arc<PluginGrant>,
 }
 
 impl PluginFunction {
@@ -27,12 +30,14 @@ impl PluginFunction {
         plugin: Arc<Plugin>,
         namespace: String,
         function: String,
+        grant: Arc<PluginGrant>,
     ) -> Self {
         PluginFunction {
             runtime,
             plugin,
             namespace,
             function,
+            grant,
         }
     }
 }
@@ -63,6 +68,7 @@ impl RpcFunction for PluginFunction {
                 ctx.agent().clone(),
                 self.plugin.clone(),
                 self.namespace.clone(),
+                self.grant.clone(),
             )
             .profiled_by(crate::profiler::Recording::active()),
         );

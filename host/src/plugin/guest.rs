@@ -3,7 +3,9 @@
 //!
 //! It owns the call's handle table ([`Handles`]) and the per-worker locks
 //! the call holds; tensor ops go to `wasmrpc-torch-sys` on the blocking pool
-//! (OPS-1), through the worker's op policy (POL-1), RPCs to the agent, globals and locks to the agent's
+//! (OPS-1), through the worker's op policy and the plugin's grant (POL-1,
+//! GR-1), RPCs to the agent once the grant admits their target (GR-2),
+//! globals and locks to the agent's
 //! [`state`](super::state). Everything the guest still holds when the call
 //! (and every `then` callback it chained) is over is released on drop.
 //! RRef handles are [`crate::RRef`]s: `remote` and `rref_new` create them,
@@ -44,11 +46,12 @@ use wasmrpc_wasm::{
     Progress, RemoteError, TensorMeta, Value, WorkerInfo,
 };
 
+use super::grant::{PluginGate, PluginGrant};
 use super::handles::Handles;
 use super::state::{Globals, Locks, SharedFutures};
 use crate::agent::{Future, RpcAgent};
 use crate::error::Error;
-use crate::ops::{PolicyGate, run_blocking};
+use crate::ops::run_blocking;
 use crate::profiler::{Range, Recording};
 use crate::rref::{RRefProxy, RRefProxyMode};
 
@@ -57,6 +60,8 @@ pub(crate) struct GuestCall {
     agent: RpcAgent,
     plugin: Arc<Plugin>,
     namespace: String,
+    /// What the plugin may do on this worker (its ops and RPC targets).
+    grant: Arc<PluginGrant>,
     handles: Mutex<Handles>,
     held_locks: Mutex<Vec<String>>,
     autograd: autograd::GuestAutograd,
@@ -164,14 +169,20 @@ fn bad_timeout(seconds: f64) -> RemoteError {
 }
 
 impl GuestCall {
-    /// A call of a function of `plugin` (registered under `namespace`) on
-    /// `agent`'s worker.
-    pub(crate) fn new(agent: RpcAgent, plugin: Arc<Plugin>, namespace: String) -> GuestCall {
+    /// A call of a function of `plugin` (registered under `namespace`, with
+    /// `grant`) on `agent`'s worker.
+    pub(crate) fn new(
+        agent: RpcAgent,
+        plugin: Arc<Plugin>,
+        namespace: String,
+        grant: Arc<PluginGrant>,
+    ) -> GuestCall {
         GuestCall {
             budget: agent.tensor_budget().call(),
             agent,
             plugin,
             namespace,
+            grant,
             handles: Mutex::new(Handles::default()),
             held_locks: Mutex::new(Vec::new()),
             autograd: autograd::GuestAutograd::default(),
@@ -205,6 +216,11 @@ impl GuestCall {
     /// Runs `f` (which may start RPCs) in the call's profiling scope.
     fn in_scope<R>(&self, f: impl FnOnce() -> R) -> R {
         crate::profiler::sync_scope_opt(self.recording().as_ref(), f)
+    }
+
+    /// What the plugin may do on this worker.
+    pub(crate) fn grant(&self) -> Arc<PluginGrant> {
+        self.grant.clone()
     }
 
     /// The call's handle table.
@@ -248,8 +264,12 @@ impl GuestCall {
         args: CallArgs,
         timeout: Option<f64>,
     ) -> HostResult<Future> {
-        let args = self.handles().borrow_args(args)?;
         let function = self.qualify(function);
+        // GR-2: before anything is sent.
+        self.grant
+            .admit_call(&function, self.agent.name())
+            .map_err(remote)?;
+        let args = self.handles().borrow_args(args)?;
         let timeout = match timeout {
             None => None,
             Some(s) => Some(Duration::try_from_secs_f64(s).map_err(|_| bad_timeout(s))?),
@@ -289,13 +309,16 @@ impl GuestHost for GuestCall {
         let budget = self.budget.clone();
         let policy = self.agent.options().op_policy.clone();
         let worker = self.agent.name().to_owned();
+        let grant = self.grant.clone();
         let (outputs, ops) = run_blocking(move || {
             // Grad mode is per thread: set it where the op runs.
             let _no_grad = (!grad_enabled).then(tch::no_grad_guard);
-            // POL-1: the worker's op policy admits every op a guest names.
-            let gate = PolicyGate {
+            // POL-1, GR-1: the worker's op policy, then the plugin's
+            // grant, admit every op a guest names.
+            let gate = PluginGate {
                 policy: &policy,
                 worker: &worker,
+                grant: &grant,
             };
             // A bare name is a tensor method (`view`, `size`), as Python
             // calls it on a tensor.
@@ -400,8 +423,12 @@ impl GuestHost for GuestCall {
         args: CallArgs,
         timeout: Option<f64>,
     ) -> HostResult<u32> {
-        let args = self.handles().borrow_args(args)?;
         let function = self.qualify(function);
+        // GR-2: before anything is sent.
+        self.grant
+            .admit_call(&function, self.agent.name())
+            .map_err(remote)?;
+        let args = self.handles().borrow_args(args)?;
         let timeout = match timeout {
             None => None,
             Some(s) => Some(Duration::try_from_secs_f64(s).map_err(|_| bad_timeout(s))?),

@@ -39,6 +39,10 @@ pub fn read(module: &[u8]) -> Result<Manifest> {
 ///     method MyClass.get_value()
 ///     async method MyClass.bound_async_add(to, x, y)
 /// ```
+///
+/// What the plugin declares it needs (`wasmrpc_guest::permissions!`)
+/// follows, if anything: `  asks to run ops: aten::from_file` and `  asks
+/// to call: hello::*`.
 pub fn describe(manifest: &Manifest) -> String {
     let mut out = format!(
         "{} {} (protocol {})\n",
@@ -71,6 +75,13 @@ pub fn describe(manifest: &Manifest) -> String {
         {
             out.push_str(&line(m));
         }
+    }
+    let asks = &manifest.permissions;
+    if !asks.ops.is_empty() {
+        out.push_str(&format!("  asks to run ops: {}\n", asks.ops.join(", ")));
+    }
+    if !asks.calls.is_empty() {
+        out.push_str(&format!("  asks to call: {}\n", asks.calls.join(", ")));
     }
     out
 }

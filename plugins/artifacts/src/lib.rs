@@ -19,6 +19,7 @@
 //! fn param_server() {}
 //! fn pipeline() {}
 //! fn hello() {}
+//! fn probe() {}
 //! fn seed_fns() {}
 //! wasmrpc_plugins::foreach_plugin!(assert_tested);
 //! ```

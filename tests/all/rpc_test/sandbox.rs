@@ -46,7 +46,7 @@ impl SecretFile {
 
     /// `from_file(path, shared=False, size=len(SECRET), dtype=uint8)`: the
     /// file's bytes as a tensor.
-    fn from_file_args(&self) -> Args {
+    fn read_args(&self) -> Args {
         args![self.path(), false, SECRET.len() as i64].kwarg("dtype", 0)
     }
 }
@@ -107,18 +107,18 @@ fn test_peer_cannot_read_a_file_through_from_file() {
         let a = c.agent(0).clone();
         for spelling in ["aten::from_file", "torch.ops.aten.from_file"] {
             refused(
-                a.rpc_sync("worker1", spelling, file.from_file_args()).await,
+                a.rpc_sync("worker1", spelling, file.read_args()).await,
                 "worker1",
                 "aten::from_file",
             )?;
             refused(
-                a.rpc_async("worker1", spelling, file.from_file_args())
+                a.rpc_async("worker1", spelling, file.read_args())
                     .wait()
                     .await,
                 "worker1",
                 "aten::from_file",
             )?;
-            let r = a.remote("worker1", spelling, file.from_file_args())?;
+            let r = a.remote("worker1", spelling, file.read_args())?;
             refused(r.to_here(&a, None).await, "worker1", "aten::from_file")?;
             still_serves(&a, "worker1").await?;
         }
@@ -126,7 +126,7 @@ fn test_peer_cannot_read_a_file_through_from_file() {
         // call at all.
         for spelling in ["aten::from_file.out", "from_file"] {
             let e = a
-                .rpc_sync("worker1", spelling, file.from_file_args())
+                .rpc_sync("worker1", spelling, file.read_args())
                 .await
                 .expect_err(spelling);
             leaks_nothing(&e)?;
@@ -135,7 +135,7 @@ fn test_peer_cannot_read_a_file_through_from_file() {
         let t = a.remote("worker1", "aten::ones", args![list(vec![2i64.into()])])?;
         refused(
             t.rpc_sync(&a, None)
-                .call("from_file", file.from_file_args())
+                .call("from_file", file.read_args())
                 .await,
             "worker1",
             "aten::from_file",
@@ -152,7 +152,7 @@ fn test_peer_cannot_read_a_file_through_from_file() {
         let c = cluster(2).options(options).start().await?;
         let r = c
             .agent(0)
-            .rpc_sync("worker1", "aten::from_file", file.from_file_args())
+            .rpc_sync("worker1", "aten::from_file", file.read_args())
             .await?;
         let bytes = Vec::<u8>::try_from(r.as_tensor()?)?;
         ensure!(bytes == SECRET, "read {bytes:?}");

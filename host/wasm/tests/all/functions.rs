@@ -902,3 +902,52 @@ async fn rref_arguments_are_fetched_through_the_host() {
     })
     .await;
 }
+
+/// The plugin `plugins/probe` (deployed by the least-privilege tests in
+/// `tests/all/deploy_test.rs`): what its `permissions!` declaration writes
+/// into its manifest.
+pub(crate) mod probe {
+    use crate::{args, setup, timed};
+    use wasmrpc_wasm::Value;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn its_manifest_declares_one_op_and_one_call() {
+        timed(async {
+            let (rt, _, host) = setup();
+            let probe = rt
+                .load_file(wasmrpc_plugins::PROBE)
+                .expect("the probe plugin loads");
+            let declared = &probe.manifest().permissions;
+            assert_eq!(declared.ops, ["aten::from_file"]);
+            assert_eq!(declared.calls, ["seed_fns::identity"]);
+            assert!(probe.manifest().function("relay").is_some());
+            let text = wasmrpc_wasm::manifest::describe(probe.manifest());
+            assert!(
+                text.ends_with(
+                    "  asks to run ops: aten::from_file\n  asks to call: seed_fns::identity\n"
+                ),
+                "{text}"
+            );
+            // A plugin without a declaration asks for nothing.
+            let hello = rt
+                .load_file(wasmrpc_plugins::HELLO)
+                .expect("the hello plugin loads");
+            assert!(hello.manifest().permissions.is_empty());
+            // Its op requests reach the host by the name given.
+            let r = rt
+                .call(
+                    &probe,
+                    "run_op",
+                    args(vec![
+                        Value::Str("aten::add".into()),
+                        Value::List(vec![Value::Int(2), Value::Int(3)]),
+                    ]),
+                    host.arc(),
+                )
+                .await
+                .expect("the fake host adds");
+            assert_eq!(r, Value::Int(5));
+        })
+        .await;
+    }
+}

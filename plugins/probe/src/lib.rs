@@ -1,0 +1,36 @@
+//! A plugin that reaches past what a deployed plugin may do by default, for
+//! the least-privilege tests (`tests/all/deploy_test.rs`): deployed, it runs
+//! the worker's op families and calls its own functions and builtin ops;
+//! it declares one more op (`aten::from_file`, which a worker serves only
+//! if its operator allows it) and one function of another plugin
+//! (`seed_fns::identity`). Its functions run or call whatever they are
+//! told, so the tests can try everything else too.
+//!
+//! POLICY_TEST_NAMES_DENIED_OPS: the op it declares is one the default op
+//! policy refuses, on purpose.
+
+use wasmrpc_guest::{RRef, Result, Tensor, Value, permissions, remote, rpc_sync};
+
+permissions!(ops = ["aten::from_file"], calls = ["seed_fns::identity"]);
+
+/// `relay(dst, function, args)`: `function(*args)` on worker `dst`, by
+/// `rpc_sync`.
+#[remote]
+fn relay(dst: String, function: String, args: Vec<Value>) -> Result<Value> {
+    rpc_sync(&dst, &function, args)
+}
+
+/// `relay_remote(dst, function, args)`: `function(*args)` on worker `dst`,
+/// by `remote`, fetched back.
+#[remote]
+fn relay_remote(dst: String, function: String, args: Vec<Value>) -> Result<Value> {
+    let rref: RRef = wasmrpc_guest::remote(&dst, &function, args)?;
+    rref.to_here()
+}
+
+/// `run_op(name, args)`: the host op `name` on `args` (a bare name is a
+/// tensor method), its result returned as is.
+#[remote]
+fn run_op(name: String, args: Vec<Value>) -> Result<Value> {
+    Tensor::op(&name, args, &[])
+}
