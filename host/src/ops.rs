@@ -389,11 +389,12 @@ mod tests {
     }
 }
 
-/// Random op names and arguments against the op path: whatever a peer
-/// sends, the worker answers `Ok` or an error, never panics or aborts, and
-/// never runs an op its policy refuses.
 #[cfg(test)]
 mod properties {
+    //! Random op names and arguments against the op path: whatever a peer
+    //! sends, the worker answers `Ok` or an error, never panics or aborts,
+    //! and never runs an op its policy refuses.
+    //!
     //! POLICY_TEST_NAMES_DENIED_OPS: names here are random or refused on
     //! purpose, not ops the seeds call.
 
@@ -592,11 +593,11 @@ mod properties {
             let _ = policy::Pattern::parse(&text);
             let _ = OpPolicy::default().rules_from_text(&text, "fuzz");
             // The default policy serves aten and Python's builtins only.
-            if let Ok((op, v)) = OpPolicy::shared_default().verdict_of(&name) {
-                if let Verdict::Allowed { .. } = *v {
-                    prop_assert!(op.starts_with("aten::") || op.starts_with("builtins."), "{op}");
-                    prop_assert!(!op.starts_with("aten::_"), "{op}");
-                }
+            if let Ok((op, v)) = OpPolicy::shared_default().verdict_of(&name)
+                && let Verdict::Allowed { .. } = *v
+            {
+                prop_assert!(op.starts_with("aten::") || op.starts_with("builtins."), "{op}");
+                prop_assert!(!op.starts_with("aten::_"), "{op}");
             }
         }
     }

@@ -303,13 +303,12 @@ fn param_hazard(p: &Param) -> Option<HazardKind> {
         match *word {
             "Storage" => return Some(HazardKind::Storage),
             "Stream" => return Some(HazardKind::Stream),
-            "Generator" => {
-                // `Generator? generator=None`: only None can fill it, the
-                // worker's own generator then runs.
-                if !(optional && p.default.as_deref() == Some("None")) {
-                    return Some(HazardKind::Generator);
-                }
+            "Generator" if !(optional && p.default.as_deref() == Some("None")) => {
+                return Some(HazardKind::Generator);
             }
+            // `Generator? generator=None`: only None can fill it, the
+            // worker's own generator then runs.
+            "Generator" => {}
             w if w.starts_with("__torch__") => return Some(HazardKind::Opaque),
             w if w.ends_with(".Stream") => return Some(HazardKind::Stream),
             w if !PLAIN_TYPES.contains(&w) => return Some(HazardKind::Opaque),
