@@ -280,6 +280,13 @@ fn suite(cli: &Cli) -> Result<()> {
         let why = format!("n/a (failed: {e:#})");
         main_rows.iter().for_each(|r| res.na(Side::Ours, r, &why));
     }
+    let tls_rows: Vec<&str> = ours::TLS_ROWS.iter().map(|r| r.0).collect();
+    if tls_rows.iter().any(|r| wanted(only, r))
+        && let Err(e) = rt.block_on(ours::tls_rows(&cfg, &mut res, &progress))
+    {
+        let why = format!("n/a (failed: {e:#})");
+        tls_rows.iter().for_each(|r| res.na(Side::Ours, r, &why));
+    }
     for world in [2, 4, 8] {
         let row = format!("init_w{world}");
         if wanted(only, &row)

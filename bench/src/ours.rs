@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use tch::{Device, Kind, Tensor};
-use wasmrpc::{Payload, RpcAgent, args};
+use wasmrpc::{CertificateAuthority, Payload, RpcAgent, args};
 
 use crate::progress::Progress;
 use crate::rows::{Results, Side, wanted};
@@ -58,6 +58,19 @@ impl Children {
         ranks: std::ops::Range<u32>,
         piped: bool,
     ) -> Result<Self> {
+        Self::spawn_with_env(cfg, args, ranks, piped, |_| Ok(Vec::new()))
+    }
+
+    /// As [`spawn`](Self::spawn), each rank's process with the environment
+    /// variables `env(rank)` (and without TLS credentials from this
+    /// process's environment unless `env` sets them).
+    fn spawn_with_env(
+        cfg: &Config,
+        args: impl Fn(u32) -> Vec<String>,
+        ranks: std::ops::Range<u32>,
+        piped: bool,
+        env: impl Fn(u32) -> Result<Vec<(&'static str, String)>>,
+    ) -> Result<Self> {
         let exe = std::env::current_exe()?;
         let mut children = Vec::new();
         for rank in ranks {
@@ -68,6 +81,10 @@ impl Children {
                 .with_context(|| format!("cannot open {}", cfg.log.display()))?;
             let mut cmd = Command::new(&exe);
             cmd.args(args(rank)).stderr(log);
+            for var in TLS_ENV {
+                cmd.env_remove(var);
+            }
+            cmd.envs(env(rank)?);
             if piped {
                 cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
             } else {
@@ -183,7 +200,7 @@ pub(crate) async fn main_group(cfg: &Config, res: &mut Results, progress: &Progr
     let method = format!("tcp://127.0.0.1:{}", free_port()?);
     let children = Children::spawn(cfg, |r| worker_args(cfg, &method, r, 2), 1..2, false)?;
     let pid = children.0[0].id();
-    let agent = worker::join(&method, 0, 2, None).await?;
+    let agent = worker::join(&method, 0, 2, None, None).await?;
     let r = measure(cfg, &agent, pid, res, progress).await;
     progress.set("wasmrpc: graceful shutdown of the group of 2");
     let s = agent.shutdown(true, Duration::ZERO).await;
@@ -221,9 +238,7 @@ async fn measure(
 
     if cfg.wanted("rtt_noop_native") {
         progress.set("wasmrpc: round trip of a no-op (native function)");
-        let n = cfg.n(500, 5000);
-        let s = timed(n, n / 10, || agent.rpc_sync(dst, NOOP, args![1])).await?;
-        res.set(Side::Ours, "rtt_noop_native", Stat::latencies(&s));
+        res.set(Side::Ours, "rtt_noop_native", rtt_noop(cfg, agent).await?);
     }
     if cfg.wanted("rtt_noop_wasm") {
         progress.set("wasmrpc: round trip of a no-op (wasm function)");
@@ -285,17 +300,7 @@ async fn measure(
 
     if cfg.wanted("async_128") {
         progress.set("wasmrpc: async calls with 128 in flight");
-        // Five blocks; the median block's rate, so a burst of other work on
-        // the machine moves one block, not the result.
-        let n = cfg.n(30_000, 200_000) as u64;
-        windowed(agent, dst, n / 10, 128).await?;
-        let mut rates = Vec::new();
-        for _ in 0..5 {
-            let took = windowed(agent, dst, n / 5, 128).await?;
-            rates.push((n / 5) as f64 / took.as_secs_f64());
-        }
-        rates.sort_by(f64::total_cmp);
-        res.set(Side::Ours, "async_128", Stat::value(rates[2], n));
+        res.set(Side::Ours, "async_128", async_128(cfg, agent).await?);
     }
 
     for &(key, size, nq, nf) in crate::limit::ECHO {
@@ -304,20 +309,7 @@ async fn measure(
             continue;
         }
         progress.set(&format!("wasmrpc: echo of a {size} B tensor"));
-        let t = Tensor::rand([(size / 4) as i64], (Kind::Float, Device::Cpu));
-        let back = agent
-            .rpc_sync(dst, ECHO, args![t.shallow_clone()])
-            .await?
-            .as_tensor()?;
-        if !back.equal(&t) {
-            bail!("echo of {size} bytes returned a different tensor");
-        }
-        let n = cfg.n(nq, nf);
-        let s = timed(n, (n / 10).max(1), || {
-            agent.rpc_sync(dst, ECHO, args![t.shallow_clone()])
-        })
-        .await?;
-        res.set(Side::Ours, row, Stat::latencies(&s));
+        res.set(Side::Ours, row, echo(cfg, agent, size, nq, nf).await?);
     }
 
     local_wasm_calls(cfg, agent, res, progress).await?;
@@ -350,6 +342,195 @@ async fn measure(
         let n = cfg.n(nq, nf);
         let s = timed(n, (n / 10).max(1), || autograd_step(agent, dst, &a, &b)).await?;
         res.set(Side::Ours, row, Stat::latencies(&s));
+    }
+    Ok(())
+}
+
+/// Round trips of a no-op to `worker1`.
+async fn rtt_noop(cfg: &Config, agent: &RpcAgent) -> Result<Stat> {
+    let n = cfg.n(500, 5000);
+    let s = timed(n, n / 10, || agent.rpc_sync("worker1", NOOP, args![1])).await?;
+    Ok(Stat::latencies(&s))
+}
+
+/// No-op calls to `worker1` with 128 in flight, in calls per second.
+async fn async_128(cfg: &Config, agent: &RpcAgent) -> Result<Stat> {
+    // Five blocks; the median block's rate, so a burst of other work on
+    // the machine moves one block, not the result.
+    let n = cfg.n(30_000, 200_000) as u64;
+    windowed(agent, "worker1", n / 10, 128).await?;
+    let mut rates = Vec::new();
+    for _ in 0..5 {
+        let took = windowed(agent, "worker1", n / 5, 128).await?;
+        rates.push((n / 5) as f64 / took.as_secs_f64());
+    }
+    rates.sort_by(f64::total_cmp);
+    Ok(Stat::value(rates[2], n))
+}
+
+/// Echoes of a `size`-byte tensor through `worker1` (`nq` or `nf` of them),
+/// after checking one comes back equal.
+async fn echo(cfg: &Config, agent: &RpcAgent, size: usize, nq: usize, nf: usize) -> Result<Stat> {
+    let t = Tensor::rand([(size / 4) as i64], (Kind::Float, Device::Cpu));
+    let back = agent
+        .rpc_sync("worker1", ECHO, args![t.shallow_clone()])
+        .await?
+        .as_tensor()?;
+    if !back.equal(&t) {
+        bail!("echo of {size} bytes returned a different tensor");
+    }
+    let n = cfg.n(nq, nf);
+    let s = timed(n, (n / 10).max(1), || {
+        agent.rpc_sync("worker1", ECHO, args![t.shallow_clone()])
+    })
+    .await?;
+    Ok(Stat::latencies(&s))
+}
+
+/// The environment variables that give a worker process TLS credentials:
+/// removed from the bench's worker processes unless a row sets them.
+const TLS_ENV: [&str; 6] = [
+    wasmrpc::transport::TLS_CA_ENV,
+    wasmrpc::transport::TLS_CERT_ENV,
+    wasmrpc::transport::TLS_KEY_ENV,
+    wasmrpc::transport::TLS_CA_PEM_ENV,
+    wasmrpc::transport::TLS_CERT_PEM_ENV,
+    wasmrpc::transport::TLS_KEY_PEM_ENV,
+];
+
+/// The TLS rows: each TLS row, the plain row it is compared with, and the
+/// most TLS may cost (issue 20: 10% on small calls, 25% on the 64 MiB
+/// echo; the async row is small calls).
+pub(crate) const TLS_ROWS: &[(&str, &str, f64)] = &[
+    ("rtt_noop_native_tls", "rtt_noop_native", 0.10),
+    ("async_128_tls", "async_128", 0.10),
+    ("echo_64m_tls", "echo_64m", 0.25),
+];
+
+/// The three measurements of the TLS rows, in one group.
+struct TlsSample {
+    rtt: Option<Stat>,
+    rate: Option<Stat>,
+    echo: Option<Stat>,
+}
+
+/// Starts a group of 2 (rank 0 here, rank 1 a process), with TLS 1.3 and
+/// mutual authentication when `ca` is given (certificates for `worker0` and
+/// `worker1` issued by it, the process's passed in its environment), and
+/// takes the TLS rows' measurements in it.
+async fn tls_sample(
+    cfg: &Config,
+    ca: Option<&CertificateAuthority>,
+    progress: &Progress,
+) -> Result<TlsSample> {
+    let what = if ca.is_some() {
+        "over TLS"
+    } else {
+        "plain TCP"
+    };
+    progress.set(&format!("wasmrpc: starting a group of 2 workers, {what}"));
+    let method = format!("tcp://127.0.0.1:{}", free_port()?);
+    let children = Children::spawn_with_env(
+        cfg,
+        |r| worker_args(cfg, &method, r, 2),
+        1..2,
+        false,
+        |rank| {
+            let Some(ca) = ca else {
+                return Ok(Vec::new());
+            };
+            let (cert, key) = ca
+                .issue(&format!("worker{rank}"))
+                .with_context(|| format!("issuing worker{rank}'s certificate"))?;
+            Ok(vec![
+                (
+                    wasmrpc::transport::TLS_CA_PEM_ENV,
+                    ca.cert_pem().to_string(),
+                ),
+                (wasmrpc::transport::TLS_CERT_PEM_ENV, cert),
+                (wasmrpc::transport::TLS_KEY_PEM_ENV, key),
+            ])
+        },
+    )?;
+    let tls = ca
+        .map(|ca| ca.credentials_for("worker0"))
+        .transpose()
+        .context("issuing worker0's certificate")?;
+    let agent = worker::join(&method, 0, 2, None, tls).await?;
+    let r = async {
+        for i in 0..50 {
+            agent.rpc_sync("worker1", NOOP, args![i]).await?;
+        }
+        let mut sample = TlsSample {
+            rtt: None,
+            rate: None,
+            echo: None,
+        };
+        if cfg.wanted("rtt_noop_native_tls") {
+            progress.set(&format!("wasmrpc: round trip of a no-op, {what}"));
+            sample.rtt = Some(rtt_noop(cfg, &agent).await?);
+        }
+        if cfg.wanted("async_128_tls") {
+            progress.set(&format!("wasmrpc: async calls with 128 in flight, {what}"));
+            sample.rate = Some(async_128(cfg, &agent).await?);
+        }
+        if cfg.wanted("echo_64m_tls") {
+            progress.set(&format!("wasmrpc: echo of a 64 MiB tensor, {what}"));
+            let (_, size, nq, nf) = crate::limit::ECHO[2];
+            sample.echo = Some(echo(cfg, &agent, size, nq, nf).await?);
+        }
+        anyhow::Ok(sample)
+    }
+    .await;
+    progress.set(&format!(
+        "wasmrpc: graceful shutdown of the group of 2, {what}"
+    ));
+    let s = agent.shutdown(true, Duration::ZERO).await;
+    children.wait(Duration::from_secs(30)).await?;
+    let sample = r?;
+    s?;
+    Ok(sample)
+}
+
+/// The TLS rows (`*_tls`): the same calls in a plain group and in a TLS
+/// group, one after the other in this run; each TLS row's note gives the
+/// plain number of this run, the cost of TLS and whether it is within the
+/// issue's target (ok/MISS).
+pub(crate) async fn tls_rows(cfg: &Config, res: &mut Results, progress: &Progress) -> Result<()> {
+    let ca = CertificateAuthority::generate().context("generating an ephemeral CA")?;
+    let plain = tls_sample(cfg, None, progress).await?;
+    let tls = tls_sample(cfg, Some(&ca), progress).await?;
+    for (&(row, plain_row, target), (p, t)) in TLS_ROWS.iter().zip([
+        (plain.rtt, tls.rtt),
+        (plain.rate, tls.rate),
+        (plain.echo, tls.echo),
+    ]) {
+        let (Some(p), Some(t)) = (p, t) else {
+            continue;
+        };
+        res.set(Side::Ours, row, t);
+        // The cost: how much longer a call takes, or how much lower the
+        // rate is, over TLS.
+        let cost = if row == "async_128_tls" {
+            p.median / t.median - 1.0
+        } else {
+            t.median / p.median - 1.0
+        };
+        let verdict = if cost <= target { "ok" } else { "MISS" };
+        let plain_cell = if row == "async_128_tls" {
+            format!("{:.0} calls/s", p.median)
+        } else {
+            format!("{:.1} us", p.median)
+        };
+        res.note(
+            Side::Ours,
+            row,
+            format!(
+                "(plain {plain_row} in this run: {plain_cell}; TLS costs {:+.1}%, target <= {:.0}%: {verdict})",
+                cost * 100.0,
+                target * 100.0
+            ),
+        );
     }
     Ok(())
 }
@@ -405,7 +586,7 @@ pub(crate) async fn all_to_all(
         1..world,
         false,
     )?;
-    let agent = worker::join(&method, 0, world, None).await?;
+    let agent = worker::join(&method, 0, world, None, None).await?;
     let run = |secs: f64| {
         let agent = agent.clone();
         async move {

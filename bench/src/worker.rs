@@ -104,12 +104,16 @@ pub(crate) async fn load(
 pub(crate) const WASM_IDENTITY: &str = "seed_fns::identity";
 
 /// Rendezvous through `init_method` and join as `worker<rank>` with the
-/// bench functions, and the wasm plugin at `plugin` if given.
+/// bench functions, and the wasm plugin at `plugin` if given. `tls`: this
+/// worker's credentials (the TLS rows); `None`: those of the environment,
+/// if any (`TlsCredentials::from_env`, how the TLS rows' worker processes
+/// get theirs).
 pub(crate) async fn join(
     init_method: &str,
     rank: u32,
     world_size: u32,
     plugin: Option<&std::path::Path>,
+    tls: Option<wasmrpc::TlsCredentials>,
 ) -> Result<RpcAgent> {
     let (store, _, _) = wasmrpc::store::rendezvous(
         init_method,
@@ -122,6 +126,7 @@ pub(crate) async fn join(
     let options = RpcBackendOptions {
         rpc_timeout: Duration::from_secs(300),
         init_timeout: Duration::from_secs(120),
+        tls,
         ..RpcBackendOptions::default()
     };
     register(&options.registry);
@@ -158,7 +163,7 @@ pub(crate) fn serve(
     plugin: Option<&std::path::Path>,
 ) -> Result<()> {
     runtime(threads)?.block_on(async {
-        let agent = join(init_method, rank, world_size, plugin).await?;
+        let agent = join(init_method, rank, world_size, plugin, None).await?;
         // As `wasmrpc worker` does: a graceful shutdown serves calls until
         // every worker of the group has called it.
         agent.shutdown(true, Duration::ZERO).await?;
@@ -194,7 +199,7 @@ pub(crate) fn init_runs(
         }
         let t0 = unix_micros();
         rt.block_on(async {
-            let agent = join(method, rank, world_size, None).await?;
+            let agent = join(method, rank, world_size, None, None).await?;
             agent.shutdown(true, Duration::ZERO).await?;
             anyhow::Ok(())
         })?;

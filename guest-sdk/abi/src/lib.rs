@@ -30,7 +30,7 @@ pub mod raw_bytes;
 mod value;
 
 pub use error::{ErrorKind, RemoteError};
-pub use value::{Value, WorkerInfo};
+pub use value::{MAX_VALUE_DEPTH, Value, WorkerInfo};
 
 use alloc::vec::Vec;
 use serde::{Serialize, de::DeserializeOwned};

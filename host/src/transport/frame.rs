@@ -367,4 +367,200 @@ mod tests {
         let garbage = [3u8, 0, 0, 0, 0xff, 0xff, 0xff];
         assert!(read_frame(&mut &garbage[..], 1 << 20, None).await.is_err());
     }
+
+    /// A mutation of valid bytes: flip a byte, cut the tail, or write a
+    /// large little-endian number (a huge announced length) somewhere.
+    #[derive(Debug, Clone)]
+    enum Mutation {
+        Flip(usize, u8),
+        Truncate(usize),
+        Huge(usize, u64),
+    }
+
+    fn mutation() -> impl proptest::strategy::Strategy<Value = Mutation> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (any::<usize>(), 1..=255u8).prop_map(|(at, x)| Mutation::Flip(at, x)),
+            any::<usize>().prop_map(Mutation::Truncate),
+            (
+                any::<usize>(),
+                prop_oneof![Just(u64::MAX), Just(u64::from(u32::MAX)), any::<u64>()]
+            )
+                .prop_map(|(at, n)| Mutation::Huge(at, n)),
+        ]
+    }
+
+    fn mutate(mut bytes: Vec<u8>, mutations: &[Mutation]) -> Vec<u8> {
+        for m in mutations {
+            if bytes.is_empty() {
+                break;
+            }
+            let len = bytes.len();
+            match *m {
+                Mutation::Flip(at, x) => bytes[at % len] ^= x,
+                Mutation::Truncate(at) => bytes.truncate(at % len),
+                Mutation::Huge(at, n) => {
+                    for (i, b) in n.to_le_bytes().iter().enumerate() {
+                        if let Some(slot) = bytes.get_mut(at % len + i) {
+                            *slot = *b;
+                        }
+                    }
+                }
+            }
+        }
+        bytes
+    }
+
+    /// The frame limit of the property tests: small, so that announced
+    /// sizes over it are common.
+    const MAX: u64 = 64 << 10;
+
+    /// Valid frames: a call with tensors of several dtypes and layouts.
+    fn valid_frame(shape: &[i64], tensors: usize) -> Vec<u8> {
+        let float = Tensor::rand(shape, (Kind::Float, Device::Cpu));
+        let all = [
+            float.shallow_clone(),
+            Tensor::arange(12, (Kind::Int64, Device::Cpu))
+                .view([3, 4])
+                .tr(),
+            Tensor::ones([2], (Kind::Bool, Device::Cpu)),
+            Tensor::eye(3, (Kind::Float, Device::Cpu)).to_sparse_sparse_dim(2),
+        ];
+        let frame = OutFrame::encode(call(tensors), &all[..tensors], &[]).unwrap();
+        let mut bytes = Vec::new();
+        futures::executor::block_on(write_frame(&mut bytes, &frame, 0)).unwrap();
+        bytes
+    }
+
+    /// Reads one frame from `bytes` with the limit [`MAX`], on a fresh
+    /// runtime, failing the case on a hang (5 s) and, when it decodes, on
+    /// tensors holding more bytes than the input had (an allocation the
+    /// input did not pay for).
+    fn read_bounded(bytes: &[u8]) -> Result<(), proptest::test_runner::TestCaseError> {
+        use proptest::test_runner::TestCaseError;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let got = rt
+            .block_on(async {
+                tokio::time::timeout(
+                    std::time::Duration::from_secs(5),
+                    read_frame(&mut &bytes[..], MAX, None),
+                )
+                .await
+            })
+            .map_err(|_| TestCaseError::fail("read_frame hung"))?;
+        if let Ok(Some((_, tensors))) = got {
+            let held: u64 = tensors
+                .iter()
+                .map(|t| {
+                    let t = if t.is_sparse() {
+                        t.values()
+                    } else {
+                        t.shallow_clone()
+                    };
+                    (t.numel() * t.kind().elt_size_in_bytes()) as u64
+                })
+                .sum();
+            proptest::prop_assert!(
+                held <= bytes.len() as u64,
+                "{held} bytes from {}",
+                bytes.len()
+            );
+        }
+        Ok(())
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn arbitrary_bytes_are_an_error_or_a_frame(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512),
+        ) {
+            read_bounded(&bytes)?;
+        }
+
+        #[test]
+        fn mutated_frames_are_an_error_or_a_frame(
+            shape in proptest::collection::vec(0i64..4, 0..3),
+            tensors in 0usize..=4,
+            ms in proptest::collection::vec(mutation(), 1..4),
+        ) {
+            read_bounded(&mutate(valid_frame(&shape, tensors), &ms))?;
+        }
+
+        /// Deployment messages (`crate::plugin::deploy`): a plugin's bytes
+        /// in a frame, round-tripped, then mutated.
+        #[test]
+        fn deployment_frames_round_trip_and_mutations_are_errors_or_frames(
+            name in ".{0,16}",
+            sha256 in proptest::prelude::any::<[u8; 32]>(),
+            wasm in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512),
+            ms in proptest::collection::vec(mutation(), 1..4),
+        ) {
+            let message = Message::DeployPlugin { id: 9, name, sha256, wasm };
+            let frame = OutFrame::encode(message.clone(), &[], &[]).unwrap();
+            let mut bytes = Vec::new();
+            futures::executor::block_on(write_frame(&mut bytes, &frame, 0)).unwrap();
+            let (got, _) = futures::executor::block_on(read_frame(&mut &bytes[..], MAX, None))
+                .unwrap()
+                .unwrap();
+            proptest::prop_assert_eq!(got, message);
+            read_bounded(&mutate(bytes, &ms))?;
+        }
+
+        /// A header announcing more than the limit is refused from its
+        /// 4-byte prefix alone, before anything is allocated for it.
+        #[test]
+        fn announced_headers_over_the_limit_are_refused_at_once(len in (MAX as u32 - 3)..=u32::MAX) {
+            let bytes = len.to_le_bytes();
+            let got = futures::executor::block_on(read_frame(&mut &bytes[..], MAX, None));
+            proptest::prop_assert!(matches!(got, Err(FrameError::TooLarge { .. })), "{got:?}");
+        }
+
+        /// A header announcing blobs whose total is over the limit is
+        /// refused before any blob is allocated or read.
+        #[test]
+        fn announced_blobs_over_the_limit_are_refused_before_reading_them(
+            lens in proptest::collection::vec(proptest::prelude::any::<u64>(), 1..4),
+        ) {
+            let total = lens.iter().fold(0u64, |a, l| a.saturating_add(*l));
+            proptest::prop_assume!(total > MAX);
+            let header = Header {
+                message: call(0),
+                tensors: vec![],
+                devices: vec![],
+                blobs: lens.iter().map(|&len| BlobDesc { dtype: 6, len }).collect(),
+            };
+            let body = crate::abi::encode(&header).unwrap();
+            let mut bytes = (body.len() as u32).to_le_bytes().to_vec();
+            bytes.extend_from_slice(&body);
+            // No blob bytes follow: reading one would be an EOF, not TooLarge.
+            let got = futures::executor::block_on(read_frame(&mut &bytes[..], MAX, None));
+            proptest::prop_assert!(matches!(got, Err(FrameError::TooLarge { .. })), "{got:?}");
+        }
+    }
+
+    /// Regression (found by the `wasmrpc-abi` property tests): a message
+    /// whose values nest deeper than `MAX_VALUE_DEPTH` used to recurse once
+    /// per level in the decoder, so a peer could overflow the reading
+    /// thread's stack; now the frame is malformed.
+    #[tokio::test]
+    async fn values_nested_too_deep_are_a_malformed_frame() {
+        let mut v = Value::None;
+        for _ in 0..=crate::abi::MAX_VALUE_DEPTH {
+            v = Value::List(vec![v]);
+        }
+        let mut message = call(0);
+        if let Message::Call { args, .. } = &mut message {
+            args.push(v);
+        }
+        let frame = OutFrame::encode(message, &[], &[]).unwrap();
+        let mut bytes = Vec::new();
+        write_frame(&mut bytes, &frame, 0).await.unwrap();
+        let got = read_frame(&mut &bytes[..], 1 << 20, None).await;
+        assert!(matches!(&got, Err(FrameError::Malformed(_))), "{got:?}");
+    }
 }

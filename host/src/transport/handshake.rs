@@ -299,3 +299,162 @@ pub async fn probe(
         ))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const SECRET: &[u8] = b"property secret";
+
+    /// A handshake message as `send` writes it.
+    fn framed<T: Serialize>(msg: &T) -> Vec<u8> {
+        let mut out = Vec::new();
+        futures::executor::block_on(send(&mut out, msg)).unwrap();
+        out
+    }
+
+    /// What an honest dialer sends (its proof cannot match a fresh nonce of
+    /// the acceptor, but it decodes).
+    fn dialer_bytes(name: &str) -> Vec<u8> {
+        let mut bytes = framed(&Hello {
+            magic: MAGIC,
+            version: VERSION,
+            name: name.into(),
+            rank: 3,
+            nonce: [7; 32],
+        });
+        bytes.extend(framed(&Proof { mac: [9; 32] }));
+        bytes
+    }
+
+    /// What an acceptor sends.
+    fn acceptor_bytes(name: &str) -> Vec<u8> {
+        framed(&Welcome {
+            name: name.into(),
+            rank: 0,
+            nonce: [5; 32],
+            mac: [1; 32],
+        })
+    }
+
+    #[derive(Debug, Clone)]
+    enum Mutation {
+        Flip(usize, u8),
+        Truncate(usize),
+        /// A large little-endian `u16` (a handshake length) somewhere.
+        Huge(usize, u16),
+    }
+
+    fn mutation() -> impl Strategy<Value = Mutation> {
+        prop_oneof![
+            (any::<usize>(), 1..=255u8).prop_map(|(at, x)| Mutation::Flip(at, x)),
+            any::<usize>().prop_map(Mutation::Truncate),
+            (any::<usize>(), any::<u16>()).prop_map(|(at, n)| Mutation::Huge(at, n)),
+        ]
+    }
+
+    fn mutate(mut bytes: Vec<u8>, mutations: &[Mutation]) -> Vec<u8> {
+        for m in mutations {
+            if bytes.is_empty() {
+                break;
+            }
+            let len = bytes.len();
+            match *m {
+                Mutation::Flip(at, x) => bytes[at % len] ^= x,
+                Mutation::Truncate(at) => bytes.truncate(at % len),
+                Mutation::Huge(at, n) => {
+                    for (i, b) in n.to_le_bytes().iter().enumerate() {
+                        if let Some(slot) = bytes.get_mut(at % len + i) {
+                            *slot = *b;
+                        }
+                    }
+                }
+            }
+        }
+        bytes
+    }
+
+    /// Runs one side of the handshake against a peer that sent `bytes` and
+    /// then stopped writing (its reading side stays open, so the side under
+    /// test can write); the side must fail, within 5 s, without a panic.
+    fn must_refuse(bytes: Vec<u8>, acceptor: bool) -> std::result::Result<(), TestCaseError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let got = rt.block_on(async move {
+            let (mut ours, mut theirs) = tokio::io::duplex(1 << 16);
+            theirs.write_all(&bytes).await.unwrap();
+            theirs.shutdown().await.unwrap();
+            let side = async {
+                if acceptor {
+                    server(&mut ours, SECRET, "acceptor", 0).await
+                } else {
+                    client(&mut ours, SECRET, "dialer", 1).await
+                }
+            };
+            let got = tokio::time::timeout(Duration::from_secs(5), side).await;
+            drop(theirs);
+            got
+        });
+        match got {
+            Err(_) => Err(TestCaseError::fail("the handshake hung")),
+            Ok(Ok(peer)) => Err(TestCaseError::fail(format!(
+                "a peer without the secret was accepted: {peer:?}"
+            ))),
+            Ok(Err(_)) => Ok(()),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn arbitrary_bytes_to_the_acceptor_are_refused(
+            bytes in proptest::collection::vec(any::<u8>(), 0..1200),
+        ) {
+            must_refuse(bytes, true)?;
+        }
+
+        #[test]
+        fn arbitrary_bytes_to_the_dialer_are_refused(
+            bytes in proptest::collection::vec(any::<u8>(), 0..1200),
+        ) {
+            must_refuse(bytes, false)?;
+        }
+
+        #[test]
+        fn mutated_dialer_messages_are_refused(
+            name in ".{0,40}",
+            ms in proptest::collection::vec(mutation(), 0..4),
+        ) {
+            must_refuse(mutate(dialer_bytes(&name), &ms), true)?;
+        }
+
+        #[test]
+        fn mutated_acceptor_messages_are_refused(
+            name in ".{0,40}",
+            ms in proptest::collection::vec(mutation(), 0..4),
+        ) {
+            must_refuse(mutate(acceptor_bytes(&name), &ms), false)?;
+        }
+    }
+
+    #[test]
+    fn an_honest_exchange_still_authenticates() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (a, b) = rt.block_on(async {
+            let (mut x, mut y) = tokio::io::duplex(1 << 16);
+            tokio::join!(
+                server(&mut x, SECRET, "acceptor", 0),
+                client(&mut y, SECRET, "dialer", 1)
+            )
+        });
+        assert_eq!(a.unwrap().name, "dialer");
+        assert_eq!(b.unwrap().name, "acceptor");
+    }
+}

@@ -160,4 +160,107 @@ mod tests {
             assert!(read(&m[..cut]).is_err());
         }
     }
+
+    use proptest::prelude::*;
+    use wasmrpc_abi::manifest::Record;
+
+    fn leb(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+
+    /// A module with a type section, the manifest of `exports` split over
+    /// two custom sections (as the linker may leave it), and another
+    /// custom section.
+    fn module(exports: &[(String, Vec<String>)]) -> Vec<u8> {
+        let mut records = Record::Plugin {
+            name: "p".into(),
+            version: "0.1.0".into(),
+            abi: 1,
+        }
+        .frame()
+        .unwrap();
+        for (name, params) in exports {
+            records.extend(
+                Record::Export(Export {
+                    name: name.clone(),
+                    kind: ExportKind::Function,
+                    class: None,
+                    params: params.clone(),
+                })
+                .frame()
+                .unwrap(),
+            );
+        }
+        let mut m = b"\0asm\x01\0\0\0".to_vec();
+        // An empty type section.
+        m.extend([1, 1, 0]);
+        let split = records.len() / 2;
+        for (name, payload) in [
+            (MANIFEST_SECTION.as_bytes(), &records[..split]),
+            (b"producers".as_slice(), b"x".as_slice()),
+            (MANIFEST_SECTION.as_bytes(), &records[split..]),
+        ] {
+            let mut body = Vec::new();
+            leb(name.len(), &mut body);
+            body.extend_from_slice(name);
+            body.extend_from_slice(payload);
+            m.push(0);
+            leb(body.len(), &mut m);
+            m.extend(body);
+        }
+        m
+    }
+
+    fn exports() -> impl Strategy<Value = Vec<(String, Vec<String>)>> {
+        proptest::collection::btree_map(
+            "[a-z_]{1,12}",
+            proptest::collection::vec("[a-z]{1,6}", 0..4),
+            0..6,
+        )
+        .prop_map(|m| m.into_iter().collect())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn manifests_round_trip_through_modules(exports in exports()) {
+            let m = read(&module(&exports)).unwrap();
+            let got: Vec<_> = m.exports.iter().map(|e| (e.name.clone(), e.params.clone())).collect();
+            prop_assert_eq!(got, exports);
+        }
+
+        #[test]
+        fn arbitrary_module_bytes_never_panic(
+            tail in proptest::collection::vec(any::<u8>(), 0..512),
+        ) {
+            let mut m = b"\0asm\x01\0\0\0".to_vec();
+            m.extend(tail);
+            let _ = read(&m);
+        }
+
+        #[test]
+        fn mutated_modules_never_panic(
+            exports in exports(),
+            flips in proptest::collection::vec((any::<usize>(), 1..=255u8), 1..4),
+            cut in any::<usize>(),
+        ) {
+            let mut m = module(&exports);
+            for (at, x) in flips {
+                let len = m.len();
+                m[at % len] ^= x;
+            }
+            let keep = m.len() - cut % 8;
+            m.truncate(keep);
+            let _ = read(&m);
+        }
+    }
 }

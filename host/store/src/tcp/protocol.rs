@@ -293,7 +293,7 @@ impl Frame {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn all_commands() -> Vec<(Vec<u8>, Command)> {
@@ -396,5 +396,146 @@ mod tests {
                 .collect();
             let _ = parse_command(&bytes);
         }
+    }
+
+    /// Valid requests of every kind, for mutation.
+    pub(crate) fn valid_requests() -> Vec<Vec<u8>> {
+        let mut out: Vec<Vec<u8>> = all_commands().into_iter().map(|(b, _)| b).collect();
+        for (query, key) in [
+            (QueryType::Get, b"/k".as_slice()),
+            (QueryType::DeleteKey, b"/k"),
+            (QueryType::QueuePop, b"/q"),
+            (QueryType::QueueLen, b"/q"),
+        ] {
+            let mut f = Frame::request(query);
+            f.bytes(key);
+            out.push(f.0);
+        }
+        for query in [QueryType::Append, QueryType::QueuePush] {
+            let mut f = Frame::request(query);
+            f.bytes(b"/k").bytes(b"value");
+            out.push(f.0);
+        }
+        for query in [QueryType::Check, QueryType::MultiGet] {
+            let mut f = Frame::request(query);
+            f.keys(&[b"/a".as_slice(), b"/b", b""]);
+            out.push(f.0);
+        }
+        out.push(Frame::request(QueryType::CancelWait).0);
+        out
+    }
+
+    /// A mutation of a valid request: flip a byte, cut the tail, or write a
+    /// large little-endian number (a huge announced length) somewhere.
+    #[derive(Debug, Clone)]
+    pub(crate) enum Mutation {
+        Flip(usize, u8),
+        Truncate(usize),
+        Huge(usize, u64),
+    }
+
+    pub(crate) fn mutation() -> impl proptest::strategy::Strategy<Value = Mutation> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (any::<usize>(), 1..=255u8).prop_map(|(at, x)| Mutation::Flip(at, x)),
+            any::<usize>().prop_map(Mutation::Truncate),
+            (
+                any::<usize>(),
+                prop_oneof![
+                    Just(u64::MAX),
+                    Just(MAX_PAYLOAD_LEN),
+                    Just(MAX_KEY_COUNT),
+                    any::<u64>()
+                ]
+            )
+                .prop_map(|(at, n)| Mutation::Huge(at, n)),
+        ]
+    }
+
+    pub(crate) fn mutate(mut bytes: Vec<u8>, mutations: &[Mutation]) -> Vec<u8> {
+        for m in mutations {
+            if bytes.is_empty() {
+                break;
+            }
+            let len = bytes.len();
+            match *m {
+                Mutation::Flip(at, x) => bytes[at % len] ^= x,
+                Mutation::Truncate(at) => bytes.truncate(at % len),
+                Mutation::Huge(at, n) => {
+                    for (i, b) in n.to_le_bytes().iter().enumerate() {
+                        if let Some(slot) = bytes.get_mut(at % len + i) {
+                            *slot = *b;
+                        }
+                    }
+                }
+            }
+        }
+        bytes
+    }
+
+    /// What every parse must satisfy: a command uses between 1 and all of
+    /// the bytes, parses the same from exactly those bytes, and the same
+    /// with more bytes after it; a buffer that is `Incomplete` stays
+    /// `Incomplete` when cut shorter.
+    fn check_parse(bytes: &[u8]) -> Result<(), proptest::test_runner::TestCaseError> {
+        use proptest::prop_assert;
+        use proptest::prop_assert_eq;
+        match parse_command(bytes) {
+            Ok((command, used)) => {
+                prop_assert!(used >= 1 && used <= bytes.len());
+                prop_assert_eq!(parse_command(&bytes[..used]), Ok((command.clone(), used)));
+                let mut longer = bytes[..used].to_vec();
+                longer.extend_from_slice(&[0xAB; 9]);
+                prop_assert_eq!(parse_command(&longer), Ok((command, used)));
+            }
+            Err(ParseError::Incomplete) => {
+                for cut in 0..bytes.len() {
+                    prop_assert_eq!(parse_command(&bytes[..cut]), Err(ParseError::Incomplete));
+                }
+            }
+            Err(ParseError::Invalid(_)) => {}
+        }
+        Ok(())
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn arbitrary_requests_parse_consistently(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256),
+        ) {
+            check_parse(&bytes)?;
+        }
+
+        #[test]
+        fn mutated_requests_parse_consistently(
+            which in proptest::prelude::any::<usize>(),
+            ms in proptest::collection::vec(mutation(), 1..4),
+        ) {
+            let valid = valid_requests();
+            let bytes = mutate(valid[which % valid.len()].clone(), &ms);
+            check_parse(&bytes)?;
+        }
+    }
+
+    #[test]
+    fn announced_lengths_over_the_limits_are_refused_before_their_bytes() {
+        // A key, a value and a key count each one over their limit, with
+        // none of the bytes they announce: refused at once (TCP-2), not
+        // waited for.
+        let mut f = Frame::request(QueryType::Get);
+        f.u64(MAX_KEY_LEN + 1);
+        assert!(matches!(parse_command(&f.0), Err(ParseError::Invalid(_))));
+        let mut f = Frame::request(QueryType::QueuePush);
+        f.bytes(b"/q").u64(MAX_PAYLOAD_LEN + 1);
+        assert!(matches!(parse_command(&f.0), Err(ParseError::Invalid(_))));
+        let mut f = Frame::request(QueryType::MultiSet);
+        f.u64(MAX_KEY_COUNT + 1);
+        assert!(matches!(parse_command(&f.0), Err(ParseError::Invalid(_))));
+        // Within the limits, missing bytes are only Incomplete.
+        let mut f = Frame::request(QueryType::Set);
+        f.bytes(b"/k").u64(MAX_PAYLOAD_LEN);
+        assert_eq!(parse_command(&f.0), Err(ParseError::Incomplete));
     }
 }
