@@ -32,7 +32,8 @@ pub(crate) struct Cli {
 enum Command {
     /// Run one worker: rendezvous with the others, serve calls, and stop
     /// when the whole group shuts down.
-    Worker(worker::WorkerArgs),
+    // Boxed: its flags make it several times larger than the others.
+    Worker(Box<worker::WorkerArgs>),
     /// Start a local cluster: host the store, run N workers as child
     /// processes (their log lines prefixed with their name), run the entry
     /// function on worker0, then shut everything down. Stops every worker,
@@ -74,7 +75,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode> {
                 .worker_threads(args.num_worker_threads.max(1))
                 .enable_all()
                 .build()?;
-            runtime.block_on(worker::run(args))
+            runtime.block_on(worker::run(*args))
         }
         Command::Launch(args) => {
             let runtime = tokio::runtime::Builder::new_multi_thread()
