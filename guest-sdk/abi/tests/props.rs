@@ -11,6 +11,7 @@ use proptest::prelude::*;
 use wasmrpc_abi::manifest::{Export, Manifest, Record};
 use wasmrpc_abi::protocol::ExportKind;
 use wasmrpc_abi::{MAX_VALUE_DEPTH, Value, WorkerInfo, decode, encode};
+use wasmrpc_mutation::{huge_numbers, mutate, mutation};
 
 /// The stack of the test's decoding threads: half of a tokio worker's
 /// 2 MiB, the smallest stack the host decodes on.
@@ -107,51 +108,6 @@ fn manifest_section() -> Vec<u8> {
     section
 }
 
-/// A mutation of valid bytes: flip a byte, cut the tail, or write a large
-/// little-endian number (a huge announced length) at some offset.
-#[derive(Debug, Clone)]
-enum Mutation {
-    Flip(usize, u8),
-    Truncate(usize),
-    Huge(usize, u64),
-}
-
-fn mutation() -> impl Strategy<Value = Mutation> {
-    prop_oneof![
-        (any::<usize>(), 1..=255u8).prop_map(|(at, x)| Mutation::Flip(at, x)),
-        any::<usize>().prop_map(Mutation::Truncate),
-        (
-            any::<usize>(),
-            prop_oneof![Just(u64::MAX), Just(u64::from(u32::MAX)), any::<u64>()]
-        )
-            .prop_map(|(at, n)| Mutation::Huge(at, n)),
-    ]
-}
-
-fn mutate(mut bytes: Vec<u8>, mutations: &[Mutation]) -> Vec<u8> {
-    for m in mutations {
-        if bytes.is_empty() {
-            break;
-        }
-        match *m {
-            Mutation::Flip(at, x) => {
-                let at = at % bytes.len();
-                bytes[at] ^= x;
-            }
-            Mutation::Truncate(at) => bytes.truncate(at % bytes.len()),
-            Mutation::Huge(at, n) => {
-                let at = at % bytes.len();
-                for (i, b) in n.to_le_bytes().iter().enumerate() {
-                    if let Some(slot) = bytes.get_mut(at + i) {
-                        *slot = *b;
-                    }
-                }
-            }
-        }
-    }
-    bytes
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -167,7 +123,7 @@ proptest! {
     }
 
     #[test]
-    fn mutated_values_never_panic(v in value(), ms in proptest::collection::vec(mutation(), 1..4)) {
+    fn mutated_values_never_panic(v in value(), ms in proptest::collection::vec(mutation(huge_numbers(), 8), 1..4)) {
         let bytes = mutate(encode(&v).expect("values encode"), &ms);
         bounded(move || { let _ = decode::<Value>(&bytes); });
     }
@@ -178,7 +134,7 @@ proptest! {
     }
 
     #[test]
-    fn mutated_manifest_sections_never_panic(ms in proptest::collection::vec(mutation(), 1..4)) {
+    fn mutated_manifest_sections_never_panic(ms in proptest::collection::vec(mutation(huge_numbers(), 8), 1..4)) {
         let bytes = mutate(manifest_section(), &ms);
         bounded(move || { let _ = Manifest::from_section(&bytes); });
     }

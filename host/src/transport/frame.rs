@@ -368,47 +368,10 @@ mod tests {
         assert!(read_frame(&mut &garbage[..], 1 << 20, None).await.is_err());
     }
 
-    /// A mutation of valid bytes: flip a byte, cut the tail, or write a
-    /// large little-endian number (a huge announced length) somewhere.
-    #[derive(Debug, Clone)]
-    enum Mutation {
-        Flip(usize, u8),
-        Truncate(usize),
-        Huge(usize, u64),
-    }
+    use wasmrpc_mutation::{huge_numbers, mutate};
 
-    fn mutation() -> impl proptest::strategy::Strategy<Value = Mutation> {
-        use proptest::prelude::*;
-        prop_oneof![
-            (any::<usize>(), 1..=255u8).prop_map(|(at, x)| Mutation::Flip(at, x)),
-            any::<usize>().prop_map(Mutation::Truncate),
-            (
-                any::<usize>(),
-                prop_oneof![Just(u64::MAX), Just(u64::from(u32::MAX)), any::<u64>()]
-            )
-                .prop_map(|(at, n)| Mutation::Huge(at, n)),
-        ]
-    }
-
-    fn mutate(mut bytes: Vec<u8>, mutations: &[Mutation]) -> Vec<u8> {
-        for m in mutations {
-            if bytes.is_empty() {
-                break;
-            }
-            let len = bytes.len();
-            match *m {
-                Mutation::Flip(at, x) => bytes[at % len] ^= x,
-                Mutation::Truncate(at) => bytes.truncate(at % len),
-                Mutation::Huge(at, n) => {
-                    for (i, b) in n.to_le_bytes().iter().enumerate() {
-                        if let Some(slot) = bytes.get_mut(at % len + i) {
-                            *slot = *b;
-                        }
-                    }
-                }
-            }
-        }
-        bytes
+    fn mutation() -> impl proptest::strategy::Strategy<Value = wasmrpc_mutation::Mutation> {
+        wasmrpc_mutation::mutation(huge_numbers(), 8)
     }
 
     /// The frame limit of the property tests: small, so that announced

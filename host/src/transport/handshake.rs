@@ -338,41 +338,11 @@ mod tests {
         })
     }
 
-    #[derive(Debug, Clone)]
-    enum Mutation {
-        Flip(usize, u8),
-        Truncate(usize),
-        /// A large little-endian `u16` (a handshake length) somewhere.
-        Huge(usize, u16),
-    }
+    use wasmrpc_mutation::mutate;
 
-    fn mutation() -> impl Strategy<Value = Mutation> {
-        prop_oneof![
-            (any::<usize>(), 1..=255u8).prop_map(|(at, x)| Mutation::Flip(at, x)),
-            any::<usize>().prop_map(Mutation::Truncate),
-            (any::<usize>(), any::<u16>()).prop_map(|(at, n)| Mutation::Huge(at, n)),
-        ]
-    }
-
-    fn mutate(mut bytes: Vec<u8>, mutations: &[Mutation]) -> Vec<u8> {
-        for m in mutations {
-            if bytes.is_empty() {
-                break;
-            }
-            let len = bytes.len();
-            match *m {
-                Mutation::Flip(at, x) => bytes[at % len] ^= x,
-                Mutation::Truncate(at) => bytes.truncate(at % len),
-                Mutation::Huge(at, n) => {
-                    for (i, b) in n.to_le_bytes().iter().enumerate() {
-                        if let Some(slot) = bytes.get_mut(at % len + i) {
-                            *slot = *b;
-                        }
-                    }
-                }
-            }
-        }
-        bytes
+    /// Mutations that plant large little-endian `u16`s (a handshake length).
+    fn mutation() -> impl Strategy<Value = wasmrpc_mutation::Mutation> {
+        wasmrpc_mutation::mutation(any::<u16>().prop_map(u64::from), 2)
     }
 
     /// Runs one side of the handshake against a peer that sent `bytes` and

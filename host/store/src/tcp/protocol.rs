@@ -425,52 +425,22 @@ pub(crate) mod tests {
         out
     }
 
-    /// A mutation of a valid request: flip a byte, cut the tail, or write a
-    /// large little-endian number (a huge announced length) somewhere.
-    #[derive(Debug, Clone)]
-    pub(crate) enum Mutation {
-        Flip(usize, u8),
-        Truncate(usize),
-        Huge(usize, u64),
-    }
+    pub(crate) use wasmrpc_mutation::mutate;
 
-    pub(crate) fn mutation() -> impl proptest::strategy::Strategy<Value = Mutation> {
+    /// Mutations of a valid request that plant huge numbers, this
+    /// protocol's own limits among them, as little-endian `u64`s.
+    pub(crate) fn mutation() -> impl proptest::strategy::Strategy<Value = wasmrpc_mutation::Mutation>
+    {
         use proptest::prelude::*;
-        prop_oneof![
-            (any::<usize>(), 1..=255u8).prop_map(|(at, x)| Mutation::Flip(at, x)),
-            any::<usize>().prop_map(Mutation::Truncate),
-            (
-                any::<usize>(),
-                prop_oneof![
-                    Just(u64::MAX),
-                    Just(MAX_PAYLOAD_LEN),
-                    Just(MAX_KEY_COUNT),
-                    any::<u64>()
-                ]
-            )
-                .prop_map(|(at, n)| Mutation::Huge(at, n)),
-        ]
-    }
-
-    pub(crate) fn mutate(mut bytes: Vec<u8>, mutations: &[Mutation]) -> Vec<u8> {
-        for m in mutations {
-            if bytes.is_empty() {
-                break;
-            }
-            let len = bytes.len();
-            match *m {
-                Mutation::Flip(at, x) => bytes[at % len] ^= x,
-                Mutation::Truncate(at) => bytes.truncate(at % len),
-                Mutation::Huge(at, n) => {
-                    for (i, b) in n.to_le_bytes().iter().enumerate() {
-                        if let Some(slot) = bytes.get_mut(at % len + i) {
-                            *slot = *b;
-                        }
-                    }
-                }
-            }
-        }
-        bytes
+        wasmrpc_mutation::mutation(
+            prop_oneof![
+                Just(u64::MAX),
+                Just(MAX_PAYLOAD_LEN),
+                Just(MAX_KEY_COUNT),
+                any::<u64>()
+            ],
+            8,
+        )
     }
 
     /// What every parse must satisfy: a command uses between 1 and all of
