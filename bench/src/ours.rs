@@ -545,7 +545,7 @@ async fn autograd_step(
     b: &Tensor,
 ) -> wasmrpc::Result<Payload> {
     let (a, b) = (a.shallow_clone(), b.shallow_clone());
-    wasmrpc::autograd::context(agent, |ctx| async move {
+    wasmrpc::dist_autograd::context(agent, |ctx| async move {
         let product = agent
             .rpc_sync(
                 dst,
@@ -555,8 +555,8 @@ async fn autograd_step(
             .await?
             .as_tensor()?;
         let loss = product.sum(None);
-        wasmrpc::autograd::backward(agent, ctx, &[loss], false).await?;
-        let grads = wasmrpc::autograd::get_gradients(agent, ctx)?;
+        wasmrpc::dist_autograd::backward(agent, ctx, &[loss], false).await?;
+        let grads = wasmrpc::dist_autograd::get_gradients(agent, ctx)?;
         if !(grads.contains(&a) && grads.contains(&b)) {
             return Err(wasmrpc::Error::runtime(format!(
                 "context {ctx} has gradients for {} of the 2 leaves",

@@ -620,7 +620,7 @@ impl RpcAgent {
             match &to {
                 Dest::Invalid(_) => None,
                 _ => self.resolve(to.clone()).ok().and_then(|dest| {
-                    crate::autograd::outgoing_call(self, dest.id, function, &tensors)
+                    crate::dist_autograd::outgoing_call(self, dest.id, function, &tensors)
                 }),
             }
         };
@@ -691,7 +691,7 @@ impl RpcAgent {
 
     /// [`request`](Self::request) whose tensors travel with the map
     /// `direction` names: gradients sent back toward the caller of a
-    /// request use the inverse of that caller's map (`crate::autograd`).
+    /// request use the inverse of that caller's map (`crate::dist_autograd`).
     pub(crate) fn request_mapped(
         &self,
         to: impl Into<Dest>,
@@ -1160,7 +1160,7 @@ impl RpcAgent {
             // DA-3: the callee gets or creates the caller's context and
             // runs the function in it.
             let context_id = match (&autograd, &args) {
-                (Some(e), Ok(a)) => Some(crate::autograd::incoming_call(&this, e, &a.tensors)),
+                (Some(e), Ok(a)) => Some(crate::dist_autograd::incoming_call(&this, e, &a.tensors)),
                 _ => None,
             };
             let mut profiled = None;
@@ -1169,7 +1169,7 @@ impl RpcAgent {
                 (_, Err(e)) => Err(e.context_line(format!("receiving RRefs from worker {}", conn.peer))),
                 (Some(f), Ok(args)) => {
                     let ctx = CallContext::new(this.clone(), caller, function.clone(), autograd);
-                    let call = crate::autograd::scope(context_id, registry::call_guarded(f, ctx, args));
+                    let call = crate::dist_autograd::scope(context_id, registry::call_guarded(f, ctx, args));
                     let (r, events) = crate::profiler::serve(&this, served, profiling.is_some(), call).await;
                     profiled = events;
                     r
@@ -1177,7 +1177,7 @@ impl RpcAgent {
                 (None, Ok(_)) => Err(Error::runtime(unknown_function_message(&function, this.name()))),
             };
             let reply_autograd = match (&result, context_id) {
-                (Ok(p), Some(c)) => crate::autograd::outgoing_response(&this, c, conn.peer_rank, &p.tensors),
+                (Ok(p), Some(c)) => crate::dist_autograd::outgoing_response(&this, c, conn.peer_rank, &p.tensors),
                 _ => None,
             };
             if let Err(e) = &result {
@@ -1357,7 +1357,7 @@ impl Handler for AgentHandler {
                 profiled,
             } => {
                 if let (Some(env), Ok(_)) = (&autograd, &result) {
-                    crate::autograd::incoming_response(&agent, env, &tensors);
+                    crate::dist_autograd::incoming_response(&agent, env, &tensors);
                 }
                 if let Some(events) = profiled {
                     crate::profiler::incoming(&agent, id, events);
@@ -1400,7 +1400,7 @@ impl Handler for AgentHandler {
             Message::PropagateGradients { .. } | Message::CleanupAutogradContext { .. } => {
                 let a = agent.clone();
                 agent.serve_request(conn, message.id(), async move {
-                    crate::autograd::handle_request(&a, message, tensors).await
+                    crate::dist_autograd::handle_request(&a, message, tensors).await
                 });
             }
             Message::DeployPlugin { .. } => {

@@ -69,11 +69,11 @@
 //!   `namespace::function` (`seed_fns::my_function`). Each call gets its
 //!   own handles; tensor ops, nested RPCs, globals and locks go through the
 //!   worker's agent. [`wasm`] is the runtime underneath.
-//! - **Distributed autograd context** ([`autograd::DistAutogradContext`]):
-//!   opened with [`autograd::context`], current for its task and for the
+//! - **Distributed autograd context** ([`dist_autograd::DistAutogradContext`]):
+//!   opened with [`dist_autograd::context`], current for its task and for the
 //!   functions peers run for calls made in it; RPCs record send/recv
-//!   functions in it, [`autograd::backward`] runs backward across workers
-//!   and gradients accumulate in it ([`autograd::get_gradients`]). Each
+//!   functions in it, [`dist_autograd::backward`] runs backward across workers
+//!   and gradients accumulate in it ([`dist_autograd::get_gradients`]). Each
 //!   worker holds its own copy under the same id.
 //! - **Distributed optimizer** ([`optim::DistributedOptimizer`]): one
 //!   optimizer (SGD, Adam) over parameter RRefs owned by many workers; each
@@ -91,7 +91,7 @@
 //! to the caller do not deadlock.
 
 mod agent;
-pub mod autograd;
+pub mod dist_autograd;
 pub mod device;
 mod error;
 mod ops;

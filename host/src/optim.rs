@@ -6,8 +6,8 @@
 //! caller-side [`DistributedOptimizer`] handle, and on every owner the local
 //! optimizers (parameters, momentum and moment buffers) keyed by optimizer
 //! id, with the agent's internal functions that create, step and delete
-//! them. It leaves gradients to [`crate::autograd`] (a step reads
-//! [`get_gradients`](crate::autograd::get_gradients) of the given context on
+//! them. It leaves gradients to [`crate::dist_autograd`] (a step reads
+//! [`get_gradients`](crate::dist_autograd::get_gradients) of the given context on
 //! the owner) and parameter ownership to [`RRef`]s (parameters are
 //! given as RRefs; an owner keeps handles to their local values).
 //!
@@ -15,13 +15,13 @@
 //!
 //! ```no_run
 //! use wasmrpc::optim::{DistributedOptimizer, Sgd};
-//! use wasmrpc::{RRef, RpcAgent, autograd};
+//! use wasmrpc::{RRef, RpcAgent, dist_autograd};
 //! # async fn run(agent: RpcAgent, params: Vec<RRef>, loss: tch::Tensor) -> wasmrpc::Result<()> {
 //! let opt = DistributedOptimizer::new(&agent, Sgd::new(0.05).momentum(0.9), &params).await?;
-//! autograd::context(&agent, |ctx| {
+//! dist_autograd::context(&agent, |ctx| {
 //!     let (agent, opt) = (agent.clone(), &opt);
 //!     async move {
-//!         autograd::backward(&agent, ctx, &[loss], false).await?;
+//!         dist_autograd::backward(&agent, ctx, &[loss], false).await?;
 //!         opt.step(ctx).await
 //!     }
 //! })
@@ -695,7 +695,7 @@ pub(crate) fn register(r: &FunctionRegistry) {
         let local = agent.state::<LocalOptimizers>().get(&agent, id)?;
         // OPT-2: held across reading the gradients and the update.
         let mut local = local.lock().await;
-        let grads = crate::autograd::get_gradients(&agent, context_id)?;
+        let grads = crate::dist_autograd::get_gradients(&agent, context_id)?;
         let per_param: Vec<Option<Tensor>> = local.params.iter().map(|p| grads.get(p)).collect();
         local.step(&per_param)?;
         Ok(Payload::none())

@@ -17,7 +17,8 @@
 //!   (`rref.rpc_sync().method(...)`) run its methods there, one at a time,
 //!   and static and class methods through it as functions; the object is
 //!   disposed of (its guest destructor runs) when the owner forgets it;
-//! - the guest host (`GuestCall`, a [`GuestHost`](crate::wasm::GuestHost))
+//! - the host functions of a guest (`host_functions`: `GuestCall`, a
+//!   [`GuestHost`](crate::wasm::GuestHost))
 //!   of one function call, or of one object for its whole life: a handle
 //!   table for its tensors, RRefs and futures, tensor ops through
 //!   `wasmrpc-torch-sys` (off the async threads, as builtin RPCs run, see
@@ -57,7 +58,7 @@ mod class;
 pub(crate) mod deploy;
 mod function;
 mod grant;
-mod guest;
+mod host_functions;
 mod handles;
 mod state;
 
@@ -254,7 +255,7 @@ impl PluginHost {
     /// whole op policy and any function; [`PluginTrust::Deployed`] (what
     /// deployment uses), the op families and calls to its own functions
     /// and builtin ops, plus what its manifest declares
-    /// (`wasmrpc_guest::permissions!`), never beyond the worker's op
+    /// (`wasmrpc_host_functions::permissions!`), never beyond the worker's op
     /// policy.
     ///
     /// # Errors

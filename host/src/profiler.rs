@@ -29,13 +29,13 @@
 //!   function, every aten op libtorch runs for it, nested ops included
 //!   (`aten::relu` and its `aten::clamp_min`), the RPCs it makes (with
 //!   their own remote events, so they nest) and the guest's
-//!   `record_function` ranges (`crate::plugin::guest`); the RPCs a native
+//!   `record_function` ranges (`crate::plugin::host_functions`); the RPCs a native
 //!   function makes;
 //! - a distributed backward called in a scope:
 //!   [`DIST_AUTOGRAD_BACKWARD_PROFILING_KEY`] around the whole pass, and on
 //!   this worker one event per firing of a send function
 //!   (`...::SendRpcBackward`) and of a recv function
-//!   (`...::RecvRpcBackward`) (`crate::autograd::engine`);
+//!   (`...::RecvRpcBackward`) (`crate::dist_autograd::engine`);
 //! - in a server process global profiler
 //!   ([`enable_server_process_global_profiler`]), one event per user call
 //!   the worker serves, whoever calls.

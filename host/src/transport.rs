@@ -11,7 +11,7 @@
 //! - `handshake`: mutual authentication with the cluster secret (HMAC-SHA256
 //!   over both sides' nonces) before any frame is accepted. The secret comes
 //!   from the operator only, never from the store (`agent::rendezvous`,
-//!   RDV-3); a worker without one runs unauthenticated, which only loopback
+//!   JOIN-3); a worker without one runs unauthenticated, which only loopback
 //!   addresses allow unless `--insecure`.
 //! - `tcp`: one connection per pair of workers, opened lazily by whichever
 //!   side sends first and used in both directions; `TCP_NODELAY` on.

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 use tch::{Device, Kind, Tensor};
-use wasmrpc::autograd::{self, ACCUMULATE_GRAD_NAME, RECV_RPC_BACKWARD_NAME};
+use wasmrpc::dist_autograd::{self, ACCUMULATE_GRAD_NAME, RECV_RPC_BACKWARD_NAME};
 use wasmrpc::testing::{Worker, wait_until_node_failure, worker_name};
 use wasmrpc::{Args, ErrorKind, Payload, RpcAgent, args};
 use wasmrpc_tests::{dist_with, expect_err};
@@ -183,8 +183,8 @@ async fn verify_backwards(
                 .collect(),
         ));
     }
-    autograd::backward(agent, ctx, &roots, false).await?;
-    let grads = autograd::get_gradients(agent, ctx)?;
+    dist_autograd::backward(agent, ctx, &roots, false).await?;
+    let grads = dist_autograd::get_gradients(agent, ctx)?;
     let local = local.as_ref().context("local gradients first")?;
     let mut n = 0;
     for (i, a) in args.iter().enumerate() {
@@ -237,19 +237,19 @@ fn test_autograd_context() {
     dist_with(cluster(), |w| async move {
         let agent = w.agent.clone();
         let a = &agent;
-        let max = autograd::get_max_id(a);
+        let max = dist_autograd::get_max_id(a);
         ensure!(max == 281474976710655 + (i64::from(w.rank) << 48));
         let mut ids = Vec::new();
         for _ in 0..200 {
-            let id = autograd::context(a, |id| async move { id }).await?;
+            let id = dist_autograd::context(a, |id| async move { id }).await?;
             ids.push(id);
         }
         // Inside: retrievable with its id and the rank in the top bits.
         for _ in 0..5 {
-            autograd::context(a, |id| {
+            dist_autograd::context(a, |id| {
                 let a = a.clone();
                 async move {
-                    ensure!(autograd::retrieve_context(&a, id)?.context_id() == id);
+                    ensure!(dist_autograd::retrieve_context(&a, id)?.context_id() == id);
                     ensure!(id >> 48 == i64::from(w.rank));
                     Ok(())
                 }
@@ -259,7 +259,7 @@ fn test_autograd_context() {
         for id in ids {
             ensure!(id >> 48 == i64::from(w.rank));
             expect_err(
-                autograd::retrieve_context(a, id),
+                dist_autograd::retrieve_context(a, id),
                 ErrorKind::RuntimeError,
                 &format!("Could not find autograd context with id: {id}"),
             )?;
@@ -272,9 +272,9 @@ fn test_autograd_context() {
 fn test_nested_context() {
     dist_with(cluster(), |w| async move {
         let a = w.agent.clone();
-        autograd::context(&w.agent.clone(), |_| async move {
+        dist_autograd::context(&w.agent.clone(), |_| async move {
             expect_err(
-                autograd::context(&a, |_| async {}).await,
+                dist_autograd::context(&a, |_| async {}).await,
                 ErrorKind::RuntimeError,
                 "Already have an autograd context id for this thread",
             )
@@ -295,7 +295,7 @@ fn test_backward_without_context() {
             .await?;
         let loss = res.as_tensor()?.sum(None);
         expect_err(
-            autograd::backward(&w.agent, 100, &[loss], false).await,
+            dist_autograd::backward(&w.agent, 100, &[loss], false).await,
             ErrorKind::RuntimeError,
             "Could not find autograd context with id: 100",
         )?;
@@ -308,10 +308,10 @@ fn test_clean_context_during_backward() {
     dist_with(cluster(), |w| async move {
         let agent = w.agent.clone();
         let a = &agent;
-        let ctx = autograd::new_context(a)?;
+        let ctx = dist_autograd::new_context(a)?;
         let id = ctx.context_id();
         let (a2, w2) = (a.clone(), w.clone());
-        autograd::with_context(id, async move {
+        dist_autograd::with_context(id, async move {
             for d in 1..w2.world_size {
                 set_rpc_done(&a2, w2.peer(d), Some(id), i64::from(d)).await?;
             }
@@ -323,7 +323,7 @@ fn test_clean_context_during_backward() {
         let t1 = rg(&[3, 3]);
         let mut next = NextRank::new(&w);
         let a2 = a.clone();
-        autograd::with_context(id, async move {
+        dist_autograd::with_context(id, async move {
             for _ in 0..100 {
                 a2.rpc_sync(
                     next.next(),
@@ -334,7 +334,7 @@ fn test_clean_context_during_backward() {
             }
             ensure!(ctx.send_functions().len() == 100);
             expect_err(
-                autograd::backward(&a2, 100, &[t1.sum(None)], false).await,
+                dist_autograd::backward(&a2, 100, &[t1.sum(None)], false).await,
                 ErrorKind::RuntimeError,
                 "Could not find autograd context with id: 100",
             )?;
@@ -342,7 +342,7 @@ fn test_clean_context_during_backward() {
         })
         .await??;
         w.store_barrier().await?;
-        autograd::release_context(a, id)?;
+        dist_autograd::release_context(a, id)?;
         Ok(())
     });
 }
@@ -350,9 +350,9 @@ fn test_clean_context_during_backward() {
 // ---------------------------------------------------------------- B
 
 fn verify_first_rpc_call(
-    ctx: &autograd::DistAutogradContext,
-    send: &autograd::SendFunction,
-    recv: &autograd::RecvFunction,
+    ctx: &dist_autograd::DistAutogradContext,
+    send: &dist_autograd::SendFunction,
+    recv: &dist_autograd::RecvFunction,
     t1: &Tensor,
     t2: &Tensor,
     ret: &Tensor,
@@ -377,7 +377,7 @@ fn verify_first_rpc_call(
     Ok(())
 }
 
-fn verify_rpc_call_exec(send: &autograd::SendFunction) -> anyhow::Result<()> {
+fn verify_rpc_call_exec(send: &dist_autograd::SendFunction) -> anyhow::Result<()> {
     let next = send.next_functions();
     ensure!(next.len() == 1, "exec send has {} edges", next.len());
     let add = &next[0].0;
@@ -391,7 +391,7 @@ fn verify_rpc_call_exec(send: &autograd::SendFunction) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn verify_nested_rpc_call(ctx: &autograd::DistAutogradContext) -> anyhow::Result<()> {
+fn verify_nested_rpc_call(ctx: &dist_autograd::DistAutogradContext) -> anyhow::Result<()> {
     let sends = ctx.send_functions();
     ensure!(sends.len() == 2, "{} sends", sends.len());
     let n0 = sends[0].1.next_functions();
@@ -418,7 +418,7 @@ async fn test_graph(w: Worker, f: &'static str, sparse: bool, remote: bool) -> a
     let a = &agent;
     let dst = w.dst();
     let (t1, t2) = pair(sparse);
-    let id = autograd::context(a, |id| {
+    let id = dist_autograd::context(a, |id| {
         let (a, dst) = (a.clone(), dst.clone());
         async move {
             let ret = call(
@@ -433,13 +433,13 @@ async fn test_graph(w: Worker, f: &'static str, sparse: bool, remote: bool) -> a
             let want = t1.f_add(&t2)?;
             ensure!(close(&ret, &want));
             set_rpc_done(&a, dst, Some(id), 1).await?;
-            let ctx = autograd::current_context(&a)?;
+            let ctx = dist_autograd::current_context(&a)?;
             ensure!(ctx.context_id() == id);
             let (sends, recvs) = (ctx.send_functions(), ctx.recv_functions());
             ensure!(sends.len() == 1 && recvs.len() == 1);
             verify_first_rpc_call(&ctx, &sends[0].1, &recvs[0].1, &t1, &t2, &ret)?;
             rpc_done(&a).wait(1).await;
-            let prev = autograd::retrieve_context(&a, rpc_done(&a).ctx_id(1))?;
+            let prev = dist_autograd::retrieve_context(&a, rpc_done(&a).ctx_id(1))?;
             let sends = prev.send_functions();
             ensure!(sends.len() == 1);
             verify_rpc_call_exec(&sends[0].1)?;
@@ -448,8 +448,8 @@ async fn test_graph(w: Worker, f: &'static str, sparse: bool, remote: bool) -> a
         }
     })
     .await??;
-    ensure!(autograd::retrieve_context(a, id).is_err());
-    ensure!(autograd::current_context(a).is_err());
+    ensure!(dist_autograd::retrieve_context(a, id).is_err());
+    ensure!(dist_autograd::current_context(a).is_err());
     Ok(())
 }
 
@@ -483,7 +483,7 @@ async fn test_graph_for_py_nested_call_impl(
     let agent = w.agent.clone();
     let a = &agent;
     let (t1, t2) = pair(sparse);
-    autograd::context(a, |id| {
+    dist_autograd::context(a, |id| {
         let a = a.clone();
         async move {
             let nest_dst = (w.rank + 1) % w.world_size;
@@ -508,14 +508,14 @@ async fn test_graph_for_py_nested_call_impl(
                 set_rpc_done(&a, w.peer(rd), Some(id), i64::from(rd)).await?;
             }
             w.store_barrier().await?;
-            let ctx = autograd::current_context(&a)?;
+            let ctx = dist_autograd::current_context(&a)?;
             let (sends, recvs) = (ctx.send_functions(), ctx.recv_functions());
             ensure!(sends.len() == 1 && recvs.len() == 1);
             verify_first_rpc_call(&ctx, &sends[0].1, &recvs[0].1, &t1, &t2, &ret)?;
             let done = rpc_done(&a);
-            verify_nested_rpc_call(&autograd::retrieve_context(&a, done.ctx_id(1))?)?;
-            verify_nested_rpc_call(&autograd::retrieve_context(&a, done.ctx_id(2))?)?;
-            let exec = autograd::retrieve_context(&a, done.ctx_id(3))?;
+            verify_nested_rpc_call(&dist_autograd::retrieve_context(&a, done.ctx_id(1))?)?;
+            verify_nested_rpc_call(&dist_autograd::retrieve_context(&a, done.ctx_id(2))?)?;
+            let exec = dist_autograd::retrieve_context(&a, done.ctx_id(3))?;
             let sends = exec.send_functions();
             ensure!(sends.len() == 1);
             verify_rpc_call_exec(&sends[0].1)?;
@@ -549,7 +549,7 @@ async fn test_graph_for_py_nested_call_itself_impl(
     let agent = w.agent.clone();
     let a = &agent;
     let (t1, t2) = pair(sparse);
-    autograd::context(a, |id| {
+    dist_autograd::context(a, |id| {
         let a = a.clone();
         async move {
             let ws = w.world_size;
@@ -571,7 +571,7 @@ async fn test_graph_for_py_nested_call_itself_impl(
             .as_tensor()?;
             ensure!(close(&ret, &t1.f_add(&t2)?));
             set_rpc_done(&a, w.dst(), Some(id), 1).await?;
-            let ctx = autograd::current_context(&a)?;
+            let ctx = dist_autograd::current_context(&a)?;
             let (sends, recvs) = (ctx.send_functions(), ctx.recv_functions());
             ensure!(
                 sends.len() == 2 && recvs.len() == 2,
@@ -582,7 +582,7 @@ async fn test_graph_for_py_nested_call_itself_impl(
             verify_first_rpc_call(&ctx, &sends[0].1, &recvs[1].1, &t1, &t2, &ret)?;
             verify_rpc_call_exec(&sends[1].1)?;
             rpc_done(&a).wait(1).await;
-            verify_nested_rpc_call(&autograd::retrieve_context(&a, rpc_done(&a).ctx_id(1))?)?;
+            verify_nested_rpc_call(&dist_autograd::retrieve_context(&a, rpc_done(&a).ctx_id(1))?)?;
             w.store_barrier().await?;
             anyhow::Ok(())
         }
@@ -619,15 +619,15 @@ async fn no_graph_impl(w: Worker, sparse: bool, remote: bool) -> anyhow::Result<
             Tensor::zeros([3, 3], (Kind::Float, Device::Cpu)),
         )
     };
-    autograd::context(a, |id| {
+    dist_autograd::context(a, |id| {
         let a = a.clone();
         async move {
             call(&a, remote, w.dst(), "aten::add", args![t1, t2]).await?;
             set_rpc_done(&a, w.dst(), Some(id), 1).await?;
-            let ctx = autograd::current_context(&a)?;
+            let ctx = dist_autograd::current_context(&a)?;
             ensure!(ctx.send_functions().is_empty() && ctx.recv_functions().is_empty());
             rpc_done(&a).wait(1).await;
-            autograd::retrieve_context(&a, rpc_done(&a).ctx_id(1))?;
+            dist_autograd::retrieve_context(&a, rpc_done(&a).ctx_id(1))?;
             w.store_barrier().await?;
             anyhow::Ok(())
         }
@@ -660,16 +660,16 @@ fn grad_only_on_return_value(remote: bool) {
     dist_with(cluster(), move |w| async move {
         let agent = w.agent.clone();
         let a = &agent;
-        autograd::context(a, |id| {
+        dist_autograd::context(a, |id| {
             let a = a.clone();
             async move {
                 let ret = call(&a, remote, w.dst(), "seed::ret_requires_grad", args![])
                     .await?
                     .as_tensor()?;
-                autograd::backward(&a, id, &[ret.sum(None)], false).await?;
+                dist_autograd::backward(&a, id, &[ret.sum(None)], false).await?;
                 set_rpc_done(&a, w.dst(), Some(id), 1).await?;
                 rpc_done(&a).wait(1).await;
-                let grads = autograd::get_gradients(&a, rpc_done(&a).ctx_id(1))?;
+                let grads = dist_autograd::get_gradients(&a, rpc_done(&a).ctx_id(1))?;
                 ensure!(grads.len() == 1);
                 let global = a.state::<fns::RequiresGradTensor>();
                 let g = global
@@ -693,7 +693,7 @@ fn grad_only_on_return_value(remote: bool) {
 async fn complex_args_impl(w: Worker, sparse: bool, remote: bool) -> anyhow::Result<()> {
     let agent = w.agent.clone();
     let a = &agent;
-    autograd::context(a, |_| {
+    dist_autograd::context(a, |_| {
         let a = a.clone();
         async move {
             let ts: Vec<Tensor> = (0..10)
@@ -711,7 +711,7 @@ async fn complex_args_impl(w: Worker, sparse: bool, remote: bool) -> anyhow::Res
                 .await?
                 .as_tensor()?;
             ensure!(close(&ret, &Tensor::stack(&ts, 0)));
-            let ctx = autograd::current_context(&a)?;
+            let ctx = dist_autograd::current_context(&a)?;
             let sends = ctx.send_functions();
             ensure!(sends.len() == 1);
             let next = sends[0].1.next_functions();
@@ -816,7 +816,7 @@ fn test_worker_ids_recorded() {
         let a = &agent;
         let others: std::collections::BTreeSet<u32> =
             (0..w.world_size).filter(|r| *r != w.rank).collect();
-        autograd::context(a, |id| {
+        dist_autograd::context(a, |id| {
             let a = a.clone();
             async move {
                 let t1 = Tensor::ones([3, 3], (Kind::Float, Device::Cpu));
@@ -830,7 +830,7 @@ fn test_worker_ids_recorded() {
                     .await?;
                     set_rpc_done(&a, worker_name(*r), Some(id), 1).await?;
                 }
-                let ctx = autograd::current_context(&a)?;
+                let ctx = dist_autograd::current_context(&a)?;
                 ensure!(ctx.known_worker_ids() == others);
                 let t1 = t1.set_requires_grad(true);
                 let t2 = t2.set_requires_grad(true);
@@ -861,7 +861,7 @@ async fn context_cleanup_helper(
 ) -> anyhow::Result<()> {
     let agent = w.agent.clone();
     let a = &agent;
-    let id = autograd::context(a, |id| {
+    let id = dist_autograd::context(a, |id| {
         let a = a.clone();
         let w = w.clone();
         async move {
@@ -880,7 +880,7 @@ async fn context_cleanup_helper(
         }
     })
     .await??;
-    ensure!(autograd::retrieve_context(a, id).is_err());
+    ensure!(dist_autograd::retrieve_context(a, id).is_err());
     w.store_barrier().await?;
     ensure!(
         fns::all_contexts_cleaned_up(a).await,
@@ -1022,7 +1022,7 @@ async fn backward_simple_impl(w: Worker, self_dst: bool, sparse: bool) -> anyhow
             t2.shallow_clone(),
             clone_grads(&local),
         );
-        let r = autograd::context(a, |ctx| async move {
+        let r = dist_autograd::context(a, |ctx| async move {
             let ret = exec_t(
                 &a2,
                 mode,
@@ -1078,7 +1078,7 @@ where
     let mut local = None;
     for &mode in modes {
         let r =
-            autograd::context(a, |ctx| body(a.clone(), mode, ctx, clone_grads(&local))).await??;
+            dist_autograd::context(a, |ctx| body(a.clone(), mode, ctx, clone_grads(&local))).await??;
         local = r.or(local);
     }
     Ok(())
@@ -1513,7 +1513,7 @@ async fn nested_python_udf_impl(w: Worker, sparse: bool) -> anyhow::Result<()> {
     let a = w.agent.clone();
     let agent = w.agent.clone();
     let dst = i64::from((w.rank + 1) % w.world_size);
-    autograd::context(&agent, |ctx| async move {
+    dist_autograd::context(&agent, |ctx| async move {
         let loss = a
             .rpc_sync(
                 w.dst(),
@@ -1522,8 +1522,8 @@ async fn nested_python_udf_impl(w: Worker, sparse: bool) -> anyhow::Result<()> {
             )
             .await?
             .as_tensor()?;
-        autograd::backward(&a, ctx, &[loss_of(&loss)], false).await?;
-        let grads = autograd::get_gradients(&a, ctx)?;
+        dist_autograd::backward(&a, ctx, &[loss_of(&loss)], false).await?;
+        let grads = dist_autograd::get_gradients(&a, ctx)?;
         ensure!(close(&grads.get(&t1).context("t1")?, &t1.grad()));
         ensure!(close(&grads.get(&t2).context("t2")?, &t2.grad()));
         anyhow::Ok(())
@@ -1559,7 +1559,7 @@ async fn mixed_requires_grad_impl(w: Worker, sparse: bool) -> anyhow::Result<()>
             w.dst(),
         );
         let agent = w.agent.clone();
-        autograd::context(&agent, |ctx| async move {
+        dist_autograd::context(&agent, |ctx| async move {
             let ret = exec_t(
                 &a,
                 mode,
@@ -1569,9 +1569,9 @@ async fn mixed_requires_grad_impl(w: Worker, sparse: bool) -> anyhow::Result<()>
             )
             .await?;
             ensure!(close(&ret, &t1.f_mul(&t2)?));
-            autograd::backward(&a, ctx, &[loss_of(&ret)], false).await?;
+            dist_autograd::backward(&a, ctx, &[loss_of(&ret)], false).await?;
             ensure!(t1.requires_grad() && !t2.requires_grad());
-            let grads = autograd::get_gradients(&a, ctx)?;
+            let grads = dist_autograd::get_gradients(&a, ctx)?;
             ensure!(grads.contains(&t1) && !grads.contains(&t2));
             ensure!(close(&grads.get(&t1).context("t1")?, &t2));
             anyhow::Ok(())
@@ -1595,11 +1595,11 @@ fn test_mixed_requires_grad_sparse() {
 fn test_backward_without_rpc() {
     dist_with(cluster(), |w| async move {
         let a = w.agent.clone();
-        autograd::context(&w.agent.clone(), |ctx| async move {
+        dist_autograd::context(&w.agent.clone(), |ctx| async move {
             let (t1, t2) = (rg(&[3, 3]), rg(&[3, 3]));
             let t3 = t1.f_add(&t2)?;
-            autograd::backward(&a, ctx, &[t3.sum(None)], false).await?;
-            let grads = autograd::get_gradients(&a, ctx)?;
+            dist_autograd::backward(&a, ctx, &[t3.sum(None)], false).await?;
+            let grads = dist_autograd::get_gradients(&a, ctx)?;
             ensure!(grads.len() == 2);
             let ones = Tensor::ones([3, 3], (Kind::Float, Device::Cpu));
             ensure!(close(&grads.get(&t1).context("t1")?, &ones));
@@ -1619,7 +1619,7 @@ fn test_backward_verify_hooks() {
     dist_with(cluster(), |w| async move {
         let a = w.agent.clone();
         let t1 = ones_rg();
-        let _hook = autograd::register_hook(&t1, |g| Ok(g * 2));
+        let _hook = dist_autograd::register_hook(&t1, |g| Ok(g * 2));
         let t2 = ones_rg();
         let mut local_grads: Option<LocalGrads> = None;
         let mut next = NextRank::new(&w);
@@ -1627,7 +1627,7 @@ fn test_backward_verify_hooks() {
             let dst = next.next();
             let (a2, t1c, t2c) = (a.clone(), t1.shallow_clone(), t2.shallow_clone());
             let lg = clone_grads(&local_grads);
-            let ret = autograd::context(&a, |ctx| async move {
+            let ret = dist_autograd::context(&a, |ctx| async move {
                 let a = a2;
                 let ret = exec_t(
                     &a,
@@ -1660,7 +1660,7 @@ async fn no_grad_on_tensor_impl(w: Worker, sparse: bool) -> anyhow::Result<()> {
     };
     let a = w.agent.clone();
     let agent = w.agent.clone();
-    autograd::context(&agent, |ctx| async move {
+    dist_autograd::context(&agent, |ctx| async move {
         let loss = a
             .rpc_sync(
                 w.dst(),
@@ -1670,12 +1670,12 @@ async fn no_grad_on_tensor_impl(w: Worker, sparse: bool) -> anyhow::Result<()> {
             .await?
             .as_tensor()?;
         let loss = loss_of(&loss);
-        autograd::backward(&a, ctx, &[loss.shallow_clone()], true).await?;
+        dist_autograd::backward(&a, ctx, &[loss.shallow_clone()], true).await?;
         ensure!(!t1.grad().defined() && !t2.grad().defined());
         loss_of(&t1.f_add(&t2)?).f_backward()?;
         ensure!(t1.grad().defined() && t2.grad().defined());
         let (g1, g2) = (t1.grad().copy(), t2.grad().copy());
-        autograd::backward(&a, ctx, &[loss], false).await?;
+        dist_autograd::backward(&a, ctx, &[loss], false).await?;
         ensure!(close(&t1.grad(), &g1) && close(&t2.grad(), &g2));
         anyhow::Ok(())
     })
@@ -1731,7 +1731,7 @@ fn test_embedding_bag_with_no_grad_tensors() {
         let local_grad = local_weight.grad();
         ensure!(local_grad.is_sparse(), "the local gradient is dense");
         let a2 = a.clone();
-        autograd::context(&a, |ctx| async move {
+        dist_autograd::context(&a, |ctx| async move {
             let a = a2;
             let res = a
                 .rpc_sync(
@@ -1741,8 +1741,8 @@ fn test_embedding_bag_with_no_grad_tensors() {
                 )
                 .await?
                 .as_tensor()?;
-            autograd::backward(&a, ctx, &[res.sum(None)], true).await?;
-            autograd::backward(&a, ctx, &[res.sum(None)], false).await?;
+            dist_autograd::backward(&a, ctx, &[res.sum(None)], true).await?;
+            dist_autograd::backward(&a, ctx, &[res.sum(None)], false).await?;
             let remote_grad = a
                 .rpc_sync(
                     dst,
@@ -1771,7 +1771,7 @@ fn test_backward_accumulate_grads() {
             t1.matmul(&t2).sum(None).f_backward()?;
         }
         let a = w.agent.clone();
-        autograd::context(&w.agent.clone(), |ctx| async move {
+        dist_autograd::context(&w.agent.clone(), |ctx| async move {
             let t3 = a
                 .rpc_sync(
                     w.dst(),
@@ -1781,9 +1781,9 @@ fn test_backward_accumulate_grads() {
                 .await?
                 .as_tensor()?;
             let loss = t3.sum(None);
-            autograd::backward(&a, ctx, &[loss.shallow_clone()], true).await?;
-            autograd::backward(&a, ctx, &[loss], false).await?;
-            let grads = autograd::get_gradients(&a, ctx)?;
+            dist_autograd::backward(&a, ctx, &[loss.shallow_clone()], true).await?;
+            dist_autograd::backward(&a, ctx, &[loss], false).await?;
+            let grads = dist_autograd::get_gradients(&a, ctx)?;
             ensure!(grads.len() == 2);
             ensure!(close(&grads.get(&t1).context("t1")?, &t1.grad()));
             ensure!(close(&grads.get(&t2).context("t2")?, &t2.grad()));
@@ -1802,7 +1802,7 @@ async fn nested_accumulate_impl(w: Worker, sparse: bool) -> anyhow::Result<()> {
     };
     let a = w.agent.clone();
     let agent = w.agent.clone();
-    autograd::context(&agent, |ctx| async move {
+    dist_autograd::context(&agent, |ctx| async move {
         let dst = i64::from((w.rank + 1) % w.world_size);
         let loss = a
             .rpc_sync(
@@ -1819,8 +1819,8 @@ async fn nested_accumulate_impl(w: Worker, sparse: bool) -> anyhow::Result<()> {
             .await?
             .as_tensor()?;
         let loss = loss_of(&loss);
-        autograd::backward(&a, ctx, &[loss.shallow_clone()], true).await?;
-        autograd::backward(&a, ctx, &[loss], false).await?;
+        dist_autograd::backward(&a, ctx, &[loss.shallow_clone()], true).await?;
+        dist_autograd::backward(&a, ctx, &[loss], false).await?;
         anyhow::Ok(())
     })
     .await??;
@@ -1845,14 +1845,14 @@ async fn multiple_backward_impl(w: Worker, sparse: bool) -> anyhow::Result<()> {
     };
     let a = w.agent.clone();
     let agent = w.agent.clone();
-    autograd::context(&agent, |ctx| async move {
+    dist_autograd::context(&agent, |ctx| async move {
         let loss = a
             .rpc_sync(w.dst(), "aten::add", args![t1, t2])
             .await?
             .as_tensor()?;
         let loss = loss_of(&loss);
         for _ in 0..1000 {
-            autograd::backward(&a, ctx, &[loss.shallow_clone()], true).await?;
+            dist_autograd::backward(&a, ctx, &[loss.shallow_clone()], true).await?;
         }
         anyhow::Ok(())
     })
@@ -1876,26 +1876,26 @@ fn test_multiple_backward_sparse() {
 fn test_backward_invalid_args() {
     dist_with(cluster(), |w| async move {
         let a = w.agent.clone();
-        autograd::context(&w.agent.clone(), |ctx| async move {
+        dist_autograd::context(&w.agent.clone(), |ctx| async move {
             // `backward(ctx, None)` (a TypeError in Python) cannot be written:
             // the roots are a typed slice.
             expect_err(
-                autograd::backward(&a, ctx, &[], false).await,
+                dist_autograd::backward(&a, ctx, &[], false).await,
                 ErrorKind::RuntimeError,
                 "No tensors provided for gradient computation",
             )?;
             expect_err(
-                autograd::backward(&a, ctx, &[rand(&[3, 3])], false).await,
+                dist_autograd::backward(&a, ctx, &[rand(&[3, 3])], false).await,
                 ErrorKind::RuntimeError,
                 "requires_grad not set on",
             )?;
             expect_err(
-                autograd::backward(&a, ctx, &[rg(&[3, 3])], false).await,
+                dist_autograd::backward(&a, ctx, &[rg(&[3, 3])], false).await,
                 ErrorKind::RuntimeError,
                 "is not a scalar, all roots need to be scalar",
             )?;
             expect_err(
-                autograd::backward(&a, ctx, &[rg(&[1])], false).await,
+                dist_autograd::backward(&a, ctx, &[rg(&[1])], false).await,
                 ErrorKind::RuntimeError,
                 "does not have a valid gradient function",
             )?;
@@ -1910,7 +1910,7 @@ fn test_backward_invalid_args() {
 fn test_error_in_context() {
     dist_with(cluster(), |w| async move {
         let a = w.agent.clone();
-        autograd::context(&w.agent.clone(), |_| async move {
+        dist_autograd::context(&w.agent.clone(), |_| async move {
             let r = a
                 .rpc_sync(w.dst(), "aten::matmul", args![rg(&[3, 3]), rg(&[6, 6])])
                 .await;
@@ -1938,7 +1938,7 @@ fn error_on_node_matches(msg: &str) -> bool {
 fn test_backward_autograd_engine_error() {
     dist_with(cluster(), |w| async move {
         let a = w.agent.clone();
-        autograd::context(&w.agent.clone(), |ctx| async move {
+        dist_autograd::context(&w.agent.clone(), |ctx| async move {
             let (t1, t2) = (rg(&[3, 3]), rg(&[3, 3]));
             let tmp = (&t1 + &t2) * (&t1 + &t2);
             let t3 = fns::simulate_backward_error(&a, &tmp)?;
@@ -1959,7 +1959,7 @@ fn test_backward_autograd_engine_error() {
                 .rpc_sync(next.next(), "aten::div", args![val, t2.shallow_clone()])
                 .await?
                 .as_tensor()?;
-            match autograd::backward(&a, ctx, &[val.sum(None)], false).await {
+            match dist_autograd::backward(&a, ctx, &[val.sum(None)], false).await {
                 Err(e)
                     if e.kind() == ErrorKind::RuntimeError
                         && error_on_node_matches(e.message()) =>
@@ -1978,7 +1978,7 @@ fn test_backward_autograd_engine_error() {
 fn test_backward_python_udf_error() {
     dist_with(cluster(), |w| async move {
         let a = w.agent.clone();
-        autograd::context(&w.agent.clone(), |ctx| async move {
+        dist_autograd::context(&w.agent.clone(), |ctx| async move {
             let (t1, t2) = (rg(&[3, 3]), rg(&[3, 3]));
             let dst = i64::from((w.rank + 2) % w.world_size);
             let loss = a
@@ -1990,7 +1990,7 @@ fn test_backward_python_udf_error() {
                 .await?
                 .as_tensor()?;
             expect_err(
-                autograd::backward(&a, ctx, &[loss.sum(None)], false).await,
+                dist_autograd::backward(&a, ctx, &[loss.sum(None)], false).await,
                 ErrorKind::RuntimeError,
                 fns::SIMULATE_ERROR,
             )?;
@@ -2006,7 +2006,7 @@ fn test_multiple_backward_with_errors() {
     dist_with(cluster(), |w| async move {
         let a = w.agent.clone();
         let w2 = w.clone();
-        let r = autograd::context(&w.agent.clone(), |ctx| async move {
+        let r = dist_autograd::context(&w.agent.clone(), |ctx| async move {
             let (t1, t2) = (rg(&[3, 3]), rg(&[3, 3]));
             let loss = a
                 .rpc_sync(
@@ -2020,12 +2020,12 @@ fn test_multiple_backward_with_errors() {
             for i in 0..100 {
                 if i < 50 {
                     expect_err(
-                        autograd::backward(&a, ctx, &[loss.shallow_clone()], true).await,
+                        dist_autograd::backward(&a, ctx, &[loss.shallow_clone()], true).await,
                         ErrorKind::RuntimeError,
                         fns::SIMULATE_ERROR,
                     )?;
                 } else if i > 50 {
-                    autograd::backward(&a, ctx, &[loss.shallow_clone()], true).await?;
+                    dist_autograd::backward(&a, ctx, &[loss.shallow_clone()], true).await?;
                 } else {
                     w2.store_barrier().await?;
                     a.state::<fns::SimulateError>()
@@ -2055,7 +2055,7 @@ fn test_backward_unused_send_function() {
         let dst = w.dst();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(async move {
-            autograd::context(&a.clone(), |ctx| async move {
+            dist_autograd::context(&a.clone(), |ctx| async move {
                 let (t1, t2) = (rg(&[3, 3]), rg(&[3, 3]));
                 let _res = a
                     .rpc_sync(
@@ -2066,7 +2066,7 @@ fn test_backward_unused_send_function() {
                     .await?;
                 let val = t1.f_mul(&t2)?;
                 let _ = tx.send(());
-                autograd::backward(&a, ctx, &[val.sum(None)], false).await?;
+                dist_autograd::backward(&a, ctx, &[val.sum(None)], false).await?;
                 anyhow::Ok(())
             })
             .await
@@ -2085,18 +2085,18 @@ fn test_backward_unused_send_function() {
 
 #[test]
 fn test_dist_autograd_profiling() {
-    use wasmrpc::autograd::{RECV_RPC_BACKWARD_NAME, SEND_RPC_BACKWARD_NAME};
+    use wasmrpc::dist_autograd::{RECV_RPC_BACKWARD_NAME, SEND_RPC_BACKWARD_NAME};
     use wasmrpc::profiler::{DIST_AUTOGRAD_BACKWARD_PROFILING_KEY, Event, profile};
     dist_with(cluster(), |w| async move {
         let (a, w2) = (w.agent.clone(), w.clone());
-        let p = autograd::context(&w.agent.clone(), |id| async move {
+        let p = dist_autograd::context(&w.agent.clone(), |id| async move {
             let (t1, t2) = (rg(&[3, 3]), rg(&[3, 3]));
             let loss = a
                 .rpc_sync(NextRank::new(&w2).next(), "aten::add", args![t1, t2])
                 .await?
                 .as_tensor()?
                 .sum(Kind::Float);
-            let (r, p) = profile(&a, autograd::backward(&a, id, &[loss], false)).await;
+            let (r, p) = profile(&a, dist_autograd::backward(&a, id, &[loss], false)).await;
             r?;
             anyhow::Ok(p)
         })
@@ -2128,7 +2128,7 @@ fn test_dist_autograd_profiling() {
         }
         // Outside a profiling scope a pass records nothing, and works.
         let a = w.agent.clone();
-        autograd::context(&w.agent.clone(), |id| async move {
+        dist_autograd::context(&w.agent.clone(), |id| async move {
             let t = rg(&[3, 3]);
             let loss = a
                 .rpc_sync(
@@ -2139,7 +2139,7 @@ fn test_dist_autograd_profiling() {
                 .await?
                 .as_tensor()?
                 .sum(Kind::Float);
-            autograd::backward(&a, id, &[loss], false).await?;
+            dist_autograd::backward(&a, id, &[loss], false).await?;
             anyhow::Ok(())
         })
         .await??;
@@ -2152,7 +2152,7 @@ fn test_debug_info() {
     dist_with(cluster(), |w| async move {
         let a = w.agent.clone();
         let w2 = w.clone();
-        let ctx = autograd::context(&w.agent.clone(), |ctx| async move {
+        let ctx = dist_autograd::context(&w.agent.clone(), |ctx| async move {
             let (t1, t2) = (rg(&[3, 3]), rg(&[3, 3]));
             let mut res: Vec<Tensor> = Vec::new();
             let mut i = 0;
@@ -2177,12 +2177,12 @@ fn test_debug_info() {
             }
             let seen = std::sync::Arc::new(std::sync::Mutex::new(None));
             let (a2, seen2) = (a.clone(), seen.clone());
-            let last = autograd::apply_function(
+            let last = dist_autograd::apply_function(
                 &a,
                 &[res[i - 1].shallow_clone()],
                 |x| Ok(vec![x[0].shallow_clone()]),
                 move |g| {
-                    let info = autograd::get_debug_info(&a2);
+                    let info = dist_autograd::get_debug_info(&a2);
                     *seen2.lock().unwrap_or_else(|p| p.into_inner()) =
                         info.get("num_current_backward_passes").cloned();
                     Ok(g.iter()
@@ -2206,7 +2206,7 @@ fn test_debug_info() {
                     i += 1;
                 }
             }
-            autograd::backward(&a, ctx, &[res[i - 1].sum(None)], false).await?;
+            dist_autograd::backward(&a, ctx, &[res[i - 1].sum(None)], false).await?;
             let n: i64 = seen
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -2214,7 +2214,7 @@ fn test_debug_info() {
                 .context("custom backward did not run")?
                 .parse()?;
             ensure!((1..=4).contains(&n), "num_current_backward_passes {n}");
-            let n: i64 = autograd::get_debug_info(&a)["num_autograd_contexts"].parse()?;
+            let n: i64 = dist_autograd::get_debug_info(&a)["num_autograd_contexts"].parse()?;
             ensure!((1..=4).contains(&n), "num_autograd_contexts {n}");
             anyhow::Ok(ctx)
         })
@@ -2223,10 +2223,10 @@ fn test_debug_info() {
             set_rpc_done(&w.agent, w.peer(rd + 1), Some(ctx), i64::from(rd + 1)).await?;
         }
         w.store_barrier().await?;
-        let info = autograd::get_debug_info(&w.agent);
+        let info = dist_autograd::get_debug_info(&w.agent);
         ensure!(info["num_current_backward_passes"] == "0" && info.len() == 2);
         ensure!(fns::all_contexts_cleaned_up(&w.agent).await);
-        ensure!(autograd::get_debug_info(&w.agent)["num_autograd_contexts"] == "0");
+        ensure!(dist_autograd::get_debug_info(&w.agent)["num_autograd_contexts"] == "0");
         Ok(())
     });
 }
@@ -2240,7 +2240,7 @@ fn test_async_dist_autograd() {
                 let a = w.agent.clone();
                 tasks.push(tokio::spawn(async move {
                     let a2 = a.clone();
-                    autograd::context(&a2, |ctx| async move {
+                    dist_autograd::context(&a2, |ctx| async move {
                         let (t1, t2) = (rg(&[3, 3]), rg(&[3, 3]));
                         let p = |t: &Tensor| Payload::from(t);
                         let t3 = a
@@ -2259,7 +2259,7 @@ fn test_async_dist_autograd() {
                             .rpc_sync("worker0", "aten::add", args![p(&t4), p(&t5)])
                             .await?
                             .as_tensor()?;
-                        autograd::backward(&a, ctx, &[t6.sum(None)], false).await?;
+                        dist_autograd::backward(&a, ctx, &[t6.sum(None)], false).await?;
                         anyhow::Ok(())
                     })
                     .await?
@@ -2295,7 +2295,7 @@ fn test_backward_node_failure() {
     unclean(|w| async move {
         w.agent.set_rpc_timeout(Duration::from_secs(5));
         let a = w.agent.clone();
-        autograd::context(&w.agent.clone(), |ctx| async move {
+        dist_autograd::context(&w.agent.clone(), |ctx| async move {
             let (t1, t2) = (rg(&[3, 3]), rg(&[3, 3]));
             let res = a
                 .rpc_sync(w.dst(), "aten::add", args![t1, t2])
@@ -2307,7 +2307,7 @@ fn test_backward_node_failure() {
                     wait_until_node_failure(&a, r, "").await;
                 }
                 let started = std::time::Instant::now();
-                let r = autograd::backward(&a, ctx, &[res.sum(None)], false).await;
+                let r = dist_autograd::backward(&a, ctx, &[res.sum(None)], false).await;
                 ensure!(
                     matches!(&r, Err(e) if e.kind() == ErrorKind::RuntimeError),
                     "{r:?}"
@@ -2330,7 +2330,7 @@ fn test_backward_node_failure_python_udf() {
         w.agent.set_rpc_timeout(Duration::from_secs(5));
         let a = w.agent.clone();
         const DONE: &str = "test_backward_node_failure_python_udf_rank0_done";
-        autograd::context(&w.agent.clone(), |ctx| async move {
+        dist_autograd::context(&w.agent.clone(), |ctx| async move {
             let (t1, t2) = (rg(&[3, 3]), rg(&[3, 3]));
             let mut res = None;
             if w.rank == 0 {
@@ -2350,7 +2350,7 @@ fn test_backward_node_failure_python_udf() {
                 0 => {
                     wait_until_node_failure(&a, 2, "").await;
                     let res = res.context("result")?;
-                    let r = autograd::backward(&a, ctx, &[res.sum(None)], false).await;
+                    let r = dist_autograd::backward(&a, ctx, &[res.sum(None)], false).await;
                     ensure!(
                         matches!(&r, Err(e) if e.kind() == ErrorKind::RuntimeError),
                         "{r:?}"
@@ -2491,7 +2491,7 @@ async fn random_graph(w: &Worker, seed: u64) -> anyhow::Result<()> {
     // Distributed.
     let a = w.agent.clone();
     let ws = w.world_size;
-    autograd::context(&a.clone(), |ctx| async move {
+    dist_autograd::context(&a.clone(), |ctx| async move {
         let mut vals: Vec<Tensor> = leaves.iter().map(Tensor::shallow_clone).collect();
         for (op, dst, x, y, nest) in &plan {
             let (x, y) = (vals[*x].shallow_clone(), vals[*y].shallow_clone());
@@ -2521,8 +2521,8 @@ async fn random_graph(w: &Worker, seed: u64) -> anyhow::Result<()> {
             return Ok(());
         }
         let roots: Vec<Tensor> = roots.into_iter().filter(Tensor::requires_grad).collect();
-        autograd::backward(&a, ctx, &roots, false).await?;
-        let grads = autograd::get_gradients(&a, ctx)?;
+        dist_autograd::backward(&a, ctx, &roots, false).await?;
+        let grads = dist_autograd::get_gradients(&a, ctx)?;
         for (i, (l, want)) in leaves.iter().zip(&local).enumerate() {
             match (grads.get(l), want) {
                 (Some(g), Some(want)) => ensure!(
@@ -2565,7 +2565,7 @@ async fn backward_rref(
     let local = t1.f_add(&t2)?;
     loss_of(&local).f_backward()?;
     let a2 = a.clone();
-    autograd::context(&a, |ctx| async move {
+    dist_autograd::context(&a, |ctx| async move {
         let a = a2;
         let rref_t1 = if sparse {
             a.remote(
@@ -2596,8 +2596,8 @@ async fn backward_rref(
             )?
         };
         let ret = rref.to_here(&a, None).await?.as_tensor()?;
-        autograd::backward(&a, ctx, &[loss_of(&ret)], false).await?;
-        let grads = autograd::get_gradients(&a, ctx)?;
+        dist_autograd::backward(&a, ctx, &[loss_of(&ret)], false).await?;
+        let grads = dist_autograd::get_gradients(&a, ctx)?;
         ensure!(close(&grads.get(&t2).context("t2")?, &t2.grad()));
         let same = a
             .rpc_sync(
@@ -2710,7 +2710,7 @@ async fn trainer_ps(
     }
     for d in 1..=3 {
         let ctx_id = done.ctx_id(d);
-        let grads = autograd::get_gradients(&a, ctx_id)?;
+        let grads = dist_autograd::get_gradients(&a, ctx_id)?;
         let local_t1 = rref_t1.to_here(&a, None).await?.as_tensor()?;
         let g = grads
             .get(&local_t1)
@@ -2771,10 +2771,10 @@ fn test_thread_local_context_id() {
             args![t1, t2],
         )?;
         let a2 = a.clone();
-        autograd::context(&a, |ctx| async move {
+        dist_autograd::context(&a, |ctx| async move {
             let a = a2;
             let loss = rref.to_here(&a, None).await?.as_tensor()?.sum(None);
-            autograd::backward(&a, ctx, &[loss], false).await?;
+            dist_autograd::backward(&a, ctx, &[loss], false).await?;
             let same = a
                 .rpc_sync(
                     dst,

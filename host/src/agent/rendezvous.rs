@@ -3,17 +3,17 @@
 //!
 //! Store keys (the store is the group's own, or a prefix of one):
 //! - `rpc/mode`: "static" or "dynamic", set by the first worker (compare-set),
-//!   so the two kinds never meet (RDV-1);
+//!   so the two kinds never meet (JOIN-1);
 //! - static: `rpc/claim/{rank}` (a counter: a second claim is a re-init) and
 //!   `rpc/worker/{rank}` (name and address), read by everyone in one
 //!   `multi_get`: five round trips per worker, whatever the world size
-//!   (RDV-2);
+//!   (JOIN-2);
 //! - dynamic: `rpc/token` (mutual exclusion of joins and leaves, as PyTorch's
 //!   `RpcGroupManagementToken`), `rpc/nmembers` and `rpc/member/{i}` (every
 //!   worker that ever joined, marked when it leaves). A joiner tells every
 //!   member about itself over RPC before releasing the token.
 //!
-//! RDV-3: nothing secret is ever written to the store, nor read from it.
+//! JOIN-3: nothing secret is ever written to the store, nor read from it.
 //! The store speaks PyTorch's unauthenticated TCPStore protocol, so anyone
 //! who reaches it reads every key; credentials (the cluster secret, TLS
 //! keys) come from the operator only ([`RpcBackendOptions::cluster_secret`],
@@ -153,7 +153,7 @@ fn internal_registry() -> FunctionRegistry {
     all_gather::register(&r);
     crate::rref::register(&r);
     crate::optim::register(&r);
-    crate::autograd::register(&r);
+    crate::dist_autograd::register(&r);
     crate::profiler::register(&r);
     crate::plugin::deploy::register(&r);
     r.register_native(

@@ -17,7 +17,7 @@ use wasmrpc_wasm::{GuestHost, Object, Plugin, Runtime};
 
 use super::function::{PluginFunction, wasm_error};
 use super::grant::PluginGrant;
-use super::guest::GuestCall;
+use super::host_functions::GuestCall;
 use crate::abi::{ErrorKind, WorkerInfo};
 use crate::agent::{CallContext, RpcAgent, RpcFunction};
 use crate::error::{Error, Result};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use wasmrpc_wasm::{GuestHost, Plugin, Runtime};
 
 use super::grant::PluginGrant;
-use super::guest::GuestCall;
+use super::host_functions::GuestCall;
 use crate::agent::{CallContext, RpcFunction};
 use crate::error::{Error, Result};
 use crate::value::{Args, Payload};

@@ -105,7 +105,7 @@ impl RRefProxy {
         let o = out.clone();
         // The call is made inside the caller's distributed autograd context,
         // if any, as `rpc_async` would be (DA-3): the task carries it.
-        let context = crate::autograd::current_context_id();
+        let context = crate::dist_autograd::current_context_id();
         let call = async move {
             let r = match this.ready().await {
                 Ok(()) => {
@@ -127,7 +127,7 @@ impl RRefProxy {
         };
         self.agent
             .runtime_handle()
-            .spawn(crate::autograd::scope(context, call));
+            .spawn(crate::dist_autograd::scope(context, call));
         out
     }
 

@@ -17,7 +17,7 @@
 use anyhow::ensure;
 use tch::{Device, Kind, Tensor};
 use wasmrpc::testing::{Cluster, ClusterBuilder, worker_name};
-use wasmrpc::{Args, FunctionRegistry, Payload, RpcBackendOptions, autograd};
+use wasmrpc::{Args, FunctionRegistry, Payload, RpcBackendOptions, dist_autograd};
 use wasmrpc_tests::{WORLD_SIZE, dist_with, require_gpus};
 
 use super::fns::{close, cluster};
@@ -47,7 +47,7 @@ fn register_modules(r: &FunctionRegistry) {
     // context.
     r.register_native("cuda::wrapper_gradients", |ctx, a: Args| async move {
         let layer = a.get(0)?.as_rref()?.local_value(ctx.agent()).await?;
-        let grads = autograd::get_gradients(ctx.agent(), a.get(1)?.as_int()?)?;
+        let grads = dist_autograd::get_gradients(ctx.agent(), a.get(1)?.as_int()?)?;
         let mut out = Vec::new();
         for i in 0..2 {
             let g = grads
@@ -89,12 +89,12 @@ fn test_gpu_simple() {
         (&t1 + &t2).sum(Kind::Float).backward();
         let (g1, g2) = (t1.grad().copy(), t2.grad().copy());
         let (c1, c2) = (t1.shallow_clone(), t2.shallow_clone());
-        autograd::context(&a, |ctx| {
+        dist_autograd::context(&a, |ctx| {
             let a = a.clone();
             async move {
                 let root = (&c1 + &c2).sum(Kind::Float);
-                autograd::backward(&a, ctx, &[root], false).await?;
-                let grads = autograd::get_gradients(&a, ctx)?;
+                dist_autograd::backward(&a, ctx, &[root], false).await?;
+                let grads = dist_autograd::get_gradients(&a, ctx)?;
                 ensure!(grads.len() == 2, "{} gradients", grads.len());
                 ensure!(close(&grads.get(&c1).unwrap_or_default(), &g1));
                 ensure!(close(&grads.get(&c2).unwrap_or_default(), &g2));
@@ -135,7 +135,7 @@ fn gpu_to_cpu_continuation(gpu_root: bool) {
                 let l = local.as_ref().map(|v: &Vec<Option<Tensor>>| {
                     v.iter().map(|g| g.as_ref().map(Tensor::copy)).collect()
                 });
-                let r = autograd::context(&a, |ctx| async move {
+                let r = dist_autograd::context(&a, |ctx| async move {
                     let add = |x: &Tensor, y: &Tensor| {
                         exec_t(&a2, mode, &dst, "aten::add", vec![x.into(), y.into()])
                     };
@@ -185,15 +185,15 @@ fn test_device_maps_backward_pass() {
         let dst = w.dst();
         let t1 = Tensor::rand([10], (Kind::Float, cuda(w.rank))).set_requires_grad(true);
         let t2 = Tensor::rand([10], (Kind::Float, cuda(w.rank))).set_requires_grad(true);
-        autograd::context(&a, |ctx| {
+        dist_autograd::context(&a, |ctx| {
             let a = a.clone();
             async move {
                 let res = a
                     .rpc_sync(&dst, "aten::add", wasmrpc::args![&t1, &t2])
                     .await?
                     .as_tensor()?;
-                autograd::backward(&a, ctx, &[res.sum(Kind::Float)], false).await?;
-                let grads = autograd::get_gradients(&a, ctx)?;
+                dist_autograd::backward(&a, ctx, &[res.sum(Kind::Float)], false).await?;
+                let grads = dist_autograd::get_gradients(&a, ctx)?;
                 for t in [&t1, &t2] {
                     let g = grads.get(t).unwrap_or_default();
                     ensure!(g.defined(), "no gradient for a sent tensor");
@@ -234,15 +234,15 @@ fn test_dist_autograd_sync_streams() {
             ((&input * 2.0).sum(Kind::Float) * r).backward();
             let local = input.grad().copy();
             let (a2, dst, x) = (a.clone(), w.dst(), input.shallow_clone());
-            autograd::context(&a, |ctx| async move {
+            dist_autograd::context(&a, |ctx| async move {
                 // `MyLocalCompute(remote_compute)(input)`.
                 let result = a2
                     .rpc_sync(&dst, "cuda::my_remote_compute", wasmrpc::args![&x])
                     .await?
                     .as_tensor()?;
                 let loss = result.sum(Kind::Float) * r;
-                autograd::backward(&a2, ctx, &[loss], false).await?;
-                let g = autograd::get_gradients(&a2, ctx)?
+                dist_autograd::backward(&a2, ctx, &[loss], false).await?;
+                let g = dist_autograd::get_gradients(&a2, ctx)?
                     .get(&x)
                     .unwrap_or_default();
                 ensure!(g.defined() && g.device() == x.device(), "gradient {g:?}");
@@ -301,7 +301,7 @@ fn test_gradients_synchronizations() {
         y.sum(Kind::Float).backward();
         let (a2, x2) = (a.clone(), x.shallow_clone());
         let remotes = remote_layers.clone();
-        autograd::context(&a, |ctx| async move {
+        dist_autograd::context(&a, |ctx| async move {
             let mut y = x2;
             for layer in &remotes {
                 y = a2
@@ -313,7 +313,7 @@ fn test_gradients_synchronizations() {
                     .await?
                     .as_tensor()?;
             }
-            autograd::backward(&a2, ctx, &[y.sum(Kind::Float)], false).await?;
+            dist_autograd::backward(&a2, ctx, &[y.sum(Kind::Float)], false).await?;
             let mut futs = Vec::new();
             for layer in &remotes {
                 futs.push(a2.rpc_async(

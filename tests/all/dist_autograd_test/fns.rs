@@ -123,7 +123,7 @@ pub(super) const SIMULATE_ERROR: &str = "Simulate error on backward pass";
 /// No current context.
 pub(super) fn simulate_backward_error(agent: &RpcAgent, t: &Tensor) -> Result<Tensor> {
     let flag = agent.state::<SimulateError>();
-    let out = autograd::apply_function(
+    let out = dist_autograd::apply_function(
         agent,
         &[t.shallow_clone()],
         |xs| Ok(vec![xs[0].shallow_clone()]),
@@ -322,7 +322,7 @@ pub(super) fn register(r: &FunctionRegistry) {
                 .await?
                 .as_tensor()?;
             let want = t(&a, 2)?;
-            let grads = autograd::get_gradients(c.agent(), ctx)?;
+            let grads = dist_autograd::get_gradients(c.agent(), ctx)?;
             let got = grads
                 .get(&v)
                 .ok_or_else(|| Error::runtime("no gradient for the owner's value"))?;
@@ -437,7 +437,7 @@ fn register_area_g(r: &FunctionRegistry) {
                 .local_value(c.agent())
                 .await?
                 .as_tensor()?;
-            let grads = autograd::get_gradients(c.agent(), a.get(1)?.as_int()?)?;
+            let grads = dist_autograd::get_gradients(c.agent(), a.get(1)?.as_int()?)?;
             Ok(grads
                 .get(&weight)
                 .ok_or_else(|| Error::runtime("no gradient for the embedding's weight"))?
@@ -474,13 +474,13 @@ async fn run_trainer(agent: RpcAgent, a: Args, add: &'static str) -> Result<Payl
     let ps = a.get(2)?.as_str()?.to_string();
     let rank_diff = a.get(3)?.as_int()?;
     let ag = agent.clone();
-    autograd::context(&agent, |ctx| async move {
+    dist_autograd::context(&agent, |ctx| async move {
         let agent = ag;
         let ret = agent
             .rpc_sync(ps.as_str(), add, args![rref_t1, t2])
             .await?
             .as_tensor()?;
-        autograd::backward(&agent, ctx, &[loss_of(&ret)], false).await?;
+        dist_autograd::backward(&agent, ctx, &[loss_of(&ret)], false).await?;
         // Holds the context until the PS has checked it.
         agent
             .rpc_sync(ps.as_str(), "seed::_set_rpc_done", args![ctx, rank_diff])
@@ -543,7 +543,7 @@ pub(super) async fn all_contexts_cleaned_up(agent: &RpcAgent) -> bool {
     loop {
         if ids
             .iter()
-            .all(|id| autograd::retrieve_context(agent, *id).is_err())
+            .all(|id| dist_autograd::retrieve_context(agent, *id).is_err())
         {
             return true;
         }

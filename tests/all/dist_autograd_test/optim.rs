@@ -11,7 +11,7 @@ use tch::nn::{self, OptimizerConfig as _};
 use tch::{Device, Kind, Tensor};
 use wasmrpc::optim::{Adam, DistributedOptimizer, OptimizerConfig, Sgd, num_local_optimizers};
 use wasmrpc::testing::Worker;
-use wasmrpc::{Args, RRef, RpcAgent, args, autograd};
+use wasmrpc::{Args, RRef, RpcAgent, args, dist_autograd};
 use wasmrpc_tests::dist_with;
 
 use super::fns::cluster;
@@ -57,7 +57,7 @@ async fn train_dist(
 ) -> anyhow::Result<()> {
     for it in 0..iters {
         let a2 = a.clone();
-        autograd::context(a, |ctx| async move {
+        dist_autograd::context(a, |ctx| async move {
             let a = a2;
             let mut loss: Option<Tensor> = None;
             for p in params {
@@ -72,7 +72,7 @@ async fn train_dist(
                 });
             }
             let loss = loss.context("no parameters")?;
-            autograd::backward(&a, ctx, &[loss], false).await?;
+            dist_autograd::backward(&a, ctx, &[loss], false).await?;
             opt.step(ctx).await?;
             anyhow::Ok(())
         })
@@ -202,10 +202,10 @@ fn concurrent_steps_serialize() {
             let a = w.agent.clone();
             let params = make_params(&a).await?;
             let opt = DistributedOptimizer::new(&a, Sgd::new(0.5), &params).await?;
-            let (c1, c2) = (autograd::new_context(&a)?, autograd::new_context(&a)?);
+            let (c1, c2) = (dist_autograd::new_context(&a)?, dist_autograd::new_context(&a)?);
             let (id1, id2) = (c1.context_id(), c2.context_id());
             for (ctx, it) in [(id1, 0), (id2, 1)] {
-                let loss = autograd::with_context(ctx, async {
+                let loss = dist_autograd::with_context(ctx, async {
                     let mut l = Vec::new();
                     for p in &params {
                         let out = a
@@ -217,7 +217,7 @@ fn concurrent_steps_serialize() {
                     anyhow::Ok(l.into_iter().reduce(|x, y| x + y).context("empty")?)
                 })
                 .await??;
-                autograd::backward(&a, ctx, &[loss], false).await?;
+                dist_autograd::backward(&a, ctx, &[loss], false).await?;
             }
             let (r1, r2) = tokio::join!(opt.step(id1), opt.step(id2));
             r1?;
@@ -235,8 +235,8 @@ fn concurrent_steps_serialize() {
                 let diff = (&got - &want).abs().max().double_value(&[]);
                 ensure!(diff < 1e-9, "{}: off by {diff}", p.owner_name());
             }
-            autograd::release_context(&a, id1)?;
-            autograd::release_context(&a, id2)?;
+            dist_autograd::release_context(&a, id1)?;
+            dist_autograd::release_context(&a, id2)?;
             opt.close().await?;
         }
         w.store_barrier().await?;
@@ -485,7 +485,7 @@ fn guest_dist_autograd_context() {
         w.store_barrier().await?;
         // Released on every worker it reached once the guard dropped.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while autograd::get_debug_info(&a)["num_autograd_contexts"] != "0" {
+        while dist_autograd::get_debug_info(&a)["num_autograd_contexts"] != "0" {
             ensure!(tokio::time::Instant::now() < deadline, "contexts left");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

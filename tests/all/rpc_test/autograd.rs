@@ -13,7 +13,7 @@ use std::sync::Mutex;
 
 use anyhow::{Context as _, ensure};
 use tch::{Device, Kind, Tensor};
-use wasmrpc::autograd::{self, RREF_BACKWARD_NOT_TENSOR};
+use wasmrpc::dist_autograd::{self, RREF_BACKWARD_NOT_TENSOR};
 use wasmrpc::testing::{Cluster, ClusterBuilder, Worker};
 use wasmrpc::{Args, CallContext, ErrorKind, FunctionRegistry, Payload, RRef, args};
 use wasmrpc_tests::{dist_with, expect_err, register_all};
@@ -205,7 +205,7 @@ fn test_owner_rref_backward() {
 
         let a2 = a.clone();
         let (t, d) = (t1.shallow_clone(), dst.clone());
-        autograd::context(&a, |ctx| async move {
+        dist_autograd::context(&a, |ctx| async move {
             let a = a2;
             let t2 = a
                 .rpc_sync(d, ADD, args![t.shallow_clone(), t.shallow_clone()])
@@ -213,7 +213,7 @@ fn test_owner_rref_backward() {
                 .as_tensor()?;
             let rref = RRef::new(&a, t2.sum(None));
             rref.backward(&a, Some(ctx), false).await?;
-            let g = autograd::get_gradients(&a, ctx)?;
+            let g = dist_autograd::get_gradients(&a, ctx)?;
             ensure!(g.get(&t).is_some_and(|g| g.equal(&(t.ones_like() * 2))));
             anyhow::Ok(())
         })
@@ -221,7 +221,7 @@ fn test_owner_rref_backward() {
 
         let a2 = a.clone();
         let t = t1.shallow_clone();
-        autograd::context(&a, |ctx| async move {
+        dist_autograd::context(&a, |ctx| async move {
             let a = a2;
             let t2 = a
                 .rpc_sync(dst, ADD, args![t.shallow_clone(), t.shallow_clone()])
@@ -230,7 +230,7 @@ fn test_owner_rref_backward() {
             let rref = RRef::new(&a, t2.sum(None));
             rref.backward(&a, Some(ctx), true).await?;
             rref.backward(&a, Some(ctx), false).await?;
-            let g = autograd::get_gradients(&a, ctx)?;
+            let g = dist_autograd::get_gradients(&a, ctx)?;
             ensure!(g.get(&t).is_some_and(|g| g.equal(&(t.ones_like() * 4))));
             anyhow::Ok(())
         })
@@ -272,19 +272,19 @@ fn test_user_rref_backward() {
         let t = rand_rg(&[10]);
         let a2 = a.clone();
         let (t_, d) = (t.shallow_clone(), dst.clone());
-        autograd::context(&a, |ctx| async move {
+        dist_autograd::context(&a, |ctx| async move {
             let a = a2;
             let rref = a.remote(d, "seed::RpcTest._sum", args![t_.shallow_clone()])?;
             rref.backward(&a, Some(ctx), true).await?;
             rref.backward(&a, Some(ctx), false).await?;
-            let g = autograd::get_gradients(&a, ctx)?;
+            let g = dist_autograd::get_gradients(&a, ctx)?;
             ensure!(g.get(&t_).is_some_and(|g| g.equal(&(t_.ones_like() * 2))));
             anyhow::Ok(())
         })
         .await??;
 
         let a2 = a.clone();
-        autograd::context(&a, |ctx| async move {
+        dist_autograd::context(&a, |ctx| async move {
             let a = a2;
             let rref = a.remote(dst, "seed::RpcTest._identity", args!["foo"])?;
             expect_err(
@@ -349,7 +349,7 @@ fn proxy_calls_inside_a_context_record_autograd() {
         let x = rand_rg(&[2, 2]);
         for mode in 0..3 {
             let (a2, owned2, x2) = (a.clone(), owned.clone(), x.shallow_clone());
-            autograd::context(&a, |ctx| async move {
+            dist_autograd::context(&a, |ctx| async move {
                 let a = a2;
                 let call = args![x2.shallow_clone()];
                 let out = match mode {
@@ -367,8 +367,8 @@ fn proxy_calls_inside_a_context_record_autograd() {
                     }
                 }
                 .as_tensor()?;
-                autograd::backward(&a, ctx, &[out.sum(None)], false).await?;
-                let g = autograd::get_gradients(&a, ctx)?;
+                dist_autograd::backward(&a, ctx, &[out.sum(None)], false).await?;
+                let g = dist_autograd::get_gradients(&a, ctx)?;
                 ensure!(
                     g.get(&x2).is_some_and(|g| g.equal(&x2.ones_like())),
                     "proxy mode {mode}: the caller's tensor has no gradient"

@@ -9,7 +9,7 @@
 
 use anyhow::{Context as _, ensure};
 use tch::Tensor;
-use wasmrpc::autograd;
+use wasmrpc::dist_autograd;
 use wasmrpc::profiler::{
     Event, Profile, REMOTE_OP_STR, RpcExecMode, build_rpc_profiling_key, profile, record_function,
 };
@@ -330,11 +330,11 @@ fn profiler_with_autograd_context() {
                 Ok(())
             };
         let a = w.agent.clone();
-        let (r, p) = profile(&w.agent, autograd::context(&a, |_ctx| workload(a.clone()))).await;
+        let (r, p) = profile(&w.agent, dist_autograd::context(&a, |_ctx| workload(a.clone()))).await;
         r??;
         check(&p)?;
         let a2 = a.clone();
-        let p = autograd::context(&a, |_ctx| async move {
+        let p = dist_autograd::context(&a, |_ctx| async move {
             let (r, p) = profile(&a2, workload(a2.clone())).await;
             r.map(|_| p)
         })

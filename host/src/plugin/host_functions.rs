@@ -276,7 +276,7 @@ impl GuestCall {
         };
         // DA-3: a call made inside the guest's own context carries it.
         Ok(self.in_scope(|| {
-            crate::autograd::sync_scope(self.autograd.context(), || match timeout {
+            crate::dist_autograd::sync_scope(self.autograd.context(), || match timeout {
                 None => self.agent.rpc_async(to, &function, args),
                 Some(t) => self.agent.rpc_async_with_timeout(to, &function, args, t),
             })
@@ -435,7 +435,7 @@ impl GuestHost for GuestCall {
         };
         let rref = self
             .in_scope(|| {
-                crate::autograd::sync_scope(self.autograd.context(), || match timeout {
+                crate::dist_autograd::sync_scope(self.autograd.context(), || match timeout {
                     None => self.agent.remote(to, &function, args),
                     Some(t) => self.agent.remote_with_timeout(to, &function, args, t),
                 })
@@ -448,8 +448,8 @@ impl GuestHost for GuestCall {
         let r = self.handles().rref(rref)?;
         let fetch = r.to_here(&self.agent, None);
         let payload = match self.autograd.context() {
-            Some(id) if crate::autograd::current_context_id().is_none() => {
-                crate::autograd::scope(Some(id), fetch).await
+            Some(id) if crate::dist_autograd::current_context_id().is_none() => {
+                crate::dist_autograd::scope(Some(id), fetch).await
             }
             _ => fetch.await,
         }
@@ -479,7 +479,7 @@ impl GuestHost for GuestCall {
         let proxy = self.proxy(rref, timeout, RRefProxyMode::Sync)?;
         let args = self.handles().borrow_args(args)?;
         // DA-3: a proxy call made inside the guest's own context carries it.
-        let call = crate::autograd::scope(self.autograd.context(), proxy.call(method, args));
+        let call = crate::dist_autograd::scope(self.autograd.context(), proxy.call(method, args));
         let payload = self.in_scope_async(call).await.map_err(remote)?;
         self.handles().import(payload)
     }
@@ -494,7 +494,7 @@ impl GuestHost for GuestCall {
         let proxy = self.proxy(rref, timeout, RRefProxyMode::Async)?;
         let args = self.handles().borrow_args(args)?;
         let fut = self.in_scope(|| {
-            crate::autograd::sync_scope(self.autograd.context(), || proxy.call_async(method, args))
+            crate::dist_autograd::sync_scope(self.autograd.context(), || proxy.call_async(method, args))
         });
         Ok(self.handles().insert_future(fut))
     }
@@ -508,7 +508,7 @@ impl GuestHost for GuestCall {
     ) -> HostResult<u32> {
         let proxy = self.proxy(rref, timeout, RRefProxyMode::Remote)?;
         let args = self.handles().borrow_args(args)?;
-        let call = crate::autograd::scope(self.autograd.context(), proxy.call_remote(method, args));
+        let call = crate::dist_autograd::scope(self.autograd.context(), proxy.call_remote(method, args));
         let r = self.in_scope_async(call).await.map_err(remote)?;
         Ok(self.handles().insert_rref(r))
     }

@@ -8,7 +8,7 @@
 //! a context of its caller's), and the optimizers the guest made. Whatever
 //! the guest leaves open when the call ends (a context, an optimizer) is
 //! released then, so a trapped guest leaks nothing. Contexts, backward and
-//! gradients belong to [`crate::autograd`], optimizers to [`crate::optim`].
+//! gradients belong to [`crate::dist_autograd`], optimizers to [`crate::optim`].
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -19,7 +19,7 @@ use wasmrpc_wasm::{AutogradCall, ErrorKind, HostResult, RemoteError, Value};
 
 use super::{GuestCall, remote, tch_error};
 use crate::agent::RpcAgent;
-use crate::autograd;
+use crate::dist_autograd;
 use crate::error::{ALREADY_HAVE_AUTOGRAD_CONTEXT, Error};
 use crate::ops::run_blocking;
 use crate::optim::{DistributedOptimizer, OptimizerConfig};
@@ -61,7 +61,7 @@ impl GuestAutograd {
             .unwrap_or_else(|p| p.into_inner())
             .take()
         {
-            autograd::release_if_present(agent, id);
+            dist_autograd::release_if_present(agent, id);
         }
         // Dropping them sends their owners the release (OPT-4).
         self.optimizers
@@ -127,10 +127,10 @@ impl GuestCall {
             AutogradCall::Identity(h) => Value::Int(identity(&self.handles().tensor(h)?)),
             AutogradCall::ContextNew => {
                 let mut slot = ag.context.lock().unwrap_or_else(|p| p.into_inner());
-                if slot.is_some() || autograd::current_context_id().is_some() {
+                if slot.is_some() || dist_autograd::current_context_id().is_some() {
                     return Err(remote(Error::runtime(ALREADY_HAVE_AUTOGRAD_CONTEXT)));
                 }
-                let ctx = autograd::new_context(&self.agent).map_err(remote)?;
+                let ctx = dist_autograd::new_context(&self.agent).map_err(remote)?;
                 *slot = Some(ctx.context_id());
                 Value::Int(ctx.context_id())
             }
@@ -141,11 +141,11 @@ impl GuestCall {
                         *slot = None;
                     }
                 }
-                autograd::release_context(&self.agent, id).map_err(remote)?;
+                dist_autograd::release_context(&self.agent, id).map_err(remote)?;
                 Value::None
             }
             AutogradCall::CurrentContext => {
-                match ag.context().or_else(autograd::current_context_id) {
+                match ag.context().or_else(dist_autograd::current_context_id) {
                     Some(id) => Value::Int(id),
                     None => Value::None,
                 }
@@ -162,13 +162,13 @@ impl GuestCall {
                         .map(|h| handles.tensor(*h))
                         .collect::<HostResult<Vec<_>>>()?
                 };
-                autograd::backward(&self.agent, context_id, &roots, retain_graph)
+                dist_autograd::backward(&self.agent, context_id, &roots, retain_graph)
                     .await
                     .map_err(remote)?;
                 Value::None
             }
             AutogradCall::GetGradients(context_id) => {
-                let grads = autograd::get_gradients(&self.agent, context_id).map_err(remote)?;
+                let grads = dist_autograd::get_gradients(&self.agent, context_id).map_err(remote)?;
                 let mut handles = self.handles();
                 Value::List(
                     grads

@@ -11,7 +11,7 @@
 //! `RRef.backward` ([`RRef::backward`](crate::RRef::backward)). The
 //! distributed optimizer that consumes a context's gradients is
 //! [`crate::optim`]; plugins reach all of this through
-//! `plugin::guest::autograd`. It leaves the wire to `transport` (the reserved
+//! `plugin::host_functions::autograd`. It leaves the wire to `transport` (the reserved
 //! [`AutogradEnvelope`](crate::transport::AutogradEnvelope),
 //! `PropagateGradients` and `CleanupAutogradContext` messages) and calling
 //! functions to the agent, which asks this module what to record.
@@ -33,15 +33,15 @@
 //! # Example
 //!
 //! ```no_run
-//! use wasmrpc::{RpcAgent, args, autograd};
+//! use wasmrpc::{RpcAgent, args, dist_autograd};
 //! # async fn run(agent: RpcAgent, t1: tch::Tensor, t2: tch::Tensor) -> wasmrpc::Result<()> {
-//! let grads = autograd::context(&agent, |ctx| {
+//! let grads = dist_autograd::context(&agent, |ctx| {
 //!     let agent = agent.clone();
 //!     async move {
 //!         let ret = agent.rpc_sync("worker1", "aten::add", args![t1, t2]).await?;
 //!         let loss = ret.as_tensor()?.sum(None);
-//!         autograd::backward(&agent, ctx, &[loss], false).await?;
-//!         autograd::get_gradients(&agent, ctx)
+//!         dist_autograd::backward(&agent, ctx, &[loss], false).await?;
+//!         dist_autograd::get_gradients(&agent, ctx)
 //!     }
 //! })
 //! .await??;
