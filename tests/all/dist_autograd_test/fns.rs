@@ -12,7 +12,7 @@ use tch::{Device, Kind, Tensor};
 use tokio::sync::Notify;
 use wasmrpc::testing::{Cluster, ClusterBuilder, worker_name};
 use wasmrpc::{
-    Args, CallContext, Error, FunctionRegistry, Payload, Result, RpcAgent, args, autograd,
+    Args, CallContext, Error, FunctionRegistry, Payload, Result, RpcAgent, args, dist_autograd,
 };
 
 /// Runs builtin `name` on `args` here, through libtorch's operator
