@@ -17,8 +17,7 @@ use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use wasmrpc::abi::{self, Value};
-use wasmrpc::transport::Message;
-use wasmrpc::{Args, Payload, args};
+use wasmrpc::{Args, Message, Payload, args};
 
 fn small_call() -> Message {
     Message::Call {
@@ -26,8 +25,7 @@ fn small_call() -> Message {
         function: "bench::noop".into(),
         args: vec![Value::Int(1)],
         kwargs: vec![],
-        autograd: None,
-        profiling: None,
+        fields: vec![],
     }
 }
 
@@ -51,8 +49,7 @@ fn headers(c: &mut Criterion) {
     let response = Message::Response {
         id: 42,
         result: Ok(Value::None),
-        autograd: None,
-        profiled: None,
+        fields: vec![],
     };
     for (name, msg) in [("call_noop_int", &call), ("response_none", &response)] {
         let bytes = abi::encode(msg).expect("encodes");

@@ -11,10 +11,11 @@
 //! `RRef.backward` ([`RRef::backward`](crate::RRef::backward)). The
 //! distributed optimizer that consumes a context's gradients is
 //! [`crate::optim`]; plugins reach all of this through
-//! `plugin::host_functions::autograd`. It leaves the wire to `transport` (the reserved
-//! [`AutogradEnvelope`](crate::transport::AutogradEnvelope),
-//! `PropagateGradients` and `CleanupAutogradContext` messages) and calling
-//! functions to the agent, which asks this module what to record.
+//! `plugin::host_functions::autograd`. It owns its wire types (`wire`: the
+//! [`AutogradEnvelope`] calls carry, the [`PROPAGATE_GRADIENTS`] and
+//! [`CLEANUP_AUTOGRAD_CONTEXT`] requests) and plugs into the agent as an
+//! extension ([`DistAutograd`]): the agent asks it what to add to each call
+//! and what to run each served call in, and knows nothing more of it.
 //!
 //! # Design: the graph is cut at every RPC
 //!
@@ -95,6 +96,7 @@ mod engine;
 mod graph;
 mod hook;
 mod rref;
+mod wire;
 
 pub use context::{
     DistAutogradContext, context, current_context, current_context_id, get_max_id, new_context,
@@ -106,16 +108,120 @@ pub use graph::{
     SEND_RPC_BACKWARD_NAME, SendFunction,
 };
 
-pub(crate) use context::{
-    incoming_call, incoming_response, outgoing_call, outgoing_response, release_if_present, scope,
-    sync_scope,
-};
-pub(crate) use engine::handle_request;
+pub(crate) use context::{release_if_present, scope, sync_scope};
 pub use hook::{HookHandle, register_hook};
 pub use rref::{RREF_BACKWARD_NOT_TENSOR, USER_RREF_BACKWARD_NEEDS_CONTEXT};
+pub use wire::{AutogradEnvelope, AutogradMessage, CLEANUP_AUTOGRAD_CONTEXT, PROPAGATE_GRADIENTS};
 
-/// Registers distributed autograd's internal functions (`RRef.backward` on
-/// the owner of a user's RRef).
-pub(crate) fn register(r: &crate::agent::FunctionRegistry) {
-    rref::register(r);
+use std::collections::BTreeMap;
+
+use futures::FutureExt;
+
+use crate::agent::{
+    CallScope, Extension, FunctionRegistry, INTERNAL_PREFIX, IncomingCall, IncomingReply,
+    OutgoingCall, Request, RpcAgent, Run, ServeScope,
+};
+use crate::error::Result;
+use crate::transport::MessageKind;
+use crate::value::Payload;
+
+/// Distributed autograd on the agent: the envelope on calls and responses
+/// made in a context (DA-3), the context a served call runs in (DA-2), the
+/// gradient and cleanup requests (DA-7, DA-8), `RRef.backward` on owners,
+/// and the `num_autograd_contexts` / `num_current_backward_passes` debug
+/// info.
+pub(crate) struct DistAutograd;
+
+/// The agent's internal functions that still carry the envelope: those
+/// behind `remote`, `to_here` and the RRef proxies (DA-3).
+fn carries_envelope(function: &str) -> bool {
+    !function.starts_with(INTERNAL_PREFIX)
+        || [
+            crate::rref::REMOTE,
+            crate::rref::FETCH,
+            crate::rref::LOCAL_INVOKE,
+        ]
+        .contains(&function)
+}
+
+/// An envelope decided before the call's request id is known.
+struct Envelope(Vec<u8>);
+
+impl CallScope for Envelope {
+    fn field(&mut self, _id: u64) -> Option<Vec<u8>> {
+        Some(std::mem::take(&mut self.0))
+    }
+}
+
+/// A served call made inside a caller's context: run in it, and answered
+/// with an envelope when a result tensor requires grad.
+struct Served {
+    agent: RpcAgent,
+    context_id: i64,
+    caller: u32,
+}
+
+impl ServeScope for Served {
+    fn wrap(&mut self, run: Run) -> Run {
+        scope(Some(self.context_id), run).boxed()
+    }
+
+    fn reply_field(self: Box<Self>, result: &Result<Payload>) -> Option<Vec<u8>> {
+        let payload = result.as_ref().ok()?;
+        context::outgoing_response(&self.agent, self.context_id, self.caller, &payload.tensors)
+            .map(|e| e.encode())
+    }
+}
+
+impl Extension for DistAutograd {
+    fn name(&self) -> &'static str {
+        wire::FEATURE
+    }
+
+    fn register(&self, functions: &FunctionRegistry) {
+        rref::register(functions);
+    }
+
+    fn on_call(&self, call: &OutgoingCall<'_>) -> Option<Box<dyn CallScope>> {
+        if !carries_envelope(call.function) {
+            return None;
+        }
+        context::outgoing_call(call.agent, call.to.id, call.function, call.tensors)
+            .map(|e| Box::new(Envelope(e.encode())) as Box<dyn CallScope>)
+    }
+
+    fn on_serve(&self, call: &IncomingCall<'_>) -> Option<Box<dyn ServeScope>> {
+        let envelope = AutogradEnvelope::decode(call.field?).ok()?;
+        let context_id = context::incoming_call(call.agent, &envelope, &call.args.tensors);
+        Some(Box::new(Served {
+            agent: call.agent.clone(),
+            context_id,
+            caller: call.caller.id,
+        }))
+    }
+
+    fn on_reply(&self, reply: &IncomingReply<'_>) {
+        if reply.ok
+            && let Ok(envelope) = AutogradEnvelope::decode(reply.field)
+        {
+            context::incoming_response(reply.agent, &envelope, reply.tensors);
+        }
+    }
+
+    fn message_kinds(&self) -> &'static [MessageKind] {
+        wire::KINDS
+    }
+
+    fn serve_request(&self, agent: &RpcAgent, request: Request) -> Run {
+        let agent = agent.clone();
+        async move {
+            let message = AutogradMessage::decode(request.kind, &request.body)?;
+            engine::handle_request(&agent, message, request.tensors).await
+        }
+        .boxed()
+    }
+
+    fn debug_info(&self, agent: &RpcAgent) -> BTreeMap<String, String> {
+        get_debug_info(agent)
+    }
 }

@@ -91,8 +91,8 @@
 //! to the caller do not deadlock.
 
 mod agent;
-pub mod dist_autograd;
 pub mod device;
+pub mod dist_autograd;
 mod error;
 mod ops;
 pub mod optim;
@@ -104,6 +104,7 @@ mod rref;
 mod tensor;
 pub mod transport;
 mod value;
+mod worker;
 
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -114,21 +115,74 @@ pub use wasmrpc_wasm as wasm;
 
 pub use abi::{ErrorKind, RemoteError, Value, WorkerInfo};
 pub use agent::{
-    CLUSTER_SECRET_ENV, CallContext, CallOptions, DEFAULT_INIT_METHOD, DEFAULT_NUM_WORKER_THREADS,
-    DEFAULT_RPC_TIMEOUT, Dest, FunctionRegistry, FunctionResolver, Future, INTERNAL_PREFIX, NOOP,
-    RpcAgent, RpcBackendOptions, RpcFunction, ShutdownHook, collect_all, collected_futures,
-    current_agent, init_rpc, reset_current_agent, set_current_agent, validate_worker_name,
+    Builtins, CLUSTER_SECRET_ENV, CallContext, CallKind, CallOptions, CallScope,
+    DEFAULT_INIT_METHOD, DEFAULT_NUM_WORKER_THREADS, DEFAULT_RPC_TIMEOUT, Dest, Extension,
+    Extensions, Field, Fields, FunctionRegistry, FunctionResolver, Future, HandleCodec,
+    INTERNAL_PREFIX, IncomingCall, IncomingReply, Message, NOOP, OutgoingCall, Request, RpcAgent,
+    RpcBackendOptions, RpcFunction, Run, ServeScope, ShutdownHook, collect_all, collected_futures,
+    current_agent, init_rpc_with, reset_current_agent, set_current_agent, validate_worker_name,
     wait_all, wait_all_blocking, wait_all_scope, worker_info,
 };
 pub use error::*;
 pub use ops::policy as op_policy;
 pub use ops::{BuiltinOps, OpPolicy, call_builtin};
 pub use plugin::{
-    CACHE_DIR_ENV, DeployReport, PACKAGE_PREFIX, PluginHost, PluginTrust, WorkerDeployment,
-    plugin_namespace,
+    CACHE_DIR_ENV, DEPLOY_PLUGIN, DeployPlugin, DeployReport, PACKAGE_PREFIX, PluginHost,
+    PluginTrust, WorkerDeployment, plugin_namespace,
 };
 pub use remote_module::RemoteModule;
-pub use rref::{RRef, RRefId, RRefProxy, RRefProxyMode, rref_debug_info_function};
+pub use rref::{
+    GloballyUniqueId, RRef, RRefId, RRefMessage, RRefProxy, RRefProxyMode, rref_debug_info_function,
+};
 pub use tensor::budget::{TensorMemoryBudget, machine_memory, parse_bytes};
 pub use transport::{CertificateAuthority, FaultInjection, MessageKind, TlsCredentials};
-pub use value::{Args, Payload};
+pub use value::{Args, Handle, HandleObject, Payload, map_values};
+
+/// Every feature of this crate, as the agent's extensions, in the order
+/// their hooks run (EXT-1): RRefs, distributed autograd, the profiler,
+/// plugin deployment, the distributed optimizer, RemoteModule.
+pub fn extensions() -> Extensions {
+    Extensions::none()
+        .with(std::sync::Arc::new(rref::RRefs))
+        .with(std::sync::Arc::new(dist_autograd::DistAutograd))
+        .with(std::sync::Arc::new(profiler::Profiler))
+        .with(std::sync::Arc::new(plugin::deploy::Deployment))
+        .with(std::sync::Arc::new(optim::Optimizers))
+        .with(std::sync::Arc::new(remote_module::RemoteModules))
+}
+
+/// Starts a worker with every feature of this crate and joins its group
+/// (`init_rpc`); [`init_rpc_with`] chooses the features.
+///
+/// With `world_size`, the group is static: every rank `0..world_size` must
+/// join, and this returns once all have. Without it, the group is dynamic:
+/// the worker joins whoever is there and announces itself to them. `rank`
+/// may be omitted only with the `env://` init method and a `RANK` variable.
+/// Rendezvous costs each worker a constant number of store round trips.
+///
+/// # Errors
+/// - `RuntimeError` "Worker name must match ..." for an invalid name;
+/// - `ValueError` "... rank parameter missing" / "... environment variable
+///   RANK expected ..." without a rank;
+/// - `RuntimeError` "... is not unique" if two workers share a name, "... is
+///   already initialized ..." if the rank joined twice, and the mixed-group
+///   text if static and dynamic workers meet;
+/// - store errors (e.g. a rendezvous timeout), as `RuntimeError`.
+pub async fn init_rpc(
+    name: &str,
+    rank: Option<u32>,
+    world_size: Option<u32>,
+    store: std::sync::Arc<dyn store::Store>,
+    options: RpcBackendOptions,
+) -> Result<RpcAgent> {
+    init_rpc_with(name, rank, world_size, store, options, extensions()).await
+}
+
+/// The kind of every message an agent of this crate sends, by owner, for
+/// [`FaultInjection`] (the seeds' faulty agent fails sends by kind).
+pub mod message_kinds {
+    pub use crate::agent::{CALL, RESPONSE};
+    pub use crate::dist_autograd::{CLEANUP_AUTOGRAD_CONTEXT, PROPAGATE_GRADIENTS};
+    pub use crate::plugin::DEPLOY_PLUGIN;
+    pub use crate::rref::{RREF_CHILD_ACCEPT, RREF_FORK, RREF_USER_DELETE};
+}

@@ -2,9 +2,9 @@
 //! runs libtorch's `aten::add` on worker1, matched against its overloads as
 //! PyTorch RPC matches them, if worker1's [`OpPolicy`] serves it.
 //!
-//! What this module owns: [`BuiltinOps`], the [`FunctionResolver`] every
-//! [`FunctionRegistry`](crate::FunctionRegistry) has by default, which turns
-//! an op name into an [`RpcFunction`]; the conversion of a call's
+//! What this module owns: [`BuiltinOps`], which names are builtin ops (the
+//! agent's function registry resolves them through it, `agent::registry`,
+//! and calls [`run_builtin`]); the conversion of a call's
 //! [`Args`] into op arguments and of the op's outputs back into a
 //! [`Payload`]; running ops off the agent's network and callee threads
 //! ([`run_blocking`]); and the op policy ([`policy`], with its
@@ -46,7 +46,6 @@ use tch::Tensor;
 use wasmrpc_torch_sys::{BUILTINS, OpError, OpValue, Operator, WIRE_PREFIX, call_op_gated};
 
 use crate::abi::RemoteError;
-use crate::agent::{CallContext, FunctionResolver, INTERNAL_PREFIX, RpcFunction};
 use crate::error::{Error, Result};
 use crate::tensor::budget::CallBudget;
 use crate::value::{Args, Payload};
@@ -62,40 +61,10 @@ pub struct BuiltinOps;
 impl BuiltinOps {
     /// Whether `name` is a builtin op this host can run.
     pub fn knows(name: &str) -> bool {
-        if name.starts_with(INTERNAL_PREFIX) {
-            return false;
-        }
         if BUILTINS.contains(&name) {
             return true;
         }
         (name.contains("::") || name.starts_with(WIRE_PREFIX)) && Operator::resolve(name).is_ok()
-    }
-}
-
-impl FunctionResolver for BuiltinOps {
-    fn resolve(&self, name: &str) -> Option<Arc<dyn RpcFunction>> {
-        BuiltinOps::knows(name).then(|| Arc::new(BuiltinOp) as Arc<dyn RpcFunction>)
-    }
-}
-
-/// A builtin op called by name; the name comes from the call's context.
-struct BuiltinOp;
-
-#[async_trait::async_trait]
-impl RpcFunction for BuiltinOp {
-    async fn call(&self, ctx: CallContext, args: Args) -> Result<Payload> {
-        let agent = ctx.agent();
-        let name = ctx.function();
-        let budget = agent.tensor_budget().call();
-        run_builtin(
-            &agent.options().op_policy,
-            agent.name(),
-            name,
-            args,
-            Some(budget),
-        )
-        .await
-        .map_err(|e| e.context_line(format!("running {name} on worker {}", agent.name())))
     }
 }
 
@@ -123,7 +92,7 @@ pub async fn call_builtin(
 
 /// [`call_builtin`], with the op's tensor memory charged to `budget` when
 /// there is one (a peer's call: BUDGET-1 in `crate::tensor::budget`).
-async fn run_builtin(
+pub(crate) async fn run_builtin(
     policy: &Arc<OpPolicy>,
     worker: &str,
     name: &str,

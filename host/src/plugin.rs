@@ -58,8 +58,8 @@ mod class;
 pub(crate) mod deploy;
 mod function;
 mod grant;
-mod host_functions;
 mod handles;
+mod host_functions;
 mod state;
 
 use std::path::{Path, PathBuf};
@@ -71,7 +71,7 @@ use wasmrpc_wasm::{Config, Plugin, Runtime};
 use crate::agent::FunctionRegistry;
 use crate::error::{Error, Result};
 use class::PluginClass;
-pub use deploy::{DeployReport, WorkerDeployment};
+pub use deploy::{DEPLOY_PLUGIN, DeployPlugin, DeployReport, WorkerDeployment};
 use function::{PluginFunction, wasm_error};
 use grant::PluginGrant;
 pub use grant::PluginTrust;

@@ -43,12 +43,11 @@
 //! Owns: the scope (a tokio task-local, so it follows the profiled future,
 //! not the thread; [`Recording`] carries it as a value to the tasks and
 //! threads that work for it), events, keys, the callee-side scope of a
-//! profiled call ([`serve`]), merging the callee's events ([`incoming`]),
-//! export. The agent only carries the flag and the events: a call made in
-//! a scope sends its key (`Message::Call::profiling`, picked up by
-//! [`outgoing`] from [`rpc`]), the callee runs it under [`serve`] and
-//! returns the events in `Message::Response::profiled`. This module must
-//! not reach into the transport. Outside a scope nothing is recorded and
+//! profiled call and merging the callee's events (`rpc`, where this module
+//! plugs into the agent as the [`Profiler`] extension: a call made in a
+//! scope carries its key as a field, the callee runs it in a scope of its
+//! own and returns its events as a field of the response), export. The
+//! events' wire form ([`ProfiledEvent`]) is this module's. Outside a scope nothing is recorded and
 //! the hot paths only check for a scope (no lock, no allocation).
 //!
 //! Not done yet: the ops a native function or a builtin call runs are not
@@ -58,17 +57,19 @@
 //! Spawned tasks leave the scope, as they leave a task-local, unless given
 //! a [`Recording`].
 
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+mod rpc;
+
 use crate::abi::Value;
 use crate::agent::{Dest, RpcAgent};
-use crate::transport::ProfiledEvent;
-use crate::{Error, Future, Result};
+use crate::{Error, Result};
+
+pub use rpc::ProfiledEvent;
+pub(crate) use rpc::{Profiler, rpc};
 
 /// Separates an RPC key from the name of a remote event
 /// (`<key>#remote_op: <op>`, PyTorch's `REMOTE_OP_STR`).
@@ -132,7 +133,7 @@ impl Event {
     }
 }
 
-struct Recorder {
+pub(crate) struct Recorder {
     epoch: Instant,
     worker: u32,
     events: Mutex<Vec<Event>>,
@@ -172,7 +173,7 @@ tokio::task_local! {
     static CURRENT: Arc<Recorder>;
 }
 
-fn current() -> Option<Arc<Recorder>> {
+pub(crate) fn current() -> Option<Arc<Recorder>> {
     CURRENT.try_with(Arc::clone).ok()
 }
 
@@ -349,215 +350,13 @@ pub async fn record_function<F: std::future::Future>(name: &str, body: F) -> F::
     out
 }
 
-/// The RPC being started on this thread inside a profiling scope, for
-/// the agent's call path to pick up (`outgoing`).
-pub(crate) struct Outgoing {
-    recorder: Arc<Recorder>,
-    index: usize,
-    key: String,
-    start_us: u64,
-    pending: Arc<Pending>,
-    /// The futures still to complete before the RPC's event ends: the
-    /// caller's (what [`rpc`]'s `done` gives) and the request's, which
-    /// differ for a `remote()` to self (the value exists before the
-    /// response with the callee's events arrives).
-    unfinished: AtomicUsize,
-    /// Completes once the event has ended and the callee's events are in.
-    recorded: Future,
-}
-
-impl Outgoing {
-    /// One of the futures the RPC waits for completed; after the last, the
-    /// RPC's event ends and events arriving later are dropped.
-    fn completed(self: &Arc<Self>) {
-        if self.unfinished.fetch_sub(1, Ordering::AcqRel) != 1 {
-            return;
-        }
-        self.recorder.close(self.index);
-        self.pending.lock().retain(|_, o| !Arc::ptr_eq(o, self));
-        let _ = self.recorded.set_result(crate::Payload::none());
-    }
-
-    /// The key to send with request `id`; the response's events are merged
-    /// under it ([`incoming`]).
-    pub(crate) fn sent_as(self: &Arc<Self>, id: u64) -> String {
-        self.pending.lock().insert(id, Arc::clone(self));
-        self.key.clone()
-    }
-
-    /// The RPC's event lasts until `request` (the future of the request
-    /// that carries the call) completes too; the agent's call path gives it
-    /// after sending. Its response's events are merged before it completes.
-    pub(crate) fn until(self: &Arc<Self>, request: &Future) {
-        self.unfinished.fetch_add(1, Ordering::AcqRel);
-        let this = Arc::clone(self);
-        request.add_done_callback(move |_| this.completed());
-    }
-}
-
-/// The agent's calls waiting for their callee's events, by request id.
-#[derive(Default)]
-pub(crate) struct Pending(Mutex<HashMap<u64, Arc<Outgoing>>>);
-
-impl Pending {
-    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Arc<Outgoing>>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-thread_local! {
-    static OUTGOING: RefCell<Option<Arc<Outgoing>>> = const { RefCell::new(None) };
-}
-
-/// Called by the agent for each RPC it starts (`rpc_sync`, `rpc_async`,
-/// `remote`): inside a profiling scope, records the call under its key
-/// from now until both the future `done` gives and the request that
-/// `make` sends (it carries the key) complete. Returns what `make` made
-/// and, in a scope, a future that completes once the event is recorded
-/// with the callee's events (PyTorch's `_get_profiling_future()`).
-/// Unresolvable destinations are not recorded (the call fails at once
-/// anyway).
-pub(crate) fn rpc<T>(
-    agent: &RpcAgent,
-    mode: RpcExecMode,
-    to: &Dest,
-    function: &str,
-    make: impl FnOnce() -> T,
-    done: impl FnOnce(&T) -> Option<Future>,
-) -> (T, Option<Future>) {
-    let Some(recorder) = current() else {
-        return (make(), None);
-    };
-    let Ok(dst) = agent.resolve(to.clone()) else {
-        return (make(), None);
-    };
-    let key = build_rpc_profiling_key(mode, function, agent.name(), &dst.name);
-    let index = recorder.open(key.clone());
-    let start_us = recorder.lock()[index].start_us;
-    let pending = agent.state::<Pending>();
-    let out = Arc::new(Outgoing {
-        recorder,
-        index,
-        key,
-        start_us,
-        pending,
-        unfinished: AtomicUsize::new(1),
-        recorded: Future::new(),
-    });
-    let recorded = out.recorded.clone();
-    let previous = OUTGOING.with(|o| o.borrow_mut().replace(Arc::clone(&out)));
-    let made = make();
-    OUTGOING.with(|o| *o.borrow_mut() = previous);
-    match done(&made) {
-        Some(fut) => fut.add_done_callback(move |_| out.completed()),
-        None => out.completed(),
-    }
-    (made, Some(recorded))
-}
-
-/// The profiled RPC the agent is sending now, taken once (by the request
-/// that carries the user's call, not by later internal ones).
-pub(crate) fn outgoing() -> Option<Arc<Outgoing>> {
-    OUTGOING.with(|o| o.borrow_mut().take())
-}
-
-/// Merges the callee's events for request `id` into the scope that made
-/// it, named `<key>#remote_op: <event>` and placed from the RPC's start.
-pub(crate) fn incoming(agent: &RpcAgent, id: u64, events: Vec<ProfiledEvent>) {
-    let Some(out) = agent.state::<Pending>().lock().remove(&id) else {
-        return;
-    };
-    {
-        let mut recorded = out.recorder.lock();
-        for e in events {
-            recorded.push(Event {
-                name: format!("{}{REMOTE_OP_STR}{}", out.key, e.name),
-                worker: e.worker,
-                start_us: out.start_us + e.start_us,
-                end_us: Some(out.start_us + e.end_us),
-            });
-        }
-    }
-}
-
-/// The name the callee's event for a call gets: the function, or for a
-/// `remote()` the function it runs.
-pub(crate) fn served_name(function: &str, args: &Result<crate::Args>) -> String {
-    if function == crate::rref::REMOTE
-        && let Ok(a) = args
-        && let Some(crate::Value::Str(f)) = a.positional.get(2)
-    {
-        return f.clone();
-    }
-    function.to_string()
-}
-
-/// Serves a call named `name` (see [`served_name`]): when the caller
-/// profiles it (`profiled`), in a scope of its own with one event for the
-/// call itself, returning every event recorded, for the response; and with
-/// one event in each server process global profiler enabled on this
-/// worker, unless it is one of the agent's internal calls.
-pub(crate) async fn serve<F: std::future::Future>(
-    agent: &RpcAgent,
-    name: String,
-    profiled: bool,
-    call: F,
-) -> (F::Output, Option<Vec<ProfiledEvent>>) {
-    // One atomic load while no worker of the process has a global profiler.
-    let global = if GLOBAL_ENABLED.load(Ordering::Acquire) > 0
-        && !name.starts_with(crate::agent::INTERNAL_PREFIX)
-    {
-        let recorders = agent.state::<ServerProfilers>().lock().clone();
-        recorders
-            .into_iter()
-            .map(|r| Recording(r).range(name.clone()))
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let out = if profiled {
-        let (out, events) = serve_profiled(agent, name, call).await;
-        (out, Some(events))
-    } else {
-        (call.await, None)
-    };
-    drop(global);
-    out
-}
-
-async fn serve_profiled<F: std::future::Future>(
-    agent: &RpcAgent,
-    name: String,
-    call: F,
-) -> (F::Output, Vec<ProfiledEvent>) {
-    let recorder = Arc::new(Recorder {
-        epoch: Instant::now(),
-        worker: agent.rank(),
-        events: Mutex::new(Vec::new()),
-    });
-    let index = recorder.open(name);
-    let out = CURRENT.scope(Arc::clone(&recorder), call).await;
-    recorder.close(index);
-    let now = recorder.now_us();
-    let events = std::mem::take(&mut *recorder.lock())
-        .into_iter()
-        .map(|e| ProfiledEvent {
-            name: e.name,
-            worker: e.worker,
-            start_us: e.start_us,
-            end_us: e.end_us.unwrap_or(now),
-        })
-        .collect();
-    (out, events)
-}
-
 /// How many server process global profilers are enabled in this process,
 /// on any worker: serving a call checks this before anything else.
-static GLOBAL_ENABLED: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static GLOBAL_ENABLED: AtomicUsize = AtomicUsize::new(0);
 
 /// A worker's enabled server process global profilers, innermost last.
 #[derive(Default)]
-struct ServerProfilers(Mutex<Vec<Arc<Recorder>>>);
+pub(crate) struct ServerProfilers(Mutex<Vec<Arc<Recorder>>>);
 
 impl ServerProfilers {
     fn lock(&self) -> MutexGuard<'_, Vec<Arc<Recorder>>> {

@@ -390,8 +390,21 @@ async fn owned_module(
     }
 }
 
+/// RemoteModule on the agent: its owner-side functions.
+pub(crate) struct RemoteModules;
+
+impl crate::agent::Extension for RemoteModules {
+    fn name(&self) -> &'static str {
+        "remote_module"
+    }
+
+    fn register(&self, functions: &FunctionRegistry) {
+        register(functions);
+    }
+}
+
 /// Registers the owner-side functions in the agent's internal registry.
-pub(crate) fn register(r: &FunctionRegistry) {
+fn register(r: &FunctionRegistry) {
     // `_create_module(cls, *args, **kwargs)`: runs as the function of the
     // owner-side remote(), so the class's constructor keeps its object for
     // the RRef; a result that is not a module is the ValueError instead.
@@ -416,7 +429,7 @@ pub(crate) fn register(r: &FunctionRegistry) {
             agent.clone(),
             ctx.caller().clone(),
             cls.clone(),
-            ctx.autograd().copied(),
+            ctx.fields().clone(),
         );
         let value = call_guarded(f, call, rest).await?;
         match kept_object() {

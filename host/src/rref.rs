@@ -71,8 +71,11 @@
 //!   RRefs), so `confirmed_by_owner()` holds inside it.
 
 mod context;
+mod extension;
+mod message;
 mod object;
 mod proxy;
+mod remote;
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -85,10 +88,11 @@ use crate::error::{
     CURRENT_AGENT_NOT_SET, Error, RPC_TIMEOUT_PREFIX, RREF_CREATION_TIMED_OUT,
     RREF_TO_HERE_AFTER_DELETION, Result, local_value_not_on_owner_message,
 };
-use crate::transport::GloballyUniqueId;
-use crate::value::{Args, Payload};
+use crate::value::Payload;
 
-pub(crate) use context::{context, from_wire, handle_message, register, to_wire, wait_confirmed};
+pub(crate) use context::context;
+pub(crate) use extension::RRefs;
+pub use message::{GloballyUniqueId, RREF_CHILD_ACCEPT, RREF_FORK, RREF_USER_DELETE, RRefMessage};
 pub(crate) use object::{
     Owned, RRefObject, can_keep_object, discard_kept_object, keep_object, kept_object,
 };
@@ -524,8 +528,10 @@ impl RRef {
             Dest::Info(u.owner.clone()),
             FETCH,
             crate::args![id_value(u.rref_id)],
-            timeout,
-            false,
+            crate::agent::CallOptions {
+                timeout: timeout,
+                ..crate::agent::CallOptions::new(crate::agent::CallKind::Internal)
+            },
         );
         let value = fut.wait().await.map_err(|e| {
             e.context_line(format!(
@@ -579,8 +585,10 @@ impl RRef {
                     Dest::Info(u.owner.clone()),
                     TYPEOF,
                     crate::args![id_value(u.rref_id)],
-                    timeout,
-                    false,
+                    crate::agent::CallOptions {
+                        timeout: timeout,
+                        ..crate::agent::CallOptions::new(crate::agent::CallKind::Internal)
+                    },
                 );
                 *slot = Some(f.clone());
                 f
@@ -638,170 +646,6 @@ pub(crate) fn id_from_value(v: &Value) -> Result<RRefId> {
         },
         _ => Err(Error::runtime("malformed RRef id")),
     }
-}
-
-impl RpcAgent {
-    /// Runs `function` on `to` and keeps the result there, returning an
-    /// RRef to it at once (`remote`). With `to` this worker, the RRef is an
-    /// owner RRef. Errors of the function surface on `to_here` and
-    /// `local_value`; the creation's own failure (timeout, lost peer) on
-    /// `get_future()` and `to_here`. Uses the default timeout.
-    ///
-    /// # Errors
-    /// "RPC has not been initialized ..." after shutdown, and the
-    /// destination errors of [`resolve`](Self::resolve).
-    pub fn remote(&self, to: impl Into<Dest>, function: &str, args: Args) -> Result<RRef> {
-        self.remote_profiled(to.into(), function, args, None)
-    }
-
-    /// [`remote_inner`](Self::remote_inner), reported to an enclosing
-    /// profiling scope until the value is created (`crate::profiler`).
-    fn remote_profiled(
-        &self,
-        to: Dest,
-        function: &str,
-        args: Args,
-        timeout: Option<Duration>,
-    ) -> Result<RRef> {
-        let mode = crate::profiler::RpcExecMode::Remote;
-        let (made, recorded) = crate::profiler::rpc(
-            self,
-            mode,
-            &to,
-            function,
-            || self.remote_inner(to.clone(), function, args, timeout),
-            |r| r.as_ref().ok().map(RRef::get_future),
-        );
-        made.map(|mut r| {
-            r.profiling = recorded;
-            r
-        })
-    }
-
-    /// [`remote`](Self::remote) with its own timeout for the creation;
-    /// zero means none.
-    ///
-    /// # Errors
-    /// As [`remote`](Self::remote).
-    pub fn remote_with_timeout(
-        &self,
-        to: impl Into<Dest>,
-        function: &str,
-        args: Args,
-        timeout: Duration,
-    ) -> Result<RRef> {
-        self.remote_profiled(to.into(), function, args, Some(timeout))
-    }
-
-    fn remote_inner(
-        &self,
-        to: Dest,
-        function: &str,
-        args: Args,
-        timeout: Option<Duration>,
-    ) -> Result<RRef> {
-        if !self.is_running() {
-            return Err(Error::not_initialized());
-        }
-        let dst = self.resolve(to)?;
-        let ctx = context(self);
-        let rref_id = ctx.new_id(self);
-        let Args {
-            positional,
-            kwargs,
-            tensors,
-            rrefs,
-        } = args;
-        let mut wire_positional = vec![
-            id_value(rref_id),
-            Value::None,
-            Value::Str(function.to_string()),
-        ];
-        if dst.id == self.rank() {
-            // A self fork keeps the value registered until the handle drops.
-            let state = ctx.register_self_owner(self, rref_id);
-            wire_positional[1] = id_value(rref_id);
-            wire_positional.extend(positional);
-            let call = Args {
-                positional: wire_positional,
-                kwargs,
-                tensors,
-                rrefs,
-            };
-            let fut = self.call(Dest::Info(dst), REMOTE, call, timeout, false);
-            let value = state.value.clone();
-            fut.add_done_callback(move |f| {
-                if let Some(Err(e)) = f.try_value() {
-                    // The call never ran the function: the value cannot come.
-                    let _ = value.set_error(e);
-                }
-            });
-            return Ok(RRef::from_owner(state, Some(self)));
-        }
-        let fork_id = ctx.new_id(self);
-        wire_positional[1] = id_value(fork_id);
-        wire_positional.extend(positional);
-        let call = Args {
-            positional: wire_positional,
-            kwargs,
-            tensors,
-            rrefs,
-        };
-        let creation = Future::new();
-        let (rref, user) = RRef::user(self, dst.clone(), rref_id, fork_id, false, creation.clone());
-        ctx.add_pending_user(fork_id, user);
-        let fut = self.call(Dest::Info(dst), REMOTE, call, timeout, false);
-        let this = self.downgrade();
-        fut.add_done_callback(move |f| {
-            let result = f
-                .try_value()
-                .unwrap_or_else(|| Err(Error::runtime("remote() call completed without a result")));
-            if let Some(agent) = this.upgrade() {
-                // Confirmed or failed, the user is now an ordinary user: it
-                // is deleted on drop (RREF-1 holds: the owner answered, or
-                // the creation is lost and its fork tombstoned on arrival).
-                context(&RpcAgent::from_inner(agent)).confirm_pending_user(fork_id);
-            }
-            let _ = creation.complete(result.map(|_| Payload::none()));
-        });
-        Ok(rref)
-    }
-
-    /// The RRef context's debug information (`_rref_context_get_debug_info`):
-    /// `num_owner_rrefs`, `num_pending_users`, `num_pending_futures`,
-    /// `num_forks`.
-    pub fn rref_context_debug_info(&self) -> std::collections::BTreeMap<String, String> {
-        context(self).debug_info()
-    }
-
-    /// Whether graceful shutdown tolerates RRef leaks (`_ignore_rref_leak`,
-    /// true by default as in PyTorch; the seeds' harness turns it off).
-    pub fn set_ignore_rref_leak(&self, ignore: bool) {
-        context(self).set_ignore_leak(ignore);
-    }
-
-    /// Test hook mirroring the seeds' mock of
-    /// `_delete_all_user_and_unforked_owner_rrefs`: with `false`, graceful
-    /// shutdown does not delete users and self forks (so the leak check sees
-    /// them).
-    pub fn set_delete_rrefs_on_shutdown(&self, delete: bool) {
-        context(self).set_delete_on_shutdown(delete);
-    }
-}
-
-/// Hooks the RRef context into a new agent: its counters join
-/// `get_debug_info`, and its deletion step (RREF-5) becomes the first
-/// graceful-shutdown hook.
-pub(crate) fn install(agent: &RpcAgent) {
-    let ctx = context(agent);
-    agent.add_debug_info_source(move || ctx.debug_info());
-    agent.add_shutdown_hook(Arc::new(|agent: RpcAgent| {
-        Box::pin(async move {
-            context(&agent)
-                .delete_all_users_and_unforked_owners(&agent, Duration::ZERO)
-                .await
-        })
-    }));
 }
 
 /// Error-kind helper for peers' malformed input (RREF-6).

@@ -1,11 +1,11 @@
 //! Moving messages between workers: frames, authenticated TCP connections,
-//! fault injection. No RPC semantics.
+//! fault injection. No RPC semantics: a message is bytes its owner encodes
+//! (the agent's protocol is `crate::agent::message`), labelled with a
+//! [`MessageKind`].
 //!
-//! - [`message`](Message): what travels, as data: calls, responses, and the
-//!   kinds reserved for RRefs, distributed autograd, profiling and plugin
-//!   deployment.
-//! - `frame`: a frame is a 4-byte length, a postcard header (the message, its
-//!   tensor table, its blob sizes), then the raw bytes of every tensor storage.
+//! - `frame`: a frame is a 4-byte length, a postcard header (the message's
+//!   bytes, its tensor table, its blob sizes), then the raw bytes of every
+//!   tensor storage.
 //!   Storages are written from tensor memory with vectored writes and read
 //!   into fresh tensor memory; nothing is copied through a buffer.
 //! - `handshake`: mutual authentication with the cluster secret (HMAC-SHA256
@@ -51,12 +51,12 @@
 mod fault;
 mod frame;
 mod handshake;
-mod message;
+mod kind;
 mod tcp;
 mod tls;
 
 pub use fault::FaultInjection;
-pub use message::{AutogradEnvelope, GloballyUniqueId, Message, MessageKind, ProfiledEvent};
+pub use kind::MessageKind;
 
 pub(crate) use frame::OutFrame;
 pub use handshake::generate_secret;

@@ -10,8 +10,14 @@
 //! [`args!`](crate::args)) and accessors (`as_int`, `as_tensor`, `items`)
 //! are what native functions and tests use. RRef entries of a value
 //! (`Value::RRef(i)`) index a second side table, [`Payload::rrefs`] /
-//! [`Args::rrefs`], of live [`RRef`] handles; `crate::rref` turns them into
-//! fork records when a payload is sent and back into handles on arrival.
+//! [`Args::rrefs`], of live [`Handle`]s: RRefs, which this module carries
+//! without knowing what they are. `crate::rref` puts them in and takes them
+//! out (`Payload::from(rref)`, `Payload::as_rref`) and turns them into fork
+//! records when a payload is sent and back into handles on arrival (the
+//! agent's [`HandleCodec`](crate::agent::HandleCodec)).
+//!
+//! [`map_values`] is the one walk over a value tree that every rewrite of
+//! its tensor or RRef entries uses.
 
 use std::fmt;
 
@@ -19,7 +25,79 @@ use tch::Tensor;
 
 use crate::abi::{Value, WorkerInfo};
 use crate::error::{Error, Result};
-use crate::rref::RRef;
+
+/// A live object a value refers to by `Value::RRef(i)`: an RRef. The value
+/// layer carries it and clones it (cheaply: a reference); the feature that
+/// made it takes it back out by its type ([`Handle::downcast_ref`]).
+#[derive(Clone)]
+pub struct Handle(std::sync::Arc<dyn HandleObject>);
+
+/// What a [`Handle`] may hold.
+pub trait HandleObject: std::any::Any + Send + Sync + fmt::Display {}
+
+impl Handle {
+    /// A handle holding `object`.
+    pub fn new(object: impl HandleObject) -> Self {
+        Handle(std::sync::Arc::new(object))
+    }
+
+    /// The object, if it is a `T`.
+    pub fn downcast_ref<T: HandleObject>(&self) -> Option<&T> {
+        let object: &dyn std::any::Any = self.0.as_ref();
+        object.downcast_ref::<T>()
+    }
+}
+
+impl fmt::Debug for Handle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Display for Handle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// Rebuilds `v` with `f` applied to every node, parents before children:
+/// `f` gets each node and returns what takes its place, and the walk goes
+/// on into the lists, tuples, dicts and records `f` returns. The one walk
+/// over value trees: tensor and RRef indexes are shifted, RRefs turned into
+/// fork records and back, with it.
+///
+/// # Errors
+/// The first error of `f`.
+pub fn map_values<E>(
+    v: Value,
+    f: &mut impl FnMut(Value) -> std::result::Result<Value, E>,
+) -> std::result::Result<Value, E> {
+    Ok(match f(v)? {
+        Value::List(xs) => Value::List(
+            xs.into_iter()
+                .map(|x| map_values(x, f))
+                .collect::<std::result::Result<_, E>>()?,
+        ),
+        Value::Tuple(xs) => Value::Tuple(
+            xs.into_iter()
+                .map(|x| map_values(x, f))
+                .collect::<std::result::Result<_, E>>()?,
+        ),
+        Value::Dict(kv) => Value::Dict(
+            kv.into_iter()
+                .map(|(k, v)| Ok((map_values(k, f)?, map_values(v, f)?)))
+                .collect::<std::result::Result<_, E>>()?,
+        ),
+        Value::Record { name, fields } => Value::Record {
+            name,
+            fields: fields
+                .into_iter()
+                .map(|(k, v)| Ok((k, map_values(v, f)?)))
+                .collect::<std::result::Result<_, E>>()?,
+        },
+        leaf => leaf,
+    })
+}
 
 /// A value tree and the tensors it refers to.
 pub struct Payload {
@@ -28,33 +106,32 @@ pub struct Payload {
     /// The tensor table.
     pub tensors: Vec<Tensor>,
     /// The RRef table; `Value::RRef(i)` entries index it.
-    pub rrefs: Vec<RRef>,
+    pub rrefs: Vec<Handle>,
 }
 
 /// Shifts every tensor index of `v` by `by` and every RRef index by
 /// `by_rref`.
-fn shift(v: &mut Value, by: u32, by_rref: u32) {
+fn shift(v: Value, by: u32, by_rref: u32) -> Value {
     if by == 0 && by_rref == 0 {
-        return;
+        return v;
     }
-    match v {
-        Value::Tensor(i) => *i += by,
-        Value::RRef(i) => *i += by_rref,
-        Value::List(xs) | Value::Tuple(xs) => xs.iter_mut().for_each(|x| shift(x, by, by_rref)),
-        Value::Dict(kv) => kv.iter_mut().for_each(|(k, v)| {
-            shift(k, by, by_rref);
-            shift(v, by, by_rref);
-        }),
-        Value::Record { fields, .. } => fields.iter_mut().for_each(|(_, v)| shift(v, by, by_rref)),
-        _ => {}
+    let shifted = map_values(v, &mut |leaf| {
+        Ok::<_, std::convert::Infallible>(match leaf {
+            Value::Tensor(i) => Value::Tensor(i + by),
+            Value::RRef(i) => Value::RRef(i + by_rref),
+            other => other,
+        })
+    });
+    match shifted {
+        Ok(v) => v,
+        Err(never) => match never {},
     }
 }
 
 /// Appends `p`'s tensors and RRefs to the tables and returns its value
 /// re-indexed.
-fn absorb(table: &mut Vec<Tensor>, rrefs: &mut Vec<RRef>, p: Payload) -> Value {
-    let mut value = p.value;
-    shift(&mut value, table.len() as u32, rrefs.len() as u32);
+fn absorb(table: &mut Vec<Tensor>, rrefs: &mut Vec<Handle>, p: Payload) -> Value {
+    let value = shift(p.value, table.len() as u32, rrefs.len() as u32);
     table.extend(p.tensors);
     rrefs.extend(p.rrefs);
     value
@@ -161,7 +238,7 @@ impl Payload {
         matches!(self.value, Value::None)
     }
 
-    fn mismatch(&self, want: &str) -> Error {
+    pub(crate) fn mismatch(&self, want: &str) -> Error {
         Error::type_error(format!("expected {want}, got {}", self.value.type_name()))
     }
 
@@ -219,23 +296,6 @@ impl Payload {
         match &self.value {
             Value::WorkerInfo(w) => Ok(w.clone()),
             _ => Err(self.mismatch("WorkerInfo")),
-        }
-    }
-
-    /// The value as an RRef (a handle to the same RRef object).
-    ///
-    /// # Errors
-    /// `TypeError` for any other value, `RuntimeError` for an index outside
-    /// the RRef table.
-    pub fn as_rref(&self) -> Result<RRef> {
-        match &self.value {
-            Value::RRef(i) => self.rrefs.get(*i as usize).cloned().ok_or_else(|| {
-                Error::runtime(format!(
-                    "RRef index {i} outside the payload's table of {}",
-                    self.rrefs.len()
-                ))
-            }),
-            _ => Err(self.mismatch("RRef")),
         }
     }
 
@@ -381,22 +441,6 @@ impl From<Tensor> for Payload {
     }
 }
 
-impl From<RRef> for Payload {
-    fn from(r: RRef) -> Self {
-        Payload {
-            value: Value::RRef(0),
-            tensors: Vec::new(),
-            rrefs: vec![r],
-        }
-    }
-}
-
-impl From<&RRef> for Payload {
-    fn from(r: &RRef) -> Self {
-        r.clone().into()
-    }
-}
-
 impl From<&Tensor> for Payload {
     fn from(t: &Tensor) -> Self {
         t.shallow_clone().into()
@@ -442,7 +486,7 @@ pub struct Args {
     /// The tensors both refer to.
     pub tensors: Vec<Tensor>,
     /// The RRefs both refer to (`Value::RRef(i)`).
-    pub rrefs: Vec<RRef>,
+    pub rrefs: Vec<Handle>,
 }
 
 impl Clone for Args {
@@ -624,39 +668,4 @@ macro_rules! args {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use tch::{Device, Kind};
-
-    #[test]
-    fn containers_merge_tensor_tables() {
-        let a = Tensor::ones([2], (Kind::Float, Device::Cpu));
-        let b = Tensor::zeros([3], (Kind::Float, Device::Cpu));
-        let p = Payload::list(vec![
-            Payload::from(&a),
-            Payload::tuple(vec![1.into(), Payload::from(&b)]),
-        ]);
-        assert_eq!(p.tensors.len(), 2);
-        let items = p.items().unwrap();
-        assert!(items[0].as_tensor().unwrap().equal(&a));
-        let inner = items[1].items().unwrap();
-        assert_eq!(inner[0].as_int().unwrap(), 1);
-        assert!(inner[1].as_tensor().unwrap().equal(&b));
-        assert!(p.equal(&p.clone()));
-    }
-
-    #[test]
-    fn args_bind_positional_and_keyword() {
-        let args = crate::args![1, 2.5].kwarg("c", "x");
-        assert_eq!(args.param(0, "a").unwrap().as_int().unwrap(), 1);
-        assert_eq!(args.param(2, "c").unwrap().as_str().unwrap(), "x");
-        assert!(args.param(3, "d").is_err());
-        let e = crate::args![1]
-            .check_arity("my_function", 3, 3, &["a", "b", "c"])
-            .unwrap_err();
-        assert_eq!(
-            e.message(),
-            "my_function() missing 2 required positional arguments"
-        );
-    }
-}
+mod tests;

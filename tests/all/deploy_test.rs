@@ -21,8 +21,8 @@
 use anyhow::{Context, ensure};
 use wasmrpc::testing::{fresh_store, worker_name};
 use wasmrpc::{
-    ErrorKind, FaultInjection, Future, MessageKind, OpPolicy, Payload, PluginHost, RpcAgent,
-    RpcBackendOptions, args, collect_all, init_rpc,
+    ErrorKind, FaultInjection, Future, OpPolicy, Payload, PluginHost, RpcAgent, RpcBackendOptions,
+    args, collect_all, init_rpc, message_kinds,
 };
 use wasmrpc_tests::seed_fns::TimedOutRpcEvent;
 use wasmrpc_tests::{expect_err, register_all, timed};
@@ -163,7 +163,7 @@ fn invalid_bytes_are_rejected_before_anything_is_sent() {
     timed(async {
         // worker0's first DeployPlugin send fails: if the invalid bytes were
         // sent, they would use that fault up.
-        let faults = FaultInjection::new().fail_sends(&[MessageKind::DeployPlugin], 1);
+        let faults = FaultInjection::new().fail_sends(&[message_kinds::DEPLOY_PLUGIN], 1);
         let agents = start(|rank, o| {
             if rank == 0 {
                 RpcBackendOptions {

@@ -582,7 +582,10 @@ async fn test_graph_for_py_nested_call_itself_impl(
             verify_first_rpc_call(&ctx, &sends[0].1, &recvs[1].1, &t1, &t2, &ret)?;
             verify_rpc_call_exec(&sends[1].1)?;
             rpc_done(&a).wait(1).await;
-            verify_nested_rpc_call(&dist_autograd::retrieve_context(&a, rpc_done(&a).ctx_id(1))?)?;
+            verify_nested_rpc_call(&dist_autograd::retrieve_context(
+                &a,
+                rpc_done(&a).ctx_id(1),
+            )?)?;
             w.store_barrier().await?;
             anyhow::Ok(())
         }
@@ -950,17 +953,17 @@ fn test_context_cleanup_nested_rpc_sparse() {
 }
 
 mod faulty_agent_dist_autograd_test {
-    use wasmrpc::{FaultInjection, MessageKind, args};
+    use wasmrpc::{FaultInjection, args, message_kinds};
     use wasmrpc_tests::dist_with;
 
     use super::{cluster, context_cleanup_helper, ones_rg, zeros_rg};
 
     fn faulty() -> wasmrpc::testing::ClusterBuilder {
         let kinds = [
-            MessageKind::RRefFork,
-            MessageKind::RRefChildAccept,
-            MessageKind::RRefUserDelete,
-            MessageKind::CleanupAutogradContext,
+            message_kinds::RREF_FORK,
+            message_kinds::RREF_CHILD_ACCEPT,
+            message_kinds::RREF_USER_DELETE,
+            message_kinds::CLEANUP_AUTOGRAD_CONTEXT,
         ];
         // The seeds' faulty fixture: 8 worker threads, 3 failed sends of
         // each of the 4 retried message kinds.
@@ -1077,8 +1080,8 @@ where
 {
     let mut local = None;
     for &mode in modes {
-        let r =
-            dist_autograd::context(a, |ctx| body(a.clone(), mode, ctx, clone_grads(&local))).await??;
+        let r = dist_autograd::context(a, |ctx| body(a.clone(), mode, ctx, clone_grads(&local)))
+            .await??;
         local = r.or(local);
     }
     Ok(())

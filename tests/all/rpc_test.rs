@@ -1705,7 +1705,7 @@ fn test_wait_all_workers_twice_sparse() {
 
 fn slow_calls() -> wasmrpc::FaultInjection {
     // The seeds' SlowPickleClass(0.5): every call takes 0.5 s to get out.
-    wasmrpc::FaultInjection::new().delay(wasmrpc::MessageKind::Call, Duration::from_millis(500))
+    wasmrpc::FaultInjection::new().delay(wasmrpc::message_kinds::CALL, Duration::from_millis(500))
 }
 
 fn slow_cluster() -> wasmrpc::testing::ClusterBuilder {
@@ -1927,7 +1927,7 @@ fn test_shutdown_errors() {
     // here) raises 'simulation rref'.
     timed(async {
         let faults =
-            || wasmrpc::FaultInjection::new().fail_sends(&[wasmrpc::MessageKind::Response], 1);
+            || wasmrpc::FaultInjection::new().fail_sends(&[wasmrpc::message_kinds::RESPONSE], 1);
         let builder = (1..4).fold(cluster(4), |b, r| b.faults(r, faults()));
         let c = builder.start().await?;
         c.run_on_all(|w| async move {

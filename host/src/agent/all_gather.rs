@@ -185,8 +185,10 @@ impl RpcAgent {
                 Dest::Name(leader.clone()),
                 GATHER_TO_LEADER,
                 args![sequence_id.as_str(), me.as_str(), obj, names_payload],
-                Some(rpc_timeout),
-                false,
+                crate::agent::CallOptions {
+                    timeout: Some(rpc_timeout),
+                    ..crate::agent::CallOptions::new(crate::agent::CallKind::Internal)
+                },
             )
             .wait()
             .await?;
@@ -205,8 +207,10 @@ impl RpcAgent {
                         Dest::Name(f.clone()),
                         BROADCAST_TO_FOLLOWERS,
                         args![sequence_id.as_str(), gathered.clone()],
-                        Some(rpc_timeout),
-                        false,
+                        crate::agent::CallOptions {
+                            timeout: Some(rpc_timeout),
+                            ..crate::agent::CallOptions::new(crate::agent::CallKind::Internal)
+                        },
                     );
                     (f.clone(), fut)
                 })

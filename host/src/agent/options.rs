@@ -9,10 +9,11 @@ use std::time::Duration;
 use super::registry::FunctionRegistry;
 use crate::abi::{Value, WorkerInfo};
 use crate::device::{Device, DeviceMap, DeviceSpec, parse_device, to_device_map};
-use crate::error::{Error, MAX_NAME_LEN, Result, invalid_worker_name_message};
+use crate::error::{Error, Result};
 use crate::ops::OpPolicy;
 use crate::tensor::budget::TensorMemoryBudget;
 use crate::transport::{DEFAULT_MAX_FRAME_SIZE, FaultInjection, TlsCredentials};
+pub use crate::worker::{validate_worker_name, worker_info};
 
 /// `DEFAULT_RPC_TIMEOUT_SEC`: 60 s.
 pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(60);
@@ -260,35 +261,6 @@ fn no_credentials_message(name: &str, listen: SocketAddr) -> String {
          secret`, then `wasmrpc worker --cluster-secret-file secret`, or the \
          {CLUSTER_SECRET_ENV} variable), or pass --insecure to run unauthenticated anyway"
     )
-}
-
-/// Checks a worker name against PyTorch's rule: 1 to 127 characters among
-/// `[A-Za-z0-9-_:]`.
-///
-/// # Errors
-/// `RuntimeError` "Worker name must match ..." otherwise.
-pub fn validate_worker_name(name: &str) -> Result<()> {
-    let valid_size = !name.is_empty() && name.len() < MAX_NAME_LEN;
-    let valid_chars = name
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == ':');
-    if valid_size && valid_chars {
-        Ok(())
-    } else {
-        Err(Error::runtime(invalid_worker_name_message(name)))
-    }
-}
-
-/// Builds a `WorkerInfo`, checking the name as PyTorch's constructor does.
-///
-/// # Errors
-/// `RuntimeError` for an invalid name.
-pub fn worker_info(name: &str, id: u32) -> Result<WorkerInfo> {
-    validate_worker_name(name)?;
-    Ok(WorkerInfo {
-        id,
-        name: name.into(),
-    })
 }
 
 /// A call's destination: a name, a rank or a `WorkerInfo`

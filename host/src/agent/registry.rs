@@ -4,8 +4,8 @@
 //! A name is looked up among the functions registered one by one first, then
 //! asked of the registry's [`FunctionResolver`]s in order: families of
 //! functions too large to list (every aten op libtorch registers, through
-//! [`crate::ops::BuiltinOps`], which every registry has unless made with
-//! [`FunctionRegistry::without_builtins`]). An explicitly registered
+//! [`Builtins`], the resolver of [`crate::ops`]' builtin ops, which every
+//! registry has unless made with [`FunctionRegistry::without_builtins`]). An explicitly registered
 //! function therefore always wins over a resolved one of the same name.
 //! Resolving a builtin op is not running it: the worker's op policy decides
 //! that when it is called (`crate::ops::policy`, POL-1).
@@ -17,9 +17,9 @@ use std::sync::{Arc, RwLock};
 use futures::FutureExt;
 
 use super::RpcAgent;
+use super::message::{Fields, field};
 use crate::abi::WorkerInfo;
 use crate::error::{Error, Result};
-use crate::transport::AutogradEnvelope;
 use crate::value::{Args, Payload};
 
 /// What a called function knows about its call.
@@ -28,21 +28,18 @@ pub struct CallContext {
     agent: RpcAgent,
     caller: WorkerInfo,
     function: String,
-    autograd: Option<AutogradEnvelope>,
+    fields: Arc<Fields>,
 }
 
 impl CallContext {
-    pub(crate) fn new(
-        agent: RpcAgent,
-        caller: WorkerInfo,
-        function: String,
-        autograd: Option<AutogradEnvelope>,
-    ) -> Self {
+    /// The context of a call of `function` by `caller` on `agent`, which
+    /// came with `fields` (a feature forwarding a call passes them on).
+    pub fn new(agent: RpcAgent, caller: WorkerInfo, function: String, fields: Arc<Fields>) -> Self {
         CallContext {
             agent,
             caller,
             function,
-            autograd,
+            fields,
         }
     }
 
@@ -61,10 +58,15 @@ impl CallContext {
         &self.function
     }
 
-    /// The distributed autograd envelope, when the call was made inside an
-    /// autograd context.
-    pub fn autograd(&self) -> Option<&AutogradEnvelope> {
-        self.autograd.as_ref()
+    /// What the features sent with the call.
+    pub fn fields(&self) -> &Arc<Fields> {
+        &self.fields
+    }
+
+    /// The field `feature` sent with the call, if any (what
+    /// `crate::dist_autograd` reads its envelope from).
+    pub fn field(&self, feature: &str) -> Option<&[u8]> {
+        field(&self.fields, feature)
     }
 }
 
@@ -118,7 +120,7 @@ pub struct FunctionRegistry {
 impl Default for FunctionRegistry {
     fn default() -> Self {
         let r = Self::without_builtins();
-        r.add_resolver(Arc::new(crate::ops::BuiltinOps));
+        r.add_resolver(Arc::new(Builtins));
         r
     }
 }
@@ -221,6 +223,41 @@ impl FunctionRegistry {
             .collect();
         v.sort();
         v
+    }
+}
+
+/// The resolver of builtin op names ([`crate::ops::BuiltinOps`]): a call
+/// runs the op under the worker's op policy, in the call's tensor memory
+/// budget.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Builtins;
+
+impl FunctionResolver for Builtins {
+    fn resolve(&self, name: &str) -> Option<Arc<dyn RpcFunction>> {
+        let builtin =
+            !name.starts_with(super::INTERNAL_PREFIX) && crate::ops::BuiltinOps::knows(name);
+        builtin.then(|| Arc::new(BuiltinOp) as Arc<dyn RpcFunction>)
+    }
+}
+
+/// A builtin op called by name; the name comes from the call's context.
+struct BuiltinOp;
+
+#[async_trait::async_trait]
+impl RpcFunction for BuiltinOp {
+    async fn call(&self, ctx: CallContext, args: Args) -> Result<Payload> {
+        let agent = ctx.agent();
+        let name = ctx.function();
+        let budget = agent.tensor_budget().call();
+        crate::ops::run_builtin(
+            &agent.options().op_policy,
+            agent.name(),
+            name,
+            args,
+            Some(budget),
+        )
+        .await
+        .map_err(|e| e.context_line(format!("running {name} on worker {}", agent.name())))
     }
 }
 

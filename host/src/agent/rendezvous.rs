@@ -30,7 +30,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 use super::{
-    AgentHandler, AgentInner, Member, RUNNING, RpcAgent, RpcBackendOptions, all_gather, store_err,
+    AgentHandler, AgentInner, CallKind, CallOptions, Dest, Extensions, Member, RUNNING, RpcAgent,
+    RpcBackendOptions, all_gather, store_err,
 };
 use crate::abi::{Value, WorkerInfo};
 use crate::error::{
@@ -148,14 +149,13 @@ async fn claim_mode(store: &dyn Store, mode: &str) -> Result<()> {
     }
 }
 
-fn internal_registry() -> FunctionRegistry {
-    let r = FunctionRegistry::new();
+/// The agent's own functions, and those of its features.
+fn internal_registry(extensions: &Extensions) -> FunctionRegistry {
+    let r = FunctionRegistry::without_builtins();
     all_gather::register(&r);
-    crate::rref::register(&r);
-    crate::optim::register(&r);
-    crate::dist_autograd::register(&r);
-    crate::profiler::register(&r);
-    crate::plugin::deploy::register(&r);
+    for extension in extensions.iter() {
+        extension.register(&r);
+    }
     r.register_native(
         super::NOOP,
         |_ctx, _args| async move { Ok(Payload::none()) },
@@ -201,6 +201,7 @@ async fn start(
     options: RpcBackendOptions,
     (secret, tls): Credentials,
     static_group: bool,
+    extensions: Extensions,
 ) -> Result<RpcAgent> {
     let inner = Arc::new(AgentInner {
         info: info.clone(),
@@ -225,7 +226,8 @@ async fn start(
         ready: std::sync::atomic::AtomicBool::new(false),
         ready_notify: Notify::new(),
         gather: all_gather::GatherStates::default(),
-        internal: internal_registry(),
+        internal: internal_registry(&extensions),
+        extensions,
         worker_state: Mutex::default(),
         debug_sources: Mutex::default(),
         shutdown_hooks: Mutex::default(),
@@ -244,8 +246,6 @@ async fn start(
             true
         }));
     agent.set_rpc_timeout(options.rpc_timeout);
-    crate::rref::install(&agent);
-    crate::optim::install(&agent);
     let handler: Arc<dyn Handler> = Arc::new(AgentHandler {
         agent: Arc::downgrade(&inner),
     });
@@ -273,12 +273,13 @@ pub(super) async fn init(
     world_size: Option<u32>,
     store: Arc<dyn Store>,
     options: RpcBackendOptions,
+    extensions: Extensions,
 ) -> Result<RpcAgent> {
     super::validate_worker_name(name)?;
     let rank = resolve_rank(rank, &options.init_method)?;
     match world_size {
-        Some(ws) => init_static(name, rank, ws, store, options).await,
-        None => init_dynamic(name, rank, store, options).await,
+        Some(ws) => init_static(name, rank, ws, store, options, extensions).await,
+        None => init_dynamic(name, rank, store, options, extensions).await,
     }
 }
 
@@ -288,6 +289,7 @@ async fn init_static(
     world_size: u32,
     store: Arc<dyn Store>,
     options: RpcBackendOptions,
+    extensions: Extensions,
 ) -> Result<RpcAgent> {
     if rank >= world_size {
         return Err(Error::value(format!(
@@ -307,7 +309,7 @@ async fn init_static(
         id: rank,
         name: name.into(),
     };
-    let agent = start(info, store.clone(), options, secret, true).await?;
+    let agent = start(info, store.clone(), options, secret, true, extensions).await?;
     let result = async {
         let addr = agent.local_addr().ok_or_else(Error::not_initialized)?;
         let me = Record {
@@ -406,6 +408,7 @@ async fn init_dynamic(
     rank: u32,
     store: Arc<dyn Store>,
     options: RpcBackendOptions,
+    extensions: Extensions,
 ) -> Result<RpcAgent> {
     let secret = credentials(name, &options)?;
     claim_mode(&*store, "dynamic").await?;
@@ -414,7 +417,15 @@ async fn init_dynamic(
         id: rank,
         name: name.into(),
     };
-    let agent = start(info.clone(), store.clone(), options, secret, false).await?;
+    let agent = start(
+        info.clone(),
+        store.clone(),
+        options,
+        secret,
+        false,
+        extensions,
+    )
+    .await?;
     let token = format!("Token_for_{name}_join");
     if let Err(e) = take_token(&*store, &token, init_timeout).await {
         agent.abort();
@@ -476,11 +487,13 @@ async fn init_dynamic(
         for r in &live {
             agent
                 .call(
-                    r.name.as_str().into(),
+                    Dest::Name(r.name.clone()),
                     UPDATE_MEMBERSHIP,
                     args![record_payload(name, rank, &addr), true],
-                    None,
-                    false,
+                    CallOptions {
+                        timeout: None,
+                        ..CallOptions::new(CallKind::Internal)
+                    },
                 )
                 .wait()
                 .await?;
@@ -547,11 +560,13 @@ pub(super) async fn leave(agent: &RpcAgent, timeout: Duration) -> Result<()> {
             let payload = record_payload(agent.name(), agent.rank(), &addr);
             agent
                 .call(
-                    m.info.name.as_str().into(),
+                    Dest::Name(m.info.name.clone()),
                     UPDATE_MEMBERSHIP,
                     args![payload, false],
-                    None,
-                    false,
+                    CallOptions {
+                        timeout: None,
+                        ..CallOptions::new(CallKind::Internal)
+                    },
                 )
                 .wait()
                 .await?;

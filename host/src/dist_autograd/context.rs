@@ -11,13 +11,13 @@ use tch::Tensor;
 
 use super::engine::{CustomFunction, Pass};
 use super::graph::{Cut, Node, RecvFunction, SendFunction};
+use super::wire::{AutogradEnvelope, AutogradMessage};
 use crate::agent::RpcAgent;
 use crate::error::{
     ALREADY_HAVE_AUTOGRAD_CONTEXT, Error, NO_CURRENT_AUTOGRAD_CONTEXT, Result,
     unknown_autograd_context_message,
 };
 use crate::tensor::impl_id;
-use crate::transport::{AutogradEnvelope, Message};
 
 /// Bits of an id that hold the per-worker counter (DA-1).
 const COUNTER_BITS: u32 = 48;
@@ -401,12 +401,12 @@ fn send_cleanup(agent: &RpcAgent, to: u32, context_id: i64) {
 }
 
 fn cleanup_request(agent: &RpcAgent, to: u32, context_id: i64) -> crate::agent::Future {
-    agent.request(
-        i64::from(to),
-        |id| Message::CleanupAutogradContext { id, context_id },
-        &[],
-        None,
-    )
+    let message = AutogradMessage::CleanupAutogradContext { context_id };
+    let body = match message.encode() {
+        Ok(b) => b,
+        Err(e) => return crate::agent::Future::ready(Err(e)),
+    };
+    agent.request(i64::from(to), message.kind(), body, &[], None)
 }
 
 async fn retry_cleanup(agent: RpcAgent, to: u32, context_id: i64) {

@@ -12,6 +12,7 @@ use super::graph::{
     Cut, Gradients, RECV_RPC_BACKWARD_NAME, Reach, RecvFunction, SEND_RPC_BACKWARD_NAME, Tensors,
     walk,
 };
+use super::wire::{AutogradEnvelope, AutogradMessage};
 use crate::abi::Value;
 use crate::agent::{Future, RpcAgent};
 use crate::error::{
@@ -20,7 +21,6 @@ use crate::error::{
 };
 use crate::profiler::Recording;
 use crate::tensor::impl_id;
-use crate::transport::{AutogradEnvelope, Message};
 use crate::value::Payload;
 
 /// The backward of a custom function: the gradients of its outputs (`None`
@@ -447,14 +447,19 @@ impl Pass {
             from_worker: self.agent.rank(),
         };
         let retain_graph = self.retain_graph;
+        let message = AutogradMessage::PropagateGradients {
+            envelope,
+            grads: values,
+            retain_graph,
+        };
+        let body = match message.encode() {
+            Ok(b) => b,
+            Err(e) => return Future::ready(Err(e)),
+        };
         let fut = self.agent.request_mapped(
             i64::from(to),
-            |id| Message::PropagateGradients {
-                id,
-                envelope,
-                grads: values,
-                retain_graph,
-            },
+            message.kind(),
+            body,
             &tensors,
             None,
             recv.inner.grads_map,
@@ -761,15 +766,14 @@ async fn propagate(
 /// and context cleanup (DA-7, DA-8).
 pub(crate) async fn handle_request(
     agent: &RpcAgent,
-    message: Message,
+    message: AutogradMessage,
     tensors: Vec<Tensor>,
 ) -> Result<Payload> {
     match message {
-        Message::PropagateGradients {
+        AutogradMessage::PropagateGradients {
             envelope,
             grads,
             retain_graph,
-            ..
         } => {
             let requester = envelope.from_worker;
             let piggyback = async {
@@ -786,14 +790,10 @@ pub(crate) async fn handle_request(
             })?;
             Ok(Piggyback::encode(piggyback))
         }
-        Message::CleanupAutogradContext { context_id, .. } => {
+        AutogradMessage::CleanupAutogradContext { context_id } => {
             super::context::release_if_present(agent, context_id);
             Ok(Payload::none())
         }
-        other => Err(Error::runtime(format!(
-            "message kind {:?} is not an autograd request",
-            other.kind()
-        ))),
     }
 }
 

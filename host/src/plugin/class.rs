@@ -207,7 +207,7 @@ impl RRefObject for PluginObject {
                     agent.clone(),
                     caller.clone(),
                     format!("{}::{function}", self.namespace),
-                    None,
+                    Default::default(),
                 );
                 return f.call(ctx, args).await;
             }

@@ -4,7 +4,7 @@
 //! The deployer ([`RpcAgent::deploy_plugin`], or `wasmrpc plugin deploy`,
 //! which joins the group as a dynamic member to do it) first loads the bytes
 //! itself, so bytes that are not a plugin are refused before anything is
-//! sent; then it sends one [`Message::DeployPlugin`] to every worker at
+//! sent; then it sends one [`DEPLOY_PLUGIN`] to every worker at
 //! once, each under the agent's call timeout, and gathers one
 //! [`WorkerDeployment`] per worker into a [`DeployReport`]. A failure on one
 //! worker does not stop the others.
@@ -71,7 +71,6 @@
 //! What this module leaves to others: loading and registering are
 //! [`PluginHost`]'s, sending and timeouts the agent's.
 //!
-//! [`Message::DeployPlugin`]: crate::transport::Message::DeployPlugin
 //! [`RpcBackendOptions::accept_plugin_deployment`]: crate::RpcBackendOptions::accept_plugin_deployment
 
 use std::collections::HashMap;
@@ -81,9 +80,11 @@ use sha2::{Digest, Sha256};
 
 use super::PluginHost;
 use crate::abi::{Value, WorkerInfo};
-use crate::agent::{FunctionRegistry, RpcAgent, collect_all};
+use serde::{Deserialize, Serialize};
+
+use crate::agent::{Extension, FunctionRegistry, Request, RpcAgent, Run, collect_all};
 use crate::error::{Error, Result};
-use crate::transport::Message;
+use crate::transport::MessageKind;
 use crate::value::Payload;
 
 /// What one worker did with a deployment.
@@ -199,17 +200,15 @@ impl RpcAgent {
             .iter()
             .map(|w| {
                 let (name, bytes) = (name.clone(), bytes.clone());
-                self.request(
-                    w,
-                    move |id| Message::DeployPlugin {
-                        id,
-                        name,
-                        sha256,
-                        wasm: bytes.to_vec(),
-                    },
-                    &[],
-                    None,
-                )
+                let message = DeployPlugin {
+                    name,
+                    sha256,
+                    wasm: bytes.to_vec(),
+                };
+                match message.encode() {
+                    Ok(body) => self.request(w, DEPLOY_PLUGIN, body, &[], None),
+                    Err(e) => crate::agent::Future::ready(Err(e)),
+                }
             })
             .collect();
         let results = collect_all(&futures).await;
@@ -310,16 +309,7 @@ impl RpcAgent {
             let name = wasmrpc_wasm::manifest::read(&wasm)
                 .map(|m| m.name)
                 .unwrap_or_else(|_| format!("sha256 {sha_hex}"));
-            let reply = handle_request(
-                self,
-                Message::DeployPlugin {
-                    id: 0,
-                    name,
-                    sha256,
-                    wasm,
-                },
-            )
-            .await?;
+            let reply = handle_request(self, DeployPlugin { name, sha256, wasm }).await?;
             let (already, registered) = decode_reply(&reply.value)?;
             if !already {
                 names.extend(registered);
@@ -447,17 +437,71 @@ struct Deployed {
     by_sha256: tokio::sync::Mutex<HashMap<[u8; 32], Vec<String>>>,
 }
 
-/// The worker's side of [`Message::DeployPlugin`] (steps 1-4 of the module
-/// docs). The reply is `(already_served: bool, names: [str])`.
-pub(crate) async fn handle_request(agent: &RpcAgent, message: Message) -> Result<Payload> {
-    let Message::DeployPlugin {
-        name, sha256, wasm, ..
-    } = message
-    else {
-        return Err(Error::runtime(
-            "internal error: a deployment handler got another message kind",
-        ));
-    };
+/// The request that installs a wasm plugin on the receiving worker and
+/// registers its functions, answered with `(already_served: bool, names:
+/// [str])`.
+pub const DEPLOY_PLUGIN: MessageKind = MessageKind::new("DeployPlugin");
+
+/// A [`DEPLOY_PLUGIN`] request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeployPlugin {
+    /// The plugin's name (from its manifest), for messages.
+    pub name: String,
+    /// The sha256 of `wasm`: the plugin's identity (content-addressed).
+    pub sha256: [u8; 32],
+    /// The module's bytes.
+    pub wasm: Vec<u8>,
+}
+
+impl DeployPlugin {
+    /// The request's body.
+    ///
+    /// # Errors
+    /// Never for a plugin that fits in memory; an encoding failure otherwise.
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        crate::abi::encode(self)
+            .map_err(|e| Error::runtime(format!("cannot encode plugin {}: {e}", self.name)))
+    }
+
+    /// Decodes a request's body.
+    ///
+    /// # Errors
+    /// Malformed bytes.
+    pub fn decode(body: &[u8]) -> Result<Self> {
+        crate::abi::decode(body)
+            .map_err(|e| Error::runtime(format!("malformed {DEPLOY_PLUGIN} request: {e}")))
+    }
+}
+
+/// Plugin deployment on the agent: its functions and its request.
+pub(crate) struct Deployment;
+
+impl Extension for Deployment {
+    fn name(&self) -> &'static str {
+        "deploy"
+    }
+
+    fn register(&self, functions: &FunctionRegistry) {
+        register(functions);
+    }
+
+    fn message_kinds(&self) -> &'static [MessageKind] {
+        &[DEPLOY_PLUGIN]
+    }
+
+    fn serve_request(&self, agent: &RpcAgent, request: Request) -> Run {
+        let agent = agent.clone();
+        Box::pin(async move {
+            let message = DeployPlugin::decode(&request.body)?;
+            handle_request(&agent, message).await
+        })
+    }
+}
+
+/// The worker's side of [`DEPLOY_PLUGIN`] (steps 1-4 of the module docs).
+/// The reply is `(already_served: bool, names: [str])`.
+pub(crate) async fn handle_request(agent: &RpcAgent, message: DeployPlugin) -> Result<Payload> {
+    let DeployPlugin { name, sha256, wasm } = message;
     let me = agent.name().to_string();
     if !agent.options().accept_plugin_deployment {
         return Err(Error::runtime(format!(
@@ -575,64 +619,4 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn replies_round_trip() {
-        let names = vec!["hello::greet".to_string()];
-        let p = reply(true, &names);
-        assert_eq!(decode_reply(&p.value).unwrap(), (true, names));
-        assert!(decode_reply(&Value::Int(1)).is_err());
-    }
-
-    #[test]
-    fn hex_is_lowercase_and_padded() {
-        assert_eq!(hex(&[0, 15, 255]), "000fff");
-    }
-
-    fn value() -> impl proptest::strategy::Strategy<Value = Value> {
-        use proptest::prelude::*;
-        let leaf = prop_oneof![
-            Just(Value::None),
-            any::<bool>().prop_map(Value::Bool),
-            any::<i64>().prop_map(Value::Int),
-            ".{0,8}".prop_map(Value::Str),
-            any::<u32>().prop_map(Value::Tensor),
-        ];
-        leaf.prop_recursive(4, 32, 4, |inner| {
-            prop_oneof![
-                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::List),
-                proptest::collection::vec(inner, 0..4).prop_map(Value::Tuple),
-            ]
-        })
-    }
-
-    proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
-
-        /// A worker's reply to a deployment is decoded only when it has the
-        /// shape `reply` writes; any other value is an error naming it.
-        #[test]
-        fn arbitrary_replies_decode_only_in_their_shape(v in value()) {
-            let shaped = match &v {
-                Value::Tuple(items) => matches!(
-                    items.as_slice(),
-                    [Value::Bool(_), Value::List(names)]
-                        if names.iter().all(|n| matches!(n, Value::Str(_)))
-                ),
-                _ => false,
-            };
-            match decode_reply(&v) {
-                Ok((already, names)) => {
-                    proptest::prop_assert!(shaped);
-                    proptest::prop_assert_eq!(reply(already, &names).value, v);
-                }
-                Err(e) => {
-                    proptest::prop_assert!(!shaped);
-                    proptest::prop_assert!(e.to_string().contains("unexpected reply"), "{}", e);
-                }
-            }
-        }
-    }
-}
+mod tests;

@@ -16,6 +16,7 @@ use wasmrpc_wasm::{CallArgs, ErrorKind, HandleKind, HostResult, RemoteError, Val
 
 use crate::agent::Future;
 use crate::rref::RRef;
+use crate::value::Handle;
 use crate::value::{Args, Payload};
 
 fn no_handle(what: &str, handle: u32) -> RemoteError {
@@ -35,32 +36,12 @@ enum Ref {
 /// Rebuilds `value` with every tensor and RRef reference `i` replaced by
 /// `f(kind, i)`.
 fn map_refs(value: Value, f: &mut impl FnMut(Ref, u32) -> HostResult<u32>) -> HostResult<Value> {
-    Ok(match value {
-        Value::Tensor(i) => Value::Tensor(f(Ref::Tensor, i)?),
-        Value::RRef(i) => Value::RRef(f(Ref::RRef, i)?),
-        Value::List(xs) => Value::List(
-            xs.into_iter()
-                .map(|x| map_refs(x, f))
-                .collect::<HostResult<_>>()?,
-        ),
-        Value::Tuple(xs) => Value::Tuple(
-            xs.into_iter()
-                .map(|x| map_refs(x, f))
-                .collect::<HostResult<_>>()?,
-        ),
-        Value::Dict(kv) => Value::Dict(
-            kv.into_iter()
-                .map(|(k, v)| Ok((map_refs(k, f)?, map_refs(v, f)?)))
-                .collect::<HostResult<_>>()?,
-        ),
-        Value::Record { name, fields } => Value::Record {
-            name,
-            fields: fields
-                .into_iter()
-                .map(|(k, v)| Ok((k, map_refs(v, f)?)))
-                .collect::<HostResult<_>>()?,
-        },
-        other => other,
+    crate::value::map_values(value, &mut |v| {
+        Ok(match v {
+            Value::Tensor(i) => Value::Tensor(f(Ref::Tensor, i)?),
+            Value::RRef(i) => Value::RRef(f(Ref::RRef, i)?),
+            other => other,
+        })
     })
 }
 
@@ -69,7 +50,7 @@ fn map_refs(value: Value, f: &mut impl FnMut(Ref, u32) -> HostResult<u32>) -> Ho
 #[derive(Default)]
 struct Tables {
     tensors: Vec<Tensor>,
-    rrefs: Vec<RRef>,
+    rrefs: Vec<Handle>,
     seen: HashMap<(Ref, u32), u32>,
 }
 
@@ -216,12 +197,15 @@ impl Handles {
                 Ok(self.insert_tensor(t.shallow_clone()))
             }
             Ref::RRef => {
-                let r = rrefs.get(i as usize).ok_or_else(|| {
-                    RemoteError::new(
-                        ErrorKind::RuntimeError,
-                        format!("RRef index {i} outside a table of {}", rrefs.len()),
-                    )
-                })?;
+                let r = rrefs
+                    .get(i as usize)
+                    .and_then(|h| h.downcast_ref::<RRef>())
+                    .ok_or_else(|| {
+                        RemoteError::new(
+                            ErrorKind::RuntimeError,
+                            format!("RRef index {i} outside a table of {}", rrefs.len()),
+                        )
+                    })?;
                 Ok(self.insert_rref(r.clone()))
             }
         })
@@ -285,7 +269,7 @@ impl Handles {
                     } else {
                         self.rref(h)?
                     };
-                    tables.rrefs.push(r);
+                    tables.rrefs.push(Handle::new(r));
                     tables.rrefs.len()
                 }
             };

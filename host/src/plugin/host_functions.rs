@@ -494,7 +494,9 @@ impl GuestHost for GuestCall {
         let proxy = self.proxy(rref, timeout, RRefProxyMode::Async)?;
         let args = self.handles().borrow_args(args)?;
         let fut = self.in_scope(|| {
-            crate::dist_autograd::sync_scope(self.autograd.context(), || proxy.call_async(method, args))
+            crate::dist_autograd::sync_scope(self.autograd.context(), || {
+                proxy.call_async(method, args)
+            })
         });
         Ok(self.handles().insert_future(fut))
     }
@@ -508,7 +510,8 @@ impl GuestHost for GuestCall {
     ) -> HostResult<u32> {
         let proxy = self.proxy(rref, timeout, RRefProxyMode::Remote)?;
         let args = self.handles().borrow_args(args)?;
-        let call = crate::dist_autograd::scope(self.autograd.context(), proxy.call_remote(method, args));
+        let call =
+            crate::dist_autograd::scope(self.autograd.context(), proxy.call_remote(method, args));
         let r = self.in_scope_async(call).await.map_err(remote)?;
         Ok(self.handles().insert_rref(r))
     }

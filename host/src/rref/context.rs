@@ -10,6 +10,7 @@ use std::time::Duration;
 use tch::Tensor;
 use tokio::sync::Notify;
 
+use super::message::RRefMessage;
 use super::object::keeping_objects;
 use super::{
     DEBUG_INFO, FETCH, LOCAL_INVOKE, OwnerState, REMOTE, RRef, RRefId, TYPEOF, UserState,
@@ -20,8 +21,7 @@ use crate::agent::{Dest, FunctionRegistry, Future, RpcAgent};
 use crate::error::{
     Error, RREF_FORK_AFTER_DELETION, Result, leaking_rref_message, unknown_function_message,
 };
-use crate::transport::{Connection, Message};
-use crate::value::{Args, Payload};
+use crate::value::{Args, Handle, Payload, map_values};
 
 /// The name of the record an RRef travels as (a fork record).
 pub(crate) const RREF_RECORD: &str = "wasmrpc::RRef";
@@ -197,11 +197,7 @@ impl RRefContext {
         self.send_protocol(
             agent,
             owner.clone(),
-            move |id| Message::RRefUserDelete {
-                id,
-                rref_id,
-                fork_id,
-            },
+            RRefMessage::UserDelete { rref_id, fork_id },
             None,
         );
     }
@@ -212,7 +208,7 @@ impl RRefContext {
         &self,
         agent: &RpcAgent,
         to: WorkerInfo,
-        build: impl Fn(u64) -> Message + Send + Sync + 'static,
+        message: RRefMessage,
         done: Option<Done>,
     ) {
         self.pending_futures.fetch_add(1, Ordering::AcqRel);
@@ -222,7 +218,13 @@ impl RRefContext {
             let mut last = Ok(());
             for attempt in 0..SEND_ATTEMPTS {
                 let r = agent
-                    .request(Dest::Info(to.clone()), &build, &[], Some(PROTOCOL_TIMEOUT))
+                    .request(
+                        Dest::Info(to.clone()),
+                        message.kind(),
+                        message.encode(),
+                        &[],
+                        Some(PROTOCOL_TIMEOUT),
+                    )
                     .wait()
                     .await;
                 match r {
@@ -321,12 +323,7 @@ impl RRefContext {
             } else {
                 // A user sent it to the owner: no fork to keep (PyTorch's
                 // phantom fork id); release the sender's pending child.
-                self.send_protocol(
-                    agent,
-                    parent,
-                    move |id| Message::RRefChildAccept { id, fork_id },
-                    None,
-                );
+                self.send_protocol(agent, parent, RRefMessage::ChildAccept { fork_id }, None);
             }
             return Ok(RRef::from_owner(state, None));
         }
@@ -350,20 +347,11 @@ impl RRefContext {
         self.send_protocol(
             agent,
             owner,
-            move |id| Message::RRefFork {
-                id,
-                rref_id,
-                fork_id,
-            },
+            RRefMessage::Fork { rref_id, fork_id },
             Some(Box::new(move |agent: &RpcAgent, _r: Result<()>| {
                 let ctx = context(agent);
                 ctx.confirm_pending_user(fork_id);
-                ctx.send_protocol(
-                    agent,
-                    parent,
-                    move |id| Message::RRefChildAccept { id, fork_id },
-                    None,
-                );
+                ctx.send_protocol(agent, parent, RRefMessage::ChildAccept { fork_id }, None);
             })),
         );
         Ok(rref)
@@ -479,65 +467,52 @@ impl RRefContext {
     }
 
     /// Answers a protocol message (on the owner or the parent).
-    fn on_message(&self, agent: &RpcAgent, message: &Message) -> Result<()> {
-        match *message {
-            Message::RRefFork {
-                rref_id, fork_id, ..
-            } => {
+    pub(crate) fn on_message(&self, agent: &RpcAgent, message: RRefMessage) -> Result<()> {
+        match message {
+            RRefMessage::Fork { rref_id, fork_id } => {
                 // The entry may not exist yet: the remote() that creates it
                 // can arrive after a fork of it.
                 let state = self.get_or_create_owner(agent, rref_id);
                 self.add_fork(&state, fork_id);
                 Ok(())
             }
-            Message::RRefChildAccept { fork_id, .. } => {
+            RRefMessage::ChildAccept { fork_id } => {
                 let child = self.tables().pending_children.remove(&fork_id);
                 drop(child);
                 self.touch();
                 Ok(())
             }
-            Message::RRefUserDelete {
-                rref_id, fork_id, ..
-            } => {
+            RRefMessage::UserDelete { rref_id, fork_id } => {
                 self.del_fork(agent, rref_id, fork_id);
                 Ok(())
             }
-            _ => Err(malformed(format!(
-                "{:?} is not an RRef message",
-                message.kind()
-            ))),
         }
     }
 }
 
-/// Waits until every user among `rrefs` is confirmed by its owner
+/// The RRefs among `handles`.
+fn rrefs_of(handles: &[Handle]) -> Vec<RRef> {
+    handles
+        .iter()
+        .filter_map(|h| h.downcast_ref::<RRef>().cloned())
+        .collect()
+}
+
+/// Waits until every user among `handles` is confirmed by its owner
 /// (RREF-7), at most the protocol timeout.
-pub(crate) async fn wait_confirmed(agent: &RpcAgent, rrefs: &[RRef]) {
+pub(crate) async fn wait_confirmed(agent: RpcAgent, handles: Vec<Handle>) {
+    let rrefs = rrefs_of(&handles);
     if rrefs.iter().all(RRef::confirmed_by_owner) {
         return;
     }
-    let ctx = context(agent);
+    let ctx = context(&agent);
     let deadline = tokio::time::Instant::now() + PROTOCOL_TIMEOUT;
     let _ = ctx
         .wait_until(deadline, |_, _| rrefs.iter().all(RRef::confirmed_by_owner))
         .await;
 }
 
-/// Handles an RRef protocol message from `conn` and acknowledges it.
-pub(crate) fn handle_message(agent: &RpcAgent, conn: &Arc<Connection>, message: Message) {
-    let r = context(agent).on_message(agent, &message);
-    let id = message.id();
-    let agent = agent.clone();
-    let conn = conn.clone();
-    agent.runtime_handle().spawn(async move {
-        match r {
-            Ok(()) => agent.reply(&conn, Message::RRefAck { id }).await,
-            Err(e) => agent.respond_error(&conn, id, e).await,
-        }
-    });
-}
-
-/// Turns the RRefs of `value` (indexes into `rrefs`) into fork records
+/// Turns the RRefs of `value` (indexes into `handles`) into fork records
 /// toward `dst`.
 ///
 /// # Errors
@@ -547,49 +522,26 @@ pub(crate) fn to_wire(
     agent: &RpcAgent,
     dst: &WorkerInfo,
     value: Value,
-    rrefs: &[RRef],
+    handles: &[Handle],
 ) -> Result<Value> {
-    if rrefs.is_empty() {
+    if handles.is_empty() {
         return Ok(value);
     }
     let ctx = context(agent);
-    map_rrefs(value, &mut |i| {
-        let rref = rrefs.get(i as usize).ok_or_else(|| {
-            Error::runtime(format!(
-                "RRef index {i} outside the table of {} RRefs",
-                rrefs.len()
-            ))
-        })?;
-        ctx.fork(agent, rref, dst)
-    })
-}
-
-fn map_rrefs(v: Value, f: &mut impl FnMut(u32) -> Result<Value>) -> Result<Value> {
-    Ok(match v {
-        Value::RRef(i) => f(i)?,
-        Value::List(xs) => Value::List(
-            xs.into_iter()
-                .map(|x| map_rrefs(x, f))
-                .collect::<Result<_>>()?,
-        ),
-        Value::Tuple(xs) => Value::Tuple(
-            xs.into_iter()
-                .map(|x| map_rrefs(x, f))
-                .collect::<Result<_>>()?,
-        ),
-        Value::Dict(kv) => Value::Dict(
-            kv.into_iter()
-                .map(|(k, v)| Ok((map_rrefs(k, f)?, map_rrefs(v, f)?)))
-                .collect::<Result<_>>()?,
-        ),
-        Value::Record { name, fields } => Value::Record {
-            name,
-            fields: fields
-                .into_iter()
-                .map(|(k, v)| Ok((k, map_rrefs(v, f)?)))
-                .collect::<Result<_>>()?,
-        },
-        other => other,
+    map_values(value, &mut |v| match v {
+        Value::RRef(i) => {
+            let rref = handles
+                .get(i as usize)
+                .and_then(|h| h.downcast_ref::<RRef>())
+                .ok_or_else(|| {
+                    Error::runtime(format!(
+                        "RRef index {i} outside the table of {} RRefs",
+                        handles.len()
+                    ))
+                })?;
+            ctx.fork(agent, rref, dst)
+        }
+        other => Ok(other),
     })
 }
 
@@ -598,37 +550,15 @@ fn map_rrefs(v: Value, f: &mut impl FnMut(u32) -> Result<Value>) -> Result<Value
 ///
 /// # Errors
 /// A malformed record, or an RRef index without a table (RREF-6).
-pub(crate) fn from_wire(agent: &RpcAgent, value: Value, table: &mut Vec<RRef>) -> Result<Value> {
-    Ok(match value {
-        Value::RRef(i) => return Err(malformed(format!("bare RRef index {i} on the wire"))),
+pub(crate) fn from_wire(agent: &RpcAgent, value: Value, table: &mut Vec<Handle>) -> Result<Value> {
+    map_values(value, &mut |v| match v {
+        Value::RRef(i) => Err(malformed(format!("bare RRef index {i} on the wire"))),
         Value::Record { name, fields } if name == RREF_RECORD => {
             let rref = context(agent).accept(agent, &fields)?;
-            table.push(rref);
-            Value::RRef((table.len() - 1) as u32)
+            table.push(Handle::new(rref));
+            Ok(Value::RRef((table.len() - 1) as u32))
         }
-        Value::List(xs) => Value::List(
-            xs.into_iter()
-                .map(|x| from_wire(agent, x, table))
-                .collect::<Result<_>>()?,
-        ),
-        Value::Tuple(xs) => Value::Tuple(
-            xs.into_iter()
-                .map(|x| from_wire(agent, x, table))
-                .collect::<Result<_>>()?,
-        ),
-        Value::Dict(kv) => Value::Dict(
-            kv.into_iter()
-                .map(|(k, v)| Ok((from_wire(agent, k, table)?, from_wire(agent, v, table)?)))
-                .collect::<Result<_>>()?,
-        ),
-        Value::Record { name, fields } => Value::Record {
-            name,
-            fields: fields
-                .into_iter()
-                .map(|(k, v)| Ok((k, from_wire(agent, v, table)?)))
-                .collect::<Result<_>>()?,
-        },
-        other => other,
+        other => Ok(other),
     })
 }
 
@@ -650,8 +580,6 @@ fn rest(args: &Args, from: usize) -> Args {
 
 /// Registers the owner-side functions in the agent's internal registry.
 pub(crate) fn register(r: &FunctionRegistry) {
-    // RemoteModule's owner-side functions are built on RRefs and objects.
-    crate::remote_module::register(r);
     r.register_native(DEBUG_INFO, |ctx, _args: Args| async move {
         let info = context(ctx.agent()).debug_info();
         Ok(Payload::dict(
@@ -680,7 +608,7 @@ pub(crate) fn register(r: &FunctionRegistry) {
                     agent.clone(),
                     ctx.caller().clone(),
                     function.clone(),
-                    ctx.autograd().copied(),
+                    ctx.fields().clone(),
                 );
                 // OBJ-1: the one place a function may make an object.
                 keeping_objects(crate::agent::call_guarded(f, call, user_args)).await

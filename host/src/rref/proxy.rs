@@ -112,7 +112,12 @@ impl RRefProxy {
                     let owner = Dest::Info(this.rref.owner());
                     let call = this.invoke_args(&method, args);
                     this.agent
-                        .call(owner, LOCAL_INVOKE, call, this.timeout, false)
+                        .call(
+                            owner,
+                            LOCAL_INVOKE,
+                            call,
+                            super::remote::internal(this.timeout),
+                        )
                         .wait()
                         .await
                 }

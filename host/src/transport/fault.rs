@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::message::MessageKind;
+use super::MessageKind;
 use crate::error::{Error, Result};
 
 /// Which sends to fail or delay. Cheap to clone; clones share the counters.

@@ -16,14 +16,19 @@ use tokio::task::JoinHandle;
 use super::fault::FaultInjection;
 use super::frame::{FrameError, OutFrame, read_frame, try_write_frame, write_frame};
 use super::handshake::{self, HANDSHAKE_TIMEOUT};
-use super::message::Message;
 use super::tls::{TlsEndpoints, check_names};
 use crate::error::{Error, Result};
 
 /// What the transport tells its owner (the agent).
 pub(crate) trait Handler: Send + Sync + 'static {
-    /// A frame arrived on `conn`.
-    fn on_message(&self, conn: &Arc<Connection>, message: Message, tensors: Vec<Tensor>);
+    /// A frame arrived on `conn`: its message's bytes and its tensors. An
+    /// error (a message that does not decode) closes the connection (TR-1).
+    fn on_frame(
+        &self,
+        conn: &Arc<Connection>,
+        message: Vec<u8>,
+        tensors: Vec<Tensor>,
+    ) -> std::result::Result<(), String>;
     /// A frame arrived on `conn` whose tensors would have exceeded the
     /// tensor memory budget: it was read and its tensors dropped, and the
     /// connection carries on. The handler answers the message (a request
@@ -31,7 +36,7 @@ pub(crate) trait Handler: Send + Sync + 'static {
     fn on_over_budget(
         &self,
         conn: &Arc<Connection>,
-        message: Message,
+        message: Vec<u8>,
         refusal: wasmrpc_torch_sys::BudgetRefusal,
     );
     /// `conn` closed (TR-4: called once per connection).
@@ -700,14 +705,17 @@ async fn reader_loop(
                 let Some(h) = tr.handler.upgrade() else {
                     return;
                 };
-                h.on_message(&conn, message, tensors);
+                if let Err(e) = h.on_frame(&conn, message, tensors) {
+                    tracing::error!(peer = %conn.peer, "closing connection: {e}");
+                    break format!("worker {} sent a bad frame: {e}", conn.peer);
+                }
             }
             Err(FrameError::OverBudget(message, refusal)) => {
                 let Some(tr) = t.upgrade() else { return };
                 let Some(h) = tr.handler.upgrade() else {
                     return;
                 };
-                h.on_over_budget(&conn, *message, refusal);
+                h.on_over_budget(&conn, message, refusal);
             }
             Ok(None) => break format!("worker {} closed the connection", conn.peer),
             Err(FrameError::Io(e)) => {
@@ -725,27 +733,4 @@ async fn reader_loop(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn refusals_are_logged_at_most_once_per_interval_with_a_count() {
-        let log = RefusalLog::default();
-        let t0 = std::time::Instant::now();
-        let ms = |i: u64| t0 + std::time::Duration::from_millis(i);
-        assert_eq!(log.note(t0), Refusal::Log(0));
-        assert_eq!(log.note(ms(4)), Refusal::FirstSuppressed);
-        for i in 2..200 {
-            assert_eq!(log.note(ms(i * 4)), Refusal::Suppressed);
-        }
-        assert_eq!(log.note(t0 + REFUSAL_LOG_INTERVAL), Refusal::Log(199));
-        assert_eq!(log.note(t0 + REFUSAL_LOG_INTERVAL * 3), Refusal::Log(0));
-        // Refusals that no later one reports are flushed once.
-        assert_eq!(log.note(ms(3100)), Refusal::FirstSuppressed);
-        assert_eq!(log.note(ms(3200)), Refusal::Suppressed);
-        assert_eq!(log.flush(ms(4004)), Some(2));
-        assert_eq!(log.flush(ms(4005)), None);
-        // The flush counts as a line: the next refusal within a second waits.
-        assert_eq!(log.note(ms(4500)), Refusal::FirstSuppressed);
-    }
-}
+mod tests;

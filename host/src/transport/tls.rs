@@ -555,7 +555,7 @@ impl CertificateAuthority {
     /// # Errors
     /// An invalid worker name, or key generation or signing failed.
     pub fn issue(&self, worker: &str) -> Result<(String, String)> {
-        crate::agent::validate_worker_name(worker)?;
+        crate::worker::validate_worker_name(worker)?;
         let key = KeyPair::generate()
             .map_err(|e| Error::runtime(format!("cannot generate a key for {worker}: {e}")))?;
         let mut params = CertificateParams::new(vec![worker_dns_name(worker)])
@@ -589,47 +589,4 @@ impl CertificateAuthority {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn worker_dns_names_are_distinct_valid_and_short_enough() {
-        let long = "w".repeat(127);
-        let names = ["worker0", "Worker0", "a_b", "a:b", "a-b", long.as_str()];
-        let dns: Vec<String> = names.iter().map(|n| worker_dns_name(n)).collect();
-        for (n, d) in names.iter().zip(&dns) {
-            assert!(server_name(n).is_ok(), "{d}");
-            assert!(d.len() <= 253 && d.split('.').all(|l| l.len() <= 63), "{d}");
-        }
-        let unique: std::collections::BTreeSet<String> =
-            dns.iter().map(|d| d.to_ascii_lowercase()).collect();
-        assert_eq!(unique.len(), names.len(), "{dns:?}");
-    }
-
-    #[test]
-    fn issued_certificates_name_their_worker_and_chain_to_their_ca() {
-        let ca = CertificateAuthority::generate().unwrap();
-        let creds = ca.credentials_for("worker_1:a").unwrap();
-        creds.check_worker("worker_1:a").unwrap();
-        let e = creds.check_worker("worker2").unwrap_err();
-        assert!(e.message().contains("another name"), "{e}");
-        // A CA read back from its PEM issues certificates of the same chain.
-        let again = CertificateAuthority::from_pem(ca.cert_pem(), &ca.key_pem()).unwrap();
-        let (cert, key) = again.issue("worker3").unwrap();
-        TlsCredentials::from_pem(ca.cert_pem(), &cert, &key)
-            .unwrap()
-            .check_worker("worker3")
-            .unwrap();
-        // Another CA's certificate does not chain.
-        let other = CertificateAuthority::generate().unwrap();
-        let (cert, key) = other.issue("worker3").unwrap();
-        let foreign = TlsCredentials::from_pem(ca.cert_pem(), &cert, &key).unwrap();
-        let e = foreign.check_worker("worker3").unwrap_err();
-        assert!(e.message().contains("not signed by the cluster CA"), "{e}");
-        // A CA key that does not go with the certificate is refused.
-        assert!(CertificateAuthority::from_pem(ca.cert_pem(), &other.key_pem()).is_err());
-        // Debug output never shows a key.
-        let shown = format!("{creds:?} {ca:?}");
-        assert!(!shown.contains("PRIVATE"), "{shown}");
-    }
-}
+mod tests;

@@ -202,7 +202,10 @@ fn concurrent_steps_serialize() {
             let a = w.agent.clone();
             let params = make_params(&a).await?;
             let opt = DistributedOptimizer::new(&a, Sgd::new(0.5), &params).await?;
-            let (c1, c2) = (dist_autograd::new_context(&a)?, dist_autograd::new_context(&a)?);
+            let (c1, c2) = (
+                dist_autograd::new_context(&a)?,
+                dist_autograd::new_context(&a)?,
+            );
             let (id1, id2) = (c1.context_id(), c2.context_id());
             for (ctx, it) in [(id1, 0), (id2, 1)] {
                 let loss = dist_autograd::with_context(ctx, async {

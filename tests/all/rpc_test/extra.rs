@@ -209,8 +209,9 @@ fn test_all_to_all_32_workers() {
 }
 
 #[test]
-fn test_reserved_message_kinds_get_a_clear_error_reply() {
-    use wasmrpc::transport::{AutogradEnvelope, Message};
+fn test_feature_requests_are_served_and_unknown_kinds_get_a_clear_error_reply() {
+    use wasmrpc::MessageKind;
+    use wasmrpc::dist_autograd::{AutogradEnvelope, AutogradMessage};
     timed(async {
         let c = cluster(2).start().await?;
         let a = c.agent(0);
@@ -220,52 +221,45 @@ fn test_reserved_message_kinds_get_a_clear_error_reply() {
             from_worker: 0,
         };
         let grad = ones(&[2]);
-        type Build = Box<dyn FnOnce(u64) -> Message + Send>;
-        let cases: Vec<(Build, &str)> = vec![
-            (
-                Box::new(move |id| Message::PropagateGradients {
-                    id,
-                    envelope,
-                    grads: vec![wasmrpc::Value::Tensor(0)],
-                    retain_graph: false,
-                }),
-                "PropagateGradients",
-            ),
-            (
-                Box::new(|id| Message::CleanupAutogradContext { id, context_id: 1 }),
-                "CleanupAutogradContext",
-            ),
-            (
-                Box::new(|id| Message::ProfilingRequest { id, enabled: true }),
-                "ProfilingRequest",
-            ),
-        ];
-        for (build, kind) in cases {
-            let tensors = if kind == "PropagateGradients" {
-                vec![grad.shallow_clone()]
-            } else {
-                vec![]
-            };
-            let f = a.request("worker1", build, &tensors, None);
-            match kind {
-                // Served by distributed autograd: an unknown context is an
-                // error for gradients, and a no-op to clean up.
-                "PropagateGradients" => {
-                    expect_err(
-                        f.wait().await,
-                        ErrorKind::RuntimeError,
-                        "Error on Node 1: Could not find autograd context with id: 1",
-                    )?;
-                }
-                "CleanupAutogradContext" => {
-                    f.wait().await?;
-                }
-                _ => {
-                    let e = expect_err(f.wait().await, ErrorKind::NotImplementedError, kind)?;
-                    ensure!(e.message().contains("worker1"), "{e}");
-                }
-            }
-        }
+        // Served by distributed autograd: an unknown context is an error for
+        // gradients, and a no-op to clean up.
+        let propagate = AutogradMessage::PropagateGradients {
+            envelope,
+            grads: vec![wasmrpc::Value::Tensor(0)],
+            retain_graph: false,
+        };
+        let f = a.request(
+            "worker1",
+            propagate.kind(),
+            propagate.encode()?,
+            &[grad.shallow_clone()],
+            None,
+        );
+        expect_err(
+            f.wait().await,
+            ErrorKind::RuntimeError,
+            "Error on Node 1: Could not find autograd context with id: 1",
+        )?;
+        let cleanup = AutogradMessage::CleanupAutogradContext { context_id: 1 };
+        a.request("worker1", cleanup.kind(), cleanup.encode()?, &[], None)
+            .wait()
+            .await?;
+        // A kind no feature of the callee serves, and a body that is not
+        // the kind's: clear errors.
+        let unknown = MessageKind::new("ProfilingRequest");
+        let f = a.request("worker1", unknown, vec![1, 2, 3], &[], None);
+        let e = expect_err(
+            f.wait().await,
+            ErrorKind::NotImplementedError,
+            "ProfilingRequest",
+        )?;
+        ensure!(e.message().contains("worker1"), "{e}");
+        let f = a.request("worker1", cleanup.kind(), vec![0xff; 3], &[], None);
+        expect_err(
+            f.wait().await,
+            ErrorKind::RuntimeError,
+            "malformed CleanupAutogradContext request",
+        )?;
         // The worker is unharmed.
         let r = a
             .rpc_sync("worker1", "aten::add", args![ones(&[2]), 1])
@@ -327,13 +321,13 @@ fn test_debug_info_sources_are_merged_and_polled() {
 
 #[test]
 fn test_autograd_envelope_reaches_the_callee() {
-    use wasmrpc::transport::AutogradEnvelope;
+    use wasmrpc::dist_autograd::AutogradEnvelope;
     timed(async {
         let c = cluster(2)
             .functions(|r| {
                 wasmrpc_tests::register_all(r);
                 r.register_native("test::envelope", |ctx, _args| async move {
-                    Ok(match ctx.autograd() {
+                    Ok(match AutogradEnvelope::of(&ctx) {
                         Some(e) => wasmrpc::Payload::tuple(vec![
                             e.context_id.into(),
                             e.message_id.into(),
@@ -353,11 +347,11 @@ fn test_autograd_envelope_reaches_the_callee() {
             from_worker: 0,
         };
         let options = wasmrpc::CallOptions {
-            timeout: None,
-            autograd: Some(envelope),
+            fields: vec![envelope.field()],
+            ..Default::default()
         };
         let got = a
-            .rpc_async_with("worker1", "test::envelope", args![], options)
+            .call("worker1", "test::envelope", args![], options)
             .await?;
         let items = got.items()?;
         ensure!(items[0].as_int()? == 7 && items[1].as_int()? == 9 && items[2].as_int()? == 0);

@@ -330,7 +330,11 @@ fn profiler_with_autograd_context() {
                 Ok(())
             };
         let a = w.agent.clone();
-        let (r, p) = profile(&w.agent, dist_autograd::context(&a, |_ctx| workload(a.clone()))).await;
+        let (r, p) = profile(
+            &w.agent,
+            dist_autograd::context(&a, |_ctx| workload(a.clone())),
+        )
+        .await;
         r??;
         check(&p)?;
         let a2 = a.clone();

@@ -1504,14 +1504,14 @@ fn rref_fork_stress_counts_return_to_zero() {
 
 #[test]
 fn rref_protocol_messages_are_retried_after_send_failures() {
-    use wasmrpc::{FaultInjection, MessageKind};
+    use wasmrpc::{FaultInjection, message_kinds};
     // Every worker's first two sends of each RRef protocol kind fail
     // (RREF-4): forks, accepts and deletes still arrive, and every owner's
     // table drains.
     let kinds = [
-        MessageKind::RRefFork,
-        MessageKind::RRefChildAccept,
-        MessageKind::RRefUserDelete,
+        message_kinds::RREF_FORK,
+        message_kinds::RREF_CHILD_ACCEPT,
+        message_kinds::RREF_USER_DELETE,
     ];
     let builder = (0..4).fold(cluster(4), |b, r| {
         b.faults(r, FaultInjection::new().fail_sends(&kinds, 2))
@@ -1544,8 +1544,7 @@ fn rref_protocol_messages_are_retried_after_send_failures() {
 
 #[test]
 fn rref_protocol_messages_about_unknown_rrefs_are_acknowledged() {
-    use wasmrpc::RRefId;
-    use wasmrpc::transport::Message;
+    use wasmrpc::{RRefId, RRefMessage};
     timed(async {
         let c = cluster(2).start().await?;
         let a = c.agent(0).clone();
@@ -1559,38 +1558,15 @@ fn rref_protocol_messages_about_unknown_rrefs_are_acknowledged() {
         };
         // A delete before its fork leaves a tombstone; the late fork is not
         // counted (RREF-4), and an unknown child accept is harmless.
-        a.request(
-            "worker1",
-            |id| Message::RRefUserDelete {
-                id,
-                rref_id,
-                fork_id,
-            },
-            &[],
-            None,
-        )
-        .wait()
-        .await?;
-        a.request(
-            "worker1",
-            |id| Message::RRefFork {
-                id,
-                rref_id,
-                fork_id,
-            },
-            &[],
-            None,
-        )
-        .wait()
-        .await?;
-        a.request(
-            "worker1",
-            |id| Message::RRefChildAccept { id, fork_id },
-            &[],
-            None,
-        )
-        .wait()
-        .await?;
+        for message in [
+            RRefMessage::UserDelete { rref_id, fork_id },
+            RRefMessage::Fork { rref_id, fork_id },
+            RRefMessage::ChildAccept { fork_id },
+        ] {
+            a.request("worker1", message.kind(), message.encode(), &[], None)
+                .wait()
+                .await?;
+        }
         let info = c.agent(1).rref_context_debug_info();
         ensure!(info["num_forks"] == "0", "forks {}", info["num_forks"]);
         // The worker is unharmed.

@@ -168,7 +168,8 @@ impl GuestCall {
                 Value::None
             }
             AutogradCall::GetGradients(context_id) => {
-                let grads = dist_autograd::get_gradients(&self.agent, context_id).map_err(remote)?;
+                let grads =
+                    dist_autograd::get_gradients(&self.agent, context_id).map_err(remote)?;
                 let mut handles = self.handles();
                 Value::List(
                     grads

@@ -1,0 +1,778 @@
+//! Tests of `policy`.
+
+//! POLICY_TEST_NAMES_DENIED_OPS: op names in this file are inputs the
+//! policy must refuse, not ops the seeds call (see
+//! `every_op_the_seeds_call_is_allowed_by_default`).
+
+use super::*;
+use crate::ops::schema::{HazardKind, schema_hazard};
+use std::collections::{BTreeMap, BTreeSet};
+use wasmrpc_torch_sys::{OpValue, call_op, registered_ops};
+
+fn schemas(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| (*s).to_owned()).collect()
+}
+
+const ADD: &[&str] = &[
+    "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
+    "aten::add.t(t[] a, t[] b) -> t[]",
+];
+const FROM_FILE: &[&str] =
+    &["aten::from_file(str filename, bool? shared=None, int? size=0) -> Tensor"];
+
+fn denial(v: &Verdict) -> &Denial {
+    match v {
+        Verdict::Denied(d) => d,
+        Verdict::Allowed { by, .. } => panic!("allowed by {by}"),
+    }
+}
+
+#[test]
+fn rules_decide_in_order_deny_then_exact_allow_then_globs_and_families() {
+    let default = OpPolicy::default();
+    match default.decide("aten", "add", &schemas(ADD)) {
+        Verdict::Allowed {
+            by: Grant::Family(f),
+            withheld,
+        } => {
+            assert_eq!(f.name, "arithmetic");
+            assert_eq!(withheld.len(), 1);
+            assert_eq!(withheld[0].schema(), ADD[1]);
+            assert_eq!(withheld[0].hazard.kind, HazardKind::Opaque);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        denial(&default.decide("aten", "from_file", &schemas(FROM_FILE))),
+        Denial::UnsafeSchema(h) if h.kind == HazardKind::FileName
+    ));
+    assert!(matches!(
+        denial(&default.decide("prim", "dtype", &schemas(&["prim::dtype(Tensor a) -> int"]))),
+        Denial::OtherNamespace(ns) if ns == "prim"
+    ));
+    assert!(matches!(
+        denial(&default.decide(
+            "aten",
+            "_foo",
+            &schemas(&["aten::_foo(Tensor a) -> Tensor"])
+        )),
+        Denial::Private
+    ));
+    assert!(matches!(
+        denial(&default.decide(
+            "aten",
+            "empty",
+            &schemas(&["aten::empty(int[] size) -> Tensor"])
+        )),
+        Denial::NotInFamily
+    ));
+
+    // An exact allow grants every overload, hazards included; deny wins.
+    let p = OpPolicy::default()
+        .allow("aten::from_file")
+        .unwrap()
+        .allow("aten::add")
+        .unwrap();
+    assert!(
+        p.decide("aten", "from_file", &schemas(FROM_FILE))
+            .is_allowed()
+    );
+    match p.decide("aten", "add", &schemas(ADD)) {
+        Verdict::Allowed {
+            by: Grant::Rule(r),
+            withheld,
+        } => {
+            assert_eq!(r.to_string(), "allow aten::add");
+            assert!(withheld.is_empty());
+        }
+        other => panic!("{other:?}"),
+    }
+    let p = p.deny("aten::from_file").unwrap();
+    assert!(matches!(
+        denial(&p.decide("aten", "from_file", &schemas(FROM_FILE))),
+        Denial::Rule(r) if r.to_string() == "deny aten::from_file"
+    ));
+
+    // Globs and families grant safe overloads only.
+    let p = OpPolicy::empty().allow("aten::*").unwrap();
+    assert!(matches!(
+        denial(&p.decide("aten", "from_file", &schemas(FROM_FILE))),
+        Denial::UnsafeSchema(_)
+    ));
+    assert!(matches!(
+        p.decide("aten", "add", &schemas(ADD)),
+        Verdict::Allowed { withheld, .. } if withheld.len() == 1
+    ));
+    assert!(
+        p.decide(
+            "aten",
+            "empty",
+            &schemas(&["aten::empty(int[] size) -> Tensor"])
+        )
+        .is_allowed()
+    );
+
+    // Families can be denied as a whole; an empty policy serves nothing.
+    let p = OpPolicy::default().deny("@arithmetic").unwrap();
+    assert!(matches!(
+        denial(&p.decide("aten", "add_", &schemas(ADD))),
+        Denial::Rule(_)
+    ));
+    assert!(p.decide("aten", "matmul", &[]).is_allowed());
+    assert!(matches!(
+        denial(&OpPolicy::empty().decide("aten", "add", &schemas(ADD))),
+        Denial::NotInFamily
+    ));
+    let p = OpPolicy::empty().allow("@arithmetic").unwrap();
+    assert!(p.decide("aten", "add", &schemas(ADD)).is_allowed());
+    assert!(!p.decide("aten", "matmul", &[]).is_allowed());
+}
+
+#[test]
+fn allow_globs_skip_private_names_and_deny_globs_do_not() {
+    let p = OpPolicy::empty().allow("*").unwrap();
+    assert!(p.decide("aten", "add", &[]).is_allowed());
+    assert!(p.decide("prim", "dtype", &[]).is_allowed());
+    assert!(!p.decide("aten", "_foo", &[]).is_allowed());
+    assert!(!p.decide("_caffe2", "x", &[]).is_allowed());
+    let p = OpPolicy::empty().allow("aten::_*").unwrap();
+    assert!(p.decide("aten", "_foo", &[]).is_allowed());
+    let p = OpPolicy::default()
+        .allow("*")
+        .unwrap()
+        .deny("aten::*")
+        .unwrap();
+    assert!(!p.decide("aten", "_foo", &[]).is_allowed());
+    assert!(!p.decide("aten", "add", &[]).is_allowed());
+    assert!(p.decide("prim", "dtype", &[]).is_allowed());
+}
+
+#[test]
+fn patterns_take_every_spelling_and_refuse_overloads_and_unknown_families() {
+    let exact = |ns: &str, base: &str| Pattern::Exact {
+        namespace: ns.into(),
+        base: base.into(),
+    };
+    assert_eq!(
+        Pattern::parse("aten::from_file").unwrap(),
+        exact("aten", "from_file")
+    );
+    assert_eq!(
+        Pattern::parse("torch.ops.aten.from_file").unwrap(),
+        exact("aten", "from_file")
+    );
+    assert_eq!(
+        Pattern::parse(" from_file ").unwrap(),
+        exact("aten", "from_file")
+    );
+    assert_eq!(
+        Pattern::parse("builtins.min").unwrap(),
+        exact("builtins", "min")
+    );
+    assert!(matches!(
+        Pattern::parse("prim::*").unwrap(),
+        Pattern::Glob { .. }
+    ));
+    assert!(matches!(Pattern::parse("*").unwrap(), Pattern::Glob { .. }));
+    assert_eq!(Pattern::parse("@random").unwrap().to_string(), "@random");
+    let e = Pattern::parse("aten::add.Tensor").unwrap_err();
+    assert!(
+        e.message().contains("names overload `Tensor` of aten::add"),
+        "{e}"
+    );
+    let e = Pattern::parse("@nope").unwrap_err();
+    assert!(e.message().contains("unknown op family @nope"), "{e}");
+    assert!(e.message().contains("@arithmetic"), "{e}");
+    for bad in ["", "aten::", "a b", "aten::x;y", "::x"] {
+        assert!(Pattern::parse(bad).is_err(), "{bad:?} parsed");
+    }
+    assert!(glob_match("linalg_*", "linalg_inv"));
+    assert!(glob_match("*_backward", "mse_loss_backward"));
+    assert!(glob_match("a*b*c", "aXXbYYc"));
+    assert!(!glob_match("a*b*c", "aXXbYY"));
+    assert!(!glob_match("linalg_*", "matmul"));
+    assert!(glob_match("*", ""));
+}
+
+#[test]
+fn policy_files_take_comments_and_name_the_line_of_a_bad_rule() {
+    let text = "# trusted plugins read their data\nallow aten::from_file  # the loader\n\n  deny @random\n";
+    let p = OpPolicy::default()
+        .rules_from_text(text, "ops.policy")
+        .unwrap();
+    let rules: Vec<String> = p.rules().iter().map(ToString::to_string).collect();
+    assert_eq!(
+        rules,
+        [
+            "allow aten::from_file (ops.policy:2)",
+            "deny @random (ops.policy:4)"
+        ]
+    );
+    let e = OpPolicy::default()
+        .rules_from_text("allow aten::add\npermit aten::mul\n", "p.txt")
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ValueError);
+    assert!(
+        e.message()
+            .starts_with("p.txt:2: expected `allow PATTERN` or `deny PATTERN`"),
+        "{e}"
+    );
+    let e = OpPolicy::default()
+        .rules_from_text("deny @nope", "p.txt")
+        .unwrap_err();
+    assert!(
+        e.message().starts_with("p.txt:1: unknown op family @nope"),
+        "{e}"
+    );
+    let e = OpPolicy::default()
+        .rules_from_text("allow a b", "p.txt")
+        .unwrap_err();
+    assert!(
+        e.message().starts_with("p.txt:1: expected one pattern"),
+        "{e}"
+    );
+    let e = OpPolicy::default()
+        .rules_from_file("/nonexistent/ops.policy")
+        .unwrap_err();
+    assert!(
+        e.message()
+            .contains("cannot read op policy file /nonexistent/ops.policy"),
+        "{e}"
+    );
+}
+
+#[test]
+fn every_spelling_of_a_name_gets_the_op_verdict() {
+    let p = OpPolicy::default();
+    for name in [
+        "aten::add",
+        "torch.ops.aten.add",
+        "add",
+        "aten::add.Tensor",
+        "torch.ops.aten.add.Scalar",
+    ] {
+        let (op, v) = p.verdict_of(name).unwrap();
+        assert_eq!(op, "aten::add", "{name}");
+        assert!(v.is_allowed(), "{name}");
+    }
+    for name in [
+        "aten::from_file",
+        "torch.ops.aten.from_file",
+        "from_file",
+        "aten::from_file.out",
+    ] {
+        let (op, v) = p.verdict_of(name).unwrap();
+        assert_eq!(op, "aten::from_file", "{name}");
+        assert!(!v.is_allowed(), "{name}");
+    }
+    assert!(p.verdict("builtins.min").unwrap().is_allowed());
+    assert!(matches!(
+        p.verdict("aten::no_such_op"),
+        Err(OpError::UnknownOp { .. })
+    ));
+    assert!(matches!(
+        p.verdict("builtins.eval"),
+        Err(OpError::UnknownOp { .. })
+    ));
+}
+
+#[test]
+fn refusals_name_the_worker_the_op_and_how_to_allow_it() {
+    let p = OpPolicy::default();
+    let op = Operator::resolve("aten::from_file").unwrap();
+    let args = [OpValue::Str("/etc/hostname".into())];
+    let admission = Admission {
+        target: Target::Op(&op),
+        args: &args,
+        kwargs: &[],
+        method: false,
+    };
+    let e = p.admit(&admission, "worker1").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::RuntimeError);
+    let text = e.to_string();
+    assert!(
+        text.starts_with("worker1 does not run aten::from_file: the op takes a file name"),
+        "{text}"
+    );
+    assert!(
+        text.ends_with("(allow it with --allow-op aten::from_file, or OpPolicy::allow in RpcBackendOptions::op_policy)"),
+        "{text}"
+    );
+    let e = p.clone().deny("aten::add").unwrap();
+    let add = Operator::resolve("aten::add").unwrap();
+    let refused = e
+        .admit(
+            &Admission {
+                target: Target::Op(&add),
+                args: &[],
+                kwargs: &[],
+                method: false,
+            },
+            "w",
+        )
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        refused,
+        "w does not run aten::add: denied by rule `deny aten::add` (remove that rule to serve it)"
+    );
+}
+
+#[test]
+fn withheld_overloads_are_refused_and_the_rest_of_the_op_runs() {
+    let policy = OpPolicy::default();
+    let gate = PolicyGate {
+        policy: &policy,
+        worker: "worker1",
+    };
+    let t = || OpValue::Tensor(tch::Tensor::ones([2], (tch::Kind::Float, tch::Device::Cpu)));
+    // Tensors: `add.Tensor`, no matching needed.
+    let out = wasmrpc_torch_sys::call_op_gated("aten::add", &[t(), t()], &[], &gate).unwrap();
+    assert_eq!(out.len(), 1);
+    // Ints: `add.int`, after asking libtorch (a list overload could fit).
+    let out = wasmrpc_torch_sys::call_op_gated(
+        "aten::add",
+        &[OpValue::Int(2), OpValue::Int(3)],
+        &[],
+        &gate,
+    )
+    .unwrap();
+    assert!(matches!(out[..], [OpValue::Int(5)]));
+    // Lists bind `add.t(t[] a, t[] b)`: withheld.
+    let lists = [OpValue::List(vec![]), OpValue::List(vec![])];
+    let e = wasmrpc_torch_sys::call_op_gated("aten::add", &lists, &[], &gate).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("worker1 does not run aten::add.t(t[] a, t[] b) -> t[]"),
+        "{e}"
+    );
+    // `mul.left_t(t[] l, int n)` would build a list of n items.
+    let e = wasmrpc_torch_sys::call_op_gated(
+        "aten::mul",
+        &[OpValue::List(vec![]), OpValue::Int(1 << 40)],
+        &[],
+        &gate,
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("does not run aten::mul.left_t"),
+        "{e}"
+    );
+    // A generator the caller passes, even None, is the withheld
+    // `rand.generator`; without one, the worker's own generator runs.
+    let size = || OpValue::List(vec![OpValue::Int(2)]);
+    let e = wasmrpc_torch_sys::call_op_gated(
+        "aten::rand",
+        &[size()],
+        &[("generator".into(), OpValue::None)],
+        &gate,
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("does not run aten::rand.generator"),
+        "{e}"
+    );
+    assert!(wasmrpc_torch_sys::call_op_gated("aten::rand", &[size()], &[], &gate).is_ok());
+}
+
+/// Our values cannot be generators: no `OpValue` variant is one (this
+/// match has no wildcard, so adding a variant fails to compile here
+/// until it is reviewed), and no value of any variant converts to a
+/// `Generator` parameter.
+#[test]
+fn callers_cannot_pass_a_generator() {
+    let t = tch::Tensor::ones([1], (tch::Kind::Float, tch::Device::Cpu));
+    let every_kind = [
+        OpValue::None,
+        OpValue::Bool(true),
+        OpValue::Int(7),
+        OpValue::Float(0.5),
+        OpValue::Str("cpu".into()),
+        OpValue::Tensor(t),
+        OpValue::List(vec![OpValue::Int(7)]),
+        OpValue::Tuple(vec![OpValue::Int(7)]),
+        OpValue::Dtype(tch::Kind::Float),
+        OpValue::Device(tch::Device::Cpu),
+    ];
+    for value in every_kind {
+        let could_be_a_generator = match &value {
+            OpValue::None => true,
+            OpValue::Bool(_)
+            | OpValue::Int(_)
+            | OpValue::Float(_)
+            | OpValue::Str(_)
+            | OpValue::Tensor(_)
+            | OpValue::List(_)
+            | OpValue::Tuple(_)
+            | OpValue::Dtype(_)
+            | OpValue::Device(_) => false,
+        };
+        // `aten::initial_seed(Generator self)`: only a real generator fits.
+        let r = call_op("aten::initial_seed", &[value.shallow_clone()], &[]);
+        assert!(
+            matches!(r, Err(OpError::NoMatchingSchema { .. })),
+            "{value:?}: {r:?}"
+        );
+        // `rand.generator(..., Generator? generator)`: None, the default one.
+        let rand = Operator::resolve("aten::rand").unwrap();
+        let r = rand.matching_schema(
+            &[OpValue::List(vec![OpValue::Int(2)])],
+            &[("generator".into(), value.shallow_clone())],
+        );
+        assert_eq!(r.is_ok(), could_be_a_generator, "{value:?}: {r:?}");
+    }
+}
+
+/// Counts this thread's heap allocations, for POL-5.
+struct CountingAllocator;
+
+thread_local! {
+    static ALLOCATIONS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+// SAFETY: every call forwards to the system allocator unchanged; the
+// counter is a const-initialized thread-local without a destructor, so
+// touching it allocates nothing.
+unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        ALLOCATIONS.with(|n| n.set(n.get() + 1));
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
+        ALLOCATIONS.with(|n| n.set(n.get() + 1));
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { std::alloc::System.realloc(ptr, layout, size) }
+    }
+}
+
+#[global_allocator]
+static COUNTING: CountingAllocator = CountingAllocator;
+
+/// POL-5: once an op's verdict is cached, admitting a call to it
+/// allocates nothing (the hot path: `aten::add` of two tensors from a
+/// peer, a withheld overload in the op screened out by argument kinds).
+#[test]
+fn a_cached_verdict_admits_without_allocating() {
+    let policy = OpPolicy::default();
+    let add = Operator::resolve("aten::add").unwrap();
+    let t = || {
+        OpValue::Tensor(tch::Tensor::ones(
+            [2, 2],
+            (tch::Kind::Float, tch::Device::Cpu),
+        ))
+    };
+    let args = [t(), t()];
+    let admission = Admission {
+        target: Target::Op(&add),
+        args: &args,
+        kwargs: &[],
+        method: false,
+    };
+    policy.admit(&admission, "worker1").unwrap();
+    let before = ALLOCATIONS.with(std::cell::Cell::get);
+    let started = std::time::Instant::now();
+    for _ in 0..10_000 {
+        policy.admit(&admission, "worker1").unwrap();
+    }
+    let per_call = started.elapsed() / 10_000;
+    let allocated = ALLOCATIONS.with(std::cell::Cell::get) - before;
+    println!("admitting aten::add from the cache: {per_call:?} a call, {allocated} allocations");
+    assert_eq!(allocated, 0);
+}
+
+/// A second reading of the schema rules (POL-3), written apart from
+/// `schema.rs`, for the registry walk: the parameter declarations of one
+/// overload that the issue names as unsafe.
+fn independent_hazards(schema: &str) -> Vec<String> {
+    let Some(params) = crate::ops::schema::parse_params(schema) else {
+        return vec![format!("unreadable: {schema}")];
+    };
+    let mut found = Vec::new();
+    for p in params {
+        let ty = p.ty.replace("(a!)", "").replace("(a)", "");
+        let plain = ty.trim_end_matches('?').trim_end_matches("[]");
+        let unsafe_type = ty.contains("Storage")
+            || ty.contains("Stream")
+            || (ty.contains("Generator")
+                && !(ty == "Generator?" && p.default.as_deref() == Some("None")))
+            || ty.contains("Any")
+            || ty.contains("Capsule")
+            || ty.contains("__torch__")
+            || ty.contains("Future")
+            || ty.contains("RRef")
+            || ty.contains("Dict")
+            || ty == "..."
+            || plain == "t"
+            || plain.starts_with("t[")
+            || plain == "tVal"
+            || plain == "t1"
+            || plain == "t2";
+        let pointer = ty.starts_with("int")
+            && ["ptr", "data_ptr", "address", "addr", "pointer"]
+                .iter()
+                .any(|n| p.name == *n || p.name.ends_with(&format!("_{n}")));
+        let file =
+            ty.starts_with("str") && ["filename", "path", "file", "f"].contains(&p.name.as_str());
+        if unsafe_type || pointer || file {
+            found.push(format!("{} {}", p.ty, p.name));
+        }
+    }
+    found
+}
+
+/// Overloads of default-family ops that the policy withholds, reviewed:
+/// TorchScript's list builtins (`t[]`), dict views and enum comparisons,
+/// and the random ops' overloads taking a generator argument. A new
+/// entry means libtorch grew an unsafe overload on a family member (or
+/// a member was added): review it, then list it here.
+const REVIEWED_WITHHELD: &[&str] = &[
+    "aten::add.t",
+    "aten::add_.t",
+    "aten::eq.enum",
+    "aten::mul.left_t",
+    "aten::mul.right_",
+    "aten::mul_.t",
+    "aten::ne.enum",
+    "aten::rand.generator",
+    "aten::rand.generator_out",
+    "aten::rand_like.generator",
+    "aten::rand_like.generator_out",
+    "aten::randint.generator",
+    "aten::randint.generator_out",
+    "aten::randint.low_generator",
+    "aten::randint.low_generator_out",
+    "aten::randint_like.Tensor_generator",
+    "aten::randint_like.Tensor_generator_out",
+    "aten::randint_like.generator",
+    "aten::randint_like.generator_out",
+    "aten::randint_like.low_generator_dtype",
+    "aten::randint_like.low_generator_dtype_out",
+    "aten::randn.generator",
+    "aten::randn.generator_out",
+    "aten::randn_like.generator",
+    "aten::randn_like.generator_out",
+    "aten::randperm.generator",
+    "aten::randperm.generator_out",
+    "aten::select.t",
+    "aten::slice.t",
+    "aten::sort.any",
+    "aten::values.Tensor",
+    "aten::values.bool",
+    "aten::values.complex",
+    "aten::values.float",
+    "aten::values.int",
+    "aten::values.str",
+];
+
+/// The walk the issue asks for: every operator libtorch registers, and
+/// for each the default policy serves, every overload's schema.
+#[test]
+fn the_registry_walk_finds_no_unsafe_overload_a_caller_can_reach() {
+    let policy = OpPolicy::default();
+    let registered: BTreeSet<String> = registered_ops().into_iter().collect();
+    assert!(
+        registered.len() > 1000,
+        "the registry lists {} ops",
+        registered.len()
+    );
+
+    // No dead names: every family member is registered and callable.
+    let mut dead = Vec::new();
+    for family in FAMILIES.iter().filter(|f| f.namespace == "aten") {
+        for name in family.member_names() {
+            if !registered.contains(&name) || Operator::resolve(&name).is_err() {
+                dead.push(format!("@{}: {name}", family.name));
+            }
+        }
+    }
+    assert!(
+        dead.is_empty(),
+        "family members libtorch cannot call by name:\n{}",
+        dead.join("\n")
+    );
+
+    let (mut callable, mut allowed) = (0, 0);
+    let mut withheld_seen = BTreeSet::new();
+    let mut reachable_hazards = Vec::new();
+    let mut denied: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut hazards: BTreeMap<String, usize> = BTreeMap::new();
+    for (name, verdict) in policy.every_op() {
+        let Ok(verdict) = verdict else { continue };
+        if BUILTINS.contains(&name.as_str()) {
+            assert!(verdict.is_allowed(), "{name}");
+            continue;
+        }
+        callable += 1;
+        let op = Operator::resolve(&name).unwrap();
+        for schema in op.schemas() {
+            if let Some(h) = schema_hazard(schema) {
+                *hazards.entry(format!("{:?}", h.kind)).or_default() += 1;
+            }
+        }
+        match &*verdict {
+            Verdict::Denied(d) => {
+                *denied
+                    .entry(match d {
+                        Denial::Rule(_) => "deny rule",
+                        Denial::OtherNamespace(_) => "other namespace",
+                        Denial::Private => "private",
+                        Denial::UnsafeSchema(_) => "unsafe schema",
+                        Denial::NotInFamily => "not in a family",
+                    })
+                    .or_default() += 1;
+            }
+            Verdict::Allowed { withheld, .. } => {
+                allowed += 1;
+                assert_eq!(name.split("::").next(), Some("aten"), "{name} is allowed");
+                for schema in op.schemas() {
+                    let held = withheld.iter().any(|o| o.schema() == schema);
+                    let overload = schema.split('(').next().unwrap_or(schema).to_owned();
+                    if held {
+                        withheld_seen.insert(overload);
+                        continue;
+                    }
+                    let independent = independent_hazards(schema);
+                    if !independent.is_empty() || schema_hazard(schema).is_some() {
+                        reachable_hazards.push(format!("{schema}\n    unsafe: {independent:?}"));
+                    }
+                }
+            }
+        }
+    }
+    println!(
+        "registry walk: {} ops registered, {callable} callable by name, {allowed} allowed by \
+         default, {} overloads withheld; denied: {denied:?}; overloads with hazards, all ops: \
+         {hazards:?}",
+        registered.len(),
+        withheld_seen.len()
+    );
+    assert!(
+        reachable_hazards.is_empty(),
+        "overloads of allowed ops that callers can reach have unsafe schemas:\n{}",
+        reachable_hazards.join("\n")
+    );
+    let reviewed: BTreeSet<String> = REVIEWED_WITHHELD.iter().map(|s| (*s).to_owned()).collect();
+    let new: Vec<&String> = withheld_seen.difference(&reviewed).collect();
+    let gone: Vec<&String> = reviewed.difference(&withheld_seen).collect();
+    assert!(
+        new.is_empty() && gone.is_empty(),
+        "withheld overloads changed: new (review, then list) {new:?}; no longer withheld {gone:?}"
+    );
+}
+
+/// Files the scan below skips: they name ops the policy must refuse.
+const MARKER: &str = concat!("POLICY_TEST_NAMES", "_DENIED_OPS");
+
+/// Op names in string literals (`"aten::add"`, `"aten::sum.dim_IntList"`,
+/// `"torch.ops.aten.add"`) and tensor method names passed to RRef
+/// proxies (`.call("view", ...)`, `.call::<T>("size", ...)`).
+fn op_names_in(text: &str, names: &mut BTreeSet<String>, methods: &mut BTreeSet<String>) {
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+            .collect()
+    };
+    for prefix in ["\"aten::", "\"torch.ops.aten."] {
+        for (at, _) in text.match_indices(prefix) {
+            let name = ident(&text[at + prefix.len()..]);
+            if !name.is_empty() {
+                names.insert(format!("aten::{name}"));
+            }
+        }
+    }
+    for (at, _) in text.match_indices("(\"") {
+        let before = text[..at].trim_end();
+        let before = match before.rfind("::<") {
+            Some(i) if before.ends_with('>') => &before[..i],
+            _ => before,
+        };
+        if [".call", ".call_async", ".call_remote"]
+            .iter()
+            .any(|c| before.ends_with(c))
+        {
+            let name = ident(&text[at + 2..]);
+            if text[at + 2 + name.len()..].starts_with('"') && !name.is_empty() {
+                methods.insert(name);
+            }
+        }
+    }
+}
+
+fn scan(dir: &Path, names: &mut BTreeSet<String>, methods: &mut BTreeSet<String>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            if path.file_name().is_some_and(|n| n != "target") {
+                scan(&path, names, methods);
+            }
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            if !text.contains(MARKER) {
+                // Code, not comments: docs may name ops a policy must
+                // be told to allow.
+                let code: Vec<&str> = text
+                    .lines()
+                    .filter(|l| !l.trim_start().starts_with("//"))
+                    .collect();
+                op_names_in(&code.join("\n"), names, methods);
+            }
+        }
+    }
+}
+
+/// Every op the repository's own code calls by name (the seed ports,
+/// plugins, examples, benchmarks, the host, the guest SDK) is served by
+/// the default policy; so are the tensor methods it calls through RRef
+/// proxies. The seed tests themselves run under the default policy too.
+#[test]
+fn every_op_the_seeds_call_is_allowed_by_default() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let (mut names, mut methods) = (BTreeSet::new(), BTreeSet::new());
+    for dir in [
+        "tests",
+        "plugins",
+        "examples",
+        "bench",
+        "host/src",
+        "guest-sdk/src",
+    ] {
+        scan(&root.join(dir), &mut names, &mut methods);
+    }
+    assert!(
+        names.contains("aten::add") && names.contains("aten::linalg_multi_dot"),
+        "{names:?}"
+    );
+    assert!(
+        methods.contains("view") && methods.contains("size"),
+        "{methods:?}"
+    );
+    let policy = OpPolicy::default();
+    let mut refused = Vec::new();
+    let mut unknown = Vec::new();
+    for name in names.iter().chain(methods.iter()) {
+        match policy.verdict_of(name) {
+            Ok((op, v)) if !v.is_allowed() => refused.push(format!("{name} ({op}): {v:?}")),
+            Ok(_) => {}
+            Err(_) => unknown.push(name.as_str()),
+        }
+    }
+    println!(
+        "ops the repository calls: {names:?}; tensor methods: {methods:?}; not ops: {unknown:?}"
+    );
+    assert!(
+        refused.is_empty(),
+        "the default policy refuses ops the code calls:\n{}",
+        refused.join("\n")
+    );
+    for builtin in BUILTINS {
+        assert!(policy.verdict(builtin).unwrap().is_allowed());
+    }
+}

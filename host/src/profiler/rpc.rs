@@ -1,0 +1,366 @@
+//! The profiler on the agent ([`Profiler`], an extension): a call made in
+//! a profiling scope is recorded under its RPC key and carries the key as
+//! a field; its callee serves it in a scope of its own and sends back its
+//! events ([`ProfiledEvent`]) as a field of the response, merged under the
+//! key; a worker's server process global profilers record every call it
+//! serves.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use futures::FutureExt;
+use serde::{Deserialize, Serialize};
+
+use super::{
+    CURRENT, Event, GLOBAL_ENABLED, REMOTE_OP_STR, Recorder, Recording, RpcExecMode,
+    ServerProfilers, build_rpc_profiling_key, current,
+};
+use crate::agent::{
+    CallKind, CallScope, Dest, Extension, FunctionRegistry, IncomingCall, IncomingReply,
+    OutgoingCall, RpcAgent, Run, ServeScope,
+};
+use crate::{Future, Result};
+
+/// The name of the profiler's fields.
+const FEATURE: &str = "profiler";
+
+/// A range a callee profiled while serving a call made inside the
+/// caller's profiling scope, sent back with the response. Times are
+/// microseconds since the callee received the call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProfiledEvent {
+    /// The event's name on the callee (its function, a nested RPC's key,
+    /// ...), without the caller's key.
+    pub name: String,
+    /// The rank it ran on.
+    pub worker: u32,
+    /// Start.
+    pub start_us: u64,
+    /// End.
+    pub end_us: u64,
+}
+
+/// The RPC being started on this thread inside a profiling scope, for
+/// the agent's call path to pick up (`outgoing`).
+struct Outgoing {
+    recorder: Arc<Recorder>,
+    index: usize,
+    key: String,
+    start_us: u64,
+    pending: Arc<Pending>,
+    /// The futures still to complete before the RPC's event ends: the
+    /// caller's (what [`rpc`]'s `done` gives) and the request's, which
+    /// differ for a `remote()` to self (the value exists before the
+    /// response with the callee's events arrives).
+    unfinished: AtomicUsize,
+    /// Completes once the event has ended and the callee's events are in.
+    recorded: Future,
+}
+
+impl Outgoing {
+    /// Opens the event of an RPC of `function` from `agent` to `dst`; it
+    /// ends once [`completed`](Self::completed) as often as futures were
+    /// given (one to start with).
+    fn open(
+        agent: &RpcAgent,
+        recorder: Arc<Recorder>,
+        mode: RpcExecMode,
+        function: &str,
+        dst: &str,
+    ) -> Arc<Self> {
+        let key = build_rpc_profiling_key(mode, function, agent.name(), dst);
+        let index = recorder.open(key.clone());
+        let start_us = recorder.lock()[index].start_us;
+        Arc::new(Outgoing {
+            recorder,
+            index,
+            key,
+            start_us,
+            pending: agent.state::<Pending>(),
+            unfinished: AtomicUsize::new(1),
+            recorded: Future::new(),
+        })
+    }
+
+    /// One of the futures the RPC waits for completed; after the last, the
+    /// RPC's event ends and events arriving later are dropped.
+    fn completed(self: &Arc<Self>) {
+        if self.unfinished.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        self.recorder.close(self.index);
+        self.pending.lock().retain(|_, o| !Arc::ptr_eq(o, self));
+        let _ = self.recorded.set_result(crate::Payload::none());
+    }
+
+    /// The key to send with request `id`; the response's events are merged
+    /// under it ([`incoming`]).
+    fn sent_as(self: &Arc<Self>, id: u64) -> String {
+        self.pending.lock().insert(id, Arc::clone(self));
+        self.key.clone()
+    }
+
+    /// The RPC's event lasts until `request` (the future of the request
+    /// that carries the call) completes too; the agent's call path gives it
+    /// after sending. Its response's events are merged before it completes.
+    fn until(self: &Arc<Self>, request: &Future) {
+        self.unfinished.fetch_add(1, Ordering::AcqRel);
+        let this = Arc::clone(self);
+        request.add_done_callback(move |_| this.completed());
+    }
+}
+
+/// The agent's calls waiting for their callee's events, by request id.
+#[derive(Default)]
+struct Pending(Mutex<HashMap<u64, Arc<Outgoing>>>);
+
+impl Pending {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Arc<Outgoing>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+thread_local! {
+    static OUTGOING: RefCell<Option<Arc<Outgoing>>> = const { RefCell::new(None) };
+}
+
+/// Called by the agent for each RPC it starts (`rpc_sync`, `rpc_async`,
+/// `remote`): inside a profiling scope, records the call under its key
+/// from now until both the future `done` gives and the request that
+/// `make` sends (it carries the key) complete. Returns what `make` made
+/// and, in a scope, a future that completes once the event is recorded
+/// with the callee's events (PyTorch's `_get_profiling_future()`).
+/// Unresolvable destinations are not recorded (the call fails at once
+/// anyway).
+pub(crate) fn rpc<T>(
+    agent: &RpcAgent,
+    mode: RpcExecMode,
+    to: &Dest,
+    function: &str,
+    make: impl FnOnce() -> T,
+    done: impl FnOnce(&T) -> Option<Future>,
+) -> (T, Option<Future>) {
+    let Some(recorder) = current() else {
+        return (make(), None);
+    };
+    let Ok(dst) = agent.resolve(to.clone()) else {
+        return (make(), None);
+    };
+    let out = Outgoing::open(agent, recorder, mode, function, &dst.name);
+    let recorded = out.recorded.clone();
+    let previous = OUTGOING.with(|o| o.borrow_mut().replace(Arc::clone(&out)));
+    let made = make();
+    OUTGOING.with(|o| *o.borrow_mut() = previous);
+    match done(&made) {
+        Some(fut) => fut.add_done_callback(move |_| out.completed()),
+        None => out.completed(),
+    }
+    (made, Some(recorded))
+}
+
+/// The profiled RPC the agent is sending now, taken once (by the request
+/// that carries the user's call, not by later internal ones).
+fn outgoing() -> Option<Arc<Outgoing>> {
+    OUTGOING.with(|o| o.borrow_mut().take())
+}
+
+/// Merges the callee's events for request `id` into the scope that made
+/// it, named `<key>#remote_op: <event>` and placed from the RPC's start.
+fn incoming(agent: &RpcAgent, id: u64, events: Vec<ProfiledEvent>) {
+    let Some(out) = agent.state::<Pending>().lock().remove(&id) else {
+        return;
+    };
+    {
+        let mut recorded = out.recorder.lock();
+        for e in events {
+            recorded.push(Event {
+                name: format!("{}{REMOTE_OP_STR}{}", out.key, e.name),
+                worker: e.worker,
+                start_us: out.start_us + e.start_us,
+                end_us: Some(out.start_us + e.end_us),
+            });
+        }
+    }
+}
+
+/// The name the callee's event for a call gets: the function, or for a
+/// `remote()` the function it runs.
+fn served_name(function: &str, args: &crate::Args) -> String {
+    if function == crate::rref::REMOTE
+        && let Some(crate::Value::Str(f)) = args.positional.get(2)
+    {
+        return f.clone();
+    }
+    function.to_string()
+}
+
+/// Serves a call named `name` (see [`served_name`]): when the caller
+/// profiles it (`profiled`), in a scope of its own with one event for the
+/// call itself, returning every event recorded, for the response; and with
+/// one event in each server process global profiler enabled on this
+/// worker, unless it is one of the agent's internal calls.
+async fn serve<F: std::future::Future>(
+    agent: &RpcAgent,
+    name: String,
+    profiled: bool,
+    call: F,
+) -> (F::Output, Option<Vec<ProfiledEvent>>) {
+    // One atomic load while no worker of the process has a global profiler.
+    let global = if GLOBAL_ENABLED.load(Ordering::Acquire) > 0
+        && !name.starts_with(crate::agent::INTERNAL_PREFIX)
+    {
+        let recorders = agent.state::<ServerProfilers>().lock().clone();
+        recorders
+            .into_iter()
+            .map(|r| Recording(r).range(name.clone()))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let out = if profiled {
+        let (out, events) = serve_profiled(agent, name, call).await;
+        (out, Some(events))
+    } else {
+        (call.await, None)
+    };
+    drop(global);
+    out
+}
+
+async fn serve_profiled<F: std::future::Future>(
+    agent: &RpcAgent,
+    name: String,
+    call: F,
+) -> (F::Output, Vec<ProfiledEvent>) {
+    let recorder = Arc::new(Recorder {
+        epoch: Instant::now(),
+        worker: agent.rank(),
+        events: Mutex::new(Vec::new()),
+    });
+    let index = recorder.open(name);
+    let out = CURRENT.scope(Arc::clone(&recorder), call).await;
+    recorder.close(index);
+    let now = recorder.now_us();
+    let events = std::mem::take(&mut *recorder.lock())
+        .into_iter()
+        .map(|e| ProfiledEvent {
+            name: e.name,
+            worker: e.worker,
+            start_us: e.start_us,
+            end_us: e.end_us.unwrap_or(now),
+        })
+        .collect();
+    (out, events)
+}
+
+/// The profiler on the agent.
+pub(crate) struct Profiler;
+
+/// A profiled RPC's request: it carries the RPC's key, and the RPC's event
+/// lasts until it completes (and, for a user's call, until the user's
+/// future, the same one, does).
+struct Sent {
+    out: Arc<Outgoing>,
+    user_call: bool,
+}
+
+impl CallScope for Sent {
+    fn field(&mut self, id: u64) -> Option<Vec<u8>> {
+        Some(self.out.sent_as(id).into_bytes())
+    }
+
+    fn sent(self: Box<Self>, call: &Future) {
+        self.out.until(call);
+        if self.user_call {
+            let out = self.out;
+            call.add_done_callback(move |_| out.completed());
+        }
+    }
+}
+
+/// A served call, profiled by its caller or by this worker's server
+/// process global profilers: its events go back with the response.
+struct Serving {
+    agent: RpcAgent,
+    name: String,
+    profiled: bool,
+    events: Arc<Mutex<Option<Vec<ProfiledEvent>>>>,
+}
+
+impl ServeScope for Serving {
+    fn wrap(&mut self, run: Run) -> Run {
+        let (agent, name, profiled) = (self.agent.clone(), self.name.clone(), self.profiled);
+        let slot = Arc::clone(&self.events);
+        async move {
+            let (out, events) = serve(&agent, name, profiled, run).await;
+            *slot.lock().unwrap_or_else(|p| p.into_inner()) = events;
+            out
+        }
+        .boxed()
+    }
+
+    fn reply_field(self: Box<Self>, _result: &Result<crate::Payload>) -> Option<Vec<u8>> {
+        let events = self
+            .events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()?;
+        crate::abi::encode(&events).ok()
+    }
+}
+
+impl Extension for Profiler {
+    fn name(&self) -> &'static str {
+        FEATURE
+    }
+
+    fn register(&self, functions: &FunctionRegistry) {
+        super::register(functions);
+    }
+
+    fn on_call(&self, call: &OutgoingCall<'_>) -> Option<Box<dyn CallScope>> {
+        // A `remote()` opened its event itself (`rpc`), for the RRef's
+        // creation to end it.
+        if let Some(out) = outgoing() {
+            return Some(Box::new(Sent {
+                out,
+                user_call: false,
+            }));
+        }
+        let mode = match call.kind {
+            CallKind::Sync => RpcExecMode::Sync,
+            CallKind::Async => RpcExecMode::Async,
+            CallKind::Remote | CallKind::Internal => return None,
+        };
+        let recorder = current()?;
+        let out = Outgoing::open(call.agent, recorder, mode, call.function, &call.to.name);
+        Some(Box::new(Sent {
+            out,
+            user_call: true,
+        }))
+    }
+
+    fn on_serve(&self, call: &IncomingCall<'_>) -> Option<Box<dyn ServeScope>> {
+        // One atomic load while no worker of the process has a global
+        // profiler and the caller profiles nothing.
+        let profiled = call.field.is_some();
+        if !profiled && GLOBAL_ENABLED.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        Some(Box::new(Serving {
+            agent: call.agent.clone(),
+            name: served_name(call.function, call.args),
+            profiled,
+            events: Arc::default(),
+        }))
+    }
+
+    fn on_reply(&self, reply: &IncomingReply<'_>) {
+        if let Ok(events) = crate::abi::decode::<Vec<ProfiledEvent>>(reply.field) {
+            incoming(reply.agent, reply.id, events);
+        }
+    }
+}
