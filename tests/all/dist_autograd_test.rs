@@ -303,9 +303,42 @@ fn test_backward_without_context() {
     });
 }
 
+/// `MyBackwardFunc.apply(t)`: identity forward; its backward releases the
+/// context and checks that every context this worker heard of is gone (the
+/// seed's `_release_context` then `_all_contexts_cleaned_up()`). As in the
+/// seed, the backward on the dummy id fails before this function runs.
+fn my_backward_func(agent: &RpcAgent, id: i64, t: &Tensor) -> wasmrpc::Result<Tensor> {
+    let a = agent.clone();
+    let out = dist_autograd::apply_function(
+        agent,
+        &[t.shallow_clone()],
+        |xs| Ok(vec![xs[0].shallow_clone()]),
+        move |grads| {
+            dist_autograd::release_context(&a, id)?;
+            let known = a.state::<RpcDone>().known();
+            if let Some(left) = known
+                .iter()
+                .find(|k| dist_autograd::retrieve_context(&a, **k).is_ok())
+            {
+                return Err(wasmrpc::Error::runtime(format!(
+                    "context {left} is not cleaned up"
+                )));
+            }
+            Ok(grads
+                .iter()
+                .map(|g| g.as_ref().map(Tensor::shallow_clone))
+                .collect())
+        },
+    )?;
+    out.into_iter()
+        .next()
+        .ok_or_else(|| wasmrpc::Error::runtime("MyBackwardFunc returned no output"))
+}
+
 #[test]
 fn test_clean_context_during_backward() {
-    dist_with(cluster(), |w| async move {
+    // Not `dist_with`: the seed ends with `rpc.shutdown(graceful=False)`.
+    unclean(|w| async move {
         let agent = w.agent.clone();
         let a = &agent;
         let ctx = dist_autograd::new_context(a)?;
@@ -319,30 +352,36 @@ fn test_clean_context_during_backward() {
         })
         .await??;
         w.store_barrier().await?;
-        ensure!(rpc_done(a).known().len() == 3);
-        let t1 = rg(&[3, 3]);
+        ensure!(rpc_done(a).known().len() == (w.world_size - 1) as usize);
         let mut next = NextRank::new(&w);
         let a2 = a.clone();
         dist_autograd::with_context(id, async move {
+            // `t1 = rpc_sync(dst, torch.add, (t1, t1))`, 100 times, chained.
+            let mut t1 = rg(&[3, 3]);
             for _ in 0..100 {
-                a2.rpc_sync(
-                    next.next(),
-                    "aten::add",
-                    args![t1.shallow_clone(), t1.shallow_clone()],
-                )
-                .await?;
+                t1 = a2
+                    .rpc_sync(
+                        next.next(),
+                        "aten::add",
+                        args![t1.shallow_clone(), t1.shallow_clone()],
+                    )
+                    .await?
+                    .as_tensor()?;
             }
+            // MyBackwardFunc as the first op of the backward pass.
+            let t1 = my_backward_func(&a2, id, &t1)?;
             ensure!(ctx.send_functions().len() == 100);
+            let dummy = 100;
             expect_err(
-                dist_autograd::backward(&a2, 100, &[t1.sum(None)], false).await,
+                dist_autograd::backward(&a2, dummy, &[t1.sum(None)], false).await,
                 ErrorKind::RuntimeError,
-                "Could not find autograd context with id: 100",
+                &format!("Could not find autograd context with id: {dummy}"),
             )?;
             anyhow::Ok(())
         })
         .await??;
         w.store_barrier().await?;
-        dist_autograd::release_context(a, id)?;
+        a.shutdown(false, Duration::ZERO).await?;
         Ok(())
     });
 }
@@ -2075,7 +2114,8 @@ fn test_backward_unused_send_function() {
             .await
         });
         rx.await?;
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // `t.join(10)`: ten seconds, as the seed waits.
+        tokio::time::sleep(Duration::from_secs(10)).await;
         ensure!(
             !task.is_finished(),
             "FAST mode: backward must wait for the unused send function"

@@ -26,8 +26,7 @@
 //! Not ported (see `tests/support/not_applicable.tsv`): the
 //! `test_remote_module_py_pickle_not_supported*` tests and
 //! `test_send_remote_module_over_the_wire_script_not_supported` (Python's
-//! pickler and TorchScript modules), and `test_unsupported_methods` (the
-//! Rust handle has no `nn.Module` API to refuse).
+//! pickler and TorchScript modules).
 
 use anyhow::ensure;
 use tch::{Device, Tensor};
@@ -70,9 +69,13 @@ fn register_handlers(r: &wasmrpc::FunctionRegistry) {
                 .into_iter()
                 .map(|(k, _)| k)
                 .collect();
-            for method in ["forward_async", "forward"] {
-                keys.push(Payload::from(method));
-            }
+            // The methods the rebuilt handle serves, as unpickling
+            // installs them in the receiver's `__dict__`.
+            keys.extend(
+                m.generated_methods()
+                    .iter()
+                    .map(|g| Payload::from(g.as_str())),
+            );
             let on = match m.on() {
                 wasmrpc::remote_module::RemoteOn::Name(n) => Payload::from(n.clone()),
                 wasmrpc::remote_module::RemoteOn::Rank(r) => Payload::from(i64::from(*r)),
@@ -382,19 +385,11 @@ fn test_send_remote_module_over_the_wire() {
             .iter()
             .map(|k| k.as_str().map(ToOwned::to_owned))
             .collect::<wasmrpc::Result<_>>()?;
-        ensure!(
-            keys == [
-                "on",
-                "device",
-                "is_device_map_set",
-                "is_scriptable",
-                "generated_methods",
-                "module_rref",
-                "forward_async",
-                "forward"
-            ],
-            "{keys:?}"
-        );
+        // `expected_unpickled_attrs`: the pickled attributes, then the
+        // generated methods.
+        let mut want: Vec<&str> = wasmrpc::remote_module::REMOTE_MODULE_PICKLED_ATTRIBUTES.to_vec();
+        want.extend(["forward_async", "forward"]);
+        ensure!(keys == want, "{keys:?}");
         ensure!(attrs[1].as_str()? == "worker1");
         ensure!(attrs[2].as_str()? == "cpu");
         ensure!(!attrs[3].as_bool()?);

@@ -684,7 +684,8 @@ fn ops_returning_nothing_and_factories_with_optional_kwargs() {
 #[test]
 fn a_device_without_a_backend_is_an_error_not_a_crash() {
     if tch::Cuda::is_available() {
-        eprintln!("skipped: a CUDA device is present");
+        // The marker `cargo xtask coverage` counts as a skip, not a pass.
+        println!("wasmrpc-skip: needs a machine without a CUDA device (found one)");
         return;
     }
     let err = call_method("to", &[ones(&[2]), OpValue::Str("cuda:0".into())], &[]).unwrap_err();

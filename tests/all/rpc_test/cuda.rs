@@ -16,10 +16,16 @@
 //! per-rank options (each rank maps toward its own `dst`), 2 workers unless
 //! a test needs more.
 //!
-//! Of area U (CUDA streams) only `test_tensor_view_as_return_value` has an
-//! equivalent (a view of a CUDA tensor returned through the map); the others
-//! need CUDA streams and events, which tch does not expose (see
-//! `tests/support/not_applicable.tsv`). Area V: device-aware futures
+//! Area U (CUDA streams): `test_tensor_view_as_return_value` (a view of a
+//! CUDA tensor returned through the map) and, at the end of this file, the
+//! stream and RRef synchronization tests (`test_custom_stream*`,
+//! `test_rref_*_synchronization*`, `test_owner_rref_forward_synchronization*`,
+//! `test_rref_with_unpickleable_attributes`). tch exposes no stream, event
+//! or GPU sleep kernel, so their callees compute the seeds' values without
+//! a side stream or a delay; each test checks what its seed checks: the
+//! values that come back (through maps, RRef arguments, relays, owner
+//! RRefs) and, for `TensorWrapper`, an object that stays on its owner and
+//! is changed there. Area V: device-aware futures
 //! (`Future::with_devices`). The `_custom_class_` variants wrap the tensor
 //! in a named record (`TensorWrapper { tensor }`), the value tree's custom
 //! class; the seed's unpicklable fields (a lock, a CUDA event, a thread)
@@ -55,6 +61,7 @@ fn dev(spec: &str) -> wasmrpc::Result<Device> {
 /// `_gpu_add_return_to_gpu` and the device-mismatch callee.
 fn register(r: &FunctionRegistry) {
     register_all(r);
+    register_streams(r);
     r.register_native("cuda::gpu_add_given_devices", |_ctx, a: Args| async move {
         let (x, y) = (a.get(0)?.as_tensor()?, a.get(1)?.as_tensor()?);
         let (x_to, y_to, z_to) = (
@@ -1120,5 +1127,636 @@ fn test_dynamic_rpc_existing_rank_can_communicate_with_new_rank_cuda() {
         wasmrpc::testing::store_barrier(&*store, "done", world_size).await?;
         agent.shutdown(true, Duration::ZERO).await?;
         Ok(())
+    });
+}
+
+// ---- Area U: results across CUDA devices, streams and RRefs -------------
+//
+// The seeds run their user functions and modules on a side stream (or
+// after a GPU sleep kernel on the current one) and check that what comes
+// back equals what they computed: that the transfer waited for the work.
+// tch runs every op on the current stream and has no stream, event or
+// sleep-kernel API, so the functions here compute the same values without
+// the side stream or the delay; what each test checks is the seed's
+// observable result: the values that come back through device maps, RRef
+// arguments, relays and owner RRefs.
+
+/// `torch.nn.init`'s default for a layer with `fan_in` inputs:
+/// `uniform(-1/sqrt(fan_in), 1/sqrt(fan_in))`.
+fn init_param(size: &[i64], fan_in: i64, device: Device) -> wasmrpc::Result<Payload> {
+    let bound = 1.0 / (fan_in as f64).sqrt();
+    let mut t = Tensor::f_empty(size, (Kind::Float, device))?;
+    let _ = t.f_uniform_(-bound, bound)?;
+    Ok(Payload::from(t))
+}
+
+/// `MyConvNetForMNIST(device)`'s parameters, in `self.net`'s order:
+/// `Conv2d(1, 16, 3, 1)`, `Conv2d(16, 32, 3, 1)`, `Linear(4608, 128)`,
+/// `Linear(128, 10)`, each `(weight, bias)`.
+fn conv_net(device: Device) -> wasmrpc::Result<Payload> {
+    Ok(Payload::tuple([
+        init_param(&[16, 1, 3, 3], 9, device)?,
+        init_param(&[16], 9, device)?,
+        init_param(&[32, 16, 3, 3], 144, device)?,
+        init_param(&[32], 144, device)?,
+        init_param(&[128, 4608], 4608, device)?,
+        init_param(&[128], 4608, device)?,
+        init_param(&[10, 128], 128, device)?,
+        init_param(&[10], 128, device)?,
+    ]))
+}
+
+/// `MyConvNetForMNIST.forward(x)`: conv, relu, conv, relu, max-pool 2,
+/// flatten, linear, relu, linear.
+fn conv_net_forward(net: &Payload, x: &Tensor) -> wasmrpc::Result<Tensor> {
+    let p = |i: usize| net.tensor(i);
+    let no_pad: [i64; 2] = [0, 0];
+    let x = x
+        .f_conv2d(p(0)?, Some(p(1)?), [1, 1], no_pad, [1, 1], 1)?
+        .f_relu()?
+        .f_conv2d(p(2)?, Some(p(3)?), [1, 1], no_pad, [1, 1], 1)?
+        .f_relu()?
+        .f_max_pool2d([2, 2], [2, 2], no_pad, [1, 1], false)?
+        .f_flatten(1, -1)?
+        .f_linear(p(4)?, Some(p(5)?))?
+        .f_relu()?;
+    Ok(x.f_linear(p(6)?, Some(p(7)?))?)
+}
+
+/// The seeds' area-U callees.
+fn register_streams(r: &FunctionRegistry) {
+    // `_slow_add_on_user_stream(x, y)`: `x + y` on `x`'s device.
+    r.register_native(
+        "cuda::slow_add_on_user_stream",
+        |_ctx, a: Args| async move {
+            let (x, y) = (a.get(0)?.as_tensor()?, a.get(1)?.as_tensor()?);
+            Ok(Payload::from(x.f_add(&y)?))
+        },
+    );
+    // `_nested_slow_add_on_user_stream(dst, x, y, z)`: `x + y` on `dst`,
+    // then `+ z` here.
+    r.register_native(
+        "cuda::nested_slow_add_on_user_stream",
+        |ctx, a: Args| async move {
+            let dst = a.get(0)?.as_str()?.to_owned();
+            let (x, y, z) = (
+                a.get(1)?.as_tensor()?,
+                a.get(2)?.as_tensor()?,
+                a.get(3)?.as_tensor()?,
+            );
+            let ret = ctx
+                .agent()
+                .rpc_sync(dst.as_str(), "cuda::slow_add_on_user_stream", args![x, y])
+                .await?
+                .as_tensor()?;
+            Ok(Payload::from(ret.f_add(&z)?))
+        },
+    );
+    // `MyConvNetForMNIST(device)`: the parameters, held by the RRef that
+    // `remote` makes, on the owner.
+    r.register_native("cuda::conv_net", |_ctx, a: Args| async move {
+        conv_net(dev(a.get(0)?.as_str()?)?)
+    });
+    // `MyConvNetForMNIST.forward(x, is_rref)`, given the model's RRef: `x`
+    // is fetched with `to_here()` when it is an RRef.
+    r.register_native("cuda::conv_net_forward", |ctx, a: Args| async move {
+        let net = a.get(0)?.as_rref()?.local_value(ctx.agent()).await?;
+        let x = if a.get(2)?.as_bool()? {
+            a.get(1)?
+                .as_rref()?
+                .to_here(ctx.agent(), None)
+                .await?
+                .as_tensor()?
+        } else {
+            a.get(1)?.as_tensor()?
+        };
+        Ok(Payload::from(conv_net_forward(&net, &x)?))
+    });
+    // `_rref_relay(rref)`: `rref.to_here()`.
+    r.register_native("cuda::rref_relay", |ctx, a: Args| async move {
+        a.get(0)?.as_rref()?.to_here(ctx.agent(), None).await
+    });
+    // `torch.nn.Linear(in, out)`, on the CPU as the seed makes it.
+    r.register_native("cuda::linear", |_ctx, a: Args| async move {
+        let (fan_in, out) = (a.get(0)?.as_int()?, a.get(1)?.as_int()?);
+        Ok(Payload::tuple([
+            init_param(&[out, fan_in], fan_in, Device::Cpu)?,
+            init_param(&[out], fan_in, Device::Cpu)?,
+        ]))
+    });
+    // `model.to(device)` through `rref.remote()`: the module's parameters
+    // moved, in a new RRef on the owner.
+    r.register_native("cuda::module_to", |ctx, a: Args| async move {
+        let m = a.get(0)?.as_rref()?.local_value(ctx.agent()).await?;
+        let device = dev(a.get(1)?.as_str()?)?;
+        let moved = m
+            .tensors
+            .iter()
+            .map(|t| Ok(Payload::from(t.f_to_device(device)?)))
+            .collect::<wasmrpc::Result<Vec<_>>>()?;
+        Ok(Payload::tuple(moved))
+    });
+    // `model.rpc_sync().forward(data)` for a `Linear`.
+    r.register_native("cuda::linear_forward", |ctx, a: Args| async move {
+        let m = a.get(0)?.as_rref()?.local_value(ctx.agent()).await?;
+        let x = a.get(1)?.as_tensor()?;
+        Ok(Payload::from(x.f_linear(m.tensor(0)?, Some(m.tensor(1)?))?))
+    });
+    // `TensorWrapper(t)`: a record holding `t`; it stays on its owner.
+    r.register_native("cuda::tensor_wrapper", |_ctx, a: Args| async move {
+        Ok(Payload {
+            value: wasmrpc::Value::Record {
+                name: "TensorWrapper".into(),
+                fields: vec![("tensor".into(), wasmrpc::Value::Tensor(0))],
+            },
+            tensors: vec![a.get(0)?.as_tensor()?],
+            rrefs: Vec::new(),
+        })
+    });
+    // `rref.rpc_sync().increase(v)`: `self.tensor += v` on the owner, in
+    // place (the record shares the owner's tensor).
+    r.register_native("cuda::tensor_wrapper_increase", |ctx, a: Args| async move {
+        let w = a.get(0)?.as_rref()?.local_value(ctx.agent()).await?;
+        let mut t = w.tensor(0)?.shallow_clone();
+        let _ = t.f_add_scalar_(a.get(1)?.as_int()?)?;
+        Ok(Payload::none())
+    });
+    // `rref.rpc_sync().sum()`: `self.tensor.sum().item()`.
+    r.register_native("cuda::tensor_wrapper_sum", |ctx, a: Args| async move {
+        let w = a.get(0)?.as_rref()?.local_value(ctx.agent()).await?;
+        Ok(Payload::from(
+            w.tensor(0)?.f_sum(None)?.f_double_value(&[])?,
+        ))
+    });
+}
+
+/// `self.assertEqual(actual, expected)` for float tensors: the same shape
+/// and values within torch's float32 tolerances, wherever they are.
+fn ensure_same_values(actual: &Tensor, expected: &Tensor) -> anyhow::Result<()> {
+    ensure!(
+        actual.size() == expected.size(),
+        "shapes {:?} and {:?}",
+        actual.size(),
+        expected.size()
+    );
+    let (a, e) = (
+        actual.to_device(Device::Cpu),
+        expected.to_device(Device::Cpu),
+    );
+    ensure!(
+        a.allclose(&e, 1.3e-6, 1e-5, false),
+        "values differ: max |a - e| = {}",
+        (&a - &e).abs().max().double_value(&[])
+    );
+    Ok(())
+}
+
+/// `_test_custom_stream(fn, device_map)`: every rank of the seed's four
+/// maps `device_map` toward the next rank, then runs `body(rank, agent)`.
+async fn custom_stream<F, Fut>(
+    device_map: &'static [(&'static str, &'static str)],
+    body: F,
+) -> anyhow::Result<()>
+where
+    F: Fn(u32, RpcAgent) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let ws = 4;
+    let agents = start(ws, move |rank, o| {
+        o.set_device_map(&dst(rank, ws), device_map.iter().copied())
+    })
+    .await?;
+    for (rank, a) in (0u32..).zip(&agents) {
+        body(rank, a.clone())
+            .await
+            .with_context(|| format!("on worker{rank}"))?;
+    }
+    shutdown(agents).await
+}
+
+#[test]
+fn test_custom_stream() {
+    if !require_gpus(2) {
+        return;
+    }
+    timed(custom_stream(
+        &[("cuda:0", "cuda:1")],
+        |rank, a| async move {
+            // `_test_stream_sync`.
+            let x = Tensor::ones([2, 2], (Kind::Float, Device::Cuda(0)));
+            let ret = a
+                .rpc_sync(
+                    dst(rank, 4).as_str(),
+                    "cuda::slow_add_on_user_stream",
+                    args![&x, &x],
+                )
+                .await?
+                .as_tensor()?;
+            ensure_same_values(&ret, &(&x * 2))
+        },
+    ));
+}
+
+#[test]
+fn test_custom_stream_multi() {
+    if !require_gpus(2) {
+        return;
+    }
+    timed(custom_stream(
+        &[("cuda:0", "cuda:1")],
+        |rank, a| async move {
+            // `_test_stream_multi_async`: 20 calls in flight.
+            let futs: Vec<_> = (0..20i64)
+                .map(|i| {
+                    let x = Tensor::ones([2, 2], (Kind::Float, Device::Cuda(0))) * i;
+                    a.rpc_async(
+                        dst(rank, 4).as_str(),
+                        "cuda::slow_add_on_user_stream",
+                        args![&x, &x],
+                    )
+                })
+                .collect();
+            for (i, f) in (0i64..).zip(futs) {
+                let got = f.wait().await?.as_tensor()?;
+                let want = Tensor::ones([2, 2], (Kind::Float, Device::Cuda(0))) * 2 * i;
+                ensure_same_values(&got, &want).with_context(|| format!("call {i}"))?;
+            }
+            Ok(())
+        },
+    ));
+}
+
+#[test]
+fn test_custom_stream_nested() {
+    if !require_gpus(2) {
+        return;
+    }
+    timed(custom_stream(
+        &[("cuda:0", "cuda:1"), ("cuda:1", "cuda:0")],
+        |rank, a| async move {
+            // `_test_stream_nested_sync`.
+            let c0 = (Kind::Float, Device::Cuda(0));
+            let x = Tensor::ones([2, 2], c0);
+            let y = Tensor::ones([2, 2], c0) * 2;
+            let z = Tensor::ones([2, 2], c0) * 3;
+            let nested_dst = worker_name((rank + 2) % 4);
+            let ret = a
+                .rpc_sync(
+                    dst(rank, 4).as_str(),
+                    "cuda::nested_slow_add_on_user_stream",
+                    args![nested_dst, &x, y, z],
+                )
+                .await?
+                .as_tensor()?;
+            ensure_same_values(&ret, &(&x * 6))
+        },
+    ));
+}
+
+#[test]
+fn test_custom_stream_nested_multi() {
+    if !require_gpus(2) {
+        return;
+    }
+    timed(custom_stream(
+        &[("cuda:0", "cuda:1"), ("cuda:1", "cuda:0")],
+        |rank, a| async move {
+            // `_test_stream_nested_multi_async`: rank 0 only, 5 calls.
+            if rank != 0 {
+                return Ok(());
+            }
+            let c0 = (Kind::Float, Device::Cuda(0));
+            let nested_dst = worker_name((rank + 2) % 4);
+            let mut calls = Vec::new();
+            for i in 0..5i64 {
+                let x = Tensor::ones([2, 2], c0) * (i - 1);
+                let y = Tensor::ones([2, 2], c0) * i;
+                let z = Tensor::ones([2, 2], c0) * (i + 1);
+                let want = &x + &y + &z;
+                let f = a.rpc_async(
+                    dst(rank, 4).as_str(),
+                    "cuda::nested_slow_add_on_user_stream",
+                    args![nested_dst.as_str(), x, y, z],
+                );
+                calls.push((f, want));
+            }
+            for (i, (f, want)) in calls.into_iter().enumerate() {
+                let got = f.wait().await?.as_tensor()?;
+                ensure_same_values(&got, &want).with_context(|| format!("call {i}"))?;
+            }
+            Ok(())
+        },
+    ));
+}
+
+/// `_test_rref_synchronization(local_device, remote_device)`: worker1
+/// holds an RRef to a `MyConvNetForMNIST` on the next worker's
+/// `remote_device`; ten times, `rref.remote().forward(x).to_here()` equals
+/// `rref.rpc_sync().forward(x)` for a `(200, 1, 28, 28)` batch on
+/// `local_device`.
+fn rref_synchronization(gpus: usize, local: &'static str, remote: &'static str) {
+    if !require_gpus(gpus) {
+        return;
+    }
+    timed(async move {
+        let ws = 4;
+        let agents = start(ws, move |rank, o| {
+            o.set_device_map(&dst(rank, ws), [(local, remote)])
+        })
+        .await?;
+        let a = &agents[1];
+        let to = dst(1, ws);
+        let model = a.remote(to.as_str(), "cuda::conv_net", args![remote])?;
+        for i in 0..10 {
+            let x = Tensor::f_randn([200, 1, 28, 28], (Kind::Float, dev(local)?))?;
+            let actual = a
+                .remote(
+                    to.as_str(),
+                    "cuda::conv_net_forward",
+                    args![&model, &x, false],
+                )?
+                .to_here(a, None)
+                .await?
+                .as_tensor()?;
+            let expected = a
+                .rpc_sync(
+                    to.as_str(),
+                    "cuda::conv_net_forward",
+                    args![&model, &x, false],
+                )
+                .await?
+                .as_tensor()?;
+            ensure_same_values(&actual, &expected).with_context(|| format!("batch {i}"))?;
+        }
+        drop(model);
+        shutdown(agents).await
+    });
+}
+
+#[test]
+fn test_rref_to_here_synchronization1() {
+    rref_synchronization(1, "cuda:0", "cuda:0");
+}
+
+#[test]
+fn test_rref_to_here_synchronization2() {
+    rref_synchronization(2, "cuda:1", "cuda:0");
+}
+
+#[test]
+fn test_rref_to_here_synchronization3() {
+    rref_synchronization(2, "cuda:1", "cuda:1");
+}
+
+#[test]
+fn test_rref_to_here_synchronization4() {
+    rref_synchronization(2, "cuda:0", "cuda:1");
+}
+
+/// `_test_rref_as_arg_synchronization(local, remote, devicesOptions)`: as
+/// [`rref_synchronization`], with the batch passed as an RRef that worker1
+/// owns (`forward(rref_x, True)` fetches it with `to_here()`, through the
+/// map `{remote: local}` each rank sets toward the previous one).
+fn rref_as_arg_synchronization(
+    gpus: usize,
+    local: &'static str,
+    remote: &'static str,
+    devices: Option<&'static str>,
+) {
+    if !require_gpus(gpus) {
+        return;
+    }
+    timed(async move {
+        let ws = 4;
+        let agents = start(ws, move |rank, o| {
+            o.set_device_map(&dst(rank, ws), [(local, remote)])?;
+            o.set_device_map(&worker_name((rank + ws - 1) % ws), [(remote, local)])?;
+            if let Some(d) = devices {
+                o.set_devices([d])?;
+            }
+            Ok(())
+        })
+        .await?;
+        let a = &agents[1];
+        let to = dst(1, ws);
+        let model = a.remote(to.as_str(), "cuda::conv_net", args![remote])?;
+        for i in 0..10 {
+            let x = Tensor::f_randn([200, 1, 28, 28], (Kind::Float, dev(local)?))?;
+            let rref_x = wasmrpc::RRef::new(a, x);
+            let actual = a
+                .remote(
+                    to.as_str(),
+                    "cuda::conv_net_forward",
+                    args![&model, &rref_x, true],
+                )?
+                .to_here(a, None)
+                .await?
+                .as_tensor()?;
+            let expected = a
+                .rpc_sync(
+                    to.as_str(),
+                    "cuda::conv_net_forward",
+                    args![&model, &rref_x, true],
+                )
+                .await?
+                .as_tensor()?;
+            ensure_same_values(&actual, &expected).with_context(|| format!("batch {i}"))?;
+        }
+        drop(model);
+        shutdown(agents).await
+    });
+}
+
+#[test]
+fn test_rref_as_arg_synchronization1() {
+    rref_as_arg_synchronization(1, "cuda:0", "cuda:0", None);
+}
+
+#[test]
+fn test_rref_as_arg_synchronization2() {
+    rref_as_arg_synchronization(2, "cuda:1", "cuda:0", None);
+}
+
+#[test]
+fn test_rref_as_arg_synchronization3() {
+    rref_as_arg_synchronization(2, "cuda:1", "cuda:1", None);
+}
+
+#[test]
+fn test_rref_as_arg_synchronization4() {
+    rref_as_arg_synchronization(2, "cuda:0", "cuda:1", None);
+}
+
+#[test]
+fn test_rref_as_arg_synchronization5() {
+    // `devicesOptions`: every rank sets `devices=["cuda:0"]`.
+    rref_as_arg_synchronization(1, "cuda:0", "cuda:0", Some("cuda:0"));
+}
+
+/// `_test_rref_forward_synchronization(local, remote)`: worker0 feeds an
+/// RRef'd batch to the model on worker1 (`rref.remote().forward(rref_input,
+/// True)`), worker2 relays the output RRef back (`_rref_relay`), and what
+/// comes back equals `rref.rpc_sync().forward(rref_input, True)`.
+fn rref_forward_synchronization(gpus: usize, local: &'static str, remote: &'static str) {
+    if !require_gpus(gpus) {
+        return;
+    }
+    timed(async move {
+        let (input_src, model_dst, out_relay) = (worker_name(0), worker_name(1), worker_name(2));
+        let agents = start(4, move |rank, o| match rank {
+            0 => {
+                o.set_device_map(&model_dst, [(local, remote)])?;
+                o.set_device_map(&out_relay, [(local, local)])
+            }
+            1 => o.set_device_map(&input_src, [(remote, local)]),
+            2 => o.set_device_map(&model_dst, [(local, remote)]),
+            _ => Ok(()),
+        })
+        .await?;
+        let a = &agents[0];
+        let (model_dst, out_relay) = (worker_name(1), worker_name(2));
+        let model = a.remote(model_dst.as_str(), "cuda::conv_net", args![remote])?;
+        for i in 0..10 {
+            let x = Tensor::f_randn([200, 1, 28, 28], (Kind::Float, dev(local)?))?;
+            let rref_input = wasmrpc::RRef::new(a, x);
+            let rref_out = a.remote(
+                model_dst.as_str(),
+                "cuda::conv_net_forward",
+                args![&model, &rref_input, true],
+            )?;
+            let out = a
+                .remote(out_relay.as_str(), "cuda::rref_relay", args![&rref_out])?
+                .to_here(a, None)
+                .await?
+                .as_tensor()?;
+            let expected = a
+                .rpc_sync(
+                    model_dst.as_str(),
+                    "cuda::conv_net_forward",
+                    args![&model, &rref_input, true],
+                )
+                .await?
+                .as_tensor()?;
+            ensure_same_values(&out, &expected).with_context(|| format!("batch {i}"))?;
+        }
+        drop(model);
+        shutdown(agents).await
+    });
+}
+
+#[test]
+fn test_rref_forward_synchronization1() {
+    rref_forward_synchronization(1, "cuda:0", "cuda:0");
+}
+
+#[test]
+fn test_rref_forward_synchronization2() {
+    rref_forward_synchronization(2, "cuda:0", "cuda:1");
+}
+
+#[test]
+fn test_rref_forward_synchronization3() {
+    rref_forward_synchronization(2, "cuda:1", "cuda:0");
+}
+
+#[test]
+fn test_rref_forward_synchronization4() {
+    rref_forward_synchronization(2, "cuda:1", "cuda:1");
+}
+
+/// `_test_owner_rref_forward_synchronization(local, remote)`: a group of
+/// one maps itself `{local: remote}`; a `Linear(2048, 20000)` made by a
+/// `remote()` to itself and moved to `remote` (`.remote().to(remote)`)
+/// runs a `(2048, 2048)` batch on `local` thirty times, and the sum of the
+/// output through an owner RRef's proxy (`RRef(output).remote().sum()`)
+/// equals `output.sum()`.
+fn owner_rref_forward_synchronization(gpus: usize, local: &'static str, remote: &'static str) {
+    if !require_gpus(gpus) {
+        return;
+    }
+    timed(async move {
+        let agents = start(1, move |_, o| {
+            o.set_device_map(&worker_name(0), [(local, remote)])
+        })
+        .await?;
+        let a = &agents[0];
+        let me = worker_name(0);
+        let cpu_model = a.remote(me.as_str(), "cuda::linear", args![2048, 20000])?;
+        let model = a.remote(me.as_str(), "cuda::module_to", args![&cpu_model, remote])?;
+        for i in 0..30 {
+            let data = Tensor::f_rand([2048, 2048], (Kind::Float, dev(local)?))?;
+            let output = a
+                .rpc_sync(me.as_str(), "cuda::linear_forward", args![&model, data])
+                .await?
+                .as_tensor()?;
+            let v0 = wasmrpc::RRef::new(a, output.shallow_clone())
+                .remote(a, None)
+                .call_remote("sum", wasmrpc::Args::new())
+                .await?
+                .to_here(a, None)
+                .await?
+                .as_tensor()?
+                .f_double_value(&[])?;
+            let v1 = output.f_sum(None)?.f_double_value(&[])?;
+            // `assertEqual` on two floats: within float32's tolerances.
+            ensure!(
+                (v0 - v1).abs() <= 1e-5 + 1.3e-6 * v1.abs(),
+                "iteration {i}: {v0} != {v1}"
+            );
+        }
+        drop((cpu_model, model));
+        shutdown(agents).await
+    });
+}
+
+#[test]
+fn test_owner_rref_forward_synchronization1() {
+    owner_rref_forward_synchronization(1, "cuda:0", "cuda:0");
+}
+
+#[test]
+fn test_owner_rref_forward_synchronization2() {
+    owner_rref_forward_synchronization(2, "cuda:0", "cuda:1");
+}
+
+#[test]
+fn test_owner_rref_forward_synchronization3() {
+    owner_rref_forward_synchronization(2, "cuda:1", "cuda:0");
+}
+
+#[test]
+fn test_owner_rref_forward_synchronization4() {
+    owner_rref_forward_synchronization(2, "cuda:1", "cuda:1");
+}
+
+/// The seed's `TensorWrapper` holds a lock, a CUDA event and a thread,
+/// none of which can be pickled: the object never leaves its owner, which
+/// runs `increase(1)` on the tensor it holds in place, then `sum()`.
+#[test]
+fn test_rref_with_unpickleable_attributes() {
+    if !require_gpus(1) {
+        return;
+    }
+    timed(async {
+        let ws = 4;
+        let agents = start(ws, cuda0_ring(ws)).await?;
+        for (rank, a) in (0u32..).zip(&agents) {
+            let to = dst(rank, ws);
+            let zeros = Tensor::zeros([42], (Kind::Float, Device::Cuda(0)));
+            let rref = a.remote(to.as_str(), "cuda::tensor_wrapper", args![zeros])?;
+            a.rpc_sync(
+                to.as_str(),
+                "cuda::tensor_wrapper_increase",
+                args![&rref, 1],
+            )
+            .await?;
+            let ret = a
+                .rpc_sync(to.as_str(), "cuda::tensor_wrapper_sum", args![&rref])
+                .await?
+                .as_float()?;
+            ensure!(ret == 42.0, "worker{rank}: sum {ret}");
+            drop(rref);
+        }
+        shutdown(agents).await
     });
 }
