@@ -450,3 +450,76 @@ fn test_call_arriving_before_the_callees_init_returns_waits_for_it() {
         Ok(())
     });
 }
+
+/// The RPC core alone: agents started with no extension call and serve
+/// functions (a native one and a builtin op), shut down gracefully, and
+/// refuse what needs a feature they lack (RRefs) with a clear error; the
+/// features' own functions are not served.
+#[test]
+fn test_an_agent_without_features_calls_and_serves() {
+    timed(async {
+        let store = wasmrpc::testing::fresh_store();
+        let starts: Vec<_> = (0..2u32)
+            .map(|rank| {
+                let store = store.clone();
+                let options = RpcBackendOptions::default();
+                options
+                    .registry
+                    .register_native("core::double", |_ctx, args| async move {
+                        Ok(wasmrpc::Payload::from(args.get(0)?.as_int()? * 2))
+                    });
+                tokio::spawn(async move {
+                    wasmrpc::init_rpc_with(
+                        &worker_name(rank),
+                        Some(rank),
+                        Some(2),
+                        store,
+                        options,
+                        wasmrpc::Extensions::none(),
+                    )
+                    .await
+                })
+            })
+            .collect();
+        let mut agents = Vec::new();
+        for start in starts {
+            agents.push(start.await??);
+        }
+        let a = &agents[0];
+        ensure!(
+            a.rpc_sync("worker1", "core::double", args![21])
+                .await?
+                .as_int()?
+                == 42
+        );
+        let r = a
+            .rpc_sync("worker1", "aten::add", args![ones(&[2]), 1])
+            .await?;
+        expect_tensor(&r, &(ones(&[2]) + 1))?;
+        // No RRef feature: RRefs cannot be sent, and its functions are not
+        // there.
+        let rref = wasmrpc::RRef::new(a, ones(&[1]));
+        expect_err(
+            a.rpc_sync("worker1", "core::double", args![rref]).await,
+            ErrorKind::RuntimeError,
+            "no extension that sends RRefs",
+        )?;
+        expect_err(
+            a.rpc_sync("worker1", "wasmrpc::_rref_fetch", args![]).await,
+            ErrorKind::RuntimeError,
+            "is not registered on worker worker1",
+        )?;
+        ensure!(!a.get_debug_info().contains_key("num_owner_rrefs"));
+        let stops: Vec<_> = agents
+            .iter()
+            .map(|a| {
+                let a = a.clone();
+                tokio::spawn(async move { a.shutdown(true, Duration::from_secs(30)).await })
+            })
+            .collect();
+        for stop in stops {
+            stop.await??;
+        }
+        Ok(())
+    });
+}
