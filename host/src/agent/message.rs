@@ -109,8 +109,8 @@ impl Message {
     pub(crate) fn describe(&self) -> String {
         match self {
             Message::Call { function, .. } => format!("a call of {function}"),
-            Message::Response { .. } => "a response".to_string(),
-            Message::Request { kind, .. } => format!("a {kind} request"),
+            Message::Response { .. } => "a Response message".to_string(),
+            Message::Request { kind, .. } => format!("a {kind} message"),
         }
     }
 }

@@ -1383,18 +1383,30 @@ fn test_use_rref_after_shutdown() {
 #[test]
 fn test_debug_info() {
     dist(|w| async move {
-        let rref_keys: std::collections::BTreeSet<String> =
-            w.agent.rref_context_debug_info().into_keys().collect();
-        // `_get_debug_info()`: the agent's keys and the sources it merges.
-        let all: std::collections::BTreeSet<String> =
-            w.agent.get_debug_info().into_keys().collect();
-        let agent_keys: std::collections::BTreeSet<String> = all
+        use std::collections::BTreeSet;
+        let rref_keys: BTreeSet<String> = w.agent.rref_context_debug_info().into_keys().collect();
+        let autograd_keys: BTreeSet<String> = wasmrpc::dist_autograd::get_debug_info(&w.agent)
+            .into_keys()
+            .collect();
+        // `_get_debug_info()`: the agent's keys and the features' it merges.
+        let all: BTreeSet<String> = w.agent.get_debug_info().into_keys().collect();
+        let agent_keys: BTreeSet<String> = all
             .iter()
             .filter(|k| k.starts_with("agent."))
             .cloned()
             .collect();
         ensure!(rref_keys.is_disjoint(&agent_keys));
-        ensure!(all == rref_keys.union(&agent_keys).cloned().collect());
+        ensure!(rref_keys.is_disjoint(&autograd_keys));
+        ensure!(agent_keys.is_disjoint(&autograd_keys));
+        let expected: BTreeSet<String> = rref_keys
+            .union(&agent_keys)
+            .chain(&autograd_keys)
+            .cloned()
+            .collect();
+        ensure!(all == expected, "{all:?} != {expected:?}");
+        for k in ["num_autograd_contexts", "num_current_backward_passes"] {
+            ensure!(autograd_keys.contains(k), "missing {k}");
+        }
         for k in [
             "num_owner_rrefs",
             "num_pending_users",
