@@ -529,7 +529,7 @@ impl RRef {
             FETCH,
             crate::args![id_value(u.rref_id)],
             crate::agent::CallOptions {
-                timeout: timeout,
+                timeout,
                 ..crate::agent::CallOptions::new(crate::agent::CallKind::Internal)
             },
         );
@@ -586,7 +586,7 @@ impl RRef {
                     TYPEOF,
                     crate::args![id_value(u.rref_id)],
                     crate::agent::CallOptions {
-                        timeout: timeout,
+                        timeout,
                         ..crate::agent::CallOptions::new(crate::agent::CallKind::Internal)
                     },
                 );

@@ -49,6 +49,9 @@ impl CallOptions {
     }
 }
 
+/// A call's positional and keyword values.
+type CallValues = (Vec<Value>, Vec<(String, Value)>);
+
 /// The error of a call whose frame could not be sent.
 fn send_failure(e: Error, function: &str, peer: &str) -> Error {
     e.context_line(format!("sending a call of {function} to worker {peer}"))
@@ -255,7 +258,7 @@ impl RpcAgent {
         positional: Vec<Value>,
         kwargs: Vec<(String, Value)>,
         handles: &[crate::value::Handle],
-    ) -> Result<(Vec<Value>, Vec<(String, Value)>)> {
+    ) -> Result<CallValues> {
         let codec = self
             .inner
             .extensions
