@@ -7,7 +7,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -56,6 +56,10 @@ struct Outgoing {
     /// differ for a `remote()` to self (the value exists before the
     /// response with the callee's events arrives).
     unfinished: AtomicUsize,
+    /// Whether the request's part ended: its response's events arrived
+    /// (before its future completes, so a caller woken by the future finds
+    /// the event ended), or its future completed without them (an error).
+    request_ended: AtomicBool,
     /// Completes once the event has ended and the callee's events are in.
     recorded: Future,
 }
@@ -81,8 +85,16 @@ impl Outgoing {
             start_us,
             pending: agent.state::<Pending>(),
             unfinished: AtomicUsize::new(1),
+            request_ended: AtomicBool::new(false),
             recorded: Future::new(),
         })
+    }
+
+    /// The request's part of the RPC ended (at most once counted).
+    fn request_done(self: &Arc<Self>) {
+        if !self.request_ended.swap(true, Ordering::AcqRel) {
+            self.completed();
+        }
     }
 
     /// One of the futures the RPC waits for completed; after the last, the
@@ -104,12 +116,18 @@ impl Outgoing {
     }
 
     /// The RPC's event lasts until `request` (the future of the request
-    /// that carries the call) completes too; the agent's call path gives it
-    /// after sending. Its response's events are merged before it completes.
+    /// that carries the call) ends too: its response's events are merged,
+    /// or it fails.
     fn until(self: &Arc<Self>, request: &Future) {
         self.unfinished.fetch_add(1, Ordering::AcqRel);
+        self.ends_with(request);
+    }
+
+    /// The request's part ends when `request` completes, if its response's
+    /// events did not end it first.
+    fn ends_with(self: &Arc<Self>, request: &Future) {
         let this = Arc::clone(self);
-        request.add_done_callback(move |_| this.completed());
+        request.add_done_callback(move |_| this.request_done());
     }
 }
 
@@ -184,6 +202,9 @@ fn incoming(agent: &RpcAgent, id: u64, events: Vec<ProfiledEvent>) {
             });
         }
     }
+    // The response is in: the request's part ends now, before the agent
+    // completes the call's future.
+    out.request_done();
 }
 
 /// The name the callee's event for a call gets: the function, or for a
@@ -260,8 +281,8 @@ async fn serve_profiled<F: std::future::Future>(
 pub(crate) struct Profiler;
 
 /// A profiled RPC's request: it carries the RPC's key, and the RPC's event
-/// lasts until it completes (and, for a user's call, until the user's
-/// future, the same one, does).
+/// lasts until its response's events are in or it fails (for a `remote()`,
+/// also until the RRef's creation completes: `rpc`).
 struct Sent {
     out: Arc<Outgoing>,
     user_call: bool,
@@ -273,10 +294,12 @@ impl CallScope for Sent {
     }
 
     fn sent(self: Box<Self>, call: &Future) {
-        self.out.until(call);
         if self.user_call {
-            let out = self.out;
-            call.add_done_callback(move |_| out.completed());
+            // The user's future is the request's: the one part the event
+            // was opened with.
+            self.out.ends_with(call);
+        } else {
+            self.out.until(call);
         }
     }
 }
