@@ -1,6 +1,8 @@
-//! One-time set-up, reused when present: the wasm32 target, and torch 2.13.0
+//! One-time set-up, reused when present: the wasm32 target, torch 2.13.0
 //! (the libtorch tch 0.26 expects) in a virtual environment in the cache
-//! folder, linked into `.wasmrpc-env/` where `.cargo/config.toml` points tch.
+//! folder, and Gloo's headers (which the torch wheel does not ship; the c10d
+//! shim needs them to declare `c10d::ProcessGroupGloo`), all linked into
+//! `.wasmrpc-env/` where `.cargo/config.toml` and the build scripts look.
 
 use crate::process::{self, output, step};
 use anyhow::{Context, Result, bail};
@@ -16,12 +18,25 @@ const PIP_PACKAGES: &[&str] = &["torch==2.13.0", "numpy"];
 /// Written into the venv once the install completed and was checked.
 const READY_STAMP: &str = ".wasmrpc-ready";
 
+/// Debian's `libgloo-dev` (bookworm), the package registry the Gloo headers
+/// come from: its version, its file in the archive's pool and the archive's
+/// SHA-256 of that file. Only the headers under `usr/include/gloo` are used:
+/// the shim compiles `ProcessGroupGloo.hpp` against them and runs the Gloo
+/// compiled into `libtorch_cpu.so` (`host/c10d/tests/gloo_engine.rs` checks
+/// that the two agree).
+const GLOO_DEB_VERSION: &str = "0.0~git20220518.5b14351-3";
+const GLOO_DEB_POOL: &str = "pool/main/g/gloo/libgloo-dev_0.0~git20220518.5b14351-3_amd64.deb";
+const GLOO_DEB_SHA256: &str = "80529c9fd8af452faf489e686b94bf87075965c40673803810c4f41634b1e299";
+/// The Debian archive; `WASMRPC_DEBIAN_MIRROR` may name a mirror of it.
+const DEBIAN_MIRROR: &str = "https://deb.debian.org/debian";
+
 /// Makes sure everything is installed and linked; cheap when it already is.
 pub(crate) fn run(root: &Path) -> Result<()> {
     let started = Instant::now();
     ensure_wasm_target()?;
     let venv = ensure_torch_venv()?;
-    link_env(root, &venv)?;
+    let gloo = ensure_gloo_headers()?;
+    link_env(root, &venv, &gloo)?;
     println!(
         "setup: ready in {:.1}s (torch {TORCH_VERSION} at {})",
         started.elapsed().as_secs_f64(),
@@ -107,8 +122,86 @@ fn ensure_torch_venv() -> Result<PathBuf> {
     Ok(venv)
 }
 
-/// Points `.wasmrpc-env/{torch,venv}` at the install.
-fn link_env(root: &Path, venv: &Path) -> Result<()> {
+/// Returns the folder holding `include/gloo/*.h`, extracting Debian's
+/// `libgloo-dev` there first if it is missing (a 49 kB download, checked
+/// against the archive's SHA-256).
+fn ensure_gloo_headers() -> Result<PathBuf> {
+    let dir = cache_dir()?.join(format!("gloo-{GLOO_DEB_VERSION}"));
+    if dir.join(READY_STAMP).exists() {
+        return Ok(dir);
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)
+            .with_context(|| format!("could not remove {}", dir.display()))?;
+    }
+    let mirror = std::env::var("WASMRPC_DEBIAN_MIRROR").unwrap_or_else(|_| DEBIAN_MIRROR.into());
+    let url = format!("{}/{GLOO_DEB_POOL}", mirror.trim_end_matches('/'));
+    step(&format!(
+        "setup: fetching Gloo's headers (Debian libgloo-dev {GLOO_DEB_VERSION}) from {url}"
+    ));
+    let work = dir.with_extension("partial");
+    if work.exists() {
+        std::fs::remove_dir_all(&work)?;
+    }
+    std::fs::create_dir_all(&work)?;
+    let deb = work.join("libgloo-dev.deb");
+    process::run(
+        Command::new("curl")
+            .args([
+                "--fail",
+                "--silent",
+                "--show-error",
+                "--location",
+                "--retry",
+                "3",
+                "-o",
+            ])
+            .arg(&deb)
+            .arg(&url),
+    )
+    .with_context(|| format!("could not download {url} (curl is needed)"))?;
+    let sum = output(Command::new("sha256sum").arg(&deb))?;
+    if sum.split_whitespace().next() != Some(GLOO_DEB_SHA256) {
+        bail!(
+            "{url} has SHA-256 {}, expected {GLOO_DEB_SHA256}",
+            sum.split_whitespace().next().unwrap_or("?")
+        );
+    }
+    // A .deb is an ar archive whose data.tar.* holds the files.
+    process::run(Command::new("ar").arg("x").arg(&deb).current_dir(&work))
+        .context("could not unpack the .deb (binutils' ar is needed)")?;
+    let data = std::fs::read_dir(&work)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("data.tar"))
+        })
+        .context("the .deb holds no data.tar")?;
+    process::run(
+        Command::new("tar")
+            .arg("-xf")
+            .arg(&data)
+            .arg("-C")
+            .arg(&work)
+            .arg("./usr/include/gloo"),
+    )?;
+    std::fs::create_dir_all(&dir)?;
+    std::fs::rename(work.join("usr").join("include"), dir.join("include"))?;
+    std::fs::remove_dir_all(&work)?;
+    if !dir.join("include/gloo/rendezvous/store.h").exists() {
+        bail!("no gloo/rendezvous/store.h in {}", dir.display());
+    }
+    std::fs::write(
+        dir.join(READY_STAMP),
+        format!("libgloo-dev {GLOO_DEB_VERSION}\n"),
+    )?;
+    Ok(dir)
+}
+
+/// Points `.wasmrpc-env/{torch,venv,gloo}` at the installs.
+fn link_env(root: &Path, venv: &Path, gloo: &Path) -> Result<()> {
     let env = root.join(".wasmrpc-env");
     std::fs::create_dir_all(&env)?;
     let site = venv.join("lib");
@@ -120,6 +213,7 @@ fn link_env(root: &Path, venv: &Path) -> Result<()> {
         .with_context(|| format!("no torch with libtorch_cpu.so under {}", site.display()))?;
     relink(&env.join("torch"), &torch)?;
     relink(&env.join("venv"), venv)?;
+    relink(&env.join("gloo"), gloo)?;
     Ok(())
 }
 

@@ -1,8 +1,10 @@
 //! [`Work`]: the handle of an issued collective (PyTorch's `Work`, what
 //! `async_op=True` returns).
 //!
-//! A collective is issued synchronously (validation, sequence number) and
-//! runs as a tokio task; [`Work::wait`] joins it. Dropping a `Work` does not
+//! A collective is issued synchronously (validation, sequence number, and
+//! the backend's code up to its first pending `.await`: libtorch's engines
+//! enqueue the operation there, which must happen in program order) and
+//! runs on as a tokio task; [`Work::wait`] joins it. Dropping a `Work` does not
 //! cancel the collective: the peers still expect this rank's part.
 
 use std::time::Duration;
@@ -25,9 +27,19 @@ impl Work {
         timeout: Duration,
         fut: impl std::future::Future<Output = Result<()>> + Send + 'static,
     ) -> Work {
+        // Poll once here, so that whatever the backend does before its first
+        // pending await (issuing the operation) happens now, in the caller's
+        // order. A waker that does nothing is enough: tokio polls the task
+        // again when it is spawned.
+        let mut fut = Box::pin(fut);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let task = match fut.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(result) => tokio::spawn(async move { result }),
+            std::task::Poll::Pending => tokio::spawn(fut),
+        };
         Work {
             op,
-            task: Some(tokio::spawn(fut)),
+            task: Some(task),
             timeout,
         }
     }

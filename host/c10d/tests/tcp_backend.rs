@@ -1,4 +1,4 @@
-//! The `gloo` backend's data path, beyond what the seeds check: every
+//! The `tcp` backend's data path (this crate's own backend), beyond what the seeds check: every
 //! collective's numbers on three ranks, each reduce op, point-to-point
 //! tags, timeouts that fail instead of hanging, errors that name the rank,
 //! group and op, destroy failing pending operations, and `tcp://` init.
@@ -15,7 +15,7 @@ use wasmrpc_c10d::{Error, InitOptions, NewGroupOptions, ReduceOp, World};
 use wasmrpc_store::FileStore;
 
 async fn init(rank: usize, world_size: usize, file: &std::path::Path, timeout: Duration) -> World {
-    common::init(Some("gloo"), rank, world_size, file, timeout).await
+    common::init(Some("tcp"), rank, world_size, file, timeout).await
 }
 
 fn vals(v: &[f32]) -> Tensor {
@@ -326,7 +326,7 @@ async fn tcp_init_method_and_double_init() {
     run_ranks(2, move |rank, _| async move {
         let world = World::new();
         let opts = InitOptions {
-            backend: Some("gloo".into()),
+            backend: Some("tcp".into()),
             init_method: Some(format!("tcp://127.0.0.1:{port}")),
             rank: Some(rank as i64),
             world_size: Some(2),
@@ -406,7 +406,7 @@ async fn init_fails_when_a_rank_never_joins() {
     let started = Instant::now();
     let err = world
         .init_process_group(InitOptions {
-            backend: Some("gloo".into()),
+            backend: Some("tcp".into()),
             store: Some(Arc::new(FileStore::new(&file, Some(2)))),
             rank: Some(0),
             world_size: Some(2),

@@ -1,7 +1,9 @@
-//! `gloo`: this crate's CPU collective backend, named as PyTorch's tests
-//! expect (`init_process_group("gloo", ...)`, `pg.name() == "gloo"`).
+//! `tcp`: this crate's own CPU collective backend
+//! (`init_process_group("tcp", ...)`). PyTorch's `gloo` is libtorch's
+//! `ProcessGroupGloo` ([`crate::engine`]); this one is not Gloo and does not
+//! use its name.
 //!
-//! It is not a binding to Facebook's Gloo: collectives run over the
+//! Collectives run over the
 //! crate's mesh (one TCP connection per pair of members, addresses
 //! exchanged through the group's store). The algorithms are direct: every
 //! contributor sends its data to every receiver, and each receiver combines
@@ -26,16 +28,16 @@ use crate::reduce_op::ReduceOp;
 /// The environment variable naming the address members listen on.
 pub const HOST_ENV: &str = "WASMRPC_C10D_HOST";
 
-/// The gloo backend of one group member.
+/// The tcp backend of one group member.
 #[derive(Debug)]
-pub struct Gloo {
+pub struct Tcp {
     rank: usize,
     size: usize,
     group: String,
     mesh: Mesh,
 }
 
-/// The constructor registered under [`crate::Backend::GLOO`].
+/// The constructor registered under [`crate::Backend::TCP`].
 ///
 /// # Errors
 /// Store errors and [`Error::Peer`] when the members cannot connect within
@@ -51,7 +53,7 @@ pub async fn create(args: BackendArgs) -> Result<Arc<dyn CollectiveBackend>> {
         args.timeout,
     )
     .await?;
-    Ok(Arc::new(Gloo {
+    Ok(Arc::new(Tcp {
         rank: args.group_rank,
         size: args.group_size,
         group: args.group_name,
@@ -68,7 +70,7 @@ fn tag(ctx: &OpContext, step: usize) -> Tag {
     }
 }
 
-impl Gloo {
+impl Tcp {
     fn err(&self, ctx: &OpContext, source: tch::TchError) -> Error {
         Error::Tensor {
             rank: self.rank,
@@ -183,9 +185,9 @@ impl Gloo {
 }
 
 #[async_trait::async_trait]
-impl CollectiveBackend for Gloo {
+impl CollectiveBackend for Tcp {
     fn name(&self) -> String {
-        crate::Backend::GLOO.to_owned()
+        crate::Backend::TCP.to_owned()
     }
     fn rank(&self) -> usize {
         self.rank
