@@ -11,9 +11,10 @@
 //!
 //! NCCL is compiled in when libtorch has `libtorch_cuda.so` and the wheel's
 //! `nvidia/nccl/include/nccl.h` and CUDA runtime headers are present (the
-//! CUDA wheels of PyPI) together with CUDA's `crt/host_config.h` (which
-//! only the CUDA compiler's package has); `WASMRPC_C10D_NCCL=0` leaves it
-//! out.
+//! CUDA wheels of PyPI) together with CUDA's `crt/` and CCCL headers (the
+//! `nvidia-cuda-crt` and `nvidia-cuda-cccl` wheels, which `cargo xtask
+//! setup` installs into a CUDA build's venv); `WASMRPC_C10D_NCCL=0` leaves
+//! it out.
 
 use std::path::{Path, PathBuf};
 
@@ -66,13 +67,16 @@ fn main() {
 
     println!("cargo:rustc-link-search=native={}", lib.display());
     if nccl.is_some() {
-        // Keep libtorch_cuda even though only the shim names it.
-        println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
         println!("cargo:rustc-link-lib=torch_cuda");
         println!("cargo:rustc-link-lib=c10_cuda");
-        println!("cargo:rustc-cfg=wrc_nccl");
     }
-    println!("cargo:rustc-check-cfg=cfg(wrc_nccl)");
+    // Tells the tests whether this libtorch is a CUDA build (where NCCL
+    // must be available).
+    let cuda_build = lib.join("libtorch_cuda.so").exists();
+    println!(
+        "cargo:rustc-env=WASMRPC_C10D_CUDA_BUILD={}",
+        u8::from(cuda_build)
+    );
     println!("cargo:rustc-link-lib=torch_cpu");
     println!("cargo:rustc-link-lib=c10");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
@@ -124,14 +128,17 @@ fn nccl_includes(lib: &Path) -> Option<Vec<PathBuf>> {
         .filter_map(|e| e.ok())
         .map(|e| e.path().join("include"))
         .find(|p| p.join("cuda_runtime_api.h").exists())?;
-    // cuda_runtime.h includes crt/host_config.h, which only the CUDA
-    // compiler's package ships.
-    if !cuda.join("crt/host_config.h").exists() {
-        println!(
-            "cargo:warning=NCCL left out: {} lacks crt/host_config.h (CUDA's nvcc headers)",
-            cuda.display()
-        );
-        return None;
+    // cuda_runtime.h includes crt/host_config.h and cuda_fp16.h includes
+    // nv/target: the nvidia-cuda-crt and nvidia-cuda-cccl wheels, which
+    // `cargo xtask setup` adds to a CUDA build's venv.
+    for needed in ["crt/host_config.h", "nv/target"] {
+        if !cuda.join(needed).exists() {
+            println!(
+                "cargo:warning=NCCL left out: {} lacks {needed} (run `cargo xtask setup`)",
+                cuda.display()
+            );
+            return None;
+        }
     }
     Some(vec![nccl, cuda])
 }

@@ -15,6 +15,12 @@ const TORCH_VERSION: &str = "2.13.0";
 /// Python packages the venv holds: torch for libtorch and for the interop
 /// tests and benchmarks, numpy because torch's RPC needs it.
 const PIP_PACKAGES: &[&str] = &["torch==2.13.0", "numpy"];
+/// What the c10d shim needs to compile libtorch's `ProcessGroupNCCL.hpp`
+/// besides the wheel's own headers: CUDA's `crt/` headers (which
+/// `cuda_runtime.h` includes) and CCCL (`nv/target`), both header-only
+/// wheels of the CUDA 13.0 release the torch wheel's CUDA libraries come
+/// from. Installed into the venv only when torch is a CUDA build.
+const CUDA_HEADER_PACKAGES: &[&str] = &["nvidia-cuda-crt==13.0.88", "nvidia-cuda-cccl==13.0.85"];
 /// Written into the venv once the install completed and was checked.
 const READY_STAMP: &str = ".wasmrpc-ready";
 
@@ -35,6 +41,7 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     let started = Instant::now();
     ensure_wasm_target()?;
     let venv = ensure_torch_venv()?;
+    ensure_cuda_headers(&venv)?;
     let gloo = ensure_gloo_headers()?;
     link_env(root, &venv, &gloo)?;
     println!(
@@ -122,6 +129,56 @@ fn ensure_torch_venv() -> Result<PathBuf> {
     Ok(venv)
 }
 
+/// In a CUDA build of torch, installs [`CUDA_HEADER_PACKAGES`] into the
+/// venv unless their headers are already there.
+fn ensure_cuda_headers(venv: &Path) -> Result<()> {
+    let Some(torch) = torch_dir(venv)? else {
+        return Ok(());
+    };
+    if !torch.join("lib").join("libtorch_cuda.so").exists() {
+        return Ok(());
+    }
+    let nvidia = torch.join("..").join("nvidia");
+    let Some(cuda) = std::fs::read_dir(&nvidia)
+        .ok()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("include"))
+        .find(|p| p.join("cuda_runtime_api.h").exists())
+    else {
+        return Ok(());
+    };
+    if cuda.join("crt").join("host_config.h").exists() && cuda.join("nv").join("target").exists() {
+        return Ok(());
+    }
+    step(&format!(
+        "setup: installing CUDA's compile-time headers for the NCCL shim ({}) into {}",
+        CUDA_HEADER_PACKAGES.join(", "),
+        venv.display()
+    ));
+    process::run(
+        Command::new(venv.join("bin").join("pip"))
+            .args([
+                "install",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "--quiet",
+            ])
+            .args(CUDA_HEADER_PACKAGES),
+    )
+}
+
+/// The venv's `site-packages/torch`, if it has `libtorch_cpu.so`.
+fn torch_dir(venv: &Path) -> Result<Option<PathBuf>> {
+    let site = venv.join("lib");
+    Ok(std::fs::read_dir(&site)
+        .with_context(|| format!("no lib folder in {}", venv.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("site-packages").join("torch"))
+        .find(|p| p.join("lib").join("libtorch_cpu.so").exists()))
+}
+
 /// Returns the folder holding `include/gloo/*.h`, extracting Debian's
 /// `libgloo-dev` there first if it is missing (a 49 kB download, checked
 /// against the archive's SHA-256).
@@ -204,13 +261,12 @@ fn ensure_gloo_headers() -> Result<PathBuf> {
 fn link_env(root: &Path, venv: &Path, gloo: &Path) -> Result<()> {
     let env = root.join(".wasmrpc-env");
     std::fs::create_dir_all(&env)?;
-    let site = venv.join("lib");
-    let torch = std::fs::read_dir(&site)
-        .with_context(|| format!("no lib folder in {}", venv.display()))?
-        .filter_map(|e| e.ok())
-        .map(|e| e.path().join("site-packages").join("torch"))
-        .find(|p| p.join("lib").join("libtorch_cpu.so").exists())
-        .with_context(|| format!("no torch with libtorch_cpu.so under {}", site.display()))?;
+    let torch = torch_dir(venv)?.with_context(|| {
+        format!(
+            "no torch with libtorch_cpu.so under {}",
+            venv.join("lib").display()
+        )
+    })?;
     relink(&env.join("torch"), &torch)?;
     relink(&env.join("venv"), venv)?;
     relink(&env.join("gloo"), gloo)?;

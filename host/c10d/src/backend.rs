@@ -459,7 +459,8 @@ pub struct BackendConfig {
 
 impl BackendConfig {
     /// Parses a backend string as PyTorch does: `undefined` (the default:
-    /// gloo on cpu, nccl on cuda if available, otherwise gloo), a known
+    /// gloo on cpu, nccl on cuda if available and a GPU is present,
+    /// otherwise gloo), a known
     /// name (its devices), `device:backend` pairs (in order), or any other
     /// single name (cpu and cuda).
     ///
@@ -469,7 +470,10 @@ impl BackendConfig {
     pub fn new(backend: &str) -> Result<Self> {
         let lower = backend.to_lowercase();
         let map = if lower == Backend::UNDEFINED {
-            let cuda = if is_nccl_available() {
+            // As PyTorch, which picks the accelerator's backend only when
+            // there is an accelerator: ProcessGroupNCCL refuses to be
+            // constructed without a GPU.
+            let cuda = if is_nccl_available() && tch::Cuda::is_available() {
                 Backend::NCCL
             } else {
                 Backend::GLOO
