@@ -71,6 +71,7 @@ pub mod ddp;
 pub mod engine;
 mod error;
 mod group;
+mod handshake;
 mod mesh;
 mod reduce_op;
 pub mod tcp;
