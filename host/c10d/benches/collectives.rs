@@ -22,7 +22,8 @@
 //! Flags: `--quick` (fewer calls), `--rounds N` (default 2), `--world N`
 //! (default 4), `--python PATH` (default `$WASMRPC_ENV/venv/bin/python`),
 //! `--backend NAME` (ours: default `gloo`; `tcp` measures our own backend),
-//! `--out FILE` (also write the table as Markdown).
+//! `--out FILE` (where the Markdown table goes, from the workspace root;
+//! default `target/bench/collectives.md`).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -350,8 +351,15 @@ fn driver(args: &[String]) -> Res<()> {
         table.push_str(&format!("\ntorch side failed: {e}\n"));
     }
     println!("{table}");
-    if let Some(out) = flag(args, "--out") {
-        std::fs::write(out, &table)?;
+    // cargo runs benches in the package's folder: paths are taken from the
+    // workspace root, where `cargo xtask` runs.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let root = root.canonicalize().unwrap_or(root);
+    let out = root.join(flag(args, "--out").unwrap_or("target/bench/collectives.md"));
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir)?;
     }
+    std::fs::write(&out, &table)?;
+    eprintln!("collectives: table written to {}", out.display());
     Ok(())
 }

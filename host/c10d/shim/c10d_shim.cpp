@@ -24,6 +24,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
 
 #include <chrono>
@@ -529,6 +530,34 @@ int32_t wrc_work_wait(wrc_work* w, int64_t timeout_ms, wrc_out* err) {
         msg.find("imeout") != std::string::npos;
     return timed_out ? WRC_TIMEOUT : WRC_ERROR;
   }
+}
+
+int32_t wrc_work_on_done(wrc_work* w, wrc_done done, void* ctx) {
+  c10::intrusive_ptr<c10::ivalue::Future> fut;
+  try {
+    fut = w->work->getFuture();
+  } catch (...) {
+    return 0;
+  }
+  if (!fut) {
+    return 0;
+  }
+  fut->addCallback([done, ctx](c10::ivalue::Future& f) {
+    if (!f.hasError()) {
+      done(ctx, WRC_OK, nullptr, 0);
+      return;
+    }
+    std::string msg;
+    try {
+      std::rethrow_exception(f.exception_ptr());
+    } catch (...) {
+      msg = current_message();
+    }
+    bool timed_out = msg.find("imed out") != std::string::npos ||
+        msg.find("imeout") != std::string::npos;
+    done(ctx, timed_out ? WRC_TIMEOUT : WRC_ERROR, msg.data(), msg.size());
+  });
+  return 1;
 }
 
 void wrc_work_free(wrc_work* w) {

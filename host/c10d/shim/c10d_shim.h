@@ -154,6 +154,18 @@ wrc_work* wrc_recv(
 int32_t wrc_work_wait(wrc_work* w, int64_t timeout_ms, wrc_out* err);
 void wrc_work_free(wrc_work* w);
 
+// Called once when an operation completes: `status` WRC_OK, or WRC_ERROR /
+// WRC_TIMEOUT with the message in `msg[0..len]` (valid during the call).
+// Runs on the engine's thread (or the caller's, if already complete); must
+// not unwind.
+typedef void (*wrc_done)(void* ctx, int32_t status, const char* msg, size_t len);
+
+// Calls `done(ctx, ...)` when `w` completes, through the work's future
+// (`Work::getFuture()`), so no thread has to block in `wait`. Returns 1 if
+// the callback was registered (it will be called exactly once), 0 if the
+// work has no future (then `done` is never called: use `wrc_work_wait`).
+int32_t wrc_work_on_done(wrc_work* w, wrc_done done, void* ctx);
+
 #ifdef __cplusplus
 }
 #endif

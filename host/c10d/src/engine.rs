@@ -88,6 +88,8 @@ mod ffi {
         out: *mut wrc_out,
     ) -> i32;
     pub(super) type StoreDrop = unsafe extern "C" fn(ctx: *mut c_void);
+    pub(super) type Done =
+        unsafe extern "C" fn(ctx: *mut c_void, status: i32, msg: *const c_char, len: usize);
 
     /// A borrowed `at::Tensor*`. Send and Sync so that a collective's
     /// future, which holds the pointers while it issues, stays Send.
@@ -253,6 +255,7 @@ mod ffi {
         ) -> *mut wrc_work;
         pub(super) fn wrc_work_wait(w: *mut wrc_work, timeout_ms: i64, err: *mut wrc_out) -> i32;
         pub(super) fn wrc_work_free(w: *mut wrc_work);
+        pub(super) fn wrc_work_on_done(w: *mut wrc_work, done: Done, ctx: *mut c_void) -> i32;
     }
 }
 
@@ -458,6 +461,44 @@ fn bridge(store: Arc<dyn Store>) -> *mut c_void {
         store,
         runtime: tokio::runtime::Handle::current(),
     })) as *mut c_void
+}
+
+/// What a work's completion callback sends: the status and the message.
+type Outcome = (i32, String);
+
+unsafe extern "C" fn work_done(
+    ctx: *mut c_void,
+    status: i32,
+    msg: *const std::ffi::c_char,
+    len: usize,
+) {
+    // SAFETY: ctx is the Box<Sender> `on_done` registered, taken back once.
+    let tx = unsafe { Box::from_raw(ctx as *mut tokio::sync::oneshot::Sender<Outcome>) };
+    let text = if msg.is_null() || len == 0 {
+        String::new()
+    } else {
+        // SAFETY: the shim passes `len` bytes valid during the call.
+        String::from_utf8_lossy(unsafe { std::slice::from_raw_parts(msg as *const u8, len) })
+            .into_owned()
+    };
+    // The receiver may be gone (the caller stopped waiting): nothing to do.
+    let _ = tx.send((status, text));
+}
+
+/// Registers a completion callback on `work`'s future; `None` if the work
+/// has none (then wait with `wrc_work_wait`).
+fn on_done(work: &RawWork) -> Option<tokio::sync::oneshot::Receiver<Outcome>> {
+    let (tx, rx) = tokio::sync::oneshot::channel::<Outcome>();
+    let ctx = Box::into_raw(Box::new(tx)) as *mut c_void;
+    // SAFETY: the work is live; when registered, `work_done` takes `ctx`
+    // back exactly once.
+    if unsafe { ffi::wrc_work_on_done(work.0, work_done, ctx) } != 0 {
+        Some(rx)
+    } else {
+        // SAFETY: not registered: the callback will never run.
+        drop(unsafe { Box::from_raw(ctx as *mut tokio::sync::oneshot::Sender<Outcome>) });
+        None
+    }
 }
 
 /// A constructed engine (`c10::intrusive_ptr<c10d::Backend>`).
@@ -671,6 +712,25 @@ impl Engine {
             }
             (RawWork(work), raw.clone())
         };
+        // Gloo completes a work's future on its own thread: a callback on it
+        // wakes this task directly, with no thread blocked in `wait` (one
+        // thread hop fewer, which matters on a loaded machine). NCCL's
+        // `wait` also orders the caller's CUDA stream after the collective,
+        // so NCCL waits on the blocking pool.
+        if self.name == "gloo"
+            && let Some(done) = on_done(&work.0)
+        {
+            let outcome = done.await;
+            drop(work);
+            return match outcome {
+                Ok((ffi::OK, _)) => Ok(()),
+                Ok((_, detail)) => Err(self.error(ctx, detail)),
+                Err(_) => Err(self.error(
+                    ctx,
+                    "the engine dropped the operation without completing it".to_owned(),
+                )),
+            };
+        }
         let waited = tokio::task::spawn_blocking(move || {
             let (work, _engine) = work;
             let err = Out::new();
