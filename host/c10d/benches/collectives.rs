@@ -123,8 +123,10 @@ fn worker(args: &[String]) -> Res<()> {
         .filter(|w| w[0] == "--case")
         .map(|w| Case::parse(&w[1]))
         .collect::<Res<_>>()?;
+    // One worker thread: the rank's program runs on one thread, as a
+    // Python rank's does; the engine's own threads do the communication.
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(1)
         .enable_all()
         .build()?;
     rt.block_on(async move {

@@ -206,6 +206,16 @@ pub trait CollectiveBackend: Send + Sync + fmt::Debug {
     /// Releases connections; operations still waiting fail promptly.
     fn shutdown(&self) {}
 
+    /// Whether an operation's future, once polled (which issues it),
+    /// completes without being polled again: the backend's own threads do
+    /// the work and the future only reports the outcome. [`crate::Work`]
+    /// then waits for it on the caller's task instead of spawning it, which
+    /// saves a thread hop per operation. Default `false` (the future is
+    /// spawned); libtorch's engines say `true`.
+    fn completes_without_polling(&self) -> bool {
+        false
+    }
+
     /// The error for an operation this backend lacks.
     fn unsupported(&self, ctx: &OpContext) -> Error {
         Error::Unsupported {

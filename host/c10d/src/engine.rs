@@ -14,14 +14,21 @@
 //! issuing must follow program order on every rank. Each method issues its
 //! operation synchronously before its first `.await`, and [`crate::Work`]
 //! polls a collective once before handing it to tokio; issuing is
-//! additionally serialised by a lock. Waiting runs on tokio's blocking pool.
+//! additionally serialised by a lock. Waiting: a Gloo work's future calls
+//! back into Rust when it completes (no thread blocks); NCCL's `wait`, which
+//! also orders the caller's CUDA stream, runs on tokio's blocking pool.
+//!
+//! Destroying a group drops this side's reference: libtorch's Gloo has no
+//! abort, so operations in flight finish or fail at the group's timeout, as
+//! in PyTorch, and the engine is freed on a thread of its own.
 //!
 //! What the engines authenticate: nothing of their own. Rendezvous goes
-//! through the group's store, so it is as authenticated as that store's
-//! connection (wasmrpc's TCP store client authenticates like the agent);
-//! Gloo's pair connections (its `tcp` transport) and NCCL's bootstrap and
-//! transport sockets carry no authentication or encryption: a process that
-//! can reach their ports can connect. Run them on a trusted network.
+//! through the group's store (PyTorch's TCPStore protocol when it is a TCP
+//! store: unauthenticated); Gloo's pair connections (its `tcp` transport,
+//! the only one compiled into libtorch) and NCCL's bootstrap and socket
+//! transport carry no authentication or encryption: a process that can
+//! reach their ports while a group forms can connect. Run them on a network
+//! only the job's ranks can reach.
 
 use std::ffi::{CString, c_void};
 use std::panic::AssertUnwindSafe;
@@ -504,7 +511,7 @@ fn on_done(work: &RawWork) -> Option<tokio::sync::oneshot::Receiver<Outcome>> {
 /// A constructed engine (`c10::intrusive_ptr<c10d::Backend>`).
 struct Raw(*mut ffi::wrc_backend);
 // SAFETY: c10d backends are called from any thread; issuing is serialised
-// by `Engine::issue_lock`.
+// by the mutex `Engine::raw` holds it in.
 unsafe impl Send for Raw {}
 // SAFETY: as above.
 unsafe impl Sync for Raw {}
@@ -1015,6 +1022,13 @@ impl CollectiveBackend for Engine {
         .await
     }
 
+    fn completes_without_polling(&self) -> bool {
+        // Issued at the first poll; then a completion callback (gloo) or a
+        // blocking-pool wait (nccl) finishes the future without polling.
+        true
+    }
+
+    /// Drops this side's reference (see the module docs: no abort).
     fn shutdown(&self) {
         let raw = self.raw.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(raw) = raw {

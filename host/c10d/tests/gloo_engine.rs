@@ -214,6 +214,24 @@ async fn every_collective_computes_across_four_ranks() {
             .unwrap();
         assert!(ts[0].equal(&vals(&[6., 4.])) && ts[1].equal(&vals(&[12.])));
 
+        // all_gather_coalesced issues one allgather per input, all at once,
+        // and an all_reduce issued right after it must not slip between.
+        let outs: Vec<Vec<Tensor>> = (0..N)
+            .map(|_| vec![vals(&[-1.]), vals(&[-1., -1.])])
+            .collect();
+        let gathered = world
+            .all_gather_coalesced(&outs, &[vals(&[r]), vals(&[r, 2. * r])], None)
+            .unwrap();
+        let after = vals(&[1.]);
+        let summed = world.all_reduce(&after, ReduceOp::SUM, None).unwrap();
+        gathered.wait().await.unwrap();
+        summed.wait().await.unwrap();
+        for (s, list) in outs.iter().enumerate() {
+            let s = s as f32;
+            assert!(list[0].equal(&vals(&[s])) && list[1].equal(&vals(&[s, 2. * s])));
+        }
+        assert!(after.equal(&vals(&[N as f32])));
+
         // Point to point in a ring, two tags received out of order.
         let next = (rank + 1) % N;
         let prev = (rank + N - 1) % N;
@@ -349,4 +367,25 @@ async fn init_fails_when_a_rank_never_joins() {
     let text = err.to_string();
     assert!(text.contains("rank 0 of group 0"), "{text}");
     assert!(!world.is_initialized());
+}
+
+/// The engine's rendezvous calls back into the Rust store from other
+/// threads: that works on a current-thread runtime too, whose one thread
+/// drives the store's I/O and timers while the ranks wait.
+#[tokio::test]
+async fn a_current_thread_runtime_serves_the_rendezvous() {
+    run_ranks(2, |rank, file| async move {
+        let world = init(rank, 2, &file, Duration::from_secs(20)).await;
+        let t = vals(&[rank as f32 + 1.]);
+        world
+            .all_reduce(&t, ReduceOp::SUM, None)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        assert!(t.equal(&vals(&[3.])));
+        world.barrier(None).unwrap().wait().await.unwrap();
+        world.destroy_process_group(None).unwrap();
+    })
+    .await;
 }
