@@ -106,7 +106,7 @@ async fn reducer_on_nccl() {
         0
     };
     if gpus == 0 || !wasmrpc_c10d::is_nccl_available() {
-        eprintln!("skipped: needs a GPU and a CUDA build");
+        println!("wasmrpc-skip: needs a GPU and a CUDA build (NCCL)");
         return;
     }
     run("nccl", gpus.min(2), true).await;
