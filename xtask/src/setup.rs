@@ -196,27 +196,13 @@ fn ensure_gloo_headers() -> Result<PathBuf> {
     step(&format!(
         "setup: fetching Gloo's headers (Debian libgloo-dev {GLOO_DEB_VERSION}) from {url}"
     ));
-    let work = dir.with_extension("partial");
+    let work = dir.with_file_name(format!("gloo-{GLOO_DEB_VERSION}.partial"));
     if work.exists() {
         std::fs::remove_dir_all(&work)?;
     }
     std::fs::create_dir_all(&work)?;
     let deb = work.join("libgloo-dev.deb");
-    process::run(
-        Command::new("curl")
-            .args([
-                "--fail",
-                "--silent",
-                "--show-error",
-                "--location",
-                "--retry",
-                "3",
-                "-o",
-            ])
-            .arg(&deb)
-            .arg(&url),
-    )
-    .with_context(|| format!("could not download {url} (curl is needed)"))?;
+    download(&url, &deb)?;
     let sum = output(Command::new("sha256sum").arg(&deb))?;
     if sum.split_whitespace().next() != Some(GLOO_DEB_SHA256) {
         bail!(
@@ -255,6 +241,41 @@ fn ensure_gloo_headers() -> Result<PathBuf> {
         format!("libgloo-dev {GLOO_DEB_VERSION}\n"),
     )?;
     Ok(dir)
+}
+
+/// Downloads `url` to `to` with curl, or, where curl is missing, with the
+/// Python the set-up needs anyway.
+fn download(url: &str, to: &Path) -> Result<()> {
+    let curl = Command::new("curl")
+        .args([
+            "--fail",
+            "--silent",
+            "--show-error",
+            "--location",
+            "--retry",
+            "3",
+            "-o",
+        ])
+        .arg(to)
+        .arg(url)
+        .status();
+    match curl {
+        Ok(status) if status.success() => Ok(()),
+        Ok(status) => bail!("curl could not download {url} ({status})"),
+        Err(_) => {
+            let python = std::env::var("WASMRPC_PYTHON").unwrap_or_else(|_| "python3".into());
+            process::run(
+                Command::new(&python)
+                    .args([
+                        "-c",
+                        "import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])",
+                        url,
+                    ])
+                    .arg(to),
+            )
+            .with_context(|| format!("could not download {url} (neither curl nor {python} worked)"))
+        }
+    }
 }
 
 /// Points `.wasmrpc-env/{torch,venv,gloo}` at the installs.
