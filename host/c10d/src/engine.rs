@@ -361,7 +361,7 @@ impl StoreBridge {
         let store = &self.store;
         let keys: Vec<String> = (0..args.len()).map(|i| key_of(args, i)).collect();
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let result: std::result::Result<(), wasmrpc_store::Error> = self.runtime.block_on(async {
+        let served = async {
             match op {
                 ffi::STORE_SET => store.set(&keys[0], bytes_of(args, 1)).await,
                 ffi::STORE_GET => {
@@ -413,7 +413,21 @@ impl StoreBridge {
                 }
                 _ => Ok(()),
             }
-        });
+        };
+        // On a thread outside the runtime (the engine's own threads, the
+        // blocking pool) block_on is enough. On a worker thread of a
+        // multi-thread runtime (NCCL creates its communicator at the first
+        // collective, which is issued on the caller's task) the worker first
+        // hands its other tasks away. A current-thread runtime's own thread
+        // cannot wait for itself: that panics, and the panic becomes an
+        // error below.
+        let on_worker = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let result: std::result::Result<(), wasmrpc_store::Error> = if on_worker {
+            tokio::task::block_in_place(|| self.runtime.block_on(served))
+        } else {
+            self.runtime.block_on(served)
+        };
         match result {
             Ok(()) => ffi::OK,
             Err(e) => {
@@ -1047,5 +1061,52 @@ impl Engine {
                 self.rank, self.group, ctx.op
             ))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Serves one store call through the FFI entry point, as the shim does.
+    fn call(ctx: *mut c_void, op: i32, args: &[&[u8]], num: i64) -> (i32, Vec<Vec<u8>>) {
+        let bytes: Vec<ffi::wrc_bytes> = args
+            .iter()
+            .map(|a| ffi::wrc_bytes {
+                ptr: a.as_ptr(),
+                len: a.len(),
+            })
+            .collect();
+        let out = Out::new();
+        // SAFETY: ctx is a live bridge; bytes outlive the call.
+        let status = unsafe { store_call(ctx, op, bytes.as_ptr(), bytes.len(), num, out.0) };
+        (status, out.items())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_store_bridge_serves_calls_from_a_runtime_worker() {
+        let ctx = bridge(Arc::new(wasmrpc_store::HashStore::new())) as usize;
+        // On a worker thread, as NCCL's lazy communicator set-up would call.
+        let on_worker = tokio::spawn(async move {
+            let ctx = ctx as *mut c_void;
+            assert_eq!(call(ctx, ffi::STORE_SET, &[b"k", b"v"], 0).0, ffi::OK);
+            let (status, got) = call(ctx, ffi::STORE_GET, &[b"k"], 0);
+            assert_eq!((status, got), (ffi::OK, vec![b"v".to_vec()]));
+            let (status, _) = call(ctx, ffi::STORE_ADD, &[b"n"], 5);
+            assert_eq!(status, ffi::OK);
+        });
+        on_worker.await.unwrap();
+        // On a thread outside the runtime, as Gloo's threads call.
+        std::thread::spawn(move || {
+            let ctx = ctx as *mut c_void;
+            let (status, got) = call(ctx, ffi::STORE_GET, &[b"k"], 0);
+            assert_eq!((status, got), (ffi::OK, vec![b"v".to_vec()]));
+            let (status, got) = call(ctx, ffi::STORE_WAIT, &[b"missing"], 50);
+            assert_eq!(status, ffi::TIMEOUT, "{got:?}");
+        })
+        .join()
+        .unwrap();
+        // SAFETY: created by `bridge` above, dropped once.
+        unsafe { store_drop(ctx as *mut c_void) };
     }
 }
