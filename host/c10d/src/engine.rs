@@ -634,6 +634,27 @@ async fn create(
         op: "init".to_owned(),
         detail,
     })?;
+    // Gloo's full mesh is complete on one rank before it is on its peer: a
+    // rank that went on and destroyed its group at once would close a pair
+    // its peer is still finishing ("Connection closed by peer" there). So
+    // no rank returns before every rank's engine is up.
+    let ready = |r: usize| format!("wasmrpc_engine_ready/{r}");
+    args.store.set(&ready(rank), b"1").await?;
+    let keys: Vec<String> = (0..size).map(ready).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    args.store
+        .wait(&keys, args.timeout)
+        .await
+        .map_err(|e| Error::Backend {
+            backend: name.to_owned(),
+            rank,
+            group: group.clone(),
+            op: "init".to_owned(),
+            detail: format!(
+                "not every rank's engine was up within {:?}: {e}",
+                args.timeout
+            ),
+        })?;
     // The name is the engine's own `getBackendName()`: a virtual call
     // through the vtable the shim's headers declare.
     let out = Out::new();
