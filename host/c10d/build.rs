@@ -1,15 +1,144 @@
-//! Embeds an rpath to libtorch's folder in every binary of this package, so
-//! they find `libtorch_cpu.so` at run time without `LD_LIBRARY_PATH`.
+//! Compiles the c10d shim (`shim/c10d_shim.cpp`: libtorch's
+//! `ProcessGroupGloo`, and `ProcessGroupNCCL` in a CUDA build, behind a C
+//! interface) against the libtorch that torch-sys links, and embeds an rpath
+//! to libtorch's folder in every binary of this package, so they find
+//! `libtorch_cpu.so` at run time without `LD_LIBRARY_PATH`.
+//!
+//! Gloo's headers are not in the torch wheel: `cargo xtask setup` extracts
+//! Debian's `libgloo-dev` into the cache folder and links it as
+//! `.wasmrpc-env/gloo`; `WASMRPC_GLOO_INCLUDE` may name another folder
+//! holding `gloo/*.h`.
+//!
+//! NCCL is compiled in when libtorch has `libtorch_cuda.so` and the wheel's
+//! `nvidia/nccl/include/nccl.h` and CUDA runtime headers are present (the
+//! CUDA wheels of PyPI) together with CUDA's `crt/` and CCCL headers (the
+//! `nvidia-cuda-crt` and `nvidia-cuda-cccl` wheels, which `cargo xtask
+//! setup` installs into a CUDA build's venv); `WASMRPC_C10D_NCCL=0` leaves
+//! it out.
+
+use std::path::{Path, PathBuf};
 
 fn main() {
-    // torch-sys (links = "tch") publishes the folder it linked against.
-    if let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
-        // Resolve the set-up's links, so binaries keep working if the
-        // checkout moves.
-        let lib = std::fs::canonicalize(&lib)
-            .map(|p| p.display().to_string())
-            .unwrap_or(lib);
-        println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
-    }
+    println!("cargo:rerun-if-changed=shim/c10d_shim.cpp");
+    println!("cargo:rerun-if-changed=shim/c10d_shim.h");
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
+    println!("cargo:rerun-if-env-changed=WASMRPC_GLOO_INCLUDE");
+    println!("cargo:rerun-if-env-changed=WASMRPC_ENV");
+    println!("cargo:rerun-if-env-changed=WASMRPC_C10D_NCCL");
+    println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
+
+    // torch-sys (links = "tch") publishes the folder it linked against.
+    let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") else {
+        panic!("DEP_TCH_LIBTORCH_LIB is not set: is torch-sys a dependency?");
+    };
+    // Resolve the set-up's links, so binaries keep working if the checkout
+    // moves.
+    let lib = std::fs::canonicalize(&lib).unwrap_or_else(|_| PathBuf::from(&lib));
+    let include = lib.join("../include");
+    let gloo = gloo_include();
+
+    let cxx11_abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".to_owned());
+    let mut build = cc::Build::new();
+    build
+        .cpp(true)
+        .pic(true)
+        .warnings(false)
+        .include(&gloo)
+        .include(&include)
+        .include(include.join("torch/csrc/api/include"))
+        .include("shim")
+        .flag("-std=c++20")
+        .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={cxx11_abi}"))
+        .flag("-DGLOG_USE_GLOG_EXPORT")
+        .flag("-DUSE_C10D_GLOO")
+        .file("shim/c10d_shim.cpp");
+
+    let nccl = nccl_includes(&lib);
+    if let Some(dirs) = &nccl {
+        for d in dirs {
+            build.include(d);
+        }
+        build
+            .flag("-DUSE_C10D_NCCL")
+            .flag("-DUSE_CUDA")
+            .flag("-DWRC_WITH_NCCL");
+    }
+    build.compile("wasmrpc_c10d_shim");
+
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    if nccl.is_some() {
+        println!("cargo:rustc-link-lib=torch_cuda");
+        println!("cargo:rustc-link-lib=c10_cuda");
+    }
+    // Tells the tests whether this libtorch is a CUDA build (where NCCL
+    // must be available).
+    let cuda_build = lib.join("libtorch_cuda.so").exists();
+    println!(
+        "cargo:rustc-env=WASMRPC_C10D_CUDA_BUILD={}",
+        u8::from(cuda_build)
+    );
+    println!("cargo:rustc-link-lib=torch_cpu");
+    println!("cargo:rustc-link-lib=c10");
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+}
+
+/// The folder holding `gloo/rendezvous/store.h`.
+fn gloo_include() -> PathBuf {
+    let candidates: Vec<PathBuf> = [
+        std::env::var_os("WASMRPC_GLOO_INCLUDE").map(PathBuf::from),
+        std::env::var_os("WASMRPC_ENV").map(|e| PathBuf::from(e).join("gloo/include")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    for c in &candidates {
+        if c.join("gloo/rendezvous/store.h").exists() {
+            let c = std::fs::canonicalize(c).unwrap_or_else(|_| c.clone());
+            println!(
+                "cargo:rerun-if-changed={}",
+                c.join("gloo/config.h").display()
+            );
+            return c;
+        }
+    }
+    panic!(
+        "Gloo's headers were not found (looked in {candidates:?}): run `cargo xtask setup`, \
+         which extracts Debian's libgloo-dev into the cache folder and links it as \
+         .wasmrpc-env/gloo, or set WASMRPC_GLOO_INCLUDE to a folder holding gloo/*.h"
+    );
+}
+
+/// The include folders NCCL's c10d headers need, if this libtorch is a CUDA
+/// build whose wheel ships them.
+fn nccl_includes(lib: &Path) -> Option<Vec<PathBuf>> {
+    if std::env::var("WASMRPC_C10D_NCCL").is_ok_and(|v| v == "0") {
+        return None;
+    }
+    if !lib.join("libtorch_cuda.so").exists() {
+        return None;
+    }
+    // torch/lib -> site-packages/nvidia/...
+    let nvidia = lib.join("../../nvidia");
+    let nccl = nvidia.join("nccl/include");
+    if !nccl.join("nccl.h").exists() {
+        return None;
+    }
+    let cuda = std::fs::read_dir(&nvidia)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("include"))
+        .find(|p| p.join("cuda_runtime_api.h").exists())?;
+    // cuda_runtime.h includes crt/host_config.h and cuda_fp16.h includes
+    // nv/target: the nvidia-cuda-crt and nvidia-cuda-cccl wheels, which
+    // `cargo xtask setup` adds to a CUDA build's venv.
+    for needed in ["crt/host_config.h", "nv/target"] {
+        if !cuda.join(needed).exists() {
+            println!(
+                "cargo:warning=NCCL left out: {} lacks {needed} (run `cargo xtask setup`)",
+                cuda.display()
+            );
+            return None;
+        }
+    }
+    Some(vec![nccl, cuda])
 }

@@ -1,6 +1,10 @@
 //! `cargo xtask bench`: the benchmark suite (`bench/`, package
 //! `wasmrpc-bench`) in release mode, after the set-up it needs (torch and
 //! numpy in the venv, for the torch.distributed.rpc side).
+//!
+//! `cargo xtask bench collectives`: the c10d section instead
+//! (`host/c10d/benches/collectives.rs` beside
+//! `bench/torch_collectives_bench.py`, torch.distributed with its Gloo).
 
 use crate::process::{self, step};
 use anyhow::Result;
@@ -9,10 +13,33 @@ use std::path::Path;
 /// Builds and runs `wasmrpc-bench` with `args` (e.g. `--quick`, `--only
 /// echo`, `--baseline target/bench/latest.jsonl`); see `--help`.
 pub(crate) fn run(root: &Path, args: &[String]) -> Result<()> {
+    if args.first().map(String::as_str) == Some("collectives") {
+        return collectives(root, &args[1..]);
+    }
     step(
         "bench: wasmrpc beside torch.distributed.rpc and the raw limits (cargo run --release -p wasmrpc-bench)",
     );
     let mut cargo_args = vec!["run", "--release", "--quiet", "-p", "wasmrpc-bench", "--"];
+    cargo_args.extend(args.iter().map(String::as_str));
+    process::cargo(root, &cargo_args)
+}
+
+/// Builds and runs the collectives bench with `args` (`--quick`, `--rounds
+/// N`, `--world N`, `--backend tcp`, `--out FILE`).
+fn collectives(root: &Path, args: &[String]) -> Result<()> {
+    step(
+        "bench collectives: wasmrpc-c10d's gloo beside torch.distributed's Gloo, 4 ranks \
+         (cargo bench -p wasmrpc-c10d --bench collectives)",
+    );
+    let mut cargo_args = vec![
+        "bench",
+        "--quiet",
+        "-p",
+        "wasmrpc-c10d",
+        "--bench",
+        "collectives",
+        "--",
+    ];
     cargo_args.extend(args.iter().map(String::as_str));
     process::cargo(root, &cargo_args)
 }

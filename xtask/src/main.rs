@@ -6,7 +6,9 @@
 //! - `test`: set-up, then format check, lints, every test, and the seed
 //!   coverage table.
 //! - `coverage`: regenerates `tests/SEED_COVERAGE.md` from the last test run.
-//! - `bench`: set-up, then the benchmark suite beside torch.distributed.rpc.
+//! - `bench`: set-up, then the benchmark suite beside torch.distributed.rpc;
+//!   `bench collectives`: the c10d collectives beside torch.distributed's
+//!   Gloo.
 //!
 //! Each command reuses what an earlier run installed, so a second run starts
 //! in seconds.
@@ -48,9 +50,12 @@ enum Command {
     Coverage,
     /// Set up, then run the benchmark suite: wasmrpc beside
     /// torch.distributed.rpc and the machine's raw limits, one table of ratios.
+    /// `bench collectives [--quick] [--rounds N]`: the c10d collectives
+    /// (libtorch's Gloo behind wasmrpc-c10d) beside torch.distributed's Gloo.
     Bench {
         /// Arguments passed to `wasmrpc-bench` (e.g. `--quick`, `--only
-        /// echo`, `--baseline FILE`; `-- --help` lists them).
+        /// echo`, `--baseline FILE`; `-- --help` lists them), or
+        /// `collectives` and the collectives bench's flags.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         bench_args: Vec<String>,
     },

@@ -1,6 +1,8 @@
-//! One-time set-up, reused when present: the wasm32 target, and torch 2.13.0
+//! One-time set-up, reused when present: the wasm32 target, torch 2.13.0
 //! (the libtorch tch 0.26 expects) in a virtual environment in the cache
-//! folder, linked into `.wasmrpc-env/` where `.cargo/config.toml` points tch.
+//! folder, and Gloo's headers (which the torch wheel does not ship; the c10d
+//! shim needs them to declare `c10d::ProcessGroupGloo`), all linked into
+//! `.wasmrpc-env/` where `.cargo/config.toml` and the build scripts look.
 
 use crate::process::{self, output, step};
 use anyhow::{Context, Result, bail};
@@ -13,15 +15,35 @@ const TORCH_VERSION: &str = "2.13.0";
 /// Python packages the venv holds: torch for libtorch and for the interop
 /// tests and benchmarks, numpy because torch's RPC needs it.
 const PIP_PACKAGES: &[&str] = &["torch==2.13.0", "numpy"];
+/// What the c10d shim needs to compile libtorch's `ProcessGroupNCCL.hpp`
+/// besides the wheel's own headers: CUDA's `crt/` headers (which
+/// `cuda_runtime.h` includes) and CCCL (`nv/target`), both header-only
+/// wheels of the CUDA 13.0 release the torch wheel's CUDA libraries come
+/// from. Installed into the venv only when torch is a CUDA build.
+const CUDA_HEADER_PACKAGES: &[&str] = &["nvidia-cuda-crt==13.0.88", "nvidia-cuda-cccl==13.0.85"];
 /// Written into the venv once the install completed and was checked.
 const READY_STAMP: &str = ".wasmrpc-ready";
+
+/// Debian's `libgloo-dev` (bookworm), the package registry the Gloo headers
+/// come from: its version, its file in the archive's pool and the archive's
+/// SHA-256 of that file. Only the headers under `usr/include/gloo` are used:
+/// the shim compiles `ProcessGroupGloo.hpp` against them and runs the Gloo
+/// compiled into `libtorch_cpu.so` (`host/c10d/tests/gloo_engine.rs` checks
+/// that the two agree).
+const GLOO_DEB_VERSION: &str = "0.0~git20220518.5b14351-3";
+const GLOO_DEB_POOL: &str = "pool/main/g/gloo/libgloo-dev_0.0~git20220518.5b14351-3_amd64.deb";
+const GLOO_DEB_SHA256: &str = "80529c9fd8af452faf489e686b94bf87075965c40673803810c4f41634b1e299";
+/// The Debian archive; `WASMRPC_DEBIAN_MIRROR` may name a mirror of it.
+const DEBIAN_MIRROR: &str = "https://deb.debian.org/debian";
 
 /// Makes sure everything is installed and linked; cheap when it already is.
 pub(crate) fn run(root: &Path) -> Result<()> {
     let started = Instant::now();
     ensure_wasm_target()?;
     let venv = ensure_torch_venv()?;
-    link_env(root, &venv)?;
+    ensure_cuda_headers(&venv)?;
+    let gloo = ensure_gloo_headers()?;
+    link_env(root, &venv, &gloo)?;
     println!(
         "setup: ready in {:.1}s (torch {TORCH_VERSION} at {})",
         started.elapsed().as_secs_f64(),
@@ -107,19 +129,168 @@ fn ensure_torch_venv() -> Result<PathBuf> {
     Ok(venv)
 }
 
-/// Points `.wasmrpc-env/{torch,venv}` at the install.
-fn link_env(root: &Path, venv: &Path) -> Result<()> {
-    let env = root.join(".wasmrpc-env");
-    std::fs::create_dir_all(&env)?;
+/// In a CUDA build of torch, installs [`CUDA_HEADER_PACKAGES`] into the
+/// venv unless their headers are already there.
+fn ensure_cuda_headers(venv: &Path) -> Result<()> {
+    let Some(torch) = torch_dir(venv)? else {
+        return Ok(());
+    };
+    if !torch.join("lib").join("libtorch_cuda.so").exists() {
+        return Ok(());
+    }
+    let nvidia = torch.join("..").join("nvidia");
+    let Some(cuda) = std::fs::read_dir(&nvidia)
+        .ok()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("include"))
+        .find(|p| p.join("cuda_runtime_api.h").exists())
+    else {
+        return Ok(());
+    };
+    if cuda.join("crt").join("host_config.h").exists() && cuda.join("nv").join("target").exists() {
+        return Ok(());
+    }
+    step(&format!(
+        "setup: installing CUDA's compile-time headers for the NCCL shim ({}) into {}",
+        CUDA_HEADER_PACKAGES.join(", "),
+        venv.display()
+    ));
+    process::run(
+        Command::new(venv.join("bin").join("pip"))
+            .args([
+                "install",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "--quiet",
+            ])
+            .args(CUDA_HEADER_PACKAGES),
+    )
+}
+
+/// The venv's `site-packages/torch`, if it has `libtorch_cpu.so`.
+fn torch_dir(venv: &Path) -> Result<Option<PathBuf>> {
     let site = venv.join("lib");
-    let torch = std::fs::read_dir(&site)
+    Ok(std::fs::read_dir(&site)
         .with_context(|| format!("no lib folder in {}", venv.display()))?
         .filter_map(|e| e.ok())
         .map(|e| e.path().join("site-packages").join("torch"))
-        .find(|p| p.join("lib").join("libtorch_cpu.so").exists())
-        .with_context(|| format!("no torch with libtorch_cpu.so under {}", site.display()))?;
+        .find(|p| p.join("lib").join("libtorch_cpu.so").exists()))
+}
+
+/// Returns the folder holding `include/gloo/*.h`, extracting Debian's
+/// `libgloo-dev` there first if it is missing (a 49 kB download, checked
+/// against the archive's SHA-256).
+fn ensure_gloo_headers() -> Result<PathBuf> {
+    let dir = cache_dir()?.join(format!("gloo-{GLOO_DEB_VERSION}"));
+    if dir.join(READY_STAMP).exists() {
+        return Ok(dir);
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)
+            .with_context(|| format!("could not remove {}", dir.display()))?;
+    }
+    let mirror = std::env::var("WASMRPC_DEBIAN_MIRROR").unwrap_or_else(|_| DEBIAN_MIRROR.into());
+    let url = format!("{}/{GLOO_DEB_POOL}", mirror.trim_end_matches('/'));
+    step(&format!(
+        "setup: fetching Gloo's headers (Debian libgloo-dev {GLOO_DEB_VERSION}) from {url}"
+    ));
+    let work = dir.with_file_name(format!("gloo-{GLOO_DEB_VERSION}.partial"));
+    if work.exists() {
+        std::fs::remove_dir_all(&work)?;
+    }
+    std::fs::create_dir_all(&work)?;
+    let deb = work.join("libgloo-dev.deb");
+    download(&url, &deb)?;
+    let sum = output(Command::new("sha256sum").arg(&deb))?;
+    if sum.split_whitespace().next() != Some(GLOO_DEB_SHA256) {
+        bail!(
+            "{url} has SHA-256 {}, expected {GLOO_DEB_SHA256}",
+            sum.split_whitespace().next().unwrap_or("?")
+        );
+    }
+    // A .deb is an ar archive whose data.tar.* holds the files.
+    process::run(Command::new("ar").arg("x").arg(&deb).current_dir(&work))
+        .context("could not unpack the .deb (binutils' ar is needed)")?;
+    let data = std::fs::read_dir(&work)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("data.tar"))
+        })
+        .context("the .deb holds no data.tar")?;
+    process::run(
+        Command::new("tar")
+            .arg("-xf")
+            .arg(&data)
+            .arg("-C")
+            .arg(&work)
+            .arg("./usr/include/gloo"),
+    )?;
+    std::fs::create_dir_all(&dir)?;
+    std::fs::rename(work.join("usr").join("include"), dir.join("include"))?;
+    std::fs::remove_dir_all(&work)?;
+    if !dir.join("include/gloo/rendezvous/store.h").exists() {
+        bail!("no gloo/rendezvous/store.h in {}", dir.display());
+    }
+    std::fs::write(
+        dir.join(READY_STAMP),
+        format!("libgloo-dev {GLOO_DEB_VERSION}\n"),
+    )?;
+    Ok(dir)
+}
+
+/// Downloads `url` to `to` with curl, or, where curl is missing, with the
+/// Python the set-up needs anyway.
+fn download(url: &str, to: &Path) -> Result<()> {
+    let curl = Command::new("curl")
+        .args([
+            "--fail",
+            "--silent",
+            "--show-error",
+            "--location",
+            "--retry",
+            "3",
+            "-o",
+        ])
+        .arg(to)
+        .arg(url)
+        .status();
+    match curl {
+        Ok(status) if status.success() => Ok(()),
+        Ok(status) => bail!("curl could not download {url} ({status})"),
+        Err(_) => {
+            let python = std::env::var("WASMRPC_PYTHON").unwrap_or_else(|_| "python3".into());
+            process::run(
+                Command::new(&python)
+                    .args([
+                        "-c",
+                        "import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])",
+                        url,
+                    ])
+                    .arg(to),
+            )
+            .with_context(|| format!("could not download {url} (neither curl nor {python} worked)"))
+        }
+    }
+}
+
+/// Points `.wasmrpc-env/{torch,venv,gloo}` at the installs.
+fn link_env(root: &Path, venv: &Path, gloo: &Path) -> Result<()> {
+    let env = root.join(".wasmrpc-env");
+    std::fs::create_dir_all(&env)?;
+    let torch = torch_dir(venv)?.with_context(|| {
+        format!(
+            "no torch with libtorch_cpu.so under {}",
+            venv.join("lib").display()
+        )
+    })?;
     relink(&env.join("torch"), &torch)?;
     relink(&env.join("venv"), venv)?;
+    relink(&env.join("gloo"), gloo)?;
     Ok(())
 }
 

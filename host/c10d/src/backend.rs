@@ -4,9 +4,11 @@
 //! `"cpu:gloo,cuda:nccl"` device-to-backend map.
 //!
 //! The registry knows PyTorch's built-in names (`gloo`, `nccl`, `ucc`,
-//! `mpi`); of those only `gloo` is available here, implemented by
-//! [`crate::gloo`]. Plugins (PyTorch's `Backend.register_backend`) add a name
-//! and a constructor. This module owns names, availability and construction;
+//! `mpi`): `gloo` is libtorch's `ProcessGroupGloo` and `nccl` libtorch's
+//! `ProcessGroupNCCL` ([`crate::engine`]; nccl only in a CUDA build), `ucc`
+//! and `mpi` are never available. `tcp` ([`crate::tcp`]) is this crate's own
+//! TCP backend, usable by name but not one of PyTorch's. Plugins (PyTorch's
+//! `Backend.register_backend`) add a name and a constructor. This module owns names, availability and construction;
 //! it knows nothing of group membership or the wire.
 
 use std::collections::BTreeMap;
@@ -204,6 +206,16 @@ pub trait CollectiveBackend: Send + Sync + fmt::Debug {
     /// Releases connections; operations still waiting fail promptly.
     fn shutdown(&self) {}
 
+    /// Whether an operation's future, once polled (which issues it),
+    /// completes without being polled again: the backend's own threads do
+    /// the work and the future only reports the outcome. [`crate::Work`]
+    /// then waits for it on the caller's task instead of spawning it, which
+    /// saves a thread hop per operation. Default `false` (the future is
+    /// spawned); libtorch's engines say `true`.
+    fn completes_without_polling(&self) -> bool {
+        false
+    }
+
     /// The error for an operation this backend lacks.
     fn unsupported(&self, ctx: &OpContext) -> Error {
         Error::Unsupported {
@@ -273,10 +285,14 @@ pub struct Backend;
 impl Backend {
     /// `Backend.UNDEFINED`.
     pub const UNDEFINED: &'static str = "undefined";
-    /// `Backend.GLOO`: this crate's TCP CPU backend ([`crate::gloo`]).
+    /// `Backend.GLOO`: libtorch's `ProcessGroupGloo` ([`crate::engine`]).
     pub const GLOO: &'static str = "gloo";
-    /// `Backend.NCCL` (known name, not available: no NCCL bindings).
+    /// `Backend.NCCL`: libtorch's `ProcessGroupNCCL` ([`crate::engine`]),
+    /// available in a CUDA build only.
     pub const NCCL: &'static str = "nccl";
+    /// This crate's own TCP backend ([`crate::tcp`]); not a PyTorch name, so
+    /// not in [`Backend::backend_list`].
+    pub const TCP: &'static str = "tcp";
     /// `Backend.UCC` (known name, not available).
     pub const UCC: &'static str = "ucc";
     /// `Backend.MPI` (known name, not available).
@@ -327,7 +343,7 @@ impl Backend {
     /// `Backend.backend_capability[name]`: the devices a backend serves.
     pub fn capability(name: &str) -> Option<Vec<String>> {
         let devices: &[&str] = match name {
-            Self::GLOO | Self::UCC | Self::MPI => &["cpu", "cuda"],
+            Self::GLOO | Self::UCC | Self::MPI | Self::TCP => &["cpu", "cuda"],
             Self::NCCL => &["cuda"],
             _ => {
                 return plugins()
@@ -380,14 +396,19 @@ impl Backend {
         plugins().get(upper).cloned()
     }
 
-    /// The constructor for `name`: the built-in gloo, or a plugin.
+    /// The constructor for `name`: gloo, nccl (when available), tcp, or a
+    /// plugin.
     ///
     /// # Errors
     /// [`Error::Runtime`] for a known but unavailable backend or an unknown
     /// name.
     pub(crate) fn creator(name: &str) -> Result<BackendCreator> {
         match name {
-            Self::GLOO => Ok(Arc::new(|args| Box::pin(crate::gloo::create(args)))),
+            Self::GLOO => Ok(Arc::new(|args| Box::pin(crate::engine::create_gloo(args)))),
+            Self::NCCL if is_nccl_available() => {
+                Ok(Arc::new(|args| Box::pin(crate::engine::create_nccl(args))))
+            }
+            Self::TCP => Ok(Arc::new(|args| Box::pin(crate::tcp::create(args)))),
             Self::NCCL | Self::UCC | Self::MPI => Err(Error::Runtime(format!(
                 "Distributed package doesn't have {} built in",
                 name.to_uppercase()
@@ -403,25 +424,30 @@ fn plugins() -> std::sync::RwLockReadGuard<'static, BTreeMap<String, BackendPlug
     PLUGINS.read().unwrap_or_else(|e| e.into_inner())
 }
 
-/// `dist.is_backend_available(name)`: gloo, or a registered plugin.
+/// `dist.is_backend_available(name)`: gloo, nccl in a CUDA build, tcp, or a
+/// registered plugin.
 pub fn is_backend_available(name: &str) -> bool {
     match name.to_lowercase().as_str() {
         Backend::GLOO => is_gloo_available(),
         Backend::NCCL => is_nccl_available(),
         Backend::UCC => is_ucc_available(),
         Backend::MPI => is_mpi_available(),
+        Backend::TCP => true,
         other => plugins().contains_key(&other.to_uppercase()),
     }
 }
 
-/// `dist.is_gloo_available()`: always (this crate's TCP backend).
+/// `dist.is_gloo_available()`: always (libtorch's `ProcessGroupGloo` is
+/// compiled into every build).
 pub fn is_gloo_available() -> bool {
     true
 }
 
-/// `dist.is_nccl_available()`: never (no NCCL bindings).
+/// `dist.is_nccl_available()`: whether this build compiled libtorch's
+/// `ProcessGroupNCCL` in (a CUDA libtorch with NCCL's headers). It says
+/// nothing of whether a GPU is present, as in PyTorch.
 pub fn is_nccl_available() -> bool {
-    false
+    crate::engine::nccl_compiled()
 }
 
 /// `dist.is_ucc_available()`: never.
@@ -443,7 +469,8 @@ pub struct BackendConfig {
 
 impl BackendConfig {
     /// Parses a backend string as PyTorch does: `undefined` (the default:
-    /// gloo on cpu, nccl on cuda if available, otherwise gloo), a known
+    /// gloo on cpu, nccl on cuda if available and a GPU is present,
+    /// otherwise gloo), a known
     /// name (its devices), `device:backend` pairs (in order), or any other
     /// single name (cpu and cuda).
     ///
@@ -453,7 +480,10 @@ impl BackendConfig {
     pub fn new(backend: &str) -> Result<Self> {
         let lower = backend.to_lowercase();
         let map = if lower == Backend::UNDEFINED {
-            let cuda = if is_nccl_available() {
+            // As PyTorch, which picks the accelerator's backend only when
+            // there is an accelerator: ProcessGroupNCCL refuses to be
+            // constructed without a GPU.
+            let cuda = if is_nccl_available() && tch::Cuda::is_available() {
                 Backend::NCCL
             } else {
                 Backend::GLOO

@@ -56,6 +56,21 @@ pub enum Error {
         /// What went wrong.
         detail: String,
     },
+    /// One of libtorch's engines (`gloo`, `nccl`) failed an operation; the
+    /// detail is libtorch's own message (PyTorch's text).
+    #[error("rank {rank} of group {group}: {op} on {backend}: {detail}")]
+    Backend {
+        /// The engine's name.
+        backend: String,
+        /// This worker's rank in the group.
+        rank: usize,
+        /// The group's name.
+        group: String,
+        /// The operation (`"init"` while the group is formed).
+        op: String,
+        /// libtorch's message.
+        detail: String,
+    },
     /// A tensor operation inside a collective failed.
     #[error("rank {rank} of group {group}: {op}: {source}")]
     Tensor {
@@ -81,7 +96,9 @@ impl Error {
             Error::InvalidArgument(_) => "ValueError",
             Error::Runtime(_) | Error::Tensor { .. } => "RuntimeError",
             Error::Unsupported { .. } => "RuntimeError",
-            Error::Timeout { .. } | Error::Peer { .. } => "DistBackendError",
+            Error::Timeout { .. } | Error::Peer { .. } | Error::Backend { .. } => {
+                "DistBackendError"
+            }
             Error::Store(e) => e.python_kind(),
         }
     }

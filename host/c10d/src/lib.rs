@@ -42,8 +42,11 @@
 //! - [`Backend`], [`BackendConfig`], [`CollectiveBackend`]: backend names,
 //!   the plugin registry (`register_backend`), `"cpu:gloo,cuda:nccl"`
 //!   strings, and the trait a backend implements.
-//! - [`gloo`]: the CPU backend, over TCP connections between the members
-//!   whose addresses are exchanged through the group's store.
+//! - [`engine`]: `gloo` and `nccl`, libtorch's own `ProcessGroupGloo` and
+//!   `ProcessGroupNCCL` reached through a C++ shim, their rendezvous served
+//!   by the group's Rust store.
+//! - [`tcp`]: this crate's own CPU backend (`tcp`), over TCP connections
+//!   between the members whose addresses are exchanged through the store.
 //! - [`ReduceOp`]: SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR and
 //!   PREMUL_SUM.
 //! - [`compute_bucket_assignment_by_size`]: DDP's gradient bucketing;
@@ -57,17 +60,21 @@
 //! process groups do not need wasm. It owns the process-group layer and
 //! nothing below it (stores, rendezvous) or above it (DDP itself).
 //!
-//! Not done: NCCL, UCC and MPI (known names, never available); DDP's module
-//! wrapper (forward hooks, overlap with backward, unused parameters).
+//! Not done: UCC and MPI (known names, never available); NCCL where the
+//! libtorch is CPU-only or CUDA's compiler headers are missing (see the
+//! build script); DDP's module wrapper (forward hooks, overlap with
+//! backward, unused parameters).
 
 mod backend;
 mod bucketing;
 pub mod ddp;
+pub mod engine;
 mod error;
-pub mod gloo;
 mod group;
+mod handshake;
 mod mesh;
 mod reduce_op;
+pub mod tcp;
 mod work;
 mod world;
 

@@ -2,7 +2,10 @@
 //! group members, and a mailbox that sorts incoming frames by sender and tag.
 //!
 //! Members exchange listening addresses through the group's (prefixed)
-//! store; tensors never go through the store. Rank `r` connects to every
+//! store; tensors never go through the store. Every connection opens with
+//! [`crate::handshake`] (the dialer's rank and, with a cluster secret,
+//! mutual proof of it); a connection that fails it is closed and logged, and
+//! the member keeps waiting for its real peers. Rank `r` connects to every
 //! lower rank and accepts from every higher one, so each pair has exactly one
 //! connection. A reader task per connection drains the socket into the
 //! [`Mailbox`], so sends never block on a peer that has not started
@@ -159,6 +162,7 @@ impl Mesh {
     pub(crate) async fn connect(
         store: &dyn Store,
         host: &str,
+        secret: Option<Arc<[u8]>>,
         rank: usize,
         size: usize,
         group: &str,
@@ -181,15 +185,53 @@ impl Mesh {
             .set(&format!("addr/{rank}"), addr.to_string().as_bytes())
             .await?;
 
-        // Higher ranks connect to us and introduce themselves.
+        // Higher ranks connect to us and prove who they are; each handshake
+        // runs on its own, so a connection that stalls holds up no other.
         let expected = size - 1 - rank;
+        let accept_secret = secret.clone();
+        let accept_group = group.to_owned();
         let mut accept = AbortOnDrop(tokio::spawn(async move {
-            let mut accepted = Vec::with_capacity(expected);
+            let mut accepted: Vec<(usize, TcpStream)> = Vec::with_capacity(expected);
+            let mut handshakes = tokio::task::JoinSet::new();
             while accepted.len() < expected {
-                let (mut stream, _) = listener.accept().await?;
-                let peer = stream.read_u64_le().await? as usize;
-                stream.set_nodelay(true)?;
-                accepted.push((peer, stream));
+                tokio::select! {
+                    conn = listener.accept() => {
+                        let (mut stream, from) = conn?;
+                        let secret = accept_secret.clone();
+                        let group = accept_group.clone();
+                        handshakes.spawn(async move {
+                            let shake = crate::handshake::accept(
+                                &mut stream,
+                                secret.as_deref(),
+                                &group,
+                                rank,
+                            );
+                            match tokio::time::timeout(crate::handshake::HANDSHAKE_TIMEOUT, shake).await {
+                                Ok(Ok(peer)) => Ok((peer, stream)),
+                                Ok(Err(why)) => Err(format!("{from}: {why}")),
+                                Err(_) => Err(format!("{from}: no handshake within {:?}", crate::handshake::HANDSHAKE_TIMEOUT)),
+                            }
+                        });
+                    }
+                    Some(done) = handshakes.join_next(), if !handshakes.is_empty() => {
+                        match done {
+                            Ok(Ok((peer, stream))) => {
+                                if peer <= rank || peer >= size || accepted.iter().any(|(p, _)| *p == peer) {
+                                    tracing::warn!(rank, group = %accept_group, peer, "c10d tcp: refused a connection announcing an unexpected rank");
+                                    continue;
+                                }
+                                stream.set_nodelay(true)?;
+                                accepted.push((peer, stream));
+                            }
+                            Ok(Err(why)) => {
+                                tracing::warn!(rank, group = %accept_group, "c10d tcp: refused a connection: {why}");
+                            }
+                            Err(e) => {
+                                tracing::warn!(rank, group = %accept_group, "c10d tcp: handshake task failed: {e}");
+                            }
+                        }
+                    }
+                }
             }
             Ok::<_, std::io::Error>(accepted)
         }));
@@ -200,17 +242,23 @@ impl Mesh {
             store.wait(&[key.as_str()], timeout).await?;
             let addr = String::from_utf8_lossy(&store.get(&key).await?).into_owned();
             let connect = async {
-                let mut stream = TcpStream::connect(&addr).await?;
-                stream.set_nodelay(true)?;
-                stream.write_u64_le(rank as u64).await?;
-                Ok::<_, std::io::Error>(stream)
+                let mut stream = TcpStream::connect(&addr)
+                    .await
+                    .map_err(|e| format!("connecting to {addr}: {e}"))?;
+                stream
+                    .set_nodelay(true)
+                    .map_err(|e| format!("connecting to {addr}: {e}"))?;
+                crate::handshake::dial(&mut stream, secret.as_deref(), group, rank, peer)
+                    .await
+                    .map_err(|why| format!("connecting to {addr}: {why}"))?;
+                Ok::<_, String>(stream)
             };
             let stream = tokio::time::timeout(timeout, connect)
                 .await
                 .map_err(|_| {
                     peer_error(peer, format!("no connection to {addr} within {timeout:?}"))
                 })?
-                .map_err(|e| peer_error(peer, format!("connecting to {addr}: {e}")))?;
+                .map_err(|detail| peer_error(peer, detail))?;
             *slot = Some(stream);
         }
         let accepted = match tokio::time::timeout(timeout, &mut accept.0).await {
@@ -225,9 +273,6 @@ impl Mesh {
             }
         };
         for (peer, stream) in accepted {
-            if peer <= rank || peer >= size || streams[peer].is_some() {
-                return Err(peer_error(peer, "unexpected peer rank in handshake".into()));
-            }
             streams[peer] = Some(stream);
         }
 

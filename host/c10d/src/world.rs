@@ -573,9 +573,12 @@ impl World {
         let backend = pg.backend_for(tensor.device())?;
         let ctx = pg.next_op("all_reduce");
         let t = real_view(tensor)?;
-        Ok(Work::spawn(ctx.op, ctx.timeout, async move {
-            backend.allreduce(&ctx, vec![t], op).await
-        }))
+        Ok(Work::spawn(
+            backend.completes_without_polling(),
+            ctx.op,
+            ctx.timeout,
+            async move { backend.allreduce(&ctx, vec![t], op).await },
+        ))
     }
 
     /// `dist.all_reduce_coalesced(tensors, op, group)`.
@@ -598,9 +601,12 @@ impl World {
         let backend = pg.backend_for(first.device())?;
         let ctx = pg.next_op("all_reduce_coalesced");
         let ts = tensors.iter().map(real_view).collect::<Result<Vec<_>>>()?;
-        Ok(Work::spawn(ctx.op, ctx.timeout, async move {
-            backend.allreduce_coalesced(&ctx, ts, op).await
-        }))
+        Ok(Work::spawn(
+            backend.completes_without_polling(),
+            ctx.op,
+            ctx.timeout,
+            async move { backend.allreduce_coalesced(&ctx, ts, op).await },
+        ))
     }
 
     /// `dist.broadcast(tensor, src, group)`; `src` is a global rank.
@@ -620,9 +626,12 @@ impl World {
         let backend = pg.backend_for(tensor.device())?;
         let ctx = pg.next_op("broadcast");
         let t = real_view(tensor)?;
-        Ok(Work::spawn(ctx.op, ctx.timeout, async move {
-            backend.broadcast(&ctx, vec![t], root).await
-        }))
+        Ok(Work::spawn(
+            backend.completes_without_polling(),
+            ctx.op,
+            ctx.timeout,
+            async move { backend.broadcast(&ctx, vec![t], root).await },
+        ))
     }
 
     /// `dist.reduce(tensor, dst, op, group)`; `dst` is a global rank.
@@ -643,9 +652,12 @@ impl World {
         let backend = pg.backend_for(tensor.device())?;
         let ctx = pg.next_op("reduce");
         let t = real_view(tensor)?;
-        Ok(Work::spawn(ctx.op, ctx.timeout, async move {
-            backend.reduce(&ctx, vec![t], root, op).await
-        }))
+        Ok(Work::spawn(
+            backend.completes_without_polling(),
+            ctx.op,
+            ctx.timeout,
+            async move { backend.reduce(&ctx, vec![t], root, op).await },
+        ))
     }
 
     /// `dist.all_gather(tensor_list, tensor, group)`: `outputs[r]` receives
@@ -670,9 +682,12 @@ impl World {
         let ctx = pg.next_op("all_gather");
         let outs = outputs.iter().map(real_view).collect::<Result<Vec<_>>>()?;
         let input = real_view(input)?;
-        Ok(Work::spawn(ctx.op, ctx.timeout, async move {
-            backend.allgather(&ctx, vec![outs], vec![input]).await
-        }))
+        Ok(Work::spawn(
+            backend.completes_without_polling(),
+            ctx.op,
+            ctx.timeout,
+            async move { backend.allgather(&ctx, vec![outs], vec![input]).await },
+        ))
     }
 
     /// `dist.all_gather_coalesced(output_tensor_lists, input_tensor_list,
@@ -723,25 +738,41 @@ impl World {
             let outs: Vec<Tensor> = outputs.iter().map(|l| l[j].shallow_clone()).collect();
             jobs.push((input, staging, outs));
         }
-        Ok(Work::spawn(ctx.op, ctx.timeout, async move {
-            for (j, (input, staging, outs)) in jobs.into_iter().enumerate() {
-                let part = ctx.part(j as u32);
-                backend
-                    .allgather(&part, vec![shallow(&staging)], vec![input])
-                    .await?;
-                for (mut out, got) in outs.into_iter().zip(staging) {
-                    // The output may differ in dtype: copy_ converts.
-                    let got = if is_complex(out.kind()) {
-                        got.f_view_as_complex()
-                    } else {
-                        Ok(got)
-                    };
-                    got.and_then(|g| out.f_copy_(&g.reshape(out.size())))
-                        .map_err(|e| Error::Runtime(format!("all_gather_coalesced: {e}")))?;
+        Ok(Work::spawn(
+            backend.completes_without_polling(),
+            ctx.op,
+            ctx.timeout,
+            async move {
+                // Every part is issued at the first poll, in order: an engine
+                // tags operations by issue order, so no later collective may
+                // slip between the parts.
+                let mut parts: Vec<PartFuture> = Vec::with_capacity(jobs.len());
+                let mut copies = Vec::with_capacity(jobs.len());
+                for (j, (input, staging, outs)) in jobs.into_iter().enumerate() {
+                    let part = ctx.part(j as u32);
+                    let backend = Arc::clone(&backend);
+                    let gathered = shallow(&staging);
+                    parts.push(Box::pin(async move {
+                        backend.allgather(&part, vec![gathered], vec![input]).await
+                    }));
+                    copies.push((staging, outs));
                 }
-            }
-            Ok(())
-        }))
+                join_in_order(parts).await?;
+                for (staging, outs) in copies {
+                    for (mut out, got) in outs.into_iter().zip(staging) {
+                        // The output may differ in dtype: copy_ converts.
+                        let got = if is_complex(out.kind()) {
+                            got.f_view_as_complex()
+                        } else {
+                            Ok(got)
+                        };
+                        got.and_then(|g| out.f_copy_(&g.reshape(out.size())))
+                            .map_err(|e| Error::Runtime(format!("all_gather_coalesced: {e}")))?;
+                    }
+                }
+                Ok(())
+            },
+        ))
     }
 
     /// `dist.gather(tensor, gather_list, dst, group)`: only `dst` passes a
@@ -784,9 +815,12 @@ impl World {
         let backend = pg.backend_for(input.device())?;
         let ctx = pg.next_op("gather");
         let input = real_view(input)?;
-        Ok(Work::spawn(ctx.op, ctx.timeout, async move {
-            backend.gather(&ctx, outs, vec![input], root).await
-        }))
+        Ok(Work::spawn(
+            backend.completes_without_polling(),
+            ctx.op,
+            ctx.timeout,
+            async move { backend.gather(&ctx, outs, vec![input], root).await },
+        ))
     }
 
     /// `dist.scatter(tensor, scatter_list, src, group)`: only `src` passes a
@@ -827,9 +861,12 @@ impl World {
         let backend = pg.backend_for(output.device())?;
         let ctx = pg.next_op("scatter");
         let output = real_view(output)?;
-        Ok(Work::spawn(ctx.op, ctx.timeout, async move {
-            backend.scatter(&ctx, vec![output], ins, root).await
-        }))
+        Ok(Work::spawn(
+            backend.completes_without_polling(),
+            ctx.op,
+            ctx.timeout,
+            async move { backend.scatter(&ctx, vec![output], ins, root).await },
+        ))
     }
 
     /// `dist.reduce_scatter(output, input_list, op, group)`: `output`
@@ -854,11 +891,16 @@ impl World {
         let ctx = pg.next_op("reduce_scatter");
         let ins = inputs.iter().map(real_view).collect::<Result<Vec<_>>>()?;
         let output = real_view(output)?;
-        Ok(Work::spawn(ctx.op, ctx.timeout, async move {
-            backend
-                .reduce_scatter(&ctx, vec![output], vec![ins], op)
-                .await
-        }))
+        Ok(Work::spawn(
+            backend.completes_without_polling(),
+            ctx.op,
+            ctx.timeout,
+            async move {
+                backend
+                    .reduce_scatter(&ctx, vec![output], vec![ins], op)
+                    .await
+            },
+        ))
     }
 
     /// `dist.all_to_all_single(output, input, output_split_sizes,
@@ -882,11 +924,16 @@ impl World {
         let ctx = pg.next_op("all_to_all_single");
         let (output, input) = (real_view(output)?, real_view(input)?);
         let (out_split, in_split) = (output_split_sizes.to_vec(), input_split_sizes.to_vec());
-        Ok(Work::spawn(ctx.op, ctx.timeout, async move {
-            backend
-                .alltoall_base(&ctx, output, input, out_split, in_split)
-                .await
-        }))
+        Ok(Work::spawn(
+            backend.completes_without_polling(),
+            ctx.op,
+            ctx.timeout,
+            async move {
+                backend
+                    .alltoall_base(&ctx, output, input, out_split, in_split)
+                    .await
+            },
+        ))
     }
 
     /// `dist.all_to_all(output_list, input_list, group)`: `outputs[s]`
@@ -914,9 +961,12 @@ impl World {
         let ctx = pg.next_op("all_to_all");
         let outs = outputs.iter().map(real_view).collect::<Result<Vec<_>>>()?;
         let ins = inputs.iter().map(real_view).collect::<Result<Vec<_>>>()?;
-        Ok(Work::spawn(ctx.op, ctx.timeout, async move {
-            backend.alltoall(&ctx, outs, ins).await
-        }))
+        Ok(Work::spawn(
+            backend.completes_without_polling(),
+            ctx.op,
+            ctx.timeout,
+            async move { backend.alltoall(&ctx, outs, ins).await },
+        ))
     }
 
     /// `dist.barrier(group)`.
@@ -929,9 +979,12 @@ impl World {
         };
         let backend = pg.default_backend()?;
         let ctx = pg.next_op("barrier");
-        Ok(Work::spawn(ctx.op, ctx.timeout, async move {
-            backend.barrier(&ctx).await
-        }))
+        Ok(Work::spawn(
+            backend.completes_without_polling(),
+            ctx.op,
+            ctx.timeout,
+            async move { backend.barrier(&ctx).await },
+        ))
     }
 
     /// `dist.send(tensor, dst, group, tag)` (`isend` when the work is not
@@ -962,9 +1015,12 @@ impl World {
         let backend = pg.backend_for(tensor.device())?;
         let ctx = pg.p2p_op("send");
         let t = real_view(tensor)?;
-        Ok(Work::spawn(ctx.op, ctx.timeout, async move {
-            backend.send(&ctx, vec![t], peer, tag).await
-        }))
+        Ok(Work::spawn(
+            backend.completes_without_polling(),
+            ctx.op,
+            ctx.timeout,
+            async move { backend.send(&ctx, vec![t], peer, tag).await },
+        ))
     }
 
     /// `dist.recv(tensor, src, group, tag)` (`irecv` when the work is not
@@ -995,9 +1051,12 @@ impl World {
         let backend = pg.backend_for(tensor.device())?;
         let ctx = pg.p2p_op("recv");
         let t = real_view(tensor)?;
-        Ok(Work::spawn(ctx.op, ctx.timeout, async move {
-            backend.recv(&ctx, vec![t], peer, tag).await
-        }))
+        Ok(Work::spawn(
+            backend.completes_without_polling(),
+            ctx.op,
+            ctx.timeout,
+            async move { backend.recv(&ctx, vec![t], peer, tag).await },
+        ))
     }
 
     /// `dist.all_gather_object(object_list, obj, group)` for serialized
@@ -1061,6 +1120,38 @@ fn not_registered(group: &ProcessGroup) -> Error {
 
 /// Builds a group: one backend per distinct backend name in `config` (a
 /// member only), each on its own prefix of `store`.
+/// One part of a multi-part collective.
+type PartFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send>>;
+
+/// Runs `parts` to completion, polling the pending ones in index order
+/// every time (so the first poll issues them in order); the first error
+/// wins once every part has finished.
+async fn join_in_order(parts: Vec<PartFuture>) -> Result<()> {
+    let mut parts: Vec<Option<PartFuture>> = parts.into_iter().map(Some).collect();
+    let mut first_error = None;
+    std::future::poll_fn(|cx| {
+        for slot in &mut parts {
+            if let Some(part) = slot
+                && let std::task::Poll::Ready(result) = part.as_mut().poll(cx)
+            {
+                *slot = None;
+                if let Err(e) = result
+                    && first_error.is_none()
+                {
+                    first_error = Some(e);
+                }
+            }
+        }
+        if parts.iter().all(Option::is_none) {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    first_error.map_or(Ok(()), Err)
+}
+
 async fn build_group(
     store: Arc<dyn Store>,
     config: &BackendConfig,

@@ -1,7 +1,9 @@
-//! `gloo`: this crate's CPU collective backend, named as PyTorch's tests
-//! expect (`init_process_group("gloo", ...)`, `pg.name() == "gloo"`).
+//! `tcp`: this crate's own CPU collective backend
+//! (`init_process_group("tcp", ...)`). PyTorch's `gloo` is libtorch's
+//! `ProcessGroupGloo` ([`crate::engine`]); this one is not Gloo and does not
+//! use its name.
 //!
-//! It is not a binding to Facebook's Gloo: collectives run over the
+//! Collectives run over the
 //! crate's mesh (one TCP connection per pair of members, addresses
 //! exchanged through the group's store). The algorithms are direct: every
 //! contributor sends its data to every receiver, and each receiver combines
@@ -13,7 +15,14 @@
 //! view, bool as bytes); CUDA tensors are staged through host memory. The
 //! address each member listens on is `127.0.0.1` unless
 //! `WASMRPC_C10D_HOST` names another (multi-host groups need it).
+//!
+//! Connections are authenticated like the agent's: with a cluster secret
+//! (`WASMRPC_CLUSTER_SECRET` or `WASMRPC_CLUSTER_SECRET_FILE`, or
+//! [`TcpOptions::secret`]) every connection opens with a mutual HMAC-SHA256
+//! proof of it; without one, members may listen on a loopback address only
+//! (or anywhere with `WASMRPC_C10D_INSECURE=1`). Traffic is not encrypted.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use tch::Tensor;
@@ -25,33 +34,150 @@ use crate::reduce_op::ReduceOp;
 
 /// The environment variable naming the address members listen on.
 pub const HOST_ENV: &str = "WASMRPC_C10D_HOST";
+/// The cluster secret, as the agent reads it (the value).
+pub const SECRET_ENV: &str = "WASMRPC_CLUSTER_SECRET";
+/// The cluster secret, as the agent reads it (a file readable by its owner
+/// only).
+pub const SECRET_FILE_ENV: &str = "WASMRPC_CLUSTER_SECRET_FILE";
+/// Set to `1` to let members listen on a non-loopback address without a
+/// secret (the agent's `--insecure`).
+pub const INSECURE_ENV: &str = "WASMRPC_C10D_INSECURE";
 
-/// The gloo backend of one group member.
+/// How the members of a `tcp` group listen and prove themselves to each
+/// other.
+#[derive(Clone, Default)]
+pub struct TcpOptions {
+    /// The address to listen on (`127.0.0.1` when `None`).
+    pub host: Option<String>,
+    /// The cluster secret every member must hold: each connection opens
+    /// with a mutual HMAC-SHA256 proof of it (see the crate's handshake).
+    pub secret: Option<Arc<[u8]>>,
+    /// Allow a non-loopback address without a secret.
+    pub insecure: bool,
+}
+
+impl std::fmt::Debug for TcpOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpOptions")
+            .field("host", &self.host)
+            .field("secret", &self.secret.as_ref().map(|_| "<set>"))
+            .field("insecure", &self.insecure)
+            .finish()
+    }
+}
+
+impl TcpOptions {
+    /// From the environment, as the agent takes its credentials:
+    /// [`HOST_ENV`], [`SECRET_ENV`] (else [`SECRET_FILE_ENV`]) and
+    /// [`INSECURE_ENV`].
+    ///
+    /// # Errors
+    /// [`Error::Runtime`] for a secret file that cannot be read or that
+    /// group or others may read.
+    pub fn from_env() -> Result<TcpOptions> {
+        let secret = match std::env::var(SECRET_ENV).ok().filter(|s| !s.is_empty()) {
+            Some(value) => Some(Arc::from(value.into_bytes())),
+            None => match std::env::var_os(SECRET_FILE_ENV).filter(|p| !p.is_empty()) {
+                Some(path) => Some(read_secret_file(std::path::Path::new(&path))?),
+                None => None,
+            },
+        };
+        Ok(TcpOptions {
+            host: std::env::var(HOST_ENV).ok().filter(|h| !h.is_empty()),
+            secret,
+            insecure: std::env::var(INSECURE_ENV).is_ok_and(|v| v == "1"),
+        })
+    }
+}
+
+fn read_secret_file(path: &std::path::Path) -> Result<Arc<[u8]>> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path).map_err(|e| {
+        Error::Runtime(format!(
+            "cannot read the cluster secret file {}: {e}",
+            path.display()
+        ))
+    })?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        return Err(Error::Runtime(format!(
+            "the cluster secret file {} may be read by group or others: chmod 600 it",
+            path.display()
+        )));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Error::Runtime(format!(
+            "cannot read the cluster secret file {}: {e}",
+            path.display()
+        ))
+    })?;
+    let secret = text.trim_end_matches(['\n', '\r']);
+    if secret.is_empty() {
+        return Err(Error::Runtime(format!(
+            "the cluster secret file {} is empty",
+            path.display()
+        )));
+    }
+    Ok(Arc::from(secret.as_bytes().to_vec()))
+}
+
+/// The tcp backend of one group member.
 #[derive(Debug)]
-pub struct Gloo {
+pub struct Tcp {
     rank: usize,
     size: usize,
     group: String,
     mesh: Mesh,
 }
 
-/// The constructor registered under [`crate::Backend::GLOO`].
+/// The constructor registered under [`crate::Backend::TCP`]:
+/// [`create_with`] the options of [`TcpOptions::from_env`].
 ///
 /// # Errors
-/// Store errors and [`Error::Peer`] when the members cannot connect within
-/// the group's timeout.
+/// As [`create_with`], and a secret file that cannot be used.
 pub async fn create(args: BackendArgs) -> Result<Arc<dyn CollectiveBackend>> {
-    let host = std::env::var(HOST_ENV).unwrap_or_else(|_| "127.0.0.1".to_owned());
+    create_with(args, TcpOptions::from_env()?).await
+}
+
+/// Connects this member to the others, each connection authenticated with
+/// `opts.secret` when there is one.
+///
+/// # Errors
+/// [`Error::Runtime`] for a non-loopback address without a secret (unless
+/// `insecure`), store errors, and [`Error::Peer`] when the members cannot
+/// connect and prove themselves within the group's timeout.
+pub async fn create_with(
+    args: BackendArgs,
+    opts: TcpOptions,
+) -> Result<Arc<dyn CollectiveBackend>> {
+    let host = opts.host.unwrap_or_else(|| "127.0.0.1".to_owned());
+    let loopback = host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    if opts.secret.is_none() && !loopback {
+        if !opts.insecure {
+            return Err(Error::Runtime(format!(
+                "rank {} of group {}: the tcp backend would listen on {host} without a cluster \
+                 secret: every process that reaches it could take a rank's place. Set \
+                 {SECRET_ENV} (or {SECRET_FILE_ENV}) to the same value on every rank, or \
+                 {INSECURE_ENV}=1 to accept that",
+                args.group_rank, args.group_name
+            )));
+        }
+        tracing::warn!(
+            rank = args.group_rank,
+            group = %args.group_name,
+            "c10d tcp: listening on {host} without a cluster secret ({INSECURE_ENV}=1)"
+        );
+    }
     let mesh = Mesh::connect(
         args.store.as_ref(),
         &host,
+        opts.secret,
         args.group_rank,
         args.group_size,
         &args.group_name,
         args.timeout,
     )
     .await?;
-    Ok(Arc::new(Gloo {
+    Ok(Arc::new(Tcp {
         rank: args.group_rank,
         size: args.group_size,
         group: args.group_name,
@@ -68,7 +194,7 @@ fn tag(ctx: &OpContext, step: usize) -> Tag {
     }
 }
 
-impl Gloo {
+impl Tcp {
     fn err(&self, ctx: &OpContext, source: tch::TchError) -> Error {
         Error::Tensor {
             rank: self.rank,
@@ -183,9 +309,9 @@ impl Gloo {
 }
 
 #[async_trait::async_trait]
-impl CollectiveBackend for Gloo {
+impl CollectiveBackend for Tcp {
     fn name(&self) -> String {
-        crate::Backend::GLOO.to_owned()
+        crate::Backend::TCP.to_owned()
     }
     fn rank(&self) -> usize {
         self.rank

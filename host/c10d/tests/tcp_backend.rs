@@ -1,7 +1,8 @@
-//! The `gloo` backend's data path, beyond what the seeds check: every
+//! The `tcp` backend's data path (this crate's own backend), beyond what the seeds check: every
 //! collective's numbers on three ranks, each reduce op, point-to-point
 //! tags, timeouts that fail instead of hanging, errors that name the rank,
-//! group and op, destroy failing pending operations, and `tcp://` init.
+//! group and op, destroy failing pending operations, `tcp://` init, and
+//! connections authenticated with the cluster secret.
 
 mod common;
 
@@ -11,11 +12,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tch::{Device, Kind, Tensor};
-use wasmrpc_c10d::{Error, InitOptions, NewGroupOptions, ReduceOp, World};
+use wasmrpc_c10d::tcp::{self, TcpOptions};
+use wasmrpc_c10d::{
+    Backend, BackendArgs, BackendCreator, Error, InitOptions, NewGroupOptions, ReduceOp, World,
+};
 use wasmrpc_store::FileStore;
 
 async fn init(rank: usize, world_size: usize, file: &std::path::Path, timeout: Duration) -> World {
-    common::init(Some("gloo"), rank, world_size, file, timeout).await
+    common::init(Some("tcp"), rank, world_size, file, timeout).await
 }
 
 fn vals(v: &[f32]) -> Tensor {
@@ -326,7 +330,7 @@ async fn tcp_init_method_and_double_init() {
     run_ranks(2, move |rank, _| async move {
         let world = World::new();
         let opts = InitOptions {
-            backend: Some("gloo".into()),
+            backend: Some("tcp".into()),
             init_method: Some(format!("tcp://127.0.0.1:{port}")),
             rank: Some(rank as i64),
             world_size: Some(2),
@@ -406,7 +410,7 @@ async fn init_fails_when_a_rank_never_joins() {
     let started = Instant::now();
     let err = world
         .init_process_group(InitOptions {
-            backend: Some("gloo".into()),
+            backend: Some("tcp".into()),
             store: Some(Arc::new(FileStore::new(&file, Some(2)))),
             rank: Some(0),
             world_size: Some(2),
@@ -422,4 +426,144 @@ async fn init_fails_when_a_rank_never_joins() {
         "{text}"
     );
     assert!(!world.is_initialized());
+}
+
+/// Registers a plugin backend that is `tcp` with the options `opts(rank)`.
+fn register_tcp_with(name: &str, opts: fn(usize) -> TcpOptions) {
+    let creator: BackendCreator = Arc::new(move |args: BackendArgs| {
+        let o = opts(args.group_rank);
+        Box::pin(tcp::create_with(args, o))
+    });
+    Backend::register_backend(name, creator, None).unwrap();
+}
+
+fn secret(s: &'static str) -> Option<Arc<[u8]>> {
+    Some(Arc::from(s.as_bytes()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_holding_the_cluster_secret_connect() {
+    register_tcp_with("tcp_same_secret", |_| TcpOptions {
+        secret: secret("s3cret"),
+        ..Default::default()
+    });
+    run_ranks(3, |rank, file| async move {
+        let world = common::init(
+            Some("tcp_same_secret"),
+            rank,
+            3,
+            &file,
+            Duration::from_secs(15),
+        )
+        .await;
+        let t = vals(&[rank as f32]);
+        world
+            .all_reduce(&t, ReduceOp::SUM, None)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        assert!(t.equal(&vals(&[3.])));
+        world.destroy_process_group(None).unwrap();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_with_another_secret_is_refused() {
+    register_tcp_with("tcp_other_secret", |rank| TcpOptions {
+        secret: if rank == 0 {
+            secret("one")
+        } else {
+            secret("two")
+        },
+        ..Default::default()
+    });
+    run_ranks(2, |rank, file| async move {
+        let world = World::new();
+        let err = world
+            .init_process_group(InitOptions {
+                backend: Some("tcp_other_secret".into()),
+                store: Some(Arc::new(FileStore::new(&file, Some(2)))),
+                rank: Some(rank as i64),
+                world_size: Some(2),
+                timeout: Some(Duration::from_millis(1500)),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        let text = err.to_string();
+        if rank == 1 {
+            // The dialer checks the acceptor's proof first.
+            assert!(
+                text.contains("rank 1 of group 0")
+                    && text.contains("rank 0 did not prove that it holds the cluster secret"),
+                "{text}"
+            );
+        } else {
+            assert!(
+                text.contains("rank 0 of group 0")
+                    && text.contains("not every higher rank connected"),
+                "{text}"
+            );
+        }
+        assert!(!world.is_initialized());
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_without_the_secret_is_refused() {
+    register_tcp_with("tcp_half_secret", |rank| TcpOptions {
+        secret: if rank == 0 { secret("s3cret") } else { None },
+        ..Default::default()
+    });
+    run_ranks(2, |rank, file| async move {
+        let world = World::new();
+        let err = world
+            .init_process_group(InitOptions {
+                backend: Some("tcp_half_secret".into()),
+                store: Some(Arc::new(FileStore::new(&file, Some(2)))),
+                rank: Some(rank as i64),
+                world_size: Some(2),
+                timeout: Some(Duration::from_millis(1500)),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        if rank == 1 {
+            let text = err.to_string();
+            assert!(
+                text.contains("the peer has a cluster secret but this rank has none"),
+                "{text}"
+            );
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listening_beyond_loopback_needs_a_secret() {
+    register_tcp_with("tcp_exposed", |_| TcpOptions {
+        host: Some("0.0.0.0".into()),
+        ..Default::default()
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let world = World::new();
+    let err = world
+        .init_process_group(InitOptions {
+            backend: Some("tcp_exposed".into()),
+            store: Some(Arc::new(FileStore::new(dir.path().join("store"), Some(1)))),
+            rank: Some(0),
+            world_size: Some(1),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("would listen on 0.0.0.0 without a cluster secret")
+            && text.contains("WASMRPC_CLUSTER_SECRET"),
+        "{text}"
+    );
 }
