@@ -4,12 +4,12 @@
 //! debug info, and running a pass's pieces (on the blocking pool or in
 //! place) and waiting for it. The pass itself is the parent module's.
 
-use super::super::context::{DistAutogradContext, container, current_context};
-use super::super::graph::{Cut, Gradients, Tensors};
-use super::super::wire::{AutogradEnvelope, AutogradMessage};
 use super::{CustomFunction, Entry, Pass, Piggyback, lock};
 use crate::abi::Value;
 use crate::agent::{Future, RpcAgent};
+use crate::dist_autograd::context::{DistAutogradContext, container, current_context};
+use crate::dist_autograd::graph::{Cut, Gradients, Tensors};
+use crate::dist_autograd::wire::{AutogradEnvelope, AutogradMessage};
 use crate::error::{
     ERROR_ON_NODE_PREFIX, Error, NO_TENSORS_FOR_GRADIENT, ROOT_NO_GRAD_FN, ROOT_NOT_SCALAR,
     ROOT_REQUIRES_GRAD_NOT_SET, Result, error_on_node,
@@ -44,7 +44,7 @@ pub fn backward(
     let agent = agent.clone();
     // The roots are taken now, so the future does not borrow them.
     let roots: Vec<Tensor> = roots.iter().map(Tensor::shallow_clone).collect();
-    let roots = super::super::graph::Tensors::new(roots);
+    let roots = crate::dist_autograd::graph::Tensors::new(roots);
     async move {
         // The whole pass, until every worker is done, in the caller's
         // profiling scope.
@@ -171,7 +171,7 @@ pub(crate) async fn handle_request(
             Ok(Piggyback::encode(piggyback))
         }
         AutogradMessage::CleanupAutogradContext { context_id } => {
-            super::super::context::release_if_present(agent, context_id);
+            crate::dist_autograd::context::release_if_present(agent, context_id);
             Ok(Payload::none())
         }
     }
@@ -265,7 +265,7 @@ pub(super) async fn fire(
     grads: Vec<Option<Tensor>>,
     requester: Option<u32>,
 ) -> Result<Vec<Piggyback>> {
-    if pass.cheap && !super::super::hook::any_registered() {
+    if pass.cheap && !crate::dist_autograd::hook::any_registered() {
         return pass.fire(entry, grads, requester);
     }
     let p = pass.clone();

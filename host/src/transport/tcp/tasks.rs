@@ -1,0 +1,161 @@
+//! The tasks a transport runs: its listener's accept loop, and each
+//! connection's reader and writer.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+use crate::error::Error;
+use crate::transport::frame::{FrameError, read_frame, write_frame};
+use crate::transport::handshake::{self, HANDSHAKE_TIMEOUT};
+use crate::transport::tls::check_names;
+
+use super::*;
+
+pub(super) async fn accept_loop(listener: TcpListener, t: Weak<Transport>) {
+    loop {
+        let (mut stream, from) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let Some(tr) = t.upgrade() else { return };
+        let _ = stream.set_nodelay(true);
+        tokio::spawn(async move {
+            let (secret, name, rank) = (tr.cfg.secret.clone(), tr.cfg.name.clone(), tr.cfg.rank);
+            let accept = async {
+                match &tr.cfg.tls {
+                    None => {
+                        let who = handshake::server(&mut stream, &secret, &name, rank).await?;
+                        Ok((Stream::Tcp(stream), who))
+                    }
+                    Some(tls) => {
+                        // TLS-1: a certificate of the cluster CA, or no byte
+                        // of the agent's protocol is read.
+                        let mut stream = tls.accept(stream).await?;
+                        let who = handshake::server(&mut stream, &secret, &name, rank).await?;
+                        // TLS-3: the announced name is the certificate's.
+                        let certs = stream.get_ref().1.peer_certificates().unwrap_or_default();
+                        check_names(certs, &who.name)?;
+                        Ok::<_, Error>((Stream::Tls(Box::new(stream)), who))
+                    }
+                }
+            };
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, accept).await {
+                Ok(Ok((stream, who))) => {
+                    if !tr.shut.load(Ordering::Acquire) {
+                        tr.start(stream, who);
+                    }
+                }
+                Ok(Err(e)) => tr.refused(from, &e.to_string()),
+                Err(_) => tr.refused(from, "handshake timed out"),
+            }
+        });
+    }
+}
+
+pub(super) async fn writer_loop(
+    mut rx: mpsc::UnboundedReceiver<WriterCmd>,
+    t: Weak<Transport>,
+    conn: Arc<Connection>,
+    tls: Option<WriteHalf>,
+) {
+    use tokio::io::AsyncWriteExt;
+    // The write half while this task owns it: a TCP half between a `Resume`
+    // and the moment its queue is empty; a TLS half always.
+    let mut half: Option<WriteHalf> = tls;
+    while let Some(cmd) = rx.recv().await {
+        let (frame, offset) = match cmd {
+            WriterCmd::Frame(frame) => (frame, 0),
+            WriterCmd::Resume(h, frame, offset) => {
+                half = Some(WriteHalf::Tcp(h));
+                (frame, offset)
+            }
+            WriterCmd::Close => break,
+        };
+        let Some(write) = half.as_mut() else {
+            // Frames are queued only while the half is away from `direct`,
+            // and a `Resume` hands it over before them (TR-5).
+            tracing::error!(peer = %conn.peer, "frame queued while no writer owns the connection");
+            if let Some(t) = t.upgrade() {
+                t.close(&conn, "internal error: frame queued without a writer");
+            }
+            return;
+        };
+        let written = match write_frame(write, &frame, offset).await {
+            // TLS buffers records: flush once nothing more is queued.
+            Ok(()) if rx.is_empty() => write.flush().await,
+            other => other,
+        };
+        if let Err(e) = written {
+            tracing::warn!(peer = %conn.peer, "write failed: {e}");
+            if let Some(t) = t.upgrade() {
+                t.close(&conn, &format!("write failed: {e}"));
+            }
+            return;
+        }
+        // Senders queue only while the half is away, and do so holding the
+        // lock: an empty queue seen under the lock stays empty until the
+        // half is back.
+        let mut direct = lock(&conn.direct);
+        if rx.is_empty()
+            && let Some(WriteHalf::Tcp(_)) = &half
+            && let Some(WriteHalf::Tcp(h)) = half.take()
+        {
+            *direct = Some(h);
+        }
+    }
+    let half = half.or_else(|| lock(&conn.direct).take().map(WriteHalf::Tcp));
+    if let Some(mut write) = half {
+        let _ = write.shutdown().await;
+    }
+}
+
+/// Bytes read ahead from each connection.
+pub(super) const READ_BUFFER: usize = 16 << 10;
+
+pub(super) async fn reader_loop(
+    mut read: tokio::io::BufReader<Box<dyn tokio::io::AsyncRead + Send + Unpin>>,
+    t: Weak<Transport>,
+    conn: Arc<Connection>,
+    max: u64,
+    budget: Option<wasmrpc_torch_sys::MemoryBudget>,
+) {
+    let reason = loop {
+        match read_frame(&mut read, max, budget.as_ref()).await {
+            Ok(Some((message, tensors))) => {
+                let Some(tr) = t.upgrade() else { return };
+                let Some(h) = tr.handler.upgrade() else {
+                    return;
+                };
+                if let Err(e) = h.on_frame(&conn, message, tensors) {
+                    tracing::error!(peer = %conn.peer, "closing connection: {e}");
+                    break format!("worker {} sent a bad frame: {e}", conn.peer);
+                }
+            }
+            Err(FrameError::OverBudget(message, refusal)) => {
+                let Some(tr) = t.upgrade() else { return };
+                let Some(h) = tr.handler.upgrade() else {
+                    return;
+                };
+                h.on_over_budget(&conn, message, refusal);
+            }
+            Ok(None) => break format!("worker {} closed the connection", conn.peer),
+            Err(FrameError::Io(e)) => {
+                break format!("connection to worker {} failed: {e}", conn.peer);
+            }
+            Err(e) => {
+                tracing::error!(peer = %conn.peer, "closing connection: {e}");
+                break format!("worker {} sent a bad frame: {e}", conn.peer);
+            }
+        }
+    };
+    if let Some(tr) = t.upgrade() {
+        tr.close(&conn, &reason);
+    }
+}
