@@ -72,6 +72,7 @@
 
 mod context;
 mod extension;
+mod functions;
 mod message;
 mod object;
 mod proxy;

@@ -7,21 +7,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tch::Tensor;
 use tokio::sync::Notify;
 
 use super::message::RRefMessage;
-use super::object::keeping_objects;
-use super::{
-    DEBUG_INFO, FETCH, LOCAL_INVOKE, OwnerState, REMOTE, RRef, RRefId, TYPEOF, UserState,
-    id_from_value, malformed,
-};
+use super::{OwnerState, RRef, RRefId, UserState, id_from_value, malformed};
 use crate::abi::{Value, WorkerInfo};
-use crate::agent::{Dest, FunctionRegistry, Future, RpcAgent};
-use crate::error::{
-    Error, RREF_FORK_AFTER_DELETION, Result, leaking_rref_message, unknown_function_message,
-};
-use crate::value::{Args, Handle, Payload, map_values};
+use crate::agent::{Dest, Future, RpcAgent};
+use crate::error::{Error, RREF_FORK_AFTER_DELETION, Result, leaking_rref_message};
+use crate::value::{Handle, Payload, map_values};
 
 /// The name of the record an RRef travels as (a fork record).
 pub(crate) const RREF_RECORD: &str = "wasmrpc::RRef";
@@ -106,7 +99,7 @@ impl RRefContext {
     }
 
     /// The owner's entry for `id`, created (without a value) if absent.
-    fn get_or_create_owner(&self, agent: &RpcAgent, id: RRefId) -> Arc<OwnerState> {
+    pub(super) fn get_or_create_owner(&self, agent: &RpcAgent, id: RRefId) -> Arc<OwnerState> {
         self.tables()
             .owners
             .entry(id)
@@ -123,7 +116,7 @@ impl RRefContext {
     }
 
     /// Adds a fork on the owner, unless it was already deleted (RREF-4).
-    fn add_fork(&self, state: &Arc<OwnerState>, fork_id: RRefId) {
+    pub(super) fn add_fork(&self, state: &Arc<OwnerState>, fork_id: RRefId) {
         let mut t = self.tables();
         if t.tombstones.remove(&(state.id, fork_id)) {
             return;
@@ -560,94 +553,4 @@ pub(crate) fn from_wire(agent: &RpcAgent, value: Value, table: &mut Vec<Handle>)
         }
         other => Ok(other),
     })
-}
-
-fn header_id(args: &Args, i: usize) -> Result<RRefId> {
-    args.positional
-        .get(i)
-        .ok_or_else(|| malformed(format!("missing argument {i}")))
-        .and_then(id_from_value)
-}
-
-fn rest(args: &Args, from: usize) -> Args {
-    Args {
-        positional: args.positional.get(from..).unwrap_or_default().to_vec(),
-        kwargs: args.kwargs.clone(),
-        tensors: args.tensors.iter().map(Tensor::shallow_clone).collect(),
-        rrefs: args.rrefs.clone(),
-    }
-}
-
-/// Registers the owner-side functions in the agent's internal registry.
-pub(crate) fn register(r: &FunctionRegistry) {
-    r.register_native(DEBUG_INFO, |ctx, _args: Args| async move {
-        let info = context(ctx.agent()).debug_info();
-        Ok(Payload::dict(
-            info.into_iter()
-                .map(|(k, v)| (Payload::from(k), Payload::from(v))),
-        ))
-    });
-    r.register_native(REMOTE, |ctx, args: Args| async move {
-        let agent = ctx.agent().clone();
-        let rref_id = header_id(&args, 0)?;
-        let fork_id = header_id(&args, 1)?;
-        let function = match args.positional.get(2) {
-            Some(Value::Str(s)) => s.clone(),
-            _ => return Err(malformed("remote() without a function name")),
-        };
-        let rctx = context(&agent);
-        let state = rctx.get_or_create_owner(&agent, rref_id);
-        if fork_id != rref_id {
-            // RREF-1: counted before the creator can delete it.
-            rctx.add_fork(&state, fork_id);
-        }
-        let user_args = rest(&args, 3);
-        let (result, object) = match agent.lookup_function(&function) {
-            Some(f) => {
-                let call = crate::agent::CallContext::new(
-                    agent.clone(),
-                    ctx.caller().clone(),
-                    function.clone(),
-                    ctx.fields().clone(),
-                );
-                // OBJ-1: the one place a function may make an object.
-                keeping_objects(crate::agent::call_guarded(f, call, user_args)).await
-            }
-            None => (
-                Err(Error::runtime(unknown_function_message(
-                    &function,
-                    agent.name(),
-                ))),
-                None,
-            ),
-        };
-        state.complete(result, object);
-        Ok(Payload::none())
-    });
-    r.register_native(FETCH, |ctx, args: Args| async move {
-        let agent = ctx.agent().clone();
-        let id = header_id(&args, 0)?;
-        let state = context(&agent).get_or_create_owner(&agent, id);
-        // OBJ-2: an object is not copied to the user.
-        state.payload("to_here()").await
-    });
-    r.register_native(TYPEOF, |ctx, args: Args| async move {
-        let agent = ctx.agent().clone();
-        let id = header_id(&args, 0)?;
-        let state = context(&agent).get_or_create_owner(&agent, id);
-        Ok(Payload::from(state.owned().await?.type_name()))
-    });
-    r.register_native(LOCAL_INVOKE, |ctx, args: Args| async move {
-        let agent = ctx.agent().clone();
-        let rref = args.get(0)?.as_rref()?;
-        let method = args.get(1)?.as_str()?.to_string();
-        let state = rref.owner_state().ok_or_else(|| {
-            Error::runtime(format!(
-                "proxy call of {method} on {rref}: worker {} does not own it",
-                agent.name()
-            ))
-        })?;
-        let owned = state.owned().await?;
-        super::proxy::invoke_local(&agent, ctx.caller(), owned, &method, rest(&args, 2)).await
-    });
 }

@@ -27,7 +27,7 @@ impl Extension for RRefs {
     }
 
     fn register(&self, functions: &FunctionRegistry) {
-        context::register(functions);
+        super::functions::register(functions);
     }
 
     fn message_kinds(&self) -> &'static [MessageKind] {
