@@ -29,6 +29,9 @@
 //! callbacks run in tasks of their own and ops on the blocking pool.
 
 mod autograd;
+mod tensors;
+
+use tensors::{dtype_kind, elements, meta};
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -94,71 +97,6 @@ fn remote(e: Error) -> RemoteError {
 
 fn tch_error(e: tch::TchError) -> RemoteError {
     RemoteError::new(ErrorKind::RuntimeError, e.to_string())
-}
-
-fn dtype_kind(dtype: DType) -> Kind {
-    match dtype {
-        DType::Float32 => Kind::Float,
-        DType::Float64 => Kind::Double,
-        DType::Float16 => Kind::Half,
-        DType::BFloat16 => Kind::BFloat16,
-        DType::Int64 => Kind::Int64,
-        DType::Int32 => Kind::Int,
-        DType::Int16 => Kind::Int16,
-        DType::Int8 => Kind::Int8,
-        DType::UInt8 => Kind::Uint8,
-        DType::Bool => Kind::Bool,
-    }
-}
-
-fn kind_dtype(kind: Kind) -> HostResult<DType> {
-    Ok(match kind {
-        Kind::Float => DType::Float32,
-        Kind::Double => DType::Float64,
-        Kind::Half => DType::Float16,
-        Kind::BFloat16 => DType::BFloat16,
-        Kind::Int64 => DType::Int64,
-        Kind::Int => DType::Int32,
-        Kind::Int16 => DType::Int16,
-        Kind::Int8 => DType::Int8,
-        Kind::Uint8 => DType::UInt8,
-        Kind::Bool => DType::Bool,
-        other => {
-            return Err(RemoteError::new(
-                ErrorKind::TypeError,
-                format!("plugins cannot read tensors of dtype {other:?}"),
-            ));
-        }
-    })
-}
-
-fn meta(t: &Tensor) -> HostResult<TensorMeta> {
-    Ok(TensorMeta {
-        dtype: kind_dtype(t.f_kind().map_err(tch_error)?)?,
-        shape: t.size(),
-        requires_grad: t.requires_grad(),
-    })
-}
-
-/// A tensor's elements: dense, on the CPU, contiguous, little-endian.
-fn elements(t: &Tensor, dtype: DType) -> Result<Vec<u8>, tch::TchError> {
-    let dense = if t.is_sparse() {
-        t.f_to_dense(None, false)?
-    } else {
-        t.shallow_clone()
-    };
-    let cpu = if dense.device() == Device::Cpu {
-        dense
-    } else {
-        dense.f_to_device(Device::Cpu)?
-    };
-    let contiguous = cpu.f_contiguous()?;
-    let numel = contiguous.numel();
-    let mut bytes = vec![0u8; numel * dtype.size()];
-    if numel > 0 {
-        contiguous.f_copy_data_u8(&mut bytes, numel)?;
-    }
-    Ok(bytes)
 }
 
 fn bad_timeout(seconds: f64) -> RemoteError {
@@ -287,75 +225,7 @@ impl GuestCall {
 #[async_trait]
 impl GuestHost for GuestCall {
     async fn op(&self, name: &str, args: CallArgs) -> HostResult<Value> {
-        let (positional, kwargs) = {
-            let handles = self.handles();
-            let mut lookup = |h: u32| handles.tensor(h).ok();
-            let positional = args
-                .args
-                .iter()
-                .map(|v| op_value_from_abi(v, &mut lookup))
-                .collect::<Result<Vec<_>, _>>()?;
-            let kwargs = args
-                .kwargs
-                .iter()
-                .map(|(k, v)| Ok((k.clone(), op_value_from_abi(v, &mut lookup)?)))
-                .collect::<Result<Vec<_>, OpError>>()?;
-            (positional, kwargs)
-        };
-        let name = name.to_owned();
-        let grad_enabled = self.autograd.grad_enabled();
-        let recording = self.recording();
-        let profiled = recording.is_some();
-        let budget = self.budget.clone();
-        let policy = self.agent.options().op_policy.clone();
-        let worker = self.agent.name().to_owned();
-        let grant = self.grant.clone();
-        let (outputs, ops) = run_blocking(move || {
-            // Grad mode is per thread: set it where the op runs.
-            let _no_grad = (!grad_enabled).then(tch::no_grad_guard);
-            // POL-1, GR-1: the worker's op policy, then the plugin's
-            // grant, admit every op a guest names.
-            let gate = PluginGate {
-                policy: &policy,
-                worker: &worker,
-                grant: &grant,
-            };
-            // A bare name is a tensor method (`view`, `size`), as Python
-            // calls it on a tensor.
-            let run = || {
-                in_budget(Some(&budget), &name, || {
-                    if name.contains("::") || name.contains('.') {
-                        call_op_gated(&name, &positional, &kwargs, &gate)
-                    } else {
-                        call_method_gated(&name, &positional, &kwargs, &gate)
-                    }
-                })
-            };
-            if !profiled {
-                return (run(), None);
-            }
-            // In a profiling scope: every aten op libtorch runs for it,
-            // nested ones included, as PyTorch's profiler lists them.
-            let start = Instant::now();
-            let (out, ops) = wasmrpc_torch_sys::record_ops(run);
-            (out, Some((name, start, Instant::now(), ops)))
-        })
-        .await
-        .map_err(remote)?;
-        if let (Some(r), Some((name, start, end, ops))) = (recording, ops) {
-            if ops.is_empty() {
-                // Nothing went through the dispatcher (a Python builtin).
-                r.add(name, start, end);
-            }
-            for op in ops {
-                let at = |ns| start + Duration::from_nanos(ns);
-                r.add(op.name, at(op.start_ns), at(op.end_ns));
-            }
-        }
-        let outputs = outputs.map_err(remote)?;
-        let value = wasmrpc_torch_sys::OpValue::from_outputs(outputs);
-        let mut handles = self.handles();
-        Ok(op_value_into_abi(value, &mut |t| handles.insert_tensor(t)))
+        self.run_op(name, args).await
     }
 
     async fn tensor_new(&self, dtype: DType, shape: Vec<i64>, data: Vec<u8>) -> HostResult<u32> {
