@@ -80,12 +80,15 @@ use sha2::{Digest, Sha256};
 
 use super::PluginHost;
 use crate::abi::{Value, WorkerInfo};
-use serde::{Deserialize, Serialize};
 
 use crate::agent::{Extension, FunctionRegistry, Request, RpcAgent, Run, collect_all};
 use crate::error::{Error, Result};
 use crate::transport::MessageKind;
 use crate::value::Payload;
+
+mod message;
+
+pub use message::{DEPLOY_PLUGIN, DeployPlugin};
 
 /// What one worker did with a deployment.
 #[derive(Debug, Clone)]
@@ -435,42 +438,6 @@ fn sign(secret: &[u8], sha256: &[u8; 32]) -> [u8; 32] {
 #[derive(Default)]
 struct Deployed {
     by_sha256: tokio::sync::Mutex<HashMap<[u8; 32], Vec<String>>>,
-}
-
-/// The request that installs a wasm plugin on the receiving worker and
-/// registers its functions, answered with `(already_served: bool, names:
-/// [str])`.
-pub const DEPLOY_PLUGIN: MessageKind = MessageKind::new("DeployPlugin");
-
-/// A [`DEPLOY_PLUGIN`] request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeployPlugin {
-    /// The plugin's name (from its manifest), for messages.
-    pub name: String,
-    /// The sha256 of `wasm`: the plugin's identity (content-addressed).
-    pub sha256: [u8; 32],
-    /// The module's bytes.
-    pub wasm: Vec<u8>,
-}
-
-impl DeployPlugin {
-    /// The request's body.
-    ///
-    /// # Errors
-    /// Never for a plugin that fits in memory; an encoding failure otherwise.
-    pub fn encode(&self) -> Result<Vec<u8>> {
-        crate::abi::encode(self)
-            .map_err(|e| Error::runtime(format!("cannot encode plugin {}: {e}", self.name)))
-    }
-
-    /// Decodes a request's body.
-    ///
-    /// # Errors
-    /// Malformed bytes.
-    pub fn decode(body: &[u8]) -> Result<Self> {
-        crate::abi::decode(body)
-            .map_err(|e| Error::runtime(format!("malformed {DEPLOY_PLUGIN} request: {e}")))
-    }
 }
 
 /// Plugin deployment on the agent: its functions and its request.
