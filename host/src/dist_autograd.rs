@@ -215,7 +215,7 @@ impl Extension for DistAutograd {
     fn serve_request(&self, agent: &RpcAgent, request: Request) -> Run {
         let agent = agent.clone();
         async move {
-            let message = AutogradMessage::decode(request.kind, &request.body)?;
+            let message = request.decode(AutogradMessage::kind)?;
             engine::handle_request(&agent, message, request.tensors).await
         }
         .boxed()

@@ -133,6 +133,30 @@ pub struct Request {
     pub from: WorkerInfo,
 }
 
+impl Request {
+    /// The body decoded as a `T`, whose own kind (`kind_of`) must be the
+    /// request's: a feature's requests are enums with one variant per kind.
+    ///
+    /// # Errors
+    /// Malformed bytes ("malformed KIND request: ..."), or a body of another
+    /// kind.
+    pub fn decode<T: serde::de::DeserializeOwned>(
+        &self,
+        kind_of: impl Fn(&T) -> MessageKind,
+    ) -> Result<T> {
+        let kind = self.kind;
+        let message: T = crate::abi::decode(&self.body)
+            .map_err(|e| crate::error::Error::runtime(format!("malformed {kind} request: {e}")))?;
+        let carried = kind_of(&message);
+        if carried != kind {
+            return Err(crate::error::Error::runtime(format!(
+                "a {kind} request carried a {carried} message"
+            )));
+        }
+        Ok(message)
+    }
+}
+
 /// How values with RRefs (`Value::RRef(i)` into a payload's handle table)
 /// cross the wire: what the RRef feature provides.
 pub trait HandleCodec: Send + Sync {

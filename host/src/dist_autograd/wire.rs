@@ -97,17 +97,4 @@ impl AutogradMessage {
         crate::abi::encode(self)
             .map_err(|e| Error::runtime(format!("cannot encode {}: {e}", self.kind())))
     }
-
-    /// Decodes a request of `kind` (DA-9: malformed bytes are an error).
-    pub(crate) fn decode(kind: MessageKind, body: &[u8]) -> Result<Self> {
-        let message: AutogradMessage = crate::abi::decode(body)
-            .map_err(|e| Error::runtime(format!("malformed {kind} request: {e}")))?;
-        if message.kind() != kind {
-            return Err(Error::runtime(format!(
-                "a {kind} request carried a {} message",
-                message.kind()
-            )));
-        }
-        Ok(message)
-    }
 }

@@ -459,7 +459,7 @@ impl Extension for Deployment {
     fn serve_request(&self, agent: &RpcAgent, request: Request) -> Run {
         let agent = agent.clone();
         Box::pin(async move {
-            let message = DeployPlugin::decode(&request.body)?;
+            let message: DeployPlugin = request.decode(|_: &DeployPlugin| DEPLOY_PLUGIN)?;
             handle_request(&agent, message).await
         })
     }

@@ -37,7 +37,8 @@ impl Extension for RRefs {
     /// Applies the request to the context at once, on the reader (the
     /// protocol relies on each connection's order), and acknowledges it.
     fn serve_request(&self, agent: &RpcAgent, request: Request) -> Run {
-        let r = RRefMessage::decode(request.kind, &request.body)
+        let r = request
+            .decode(RRefMessage::kind)
             .and_then(|message| context(agent).on_message(agent, message))
             .map(|()| Payload::none());
         futures::future::ready(r).boxed()

@@ -4,7 +4,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
 use crate::transport::MessageKind;
 
 /// An RRef or fork id: the worker that created it and a local counter.
@@ -78,18 +77,5 @@ impl RRefMessage {
     pub fn encode(&self) -> Vec<u8> {
         // Invariant: three variants of plain ids always encode.
         crate::abi::encode(self).unwrap_or_default()
-    }
-
-    /// Decodes a request of `kind` (RREF-6: malformed bytes are an error).
-    pub(crate) fn decode(kind: MessageKind, body: &[u8]) -> Result<Self> {
-        let message: RRefMessage = crate::abi::decode(body)
-            .map_err(|e| Error::runtime(format!("malformed {kind} request: {e}")))?;
-        if message.kind() != kind {
-            return Err(Error::runtime(format!(
-                "a {kind} request carried a {} message",
-                message.kind()
-            )));
-        }
-        Ok(message)
     }
 }

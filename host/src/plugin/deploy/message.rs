@@ -30,13 +30,4 @@ impl DeployPlugin {
         crate::abi::encode(self)
             .map_err(|e| Error::runtime(format!("cannot encode plugin {}: {e}", self.name)))
     }
-
-    /// Decodes a request's body.
-    ///
-    /// # Errors
-    /// Malformed bytes.
-    pub fn decode(body: &[u8]) -> Result<Self> {
-        crate::abi::decode(body)
-            .map_err(|e| Error::runtime(format!("malformed {DEPLOY_PLUGIN} request: {e}")))
-    }
 }
