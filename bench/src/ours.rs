@@ -7,6 +7,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
+use wasmrpc::prelude::*;
 
 use anyhow::{Context, Result, bail};
 use tch::{Device, Kind, Tensor};

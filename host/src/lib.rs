@@ -127,12 +127,13 @@ pub use error::*;
 pub use ops::policy as op_policy;
 pub use ops::{BuiltinOps, OpPolicy, call_builtin};
 pub use plugin::{
-    CACHE_DIR_ENV, DEPLOY_PLUGIN, DeployPlugin, DeployReport, PACKAGE_PREFIX, PluginHost,
+    CACHE_DIR_ENV, DEPLOY_PLUGIN, Deploy, DeployPlugin, DeployReport, PACKAGE_PREFIX, PluginHost,
     PluginTrust, WorkerDeployment, plugin_namespace,
 };
 pub use remote_module::RemoteModule;
 pub use rref::{
-    GloballyUniqueId, RRef, RRefId, RRefMessage, RRefProxy, RRefProxyMode, rref_debug_info_function,
+    GloballyUniqueId, RRef, RRefId, RRefMessage, RRefProxy, RRefProxyMode, Remote,
+    rref_debug_info_function,
 };
 pub use tensor::budget::{TensorMemoryBudget, machine_memory, parse_bytes};
 pub use transport::{CertificateAuthority, FaultInjection, MessageKind, TlsCredentials};
@@ -176,6 +177,13 @@ pub async fn init_rpc(
     options: RpcBackendOptions,
 ) -> Result<RpcAgent> {
     init_rpc_with(name, rank, world_size, store, options, extensions()).await
+}
+
+/// The traits that add the features' methods to an agent
+/// ([`Remote`]: `remote()` and the RRef context; [`Deploy`]: plugin
+/// deployment): `use wasmrpc::prelude::*;`.
+pub mod prelude {
+    pub use crate::{Deploy, Remote};
 }
 
 /// The kind of every message an agent of this crate sends, by owner, for

@@ -71,7 +71,7 @@ use wasmrpc_wasm::{Config, Plugin, Runtime};
 use crate::agent::FunctionRegistry;
 use crate::error::{Error, Result};
 use class::PluginClass;
-pub use deploy::{DEPLOY_PLUGIN, DeployPlugin, DeployReport, WorkerDeployment};
+pub use deploy::{DEPLOY_PLUGIN, Deploy, DeployPlugin, DeployReport, WorkerDeployment};
 use function::{PluginFunction, wasm_error};
 use grant::PluginGrant;
 pub use grant::PluginTrust;

@@ -36,7 +36,7 @@ use crate::abi::{ErrorKind, Value};
 use crate::agent::{CallContext, Dest, FunctionRegistry, Future, RpcAgent, call_guarded};
 use crate::device::{Device, check_available, check_device_string, has_device_map_to};
 use crate::error::{Error, Result, unknown_function_message};
-use crate::rref::{Owned, RRef, discard_kept_object, kept_object, type_name_of};
+use crate::rref::{Owned, RRef, Remote, discard_kept_object, kept_object, type_name_of};
 use crate::value::{Args, Payload};
 
 /// The owner-side creation behind [`RemoteModule::new`] (internal).

@@ -100,6 +100,7 @@ pub(crate) use object::{
 };
 pub(crate) use owner::OwnerState;
 pub use proxy::{RRefProxy, RRefProxyMode};
+pub use remote::Remote;
 
 /// The id of an RRef (`RRefId`) or of one of its forks (`ForkId`).
 pub type RRefId = GloballyUniqueId;

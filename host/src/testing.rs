@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use crate::store::{HashStore, Store};
 use crate::{
-    Error, FaultInjection, FunctionRegistry, Result, RpcAgent, RpcBackendOptions, init_rpc,
+    Error, FaultInjection, FunctionRegistry, Remote, Result, RpcAgent, RpcBackendOptions, init_rpc,
 };
 
 mod waits;

@@ -19,6 +19,7 @@
 //! are refused on purpose.
 
 use anyhow::{Context, ensure};
+use wasmrpc::prelude::*;
 use wasmrpc::testing::{fresh_store, worker_name};
 use wasmrpc::{
     ErrorKind, FaultInjection, Future, OpPolicy, Payload, PluginHost, RpcAgent, RpcBackendOptions,

@@ -8,6 +8,7 @@ mod fns;
 mod optim;
 
 use std::time::Duration;
+use wasmrpc::prelude::*;
 
 use anyhow::{Context as _, bail, ensure};
 use tch::{Device, Kind, Tensor};

@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use wasmrpc::prelude::*;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use tch::{Device, Kind, Tensor};

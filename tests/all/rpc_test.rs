@@ -43,6 +43,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use wasmrpc::prelude::*;
 
 use anyhow::ensure;
 use tch::Tensor;

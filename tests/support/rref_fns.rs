@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
+use wasmrpc::prelude::*;
 
 use wasmrpc::testing::worker_name;
 use wasmrpc::{Args, CallContext, Error, FunctionRegistry, Payload, RRef, Result, Value, args};

@@ -9,6 +9,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
+use wasmrpc::prelude::*;
 
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
+use wasmrpc::prelude::*;
 
 use anyhow::{Context, Result, bail};
 use tracing::info;

@@ -74,6 +74,7 @@
 //! [`RpcBackendOptions::accept_plugin_deployment`]: crate::RpcBackendOptions::accept_plugin_deployment
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
@@ -153,212 +154,246 @@ impl DeployReport {
     }
 }
 
-impl RpcAgent {
+/// What plugin deployment adds to an agent. In scope with
+/// `use wasmrpc::prelude::*`.
+pub trait Deploy {
     /// Deploys a plugin to every worker of the group, this one included
-    /// (`deploy_plugin`): validates `wasm` here, then sends it to every
-    /// worker at once, each under the call timeout. A worker registers the
-    /// plugin's functions as `namespace::function` and serves them to every
-    /// peer and plugin; it answers at once if it already serves these exact
-    /// bytes (same sha256); it refuses if it was started without
-    /// [`accept_plugin_deployment`](crate::RpcBackendOptions::accept_plugin_deployment),
-    /// or if it has another version of the plugin or functions of the same
-    /// names (versions are not replaced at run time). Workers that refuse
-    /// or fail are in the report ([`DeployReport::check`] turns them into
-    /// an error).
-    ///
-    /// # Errors
-    /// Before anything is sent: "RPC has not been initialized" if the agent
-    /// stopped; a `RuntimeError` if `wasm` is not a plugin this host can
-    /// load (or another plugin of its name is loaded in this process).
-    pub async fn deploy_plugin(&self, wasm: &[u8]) -> Result<DeployReport> {
-        let workers = self.get_worker_infos();
-        self.deploy_plugin_to(wasm, &workers).await
-    }
+    /// (`deploy_plugin`): see [`deploy_plugin`](fn@deploy_plugin) below for
+    /// what each worker does and the errors.
+    fn deploy_plugin(&self, wasm: &[u8]) -> impl Future<Output = Result<DeployReport>> + Send;
 
-    /// [`deploy_plugin`](Self::deploy_plugin) to the given workers only
+    /// [`deploy_plugin`](Deploy::deploy_plugin) to the given workers only
     /// (e.g. every worker but a deploying tool's own).
-    ///
-    /// # Errors
-    /// As [`deploy_plugin`](Self::deploy_plugin).
-    pub async fn deploy_plugin_to(
+    fn deploy_plugin_to(
         &self,
         wasm: &[u8],
         workers: &[WorkerInfo],
-    ) -> Result<DeployReport> {
-        if !self.is_running() {
-            return Err(Error::not_initialized());
-        }
-        let host = PluginHost::shared()?;
-        let bytes: Arc<[u8]> = Arc::from(wasm);
-        let plugin = {
-            let (host, bytes) = (host.clone(), bytes.clone());
-            tokio::task::spawn_blocking(move || host.load(&bytes))
-                .await
-                .map_err(|e| Error::runtime(format!("the plugin loader stopped: {e}")))?
-                .map_err(|e| e.context_line("validating a plugin before deploying it"))?
-        };
-        let name = plugin.name().to_string();
-        let sha256 = plugin.sha256();
-        let futures: Vec<_> = workers
-            .iter()
-            .map(|w| {
-                let (name, bytes) = (name.clone(), bytes.clone());
-                let message = DeployPlugin {
-                    name,
-                    sha256,
-                    wasm: bytes.to_vec(),
-                };
-                match message.encode() {
-                    Ok(body) => self.request(w, DEPLOY_PLUGIN, body, &[], None),
-                    Err(e) => crate::agent::Future::ready(Err(e)),
-                }
-            })
-            .collect();
-        let results = collect_all(&futures).await;
-        let accepted = results.iter().any(Result::is_ok);
-        if accepted && !self.is_static_group() {
-            publish(self, &sha256, &bytes).await.map_err(|e| {
-                e.context_line(format!(
-                    "plugin {name} was deployed, but not published for workers that join later"
-                ))
-            })?;
-        }
-        let workers = workers
-            .iter()
-            .zip(results)
-            .map(|(w, r)| {
-                let r = r.and_then(|p| decode_reply(&p.value)).map_err(|e| {
-                    e.context_line(format!("deploying plugin {name} to worker {}", w.name))
-                });
-                let already_served = matches!(r, Ok((true, _)));
-                WorkerDeployment {
-                    worker: w.clone(),
-                    result: r.map(|(_, names)| names),
-                    already_served,
-                }
-            })
-            .collect();
-        Ok(DeployReport {
-            namespace: super::plugin_namespace(&name),
-            version: plugin.manifest().version.clone(),
-            sha256: hex(&sha256),
-            plugin: name,
-            workers,
-        })
-    }
-}
+    ) -> impl Future<Output = Result<DeployReport>> + Send;
 
-impl RpcAgent {
     /// Installs every plugin deployed to this worker's dynamic group before
-    /// it joined (see the module docs), in deployment order, as if each
-    /// deployment had reached it; returns the names it now serves from
-    /// them. Plugins it already serves are skipped.
-    ///
-    /// # Errors
-    /// "worker X does not accept plugin deployment" if its options refuse
-    /// deployments and a plugin was deployed; store errors; the first plugin
-    /// it cannot install (as a deployment would fail).
-    pub async fn install_deployed_plugins(&self) -> Result<Vec<String>> {
-        let store = self.store();
-        let secret = self.cluster_secret()?;
-        let key = |k: &str| format!("{PUBLISHED}/{k}");
-        let count = store
-            .add(&key("count"), 0)
-            .await
-            .map_err(|e| Error::runtime(format!("reading the deployed plugins: {e}")))?;
-        if count == 0 {
-            return Ok(Vec::new());
-        }
-        // Without a cluster secret (TLS only), the store's entries prove
-        // nothing: a member, over an authenticated connection, says which
-        // sha256s were deployed.
-        let attested = if secret.is_empty() {
-            Some(self.attested_deployments().await?)
-        } else {
-            None
-        };
-        let mut names = Vec::new();
-        for i in 0..count {
-            let read = async |k: String| {
-                store
-                    .get(&k)
-                    .await
-                    .map_err(|e| Error::runtime(format!("reading deployed plugin {i} ({k}): {e}")))
-            };
-            let entry = String::from_utf8_lossy(&read(key(&i.to_string())).await?).into_owned();
-            let (sha_hex, mac_hex) = entry.split_once(' ').unwrap_or((&entry, ""));
-            let wasm = read(key(&format!("sha256/{sha_hex}"))).await?;
-            let sha256: [u8; 32] = Sha256::digest(&wasm).into();
-            let vouched = match &attested {
-                Some((_, hashes)) => hashes.iter().any(|h| h == sha_hex),
-                None => hex(&sign(&secret, &sha256)) == mac_hex,
-            };
-            if let Some((member, _)) = &attested
-                && (hex(&sha256) != sha_hex || !vouched)
-            {
-                return Err(Error::runtime(format!(
-                    "worker {} did not install deployed plugin {i} (sha256 {sha_hex}): worker \
-                     {member} does not serve it as a deployed plugin",
-                    self.name()
-                )));
-            }
-            if hex(&sha256) != sha_hex || !vouched {
-                return Err(Error::runtime(format!(
-                    "worker {} did not install deployed plugin {i} (sha256 {sha_hex}): the \
-                     store's entry is not signed with the cluster secret",
-                    self.name()
-                )));
-            }
-            let name = wasmrpc_wasm::manifest::read(&wasm)
-                .map(|m| m.name)
-                .unwrap_or_else(|_| format!("sha256 {sha_hex}"));
-            let reply = handle_request(self, DeployPlugin { name, sha256, wasm }).await?;
-            let (already, registered) = decode_reply(&reply.value)?;
-            if !already {
-                names.extend(registered);
-            }
-        }
-        Ok(names)
+    /// it joined, in deployment order; returns the names it now serves from
+    /// them (see `install_deployed_plugins` below).
+    fn install_deployed_plugins(&self) -> impl Future<Output = Result<Vec<String>>> + Send;
+}
+
+impl Deploy for RpcAgent {
+    fn deploy_plugin(&self, wasm: &[u8]) -> impl Future<Output = Result<DeployReport>> + Send {
+        deploy_plugin(self, wasm)
+    }
+
+    fn deploy_plugin_to(
+        &self,
+        wasm: &[u8],
+        workers: &[WorkerInfo],
+    ) -> impl Future<Output = Result<DeployReport>> + Send {
+        deploy_plugin_to(self, wasm, workers)
+    }
+
+    fn install_deployed_plugins(&self) -> impl Future<Output = Result<Vec<String>>> + Send {
+        install_deployed_plugins(self)
     }
 }
 
-impl RpcAgent {
-    /// Which plugins were deployed to the group, as a live member other
-    /// than this worker says over its authenticated connection: the
-    /// member's name and the sha256s (hex) it serves as deployments.
-    async fn attested_deployments(&self) -> Result<(String, Vec<String>)> {
-        let member = self
-            .get_worker_infos()
-            .into_iter()
-            .find(|w| w.name != self.name())
-            .ok_or_else(|| {
-                Error::runtime(format!(
-                    "worker {} cannot check the group's deployed plugins: no other member to \
-                     ask (without a cluster secret the store's entries are not signed)",
-                    self.name()
-                ))
-            })?;
-        let reply = self
-            .rpc_sync(member.name.as_str(), DEPLOYED_PLUGINS, crate::Args::new())
-            .await?;
-        let bad = || {
-            Error::runtime(format!(
-                "unexpected reply from worker {} listing deployed plugins",
-                member.name
-            ))
-        };
-        let Value::List(items) = &reply.value else {
-            return Err(bad());
-        };
-        let hashes = items
-            .iter()
-            .map(|v| match v {
-                Value::Str(s) => Ok(s.clone()),
-                _ => Err(bad()),
-            })
-            .collect::<Result<_>>()?;
-        Ok((member.name, hashes))
+/// Deploys a plugin to every worker of the group, this one included
+/// (`deploy_plugin`): validates `wasm` here, then sends it to every
+/// worker at once, each under the call timeout. A worker registers the
+/// plugin's functions as `namespace::function` and serves them to every
+/// peer and plugin; it answers at once if it already serves these exact
+/// bytes (same sha256); it refuses if it was started without
+/// [`accept_plugin_deployment`](crate::RpcBackendOptions::accept_plugin_deployment),
+/// or if it has another version of the plugin or functions of the same
+/// names (versions are not replaced at run time). Workers that refuse
+/// or fail are in the report ([`DeployReport::check`] turns them into
+/// an error).
+///
+/// # Errors
+/// Before anything is sent: "RPC has not been initialized" if the agent
+/// stopped; a `RuntimeError` if `wasm` is not a plugin this host can
+/// load (or another plugin of its name is loaded in this process).
+pub(crate) async fn deploy_plugin(agent: &RpcAgent, wasm: &[u8]) -> Result<DeployReport> {
+    let workers = agent.get_worker_infos();
+    deploy_plugin_to(agent, wasm, &workers).await
+}
+
+/// [`deploy_plugin`](Deploy::deploy_plugin) to the given workers only
+/// (e.g. every worker but a deploying tool's own).
+///
+/// # Errors
+/// As [`deploy_plugin`](Deploy::deploy_plugin).
+pub(crate) async fn deploy_plugin_to(
+    agent: &RpcAgent,
+    wasm: &[u8],
+    workers: &[WorkerInfo],
+) -> Result<DeployReport> {
+    if !agent.is_running() {
+        return Err(Error::not_initialized());
     }
+    let host = PluginHost::shared()?;
+    let bytes: Arc<[u8]> = Arc::from(wasm);
+    let plugin = {
+        let (host, bytes) = (host.clone(), bytes.clone());
+        tokio::task::spawn_blocking(move || host.load(&bytes))
+            .await
+            .map_err(|e| Error::runtime(format!("the plugin loader stopped: {e}")))?
+            .map_err(|e| e.context_line("validating a plugin before deploying it"))?
+    };
+    let name = plugin.name().to_string();
+    let sha256 = plugin.sha256();
+    let futures: Vec<_> = workers
+        .iter()
+        .map(|w| {
+            let (name, bytes) = (name.clone(), bytes.clone());
+            let message = DeployPlugin {
+                name,
+                sha256,
+                wasm: bytes.to_vec(),
+            };
+            match message.encode() {
+                Ok(body) => agent.request(w, DEPLOY_PLUGIN, body, &[], None),
+                Err(e) => crate::agent::Future::ready(Err(e)),
+            }
+        })
+        .collect();
+    let results = collect_all(&futures).await;
+    let accepted = results.iter().any(Result::is_ok);
+    if accepted && !agent.is_static_group() {
+        publish(agent, &sha256, &bytes).await.map_err(|e| {
+            e.context_line(format!(
+                "plugin {name} was deployed, but not published for workers that join later"
+            ))
+        })?;
+    }
+    let workers = workers
+        .iter()
+        .zip(results)
+        .map(|(w, r)| {
+            let r = r.and_then(|p| decode_reply(&p.value)).map_err(|e| {
+                e.context_line(format!("deploying plugin {name} to worker {}", w.name))
+            });
+            let already_served = matches!(r, Ok((true, _)));
+            WorkerDeployment {
+                worker: w.clone(),
+                result: r.map(|(_, names)| names),
+                already_served,
+            }
+        })
+        .collect();
+    Ok(DeployReport {
+        namespace: super::plugin_namespace(&name),
+        version: plugin.manifest().version.clone(),
+        sha256: hex(&sha256),
+        plugin: name,
+        workers,
+    })
+}
+
+/// Installs every plugin deployed to this worker's dynamic group before
+/// it joined (see the module docs), in deployment order, as if each
+/// deployment had reached it; returns the names it now serves from
+/// them. Plugins it already serves are skipped.
+///
+/// # Errors
+/// "worker X does not accept plugin deployment" if its options refuse
+/// deployments and a plugin was deployed; store errors; the first plugin
+/// it cannot install (as a deployment would fail).
+pub(crate) async fn install_deployed_plugins(agent: &RpcAgent) -> Result<Vec<String>> {
+    let store = agent.store();
+    let secret = agent.cluster_secret()?;
+    let key = |k: &str| format!("{PUBLISHED}/{k}");
+    let count = store
+        .add(&key("count"), 0)
+        .await
+        .map_err(|e| Error::runtime(format!("reading the deployed plugins: {e}")))?;
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    // Without a cluster secret (TLS only), the store's entries prove
+    // nothing: a member, over an authenticated connection, says which
+    // sha256s were deployed.
+    let attested = if secret.is_empty() {
+        Some(attested_deployments(agent).await?)
+    } else {
+        None
+    };
+    let mut names = Vec::new();
+    for i in 0..count {
+        let read = async |k: String| {
+            store
+                .get(&k)
+                .await
+                .map_err(|e| Error::runtime(format!("reading deployed plugin {i} ({k}): {e}")))
+        };
+        let entry = String::from_utf8_lossy(&read(key(&i.to_string())).await?).into_owned();
+        let (sha_hex, mac_hex) = entry.split_once(' ').unwrap_or((&entry, ""));
+        let wasm = read(key(&format!("sha256/{sha_hex}"))).await?;
+        let sha256: [u8; 32] = Sha256::digest(&wasm).into();
+        let vouched = match &attested {
+            Some((_, hashes)) => hashes.iter().any(|h| h == sha_hex),
+            None => hex(&sign(&secret, &sha256)) == mac_hex,
+        };
+        if let Some((member, _)) = &attested
+            && (hex(&sha256) != sha_hex || !vouched)
+        {
+            return Err(Error::runtime(format!(
+                "worker {} did not install deployed plugin {i} (sha256 {sha_hex}): worker \
+                 {member} does not serve it as a deployed plugin",
+                agent.name()
+            )));
+        }
+        if hex(&sha256) != sha_hex || !vouched {
+            return Err(Error::runtime(format!(
+                "worker {} did not install deployed plugin {i} (sha256 {sha_hex}): the \
+                 store's entry is not signed with the cluster secret",
+                agent.name()
+            )));
+        }
+        let name = wasmrpc_wasm::manifest::read(&wasm)
+            .map(|m| m.name)
+            .unwrap_or_else(|_| format!("sha256 {sha_hex}"));
+        let reply = handle_request(agent, DeployPlugin { name, sha256, wasm }).await?;
+        let (already, registered) = decode_reply(&reply.value)?;
+        if !already {
+            names.extend(registered);
+        }
+    }
+    Ok(names)
+}
+
+/// Which plugins were deployed to the group, as a live member other
+/// than this worker says over its authenticated connection: the
+/// member's name and the sha256s (hex) it serves as deployments.
+async fn attested_deployments(agent: &RpcAgent) -> Result<(String, Vec<String>)> {
+    let member = agent
+        .get_worker_infos()
+        .into_iter()
+        .find(|w| w.name != agent.name())
+        .ok_or_else(|| {
+            Error::runtime(format!(
+                "worker {} cannot check the group's deployed plugins: no other member to \
+                 ask (without a cluster secret the store's entries are not signed)",
+                agent.name()
+            ))
+        })?;
+    let reply = agent
+        .rpc_sync(member.name.as_str(), DEPLOYED_PLUGINS, crate::Args::new())
+        .await?;
+    let bad = || {
+        Error::runtime(format!(
+            "unexpected reply from worker {} listing deployed plugins",
+            member.name
+        ))
+    };
+    let Value::List(items) = &reply.value else {
+        return Err(bad());
+    };
+    let hashes = items
+        .iter()
+        .map(|v| match v {
+            Value::Str(s) => Ok(s.clone()),
+            _ => Err(bad()),
+        })
+        .collect::<Result<_>>()?;
+    Ok((member.name, hashes))
 }
 
 /// The internal function that lists the sha256s (hex) a worker serves as

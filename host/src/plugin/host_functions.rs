@@ -56,7 +56,7 @@ use crate::agent::{Future, RpcAgent};
 use crate::error::Error;
 use crate::ops::run_blocking;
 use crate::profiler::{Range, Recording};
-use crate::rref::{RRefProxy, RRefProxyMode};
+use crate::rref::{RRefProxy, RRefProxyMode, Remote};
 
 /// The host side of one call of a plugin function on one worker.
 pub(crate) struct GuestCall {

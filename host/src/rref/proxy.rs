@@ -146,7 +146,8 @@ impl RRefProxy {
     pub async fn call_remote(&self, method: &str, args: Args) -> Result<RRef> {
         self.ready().await?;
         let call = self.invoke_args(method, args);
-        self.agent.remote_inner(
+        super::remote::remote_inner(
+            &self.agent,
             Dest::Info(self.rref.owner()),
             LOCAL_INVOKE,
             call,

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::store::Store;
-use crate::{Error, NOOP, Result, RpcAgent, args};
+use crate::{Error, NOOP, Remote, Result, RpcAgent, args};
 
 /// A barrier of `n` participants through `store` under `key`.
 ///

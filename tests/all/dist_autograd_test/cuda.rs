@@ -16,6 +16,7 @@
 
 use anyhow::ensure;
 use tch::{Device, Kind, Tensor};
+use wasmrpc::prelude::*;
 use wasmrpc::testing::{Cluster, ClusterBuilder, worker_name};
 use wasmrpc::{Args, FunctionRegistry, Payload, RpcBackendOptions, dist_autograd};
 use wasmrpc_tests::{WORLD_SIZE, dist_with, require_gpus};

@@ -5,6 +5,7 @@
 //! state.
 
 use std::time::Duration;
+use wasmrpc::prelude::*;
 
 use anyhow::{Context as _, ensure};
 use tch::nn::{self, OptimizerConfig as _};

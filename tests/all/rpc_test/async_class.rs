@@ -11,6 +11,7 @@
 //! .wait()` and `rref.remote().to_here()`.
 
 use anyhow::ensure;
+use wasmrpc::prelude::*;
 use wasmrpc::testing::Worker;
 use wasmrpc::{Payload, RRefProxyMode, args};
 use wasmrpc_tests::{dist_with, expect_tensor, ones};

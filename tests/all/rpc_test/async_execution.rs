@@ -11,6 +11,7 @@
 //! modes of `_run_func_in_mode` (SYNC `rpc_sync`, ASYNC
 //! `rpc_async().wait()`, REMOTE `remote().to_here()`).
 
+use wasmrpc::prelude::*;
 use wasmrpc::testing::Worker;
 use wasmrpc::{Args, ErrorKind, Payload, args};
 use wasmrpc_tests::{dist, expect_err, expect_tensor, ones};

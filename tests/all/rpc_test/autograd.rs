@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use wasmrpc::prelude::*;
 
 use anyhow::{Context as _, ensure};
 use tch::{Device, Kind, Tensor};

@@ -40,6 +40,7 @@
 //! toward workers that have not joined yet.
 
 use std::time::Duration;
+use wasmrpc::prelude::*;
 
 use anyhow::{Context, ensure};
 use tch::{Device, Kind, Tensor};

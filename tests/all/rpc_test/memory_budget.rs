@@ -4,6 +4,7 @@
 //! and the worker serves every other call on.
 
 use std::time::{Duration, Instant};
+use wasmrpc::prelude::*;
 
 use anyhow::ensure;
 use tch::{Device, Kind, Tensor};

@@ -10,6 +10,7 @@
 use anyhow::{Context as _, ensure};
 use tch::Tensor;
 use wasmrpc::dist_autograd;
+use wasmrpc::prelude::*;
 use wasmrpc::profiler::{
     Event, Profile, REMOTE_OP_STR, RpcExecMode, build_rpc_profiling_key, profile, record_function,
 };

@@ -27,6 +27,7 @@
 //!   `test_disable_gil_profiling` (python-only).
 
 use std::time::Duration;
+use wasmrpc::prelude::*;
 
 use anyhow::ensure;
 use tch::Tensor;

@@ -14,6 +14,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use wasmrpc::prelude::*;
 
 use anyhow::ensure;
 use wasmrpc::{

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+use wasmrpc::prelude::*;
 
 use anyhow::{Context, ensure};
 use wasmrpc::store::{HashStore, Store};
