@@ -10,7 +10,7 @@ use std::time::Duration;
 use tch::Tensor;
 
 use super::engine::{CustomFunction, Pass};
-use super::graph::{Cut, Node, RecvFunction, SendFunction};
+use super::graph::{CutPoint, Node, RecvFunction, SendFunction};
 use super::wire::{AutogradEnvelope, AutogradMessage};
 use crate::agent::RpcAgent;
 use crate::error::{
@@ -101,7 +101,7 @@ pub(crate) struct ContextState {
     pub(crate) customs: BTreeMap<i64, Arc<CustomFunction>>,
     /// Tensor identity → the cut (recv record or custom function) whose
     /// output it is.
-    pub(crate) cut_leaves: HashMap<usize, Cut>,
+    pub(crate) cut_leaves: HashMap<usize, CutPoint>,
     pub(crate) known_workers: BTreeSet<u32>,
     /// Accumulated gradients: leaf identity → (leaf, gradient).
     pub(crate) grads: HashMap<usize, (Tensor, Tensor)>,
@@ -187,7 +187,7 @@ impl DistAutogradContext {
     pub fn grad_fn(&self, tensor: &Tensor) -> Option<Node> {
         let cut = self.state().cut_leaves.get(&impl_id(tensor)).copied();
         match cut {
-            Some(Cut::Recv(m)) => self.state().recvs.get(&m).cloned().map(Node::recv),
+            Some(CutPoint::Recv(m)) => self.state().recvs.get(&m).cloned().map(Node::recv),
             _ => wasmrpc_torch_sys::GradFn::of(tensor).map(|g| Node::autograd(g, self.weak())),
         }
     }
@@ -210,7 +210,7 @@ impl DistAutogradContext {
     ) {
         let mut st = self.state();
         for t in &leaves {
-            st.cut_leaves.insert(impl_id(t), Cut::Recv(message_id));
+            st.cut_leaves.insert(impl_id(t), CutPoint::Recv(message_id));
         }
         st.recvs.insert(
             message_id,

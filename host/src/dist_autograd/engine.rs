@@ -9,7 +9,8 @@ use wasmrpc_torch_sys::{GradOptions, grad};
 
 use super::context::DistAutogradContext;
 use super::graph::{
-    Cut, RECV_RPC_BACKWARD_NAME, Reach, RecvFunction, SEND_RPC_BACKWARD_NAME, Tensors, walk,
+    CutPoint, RECV_RPC_BACKWARD_NAME, Reachable, RecvFunction, SEND_RPC_BACKWARD_NAME, Tensors,
+    walk,
 };
 use super::wire::{AutogradEnvelope, AutogradMessage};
 use crate::abi::Value;
@@ -38,7 +39,7 @@ pub(crate) struct CustomFunction {
     inputs: Tensors,
     outputs: Tensors,
     backward: Box<BackwardFn>,
-    reach: std::sync::OnceLock<Arc<Reach>>,
+    reach: std::sync::OnceLock<Arc<Reachable>>,
 }
 
 /// What fires in a pass (DA-5).
@@ -52,10 +53,10 @@ enum Entry {
 struct PassState {
     /// Entries that have not fired yet.
     pending: BTreeSet<Entry>,
-    reach: HashMap<Entry, Arc<Reach>>,
+    reach: HashMap<Entry, Arc<Reachable>>,
     outputs: HashMap<Entry, Vec<Tensor>>,
     /// For each cut, how many unfired entries reach it.
-    remaining: HashMap<Cut, usize>,
+    remaining: HashMap<CutPoint, usize>,
     /// Which entries reach each cut's leaves, to count down.
     cut_grads: HashMap<usize, Tensor>,
     local: HashMap<usize, (Tensor, Tensor)>,
@@ -135,7 +136,7 @@ impl Pass {
             reach.insert(Entry::Custom(c.id), r);
             outputs.insert(Entry::Custom(c.id), c.inputs.get());
         }
-        let mut remaining: HashMap<Cut, usize> = HashMap::new();
+        let mut remaining: HashMap<CutPoint, usize> = HashMap::new();
         for r in reach.values() {
             for c in &r.cuts {
                 *remaining.entry(*c).or_default() += 1;
@@ -189,7 +190,7 @@ impl Pass {
         st.pending
             .iter()
             .filter(
-                |e| matches!(e, Entry::Custom(c) if !st.remaining.contains_key(&Cut::Custom(*c))),
+                |e| matches!(e, Entry::Custom(c) if !st.remaining.contains_key(&CutPoint::Custom(*c))),
             )
             .map(|e| (*e, Vec::new()))
             .collect()
@@ -207,8 +208,8 @@ impl Pass {
         entry: Entry,
         grads: Vec<Option<Tensor>>,
         requester: Option<u32>,
-    ) -> Result<Vec<Piggyback>> {
-        let mut piggyback = Vec::new();
+    ) -> Result<Vec<ReplyGradients>> {
+        let mut reply_gradients = Vec::new();
         let mut work = std::collections::VecDeque::from([(entry, grads)]);
         if entry == Entry::Roots {
             work.extend(self.initial_work());
@@ -251,7 +252,9 @@ impl Pass {
                     });
                     if left == Some(0) {
                         st.remaining.remove(cut);
-                        if let Some(next) = self.dispatch(st, *cut, requester, &mut piggyback)? {
+                        if let Some(next) =
+                            self.dispatch(st, *cut, requester, &mut reply_gradients)?
+                        {
                             work.push_back(next);
                         }
                     }
@@ -271,15 +274,15 @@ impl Pass {
         // need the requester to have these gradients first.
         let idle = complete && lock(&self.outstanding).iter().all(Future::done);
         if idle {
-            return Ok(piggyback
+            return Ok(reply_gradients
                 .into_iter()
-                .map(|(recv, grads)| Piggyback {
+                .map(|(recv, grads)| ReplyGradients {
                     message_id: recv.message_id(),
                     grads,
                 })
                 .collect());
         }
-        for (recv, grads) in piggyback {
+        for (recv, grads) in reply_gradients {
             let fut = self.send_gradients(&recv, grads);
             lock(&self.outstanding).push(fut);
         }
@@ -291,7 +294,7 @@ impl Pass {
         st: &mut PassState,
         outputs: &[Tensor],
         grads: Vec<Option<Tensor>>,
-        reach: &Reach,
+        reach: &Reachable,
     ) -> Result<()> {
         if grads.len() > outputs.len() {
             return Err(Error::runtime(format!(
@@ -366,17 +369,17 @@ impl Pass {
     }
 
     /// A cut whose gradients are final: a recv record sends them back (or
-    /// leaves them in `piggyback` when they are due to `requester`); a
+    /// leaves them in `reply_gradients` when they are due to `requester`); a
     /// custom function runs its backward and fires its inputs.
     fn dispatch(
         self: &Arc<Self>,
         st: &mut PassState,
-        cut: Cut,
+        cut: CutPoint,
         requester: Option<u32>,
-        piggyback: &mut Vec<(RecvFunction, Vec<Option<Tensor>>)>,
+        reply_gradients: &mut Vec<(RecvFunction, Vec<Option<Tensor>>)>,
     ) -> Result<Option<(Entry, Vec<Option<Tensor>>)>> {
         match cut {
-            Cut::Recv(m) => {
+            CutPoint::Recv(m) => {
                 let recv = self.ctx.state().recvs.get(&m).cloned();
                 let Some(recv) = recv else {
                     return Ok(None);
@@ -399,14 +402,14 @@ impl Pass {
                 let rides_back = requester == Some(recv.from_worker())
                     && recv.inner.grads_map == crate::device::MapDirection::Response;
                 if rides_back {
-                    piggyback.push((recv, grads));
+                    reply_gradients.push((recv, grads));
                 } else {
                     let fut = self.send_gradients(&recv, grads);
                     lock(&self.outstanding).push(fut);
                 }
                 Ok(None)
             }
-            Cut::Custom(c) => {
+            CutPoint::Custom(c) => {
                 let custom = self.ctx.state().customs.get(&c).cloned();
                 let Some(custom) = custom else {
                     return Ok(None);
@@ -472,7 +475,7 @@ impl Pass {
             let Some(pass) = pass.upgrade() else { return };
             match f.try_value() {
                 Some(Err(e)) => pass.fail(e),
-                Some(Ok(reply)) => pass.take_piggyback(&reply),
+                Some(Ok(reply)) => pass.take_reply_gradients(&reply),
                 None => {}
             }
         });
@@ -482,8 +485,8 @@ impl Pass {
     /// Fires the gradients a worker returned in its reply to a gradient
     /// request (they are for this worker's sends to it): in the reply's
     /// callback when the pass is cheap, on a task of their own otherwise.
-    fn take_piggyback(self: Arc<Self>, reply: &Payload) {
-        let batches = match Piggyback::decode(reply) {
+    fn take_reply_gradients(self: Arc<Self>, reply: &Payload) {
+        let batches = match ReplyGradients::decode(reply) {
             Ok(b) if b.is_empty() => return,
             Ok(b) => b,
             Err(e) => return self.fail(e),
@@ -541,15 +544,15 @@ impl Pass {
 
 /// Gradients for the recv record `message_id` of the worker they go to,
 /// carried in the reply to that worker's gradient request.
-struct Piggyback {
+struct ReplyGradients {
     message_id: i64,
     grads: Vec<Option<Tensor>>,
 }
 
-impl Piggyback {
+impl ReplyGradients {
     /// The reply to a gradient request: a list of `(message_id, [grad or
     /// None, ...])`.
-    fn encode(batches: Vec<Piggyback>) -> Payload {
+    fn encode(batches: Vec<ReplyGradients>) -> Payload {
         Payload::list(batches.into_iter().map(|b| {
             let grads = b.grads.into_iter().map(|g| match g {
                 Some(g) => Payload::from(g),
@@ -559,7 +562,7 @@ impl Piggyback {
         }))
     }
 
-    fn decode(reply: &Payload) -> Result<Vec<Piggyback>> {
+    fn decode(reply: &Payload) -> Result<Vec<ReplyGradients>> {
         if reply.is_none() {
             return Ok(Vec::new());
         }
@@ -576,7 +579,7 @@ impl Piggyback {
                     .into_iter()
                     .map(|g| (!g.is_none()).then(|| g.as_tensor()).transpose())
                     .collect::<Result<_>>()?;
-                Ok(Piggyback {
+                Ok(ReplyGradients {
                     message_id: m.as_int()?,
                     grads,
                 })

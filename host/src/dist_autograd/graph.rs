@@ -43,23 +43,23 @@ impl Tensors {
 /// Where the local graph is cut: the leaves of a recv record, or the
 /// outputs of a custom function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) enum Cut {
+pub(crate) enum CutPoint {
     Recv(i64),
     Custom(i64),
 }
 
 /// What the graph behind some tensors reaches: the leaves to ask gradients
 /// for, and the cuts among them.
-pub(crate) struct Reach {
+pub(crate) struct Reachable {
     pub(crate) leaves: Tensors,
-    pub(crate) cuts: BTreeSet<Cut>,
+    pub(crate) cuts: BTreeSet<CutPoint>,
     /// How many autograd nodes the walk visited.
     pub(crate) nodes: usize,
     /// The largest element count among the outputs and leaves.
     pub(crate) max_elements: i64,
 }
 
-impl Reach {
+impl Reachable {
     /// Whether backward through this piece costs less than a thread hop
     /// (a few small nodes): then the engine may run it on the calling
     /// runtime thread instead of the blocking pool.
@@ -71,13 +71,13 @@ impl Reach {
 
 /// Walks the graph behind `outputs` down to its leaves; `cut_of` tells
 /// which leaves are cuts.
-pub(crate) fn walk(outputs: &[Tensor], cut_of: &dyn Fn(usize) -> Option<Cut>) -> Reach {
+pub(crate) fn walk(outputs: &[Tensor], cut_of: &dyn Fn(usize) -> Option<CutPoint>) -> Reachable {
     let mut leaves = Vec::new();
     let mut cuts = BTreeSet::new();
     let mut seen_leaves = HashSet::new();
     let mut seen_nodes = HashSet::new();
     let mut stack: Vec<GradFn> = Vec::new();
-    let mut leaf = |t: Tensor, leaves: &mut Vec<Tensor>, cuts: &mut BTreeSet<Cut>| {
+    let mut leaf = |t: Tensor, leaves: &mut Vec<Tensor>, cuts: &mut BTreeSet<CutPoint>| {
         let id = impl_id(&t);
         if !seen_leaves.insert(id) {
             return;
@@ -118,7 +118,7 @@ pub(crate) fn walk(outputs: &[Tensor], cut_of: &dyn Fn(usize) -> Option<Cut>) ->
         .iter()
         .map(element_count)
         .fold(max_elements, i64::max);
-    Reach {
+    Reachable {
         leaves: Tensors::new(leaves),
         cuts,
         nodes: seen_nodes.len(),
@@ -138,7 +138,7 @@ pub(crate) struct SendInner {
     pub(crate) message_id: i64,
     pub(crate) to: u32,
     pub(crate) tensors: Tensors,
-    pub(crate) reach: OnceLock<Arc<Reach>>,
+    pub(crate) reach: OnceLock<Arc<Reachable>>,
     ctx: Weak<ContextInner>,
 }
 
@@ -233,7 +233,7 @@ fn recv_of(t: &Tensor, ctx: &Weak<ContextInner>) -> Option<RecvFunction> {
     let ctx = ctx.upgrade()?;
     let st = ctx.state.lock().unwrap_or_else(|p| p.into_inner());
     match st.cut_leaves.get(&impl_id(t)) {
-        Some(Cut::Recv(m)) => st.recvs.get(m).cloned(),
+        Some(CutPoint::Recv(m)) => st.recvs.get(m).cloned(),
         _ => None,
     }
 }

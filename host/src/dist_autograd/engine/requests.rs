@@ -4,11 +4,11 @@
 //! debug info, and running a pass's pieces (on the blocking pool or in
 //! place) and waiting for it. The pass itself is the parent module's.
 
-use super::{CustomFunction, Entry, Pass, Piggyback, lock};
+use super::{CustomFunction, Entry, Pass, ReplyGradients, lock};
 use crate::abi::Value;
 use crate::agent::{Future, RpcAgent};
 use crate::dist_autograd::context::{DistAutogradContext, container, current_context};
-use crate::dist_autograd::graph::{Cut, Gradients, Tensors};
+use crate::dist_autograd::graph::{CutPoint, Gradients, Tensors};
 use crate::dist_autograd::wire::{AutogradEnvelope, AutogradMessage};
 use crate::error::{
     ERROR_ON_NODE_PREFIX, Error, NO_TENSORS_FOR_GRADIENT, ROOT_NO_GRAD_FN, ROOT_NOT_SCALAR,
@@ -117,7 +117,7 @@ async fn propagate(
     grads: Vec<Option<Tensor>>,
     retain_graph: bool,
     requester: Option<u32>,
-) -> Result<Vec<Piggyback>> {
+) -> Result<Vec<ReplyGradients>> {
     let ctx = container(agent).retrieve(envelope.context_id)?;
     let (pass, first) = {
         let running = ctx.state().pass.clone();
@@ -126,20 +126,21 @@ async fn propagate(
             None => install(&ctx, Pass::start(agent, &ctx, None, retain_graph)),
         }
     };
-    let piggyback = match fire(&pass, Entry::Send(envelope.message_id), grads, requester).await {
-        Ok(p) => p,
-        Err(e) => {
-            let e = error_on_node(agent.rank(), &e);
-            pass.fail(e.clone());
-            return Err(e);
-        }
-    };
+    let reply_gradients =
+        match fire(&pass, Entry::Send(envelope.message_id), grads, requester).await {
+            Ok(p) => p,
+            Err(e) => {
+                let e = error_on_node(agent.rank(), &e);
+                pass.fail(e.clone());
+                return Err(e);
+            }
+        };
     if first {
         finish(&pass).await?;
     } else {
         pass.done.wait().await?;
     }
-    Ok(piggyback)
+    Ok(reply_gradients)
 }
 
 /// Serves the autograd requests a peer sends: gradients for a send record,
@@ -156,7 +157,7 @@ pub(crate) async fn handle_request(
             retain_graph,
         } => {
             let requester = envelope.from_worker;
-            let piggyback = async {
+            let reply_gradients = async {
                 let grads = gradients_of_request(grads, tensors)?;
                 propagate(agent, envelope, grads, retain_graph, Some(requester)).await
             }
@@ -168,7 +169,7 @@ pub(crate) async fn handle_request(
                     error_on_node(agent.rank(), &e)
                 }
             })?;
-            Ok(Piggyback::encode(piggyback))
+            Ok(ReplyGradients::encode(reply_gradients))
         }
         AutogradMessage::CleanupAutogradContext { context_id } => {
             crate::dist_autograd::context::release_if_present(agent, context_id);
@@ -251,7 +252,7 @@ where
     });
     let mut st = ctx.state();
     for o in &outputs {
-        st.cut_leaves.insert(impl_id(o), Cut::Custom(id));
+        st.cut_leaves.insert(impl_id(o), CutPoint::Custom(id));
     }
     st.customs.insert(id, custom);
     Ok(outputs)
@@ -264,7 +265,7 @@ pub(super) async fn fire(
     entry: Entry,
     grads: Vec<Option<Tensor>>,
     requester: Option<u32>,
-) -> Result<Vec<Piggyback>> {
+) -> Result<Vec<ReplyGradients>> {
     if pass.cheap && !crate::dist_autograd::hook::any_registered() {
         return pass.fire(entry, grads, requester);
     }
