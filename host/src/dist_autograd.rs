@@ -14,7 +14,7 @@
 //! `plugin::host_functions::autograd`. It owns its wire types (`wire`: the
 //! [`AutogradEnvelope`] calls carry, the [`PROPAGATE_GRADIENTS`] and
 //! [`CLEANUP_AUTOGRAD_CONTEXT`] requests) and plugs into the agent as an
-//! extension ([`DistAutograd`]): the agent asks it what to add to each call
+//! extension (`DistAutograd`): the agent asks it what to add to each call
 //! and what to run each served call in, and knows nothing more of it.
 //!
 //! # Design: the graph is cut at every RPC

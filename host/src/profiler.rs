@@ -44,7 +44,7 @@
 //! not the thread; [`Recording`] carries it as a value to the tasks and
 //! threads that work for it), events, keys, the callee-side scope of a
 //! profiled call and merging the callee's events (`rpc`, where this module
-//! plugs into the agent as the [`Profiler`] extension: a call made in a
+//! plugs into the agent as the `Profiler` extension: a call made in a
 //! scope carries its key as a field, the callee runs it in a scope of its
 //! own and returns its events as a field of the response), export. The
 //! events' wire form ([`ProfiledEvent`]) is this module's. Outside a scope nothing is recorded and

@@ -157,7 +157,7 @@ impl RemoteModule {
     /// # Errors
     /// The errors of [`parse_remote_device`]; `RuntimeError` "RPC supports
     /// CPU and CUDA devices only" for other device types; those of
-    /// [`RpcAgent::remote`].
+    /// [`crate::Remote::remote`].
     pub fn new(
         agent: &RpcAgent,
         remote_device: &str,

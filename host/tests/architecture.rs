@@ -176,3 +176,23 @@ fn a_feature_name_in_a_comment_or_string_is_not_a_use() {
     assert!(names(&code, "crate::", "rref"), "strings are kept: {code}");
     assert!(!names("crate::rrefs", "crate::", "rref"));
 }
+
+/// Files stay small enough to read in one sitting: a file that grows past
+/// this is split along what it owns (its tests in a `tests.rs` beside it,
+/// a part with its own concern in a submodule).
+const MAX_LINES: usize = 600;
+
+#[test]
+fn no_source_file_is_longer_than_600_lines() {
+    let mut all = Vec::new();
+    files(&src(), &mut all);
+    let long: Vec<String> = all
+        .iter()
+        .filter_map(|f| {
+            let lines = std::fs::read_to_string(f).ok()?.lines().count();
+            let rel = f.strip_prefix(src()).unwrap_or(f).display().to_string();
+            (lines > MAX_LINES).then(|| format!("{rel}: {lines} lines"))
+        })
+        .collect();
+    assert!(long.is_empty(), "split these files:\n{}", long.join("\n"));
+}

@@ -82,7 +82,7 @@ pub struct RpcBackendOptions {
     /// How long rendezvous waits for the other workers.
     pub init_timeout: Duration,
     /// Whether peers may deploy plugins to this worker at run time
-    /// (`RpcAgent::deploy_plugin`, `Message::DeployPlugin`). Off by default:
+    /// (`Deploy::deploy_plugin`, the `DeployPlugin` request). Off by default:
     /// a worker runs only the code its operator started it with unless the
     /// operator opts in (`wasmrpc worker --accept-plugin-deployment`); with
     /// it off a deployment is answered with "worker X does not accept plugin

@@ -68,7 +68,7 @@ pub(crate) struct WorkerArgs {
     #[arg(long)]
     ping_all: bool,
     /// Let peers of the group deploy plugins to this worker at run time
-    /// (`wasmrpc plugin deploy`, `RpcAgent::deploy_plugin`). Off by default:
+    /// (`wasmrpc plugin deploy`, `Deploy::deploy_plugin`). Off by default:
     /// without it a deployment is refused with "worker X does not accept
     /// plugin deployment". Deployments only come from authenticated peers
     /// (those holding the cluster secret).

@@ -1,7 +1,7 @@
 //! Plugin deployment at run time: shipping a wasm plugin to every worker of
 //! a running group, which loads it and serves its functions by name.
 //!
-//! The deployer ([`RpcAgent::deploy_plugin`], or `wasmrpc plugin deploy`,
+//! The deployer ([`Deploy::deploy_plugin`](crate::Deploy::deploy_plugin), or `wasmrpc plugin deploy`,
 //! which joins the group as a dynamic member to do it) first loads the bytes
 //! itself, so bytes that are not a plugin are refused before anything is
 //! sent; then it sends one [`DEPLOY_PLUGIN`] to every worker at
@@ -62,7 +62,7 @@
 //! live member lists as deployed when asked over its authenticated
 //! connection (`wasmrpc::_deployed_plugins`), so the store is only a cache
 //! of bytes checked against their sha256. A worker that joins
-//! later installs them with [`RpcAgent::install_deployed_plugins`] (the
+//! later installs them with [`Deploy::install_deployed_plugins`](crate::Deploy::install_deployed_plugins) (the
 //! `wasmrpc worker` binary does so right after joining when it accepts
 //! deployment), through the same steps as a deployment message. Until it
 //! has, it does not serve them: a peer calling it in that window gets the
@@ -88,78 +88,30 @@ use crate::transport::MessageKind;
 use crate::value::Payload;
 
 mod message;
+mod report;
 
 pub use message::{DEPLOY_PLUGIN, DeployPlugin};
-
-/// What one worker did with a deployment.
-#[derive(Debug, Clone)]
-pub struct WorkerDeployment {
-    /// The worker.
-    pub worker: WorkerInfo,
-    /// The functions it now serves from the plugin, or why it does not.
-    pub result: Result<Vec<String>>,
-    /// Whether it already served this exact plugin (nothing was loaded).
-    pub already_served: bool,
-}
-
-/// The outcome of [`RpcAgent::deploy_plugin`]: the plugin and one
-/// [`WorkerDeployment`] per worker, in the order the workers were given.
-#[derive(Debug, Clone)]
-pub struct DeployReport {
-    /// The plugin's manifest name.
-    pub plugin: String,
-    /// The namespace its functions are served under.
-    pub namespace: String,
-    /// The plugin's version (from its manifest).
-    pub version: String,
-    /// The sha256 of its bytes, in hex: its identity.
-    pub sha256: String,
-    /// What each worker did.
-    pub workers: Vec<WorkerDeployment>,
-}
-
-impl DeployReport {
-    /// Whether every worker serves the plugin.
-    pub fn is_complete(&self) -> bool {
-        self.workers.iter().all(|w| w.result.is_ok())
-    }
-
-    /// The workers that do not serve the plugin, with why.
-    pub fn failures(&self) -> impl Iterator<Item = (&WorkerInfo, &Error)> {
-        self.workers
-            .iter()
-            .filter_map(|w| w.result.as_ref().err().map(|e| (&w.worker, e)))
-    }
-
-    /// `Ok` if every worker serves the plugin.
-    ///
-    /// # Errors
-    /// A `RuntimeError` naming every worker that does not, with its error.
-    pub fn check(&self) -> Result<()> {
-        let failed: Vec<String> = self
-            .failures()
-            .map(|(w, e)| format!("{}: {}", w.name, e.message()))
-            .collect();
-        if failed.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::runtime(format!(
-                "plugin {} was not deployed to {} of {} workers: {}",
-                self.plugin,
-                failed.len(),
-                self.workers.len(),
-                failed.join("; ")
-            )))
-        }
-    }
-}
+pub use report::{DeployReport, WorkerDeployment};
 
 /// What plugin deployment adds to an agent. In scope with
 /// `use wasmrpc::prelude::*`.
 pub trait Deploy {
     /// Deploys a plugin to every worker of the group, this one included
-    /// (`deploy_plugin`): see [`deploy_plugin`](fn@deploy_plugin) below for
-    /// what each worker does and the errors.
+    /// (`deploy_plugin`): validates `wasm` here, then sends it to every
+    /// worker at once, each under the call timeout. A worker registers the
+    /// plugin's functions as `namespace::function` and serves them to every
+    /// peer and plugin; it answers at once if it already serves these exact
+    /// bytes (same sha256); it refuses if it was started without
+    /// [`accept_plugin_deployment`](crate::RpcBackendOptions::accept_plugin_deployment),
+    /// or if it has another version of the plugin or functions of the same
+    /// names (versions are not replaced at run time). Workers that refuse
+    /// or fail are in the report ([`DeployReport::check`] turns them into
+    /// an error).
+    ///
+    /// # Errors
+    /// Before anything is sent: "RPC has not been initialized" if the agent
+    /// stopped; a `RuntimeError` if `wasm` is not a plugin this host can
+    /// load (or another plugin of its name is loaded in this process).
     fn deploy_plugin(&self, wasm: &[u8]) -> impl Future<Output = Result<DeployReport>> + Send;
 
     /// [`deploy_plugin`](Deploy::deploy_plugin) to the given workers only
@@ -171,8 +123,14 @@ pub trait Deploy {
     ) -> impl Future<Output = Result<DeployReport>> + Send;
 
     /// Installs every plugin deployed to this worker's dynamic group before
-    /// it joined, in deployment order; returns the names it now serves from
-    /// them (see `install_deployed_plugins` below).
+    /// it joined (see the module docs), in deployment order, as if each
+    /// deployment had reached it; returns the names it now serves from
+    /// them. Plugins it already serves are skipped.
+    ///
+    /// # Errors
+    /// "worker X does not accept plugin deployment" if its options refuse
+    /// deployments and a plugin was deployed; store errors; the first plugin
+    /// it cannot install (as a deployment would fail).
     fn install_deployed_plugins(&self) -> impl Future<Output = Result<Vec<String>>> + Send;
 }
 

@@ -142,7 +142,7 @@ impl RRefProxy {
     /// # Errors
     /// A timeout or error while learning the value's type (the seeds'
     /// "times out during proxy creation"), and the errors of
-    /// [`RpcAgent::remote`].
+    /// [`crate::Remote::remote`].
     pub async fn call_remote(&self, method: &str, args: Args) -> Result<RRef> {
         self.ready().await?;
         let call = self.invoke_args(method, args);
