@@ -174,7 +174,22 @@ impl RpcAgent {
             let _ = fut.set_error(e);
             fut
         };
+        let to = to.into();
         if let Err(e) = self.require_running() {
+            // PyTorch serializes a call's arguments before it sends: a
+            // deleted RRef among them fails as its fork does, whatever the
+            // agent's state ("Cannot call fork an UserRRef after deletion.").
+            if !args.rrefs.is_empty()
+                && let Ok(dest) = self.resolve(to)
+                && let Err(fork) = self.values_to_wire(
+                    &dest,
+                    args.positional.clone(),
+                    args.kwargs.clone(),
+                    &args.rrefs,
+                )
+            {
+                return failed(fork.context_line(format!("sending RRefs to call {function}")));
+            }
             return failed(e);
         }
         let dest = match self.resolve(to) {

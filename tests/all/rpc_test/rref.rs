@@ -1363,12 +1363,15 @@ fn test_use_rref_after_shutdown() {
                 ErrorKind::RuntimeError,
                 RREF_TO_HERE_AFTER_DELETION,
             )?;
-            // Forking (serializing) it fails the same way.
-            let r = w
-                .agent
-                .rpc_sync(w.dst(), "seed_fns::identity", args![&rref])
-                .await;
-            ensure!(r.is_err());
+            // Serializing it (a call's arguments are serialized before the
+            // call is sent) is a fork, which fails with the seed's text.
+            expect_err(
+                w.agent
+                    .rpc_sync(w.dst(), "seed_fns::identity", args![&rref])
+                    .await,
+                ErrorKind::RuntimeError,
+                RREF_FORK_AFTER_DELETION,
+            )?;
             let fork = RRef::new(&w.agent, 0);
             drop(fork);
             anyhow::Ok(())
@@ -1376,7 +1379,6 @@ fn test_use_rref_after_shutdown() {
         .await?;
         Ok(())
     });
-    let _ = RREF_FORK_AFTER_DELETION;
 }
 
 // -------------------------------------------------------- M: debug info
