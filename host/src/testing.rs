@@ -163,7 +163,7 @@ impl ClusterBuilder {
         let ca = crate::CertificateAuthority::generate()?;
         let creds = (0..self.world_size)
             .map(|rank| ca.credentials_for(&worker_name(rank)))
-            .collect::<Result<_>>()?;
+            .collect::<std::result::Result<_, _>>()?;
         self.tls = Some((Arc::new(ca), creds));
         Ok(self)
     }

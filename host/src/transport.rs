@@ -16,8 +16,8 @@
 //! - `tcp`: one connection per pair of workers, opened lazily by whichever
 //!   side sends first and used in both directions; `TCP_NODELAY` on.
 //! - `tls`: TLS 1.3 with mutual authentication (rustls, ring) when the
-//!   worker has TLS credentials; certificates that name their worker; the
-//!   cluster CA and worker certificates (`CertificateAuthority`).
+//!   worker has TLS credentials (from `wasmrpc-credentials`, which also
+//!   makes the cluster CA and the certificates that name their worker).
 //! - `fault`: make the first N sends of given message kinds fail, or delay
 //!   them, for the seeds' faulty-agent tests.
 //!

@@ -25,7 +25,7 @@ pub const DEFAULT_INIT_METHOD: &str = "env://";
 /// The environment of a process is readable only by its own user (and
 /// root), unlike its command line; `wasmrpc launch` hands its workers the
 /// secret it generates this way.
-pub const CLUSTER_SECRET_ENV: &str = "WASMRPC_CLUSTER_SECRET";
+pub const CLUSTER_SECRET_ENV: &str = wasmrpc_credentials::secret::SECRET_ENV;
 
 /// The agent's options (`TensorPipeRpcBackendOptions`). Their `Debug`
 /// output never shows the cluster secret or a key.
@@ -46,7 +46,8 @@ pub struct RpcBackendOptions {
     pub max_frame_size: u64,
     /// The cluster secret every connection is authenticated with (an HMAC
     /// handshake, `transport::handshake`). `None`: the
-    /// `WASMRPC_CLUSTER_SECRET` variable if set and not empty. Credentials
+    /// `WASMRPC_CLUSTER_SECRET` variable if set and not empty, else the file
+    /// `WASMRPC_CLUSTER_SECRET_FILE` names. Credentials
     /// only ever come from the operator: nothing secret is written to or
     /// read from the store (the store is PyTorch's unauthenticated
     /// TCPStore protocol, readable by anyone who can reach it).
@@ -168,7 +169,7 @@ impl RpcBackendOptions {
     }
 
     /// The operator's credentials: the secret (the options, else
-    /// `WASMRPC_CLUSTER_SECRET`) and TLS (the options, else the
+    /// `WASMRPC_CLUSTER_SECRET[_FILE]`) and TLS (the options, else the
     /// environment), checked to be worker `name`'s; both `None` where
     /// running without any is allowed.
     pub(crate) fn resolve_credentials(
@@ -189,10 +190,7 @@ impl RpcBackendOptions {
                 )));
             }
             Some(s) => Some(s.clone()),
-            None => std::env::var(CLUSTER_SECRET_ENV)
-                .ok()
-                .filter(|s| !s.is_empty())
-                .map(String::into_bytes),
+            None => wasmrpc_credentials::secret::secret_from_env()?,
         };
         if secret.is_some() || tls.is_some() || self.insecure || self.listen_addr.ip().is_loopback()
         {

@@ -68,6 +68,8 @@ pub(crate) fn run(args: CertArgs) -> Result<ExitCode> {
             );
         }
         CertCommand::Issue { name, ca, out } => {
+            wasmrpc::validate_worker_name(&name)
+                .with_context(|| format!("cannot issue a certificate for {name:?}"))?;
             let (ca_cert, ca_key) = (ca.join("ca.pem"), ca.join("ca.key"));
             super::credentials::check_private(&ca_key)?;
             let read = |p: &Path| {

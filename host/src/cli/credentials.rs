@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use wasmrpc::RpcBackendOptions;
 
 /// Credential flags shared by the commands that join a group.
@@ -101,63 +101,18 @@ impl CredentialArgs {
     }
 }
 
-/// Reads a credential file that only its owner may read.
+/// Reads the cluster secret from a file only its owner may read.
 ///
 /// # Errors
-/// The file cannot be read, is readable by group or others, or holds
-/// nothing but whitespace.
-pub(crate) fn read_secret_file(file: &Path) -> Result<Vec<u8>> {
-    check_private(file)?;
-    let bytes = std::fs::read(file)
-        .with_context(|| format!("cannot read the secret file {}", file.display()))?;
-    let secret = bytes.trim_ascii();
-    if secret.is_empty() {
-        bail!("the secret file {} is empty", file.display());
-    }
-    Ok(secret.to_vec())
+/// As [`wasmrpc_credentials::secret::read_secret_file`].
+fn read_secret_file(file: &Path) -> Result<Vec<u8>> {
+    Ok(wasmrpc_credentials::secret::read_secret_file(file)?)
 }
 
 /// Fails unless `file` is readable by its owner only.
 ///
 /// # Errors
-/// The file's metadata cannot be read, or group or others may read or
-/// write it.
+/// As [`wasmrpc_credentials::secret::check_private`].
 pub(crate) fn check_private(file: &Path) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(file)
-        .with_context(|| format!("cannot read {}", file.display()))?
-        .permissions()
-        .mode();
-    if mode & 0o077 != 0 {
-        bail!(
-            "{} is accessible to group or others (mode {:o}); credentials must be readable by \
-             their owner only: run `chmod 600 {}`",
-            file.display(),
-            mode & 0o777,
-            file.display()
-        );
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_secret_file_readable_by_others_is_refused() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("secret");
-        std::fs::write(&file, "s3cret\n").unwrap();
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let e = read_secret_file(&file).unwrap_err().to_string();
-        assert!(e.contains("mode 644") && e.contains("chmod 600"), "{e}");
-        assert!(!e.contains("s3cret"), "the error leaks the secret: {e}");
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert_eq!(read_secret_file(&file).unwrap(), b"s3cret");
-        std::fs::write(&file, " \n").unwrap();
-        let e = read_secret_file(&file).unwrap_err().to_string();
-        assert!(e.contains("is empty"), "{e}");
-    }
+    Ok(wasmrpc_credentials::secret::check_private(file)?)
 }

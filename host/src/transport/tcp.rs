@@ -61,7 +61,7 @@ pub(crate) struct TransportConfig {
     pub(crate) tls: Option<TlsEndpoints>,
 }
 
-type TlsStream = tokio_rustls::TlsStream<TcpStream>;
+use wasmrpc_credentials::TlsStream;
 
 /// A connection's write half: a TCP socket's, which senders may write to
 /// directly (TR-5), or a TLS stream's, which only the writer task writes.

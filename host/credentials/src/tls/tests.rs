@@ -1,19 +1,23 @@
 //! Tests of `tls`.
 
 use super::*;
+use crate::CertificateAuthority;
 
 #[test]
-fn worker_dns_names_are_distinct_valid_and_short_enough() {
+fn worker_dns_names_are_distinct_valid_short_enough_and_decode_back() {
     let long = "w".repeat(127);
     let names = ["worker0", "Worker0", "a_b", "a:b", "a-b", long.as_str()];
     let dns: Vec<String> = names.iter().map(|n| worker_dns_name(n)).collect();
     for (n, d) in names.iter().zip(&dns) {
         assert!(server_name(n).is_ok(), "{d}");
         assert!(d.len() <= 253 && d.split('.').all(|l| l.len() <= 63), "{d}");
+        assert_eq!(worker_from_dns_name(d).as_deref(), Some(*n));
     }
     let unique: std::collections::BTreeSet<String> =
         dns.iter().map(|d| d.to_ascii_lowercase()).collect();
     assert_eq!(unique.len(), names.len(), "{dns:?}");
+    assert_eq!(worker_from_dns_name("example.com"), None);
+    assert_eq!(worker_from_dns_name("0.worker.wasmrpc"), None);
 }
 
 #[test]
@@ -41,4 +45,33 @@ fn issued_certificates_name_their_worker_and_chain_to_their_ca() {
     // Debug output never shows a key.
     let shown = format!("{creds:?} {ca:?}");
     assert!(!shown.contains("PRIVATE"), "{shown}");
+}
+
+#[test]
+fn credentials_know_the_worker_they_name() {
+    let ca = CertificateAuthority::generate().unwrap();
+    // Names of every length class: the DER length byte of a long name is
+    // itself a letter of the alphabet (100 = 'd').
+    for name in [
+        "worker0".to_string(),
+        "Trainer_7:x".to_string(),
+        "n".repeat(57),
+        "m".repeat(127),
+    ] {
+        let creds = ca.credentials_for(&name).unwrap();
+        assert_eq!(creds.worker_name().unwrap(), name);
+    }
+}
+
+#[test]
+fn a_certificate_without_a_worker_name_says_so() {
+    // A certificate for a plain DNS name, as another tool would issue.
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["example.com".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let creds = TlsCredentials::from_pem(&cert.pem(), &cert.pem(), &key.serialize_pem()).unwrap();
+    let e = creds.worker_name().unwrap_err();
+    assert!(e.message().contains("names no worker"), "{e}");
 }
