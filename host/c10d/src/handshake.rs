@@ -15,17 +15,17 @@
 //! bound to the group's name and both ranks, so a proof for one connection
 //! serves for no other. Without a secret both sides send zero MACs and the
 //! exchange only names the dialer's rank; a side with a secret refuses a
-//! side without one, and the reverse. Traffic after the handshake is not
-//! encrypted. This module owns the wire format of the exchange and the
-//! checks; the mesh decides what to do with a refused connection.
+//! side without one, and the reverse. With TLS the exchange runs inside
+//! the TLS stream, and the mesh then checks the announced rank against the
+//! peer's certificate. This module owns the wire format of the exchange and
+//! the checks; the mesh decides what to do with a refused connection.
 
 use std::io::Read;
 use std::time::Duration;
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 const MAGIC: [u8; 4] = *b"WC10";
 const SERVER: &[u8] = b"wasmrpc-c10d-server";
@@ -124,7 +124,7 @@ fn secret_mismatch(ours: bool) -> Refusal {
     }
 }
 
-async fn read_magic(stream: &mut TcpStream) -> Result<(), Refusal> {
+async fn read_magic<S: AsyncRead + Unpin>(stream: &mut S) -> Result<(), Refusal> {
     let mut magic = [0u8; 4];
     stream
         .read_exact(&mut magic)
@@ -141,8 +141,8 @@ async fn read_magic(stream: &mut TcpStream) -> Result<(), Refusal> {
 /// # Errors
 /// The refusal: I/O, a peer that is not one, a secret mismatch, or a proof
 /// that does not check.
-pub(crate) async fn dial(
-    stream: &mut TcpStream,
+pub(crate) async fn dial<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
     secret: Option<&[u8]>,
     group: &str,
     rank: usize,
@@ -183,8 +183,8 @@ pub(crate) async fn dial(
 ///
 /// # Errors
 /// The refusal, as [`dial`].
-pub(crate) async fn accept(
-    stream: &mut TcpStream,
+pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
     secret: Option<&[u8]>,
     group: &str,
     rank: usize,
@@ -222,7 +222,7 @@ pub(crate) async fn accept(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::net::TcpListener;
+    use tokio::net::{TcpListener, TcpStream};
 
     /// Runs both sides over loopback; returns (dialer's, acceptor's) outcome.
     async fn exchange(

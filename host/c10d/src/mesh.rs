@@ -2,10 +2,18 @@
 //! group members, and a mailbox that sorts incoming frames by sender and tag.
 //!
 //! Members exchange listening addresses through the group's (prefixed)
-//! store; tensors never go through the store. Every connection opens with
-//! [`crate::handshake`] (the dialer's rank and, with a cluster secret,
-//! mutual proof of it); a connection that fails it is closed and logged, and
-//! the member keeps waiting for its real peers. Rank `r` connects to every
+//! store; tensors never go through the store. With TLS ([`MeshTls`]) every
+//! connection is TLS 1.3 with mutual authentication first: each member
+//! publishes the worker name its certificate names as `name/{rank}` before
+//! its address, a dialer asks for the certificate of the name published for
+//! the rank it dials, and an acceptor checks that the dialer's certificate
+//! names the worker published for the rank it announces. Then every
+//! connection opens with [`crate::handshake`] (the dialer's rank and, with a
+//! cluster secret, mutual proof of it); a connection that fails either is
+//! closed and logged, and the member keeps waiting for its real peers.
+//! What a published name can do is limited to what the store can do: the
+//! store is unauthenticated, but only a holder of a certificate of the
+//! cluster CA completes TLS. Rank `r` connects to every
 //! lower rank and accepts from every higher one, so each pair has exactly one
 //! connection. A reader task per connection drains the socket into the
 //! [`Mailbox`], so sends never block on a peer that has not started
@@ -13,7 +21,9 @@
 //! timeout, or the peer's connection closing).
 //!
 //! Frame: `kind u8, op u8, seq u64, sub u32, step u32, len u64`, then `len`
-//! bytes (little endian). `kind` separates collectives (tagged with the
+//! bytes (little endian). A frame's buffer grows with the bytes that
+//! arrive, so a header announcing a huge length allocates nothing until the
+//! bytes are there. `kind` separates collectives (tagged with the
 //! group's sequence number) from point-to-point messages (tagged by the
 //! user); `op` names the collective, so ranks that issue different
 //! collectives as the same sequence number get an error that says so
@@ -23,11 +33,11 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
+use wasmrpc_credentials::{TlsEndpoints, TlsStream};
 use wasmrpc_store::Store;
 
 use crate::error::{Error, Result};
@@ -128,12 +138,133 @@ impl Mailbox {
     }
 }
 
+/// How a mesh's connections are authenticated.
+pub(crate) struct MeshAuth {
+    /// The cluster secret each connection's handshake proves.
+    pub(crate) secret: Option<Arc<[u8]>>,
+    /// TLS for every connection.
+    pub(crate) tls: Option<MeshTls>,
+}
+
+/// A mesh's TLS: the endpoints of this member's credentials and the worker
+/// its certificate names.
+pub(crate) struct MeshTls {
+    pub(crate) endpoints: TlsEndpoints,
+    pub(crate) name: String,
+}
+
+/// The store key under which rank `rank` publishes the worker name its
+/// certificate names.
+fn name_key(rank: usize) -> String {
+    format!("name/{rank}")
+}
+
+/// One authenticated connection, before it is split.
+enum Conn {
+    Plain(TcpStream),
+    Tls(Box<TlsStream>),
+}
+
+type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
+type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
+
+impl Conn {
+    fn split(self) -> (ReadHalf, WriteHalf) {
+        match self {
+            Conn::Plain(stream) => {
+                let (read, write) = stream.into_split();
+                (Box::new(read), Box::new(write))
+            }
+            Conn::Tls(stream) => {
+                let (read, write) = tokio::io::split(*stream);
+                (Box::new(read), Box::new(write))
+            }
+        }
+    }
+}
+
+/// The acceptor's side of one connection: TLS (with the certificate
+/// checked against the name published for the announced rank), then the
+/// handshake. Returns the dialer's rank.
+async fn accept_one(
+    mut stream: TcpStream,
+    auth: &MeshAuth,
+    store: &dyn Store,
+    group: &str,
+    rank: usize,
+    size: usize,
+) -> std::result::Result<(usize, Conn), String> {
+    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+    let in_range = |peer: usize| {
+        if peer <= rank || peer >= size {
+            Err(format!(
+                "a connection announced rank {peer}, which does not dial rank {rank} in a group of \
+                 size {size}"
+            ))
+        } else {
+            Ok(peer)
+        }
+    };
+    let secret = auth.secret.as_deref();
+    let Some(tls) = &auth.tls else {
+        let peer = crate::handshake::accept(&mut stream, secret, group, rank).await?;
+        return Ok((in_range(peer)?, Conn::Plain(stream)));
+    };
+    let mut stream = tls
+        .endpoints
+        .accept(stream)
+        .await
+        .map_err(|e| e.to_string())?;
+    let peer = in_range(crate::handshake::accept(&mut stream, secret, group, rank).await?)?;
+    let key = name_key(peer);
+    store
+        .wait(&[key.as_str()], crate::handshake::HANDSHAKE_TIMEOUT)
+        .await
+        .map_err(|e| format!("rank {peer} published no worker name: {e}"))?;
+    let name = store.get(&key).await.map_err(|e| e.to_string())?;
+    let name = String::from_utf8_lossy(&name);
+    wasmrpc_credentials::check_peer_names(&stream, &name)
+        .map_err(|e| format!("rank {peer} is worker {name}: {e}"))?;
+    Ok((peer, Conn::Tls(Box::new(stream))))
+}
+
+/// The dialer's side of one connection to rank `peer` at `addr`.
+async fn dial_one(
+    addr: &str,
+    auth: &MeshAuth,
+    store: &dyn Store,
+    group: &str,
+    rank: usize,
+    peer: usize,
+) -> std::result::Result<Conn, String> {
+    let mut stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+    let secret = auth.secret.as_deref();
+    let Some(tls) = &auth.tls else {
+        crate::handshake::dial(&mut stream, secret, group, rank, peer).await?;
+        return Ok(Conn::Plain(stream));
+    };
+    // Published before the address, so it is there.
+    let name = store
+        .get(&name_key(peer))
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = String::from_utf8_lossy(&name);
+    let mut stream = tls
+        .endpoints
+        .connect(stream, &name)
+        .await
+        .map_err(|e| e.to_string())?;
+    crate::handshake::dial(&mut stream, secret, group, rank, peer).await?;
+    Ok(Conn::Tls(Box::new(stream)))
+}
+
 /// The connections of one group member to all the others.
 pub(crate) struct Mesh {
     rank: usize,
     size: usize,
     group: String,
-    writers: Vec<Option<tokio::sync::Mutex<OwnedWriteHalf>>>,
+    writers: Vec<Option<tokio::sync::Mutex<WriteHalf>>>,
     readers: Vec<JoinHandle<()>>,
     mailbox: Arc<Mailbox>,
 }
@@ -158,11 +289,12 @@ impl Drop for Mesh {
 
 impl Mesh {
     /// Connects `rank` to every other member of a group of `size`, publishing
-    /// this member's address as `addr/{rank}` in `store`.
+    /// this member's address as `addr/{rank}` (and with TLS its worker name
+    /// as `name/{rank}`) in `store`.
     pub(crate) async fn connect(
-        store: &dyn Store,
+        store: &Arc<dyn Store>,
         host: &str,
-        secret: Option<Arc<[u8]>>,
+        auth: MeshAuth,
         rank: usize,
         size: usize,
         group: &str,
@@ -181,33 +313,32 @@ impl Mesh {
         let addr = listener
             .local_addr()
             .map_err(|e| peer_error(rank, e.to_string()))?;
+        if let Some(tls) = &auth.tls {
+            store.set(&name_key(rank), tls.name.as_bytes()).await?;
+        }
         store
             .set(&format!("addr/{rank}"), addr.to_string().as_bytes())
             .await?;
+        let auth = Arc::new(auth);
 
         // Higher ranks connect to us and prove who they are; each handshake
         // runs on its own, so a connection that stalls holds up no other.
         let expected = size - 1 - rank;
-        let accept_secret = secret.clone();
+        let (accept_auth, accept_store) = (Arc::clone(&auth), Arc::clone(store));
         let accept_group = group.to_owned();
         let mut accept = AbortOnDrop(tokio::spawn(async move {
-            let mut accepted: Vec<(usize, TcpStream)> = Vec::with_capacity(expected);
+            let mut accepted: Vec<(usize, Conn)> = Vec::with_capacity(expected);
             let mut handshakes = tokio::task::JoinSet::new();
             while accepted.len() < expected {
                 tokio::select! {
                     conn = listener.accept() => {
-                        let (mut stream, from) = conn?;
-                        let secret = accept_secret.clone();
+                        let (stream, from) = conn?;
+                        let (auth, store) = (Arc::clone(&accept_auth), Arc::clone(&accept_store));
                         let group = accept_group.clone();
                         handshakes.spawn(async move {
-                            let shake = crate::handshake::accept(
-                                &mut stream,
-                                secret.as_deref(),
-                                &group,
-                                rank,
-                            );
+                            let shake = accept_one(stream, &auth, store.as_ref(), &group, rank, size);
                             match tokio::time::timeout(crate::handshake::HANDSHAKE_TIMEOUT, shake).await {
-                                Ok(Ok(peer)) => Ok((peer, stream)),
+                                Ok(Ok(accepted)) => Ok(accepted),
                                 Ok(Err(why)) => Err(format!("{from}: {why}")),
                                 Err(_) => Err(format!("{from}: no handshake within {:?}", crate::handshake::HANDSHAKE_TIMEOUT)),
                             }
@@ -215,13 +346,12 @@ impl Mesh {
                     }
                     Some(done) = handshakes.join_next(), if !handshakes.is_empty() => {
                         match done {
-                            Ok(Ok((peer, stream))) => {
-                                if peer <= rank || peer >= size || accepted.iter().any(|(p, _)| *p == peer) {
-                                    tracing::warn!(rank, group = %accept_group, peer, "c10d tcp: refused a connection announcing an unexpected rank");
+                            Ok(Ok((peer, conn))) => {
+                                if accepted.iter().any(|(p, _)| *p == peer) {
+                                    tracing::warn!(rank, group = %accept_group, peer, "c10d tcp: refused a second connection announcing the same rank");
                                     continue;
                                 }
-                                stream.set_nodelay(true)?;
-                                accepted.push((peer, stream));
+                                accepted.push((peer, conn));
                             }
                             Ok(Err(why)) => {
                                 tracing::warn!(rank, group = %accept_group, "c10d tcp: refused a connection: {why}");
@@ -236,30 +366,19 @@ impl Mesh {
             Ok::<_, std::io::Error>(accepted)
         }));
 
-        let mut streams: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
-        for (peer, slot) in streams.iter_mut().enumerate().take(rank) {
+        let mut conns: Vec<Option<Conn>> = (0..size).map(|_| None).collect();
+        for (peer, slot) in conns.iter_mut().enumerate().take(rank) {
             let key = format!("addr/{peer}");
             store.wait(&[key.as_str()], timeout).await?;
             let addr = String::from_utf8_lossy(&store.get(&key).await?).into_owned();
-            let connect = async {
-                let mut stream = TcpStream::connect(&addr)
-                    .await
-                    .map_err(|e| format!("connecting to {addr}: {e}"))?;
-                stream
-                    .set_nodelay(true)
-                    .map_err(|e| format!("connecting to {addr}: {e}"))?;
-                crate::handshake::dial(&mut stream, secret.as_deref(), group, rank, peer)
-                    .await
-                    .map_err(|why| format!("connecting to {addr}: {why}"))?;
-                Ok::<_, String>(stream)
-            };
-            let stream = tokio::time::timeout(timeout, connect)
+            let connect = dial_one(&addr, &auth, store.as_ref(), group, rank, peer);
+            let conn = tokio::time::timeout(timeout, connect)
                 .await
                 .map_err(|_| {
                     peer_error(peer, format!("no connection to {addr} within {timeout:?}"))
                 })?
-                .map_err(|detail| peer_error(peer, detail))?;
-            *slot = Some(stream);
+                .map_err(|why| peer_error(peer, format!("connecting to {addr}: {why}")))?;
+            *slot = Some(conn);
         }
         let accepted = match tokio::time::timeout(timeout, &mut accept.0).await {
             Ok(Ok(Ok(accepted))) => accepted,
@@ -272,17 +391,17 @@ impl Mesh {
                 ));
             }
         };
-        for (peer, stream) in accepted {
-            streams[peer] = Some(stream);
+        for (peer, conn) in accepted {
+            conns[peer] = Some(conn);
         }
 
         let mailbox = Arc::new(Mailbox::default());
         let mut writers = Vec::with_capacity(size);
         let mut readers = Vec::new();
-        for (peer, stream) in streams.into_iter().enumerate() {
-            match stream {
-                Some(stream) => {
-                    let (read, write) = stream.into_split();
+        for (peer, conn) in conns.into_iter().enumerate() {
+            match conn {
+                Some(conn) => {
+                    let (read, write) = conn.split();
                     writers.push(Some(tokio::sync::Mutex::new(write)));
                     readers.push(tokio::spawn(read_frames(peer, read, Arc::clone(&mailbox))));
                 }
@@ -320,7 +439,9 @@ impl Mesh {
         let write = async {
             let mut w = writer.lock().await;
             w.write_all(&header).await?;
-            w.write_all(payload).await
+            w.write_all(payload).await?;
+            // TLS holds the last record until flushed; TCP's flush is free.
+            w.flush().await
         };
         match tokio::time::timeout(timeout, write).await {
             Ok(result) => {
@@ -402,7 +523,7 @@ impl Mesh {
         self.mailbox.shut_down();
     }
 
-    fn writer(&self, op: &str, peer: usize) -> Result<&tokio::sync::Mutex<OwnedWriteHalf>> {
+    fn writer(&self, op: &str, peer: usize) -> Result<&tokio::sync::Mutex<WriteHalf>> {
         self.writers
             .get(peer)
             .and_then(Option::as_ref)
@@ -435,7 +556,10 @@ impl<T> Drop for AbortOnDrop<T> {
     }
 }
 
-async fn read_frames(peer: usize, mut read: OwnedReadHalf, mailbox: Arc<Mailbox>) {
+/// The most a frame's buffer reserves before its bytes arrive.
+const RESERVE_AHEAD: usize = 64 << 20;
+
+async fn read_frames(peer: usize, mut read: ReadHalf, mailbox: Arc<Mailbox>) {
     let why = loop {
         let mut header = [0u8; HEADER];
         if let Err(e) = read.read_exact(&mut header).await {
@@ -462,11 +586,16 @@ async fn read_frames(peer: usize, mut read: OwnedReadHalf, mailbox: Arc<Mailbox>
         let Ok(len) = usize::try_from(u64_at(18)) else {
             break "protocol error: frame too large".to_owned();
         };
-        let mut payload = vec![0u8; len];
-        if let Err(e) = read.read_exact(&mut payload).await {
-            break format!("receive failed mid-frame: {e}");
+        let mut payload = Vec::with_capacity(len.min(RESERVE_AHEAD));
+        match (&mut read).take(len as u64).read_to_end(&mut payload).await {
+            Ok(n) if n == len => {}
+            Ok(n) => break format!("receive failed mid-frame: {n} of {len} bytes, then the end"),
+            Err(e) => break format!("receive failed mid-frame: {e}"),
         }
         mailbox.push(peer, tag, op, payload);
     };
     mailbox.close(peer, why);
 }
+
+#[cfg(test)]
+mod tests;

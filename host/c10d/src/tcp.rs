@@ -16,29 +16,41 @@
 //! address each member listens on is `127.0.0.1` unless
 //! `WASMRPC_C10D_HOST` names another (multi-host groups need it).
 //!
-//! Connections are authenticated like the agent's: with a cluster secret
-//! (`WASMRPC_CLUSTER_SECRET` or `WASMRPC_CLUSTER_SECRET_FILE`, or
-//! [`TcpOptions::secret`]) every connection opens with a mutual HMAC-SHA256
-//! proof of it; without one, members may listen on a loopback address only
-//! (or anywhere with `WASMRPC_C10D_INSECURE=1`). Traffic is not encrypted.
+//! Connections are authenticated like the agent's, with the same
+//! credentials (`wasmrpc-credentials`, from the operator only):
+//! - with TLS credentials (`WASMRPC_TLS_CA`/`_CERT`/`_KEY`, or the `_PEM`
+//!   variables `wasmrpc launch` sets, or [`TcpOptions::tls`]) every
+//!   connection is TLS 1.3 with mutual authentication: each member presents
+//!   its worker certificate, publishes the worker name it names beside its
+//!   address, and a peer's certificate must name the worker published for
+//!   the rank it claims (so a member cannot take another's rank, and a
+//!   process without a certificate of the cluster CA cannot connect at
+//!   all). Traffic is encrypted.
+//! - with a cluster secret (`WASMRPC_CLUSTER_SECRET` or
+//!   `WASMRPC_CLUSTER_SECRET_FILE`, or [`TcpOptions::secret`]) every
+//!   connection opens with a mutual HMAC-SHA256 proof of it (inside TLS
+//!   when both are given).
+//! - with neither, members may listen on a loopback address only (or
+//!   anywhere with `WASMRPC_C10D_INSECURE=1`).
 
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use tch::Tensor;
+use wasmrpc_credentials::{TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, TlsCredentials};
 
 use crate::backend::{BackendArgs, CollectiveBackend, OpContext};
 use crate::error::{Error, Result};
-use crate::mesh::{Kind, Mesh, Tag};
+use crate::mesh::{Kind, Mesh, MeshAuth, MeshTls, Tag};
 use crate::reduce_op::ReduceOp;
 
 /// The environment variable naming the address members listen on.
 pub const HOST_ENV: &str = "WASMRPC_C10D_HOST";
 /// The cluster secret, as the agent reads it (the value).
-pub const SECRET_ENV: &str = "WASMRPC_CLUSTER_SECRET";
+pub const SECRET_ENV: &str = wasmrpc_credentials::secret::SECRET_ENV;
 /// The cluster secret, as the agent reads it (a file readable by its owner
 /// only).
-pub const SECRET_FILE_ENV: &str = "WASMRPC_CLUSTER_SECRET_FILE";
+pub const SECRET_FILE_ENV: &str = wasmrpc_credentials::secret::SECRET_FILE_ENV;
 /// Set to `1` to let members listen on a non-loopback address without a
 /// secret (the agent's `--insecure`).
 pub const INSECURE_ENV: &str = "WASMRPC_C10D_INSECURE";
@@ -52,7 +64,11 @@ pub struct TcpOptions {
     /// The cluster secret every member must hold: each connection opens
     /// with a mutual HMAC-SHA256 proof of it (see the crate's handshake).
     pub secret: Option<Arc<[u8]>>,
-    /// Allow a non-loopback address without a secret.
+    /// TLS credentials: every connection is TLS 1.3 with mutual
+    /// authentication, and a peer's certificate must name the worker
+    /// published for its rank.
+    pub tls: Option<TlsCredentials>,
+    /// Allow a non-loopback address without credentials.
     pub insecure: bool,
 }
 
@@ -61,6 +77,7 @@ impl std::fmt::Debug for TcpOptions {
         f.debug_struct("TcpOptions")
             .field("host", &self.host)
             .field("secret", &self.secret.as_ref().map(|_| "<set>"))
+            .field("tls", &self.tls.as_ref().map(|_| "<set>"))
             .field("insecure", &self.insecure)
             .finish()
     }
@@ -68,56 +85,24 @@ impl std::fmt::Debug for TcpOptions {
 
 impl TcpOptions {
     /// From the environment, as the agent takes its credentials:
-    /// [`HOST_ENV`], [`SECRET_ENV`] (else [`SECRET_FILE_ENV`]) and
-    /// [`INSECURE_ENV`].
+    /// [`HOST_ENV`], the TLS variables of
+    /// [`TlsCredentials::from_env`], [`SECRET_ENV`] (else
+    /// [`SECRET_FILE_ENV`]) and [`INSECURE_ENV`].
     ///
     /// # Errors
-    /// [`Error::Runtime`] for a secret file that cannot be read or that
-    /// group or others may read.
+    /// [`Error::Runtime`] for credentials that cannot be read or used (a
+    /// file that group or others may read, PEM that does not parse).
     pub fn from_env() -> Result<TcpOptions> {
-        let secret = match std::env::var(SECRET_ENV).ok().filter(|s| !s.is_empty()) {
-            Some(value) => Some(Arc::from(value.into_bytes())),
-            None => match std::env::var_os(SECRET_FILE_ENV).filter(|p| !p.is_empty()) {
-                Some(path) => Some(read_secret_file(std::path::Path::new(&path))?),
-                None => None,
-            },
-        };
+        let credentials = |e: wasmrpc_credentials::Error| Error::Runtime(e.to_string());
         Ok(TcpOptions {
             host: std::env::var(HOST_ENV).ok().filter(|h| !h.is_empty()),
-            secret,
+            secret: wasmrpc_credentials::secret::secret_from_env()
+                .map_err(credentials)?
+                .map(Arc::from),
+            tls: TlsCredentials::from_env().map_err(credentials)?,
             insecure: std::env::var(INSECURE_ENV).is_ok_and(|v| v == "1"),
         })
     }
-}
-
-fn read_secret_file(path: &std::path::Path) -> Result<Arc<[u8]>> {
-    use std::os::unix::fs::PermissionsExt;
-    let meta = std::fs::metadata(path).map_err(|e| {
-        Error::Runtime(format!(
-            "cannot read the cluster secret file {}: {e}",
-            path.display()
-        ))
-    })?;
-    if meta.permissions().mode() & 0o077 != 0 {
-        return Err(Error::Runtime(format!(
-            "the cluster secret file {} may be read by group or others: chmod 600 it",
-            path.display()
-        )));
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        Error::Runtime(format!(
-            "cannot read the cluster secret file {}: {e}",
-            path.display()
-        ))
-    })?;
-    let secret = text.trim_end_matches(['\n', '\r']);
-    if secret.is_empty() {
-        return Err(Error::Runtime(format!(
-            "the cluster secret file {} is empty",
-            path.display()
-        )));
-    }
-    Ok(Arc::from(secret.as_bytes().to_vec()))
 }
 
 /// The tcp backend of one group member.
@@ -139,10 +124,10 @@ pub async fn create(args: BackendArgs) -> Result<Arc<dyn CollectiveBackend>> {
 }
 
 /// Connects this member to the others, each connection authenticated with
-/// `opts.secret` when there is one.
+/// `opts.tls` and `opts.secret` when given.
 ///
 /// # Errors
-/// [`Error::Runtime`] for a non-loopback address without a secret (unless
+/// [`Error::Runtime`] for a non-loopback address without credentials (unless
 /// `insecure`), store errors, and [`Error::Peer`] when the members cannot
 /// connect and prove themselves within the group's timeout.
 pub async fn create_with(
@@ -151,26 +136,45 @@ pub async fn create_with(
 ) -> Result<Arc<dyn CollectiveBackend>> {
     let host = opts.host.unwrap_or_else(|| "127.0.0.1".to_owned());
     let loopback = host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
-    if opts.secret.is_none() && !loopback {
+    if opts.secret.is_none() && opts.tls.is_none() && !loopback {
         if !opts.insecure {
             return Err(Error::Runtime(format!(
                 "rank {} of group {}: the tcp backend would listen on {host} without a cluster \
-                 secret: every process that reaches it could take a rank's place. Set \
-                 {SECRET_ENV} (or {SECRET_FILE_ENV}) to the same value on every rank, or \
-                 {INSECURE_ENV}=1 to accept that",
+                 secret or TLS credentials: every process that reaches it could take a rank's \
+                 place. Give every rank TLS credentials ({TLS_CA_ENV}, {TLS_CERT_ENV}, \
+                 {TLS_KEY_ENV}: `wasmrpc cert init` and `wasmrpc cert issue NAME`) or the same \
+                 {SECRET_ENV} (or {SECRET_FILE_ENV}), or set {INSECURE_ENV}=1 to accept that",
                 args.group_rank, args.group_name
             )));
         }
         tracing::warn!(
             rank = args.group_rank,
             group = %args.group_name,
-            "c10d tcp: listening on {host} without a cluster secret ({INSECURE_ENV}=1)"
+            "c10d tcp: listening on {host} without credentials ({INSECURE_ENV}=1)"
         );
     }
+    let tls = match &opts.tls {
+        Some(creds) => {
+            let refused = |e: wasmrpc_credentials::Error| {
+                Error::Runtime(format!(
+                    "rank {} of group {}: TLS credentials: {e}",
+                    args.group_rank, args.group_name
+                ))
+            };
+            Some(MeshTls {
+                endpoints: creds.endpoints().map_err(refused)?,
+                name: creds.worker_name().map_err(refused)?,
+            })
+        }
+        None => None,
+    };
     let mesh = Mesh::connect(
-        args.store.as_ref(),
+        &args.store,
         &host,
-        opts.secret,
+        MeshAuth {
+            secret: opts.secret,
+            tls,
+        },
         args.group_rank,
         args.group_size,
         &args.group_name,

@@ -2,7 +2,7 @@
 //! collective's numbers on three ranks, each reduce op, point-to-point
 //! tags, timeouts that fail instead of hanging, errors that name the rank,
 //! group and op, destroy failing pending operations, `tcp://` init, and
-//! connections authenticated with the cluster secret.
+//! connections authenticated with the cluster secret or TLS credentials.
 
 mod common;
 
@@ -566,4 +566,89 @@ async fn listening_beyond_loopback_needs_a_secret() {
             && text.contains("WASMRPC_CLUSTER_SECRET"),
         "{text}"
     );
+}
+
+/// The CA of the TLS tests' groups.
+fn cluster_ca() -> &'static wasmrpc_credentials::CertificateAuthority {
+    static CA: std::sync::OnceLock<wasmrpc_credentials::CertificateAuthority> =
+        std::sync::OnceLock::new();
+    CA.get_or_init(|| wasmrpc_credentials::CertificateAuthority::generate().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_with_tls_credentials_run_collectives_over_tls_beyond_loopback() {
+    // TLS credentials alone allow a non-loopback address (no secret, no
+    // insecure flag).
+    register_tcp_with("tcp_tls", |rank| TcpOptions {
+        host: Some("0.0.0.0".into()),
+        tls: Some(
+            cluster_ca()
+                .credentials_for(&format!("worker{rank}"))
+                .unwrap(),
+        ),
+        ..Default::default()
+    });
+    run_ranks(3, |rank, file| async move {
+        let world = common::init(Some("tcp_tls"), rank, 3, &file, Duration::from_secs(15)).await;
+        let t = vals(&[rank as f32, 1.]);
+        world
+            .all_reduce(&t, ReduceOp::SUM, None)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        assert!(t.equal(&vals(&[3., 3.])));
+        let big = Tensor::full([1 << 18], rank as f64, (Kind::Float, Device::Cpu));
+        world
+            .all_reduce(&big, ReduceOp::MAX, None)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        assert!(big.equal(&Tensor::full([1 << 18], 2., (Kind::Float, Device::Cpu))));
+        world.destroy_process_group(None).unwrap();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_with_a_certificate_of_another_ca_is_refused() {
+    register_tcp_with("tcp_tls_foreign", |rank| TcpOptions {
+        tls: Some(if rank == 0 {
+            cluster_ca().credentials_for("worker0").unwrap()
+        } else {
+            wasmrpc_credentials::CertificateAuthority::generate()
+                .unwrap()
+                .credentials_for("worker1")
+                .unwrap()
+        }),
+        ..Default::default()
+    });
+    run_ranks(2, |rank, file| async move {
+        let world = World::new();
+        let err = world
+            .init_process_group(InitOptions {
+                backend: Some("tcp_tls_foreign".into()),
+                store: Some(Arc::new(FileStore::new(&file, Some(2)))),
+                rank: Some(rank as i64),
+                world_size: Some(2),
+                timeout: Some(Duration::from_millis(1500)),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        let text = err.to_string();
+        if rank == 1 {
+            // The dialer cannot verify rank 0's certificate.
+            assert!(
+                text.contains("rank 1 of group 0")
+                    && text.contains("TLS with worker worker0 failed"),
+                "{text}"
+            );
+        } else {
+            assert!(text.contains("not every higher rank connected"), "{text}");
+        }
+        assert!(!world.is_initialized());
+    })
+    .await;
 }

@@ -444,6 +444,18 @@ pub fn check_names(chain: &[CertificateDer<'_>], claimed: &str) -> Result<()> {
     })
 }
 
+/// TLS-3 on an accepted stream: fails unless the certificate the peer
+/// presented in the TLS handshake names worker `claimed`.
+///
+/// # Errors
+/// As [`check_names`].
+pub fn check_peer_names(stream: &TlsStream, claimed: &str) -> Result<()> {
+    check_names(
+        stream.get_ref().1.peer_certificates().unwrap_or_default(),
+        claimed,
+    )
+}
+
 /// The client side a test's foreign peer dials with: trusts the CA
 /// certificate(s) in `ca_pem` and presents `client`'s certificate, or
 /// none.

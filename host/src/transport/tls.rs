@@ -3,7 +3,7 @@
 //! process-group backend); the rules TLS-1 to TLS-3 are stated there. What
 //! this module adds is the agent's side of TLS-3: after TLS, the name a
 //! dialer announces in the agent's handshake (`handshake::Hello`) must be
-//! one its certificate names (the accept task calls [`check_names`]),
+//! one its certificate names (the accept task calls [`check_peer_names`]),
 //! otherwise the connection is refused. And the probes tests use to play a
 //! foreign TLS peer.
 
@@ -11,7 +11,7 @@ pub use wasmrpc_credentials::{
     CertificateAuthority, TLS_CA_ENV, TLS_CA_PEM_ENV, TLS_CERT_ENV, TLS_CERT_PEM_ENV, TLS_KEY_ENV,
     TLS_KEY_PEM_ENV, TlsCredentials, worker_dns_name,
 };
-pub(crate) use wasmrpc_credentials::{TlsEndpoints, check_names};
+pub(crate) use wasmrpc_credentials::{TlsEndpoints, check_peer_names};
 
 use crate::error::{Error, Result};
 

@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use crate::error::Error;
 use crate::transport::frame::{FrameError, read_frame, write_frame};
 use crate::transport::handshake::{self, HANDSHAKE_TIMEOUT};
-use crate::transport::tls::check_names;
+use crate::transport::tls::check_peer_names;
 
 use super::*;
 
@@ -40,8 +40,7 @@ pub(super) async fn accept_loop(listener: TcpListener, t: Weak<Transport>) {
                         let mut stream = tls.accept(stream).await?;
                         let who = handshake::server(&mut stream, &secret, &name, rank).await?;
                         // TLS-3: the announced name is the certificate's.
-                        let certs = stream.get_ref().1.peer_certificates().unwrap_or_default();
-                        check_names(certs, &who.name)?;
+                        check_peer_names(&stream, &who.name)?;
                         Ok::<_, Error>((Stream::Tls(Box::new(stream)), who))
                     }
                 }

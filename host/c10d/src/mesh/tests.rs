@@ -1,0 +1,214 @@
+//! The mesh's connections under attack: over TLS, a dialer without a
+//! certificate, with one of another CA, or with a valid certificate for
+//! another worker than the rank it claims is refused, and the member keeps
+//! waiting for its real peer, with which the mesh then forms.
+
+use super::*;
+use wasmrpc_credentials::{
+    CertificateAuthority, TlsCredentials, probe_client_config, worker_server_name,
+};
+use wasmrpc_store::HashStore;
+
+const GROUP: &str = "0";
+const LIMIT: Duration = Duration::from_secs(20);
+
+fn auth(creds: &TlsCredentials, secret: Option<&[u8]>) -> MeshAuth {
+    MeshAuth {
+        secret: secret.map(Arc::from),
+        tls: Some(MeshTls {
+            endpoints: creds.endpoints().unwrap(),
+            name: creds.worker_name().unwrap(),
+        }),
+    }
+}
+
+/// Starts rank 0 of a group of 2 and returns it once its address is
+/// published.
+async fn start_rank0(
+    store: &Arc<dyn Store>,
+    auth: MeshAuth,
+) -> (JoinHandle<Result<Mesh>>, std::net::SocketAddr) {
+    let s = Arc::clone(store);
+    let rank0 =
+        tokio::spawn(async move { Mesh::connect(&s, "127.0.0.1", auth, 0, 2, GROUP, LIMIT).await });
+    store.wait(&["addr/0"], LIMIT).await.unwrap();
+    let addr = String::from_utf8(store.get("addr/0").await.unwrap()).unwrap();
+    (rank0, addr.parse().unwrap())
+}
+
+/// Plays a dialer announcing rank 1: TLS as `client` (or plain TCP when
+/// `None`), then the handshake. Returns whether rank 0 kept the connection
+/// open after it (`false`: refused).
+async fn attack(
+    addr: std::net::SocketAddr,
+    ca_pem: &str,
+    client: Option<&TlsCredentials>,
+    tls: bool,
+) -> bool {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let kept = async {
+        if !tls {
+            let mut tcp = tcp;
+            crate::handshake::dial(&mut tcp, None, GROUP, 1, 0)
+                .await
+                .ok()?;
+            let mut byte = [0u8; 1];
+            return match tokio::time::timeout(Duration::from_millis(500), tcp.read(&mut byte)).await
+            {
+                Err(_) => Some(()),
+                Ok(_) => None,
+            };
+        }
+        let connector = probe_client_config(ca_pem, client).unwrap();
+        let mut stream = connector
+            .connect(worker_server_name("worker0").unwrap(), tcp)
+            .await
+            .ok()?;
+        crate::handshake::dial(&mut stream, None, GROUP, 1, 0)
+            .await
+            .ok()?;
+        let mut byte = [0u8; 1];
+        match tokio::time::timeout(Duration::from_millis(500), stream.read(&mut byte)).await {
+            Err(_) => Some(()),
+            Ok(_) => None,
+        }
+    };
+    kept.await.is_some()
+}
+
+/// Rank 1 joins for real; both ends exchange a frame.
+async fn join_and_exchange(
+    store: &Arc<dyn Store>,
+    rank0: JoinHandle<Result<Mesh>>,
+    auth1: MeshAuth,
+) {
+    let rank1 = Mesh::connect(store, "127.0.0.1", auth1, 1, 2, GROUP, LIMIT)
+        .await
+        .unwrap();
+    let rank0 = rank0.await.unwrap().unwrap();
+    let tag = Tag {
+        kind: Kind::P2p,
+        seq: 7,
+        sub: 0,
+        step: 0,
+    };
+    rank1
+        .send("send", 0, tag, b"from rank 1", LIMIT)
+        .await
+        .unwrap();
+    assert_eq!(
+        rank0.recv("recv", 1, tag, LIMIT).await.unwrap(),
+        b"from rank 1"
+    );
+    rank0
+        .send("send", 1, tag, b"from rank 0", LIMIT)
+        .await
+        .unwrap();
+    assert_eq!(
+        rank1.recv("recv", 0, tag, LIMIT).await.unwrap(),
+        b"from rank 0"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_with_certificates_of_the_cluster_ca_connect_and_exchange_frames() {
+    let ca = CertificateAuthority::generate().unwrap();
+    let store: Arc<dyn Store> = Arc::new(HashStore::new());
+    let secret: &[u8] = b"s3cret";
+    let (rank0, _) = start_rank0(
+        &store,
+        auth(&ca.credentials_for("worker0").unwrap(), Some(secret)),
+    )
+    .await;
+    assert_eq!(store.get("name/0").await.unwrap(), b"worker0");
+    join_and_exchange(
+        &store,
+        rank0,
+        auth(&ca.credentials_for("worker1").unwrap(), Some(secret)),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dialers_without_a_valid_certificate_for_their_rank_are_refused_and_the_mesh_forms() {
+    let ca = CertificateAuthority::generate().unwrap();
+    let other = CertificateAuthority::generate().unwrap();
+    let store: Arc<dyn Store> = Arc::new(HashStore::new());
+    let (rank0, addr) =
+        start_rank0(&store, auth(&ca.credentials_for("worker0").unwrap(), None)).await;
+    // The real rank 1 publishes its name; it has not dialed yet.
+    store.set("name/1", b"worker1").await.unwrap();
+
+    // Plain TCP on a TLS port.
+    assert!(
+        !attack(addr, ca.cert_pem(), None, false).await,
+        "a plaintext dialer was kept"
+    );
+    // TLS without a client certificate.
+    assert!(
+        !attack(addr, ca.cert_pem(), None, true).await,
+        "a dialer without a certificate was kept"
+    );
+    // A certificate of another CA.
+    let foreign = other.credentials_for("worker1").unwrap();
+    assert!(
+        !attack(addr, ca.cert_pem(), Some(&foreign), true).await,
+        "another CA's certificate was kept"
+    );
+    // A valid certificate of the cluster CA, for another worker than the
+    // one rank 1 published: a member cannot take another's rank.
+    let mallory = ca.credentials_for("mallory").unwrap();
+    assert!(
+        !attack(addr, ca.cert_pem(), Some(&mallory), true).await,
+        "an impersonator was kept"
+    );
+
+    join_and_exchange(
+        &store,
+        rank0,
+        auth(&ca.credentials_for("worker1").unwrap(), None),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dialer_refuses_an_acceptor_whose_certificate_names_another_worker() {
+    let ca = CertificateAuthority::generate().unwrap();
+    let store: Arc<dyn Store> = Arc::new(HashStore::new());
+    // Rank 0 holds mallory's certificate but the store says rank 0 is
+    // worker0 (e.g. rewritten by whoever reached the store).
+    let (rank0, _) = start_rank0(&store, auth(&ca.credentials_for("mallory").unwrap(), None)).await;
+    store.set("name/0", b"worker0").await.unwrap();
+    let err = Mesh::connect(
+        &store,
+        "127.0.0.1",
+        auth(&ca.credentials_for("worker1").unwrap(), None),
+        1,
+        2,
+        GROUP,
+        Duration::from_secs(2),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("TLS with worker worker0 failed"), "{err}");
+    rank0.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_announcing_a_huge_length_allocates_nothing_up_front() {
+    // A header claiming 2^60 bytes, then the connection ends: the reader
+    // reports the short frame instead of aborting on the allocation.
+    let (mut client, server) = tokio::io::duplex(1024);
+    let mailbox = Arc::new(Mailbox::default());
+    let reader = tokio::spawn(read_frames(0, Box::new(server), Arc::clone(&mailbox)));
+    let mut header = [0u8; HEADER];
+    header[0] = Kind::P2p as u8;
+    header[18..26].copy_from_slice(&(1u64 << 60).to_le_bytes());
+    client.write_all(&header).await.unwrap();
+    client.write_all(b"only a few bytes").await.unwrap();
+    drop(client);
+    reader.await.unwrap();
+    let why = mailbox.lock().closed.get(&0).cloned().unwrap();
+    assert!(why.contains("16 of 1152921504606846976 bytes"), "{why}");
+}
