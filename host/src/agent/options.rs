@@ -254,9 +254,11 @@ impl RpcBackendOptions {
 fn no_credentials_message(name: &str, listen: SocketAddr) -> String {
     format!(
         "worker {name} would listen on {listen}, which is not a loopback address, without \
-         credentials: anyone who can reach it could call its functions. Give every worker of \
-         the group the same secret (e.g. `head -c 32 /dev/urandom | base64 > secret; chmod 600 \
-         secret`, then `wasmrpc worker --cluster-secret-file secret`, or the \
+         credentials: anyone who can reach it could call its functions. Give every worker TLS \
+         credentials (`wasmrpc cert init --out ca/` once, `wasmrpc cert issue {name} --ca ca/ \
+         --out certs/` per worker, then `--tls-ca ca/ca.pem --tls-cert certs/{name}.pem \
+         --tls-key certs/{name}.key`), or the same secret (e.g. `head -c 32 /dev/urandom | \
+         base64 > secret; chmod 600 secret`, then `--cluster-secret-file secret`, or the \
          {CLUSTER_SECRET_ENV} variable), or pass --insecure to run unauthenticated anyway"
     )
 }

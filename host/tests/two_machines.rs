@@ -1,0 +1,307 @@
+//! A cluster across two "machines": two network namespaces joined by a
+//! virtual Ethernet pair, each worker listening on its namespace's own
+//! (non-loopback) address, credentials made with `wasmrpc cert`. The group
+//! runs over TLS; processes that try to join without a certificate of the
+//! cluster CA are refused and the group serves on.
+//!
+//! Creating namespaces needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) and
+//! `ip` from iproute2; without them the test prints a `wasmrpc-skip:` line
+//! and passes without checking anything.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{CREDENTIAL_ENV, run_with_deadline, text};
+
+/// Two network namespaces joined by a veth pair: `a` holds `10.231.N.1`,
+/// `b` holds `10.231.N.2`. Removed on drop (with the veth pair).
+struct TwoHosts {
+    a: String,
+    b: String,
+    subnet: u32,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl TwoHosts {
+    fn create() -> Result<TwoHosts, String> {
+        let pid = std::process::id();
+        let subnet = pid % 250 + 1;
+        let hosts = TwoHosts {
+            a: format!("wrpc-{pid}-a"),
+            b: format!("wrpc-{pid}-b"),
+            subnet,
+        };
+        let (veth_a, veth_b) = (format!("wra{pid}"), format!("wrb{pid}"));
+        ip(&["netns", "add", &hosts.a])?;
+        ip(&["netns", "add", &hosts.b])?;
+        ip(&[
+            "link", "add", &veth_a, "netns", &hosts.a, "type", "veth", "peer", "name", &veth_b,
+            "netns", &hosts.b,
+        ])?;
+        for (ns, veth, host) in [(&hosts.a, &veth_a, 1), (&hosts.b, &veth_b, 2)] {
+            let addr = format!("10.231.{subnet}.{host}/24");
+            ip(&["-n", ns, "addr", "add", &addr, "dev", veth])?;
+            ip(&["-n", ns, "link", "set", veth, "up"])?;
+            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(hosts)
+    }
+
+    fn addr(&self, host: u32) -> String {
+        format!("10.231.{}.{host}", self.subnet)
+    }
+
+    /// `wasmrpc ARGS` inside namespace `ns`, with no inherited credentials.
+    fn wasmrpc(&self, ns: &str, args: &[&str]) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_wasmrpc")])
+            .args(args)
+            .env("RUST_LOG", "info");
+        for var in CREDENTIAL_ENV {
+            cmd.env_remove(var);
+        }
+        cmd
+    }
+}
+
+impl Drop for TwoHosts {
+    fn drop(&mut self) {
+        let _ = ip(&["netns", "del", &self.a]);
+        let _ = ip(&["netns", "del", &self.b]);
+    }
+}
+
+/// A worker process that serves until it is stopped, its output collected.
+struct Serving {
+    child: std::process::Child,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Serving {
+    fn start(mut cmd: Command) -> Serving {
+        use std::io::{BufRead, BufReader};
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the wasmrpc binary starts");
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        for stream in [
+            Box::new(child.stdout.take().expect("piped stdout")) as Box<dyn std::io::Read + Send>,
+            Box::new(child.stderr.take().expect("piped stderr")),
+        ] {
+            let lines = lines.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    lines.lock().expect("lines lock").push(line);
+                }
+            });
+        }
+        Serving { child, lines }
+    }
+
+    fn output(&self) -> String {
+        self.lines.lock().expect("lines lock").join("\n")
+    }
+
+    fn wait_for(&mut self, what: &str) {
+        let started = Instant::now();
+        while !self.output().contains(what) {
+            if started.elapsed() > Duration::from_secs(60)
+                || self.child.try_wait().ok().flatten().is_some()
+            {
+                panic!("no {what:?} in:\n{}", self.output());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM, then a clean exit (a graceful leave).
+    fn stop(mut self) -> String {
+        // `ip netns exec` runs the worker in its own process (exec), so the
+        // signal reaches the worker itself.
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait on the worker") {
+                break status;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "did not stop:\n{}",
+                self.output()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "{}", self.output());
+        self.output()
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+#[test]
+fn two_network_namespaces_run_a_tls_group_that_refuses_intruders() {
+    let hosts = match TwoHosts::create() {
+        Ok(hosts) => hosts,
+        Err(why) => {
+            println!("wasmrpc-skip: needs root and `ip netns` to make two hosts ({why})");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = |p: &str| dir.path().join(p).to_str().expect("UTF-8").to_string();
+    let cert = |args: &[&str]| {
+        let out = common::wasmrpc(args, Duration::from_secs(30));
+        assert!(out.status.success(), "{:?}", text(&out));
+    };
+    cert(&["cert", "init", "--out", &path("ca")]);
+    cert(&["cert", "init", "--out", &path("other-ca")]);
+    for name in ["worker0", "worker1", "worker5"] {
+        cert(&[
+            "cert",
+            "issue",
+            name,
+            "--ca",
+            &path("ca"),
+            "--out",
+            &path("certs"),
+        ]);
+    }
+    // A certificate from a CA the group does not trust.
+    cert(&[
+        "cert",
+        "issue",
+        "worker3",
+        "--ca",
+        &path("other-ca"),
+        "--out",
+        &path("foreign"),
+    ]);
+
+    let (a, b) = (hosts.a.clone(), hosts.b.clone());
+    let store = format!("tcp://{}:29500", hosts.addr(1));
+    let worker = |ns: &str, rank: u32, host: u32, extra: &[String]| {
+        let mut args: Vec<String> = [
+            "worker",
+            "--rank",
+            &rank.to_string(),
+            "--init-method",
+            &store,
+            "--listen",
+            &format!("{}:0", hosts.addr(host)),
+            "--init-timeout",
+            "20",
+            "--rpc-timeout",
+            "10",
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(extra.iter().cloned());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        hosts.wasmrpc(ns, &args)
+    };
+    let tls_of = |ca: &str, dir: &str, name: &str| -> Vec<String> {
+        vec![
+            "--tls-ca".into(),
+            path(&format!("{ca}/ca.pem")),
+            "--tls-cert".into(),
+            path(&format!("{dir}/{name}.pem")),
+            "--tls-key".into(),
+            path(&format!("{dir}/{name}.key")),
+        ]
+    };
+    let tls = |dir: &str, name: &str| tls_of("ca", dir, name);
+    let serve = |mut flags: Vec<String>| {
+        flags.push("--serve".into());
+        flags
+    };
+
+    // worker0 on host a (it hosts the store), worker1 on host b.
+    let mut w0 = Serving::start(worker(&a, 0, 1, &serve(tls("certs", "worker0"))));
+    w0.wait_for("serving until interrupted");
+    let mut w1 = Serving::start(worker(&b, 1, 2, &serve(tls("certs", "worker1"))));
+    w1.wait_for("serving until interrupted");
+    assert!(
+        w0.output()
+            .contains("connections: TLS 1.3 with mutual authentication"),
+        "{}",
+        w0.output()
+    );
+
+    // Intruders on host b.
+    // No credentials on a non-loopback address: refuses to start.
+    let out = run_with_deadline(&mut worker(&b, 2, 2, &[]), Duration::from_secs(30));
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("wasmrpc cert"), "{stderr}");
+    // No credentials, --insecure: starts, but no member talks to it.
+    let out = run_with_deadline(
+        &mut worker(&b, 2, 2, &["--insecure".into(), "--ping-all".into()]),
+        Duration::from_secs(60),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(
+        !out.status.success(),
+        "an unauthenticated joiner got in:\n{stdout}\n{stderr}"
+    );
+    assert!(stderr.contains("handshake"), "{stderr}");
+    assert!(!stdout.contains("answered"), "{stdout}");
+    // A certificate of another CA (and that CA as the one it trusts).
+    let mut foreign = tls_of("other-ca", "foreign", "worker3");
+    foreign.push("--ping-all".into());
+    let out = run_with_deadline(&mut worker(&b, 3, 2, &foreign), Duration::from_secs(60));
+    let (stdout, stderr) = text(&out);
+    assert!(
+        !out.status.success(),
+        "a foreign certificate got in:\n{stdout}\n{stderr}"
+    );
+    assert!(stderr.contains("TLS"), "{stderr}");
+    assert!(!stdout.contains("answered"), "{stdout}");
+
+    // The group serves on: a member with a certificate of the cluster CA
+    // joins from host b and reaches both workers.
+    let mut member = tls("certs", "worker5");
+    member.push("--ping-all".into());
+    let out = run_with_deadline(&mut worker(&b, 5, 2, &member), Duration::from_secs(60));
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for peer in ["worker0", "worker1"] {
+        assert!(
+            stdout.contains(&format!("worker5 -> {peer}: answered")),
+            "{stdout}\n{stderr}"
+        );
+    }
+
+    let w1_log = w1.stop();
+    let w0_log = w0.stop();
+    // The refusals were logged as warnings by the members they reached.
+    let refusals = format!("{w0_log}\n{w1_log}");
+    assert!(refusals.contains("WARN"), "{refusals}");
+}
