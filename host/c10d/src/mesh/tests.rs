@@ -212,3 +212,62 @@ async fn a_frame_announcing_a_huge_length_allocates_nothing_up_front() {
     let why = mailbox.lock().closed.get(&0).cloned().unwrap();
     assert!(why.contains("16 of 1152921504606846976 bytes"), "{why}");
 }
+
+mod decoders {
+    //! Arbitrary bytes from a peer: the handshake and the frame reader
+    //! answer with an error or frames, never a panic, a hang or an
+    //! allocation beyond what arrived.
+
+    use super::*;
+    use proptest::prelude::*;
+
+    fn run<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn the_handshake_refuses_arbitrary_bytes(
+            bytes in proptest::collection::vec(any::<u8>(), 0..256),
+            secret in proptest::option::of(proptest::collection::vec(any::<u8>(), 1..8)),
+        ) {
+            let outcome = run(async {
+                let (mut peer, mut ours) = tokio::io::duplex(4096);
+                peer.write_all(&bytes).await.unwrap();
+                drop(peer);
+                let shake = crate::handshake::accept(&mut ours, secret.as_deref(), GROUP, 0);
+                tokio::time::timeout(Duration::from_secs(5), shake).await
+            });
+            let outcome = outcome.expect("the handshake hung on a closed stream");
+            // Only a well-formed hello without a secret can pass.
+            if outcome.is_ok() {
+                prop_assert!(secret.is_none() && bytes.starts_with(b"WC10"));
+            }
+        }
+
+        #[test]
+        fn the_frame_reader_takes_arbitrary_bytes(
+            bytes in proptest::collection::vec(any::<u8>(), 0..512),
+        ) {
+            let why = run(async {
+                let (mut peer, ours) = tokio::io::duplex(4096);
+                let mailbox = Arc::new(Mailbox::default());
+                let reader = tokio::spawn(read_frames(1, Box::new(ours), Arc::clone(&mailbox)));
+                peer.write_all(&bytes).await.unwrap();
+                drop(peer);
+                tokio::time::timeout(Duration::from_secs(5), reader)
+                    .await
+                    .expect("the reader hung on a closed stream")
+                    .unwrap();
+                mailbox.lock().closed.get(&1).cloned()
+            });
+            prop_assert!(why.is_some(), "the reader ended without saying why");
+        }
+    }
+}
