@@ -134,6 +134,12 @@ impl From<Error> for TestFailure {
 type Setup = Arc<dyn Fn(&FunctionRegistry) + Send + Sync>;
 type Configure = Arc<dyn Fn(u32, &mut RpcBackendOptions) + Send + Sync>;
 
+/// Set to `1` to run every [`Cluster`] over TLS (an ephemeral CA per
+/// cluster), as if each builder called [`ClusterBuilder::tls`]:
+/// `cargo xtask test` runs the transport's fault and garbage tests again
+/// this way.
+pub const TEST_TLS_ENV: &str = "WASMRPC_TEST_TLS";
+
 /// Configures a [`Cluster`].
 #[derive(Clone)]
 pub struct ClusterBuilder {
@@ -295,9 +301,14 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// A builder for a group of `world_size` workers.
+    /// A builder for a group of `world_size` workers: authenticated with a
+    /// fresh cluster secret, and over TLS too when [`TEST_TLS_ENV`] is `1`
+    /// (how the suites run again with TLS on).
+    ///
+    /// # Panics
+    /// If [`TEST_TLS_ENV`] asks for TLS and no key can be generated.
     pub fn builder(world_size: u32) -> ClusterBuilder {
-        ClusterBuilder {
+        let builder = ClusterBuilder {
             world_size,
             setup: None,
             options: RpcBackendOptions::default(),
@@ -306,6 +317,13 @@ impl Cluster {
             store: None,
             secret: crate::transport::generate_secret().into_bytes(),
             tls: None,
+        };
+        if std::env::var(TEST_TLS_ENV).is_ok_and(|v| v == "1") {
+            builder
+                .tls()
+                .unwrap_or_else(|e| panic!("{TEST_TLS_ENV}=1: cannot make the cluster's CA: {e}"))
+        } else {
+            builder
         }
     }
 

@@ -37,8 +37,10 @@
 //!   waiting (the common small call: no task switch, no wake-up); otherwise
 //!   it, and every frame after it, goes through the connection's writer
 //!   task, which owns the write half until its queue is empty. A frame is
-//!   never split between two writers. Over TLS every frame goes through the
-//!   writer task, which flushes once its queue is empty.
+//!   never split between two writers. Over TLS the same holds with the
+//!   record flushed too: a sender whose frame rustls takes but cannot flush
+//!   at once hands the half to the writer task, which flushes once its
+//!   queue is empty.
 //! - TR-6: a refused connection (bad handshake, bad certificate, timeout)
 //!   is one WARN line, and at most one such line per second per worker,
 //!   counting the refusals suppressed since the last; the cause never

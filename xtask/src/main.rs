@@ -3,8 +3,9 @@
 //! - `setup`: installs what the build needs and links it into `.wasmrpc-env/`
 //!   (the wasm32 target, the torch wheel in a cache folder outside the repo).
 //! - `demo`: set-up, then the README's main job on a local cluster.
-//! - `test`: set-up, then format check, lints, every test, and the seed
-//!   coverage table.
+//! - `test`: set-up, then format check, lints, every test, the ported
+//!   suites again with every test cluster over TLS, and the seed coverage
+//!   table.
 //! - `coverage`: regenerates `tests/SEED_COVERAGE.md` from the last test run.
 //! - `bench`: set-up, then the benchmark suite beside torch.distributed.rpc;
 //!   `bench collectives`: the c10d collectives beside torch.distributed's
@@ -116,6 +117,27 @@ fn run_tests(root: &Path, nextest_args: &[String]) -> Result<()> {
     args.extend(nextest_args.iter().map(String::as_str));
     let tests = process::cargo(root, &args);
 
+    process::step(
+        "the ported suites again over TLS (WASMRPC_TEST_TLS=1 cargo nextest run --profile ci-tls \
+         -p wasmrpc-tests)",
+    );
+    let mut args = vec![
+        "nextest",
+        "run",
+        "--profile",
+        "ci-tls",
+        "-p",
+        "wasmrpc-tests",
+    ];
+    args.extend(nextest_args.iter().map(String::as_str));
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let tls_tests = process::run(
+        std::process::Command::new(cargo)
+            .args(&args)
+            .env("WASMRPC_TEST_TLS", "1")
+            .current_dir(root),
+    );
+
     process::step("doc tests (cargo test --doc)");
     let doc_tests = process::cargo(root, &["test", "--doc", "--quiet"]);
 
@@ -125,6 +147,7 @@ fn run_tests(root: &Path, nextest_args: &[String]) -> Result<()> {
     println!("{}", report.closing_line());
 
     tests?;
+    tls_tests?;
     doc_tests?;
     Ok(())
 }

@@ -63,11 +63,51 @@ pub(crate) struct TransportConfig {
 
 use wasmrpc_credentials::TlsStream;
 
-/// A connection's write half: a TCP socket's, which senders may write to
-/// directly (TR-5), or a TLS stream's, which only the writer task writes.
+/// A connection's write half: a TCP socket's or a TLS stream's. Either is
+/// written by a sender directly while the writer task has nothing queued
+/// (TR-5), else by the writer task.
 enum WriteHalf {
     Tcp(tokio::net::tcp::OwnedWriteHalf),
     Tls(tokio::io::WriteHalf<TlsStream>),
+}
+
+impl WriteHalf {
+    /// Writes what the connection takes now, without waiting: `WouldBlock`
+    /// when it takes nothing. TLS encrypts into rustls's buffer and writes
+    /// what the socket takes; the rest waits for [`try_flush`].
+    ///
+    /// [`try_flush`]: Self::try_flush
+    fn try_write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        match self {
+            WriteHalf::Tcp(w) => w.try_write_vectored(bufs),
+            WriteHalf::Tls(w) => {
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                match tokio::io::AsyncWrite::poll_write_vectored(
+                    std::pin::Pin::new(w),
+                    &mut cx,
+                    bufs,
+                ) {
+                    std::task::Poll::Ready(result) => result,
+                    std::task::Poll::Pending => Err(std::io::ErrorKind::WouldBlock.into()),
+                }
+            }
+        }
+    }
+
+    /// Whether everything written has reached the socket, pushing what it
+    /// takes now (a TLS record rustls still holds) without waiting.
+    fn try_flush(&mut self) -> std::io::Result<bool> {
+        match self {
+            WriteHalf::Tcp(_) => Ok(true),
+            WriteHalf::Tls(w) => {
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                match tokio::io::AsyncWrite::poll_flush(std::pin::Pin::new(w), &mut cx) {
+                    std::task::Poll::Ready(result) => result.map(|()| true),
+                    std::task::Poll::Pending => Ok(false),
+                }
+            }
+        }
+    }
 }
 
 impl tokio::io::AsyncWrite for WriteHalf {
@@ -131,9 +171,9 @@ enum WriterCmd {
     /// A frame to write after those before it.
     Frame(OutFrame),
     /// The write half, handed over by a sender whose direct write stopped
-    /// at `offset` of `frame` (the socket was full): the writer owns the
-    /// half until its queue is empty again.
-    Resume(tokio::net::tcp::OwnedWriteHalf, OutFrame, usize),
+    /// at `offset` of `frame` (the socket was full, or TLS could not flush
+    /// at once): the writer owns the half until its queue is empty again.
+    Resume(WriteHalf, OutFrame, usize),
     Close,
 }
 
@@ -149,7 +189,7 @@ pub(crate) struct Connection {
     /// The write half while the writer task has nothing queued (TR-5): a
     /// sender that finds it here writes its frame itself, with no task
     /// switch, as long as the socket takes it without waiting.
-    direct: Mutex<Option<tokio::net::tcp::OwnedWriteHalf>>,
+    direct: Mutex<Option<WriteHalf>>,
     closed: AtomicBool,
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
 }
@@ -180,12 +220,12 @@ impl Connection {
         let mut direct = lock(&self.direct);
         let cmd = match direct.take() {
             None => WriterCmd::Frame(frame),
-            Some(half) => {
-                // A failed write is left to the writer, which closes the
-                // connection with the error.
+            Some(mut half) => {
+                // A failed write or flush is left to the writer, which
+                // closes the connection with the error.
                 let offset =
                     try_write_frame(&frame, 0, |bufs| half.try_write_vectored(bufs)).unwrap_or(0);
-                if offset as u64 == frame.len() {
+                if offset as u64 == frame.len() && half.try_flush().unwrap_or(false) {
                     *direct = Some(half);
                     return Ok(());
                 }
@@ -461,25 +501,23 @@ impl Transport {
     }
 
     fn start(self: &Arc<Self>, stream: Stream, who: handshake::Peer) -> Arc<Connection> {
-        let (read, direct, writer_half): (Box<dyn tokio::io::AsyncRead + Send + Unpin>, _, _) =
-            match stream {
-                Stream::Tcp(stream) => {
-                    let (read, write) = stream.into_split();
-                    (Box::new(read), Some(write), None)
-                }
-                Stream::Tls(stream) => {
-                    // TLS records are written by the writer task only.
-                    let (read, write) = tokio::io::split(*stream);
-                    (Box::new(read), None, Some(WriteHalf::Tls(write)))
-                }
-            };
+        let (read, direct): (Box<dyn tokio::io::AsyncRead + Send + Unpin>, _) = match stream {
+            Stream::Tcp(stream) => {
+                let (read, write) = stream.into_split();
+                (Box::new(read), WriteHalf::Tcp(write))
+            }
+            Stream::Tls(stream) => {
+                let (read, write) = tokio::io::split(*stream);
+                (Box::new(read), WriteHalf::Tls(write))
+            }
+        };
         let (tx, rx) = mpsc::unbounded_channel();
         let conn = Arc::new(Connection {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             peer: who.name,
             peer_rank: who.rank,
             tx,
-            direct: Mutex::new(direct),
+            direct: Mutex::new(Some(direct)),
             closed: AtomicBool::new(false),
             tasks: Mutex::new(Vec::new()),
         });
@@ -492,12 +530,7 @@ impl Transport {
                 }
             })
             .or_insert_with(|| conn.clone());
-        let writer = tokio::spawn(writer_loop(
-            rx,
-            Arc::downgrade(self),
-            conn.clone(),
-            writer_half,
-        ));
+        let writer = tokio::spawn(writer_loop(rx, Arc::downgrade(self), conn.clone()));
         // Small frames arrive in one read instead of one per part.
         let read = tokio::io::BufReader::with_capacity(READ_BUFFER, read);
         let reader = tokio::spawn(reader_loop(

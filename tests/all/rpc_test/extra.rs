@@ -20,8 +20,40 @@ fn secret_options() -> RpcBackendOptions {
     }
 }
 
+/// A stream an authenticated test peer writes raw bytes to: plain TCP, or
+/// TLS when the cluster runs TLS.
+trait PeerStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> PeerStream for T {}
+
+/// Connects to `addr` and passes the handshake as `name` with `secret`:
+/// over TLS with a certificate of `ca` naming `name` when the cluster runs
+/// TLS (`ca` is its CA), else over plain TCP.
+async fn connect_peer(
+    ca: Option<&wasmrpc::CertificateAuthority>,
+    addr: std::net::SocketAddr,
+    server: &str,
+    secret: &[u8],
+    name: &str,
+) -> wasmrpc::Result<Box<dyn PeerStream>> {
+    match ca {
+        None => Ok(Box::new(probe::connect(addr, secret, name).await?)),
+        Some(ca) => {
+            let tls = probe::TlsProbe {
+                ca_pem: ca.cert_pem().to_string(),
+                client: Some(ca.credentials_for(name)?),
+                server: server.to_string(),
+            };
+            Ok(Box::new(
+                probe::connect_tls(addr, &tls, secret, name).await?,
+            ))
+        }
+    }
+}
+
 /// Reads until the peer closes the connection; fails if it stays open.
-async fn expect_closed(stream: &mut tokio::net::TcpStream) -> anyhow::Result<()> {
+async fn expect_closed<S: tokio::io::AsyncRead + Unpin + ?Sized>(
+    stream: &mut S,
+) -> anyhow::Result<()> {
     let mut buf = [0u8; 256];
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -111,11 +143,14 @@ fn test_garbage_bytes_and_oversized_frames_close_only_that_connection() {
             max_frame_size: 1 << 20,
             ..secret_options()
         };
-        let c = cluster(2).options(options).start().await?;
+        let builder = cluster(2).options(options);
+        let ca = builder.authority().cloned();
+        let c = builder.start().await?;
         let addr = c
             .agent(1)
             .local_addr()
             .ok_or_else(|| anyhow::anyhow!("no address"))?;
+        let peer = |name| connect_peer(ca.as_deref(), addr, "worker1", SECRET, name);
 
         // Garbage before any handshake.
         let mut raw = tokio::net::TcpStream::connect(addr).await?;
@@ -124,19 +159,22 @@ fn test_garbage_bytes_and_oversized_frames_close_only_that_connection() {
         expect_closed(&mut raw).await?;
 
         // An authenticated peer sending a malformed frame header.
-        let mut s = probe::connect(addr, SECRET, "intruder").await?;
+        let mut s = peer("intruder").await?;
         s.write_all(&[5, 0, 0, 0, 0xff, 0xee, 0xdd, 0xcc, 0xbb])
             .await?;
-        expect_closed(&mut s).await?;
+        s.flush().await?;
+        expect_closed(&mut *s).await?;
 
         // An authenticated peer announcing a frame over the maximum.
-        let mut s = probe::connect(addr, SECRET, "intruder2").await?;
+        let mut s = peer("intruder2").await?;
         s.write_all(&u32::MAX.to_le_bytes()).await?;
-        expect_closed(&mut s).await?;
+        s.flush().await?;
+        expect_closed(&mut *s).await?;
 
         // A truncated frame followed by a hang-up.
-        let mut s = probe::connect(addr, SECRET, "intruder3").await?;
+        let mut s = peer("intruder3").await?;
         s.write_all(&[100, 0, 0, 0, 1, 2, 3]).await?;
+        s.flush().await?;
         drop(s);
 
         // The worker still serves its real peers.
@@ -163,20 +201,36 @@ fn test_garbage_bytes_and_oversized_frames_close_only_that_connection() {
 #[test]
 fn test_unauthenticated_peer_is_refused() {
     timed(async {
-        let c = cluster(2).options(secret_options()).start().await?;
+        let builder = cluster(2).options(secret_options());
+        let ca = builder.authority().cloned();
+        let c = builder.start().await?;
         let addr = c
             .agent(0)
             .local_addr()
             .ok_or_else(|| anyhow::anyhow!("no address"))?;
         let linger = Duration::from_millis(300);
-        ensure!(
-            probe::probe(addr, b"wrong secret", "mallory", linger)
-                .await
-                .is_err()
-        );
-        probe::probe(addr, SECRET, "friend", linger).await?;
+        // Over TLS the same peers hold certificates of the cluster CA naming
+        // them: the secret is checked inside TLS.
+        let probe = |secret: &'static [u8], name: &'static str| {
+            let ca = ca.clone();
+            async move {
+                match ca {
+                    None => probe::probe(addr, secret, name, linger).await,
+                    Some(ca) => {
+                        let tls = probe::TlsProbe {
+                            ca_pem: ca.cert_pem().to_string(),
+                            client: Some(ca.credentials_for(name)?),
+                            server: "worker0".to_string(),
+                        };
+                        probe::probe_tls(addr, &tls, secret, name, linger).await
+                    }
+                }
+            }
+        };
+        ensure!(probe(b"wrong secret", "mallory").await.is_err());
+        probe(SECRET, "friend").await?;
         // A worker of another cluster (another secret) cannot join in either.
-        ensure!(probe::probe(addr, b"", "worker1", linger).await.is_err());
+        ensure!(probe(b"", "worker1").await.is_err());
         c.shutdown().await?;
         Ok(())
     });

@@ -62,17 +62,16 @@ pub(super) async fn writer_loop(
     mut rx: mpsc::UnboundedReceiver<WriterCmd>,
     t: Weak<Transport>,
     conn: Arc<Connection>,
-    tls: Option<WriteHalf>,
 ) {
     use tokio::io::AsyncWriteExt;
-    // The write half while this task owns it: a TCP half between a `Resume`
-    // and the moment its queue is empty; a TLS half always.
-    let mut half: Option<WriteHalf> = tls;
+    // The write half while this task owns it: between a `Resume` and the
+    // moment its queue is empty.
+    let mut half: Option<WriteHalf> = None;
     while let Some(cmd) = rx.recv().await {
         let (frame, offset) = match cmd {
             WriterCmd::Frame(frame) => (frame, 0),
             WriterCmd::Resume(h, frame, offset) => {
-                half = Some(WriteHalf::Tcp(h));
+                half = Some(h);
                 (frame, offset)
             }
             WriterCmd::Close => break,
@@ -102,14 +101,11 @@ pub(super) async fn writer_loop(
         // lock: an empty queue seen under the lock stays empty until the
         // half is back.
         let mut direct = lock(&conn.direct);
-        if rx.is_empty()
-            && let Some(WriteHalf::Tcp(_)) = &half
-            && let Some(WriteHalf::Tcp(h)) = half.take()
-        {
-            *direct = Some(h);
+        if rx.is_empty() {
+            *direct = half.take();
         }
     }
-    let half = half.or_else(|| lock(&conn.direct).take().map(WriteHalf::Tcp));
+    let half = half.or_else(|| lock(&conn.direct).take());
     if let Some(mut write) = half {
         let _ = write.shutdown().await;
     }
