@@ -139,8 +139,15 @@ impl std::fmt::Debug for TlsCredentials {
     }
 }
 
+/// The `ring` provider with AES-128-GCM first: both ends are ours, so the
+/// preference decides, and AES-128 encrypts large tensors about a third
+/// faster than AES-256 with the same hardware support.
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider
+        .cipher_suites
+        .sort_by_key(|suite| suite.suite() != rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+    Arc::new(provider)
 }
 
 fn pem_roots(pem: &str) -> Result<RootCertStore> {

@@ -75,3 +75,9 @@ fn a_certificate_without_a_worker_name_says_so() {
     let e = creds.worker_name().unwrap_err();
     assert!(e.message().contains("names no worker"), "{e}");
 }
+
+#[test]
+fn aes_128_gcm_is_preferred() {
+    let first = provider().cipher_suites[0].suite();
+    assert_eq!(first, rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+}
