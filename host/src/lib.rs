@@ -91,6 +91,7 @@
 //! to the caller do not deadlock.
 
 mod agent;
+pub mod backend_registry;
 pub mod device;
 pub mod dist_autograd;
 mod error;

@@ -31,6 +31,7 @@
 mod async_class;
 mod async_execution;
 mod autograd;
+mod backend_registry;
 mod cuda;
 mod extra;
 mod memory_budget;
@@ -131,7 +132,8 @@ fn seed_coverage() {
         include_str!("rpc_test/async_class.rs"),
         include_str!("rpc_test/autograd.rs"),
         include_str!("rpc_test/profiling.rs"),
-        include_str!("rpc_test/cuda.rs")
+        include_str!("rpc_test/cuda.rs"),
+        include_str!("rpc_test/backend_registry.rs")
     );
     let ported = |name: &str| source.contains(&format!("fn {name}() {{"));
     let unported = wasmrpc_tests::skips::unported("rpc_test");
