@@ -143,6 +143,20 @@ pub struct RemoteModule {
     module_rref: RRef,
 }
 
+/// PyTorch's refusal of a RemoteModule pickled outside RPC.
+pub const REMOTE_MODULE_PICKLE_OUTSIDE_RPC: &str =
+    "Cannot pickle RemoteModule in python pickler. RemoteModule can only be pickled when using RPC";
+
+/// A RemoteModule crosses the network only as a call's argument (its
+/// [`to_payload`](RemoteModule::to_payload) form, whose RRef the agent
+/// forks); any other serializer (serde's, the counterpart of
+/// `torch.save`'s pickler) is refused with PyTorch's text.
+impl serde::Serialize for RemoteModule {
+    fn serialize<S: serde::Serializer>(&self, _: S) -> std::result::Result<S::Ok, S::Error> {
+        Err(serde::ser::Error::custom(REMOTE_MODULE_PICKLE_OUTSIDE_RPC))
+    }
+}
+
 impl RemoteModule {
     /// Creates an object of the plugin class `module_cls` (registered name,
     /// e.g. `seed_fns::MyModule`) with `args` on `remote_device`'s worker,

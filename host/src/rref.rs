@@ -138,6 +138,20 @@ pub struct RRef {
     profiling: Option<Future>,
 }
 
+/// PyTorch's refusal of an RRef pickled outside RPC.
+pub const RREF_PICKLE_OUTSIDE_RPC: &str =
+    "Can not pickle rref in python pickler, rref can only be pickled when using RPC";
+
+/// An RRef crosses the network only inside a call, where the agent forks
+/// it (its handle codec); any other serializer (serde's, the counterpart
+/// of Python's pickler) is refused, with PyTorch's text, so no RRef is
+/// written where its reference count cannot follow it.
+impl serde::Serialize for RRef {
+    fn serialize<S: serde::Serializer>(&self, _: S) -> std::result::Result<S::Ok, S::Error> {
+        Err(serde::ser::Error::custom(RREF_PICKLE_OUTSIDE_RPC))
+    }
+}
+
 enum Kind {
     Owner(OwnerHandle),
     User(Arc<UserState>),

@@ -274,6 +274,26 @@ fn test_forward_with_kwargs() {
 }
 
 #[test]
+fn test_remote_module_py_pickle_not_supported() {
+    on_rank0(2, |w| async move {
+        let m = RemoteModule::new(&w.agent, "worker1", MY_MODULE, ctor_args())?;
+        // `torch.save(remote_module, fname)`: serde is the serializer
+        // outside RPC.
+        let dir = tempfile::tempdir()?;
+        let file = std::fs::File::create(dir.path().join("remote_module.json"))?;
+        let e = serde_json::to_writer(file, &m).unwrap_err().to_string();
+        ensure!(
+            e.contains(
+                "Cannot pickle RemoteModule in python pickler. RemoteModule can only be pickled \
+                 when using RPC"
+            ),
+            "{e}"
+        );
+        Ok(())
+    });
+}
+
+#[test]
 fn test_remote_parameters() {
     on_rank0(2, |w| async move {
         let m = RemoteModule::new(&w.agent, "worker1", MY_MODULE, ctor_args())?;

@@ -465,6 +465,22 @@ fn test_rref_forward_chain() {
 }
 
 #[test]
+fn test_rref_py_pickle_not_supported() {
+    dist(|w| async move {
+        let local_rref = RRef::new(&w.agent, 35);
+        // `torch.save(local_rref, fname)`: serde is the serializer outside
+        // RPC.
+        let dir = tempfile::tempdir()?;
+        let file = std::fs::File::create(dir.path().join("rref.json"))?;
+        let e = serde_json::to_writer(file, &local_rref)
+            .unwrap_err()
+            .to_string();
+        ensure!(e.contains("Can not pickle rref in python pickler"), "{e}");
+        Ok(())
+    });
+}
+
+#[test]
 fn test_local_rref_no_fork() {
     dist(|w| async move {
         let r = RRef::new(&w.agent, 35);
