@@ -53,8 +53,14 @@ const DNS_SUFFIX: &str = "worker.wasmrpc";
 /// The base32 alphabet of [`worker_dns_name`] (RFC 4648, lowercase).
 const ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
 
-/// A TLS stream over TCP, either end.
-pub type TlsStream = tokio_rustls::TlsStream<TcpStream>;
+/// A TLS stream over TCP, either end. rustls reads the socket at most 4 KiB
+/// at a time; the read buffer under it turns those into one read of up to
+/// [`TLS_READ_BUFFER`] bytes, so a large tensor costs a system call per
+/// quarter megabyte instead of per 4 KiB.
+pub type TlsStream = tokio_rustls::TlsStream<tokio::io::BufReader<TcpStream>>;
+
+/// The read buffer under each TLS stream.
+pub(crate) const TLS_READ_BUFFER: usize = 256 << 10;
 
 /// The DNS name a worker's certificate carries: the worker name in
 /// lowercase base32 (so case, `_` and `:`, which DNS names cannot tell
@@ -409,7 +415,7 @@ impl TlsEndpoints {
     pub async fn connect(&self, tcp: TcpStream, peer: &str) -> Result<TlsStream> {
         let name = server_name(peer)?;
         self.connector
-            .connect(name, tcp)
+            .connect(name, tokio::io::BufReader::with_capacity(TLS_READ_BUFFER, tcp))
             .await
             .map(tokio_rustls::TlsStream::Client)
             .map_err(|e| Error::Failed(format!("TLS with worker {peer} failed: {e}")))
@@ -422,7 +428,7 @@ impl TlsEndpoints {
     /// certificate, one of another CA, not TLS at all).
     pub async fn accept(&self, tcp: TcpStream) -> Result<TlsStream> {
         self.acceptor
-            .accept(tcp)
+            .accept(tokio::io::BufReader::with_capacity(TLS_READ_BUFFER, tcp))
             .await
             .map(tokio_rustls::TlsStream::Server)
             .map_err(|e| Error::Failed(format!("TLS handshake failed: {e}")))
