@@ -415,7 +415,10 @@ impl TlsEndpoints {
     pub async fn connect(&self, tcp: TcpStream, peer: &str) -> Result<TlsStream> {
         let name = server_name(peer)?;
         self.connector
-            .connect(name, tokio::io::BufReader::with_capacity(TLS_READ_BUFFER, tcp))
+            .connect(
+                name,
+                tokio::io::BufReader::with_capacity(TLS_READ_BUFFER, tcp),
+            )
             .await
             .map(tokio_rustls::TlsStream::Client)
             .map_err(|e| Error::Failed(format!("TLS with worker {peer} failed: {e}")))
