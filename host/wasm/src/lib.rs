@@ -66,6 +66,7 @@
 //!   the host; an instance that trapped is discarded.
 //! - **[`manifest::read`]** reads a module's manifest without compiling it.
 
+mod component;
 mod error;
 mod host;
 mod imports;
