@@ -267,7 +267,10 @@ pub fn build(toolchain: &Toolchain, plugin: &Plugin, out: &Path) -> Result<Manif
     for p in &paths {
         cmd.arg("-p").arg(p);
     }
-    cmd.arg(ENTRY).arg("-o").arg(&raw);
+    cmd.arg(ENTRY)
+        .arg("-o")
+        .arg(&raw)
+        .env("PYTHONDONTWRITEBYTECODE", "1");
     run(&mut cmd, &format!("componentize-py for Python plugin {}", plugin.name))?;
 
     let mut bytes = std::fs::read(&raw).map_err(|e| err(format!("reading {}: {e}", raw.display())))?;
