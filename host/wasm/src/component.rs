@@ -73,7 +73,6 @@ impl Wasi {
             .allow_ip_name_lookup(false)
             .socket_addr_check(|_, _| Box::pin(async { false }))
             .wall_clock(EpochClock);
-        builder.inherit_stderr(); // DEBUG-ONLY
         Wasi {
             ctx: builder.build(),
             table: ResourceTable::new(),
