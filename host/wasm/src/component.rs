@@ -116,14 +116,10 @@ impl ComponentWarm {
         pre: &InstancePre<StoreData>,
         max_memory: usize,
         time_limit: Option<Duration>,
-    ) -> Result<ComponentWarm, String> {
+    ) -> wasmtime::Result<ComponentWarm> {
         let mut store = new_store(engine, max_memory, time_limit);
-        let instance = pre
-            .instantiate_async(&mut store)
-            .await
-            .map_err(|e| format!("{e:#}"))?;
-        let plugin =
-            bindings::Plugin::new(&mut store, &instance).map_err(|e| format!("{e:#}"))?;
+        let instance = pre.instantiate_async(&mut store).await?;
+        let plugin = bindings::Plugin::new(&mut store, &instance)?;
         Ok(ComponentWarm { store, plugin })
     }
 

@@ -232,18 +232,15 @@ impl CoreWarm {
         pre: &InstancePre<StoreData>,
         max_memory: usize,
         time_limit: Option<Duration>,
-    ) -> Result<CoreWarm, String> {
+    ) -> wasmtime::Result<CoreWarm> {
         let mut store = new_store(engine, max_memory, time_limit);
-        let instance = pre
-            .instantiate_async(&mut store)
-            .await
-            .map_err(|e| e.to_string())?;
+        let instance = pre.instantiate_async(&mut store).await?;
         let memory = instance
             .get_memory(&mut store, EXPORT_MEMORY)
-            .ok_or_else(|| format!("the module exports no `{EXPORT_MEMORY}`"))?;
+            .ok_or_else(|| wasmtime::Error::msg(format!("the module exports no `{EXPORT_MEMORY}`")))?;
         let input_buffer = instance
             .get_typed_func::<u32, u32>(&mut store, EXPORT_INPUT_BUFFER)
-            .map_err(|e| format!("export `{EXPORT_INPUT_BUFFER}`: {e}"))?;
+            .map_err(|e| wasmtime::Error::msg(format!("export `{EXPORT_INPUT_BUFFER}`: {e}")))?;
         Ok(CoreWarm {
             store,
             instance,

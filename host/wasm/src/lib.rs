@@ -80,7 +80,7 @@ pub use error::{ASYNC_WRONG_TYPE, Error, Result};
 pub use host::{GuestHost, HostResult, runtime_error};
 pub use manifest::Manifest;
 pub use object::Object;
-pub use plugin::{LoadSource, Plugin};
+pub use plugin::{LoadSource, POOL_WAIT, Plugin};
 pub use runtime::{Config, Runtime};
 pub use wasmrpc_abi::protocol::{
     AutogradCall, CallArgs, DType, HandleKind, LogLevel, Progress, TensorMeta,

@@ -99,7 +99,13 @@ pub struct Plugin {
     entries: HashMap<String, Entry>,
     shared: Arc<Shared>,
     pool: Mutex<Vec<Warm>>,
+    /// Told when an instance comes back (to a checkout waiting for a slot).
+    returned: tokio::sync::Notify,
 }
+
+/// How long a call waits for an instance slot when the runtime's pool is
+/// full, before failing.
+pub const POOL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl std::fmt::Debug for Plugin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -128,6 +134,7 @@ impl Plugin {
             entries,
             shared,
             pool: Mutex::new(Vec::new()),
+            returned: tokio::sync::Notify::new(),
         }
     }
 
@@ -166,29 +173,58 @@ impl Plugin {
         self.entries.get(key)
     }
 
-    /// A warm instance from the pool, or a new one.
+    /// A warm instance from the pool, or a new one. When every instance
+    /// slot of the runtime is taken (a Python instance takes a few dozen),
+    /// waits for an instance to come back, up to [`POOL_WAIT`].
     pub(crate) async fn checkout(&self) -> Result<Warm> {
-        let pooled = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        if let Some(warm) = pooled {
-            return Ok(warm);
+        let deadline = std::time::Instant::now() + POOL_WAIT;
+        loop {
+            let pooled = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            if let Some(warm) = pooled {
+                return Ok(warm);
+            }
+            match self.instantiate().await {
+                Ok(warm) => return Ok(warm),
+                Err(e)
+                    if e.downcast_ref::<wasmtime::PoolConcurrencyLimitError>().is_some()
+                        && std::time::Instant::now() < deadline =>
+                {
+                    // Slots free when instances come back here or are
+                    // dropped anywhere in the runtime: wake on the first,
+                    // poll for the second.
+                    let back = self.returned.notified();
+                    let _ = tokio::time::timeout(std::time::Duration::from_millis(20), back).await;
+                }
+                Err(e) => {
+                    return Err(Error::Engine(format!(
+                        "cannot instantiate plugin `{}`: {e:#}",
+                        self.name()
+                    )));
+                }
+            }
         }
+    }
+
+    async fn instantiate(&self) -> wasmtime::Result<Warm> {
         let config = &self.shared.config;
         let (engine, memory, time) = (&self.shared.engine, config.max_memory, config.time_limit);
-        let warm = match &self.code {
+        match &self.code {
             Code::Core(pre) => CoreWarm::new(engine, pre, memory, time).await.map(Warm::Core),
             Code::Component(pre) => ComponentWarm::new(engine, pre, memory, time)
                 .await
                 .map(Warm::Component),
-        };
-        warm.map_err(|e| Error::Engine(format!("cannot instantiate plugin `{}`: {e}", self.name())))
+        }
     }
 
     /// Returns a healthy instance to the pool (or drops it when the pool is
     /// full).
     pub(crate) fn checkin(&self, warm: Warm) {
-        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-        if pool.len() < self.shared.config.idle_instances {
-            pool.push(warm);
+        {
+            let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+            if pool.len() < self.shared.config.idle_instances {
+                pool.push(warm);
+            }
         }
+        self.returned.notify_one();
     }
 }

@@ -238,3 +238,38 @@ fn a_second_load_reads_the_compiled_component_from_the_cache() {
     let (_, plugin, _) = setup();
     assert_eq!(plugin.source(), LoadSource::DiskCache);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_beyond_the_pools_slots_wait_for_an_instance() {
+    timed(async {
+        // A Python instance takes a few dozen of the runtime's slots: a
+        // pool of 96 holds a few at once, and 24 calls at once must queue
+        // for them rather than fail.
+        let (rt, plugin, host) = python(Config {
+            max_instances: 96,
+            ..crate::config()
+        });
+        let calls = (0..24).map(|i| {
+            let (rt, plugin, host) = (rt.clone(), plugin.clone(), host.clone());
+            tokio::spawn(async move {
+                let a = args(vec![Value::Int(i), Value::Int(1), Value::Float(0.05)]);
+                rt.call(&plugin, "delayed_add", a, host.arc()).await
+            })
+        });
+        let results: Vec<_> = futures_join(calls).await;
+        for (i, r) in results.into_iter().enumerate() {
+            assert_eq!(r.unwrap(), Value::Int(i as i64 + 1));
+        }
+    })
+    .await;
+}
+
+async fn futures_join<T>(
+    handles: impl Iterator<Item = tokio::task::JoinHandle<wasmrpc_wasm::Result<T>>>,
+) -> Vec<wasmrpc_wasm::Result<T>> {
+    let mut out = Vec::new();
+    for h in handles.collect::<Vec<_>>() {
+        out.push(h.await.expect("the call's task"));
+    }
+    out
+}
