@@ -118,7 +118,10 @@ fn main() {
         code.push_str(&format!("        $mac!({ident});\n"));
     }
     code.push_str("    };\n}\n");
-    code.push_str(&python_plugins(&plugins_dir.join("python"), &target_dir.join("python")));
+    code.push_str(&python_plugins(
+        &plugins_dir.join("python"),
+        &target_dir.join("python"),
+    ));
     fs::write(out_dir.join("plugins.rs"), code).expect("cannot write plugins.rs");
 }
 
@@ -154,7 +157,11 @@ fn python_plugins(python_dir: &Path, out: &Path) -> String {
         let stamp = file.with_extension("stamp");
         let inputs = format!(
             "{:016x}",
-            inputs_hash(&[&dir, &wasmrpc_pybuild::kit_dir(), &wasmrpc_pybuild::wit_dir()])
+            inputs_hash(&[
+                &dir,
+                &wasmrpc_pybuild::kit_dir(),
+                &wasmrpc_pybuild::wit_dir()
+            ])
         );
         let fresh = file.exists() && fs::read_to_string(&stamp).is_ok_and(|s| s == inputs);
         if !fresh {

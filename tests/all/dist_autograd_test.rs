@@ -1590,12 +1590,16 @@ pub(crate) async fn nested_python_udf_impl(
 
 #[test]
 fn test_backwards_nested_python_udf() {
-    dist_with(cluster(), |w| nested_python_udf_impl(w, "seed::_nested_python_udf", false));
+    dist_with(cluster(), |w| {
+        nested_python_udf_impl(w, "seed::_nested_python_udf", false)
+    });
 }
 
 #[test]
 fn test_backwards_nested_python_udf_sparse() {
-    dist_with(cluster(), |w| nested_python_udf_impl(w, "seed::_nested_python_udf", true));
+    dist_with(cluster(), |w| {
+        nested_python_udf_impl(w, "seed::_nested_python_udf", true)
+    });
 }
 
 async fn mixed_requires_grad_impl(w: Worker, sparse: bool) -> anyhow::Result<()> {

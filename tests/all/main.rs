@@ -14,7 +14,7 @@
 
 mod deploy_test;
 mod dist_autograd_test;
-mod python_plugins;
 mod plugin_test;
+mod python_plugins;
 mod remote_module_test;
 mod rpc_test;

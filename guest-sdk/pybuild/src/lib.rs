@@ -73,7 +73,8 @@ pub fn cache_dir() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
         return Ok(PathBuf::from(dir).join("wasmrpc"));
     }
-    let home = std::env::var_os("HOME").ok_or_else(|| err("neither XDG_CACHE_HOME nor HOME is set"))?;
+    let home =
+        std::env::var_os("HOME").ok_or_else(|| err("neither XDG_CACHE_HOME nor HOME is set"))?;
     Ok(PathBuf::from(home).join(".cache").join("wasmrpc"))
 }
 
@@ -130,7 +131,10 @@ impl Toolchain {
                 .map_err(|e| err(format!("cannot remove the partial {}: {e}", venv.display())))?;
         }
         let python = std::env::var("WASMRPC_PYTHON").unwrap_or_else(|_| "python3".to_owned());
-        run(Command::new(&python).args(["-m", "venv"]).arg(&venv), "creating the venv")?;
+        run(
+            Command::new(&python).args(["-m", "venv"]).arg(&venv),
+            "creating the venv",
+        )?;
         let t = Toolchain { venv };
         run(
             Command::new(t.venv.join("bin/pip")).args([
@@ -141,9 +145,15 @@ impl Toolchain {
             ]),
             "installing componentize-py from PyPI",
         )?;
-        run(Command::new(t.componentize_py()).arg("--version"), "checking componentize-py")?;
-        std::fs::write(t.venv.join(READY_STAMP), format!("componentize-py {COMPONENTIZE_PY_VERSION}\n"))
-            .map_err(|e| err(format!("cannot write {}: {e}", t.venv.display())))?;
+        run(
+            Command::new(t.componentize_py()).arg("--version"),
+            "checking componentize-py",
+        )?;
+        std::fs::write(
+            t.venv.join(READY_STAMP),
+            format!("componentize-py {COMPONENTIZE_PY_VERSION}\n"),
+        )
+        .map_err(|e| err(format!("cannot write {}: {e}", t.venv.display())))?;
         Ok(t)
     }
 
@@ -258,12 +268,20 @@ pub fn build(toolchain: &Toolchain, plugin: &Plugin, out: &Path) -> Result<Manif
             .env("PYTHONDONTWRITEBYTECODE", "1"),
         &format!("reading the manifest of Python plugin {}", plugin.name),
     )?;
-    let manifest = manifest_from_json(&described)
-        .map_err(|e| err(format!("the manifest of Python plugin {}: {e}", plugin.name)))?;
+    let manifest = manifest_from_json(&described).map_err(|e| {
+        err(format!(
+            "the manifest of Python plugin {}: {e}",
+            plugin.name
+        ))
+    })?;
 
     let raw = out.with_extension("component.wasm");
     let mut cmd = Command::new(toolchain.componentize_py());
-    cmd.arg("-d").arg(wit_dir()).arg("-w").arg(WORLD).arg("componentize");
+    cmd.arg("-d")
+        .arg(wit_dir())
+        .arg("-w")
+        .arg(WORLD)
+        .arg("componentize");
     for p in &paths {
         cmd.arg("-p").arg(p);
     }
@@ -271,9 +289,13 @@ pub fn build(toolchain: &Toolchain, plugin: &Plugin, out: &Path) -> Result<Manif
         .arg("-o")
         .arg(&raw)
         .env("PYTHONDONTWRITEBYTECODE", "1");
-    run(&mut cmd, &format!("componentize-py for Python plugin {}", plugin.name))?;
+    run(
+        &mut cmd,
+        &format!("componentize-py for Python plugin {}", plugin.name),
+    )?;
 
-    let mut bytes = std::fs::read(&raw).map_err(|e| err(format!("reading {}: {e}", raw.display())))?;
+    let mut bytes =
+        std::fs::read(&raw).map_err(|e| err(format!("reading {}: {e}", raw.display())))?;
     append_manifest(&mut bytes, &manifest)?;
     let tmp = out.with_extension("wasm.tmp");
     std::fs::write(&tmp, &bytes)
@@ -309,7 +331,11 @@ pub fn manifest_from_json(json: &str) -> std::result::Result<Manifest, String> {
             .and_then(serde_json::Value::as_array)
             .ok_or_else(|| format!("no list `{key}`"))?
             .iter()
-            .map(|s| s.as_str().map(str::to_owned).ok_or_else(|| format!("`{key}` holds a non-string")))
+            .map(|s| {
+                s.as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| format!("`{key}` holds a non-string"))
+            })
             .collect()
     };
     let mut records = vec![Record::Plugin {
@@ -333,7 +359,10 @@ pub fn manifest_from_json(json: &str) -> std::result::Result<Manifest, String> {
         records.push(Record::Export(Export {
             name: text(e, "name")?,
             kind,
-            class: e.get("class").and_then(serde_json::Value::as_str).map(str::to_owned),
+            class: e
+                .get("class")
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_owned),
             params: list(e, "params")?,
         }));
     }
@@ -368,7 +397,10 @@ pub fn append_manifest(component: &mut Vec<u8>, manifest: &Manifest) -> Result<(
     leb(&mut payload, MANIFEST_SECTION.len());
     payload.extend_from_slice(MANIFEST_SECTION.as_bytes());
     for r in &records {
-        payload.extend(r.frame().map_err(|e| err(format!("encoding the manifest: {e}")))?);
+        payload.extend(
+            r.frame()
+                .map_err(|e| err(format!("encoding the manifest: {e}")))?,
+        );
     }
     component.push(0);
     leb(component, payload.len());
@@ -420,7 +452,10 @@ mod tests {
         // The section: id 0, a size, the name, then the framed records.
         assert_eq!(component[8], 0);
         let name = MANIFEST_SECTION.as_bytes();
-        let at = component.windows(name.len()).position(|w| w == name).unwrap();
+        let at = component
+            .windows(name.len())
+            .position(|w| w == name)
+            .unwrap();
         let back = Manifest::from_section(&component[at + name.len()..]).unwrap();
         assert_eq!(back, m);
         assert!(append_manifest(&mut b"\0asm\x01\0\0\0".to_vec(), &m).is_err());

@@ -31,7 +31,7 @@ def nested_rpc(dst):
 Build with `wasmrpc plugin build-py DIR` (or `cargo xtask build-py DIR`).
 """
 
-from . import dist_autograd, rpc, torch
+from . import dist_autograd, optim, rpc, torch
 from ._registry import permissions
 from ._values import Record
 from .autograd import no_grad
@@ -52,6 +52,7 @@ __all__ = [
     "lock",
     "log",
     "no_grad",
+    "optim",
     "permissions",
     "remote",
     "remote_class",

@@ -124,7 +124,8 @@ pub(crate) fn run(args: PluginArgs) -> Result<ExitCode> {
             if let Some(name) = name {
                 plugin.name = name;
             }
-            let out = output.unwrap_or_else(|| dir.join("..").join(format!("{}.wasm", plugin.name)));
+            let out =
+                output.unwrap_or_else(|| dir.join("..").join(format!("{}.wasm", plugin.name)));
             let toolchain = wasmrpc_pybuild::Toolchain::find().map_err(anyhow::Error::msg)?;
             let manifest = wasmrpc_pybuild::build(&toolchain, &plugin, &out)
                 .map_err(anyhow::Error::msg)

@@ -257,7 +257,10 @@ impl host::Host for StoreData {
 
     async fn tensor_new(&mut self, dtype: types::Dtype, shape: Vec<i64>, data: Vec<u8>) -> R<u32> {
         let dtype = dtype_from_wit(dtype);
-        handle_reply(self.request(HostCall::TensorNew { dtype, shape, data }).await?)
+        handle_reply(
+            self.request(HostCall::TensorNew { dtype, shape, data })
+                .await?,
+        )
     }
 
     async fn tensor_info(&mut self, tensor: u32) -> R<types::TensorMeta> {
@@ -275,11 +278,17 @@ impl host::Host for StoreData {
     }
 
     async fn dup(&mut self, kind: types::HandleKind, handle: u32) -> R<u32> {
-        handle_reply(self.request(HostCall::Dup(kind_from_wit(kind), handle)).await?)
+        handle_reply(
+            self.request(HostCall::Dup(kind_from_wit(kind), handle))
+                .await?,
+        )
     }
 
     async fn drop_handle(&mut self, kind: types::HandleKind, handle: u32) -> R<()> {
-        unit_reply(self.request(HostCall::Drop(kind_from_wit(kind), handle)).await?)
+        unit_reply(
+            self.request(HostCall::Drop(kind_from_wit(kind), handle))
+                .await?,
+        )
     }
 
     async fn rpc_sync(
@@ -381,12 +390,22 @@ impl host::Host for StoreData {
         handle_reply(self.request(HostCall::FutureNew).await?)
     }
 
-    async fn future_set(&mut self, fut: u32, outcome: Result<types::Value, types::RemoteError>) -> R<()> {
+    async fn future_set(
+        &mut self,
+        fut: u32,
+        outcome: Result<types::Value, types::RemoteError>,
+    ) -> R<()> {
         let result = match outcome {
             Ok(v) => Ok(value_from_wit(&v).map_err(bad_value)?),
             Err(e) => Err(error_from_wit(e)),
         };
-        unit_reply(self.request(HostCall::FutureSet { future: fut, result }).await?)
+        unit_reply(
+            self.request(HostCall::FutureSet {
+                future: fut,
+                result,
+            })
+            .await?,
+        )
     }
 
     async fn future_wait(&mut self, fut: u32) -> R<types::Value> {
@@ -397,10 +416,15 @@ impl host::Host for StoreData {
         bool_reply(self.request(HostCall::FutureDone(fut)).await?)
     }
 
-    async fn future_then(&mut self, fut: u32, function: String, extra: Vec<types::Value>) -> R<u32> {
+    async fn future_then(
+        &mut self,
+        fut: u32,
+        function: String,
+        extra: Vec<types::Value>,
+    ) -> R<u32> {
         let extra = extra
             .iter()
-            .map(|v| value_from_wit(v))
+            .map(value_from_wit)
             .collect::<Result<Vec<_>, _>>()
             .map_err(bad_value)?;
         let call = HostCall::FutureThen {
@@ -559,9 +583,7 @@ fn node(nodes: &[types::Node], at: usize, depth: usize) -> Result<Value, String>
         N::Str(s) => Value::Str(s.clone()),
         N::Bytes(b) => Value::Bytes(b.clone()),
         N::List(items) => Value::List(items.iter().map(|&i| child(i)).collect::<Result<_, _>>()?),
-        N::Tuple(items) => {
-            Value::Tuple(items.iter().map(|&i| child(i)).collect::<Result<_, _>>()?)
-        }
+        N::Tuple(items) => Value::Tuple(items.iter().map(|&i| child(i)).collect::<Result<_, _>>()?),
         N::Dict(items) => Value::Dict(
             items
                 .iter()
@@ -624,7 +646,10 @@ const KINDS: [(types::ErrorKind, ErrorKind); 10] = [
         ErrorKind::NotImplementedError,
     ),
     (types::ErrorKind::AssertionError, ErrorKind::AssertionError),
-    (types::ErrorKind::ConnectionError, ErrorKind::ConnectionError),
+    (
+        types::ErrorKind::ConnectionError,
+        ErrorKind::ConnectionError,
+    ),
 ];
 
 fn error_to_wit(e: RemoteError) -> types::RemoteError {
@@ -757,7 +782,10 @@ mod tests {
         // Past the end.
         assert!(value_from_wit(&vec![N::Tuple(vec![5])]).is_err());
         // Too deep.
-        let deep: Vec<N> = (0..200u32).map(|i| N::List(vec![i + 1])).chain([N::None]).collect();
+        let deep: Vec<N> = (0..200u32)
+            .map(|i| N::List(vec![i + 1]))
+            .chain([N::None])
+            .collect();
         assert!(value_from_wit(&deep).unwrap_err().contains("deeper"));
     }
 

@@ -7,14 +7,14 @@
 //! `data().get(..)`, so a guest's bad pointer is an error, never a panic.
 
 use crate::host::GuestHost;
+use crate::plugin::Target;
 use crate::{Plugin, Runtime};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use crate::plugin::Target;
 use wasmrpc_abi::protocol::{
-    CallArgs, EXPORT_INPUT_BUFFER, EXPORT_MEMORY, ExportKind, Outcome, drop_export_name, export_name,
-    unpack,
+    CallArgs, EXPORT_INPUT_BUFFER, EXPORT_MEMORY, ExportKind, Outcome, drop_export_name,
+    export_name, unpack,
 };
 use wasmtime::{
     Engine, Instance, InstancePre, Memory, ResourceLimiter, Store, TypedFunc, UpdateDeadline,
@@ -237,7 +237,9 @@ impl CoreWarm {
         let instance = pre.instantiate_async(&mut store).await?;
         let memory = instance
             .get_memory(&mut store, EXPORT_MEMORY)
-            .ok_or_else(|| wasmtime::Error::msg(format!("the module exports no `{EXPORT_MEMORY}`")))?;
+            .ok_or_else(|| {
+                wasmtime::Error::msg(format!("the module exports no `{EXPORT_MEMORY}`"))
+            })?;
         let input_buffer = instance
             .get_typed_func::<u32, u32>(&mut store, EXPORT_INPUT_BUFFER)
             .map_err(|e| wasmtime::Error::msg(format!("export `{EXPORT_INPUT_BUFFER}`: {e}")))?;
@@ -260,7 +262,11 @@ impl CoreWarm {
         args: &CallArgs,
     ) -> Result<Outcome, Fault> {
         let (export, object, input) = match target {
-            Target::Function(name) => (export_name(ExportKind::Function, None, name), 0, encode(args)?),
+            Target::Function(name) => (
+                export_name(ExportKind::Function, None, name),
+                0,
+                encode(args)?,
+            ),
             Target::Constructor(class) => (
                 export_name(ExportKind::Constructor, Some(class), class),
                 0,

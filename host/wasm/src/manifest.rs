@@ -113,7 +113,9 @@ fn custom_sections(module: &[u8]) -> Result<Vec<(&[u8], &[u8])>> {
     // Python build appends the manifest to).
     let header = module.get(..8);
     if header != Some(b"\0asm\x01\0\0\0".as_slice()) && !crate::component::is_component(module) {
-        return Err(bad("not a wasm core module or component (bad magic or version)"));
+        return Err(bad(
+            "not a wasm core module or component (bad magic or version)",
+        ));
     }
     let mut out = Vec::new();
     let mut pos = 8;

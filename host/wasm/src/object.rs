@@ -131,7 +131,9 @@ impl Object {
         warm.invoke(ctx, target, &CallArgs::default())
             .await
             .map(drop)
-            .map_err(|fault| fault.into_error(self.plugin.name(), &format!("{}.__del__", self.class)))
+            .map_err(|fault| {
+                fault.into_error(self.plugin.name(), &format!("{}.__del__", self.class))
+            })
     }
 
     fn broken(&self) -> Error {

@@ -186,7 +186,8 @@ impl Plugin {
             match self.instantiate().await {
                 Ok(warm) => return Ok(warm),
                 Err(e)
-                    if e.downcast_ref::<wasmtime::PoolConcurrencyLimitError>().is_some()
+                    if e.downcast_ref::<wasmtime::PoolConcurrencyLimitError>()
+                        .is_some()
                         && std::time::Instant::now() < deadline =>
                 {
                     // Slots free when instances come back here or are
@@ -209,7 +210,9 @@ impl Plugin {
         let config = &self.shared.config;
         let (engine, memory, time) = (&self.shared.engine, config.max_memory, config.time_limit);
         match &self.code {
-            Code::Core(pre) => CoreWarm::new(engine, pre, memory, time).await.map(Warm::Core),
+            Code::Core(pre) => CoreWarm::new(engine, pre, memory, time)
+                .await
+                .map(Warm::Core),
             Code::Component(pre) => ComponentWarm::new(engine, pre, memory, time)
                 .await
                 .map(Warm::Component),

@@ -494,7 +494,9 @@ fn plugin_exports(manifest: &manifest::Manifest) -> Vec<String> {
 async fn describe(plugin: &Arc<Plugin>) -> Result<Vec<manifest::Export>> {
     let mut warm = plugin.checkout().await?;
     let Warm::Component(component) = &mut warm else {
-        return Err(Error::Engine("a component plugin made a core instance".into()));
+        return Err(Error::Engine(
+            "a component plugin made a core instance".into(),
+        ));
     };
     let exports = component
         .describe()

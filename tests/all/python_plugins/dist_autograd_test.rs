@@ -53,12 +53,7 @@ fn test_graph_for_py_nested_remote_call() {
 #[test]
 fn test_graph_for_py_nested_call_itself() {
     dist_with(cluster(), |w| {
-        test_graph_for_py_nested_call_itself_impl(
-            w,
-            "seed_fns_py::my_py_nested_call",
-            false,
-            false,
-        )
+        test_graph_for_py_nested_call_itself_impl(w, "seed_fns_py::my_py_nested_call", false, false)
     });
 }
 

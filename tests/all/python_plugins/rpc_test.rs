@@ -188,9 +188,14 @@ fn test_custom_exception_throw_during_reconstruction() {
                 .agent
                 .rpc_sync(worker_name(0), "seed_fns_py::custom_raise_func", args![])
                 .await;
-            let e = expect_err(r, ErrorKind::RuntimeError, "Failed to create original exception type")?;
+            let e = expect_err(
+                r,
+                ErrorKind::RuntimeError,
+                "Failed to create original exception type",
+            )?;
             ensure!(
-                e.message().contains("Original exception on remote side was CustomException: foo"),
+                e.message()
+                    .contains("Original exception on remote side was CustomException: foo"),
                 "{e}"
             );
         }
@@ -216,7 +221,10 @@ fn test_nested_rpc() {
 fn test_stress_light_rpc() {
     dist(|w| async move {
         let futs: Vec<Future> = (0..1000)
-            .map(|_| w.agent.rpc_async(w.dst(), "seed_fns_py::light_rpc", args![]))
+            .map(|_| {
+                w.agent
+                    .rpc_async(w.dst(), "seed_fns_py::light_rpc", args![])
+            })
             .collect();
         for r in wait_all(&futs).await? {
             ensure!(r.as_int()? == 0);
@@ -267,7 +275,10 @@ fn test_py_udf_remote() {
         let r = w.agent.remote(
             w.dst(),
             "seed_fns_py::my_function",
-            Args::new().kwarg("a", k).kwarg("b", k + 1).kwarg("c", k + 2),
+            Args::new()
+                .kwarg("a", k)
+                .kwarg("b", k + 1)
+                .kwarg("c", k + 2),
         )?;
         ensure!(here(&w, &r).await?.as_int()? == k + k + 1 + k + 2);
         Ok(())
@@ -313,7 +324,9 @@ fn test_nested_remote() {
 #[test]
 fn test_remote_with_exception() {
     dist(|w| async move {
-        let r = w.agent.remote(w.dst(), "seed_fns_py::raise_func", args![])?;
+        let r = w
+            .agent
+            .remote(w.dst(), "seed_fns_py::raise_func", args![])?;
         expect_err(
             r.to_here(&w.agent, None).await,
             ErrorKind::ValueError,
@@ -393,7 +406,11 @@ fn test_nested_rref() {
             .collect::<wasmrpc::Result<_>>()?;
         ensure!(pair.len() == 2, "expected 2 RRefs, got {}", pair.len());
         for (inner, add) in pair.into_iter().zip([1, 2]) {
-            ensure!(inner.owner_name() == w.peer(2), "owner {}", inner.owner_name());
+            ensure!(
+                inner.owner_name() == w.peer(2),
+                "owner {}",
+                inner.owner_name()
+            );
             expect_tensor(&here(&w, &inner).await?, &(ones(&[2, 2]) + add))?;
         }
         Ok(())

@@ -15,12 +15,11 @@ use wasmrpc_wasm::{Config, Error, ErrorKind, LoadSource, Plugin, Runtime, Value}
 
 /// The cache folder of this test binary's compiled components.
 fn cache_dir() -> PathBuf {
-    let target = PathBuf::from(wasmrpc_plugins::SEED_FNS_PY)
+    PathBuf::from(wasmrpc_plugins::SEED_FNS_PY)
         .parent()
         .and_then(|p| p.parent())
         .map(|p| p.join("compiled"))
-        .expect("the Python plugin lies in the plugins' target folder");
-    target
+        .expect("the Python plugin lies in the plugins' target folder")
 }
 
 fn python(config: Config) -> (Runtime, Arc<Plugin>, Arc<FakeHost>) {
@@ -47,10 +46,7 @@ fn the_python_manifest_is_read_without_compiling() {
     let m = manifest::read(&bytes).unwrap();
     assert_eq!(m.name, "seed-fns-py");
     assert!(m.abi_matches());
-    assert_eq!(
-        m.function("my_function").unwrap().params,
-        ["a", "b", "c"]
-    );
+    assert_eq!(m.function("my_function").unwrap().params, ["a", "b", "c"]);
     assert_eq!(m.constructor("MyClass").unwrap().params, ["a", "delay"]);
     assert_eq!(
         m.method("MyClass", "increment_value").unwrap().kind,
@@ -71,7 +67,11 @@ async fn python_functions_run_by_name_with_kwargs_and_tensors() {
             .call(
                 &plugin,
                 "my_function",
-                kwargs(&[("a", Value::Int(1)), ("b", Value::Int(2)), ("c", Value::Int(3))]),
+                kwargs(&[
+                    ("a", Value::Int(1)),
+                    ("b", Value::Int(2)),
+                    ("c", Value::Int(3)),
+                ]),
                 host.arc(),
             )
             .await
@@ -81,14 +81,21 @@ async fn python_functions_run_by_name_with_kwargs_and_tensors() {
             .call(
                 &plugin,
                 "my_function",
-                args(vec![Value::Str("a".into()), Value::Str("b".into()), Value::Str("c".into())]),
+                args(vec![
+                    Value::Str("a".into()),
+                    Value::Str("b".into()),
+                    Value::Str("c".into()),
+                ]),
                 host.arc(),
             )
             .await
             .unwrap();
         assert_eq!(s, Value::Str("abc".into()));
         // Tensors: `t1 + t2` runs in the host.
-        let (a, b) = (host.tensor(&[2], vec![1.0, 2.0]), host.tensor(&[2], vec![10.0, 20.0]));
+        let (a, b) = (
+            host.tensor(&[2], vec![1.0, 2.0]),
+            host.tensor(&[2], vec![10.0, 20.0]),
+        );
         let sum = rt
             .call(&plugin, "my_py_add", args(vec![a, b]), host.arc())
             .await
@@ -102,7 +109,11 @@ async fn python_functions_run_by_name_with_kwargs_and_tensors() {
                 .await
                 .unwrap();
         }
-        assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
     })
     .await;
 }
@@ -115,7 +126,10 @@ async fn python_errors_keep_their_class() {
             .call(&plugin, "raise_func", args(vec![]), host.arc())
             .await
             .unwrap_err();
-        assert_eq!((e.kind(), e.to_remote().message.as_str()), (ErrorKind::ValueError, "Expected error"));
+        assert_eq!(
+            (e.kind(), e.to_remote().message.as_str()),
+            (ErrorKind::ValueError, "Expected error")
+        );
         let e = rt
             .call(&plugin, "raise_func_escape", args(vec![]), host.arc())
             .await
@@ -130,14 +144,20 @@ async fn python_errors_keep_their_class() {
             .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::RuntimeError);
         assert!(
-            e.to_remote().message
+            e.to_remote()
+                .message
                 .ends_with("Original exception on remote side was CustomException: foo"),
             "{e}"
         );
         // A host error inside Python arrives in Python as its class, and
         // back out unchanged: an unknown worker.
         let e = rt
-            .call(&plugin, "nested_rpc", args(vec![Value::Str("nobody".into())]), host.arc())
+            .call(
+                &plugin,
+                "nested_rpc",
+                args(vec![Value::Str("nobody".into())]),
+                host.arc(),
+            )
             .await
             .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::RuntimeError, "{e}");
@@ -162,7 +182,12 @@ async fn a_spinning_python_function_hits_the_time_limit() {
         assert!(start.elapsed() < Duration::from_secs(10));
         // Waiting on the host does not count; the plugin keeps serving.
         let r = rt
-            .call(&plugin, "delayed_add", args(vec![Value::Int(1), Value::Int(2), Value::Float(0.5)]), host.arc())
+            .call(
+                &plugin,
+                "delayed_add",
+                args(vec![Value::Int(1), Value::Int(2), Value::Float(0.5)]),
+                host.arc(),
+            )
             .await
             .unwrap();
         assert_eq!(r, Value::Int(3));
@@ -224,7 +249,12 @@ async fn python_objects_keep_their_state_between_method_calls() {
         assert!(matches!(e, Error::NotFound { .. }), "{e:?}");
         obj.dispose(host.arc()).await.unwrap();
         let t = rt
-            .call(&plugin, "MyClass.my_static_method", args(vec![Value::Int(11)]), host.arc())
+            .call(
+                &plugin,
+                "MyClass.my_static_method",
+                args(vec![Value::Int(11)]),
+                host.arc(),
+            )
             .await
             .unwrap();
         assert_eq!(t, Value::Bool(true));
