@@ -10,6 +10,9 @@
 //!   and D (RRefs, `remote`, classes through RRef proxies).
 //! - [`dist_autograd_test`]: area B (graphs of RPCs to Python functions,
 //!   distributed backward through them).
+//! - [`param_server`]: the Python parameter-server example
+//!   (`plugins/python/ps-trainer-py`) trains its model.
 
 mod dist_autograd_test;
+mod param_server;
 mod rpc_test;
