@@ -797,3 +797,44 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod python_component {
+    /// What componentize-py's runtime (CPython) imports: WASI 0.2's io,
+    /// clocks, random, cli, filesystem and sockets (linked over a context
+    /// that grants nothing), and the plugin world. Anything new here must
+    /// be looked at before the linker grants it.
+    #[test]
+    fn a_python_component_imports_only_wasi_and_the_plugin_world() {
+        let engine = wasmtime::Engine::default();
+        let bytes = std::fs::read(wasmrpc_plugins::SEED_FNS_PY).expect("the Python plugin");
+        let component = wasmtime::component::Component::new(&engine, &bytes).expect("compiles");
+        let allowed = [
+            "wasi:io/",
+            "wasi:clocks/monotonic-clock@",
+            "wasi:clocks/wall-clock@",
+            "wasi:random/",
+            "wasi:cli/",
+            "wasi:filesystem/",
+            "wasi:sockets/",
+            "wasmrpc:plugin/types@",
+            "wasmrpc:plugin/host@",
+        ];
+        let imports: Vec<String> = component
+            .component_type()
+            .imports(&engine)
+            .map(|(name, _)| name.to_owned())
+            .collect();
+        assert!(
+            imports
+                .iter()
+                .any(|i| i.starts_with("wasmrpc:plugin/host@"))
+        );
+        for import in &imports {
+            assert!(
+                allowed.iter().any(|a| import.starts_with(a)),
+                "the Python component imports {import}"
+            );
+        }
+    }
+}

@@ -7,6 +7,9 @@ no thread while it waits). Served as `seed_fns_py::NAME`.
 The Rust versions of the same functions are `plugins/seed-fns`; the tests
 in `tests/all/python_plugins` run the seed tests against these."""
 
+import os
+import time
+
 from wasmrpc import Tensor, remote, remote_class, rpc, sleep, torch
 from wasmrpc import log as print  # noqa: A001 (the seed's print, into the worker's log)
 
@@ -198,6 +201,29 @@ def allocate(megabytes):
     """Grows the instance by `megabytes`: the worker's memory limit stops it."""
     blocks = [bytearray(1 << 20) for _ in range(megabytes)]
     return len(blocks)
+
+
+@remote
+def sandbox_probe():
+    """Not a seed function: what the sandbox lets Python see (for the
+    runtime's tests): files, the environment, the time of day."""
+    out = {}
+    for path in ("/etc/passwd", "/proc/self/environ", "app.py"):
+        try:
+            with open(path) as f:
+                out[path] = f"read {len(f.read())} chars"
+        except OSError as e:
+            out[path] = type(e).__name__
+    try:
+        out["listdir"] = len(os.listdir("/"))
+    except OSError as e:
+        out["listdir"] = type(e).__name__
+    out["environ"] = len(os.environ)
+    out["time"] = time.time()
+    start = time.monotonic()
+    sleep(0.02)
+    out["monotonic_advances"] = time.monotonic() > start
+    return out
 
 
 # ---- dist_autograd_test.py ------------------------------------------------

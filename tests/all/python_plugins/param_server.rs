@@ -59,7 +59,10 @@ fn python_parameter_server_trains_a_linear_model() {
         }
         let (w, b) = (floats(&parts[1])?, floats(&parts[2])?);
         for (got, want) in w.iter().zip(TRUE_W) {
-            ensure!((got - want).abs() < 0.15, "learned w {w:?}, want {TRUE_W:?}");
+            ensure!(
+                (got - want).abs() < 0.15,
+                "learned w {w:?}, want {TRUE_W:?}"
+            );
         }
         ensure!((b[0] - TRUE_B).abs() < 0.15, "learned b {b:?}");
         cluster.shutdown().await?;

@@ -303,3 +303,42 @@ async fn futures_join<T>(
     }
     out
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sees_no_files_no_environment_and_no_time_of_day() {
+    timed(async {
+        let (rt, plugin, host) = setup();
+        let probe = rt
+            .call(&plugin, "sandbox_probe", args(vec![]), host.arc())
+            .await
+            .unwrap();
+        let Value::Dict(entries) = probe else {
+            panic!("sandbox_probe returned {probe:?}");
+        };
+        let get = |key: &str| {
+            entries
+                .iter()
+                .find(|(k, _)| *k == Value::Str(key.into()))
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(|| panic!("no {key} in {entries:?}"))
+        };
+        for path in ["/etc/passwd", "/proc/self/environ", "app.py"] {
+            match get(path) {
+                Value::Str(s) => assert!(!s.starts_with("read"), "{path}: {s}"),
+                other => panic!("{path}: {other:?}"),
+            }
+        }
+        assert!(
+            matches!(get("listdir"), Value::Str(_) | Value::Int(0)),
+            "{:?}",
+            get("listdir")
+        );
+        assert_eq!(get("environ"), Value::Int(0));
+        let Value::Float(t) = get("time") else {
+            panic!("time: {:?}", get("time"))
+        };
+        assert!(t < 1.0, "the time of day leaks: {t}");
+        assert_eq!(get("monotonic_advances"), Value::Bool(true));
+    })
+    .await;
+}
