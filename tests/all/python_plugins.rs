@@ -10,9 +10,11 @@
 //!   and D (RRefs, `remote`, classes through RRef proxies).
 //! - [`dist_autograd_test`]: area B (graphs of RPCs to Python functions,
 //!   distributed backward through them).
+//! - [`deploy`]: a Python plugin deployed to a running group.
 //! - [`param_server`]: the Python parameter-server example
 //!   (`plugins/python/ps-trainer-py`) trains its model.
 
+mod deploy;
 mod dist_autograd_test;
 mod param_server;
 mod rpc_test;
