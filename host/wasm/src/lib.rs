@@ -64,7 +64,17 @@
 //!   time only, waiting on the host does not count) and memory limits are
 //!   errors naming the plugin and the function. Nothing a guest does panics
 //!   the host; an instance that trapped is discarded.
-//! - **[`manifest::read`]** reads a module's manifest without compiling it.
+//! - **Component plugins** (Python plugins built with componentize-py
+//!   against the WIT world `guest-sdk/wit/plugin.wit`) are one more kind of
+//!   code in a [`Plugin`]: [`Runtime::load`] tells them by their header,
+//!   caches them compiled like modules, checks their manifest section
+//!   against their own `describe` export, and runs them on the same pool,
+//!   limits and host requests ([`GuestHost`]); WASI is linked over a
+//!   context that grants nothing. [`Plugin::is_component`] tells them
+//!   apart. A Python instance takes many of the pool's slots: a call that
+//!   finds the pool full waits for one ([`POOL_WAIT`]).
+//! - **[`manifest::read`]** reads a module's (or a component's) manifest
+//!   without compiling it.
 
 mod component;
 mod error;
