@@ -31,7 +31,7 @@ def nested_rpc(dst):
 Build with `wasmrpc plugin build-py DIR` (or `cargo xtask build-py DIR`).
 """
 
-from . import dist_autograd, optim, rpc, torch
+from . import dist_autograd, optim, profiler, progress, rpc, torch
 from ._registry import permissions
 from ._values import Record
 from .autograd import no_grad
@@ -53,6 +53,8 @@ __all__ = [
     "log",
     "no_grad",
     "optim",
+    "profiler",
+    "progress",
     "permissions",
     "remote",
     "remote_class",

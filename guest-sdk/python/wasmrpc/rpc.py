@@ -196,6 +196,13 @@ class Future(_Handle):
         self._h = _host.call("future_new")
         self._scope = _scope.current
 
+    @classmethod
+    def shared(cls, key, take=False):
+        """The worker-wide future named `key` (one per plugin and worker),
+        made unset on first use, so one call can complete what others wait
+        on; with `take`, the name is forgotten after this handle."""
+        return cls._own(_host.call("future_shared", str(key), bool(take)))
+
     def wait(self):
         """The result; raises the call's error."""
         return _host.from_value(_host.call("future_wait", self._handle()))

@@ -435,6 +435,28 @@ impl host::Host for StoreData {
         handle_reply(self.request(call).await?)
     }
 
+    async fn future_shared(&mut self, key: String, take: bool) -> R<u32> {
+        handle_reply(self.request(HostCall::FutureShared { key, take }).await?)
+    }
+
+    async fn progress(&mut self, bar: String, position: u64, total: u64, message: String) -> R<()> {
+        let report = abi::Progress {
+            bar,
+            position,
+            total,
+            message,
+        };
+        unit_reply(self.request(HostCall::Progress(report)).await?)
+    }
+
+    async fn record_function_enter(&mut self, name: String) -> R<u32> {
+        handle_reply(self.request(HostCall::RecordFunctionEnter(name)).await?)
+    }
+
+    async fn record_function_exit(&mut self, range: u32) -> R<()> {
+        unit_reply(self.request(HostCall::RecordFunctionExit(range)).await?)
+    }
+
     async fn get_worker_info(&mut self, name: Option<String>) -> R<types::WorkerInfo> {
         worker_reply(self.request(HostCall::WorkerInfo(name)).await?)
     }

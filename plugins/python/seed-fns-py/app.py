@@ -204,6 +204,33 @@ def allocate(megabytes):
 
 
 @remote
+def profiled_add(a, b):
+    """Not a seed function: `a + b` inside a `record_function` range, with a
+    progress report (the kit's profiler and progress APIs)."""
+    from wasmrpc import profiler, progress
+
+    progress.report("add", 1, 1, "adding")
+    with profiler.record_function("##py_add##"):
+        return a + b
+
+
+@remote
+def shared_future_set(key, value):
+    """Completes the worker-wide future `key` with `value`."""
+    from wasmrpc import Future
+
+    Future.shared(key).set_result(value)
+
+
+@remote
+def shared_future_wait(key):
+    """Waits for the worker-wide future `key`."""
+    from wasmrpc import Future
+
+    return Future.shared(key).wait()
+
+
+@remote
 def sandbox_probe():
     """Not a seed function: what the sandbox lets Python see (for the
     runtime's tests): files, the environment, the time of day."""

@@ -519,3 +519,37 @@ fn test_rref_proxy_class_self() {
         rref_proxy_class(w, dst).await
     });
 }
+
+// ------------------------------------- the kit's other host services
+
+/// Not a seed test: a worker-wide named future (`Future.shared`) completed
+/// by one call of the Python plugin and awaited by another, and a
+/// `record_function` range with a progress report around a tensor add.
+#[test]
+fn python_shared_futures_profiling_ranges_and_progress() {
+    dist(|w| async move {
+        let key = format!("from-{}", w.rank);
+        let waiting = w.agent.rpc_async(
+            w.dst(),
+            "seed_fns_py::shared_future_wait",
+            args![key.as_str()],
+        );
+        w.agent
+            .rpc_sync(
+                w.dst(),
+                "seed_fns_py::shared_future_set",
+                args![key.as_str(), 7],
+            )
+            .await?;
+        ensure!(waiting.wait().await?.as_int()? == 7);
+        let sum = w
+            .agent
+            .rpc_sync(
+                w.dst(),
+                "seed_fns_py::profiled_add",
+                args![ones(&[2]), ones(&[2])],
+            )
+            .await?;
+        expect_tensor(&sum, &(ones(&[2]) * 2))
+    });
+}
