@@ -275,6 +275,13 @@ pub fn build(toolchain: &Toolchain, plugin: &Plugin, out: &Path) -> Result<Manif
         ))
     })?;
 
+    // componentize-py's own Python writes bytecode next to the sources
+    // whatever the environment says; what was not there before goes.
+    let caches = [
+        plugin.dir.join("__pycache__"),
+        kit_dir().join("wasmrpc").join("__pycache__"),
+    ];
+    let fresh_caches: Vec<&PathBuf> = caches.iter().filter(|c| !c.exists()).collect();
     let raw = out.with_extension("component.wasm");
     let mut cmd = Command::new(toolchain.componentize_py());
     cmd.arg("-d")
@@ -285,14 +292,15 @@ pub fn build(toolchain: &Toolchain, plugin: &Plugin, out: &Path) -> Result<Manif
     for p in &paths {
         cmd.arg("-p").arg(p);
     }
-    cmd.arg(ENTRY)
-        .arg("-o")
-        .arg(&raw)
-        .env("PYTHONDONTWRITEBYTECODE", "1");
-    run(
+    cmd.arg(ENTRY).arg("-o").arg(&raw);
+    let built = run(
         &mut cmd,
         &format!("componentize-py for Python plugin {}", plugin.name),
-    )?;
+    );
+    for cache in fresh_caches {
+        let _ = std::fs::remove_dir_all(cache);
+    }
+    built?;
 
     let mut bytes =
         std::fs::read(&raw).map_err(|e| err(format!("reading {}: {e}", raw.display())))?;
