@@ -71,7 +71,7 @@
 //!   against their own `describe` export, and runs them on the same pool,
 //!   limits and host requests ([`GuestHost`]); WASI is linked over a
 //!   context that grants nothing. [`Plugin::is_component`] tells them
-//!   apart. A Python instance takes many of the pool's slots: a call that
+//!   apart. A Python instance takes 13 to 16 of the pool's slots: a call that
 //!   finds the pool full waits for one ([`POOL_WAIT`]).
 //! - **[`manifest::read`]** reads a module's (or a component's) manifest
 //!   without compiling it.

@@ -174,7 +174,7 @@ impl Plugin {
     }
 
     /// A warm instance from the pool, or a new one. When every instance
-    /// slot of the runtime is taken (a Python instance takes a few dozen),
+    /// slot of the runtime is taken (a Python instance takes 13 to 16),
     /// waits for an instance to come back, up to [`POOL_WAIT`].
     pub(crate) async fn checkout(&self) -> Result<Warm> {
         let deadline = std::time::Instant::now() + POOL_WAIT;

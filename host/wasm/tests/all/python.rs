@@ -272,9 +272,10 @@ fn a_second_load_reads_the_compiled_component_from_the_cache() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_beyond_the_pools_slots_wait_for_an_instance() {
     timed(async {
-        // A Python instance takes a few dozen of the runtime's slots: a
-        // pool of 96 holds a few at once, and 24 calls at once must queue
-        // for them rather than fail.
+        // A Python instance takes 13 to 16 of the runtime's core-instance
+        // slots (CPython, its libraries and the WASI adapter): a pool of 96
+        // holds 6 at once, and 24 calls at once must queue for them rather
+        // than fail.
         let (rt, plugin, host) = python(Config {
             max_instances: 96,
             ..crate::config()
