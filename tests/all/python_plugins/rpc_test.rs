@@ -154,14 +154,33 @@ fn test_py_tensors_in_container() {
 
 #[test]
 fn test_py_raise_in_user_func() {
-    dist(|w| async move {
-        let r = w
-            .agent
-            .rpc_async(w.dst(), "seed_fns_py::raise_func", args![])
-            .await;
+    // The callee logs the error (the seed checks its stderr); the caller gets
+    // the ValueError with its message. The Python `raise_func` is also
+    // registered under a name of its own, so that this test's log lines are
+    // its own.
+    const RAISE: &str = "seed_fns_py::raise_func#test_py_raise_in_user_func";
+    let logs = wasmrpc::testing::global_logs();
+    let builder = python_cluster(WORLD_SIZE).functions(|r| {
+        wasmrpc_tests::register_with_python(r);
+        let raise_func = r
+            .get("seed_fns_py::raise_func")
+            .expect("register_with_python registers the Python plugin");
+        r.register(RAISE, raise_func);
+    });
+    dist_with(builder, |w| async move {
+        w.store_barrier().await?;
+        let r = w.agent.rpc_async(w.dst(), RAISE, args![]).await;
         expect_err(r, ErrorKind::ValueError, "Expected error")?;
+        w.store_barrier().await?;
         Ok(())
     });
+    let text = logs.text();
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(RAISE)).collect();
+    assert_eq!(lines.len(), 4, "expected one log line per callee:\n{text}");
+    assert!(
+        lines.iter().all(|l| l.contains("Expected error")),
+        "{lines:?}"
+    );
 }
 
 #[test]
