@@ -152,6 +152,38 @@ fn test_py_tensors_in_container() {
     });
 }
 
+/// A sparse tensor equal to `want` (the seeds compare sparse results
+/// densely).
+fn expect_sparse(p: &Payload, want: &tch::Tensor) -> anyhow::Result<()> {
+    let got = p.as_tensor()?;
+    ensure!(got.is_sparse(), "result is not sparse: {got:?}");
+    let (g, w) = (got.to_dense(None, false), want.to_dense(None, false));
+    ensure!(
+        g.size() == w.size() && g.allclose(&w, 1e-5, 1e-8, false),
+        "sparse mismatch {g:?} vs {w:?}"
+    );
+    Ok(())
+}
+
+/// The seeds' `build_sparse_tensor()`.
+fn sparse() -> tch::Tensor {
+    wasmrpc_tests::rref_fns::build_sparse_tensor()
+}
+
+/// Sparse tensors pass through Python (which cannot build them) and its
+/// `+=` runs on them in the host.
+#[test]
+fn test_py_sparse_tensors_in_container() {
+    dist(|w| async move {
+        let a = Payload::list(vec![sparse().into(), sparse().into()]);
+        let r = w
+            .agent
+            .rpc_sync(w.dst(), "seed_fns_py::my_container_sum", args![a])
+            .await?;
+        expect_sparse(&r, &(sparse() + sparse()))
+    });
+}
+
 #[test]
 fn test_py_raise_in_user_func() {
     // The callee logs the error (the seed checks its stderr); the caller gets
@@ -259,6 +291,22 @@ fn test_stress_heavy_rpc() {
             .map(|_| {
                 w.agent
                     .rpc_async(w.dst(), "seed_fns_py::heavy_rpc", args![ones(&[100, 100])])
+            })
+            .collect();
+        for r in wait_all(&futs).await? {
+            ensure!(r.as_int()? == 0);
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn test_stress_heavy_rpc_sparse() {
+    dist(|w| async move {
+        let futs: Vec<Future> = (0..20)
+            .map(|_| {
+                w.agent
+                    .rpc_async(w.dst(), "seed_fns_py::heavy_rpc", args![sparse()])
             })
             .collect();
         for r in wait_all(&futs).await? {
@@ -412,28 +460,68 @@ fn test_py_rref_args_user_share() {
 }
 
 #[test]
-fn test_nested_rref() {
+fn test_py_rpc_rref_args() {
     dist(|w| async move {
-        let r = w
+        let a = w.agent.remote(
+            w.dst(),
+            "seed_fns_py::my_function",
+            args![ones(&[2, 2]), 1, 2],
+        )?;
+        let b = w.agent.remote(
+            w.dst(),
+            "seed_fns_py::my_function",
+            args![ones(&[2, 2]), 3, 4],
+        )?;
+        let c = w
             .agent
-            .remote(w.dst(), "seed_fns_py::nested_rref", args![w.peer(2)])?;
-        let pair: Vec<RRef> = here(&w, &r)
-            .await?
-            .items()?
-            .iter()
-            .map(Payload::as_rref)
-            .collect::<wasmrpc::Result<_>>()?;
-        ensure!(pair.len() == 2, "expected 2 RRefs, got {}", pair.len());
-        for (inner, add) in pair.into_iter().zip([1, 2]) {
-            ensure!(
-                inner.owner_name() == w.peer(2),
-                "owner {}",
-                inner.owner_name()
-            );
-            expect_tensor(&here(&w, &inner).await?, &(ones(&[2, 2]) + add))?;
+            .rpc_sync(w.dst(), "seed_fns_py::my_rref_function", args![&a, &b])
+            .await?;
+        expect_tensor(&c, &(ones(&[2, 2]) * 2 + 10))
+    });
+}
+
+/// The seed's `_nested_rref(f, expected1, expected2)`: `f` on the next rank
+/// returns two RRefs owned by the one after it.
+async fn nested_rref_once(w: &Worker) -> anyhow::Result<()> {
+    let r = w
+        .agent
+        .remote(w.dst(), "seed_fns_py::nested_rref", args![w.peer(2)])?;
+    let pair: Vec<RRef> = here(w, &r)
+        .await?
+        .items()?
+        .iter()
+        .map(Payload::as_rref)
+        .collect::<wasmrpc::Result<_>>()?;
+    ensure!(pair.len() == 2, "expected 2 RRefs, got {}", pair.len());
+    for (inner, add) in pair.into_iter().zip([1, 2]) {
+        ensure!(
+            inner.owner_name() == w.peer(2),
+            "owner {}",
+            inner.owner_name()
+        );
+        expect_tensor(&here(w, &inner).await?, &(ones(&[2, 2]) + add))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn test_nested_rref_stress() {
+    dist(|w| async move {
+        let mut tasks = Vec::new();
+        for _ in 0..20 {
+            let w = w.clone();
+            tasks.push(tokio::spawn(async move { nested_rref_once(&w).await }));
+        }
+        for t in tasks {
+            t.await??;
         }
         Ok(())
     });
+}
+
+#[test]
+fn test_nested_rref() {
+    dist(|w| async move { nested_rref_once(&w).await });
 }
 
 #[test]
