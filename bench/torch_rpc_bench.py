@@ -70,6 +70,10 @@ def noop(x):
     return None
 
 
+def py_add(a, b):
+    return a + b
+
+
 def echo(t):
     return t
 
@@ -152,6 +156,12 @@ def measure(cfg):
         progress("torch: round trip of a no-op (Python function)")
         n = 500 if quick else 5000
         latency_row("rtt_noop", timed_calls(n, n // 10, lambda: rpc.rpc_sync(dst, noop, args=(1,))))
+
+    if wanted(cfg, "rtt_py_add"):
+        progress("torch: round trip of a + b (Python function)")
+        a, b = torch.ones(4), torch.ones(4)
+        n = 500 if quick else 5000
+        latency_row("rtt_py_add", timed_calls(n, n // 10, lambda: rpc.rpc_sync(dst, py_add, args=(a, b))))
 
     if wanted(cfg, "rtt_aten_add"):
         progress("torch: round trip of aten::add (builtin op)")
@@ -285,7 +295,7 @@ def main():
     cfg = ap.parse_args()
     emit({"torch_version": torch.__version__, "pid": os.getpid()})
     ctx = mp.get_context("spawn")
-    main_rows = ["rss_idle", "rss_after_calls", "rtt_noop", "rtt_aten_add", "async_128", "remote_to_here",
+    main_rows = ["rss_idle", "rss_after_calls", "rtt_noop", "rtt_py_add", "rtt_aten_add", "async_128", "remote_to_here",
                  "dist_autograd_16", "dist_autograd_256"] + [r for r, _ in ECHO_SIZES]
     if any(wanted(cfg, r) for r in main_rows):
         progress("torch: starting a group of 2 workers")

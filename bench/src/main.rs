@@ -16,6 +16,7 @@ mod limit;
 mod ours;
 mod plot;
 mod progress;
+mod python;
 mod report;
 mod rows;
 mod scale;
@@ -120,7 +121,7 @@ enum Internal {
         #[arg(long, default_value_t = 2)]
         threads: usize,
         #[arg(long)]
-        plugin: Option<PathBuf>,
+        plugin: Vec<PathBuf>,
     },
     /// On cue from stdin, run init_rpc + graceful shutdown once per init method.
     #[command(hide = true)]
@@ -163,7 +164,7 @@ fn main() -> ExitCode {
             world_size,
             threads,
             plugin,
-        }) => worker::serve(init_method, *rank, *world_size, *threads, plugin.as_deref()),
+        }) => worker::serve(init_method, *rank, *world_size, *threads, plugin),
         Some(Internal::InitWorker {
             init_methods,
             rank,
@@ -262,6 +263,9 @@ fn suite(cli: &Cli) -> Result<()> {
         "rss_after_calls",
         "rtt_noop_native",
         "rtt_noop_wasm",
+        "rtt_noop_py",
+        "rtt_add_wasm",
+        "rtt_add_py",
         "rtt_aten_add",
         "async_128",
         "echo_4k",
@@ -273,6 +277,8 @@ fn suite(cli: &Cli) -> Result<()> {
         "wasm_local_warm",
         "wasm_local_cold_cached",
         "wasm_local_cold_uncached",
+        "py_cold_cached",
+        "py_cold_uncached",
     ];
     if main_rows.iter().any(|r| wanted(only, r))
         && let Err(e) = rt.block_on(ours::main_group(&cfg, &mut res, &progress))

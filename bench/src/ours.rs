@@ -33,11 +33,11 @@ pub(crate) struct Config {
 }
 
 impl Config {
-    fn wanted(&self, id: &str) -> bool {
+    pub(crate) fn wanted(&self, id: &str) -> bool {
         wanted(&self.only, id)
     }
 
-    fn n(&self, quick: usize, full: usize) -> usize {
+    pub(crate) fn n(&self, quick: usize, full: usize) -> usize {
         if self.quick { quick } else { full }
     }
 }
@@ -141,9 +141,12 @@ fn worker_args(cfg: &Config, method: &str, rank: u32, world: u32) -> Vec<String>
         cfg.threads.to_string(),
     ];
     if world == 2 {
-        // The group of the per-call rows serves the seed functions' plugin.
-        args.push("--plugin".into());
-        args.push(wasmrpc_plugins::SEED_FNS.into());
+        // The group of the per-call rows serves the seed functions'
+        // plugins, in Rust and in Python.
+        for plugin in [wasmrpc_plugins::SEED_FNS, wasmrpc_plugins::SEED_FNS_PY] {
+            args.push("--plugin".into());
+            args.push(plugin.into());
+        }
     }
     args
 }
@@ -160,7 +163,7 @@ pub(crate) fn rss_mib(pid: u32) -> Result<f64> {
     Ok(kib / 1024.0)
 }
 
-async fn timed<F, Fut>(n: usize, warmup: usize, mut call: F) -> Result<Vec<Duration>>
+pub(crate) async fn timed<F, Fut>(n: usize, warmup: usize, mut call: F) -> Result<Vec<Duration>>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = wasmrpc::Result<Payload>>,
@@ -201,7 +204,7 @@ pub(crate) async fn main_group(cfg: &Config, res: &mut Results, progress: &Progr
     let method = format!("tcp://127.0.0.1:{}", free_port()?);
     let children = Children::spawn(cfg, |r| worker_args(cfg, &method, r, 2), 1..2, false)?;
     let pid = children.0[0].id();
-    let agent = worker::join(&method, 0, 2, None, None).await?;
+    let agent = worker::join(&method, 0, 2, &[], None).await?;
     let r = measure(cfg, &agent, pid, res, progress).await;
     progress.set("wasmrpc: graceful shutdown of the group of 2");
     let s = agent.shutdown(true, Duration::ZERO).await;
@@ -261,6 +264,8 @@ async fn measure(
         }
     }
 
+    plugin_round_trips(cfg, agent, res, progress).await?;
+
     if cfg.wanted("rtt_aten_add") {
         progress.set("wasmrpc: round trip of aten::add");
         let (a, b) = (
@@ -314,6 +319,7 @@ async fn measure(
     }
 
     local_wasm_calls(cfg, agent, res, progress).await?;
+    crate::python::cold_starts(cfg, agent, res, progress).await?;
 
     if cfg.wanted("remote_to_here") {
         progress.set("wasmrpc: remote() + to_here()");
@@ -342,6 +348,53 @@ async fn measure(
         let b = Tensor::rand([size, size], (Kind::Float, Device::Cpu)).set_requires_grad(true);
         let n = cfg.n(nq, nf);
         let s = timed(n, (n / 10).max(1), || autograd_step(agent, dst, &a, &b)).await?;
+        res.set(Side::Ours, row, Stat::latencies(&s));
+    }
+    Ok(())
+}
+
+/// Round trips to plugin functions on `worker1`: a Python no-op, and a
+/// tensor add in the Rust and in the Python seed plugin (torch's row: a
+/// Python function `a + b`).
+async fn plugin_round_trips(
+    cfg: &Config,
+    agent: &RpcAgent,
+    res: &mut Results,
+    progress: &Progress,
+) -> Result<()> {
+    let dst = "worker1";
+    if cfg.wanted("rtt_noop_py") {
+        progress.set("wasmrpc: round trip of a no-op (Python plugin function)");
+        let call = || agent.rpc_sync(dst, worker::PY_IDENTITY, args![1]);
+        let p = call().await?;
+        if p.as_int()? != 1 {
+            bail!("{} returned {p:?}", worker::PY_IDENTITY);
+        }
+        let n = cfg.n(500, 5000);
+        let s = timed(n, n / 10, call).await?;
+        res.set(Side::Ours, "rtt_noop_py", Stat::latencies(&s));
+    }
+    for (row, function, what) in [
+        ("rtt_add_wasm", "seed_fns::my_tensor_function", "Rust"),
+        ("rtt_add_py", "seed_fns_py::my_tensor_function", "Python"),
+    ] {
+        if !cfg.wanted(row) {
+            continue;
+        }
+        progress.set(&format!(
+            "wasmrpc: round trip of a tensor add ({what} plugin function)"
+        ));
+        let (a, b) = (
+            Tensor::ones([4], (Kind::Float, Device::Cpu)),
+            Tensor::ones([4], (Kind::Float, Device::Cpu)),
+        );
+        let call = || agent.rpc_sync(dst, function, args![a.shallow_clone(), b.shallow_clone()]);
+        let sum = call().await?.as_tensor()?;
+        if sum.double_value(&[0]) != 2.0 {
+            bail!("{function} returned {sum}");
+        }
+        let n = cfg.n(500, 5000);
+        let s = timed(n, n / 10, call).await?;
         res.set(Side::Ours, row, Stat::latencies(&s));
     }
     Ok(())
@@ -457,7 +510,7 @@ async fn tls_sample(
         .map(|ca| ca.credentials_for("worker0"))
         .transpose()
         .context("issuing worker0's certificate")?;
-    let agent = worker::join(&method, 0, 2, None, tls).await?;
+    let agent = worker::join(&method, 0, 2, &[], tls).await?;
     let r = async {
         for i in 0..50 {
             agent.rpc_sync("worker1", NOOP, args![i]).await?;
@@ -587,7 +640,7 @@ pub(crate) async fn all_to_all(
         1..world,
         false,
     )?;
-    let agent = worker::join(&method, 0, world, None, None).await?;
+    let agent = worker::join(&method, 0, world, &[], None).await?;
     let run = |secs: f64| {
         let agent = agent.clone();
         async move {

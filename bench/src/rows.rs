@@ -81,6 +81,9 @@ pub(crate) const SMALL_CALL_BYTES: u64 = 8;
 pub(crate) const ROWS: &[Row] = &[
     row("rtt_noop_native", "round trip, no-op(int), native fn [torch: Python fn]", Unit::Micros, Some("rtt_noop"), Some("raw_rtt"), None),
     row("rtt_noop_wasm", "round trip, no-op(int), wasm fn [torch: Python fn]", Unit::Micros, Some("rtt_noop"), Some("raw_rtt"), None),
+    row("rtt_noop_py", "round trip, no-op(int), Python plugin fn [torch: Python fn]", Unit::Micros, Some("rtt_noop"), Some("raw_rtt"), None),
+    row("rtt_add_wasm", "round trip, a + b of 4 floats, Rust plugin fn [torch: Python fn]", Unit::Micros, Some("rtt_py_add"), None, None),
+    row("rtt_add_py", "round trip, a + b of 4 floats, Python plugin fn [torch: Python fn]", Unit::Micros, Some("rtt_py_add"), None, None),
     row("rtt_aten_add", "round trip, aten::add, two 4-element tensors", Unit::Micros, Some("rtt_aten_add"), Some("raw_rtt"), None),
     row("async_128", "async calls/s, 128 in flight", Unit::Rate, Some("async_128"), None, None),
     row("echo_4k", "echo a 4 KiB tensor", Unit::Micros, Some("echo_4k"), Some("raw_echo_4k"), Some(4 << 10)),
@@ -100,6 +103,8 @@ pub(crate) const ROWS: &[Row] = &[
     row("wasm_local_warm", "local wasm call, warm instance", Unit::Micros, None, None, None),
     row("wasm_local_cold_cached", "local wasm call, cold, module cache hit", Unit::Micros, None, None, None),
     row("wasm_local_cold_uncached", "local wasm call, cold, no module cache", Unit::Micros, None, None, None),
+    row("py_cold_cached", "Python plugin cold start + first call, module cache hit", Unit::Micros, None, None, None),
+    row("py_cold_uncached", "Python plugin cold start + first call, compiling", Unit::Micros, None, None, None),
     Row { ours: false, ..row("memcpy_64m", "memcpy of 64 MiB (limit only)", Unit::GigabytesPerSec, None, Some("memcpy_64m"), None) },
     row("rss_idle", "resident memory, idle worker", Unit::Mib, Some("rss_idle"), None, None),
     row("rss_after_calls", "resident memory, worker after N calls", Unit::Mib, Some("rss_after_calls"), None, None),

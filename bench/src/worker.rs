@@ -103,8 +103,12 @@ pub(crate) async fn load(
 /// functions' plugin, called with an int.
 pub(crate) const WASM_IDENTITY: &str = "seed_fns::identity";
 
+/// The Python function of the Python round-trip row: `identity(a)` of the
+/// Python seed plugin (`plugins/python/seed-fns-py`).
+pub(crate) const PY_IDENTITY: &str = "seed_fns_py::identity";
+
 /// Rendezvous through `init_method` and join as `worker<rank>` with the
-/// bench functions, and the wasm plugin at `plugin` if given. `tls`: this
+/// bench functions, and the wasm plugins at `plugins`. `tls`: this
 /// worker's credentials (the TLS rows); `None`: those of the environment,
 /// if any (`TlsCredentials::from_env`, how the TLS rows' worker processes
 /// get theirs).
@@ -112,7 +116,7 @@ pub(crate) async fn join(
     init_method: &str,
     rank: u32,
     world_size: u32,
-    plugin: Option<&std::path::Path>,
+    plugins: &[std::path::PathBuf],
     tls: Option<wasmrpc::TlsCredentials>,
 ) -> Result<RpcAgent> {
     let (store, _, _) = wasmrpc::store::rendezvous(
@@ -130,7 +134,7 @@ pub(crate) async fn join(
         ..RpcBackendOptions::default()
     };
     register(&options.registry);
-    if let Some(path) = plugin {
+    for path in plugins {
         wasmrpc::PluginHost::shared()
             .and_then(|host| host.install(path, &options.registry))
             .with_context(|| format!("cannot load the plugin {}", path.display()))?;
@@ -160,10 +164,10 @@ pub(crate) fn serve(
     rank: u32,
     world_size: u32,
     threads: usize,
-    plugin: Option<&std::path::Path>,
+    plugins: &[std::path::PathBuf],
 ) -> Result<()> {
     runtime(threads)?.block_on(async {
-        let agent = join(init_method, rank, world_size, plugin, None).await?;
+        let agent = join(init_method, rank, world_size, plugins, None).await?;
         // As `wasmrpc worker` does: a graceful shutdown serves calls until
         // every worker of the group has called it.
         agent.shutdown(true, Duration::ZERO).await?;
@@ -199,7 +203,7 @@ pub(crate) fn init_runs(
         }
         let t0 = unix_micros();
         rt.block_on(async {
-            let agent = join(method, rank, world_size, None, None).await?;
+            let agent = join(method, rank, world_size, &[], None).await?;
             agent.shutdown(true, Duration::ZERO).await?;
             anyhow::Ok(())
         })?;

@@ -1,7 +1,10 @@
 //! Builds every plugin under `plugins/` for `wasm32-unknown-unknown` with a
 //! nested `cargo build`, then writes their paths and the `foreach_plugin!`
 //! macro into `$OUT_DIR/plugins.rs` (Wasmtime's test-programs-artifacts
-//! pattern).
+//! pattern). The Python plugins under `plugins/python/` are built into
+//! components with `wasmrpc-pybuild` (componentize-py, installed by `cargo
+//! xtask setup`), each only when its sources, the guest kit or the WIT world
+//! changed since its last build.
 
 use std::env;
 use std::fs;
@@ -115,7 +118,98 @@ fn main() {
         code.push_str(&format!("        $mac!({ident});\n"));
     }
     code.push_str("    };\n}\n");
+    code.push_str(&python_plugins(
+        &plugins_dir.join("python"),
+        &target_dir.join("python"),
+    ));
     fs::write(out_dir.join("plugins.rs"), code).expect("cannot write plugins.rs");
+}
+
+/// Builds every Python plugin (a folder of `plugins/python/` with an
+/// `app.py`) into `out/<folder>.wasm` unless its stamp says the inputs did
+/// not change, and returns the constants naming them.
+fn python_plugins(python_dir: &Path, out: &Path) -> String {
+    let mut dirs: Vec<PathBuf> = fs::read_dir(python_dir)
+        .map(|entries| entries.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    dirs.retain(|d| d.join("app.py").exists());
+    dirs.sort();
+    let mut code = String::new();
+    let mut all = Vec::new();
+    if dirs.is_empty() {
+        code.push_str("/// Every Python plugin: `(name, path of the .wasm component)`.\npub const PYTHON_PLUGINS: &[(&str, &str)] = &[];\n");
+        return code;
+    }
+    println!(
+        "cargo:rerun-if-changed={}",
+        wasmrpc_pybuild::kit_dir().display()
+    );
+    println!(
+        "cargo:rerun-if-changed={}",
+        wasmrpc_pybuild::wit_dir().display()
+    );
+    println!("cargo:rerun-if-env-changed=WASMRPC_COMPONENTIZE_PY_VENV");
+    fs::create_dir_all(out).expect("cannot create the Python plugins' folder");
+    let toolchain = wasmrpc_pybuild::Toolchain::find().unwrap_or_else(|e| panic!("{e}"));
+    for dir in dirs {
+        let plugin = wasmrpc_pybuild::Plugin::in_dir(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let file = out.join(format!("{}.wasm", plugin.name));
+        let stamp = file.with_extension("stamp");
+        let inputs = format!(
+            "{:016x}",
+            inputs_hash(&[
+                &dir,
+                &wasmrpc_pybuild::kit_dir(),
+                &wasmrpc_pybuild::wit_dir()
+            ])
+        );
+        let fresh = file.exists() && fs::read_to_string(&stamp).is_ok_and(|s| s == inputs);
+        if !fresh {
+            wasmrpc_pybuild::build(&toolchain, &plugin, &file).unwrap_or_else(|e| panic!("{e}"));
+            fs::write(&stamp, &inputs).expect("cannot write a Python plugin's stamp");
+        }
+        let konst = plugin.name.to_uppercase().replace('-', "_");
+        code.push_str(&format!(
+            "/// The Python plugin `plugins/python/{name}`, built into a component.\npub const {konst}: &str = {:?};\n",
+            file.display().to_string(),
+            name = plugin.name,
+        ));
+        all.push((plugin.name, konst));
+    }
+    code.push_str("/// Every Python plugin: `(name, path of the .wasm component)`.\npub const PYTHON_PLUGINS: &[(&str, &str)] = &[\n");
+    for (name, konst) in &all {
+        code.push_str(&format!("    ({name:?}, {konst}),\n"));
+    }
+    code.push_str("];\n");
+    code
+}
+
+/// A hash of every file's path and contents under `roots` (the inputs of a
+/// Python plugin's build), and of the componentize-py version.
+fn inputs_hash(roots: &[&Path]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut files = Vec::new();
+    let mut stack: Vec<PathBuf> = roots.iter().map(|r| r.to_path_buf()).collect();
+    while let Some(p) = stack.pop() {
+        if p.is_dir() {
+            if p.file_name().is_some_and(|n| n == "__pycache__") {
+                continue;
+            }
+            for e in fs::read_dir(&p).into_iter().flatten().flatten() {
+                stack.push(e.path());
+            }
+        } else {
+            files.push(p);
+        }
+    }
+    files.sort();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    wasmrpc_pybuild::COMPONENTIZE_PY_VERSION.hash(&mut h);
+    for f in files {
+        f.hash(&mut h);
+        fs::read(&f).unwrap_or_default().hash(&mut h);
+    }
+    h.finish()
 }
 
 /// Fails with the fix when the standard library for wasm32 is missing.

@@ -4,7 +4,7 @@
 //! functions (`fns`); `REMOTE` is `remote(...).to_here()` on RRefs.
 
 mod cuda;
-mod fns;
+pub(crate) mod fns;
 mod optim;
 
 use std::time::Duration;
@@ -21,7 +21,7 @@ use fns::{RpcDone, build_sparse_tensor, close, cluster, loss_of};
 
 /// The seeds' `ExecMode`.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum ExecMode {
+pub(crate) enum ExecMode {
     Local,
     RpcSync,
     RpcAsync,
@@ -89,7 +89,9 @@ fn local_call(name: &str, args: Args) -> wasmrpc::Result<Payload> {
     }
     let t = |i: usize| args.get(i)?.as_tensor();
     match name {
-        "seed::my_py_add" | "seed::my_script_add" => Ok(fns::my_py_add(&t(0)?, &t(1)?)?.into()),
+        "seed::my_py_add" | "seed::my_script_add" | "seed_fns_py::my_py_add" => {
+            Ok(fns::my_py_add(&t(0)?, &t(1)?)?.into())
+        }
         "seed::_complex_python_udf" => Ok(fns::complex_python_udf(&t(0)?, &t(1)?)?.into()),
         "seed::_mixed_requires_grad_operaton" => {
             Ok(fns::mixed_requires_grad(&t(0)?, &t(1)?)?.into())
@@ -453,7 +455,12 @@ fn pair(sparse: bool) -> (Tensor, Tensor) {
     }
 }
 
-async fn test_graph(w: Worker, f: &'static str, sparse: bool, remote: bool) -> anyhow::Result<()> {
+pub(crate) async fn test_graph(
+    w: Worker,
+    f: &'static str,
+    sparse: bool,
+    remote: bool,
+) -> anyhow::Result<()> {
     let agent = w.agent.clone();
     let a = &agent;
     let dst = w.dst();
@@ -515,8 +522,9 @@ fn test_graph_for_python_call_sparse() {
     dist_with(cluster(), |w| test_graph(w, "seed::my_py_add", true, false));
 }
 
-async fn test_graph_for_py_nested_call_impl(
+pub(crate) async fn test_graph_for_py_nested_call_impl(
     w: Worker,
+    f: &'static str,
     sparse: bool,
     remote: bool,
 ) -> anyhow::Result<()> {
@@ -531,7 +539,7 @@ async fn test_graph_for_py_nested_call_impl(
                 &a,
                 remote,
                 worker_name(nest_dst),
-                "seed::my_py_nested_call",
+                f,
                 args![
                     t1.shallow_clone(),
                     t2.shallow_clone(),
@@ -570,19 +578,20 @@ async fn test_graph_for_py_nested_call_impl(
 #[test]
 fn test_graph_for_py_nested_call() {
     dist_with(cluster(), |w| {
-        test_graph_for_py_nested_call_impl(w, false, false)
+        test_graph_for_py_nested_call_impl(w, "seed::my_py_nested_call", false, false)
     });
 }
 
 #[test]
 fn test_graph_for_py_nested_call_sparse() {
     dist_with(cluster(), |w| {
-        test_graph_for_py_nested_call_impl(w, true, false)
+        test_graph_for_py_nested_call_impl(w, "seed::my_py_nested_call", true, false)
     });
 }
 
-async fn test_graph_for_py_nested_call_itself_impl(
+pub(crate) async fn test_graph_for_py_nested_call_itself_impl(
     w: Worker,
+    f: &'static str,
     sparse: bool,
     remote: bool,
 ) -> anyhow::Result<()> {
@@ -598,7 +607,7 @@ async fn test_graph_for_py_nested_call_itself_impl(
                 &a,
                 remote,
                 w.dst(),
-                "seed::my_py_nested_call",
+                f,
                 args![
                     t1.shallow_clone(),
                     t2.shallow_clone(),
@@ -637,14 +646,14 @@ async fn test_graph_for_py_nested_call_itself_impl(
 #[test]
 fn test_graph_for_py_nested_call_itself() {
     dist_with(cluster(), |w| {
-        test_graph_for_py_nested_call_itself_impl(w, false, false)
+        test_graph_for_py_nested_call_itself_impl(w, "seed::my_py_nested_call", false, false)
     });
 }
 
 #[test]
 fn test_graph_for_py_nested_call_itself_sparse() {
     dist_with(cluster(), |w| {
-        test_graph_for_py_nested_call_itself_impl(w, true, false)
+        test_graph_for_py_nested_call_itself_impl(w, "seed::my_py_nested_call", true, false)
     });
 }
 
@@ -805,28 +814,28 @@ fn test_graph_for_python_remote_call_sparse() {
 #[test]
 fn test_graph_for_py_nested_remote_call() {
     dist_with(cluster(), |w| {
-        test_graph_for_py_nested_call_impl(w, false, true)
+        test_graph_for_py_nested_call_impl(w, "seed::my_py_nested_call", false, true)
     });
 }
 
 #[test]
 fn test_graph_for_py_nested_remote_call_sparse() {
     dist_with(cluster(), |w| {
-        test_graph_for_py_nested_call_impl(w, true, true)
+        test_graph_for_py_nested_call_impl(w, "seed::my_py_nested_call", true, true)
     });
 }
 
 #[test]
 fn test_graph_for_py_nested_remote_call_itself() {
     dist_with(cluster(), |w| {
-        test_graph_for_py_nested_call_itself_impl(w, false, true)
+        test_graph_for_py_nested_call_itself_impl(w, "seed::my_py_nested_call", false, true)
     });
 }
 
 #[test]
 fn test_graph_for_py_nested_remote_call_itself_sparse() {
     dist_with(cluster(), |w| {
-        test_graph_for_py_nested_call_itself_impl(w, true, true)
+        test_graph_for_py_nested_call_itself_impl(w, "seed::my_py_nested_call", true, true)
     });
 }
 
@@ -1127,7 +1136,7 @@ where
     Ok(())
 }
 
-const MODES: &[ExecMode] = &[ExecMode::Local, ExecMode::RpcSync, ExecMode::Remote];
+pub(crate) const MODES: &[ExecMode] = &[ExecMode::Local, ExecMode::RpcSync, ExecMode::Remote];
 
 async fn multiple_round_trips_impl(w: Worker, sparse: bool) -> anyhow::Result<()> {
     let mk = |g: bool| {
@@ -1296,7 +1305,7 @@ fn test_backward_different_dtypes_sparse() {
     dist_with(cluster(), |w| different_dtypes_impl(w, true));
 }
 
-async fn udf_two_args(
+pub(crate) async fn udf_two_args(
     w: Worker,
     f: &'static str,
     modes: &'static [ExecMode],
@@ -1544,7 +1553,11 @@ fn test_backward_multiple_roots() {
     });
 }
 
-async fn nested_python_udf_impl(w: Worker, sparse: bool) -> anyhow::Result<()> {
+pub(crate) async fn nested_python_udf_impl(
+    w: Worker,
+    f: &'static str,
+    sparse: bool,
+) -> anyhow::Result<()> {
     let (t1, t2) = if sparse {
         pair(true)
     } else {
@@ -1560,7 +1573,7 @@ async fn nested_python_udf_impl(w: Worker, sparse: bool) -> anyhow::Result<()> {
         let loss = a
             .rpc_sync(
                 w.dst(),
-                "seed::_nested_python_udf",
+                f,
                 args![t1.shallow_clone(), t2.shallow_clone(), dst],
             )
             .await?
@@ -1577,12 +1590,16 @@ async fn nested_python_udf_impl(w: Worker, sparse: bool) -> anyhow::Result<()> {
 
 #[test]
 fn test_backwards_nested_python_udf() {
-    dist_with(cluster(), |w| nested_python_udf_impl(w, false));
+    dist_with(cluster(), |w| {
+        nested_python_udf_impl(w, "seed::_nested_python_udf", false)
+    });
 }
 
 #[test]
 fn test_backwards_nested_python_udf_sparse() {
-    dist_with(cluster(), |w| nested_python_udf_impl(w, true));
+    dist_with(cluster(), |w| {
+        nested_python_udf_impl(w, "seed::_nested_python_udf", true)
+    });
 }
 
 async fn mixed_requires_grad_impl(w: Worker, sparse: bool) -> anyhow::Result<()> {

@@ -11,9 +11,14 @@
 //!   (methods of a plugin class).
 //! - `remote_module_test`: PyTorch's `remote_module_test.py` (CPU tests,
 //!   `RemoteModule` over plugin classes).
+//! - `python_plugins`: seed tests of `rpc_test` (areas B, C, D) and
+//!   `dist_autograd_test` (area B) run against the seeds' functions written
+//!   in Python (`plugins/python/seed-fns-py`), a Python plugin deployed to a
+//!   running group, and the Python parameter-server example.
 
 mod deploy_test;
 mod dist_autograd_test;
 mod plugin_test;
+mod python_plugins;
 mod remote_module_test;
 mod rpc_test;

@@ -56,6 +56,37 @@ pub fn seed_fns_plugin() -> &'static (PluginHost, Arc<Plugin>) {
     })
 }
 
+/// The process's plugin host and the Python seed plugin
+/// (`plugins/python/seed-fns-py`, built into a component by
+/// `wasmrpc-plugins` with componentize-py) loaded into it on first use;
+/// its functions are served as `seed_fns_py::<name>`.
+///
+/// # Panics
+/// If the plugin does not load.
+pub fn python_seed_fns_plugin() -> &'static (PluginHost, Arc<Plugin>) {
+    static SEED_FNS_PY: OnceLock<(PluginHost, Arc<Plugin>)> = OnceLock::new();
+    SEED_FNS_PY.get_or_init(|| {
+        let host = PluginHost::shared().expect("the process's plugin host starts");
+        let plugin = host
+            .load_file(wasmrpc_plugins::SEED_FNS_PY)
+            .expect("the Python seed-fns plugin loads");
+        (host, plugin)
+    })
+}
+
+/// [`register_all`], plus the Python seed plugin (`seed_fns_py::<name>`).
+pub fn register_with_python(r: &FunctionRegistry) {
+    register_all(r);
+    let (host, plugin) = python_seed_fns_plugin();
+    host.register(plugin, r);
+}
+
+/// A cluster of the seeds' size serving the Python seed plugin besides
+/// every other test function.
+pub fn python_cluster(world_size: u32) -> ClusterBuilder {
+    Cluster::builder(world_size).functions(register_with_python)
+}
+
 /// Registers every test function in a worker's registry: the seed-fns
 /// plugin's functions (`seed_fns::<name>`) and the native stand-ins
 /// (`seed::<name>`). Builtin ops (`aten::add`) are the workers' own, under

@@ -2,7 +2,9 @@
 //! (the libtorch tch 0.26 expects) in a virtual environment in the cache
 //! folder, and Gloo's headers (which the torch wheel does not ship; the c10d
 //! shim needs them to declare `c10d::ProcessGroupGloo`), all linked into
-//! `.wasmrpc-env/` where `.cargo/config.toml` and the build scripts look.
+//! `.wasmrpc-env/` where `.cargo/config.toml` and the build scripts look;
+//! and componentize-py in a virtual environment of its own in the cache
+//! folder (`wasmrpc-pybuild` builds the Python plugins with it).
 
 use crate::process::{self, output, step};
 use anyhow::{Context, Result, bail};
@@ -44,12 +46,30 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     ensure_cuda_headers(&venv)?;
     let gloo = ensure_gloo_headers()?;
     link_env(root, &venv, &gloo)?;
+    ensure_componentize_py()?;
     println!(
         "setup: ready in {:.1}s (torch {TORCH_VERSION} at {})",
         started.elapsed().as_secs_f64(),
         venv.display()
     );
     Ok(())
+}
+
+/// componentize-py (PyPI) in `~/.cache/wasmrpc/componentize-py-VERSION`,
+/// which builds the Python plugins (`plugins/python`, `wasmrpc plugin
+/// build-py`).
+fn ensure_componentize_py() -> Result<()> {
+    if wasmrpc_pybuild::Toolchain::find().is_ok() {
+        return Ok(());
+    }
+    step(&format!(
+        "setup: installing componentize-py {} from PyPI into the cache folder",
+        wasmrpc_pybuild::COMPONENTIZE_PY_VERSION
+    ));
+    wasmrpc_pybuild::Toolchain::install()
+        .map(drop)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .context("the Python plugins need componentize-py")
 }
 
 fn ensure_wasm_target() -> Result<()> {

@@ -5,6 +5,8 @@
 //! parameters. `deploy` ships a plugin to every worker of a running dynamic
 //! group (`wasmrpc::plugin::deploy` does the work): it joins the group as a
 //! member of its own, deploys, prints what each worker did, and leaves.
+//! `build-py` builds a Python plugin folder into a component
+//! (`wasmrpc_pybuild` does the work, with componentize-py from the cache).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -51,6 +53,28 @@ enum PluginCommand {
     /// workers already serve is refused (deploy it under a new name).
     /// Exits non-zero unless every worker serves the plugin.
     Deploy(DeployArgs),
+    /// Build a Python plugin: the folder's `app.py` (functions marked
+    /// `@remote`, classes `@remote_class`, from the guest kit's `wasmrpc`
+    /// package) becomes one `.wasm` component that workers load like a
+    /// Rust plugin. Needs componentize-py in the cache folder (`cargo xtask
+    /// setup` installs it).
+    BuildPy {
+        /// The plugin's folder; its name is the plugin's (`seed-fns-py`
+        /// serves `seed_fns_py::NAME`) unless `--name` says otherwise.
+        dir: PathBuf,
+        /// Where to write the component [default: DIR/../NAME.wasm].
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// The plugin's name.
+        #[arg(long)]
+        name: Option<String>,
+        /// The plugin's version.
+        #[arg(long, default_value = "0.1.0")]
+        version: String,
+        /// The module holding the plugin's functions.
+        #[arg(long, default_value = "app")]
+        module: String,
+    },
 }
 
 /// Flags of `wasmrpc plugin deploy`.
@@ -85,6 +109,29 @@ pub(crate) fn run(args: PluginArgs) -> Result<ExitCode> {
     match args.command {
         PluginCommand::Inspect { file } => {
             print!("{}", inspect(&file)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        PluginCommand::BuildPy {
+            dir,
+            output,
+            name,
+            version,
+            module,
+        } => {
+            let mut plugin = wasmrpc_pybuild::Plugin::in_dir(&dir).map_err(anyhow::Error::msg)?;
+            plugin.version = version;
+            plugin.module = module;
+            if let Some(name) = name {
+                plugin.name = name;
+            }
+            let out =
+                output.unwrap_or_else(|| dir.join("..").join(format!("{}.wasm", plugin.name)));
+            let toolchain = wasmrpc_pybuild::Toolchain::find().map_err(anyhow::Error::msg)?;
+            let manifest = wasmrpc_pybuild::build(&toolchain, &plugin, &out)
+                .map_err(anyhow::Error::msg)
+                .with_context(|| format!("building the Python plugin in {}", dir.display()))?;
+            println!("wrote {}", out.display());
+            print!("{}", manifest::describe(&manifest));
             Ok(ExitCode::SUCCESS)
         }
         PluginCommand::Deploy(args) => tokio::runtime::Builder::new_multi_thread()

@@ -78,7 +78,7 @@ pub(crate) fn define(linker: &mut Linker<StoreData>) -> wasmtime::Result<()> {
 }
 
 /// Runs one request against the call's host.
-async fn dispatch(ctx: &Arc<CallCtx>, call: HostCall) -> HostResult<HostReply> {
+pub(crate) async fn dispatch(ctx: &Arc<CallCtx>, call: HostCall) -> HostResult<HostReply> {
     let host = &ctx.host;
     Ok(match call {
         HostCall::Op { name, args } => HostReply::Value(host.op(&name, args).await?),

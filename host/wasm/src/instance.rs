@@ -7,11 +7,15 @@
 //! `data().get(..)`, so a guest's bad pointer is an error, never a panic.
 
 use crate::host::GuestHost;
+use crate::plugin::Target;
 use crate::{Plugin, Runtime};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use wasmrpc_abi::protocol::{EXPORT_INPUT_BUFFER, EXPORT_MEMORY, Outcome, unpack};
+use wasmrpc_abi::protocol::{
+    CallArgs, EXPORT_INPUT_BUFFER, EXPORT_MEMORY, ExportKind, Outcome, drop_export_name,
+    export_name, unpack,
+};
 use wasmtime::{
     Engine, Instance, InstancePre, Memory, ResourceLimiter, Store, TypedFunc, UpdateDeadline,
 };
@@ -87,6 +91,76 @@ pub(crate) struct StoreData {
     timed_out: bool,
     /// The panic message the guest reported before trapping.
     pub(crate) panic: Option<String>,
+    /// WASI for component plugins: a context that grants nothing.
+    pub(crate) wasi: crate::component::Wasi,
+}
+
+impl StoreData {
+    /// Resets the per-call state before guest code runs for `ctx`.
+    pub(crate) fn begin(&mut self, ctx: Option<Arc<CallCtx>>) {
+        self.ctx = ctx;
+        self.call_start = Instant::now();
+        self.host_time = Duration::ZERO;
+        self.timed_out = false;
+        self.panic = None;
+        self.limiter.denied = false;
+    }
+
+    /// What made guest code fail with `error`: a limit, a reported panic,
+    /// or a trap.
+    pub(crate) fn fault(&mut self, error: &wasmtime::Error) -> Fault {
+        if self.timed_out {
+            return Fault::Timeout(self.time_limit.unwrap_or_default());
+        }
+        if self.limiter.denied {
+            return Fault::Memory(self.limiter.max_memory);
+        }
+        if let Some(panic) = self.panic.take() {
+            return Fault::Trap(format!("guest panicked: {panic}"));
+        }
+        match error.downcast_ref::<wasmtime::Trap>() {
+            Some(trap) => Fault::Trap(trap.to_string()),
+            None => Fault::Trap(format!("{error:#}")),
+        }
+    }
+}
+
+/// A store with the runtime's limits: memory through the limiter, guest
+/// time through epoch interruption (a busy guest yields at every tick).
+pub(crate) fn new_store(
+    engine: &Engine,
+    max_memory: usize,
+    time_limit: Option<Duration>,
+) -> Store<StoreData> {
+    let data = StoreData {
+        limiter: Limiter {
+            max_memory,
+            denied: false,
+        },
+        reply: Vec::new(),
+        ctx: None,
+        call_start: Instant::now(),
+        host_time: Duration::ZERO,
+        time_limit,
+        timed_out: false,
+        panic: None,
+        wasi: crate::component::Wasi::deny_all(),
+    };
+    let mut store = Store::new(engine, data);
+    store.limiter(|d| &mut d.limiter);
+    store.epoch_deadline_callback(|mut ctx| {
+        let d = ctx.data_mut();
+        match d.time_limit {
+            Some(limit) if d.call_start.elapsed().saturating_sub(d.host_time) > limit => {
+                d.timed_out = true;
+                Err(wasmtime::Error::msg("guest time limit exceeded"))
+            }
+            // Yield at every tick, so a busy guest shares its thread.
+            _ => Ok(UpdateDeadline::Yield(1)),
+        }
+    });
+    store.set_epoch_deadline(1);
+    store
 }
 
 /// How a call into an instance failed; the caller adds plugin and function.
@@ -126,8 +200,22 @@ impl Fault {
     }
 }
 
-/// A live instance, ready to run any export of its plugin.
-pub(crate) struct Warm {
+fn encode(args: &CallArgs) -> Result<Vec<u8>, Fault> {
+    wasmrpc_abi::encode(args).map_err(|e| Fault::Abi(format!("cannot encode the arguments: {e}")))
+}
+
+/// Releases the locks a finished call still holds.
+pub(crate) async fn release_locks(ctx: Option<Arc<CallCtx>>) {
+    let Some(ctx) = ctx else { return };
+    let held = std::mem::take(&mut *ctx.locks.lock().unwrap_or_else(|p| p.into_inner()));
+    for key in held.iter().rev() {
+        // The host may have released it already; nothing to add.
+        let _ = ctx.host.unlock(key).await;
+    }
+}
+
+/// A live core-module instance, ready to run any export of its plugin.
+pub(crate) struct CoreWarm {
     store: Store<StoreData>,
     instance: Instance,
     memory: Memory,
@@ -137,52 +225,25 @@ pub(crate) struct Warm {
     exports: HashMap<String, TypedFunc<(u32, u32), u64>>,
 }
 
-impl Warm {
+impl CoreWarm {
     /// Instantiates `pre` in a new store with the given limits.
     pub(crate) async fn new(
         engine: &Engine,
         pre: &InstancePre<StoreData>,
         max_memory: usize,
         time_limit: Option<Duration>,
-    ) -> Result<Warm, String> {
-        let data = StoreData {
-            limiter: Limiter {
-                max_memory,
-                denied: false,
-            },
-            reply: Vec::new(),
-            ctx: None,
-            call_start: Instant::now(),
-            host_time: Duration::ZERO,
-            time_limit,
-            timed_out: false,
-            panic: None,
-        };
-        let mut store = Store::new(engine, data);
-        store.limiter(|d| &mut d.limiter);
-        store.epoch_deadline_callback(|mut ctx| {
-            let d = ctx.data_mut();
-            match d.time_limit {
-                Some(limit) if d.call_start.elapsed().saturating_sub(d.host_time) > limit => {
-                    d.timed_out = true;
-                    Err(wasmtime::Error::msg("guest time limit exceeded"))
-                }
-                // Yield at every tick, so a busy guest shares its thread.
-                _ => Ok(UpdateDeadline::Yield(1)),
-            }
-        });
-        store.set_epoch_deadline(1);
-        let instance = pre
-            .instantiate_async(&mut store)
-            .await
-            .map_err(|e| e.to_string())?;
+    ) -> wasmtime::Result<CoreWarm> {
+        let mut store = new_store(engine, max_memory, time_limit);
+        let instance = pre.instantiate_async(&mut store).await?;
         let memory = instance
             .get_memory(&mut store, EXPORT_MEMORY)
-            .ok_or_else(|| format!("the module exports no `{EXPORT_MEMORY}`"))?;
+            .ok_or_else(|| {
+                wasmtime::Error::msg(format!("the module exports no `{EXPORT_MEMORY}`"))
+            })?;
         let input_buffer = instance
             .get_typed_func::<u32, u32>(&mut store, EXPORT_INPUT_BUFFER)
-            .map_err(|e| format!("export `{EXPORT_INPUT_BUFFER}`: {e}"))?;
-        Ok(Warm {
+            .map_err(|e| wasmtime::Error::msg(format!("export `{EXPORT_INPUT_BUFFER}`: {e}")))?;
+        Ok(CoreWarm {
             store,
             instance,
             memory,
@@ -192,24 +253,42 @@ impl Warm {
         })
     }
 
-    /// Runs `export(object, len)` with `input` as the encoded arguments and
-    /// returns the decoded outcome. Locks the call still holds are released.
+    /// Runs `target` with `args` (encoded into the input buffer) and
+    /// returns the decoded outcome.
     pub(crate) async fn invoke(
         &mut self,
         ctx: Arc<CallCtx>,
-        export: &str,
-        object: u32,
-        input: &[u8],
+        target: Target<'_>,
+        args: &CallArgs,
     ) -> Result<Outcome, Fault> {
-        let result = self.invoke_inner(ctx, export, object, input).await;
-        if let Some(ctx) = self.store.data_mut().ctx.take() {
-            let held = std::mem::take(&mut *ctx.locks.lock().unwrap_or_else(|p| p.into_inner()));
-            for key in held.iter().rev() {
-                // The host may have released it already; nothing to add.
-                let _ = ctx.host.unlock(key).await;
-            }
-        }
-        result
+        let (export, object, input) = match target {
+            Target::Function(name) => (
+                export_name(ExportKind::Function, None, name),
+                0,
+                encode(args)?,
+            ),
+            Target::Constructor(class) => (
+                export_name(ExportKind::Constructor, Some(class), class),
+                0,
+                encode(args)?,
+            ),
+            Target::Method {
+                object,
+                class,
+                method,
+            } => (
+                export_name(ExportKind::Method, Some(class), method),
+                object,
+                encode(args)?,
+            ),
+            Target::Drop { object, class } => (drop_export_name(class), object, Vec::new()),
+        };
+        self.invoke_inner(ctx, &export, object, &input).await
+    }
+
+    /// The call in progress, if any (to release what it holds).
+    pub(crate) fn take_ctx(&mut self) -> Option<Arc<CallCtx>> {
+        self.store.data_mut().ctx.take()
     }
 
     async fn invoke_inner(
@@ -219,13 +298,7 @@ impl Warm {
         object: u32,
         input: &[u8],
     ) -> Result<Outcome, Fault> {
-        let data = self.store.data_mut();
-        data.ctx = Some(ctx);
-        data.call_start = Instant::now();
-        data.host_time = Duration::ZERO;
-        data.timed_out = false;
-        data.panic = None;
-        data.limiter.denied = false;
+        self.store.data_mut().begin(Some(ctx));
         self.store.set_epoch_deadline(1);
 
         let len = u32::try_from(input.len())
@@ -271,19 +344,6 @@ impl Warm {
     }
 
     fn fault(&mut self, error: &wasmtime::Error) -> Fault {
-        let data = self.store.data_mut();
-        if data.timed_out {
-            return Fault::Timeout(data.time_limit.unwrap_or_default());
-        }
-        if data.limiter.denied {
-            return Fault::Memory(data.limiter.max_memory);
-        }
-        if let Some(panic) = data.panic.take() {
-            return Fault::Trap(format!("guest panicked: {panic}"));
-        }
-        match error.downcast_ref::<wasmtime::Trap>() {
-            Some(trap) => Fault::Trap(trap.to_string()),
-            None => Fault::Trap(format!("{error:#}")),
-        }
+        self.store.data_mut().fault(error)
     }
 }

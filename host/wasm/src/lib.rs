@@ -64,8 +64,19 @@
 //!   time only, waiting on the host does not count) and memory limits are
 //!   errors naming the plugin and the function. Nothing a guest does panics
 //!   the host; an instance that trapped is discarded.
-//! - **[`manifest::read`]** reads a module's manifest without compiling it.
+//! - **Component plugins** (Python plugins built with componentize-py
+//!   against the WIT world `guest-sdk/wit/plugin.wit`) are one more kind of
+//!   code in a [`Plugin`]: [`Runtime::load`] tells them by their header,
+//!   caches them compiled like modules, checks their manifest section
+//!   against their own `describe` export, and runs them on the same pool,
+//!   limits and host requests ([`GuestHost`]); WASI is linked over a
+//!   context that grants nothing. [`Plugin::is_component`] tells them
+//!   apart. A Python instance takes 13 to 16 of the pool's slots: a call that
+//!   finds the pool full waits for one ([`POOL_WAIT`]).
+//! - **[`manifest::read`]** reads a module's (or a component's) manifest
+//!   without compiling it.
 
+mod component;
 mod error;
 mod host;
 mod imports;
@@ -79,7 +90,7 @@ pub use error::{ASYNC_WRONG_TYPE, Error, Result};
 pub use host::{GuestHost, HostResult, runtime_error};
 pub use manifest::Manifest;
 pub use object::Object;
-pub use plugin::{LoadSource, Plugin};
+pub use plugin::{LoadSource, POOL_WAIT, Plugin};
 pub use runtime::{Config, Runtime};
 pub use wasmrpc_abi::protocol::{
     AutogradCall, CallArgs, DType, HandleKind, LogLevel, Progress, TensorMeta,

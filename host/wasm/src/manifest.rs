@@ -106,10 +106,16 @@ fn leb_u32(bytes: &[u8], pos: &mut usize) -> Result<u32> {
     Err(bad("overlong LEB128 number"))
 }
 
-/// The `(name, payload)` of every custom section of a core wasm module.
+/// The `(name, payload)` of every top-level custom section of a core wasm
+/// module or a component.
 fn custom_sections(module: &[u8]) -> Result<Vec<(&[u8], &[u8])>> {
-    if module.get(..8) != Some(b"\0asm\x01\0\0\0".as_slice()) {
-        return Err(bad("not a wasm core module (bad magic or version)"));
+    // A core module, or a component (whose top-level custom sections the
+    // Python build appends the manifest to).
+    let header = module.get(..8);
+    if header != Some(b"\0asm\x01\0\0\0".as_slice()) && !crate::component::is_component(module) {
+        return Err(bad(
+            "not a wasm core module or component (bad magic or version)",
+        ));
     }
     let mut out = Vec::new();
     let mut pos = 8;

@@ -2,12 +2,13 @@
 //! in an RRef), living in an instance of its own whose method calls run one
 //! at a time (actor semantics).
 
-use crate::instance::{CallCtx, Warm};
-use crate::runtime::{encode_args, finish};
+use crate::instance::CallCtx;
+use crate::plugin::{Target, Warm};
+use crate::runtime::finish;
 use crate::{Error, GuestHost, Plugin, Result, Runtime};
 use std::sync::Arc;
 use wasmrpc_abi::Value;
-use wasmrpc_abi::protocol::{CallArgs, ExportKind, drop_export_name};
+use wasmrpc_abi::protocol::{CallArgs, ExportKind};
 
 /// An object of a plugin class, made by [`Runtime::construct`].
 ///
@@ -85,7 +86,6 @@ impl Object {
                 name: format!("{}.{method}", self.class),
             });
         };
-        let input = encode_args(&self.plugin, method, &args)?;
         let outcome = {
             let mut slot = self.instance.lock().await;
             // Taken out while the method runs: if this future is dropped
@@ -94,7 +94,12 @@ impl Object {
                 return Err(self.broken());
             };
             let ctx = CallCtx::new(host.clone(), self.plugin.clone(), self.runtime.clone());
-            let outcome = warm.invoke(ctx, &entry.export, self.id, &input).await;
+            let target = Target::Method {
+                object: self.id,
+                class: &self.class,
+                method,
+            };
+            let outcome = warm.invoke(ctx, target, &args).await;
             if outcome.is_ok() {
                 *slot = Some(warm);
             }
@@ -119,11 +124,16 @@ impl Object {
             return Err(self.broken());
         };
         let ctx = CallCtx::new(host, self.plugin.clone(), self.runtime.clone());
-        let export = drop_export_name(&self.class);
-        warm.invoke(ctx, &export, self.id, &[])
+        let target = Target::Drop {
+            object: self.id,
+            class: &self.class,
+        };
+        warm.invoke(ctx, target, &CallArgs::default())
             .await
             .map(drop)
-            .map_err(|fault| fault.into_error(self.plugin.name(), &export))
+            .map_err(|fault| {
+                fault.into_error(self.plugin.name(), &format!("{}.__del__", self.class))
+            })
     }
 
     fn broken(&self) -> Error {

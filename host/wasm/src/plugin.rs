@@ -1,14 +1,14 @@
 //! [`Plugin`]: a compiled, loaded plugin, its manifest, and its pool of
 //! warm instances.
 
-use crate::instance::Warm;
+use crate::component::ComponentWarm;
+use crate::instance::{CallCtx, CoreWarm, Fault, StoreData, release_locks};
 use crate::runtime::Shared;
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use wasmrpc_abi::manifest::Manifest;
-use wasmrpc_abi::protocol::ExportKind;
-use wasmtime::InstancePre;
+use wasmrpc_abi::protocol::{CallArgs, ExportKind, Outcome};
 
 /// Where a plugin's compiled code came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,8 +22,68 @@ pub enum LoadSource {
 /// An export the runtime can call.
 #[derive(Debug, Clone)]
 pub(crate) struct Entry {
-    pub(crate) export: String,
     pub(crate) kind: ExportKind,
+}
+
+/// What a call runs in an instance.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Target<'a> {
+    /// A function (plain or async) by name.
+    Function(&'a str),
+    /// The constructor of a class.
+    Constructor(&'a str),
+    /// A method of an object.
+    Method {
+        /// The object's id in its instance.
+        object: u32,
+        /// Its class.
+        class: &'a str,
+        /// The method's name.
+        method: &'a str,
+    },
+    /// The destructor of an object.
+    Drop {
+        /// The object's id in its instance.
+        object: u32,
+        /// Its class.
+        class: &'a str,
+    },
+}
+
+/// A plugin's compiled code, ready to instantiate: a core module (Rust
+/// plugins, the `wasmrpc_abi::protocol` ABI) or a component (the WIT world
+/// `guest-sdk/wit`, e.g. Python plugins).
+pub(crate) enum Code {
+    /// A core module.
+    Core(wasmtime::InstancePre<StoreData>),
+    /// A component.
+    Component(wasmtime::component::InstancePre<StoreData>),
+}
+
+/// A live instance of either kind of code.
+pub(crate) enum Warm {
+    /// Of a core module.
+    Core(CoreWarm),
+    /// Of a component.
+    Component(ComponentWarm),
+}
+
+impl Warm {
+    /// Runs `target` with `args` and returns its outcome; locks the call
+    /// still holds are released when it ends.
+    pub(crate) async fn invoke(
+        &mut self,
+        ctx: Arc<CallCtx>,
+        target: Target<'_>,
+        args: &CallArgs,
+    ) -> std::result::Result<Outcome, Fault> {
+        let (result, ctx) = match self {
+            Warm::Core(w) => (w.invoke(ctx, target, args).await, w.take_ctx()),
+            Warm::Component(w) => (w.invoke(ctx, target, args).await, w.take_ctx()),
+        };
+        release_locks(ctx).await;
+        result
+    }
 }
 
 /// A loaded plugin: shared by every call of its functions (`Arc<Plugin>`).
@@ -35,11 +95,17 @@ pub struct Plugin {
     manifest: Manifest,
     sha256: [u8; 32],
     source: LoadSource,
-    pre: InstancePre<crate::instance::StoreData>,
+    code: Code,
     entries: HashMap<String, Entry>,
     shared: Arc<Shared>,
     pool: Mutex<Vec<Warm>>,
+    /// Told when an instance comes back (to a checkout waiting for a slot).
+    returned: tokio::sync::Notify,
 }
+
+/// How long a call waits for an instance slot when the runtime's pool is
+/// full, before failing.
+pub const POOL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl std::fmt::Debug for Plugin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -56,7 +122,7 @@ impl Plugin {
         manifest: Manifest,
         sha256: [u8; 32],
         source: LoadSource,
-        pre: InstancePre<crate::instance::StoreData>,
+        code: Code,
         entries: HashMap<String, Entry>,
         shared: Arc<Shared>,
     ) -> Plugin {
@@ -64,10 +130,11 @@ impl Plugin {
             manifest,
             sha256,
             source,
-            pre,
+            code,
             entries,
             shared,
             pool: Mutex::new(Vec::new()),
+            returned: tokio::sync::Notify::new(),
         }
     }
 
@@ -86,6 +153,12 @@ impl Plugin {
         self.sha256
     }
 
+    /// Whether the plugin is a component (built against the WIT world, e.g.
+    /// a Python plugin) rather than a core module.
+    pub fn is_component(&self) -> bool {
+        matches!(self.code, Code::Component(_))
+    }
+
     /// Whether this load compiled the module or read the disk cache.
     pub fn source(&self) -> LoadSource {
         self.source
@@ -100,29 +173,61 @@ impl Plugin {
         self.entries.get(key)
     }
 
-    /// A warm instance from the pool, or a new one.
+    /// A warm instance from the pool, or a new one. When every instance
+    /// slot of the runtime is taken (a Python instance takes 13 to 16),
+    /// waits for an instance to come back, up to [`POOL_WAIT`].
     pub(crate) async fn checkout(&self) -> Result<Warm> {
-        let pooled = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        if let Some(warm) = pooled {
-            return Ok(warm);
+        let deadline = std::time::Instant::now() + POOL_WAIT;
+        loop {
+            let pooled = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            if let Some(warm) = pooled {
+                return Ok(warm);
+            }
+            match self.instantiate().await {
+                Ok(warm) => return Ok(warm),
+                Err(e)
+                    if e.downcast_ref::<wasmtime::PoolConcurrencyLimitError>()
+                        .is_some()
+                        && std::time::Instant::now() < deadline =>
+                {
+                    // Slots free when instances come back here or are
+                    // dropped anywhere in the runtime: wake on the first,
+                    // poll for the second.
+                    let back = self.returned.notified();
+                    let _ = tokio::time::timeout(std::time::Duration::from_millis(20), back).await;
+                }
+                Err(e) => {
+                    return Err(Error::Engine(format!(
+                        "cannot instantiate plugin `{}`: {e:#}",
+                        self.name()
+                    )));
+                }
+            }
         }
+    }
+
+    async fn instantiate(&self) -> wasmtime::Result<Warm> {
         let config = &self.shared.config;
-        Warm::new(
-            &self.shared.engine,
-            &self.pre,
-            config.max_memory,
-            config.time_limit,
-        )
-        .await
-        .map_err(|e| Error::Engine(format!("cannot instantiate plugin `{}`: {e}", self.name())))
+        let (engine, memory, time) = (&self.shared.engine, config.max_memory, config.time_limit);
+        match &self.code {
+            Code::Core(pre) => CoreWarm::new(engine, pre, memory, time)
+                .await
+                .map(Warm::Core),
+            Code::Component(pre) => ComponentWarm::new(engine, pre, memory, time)
+                .await
+                .map(Warm::Component),
+        }
     }
 
     /// Returns a healthy instance to the pool (or drops it when the pool is
     /// full).
     pub(crate) fn checkin(&self, warm: Warm) {
-        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-        if pool.len() < self.shared.config.idle_instances {
-            pool.push(warm);
+        {
+            let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+            if pool.len() < self.shared.config.idle_instances {
+                pool.push(warm);
+            }
         }
+        self.returned.notify_one();
     }
 }

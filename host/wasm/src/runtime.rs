@@ -4,7 +4,7 @@
 
 use crate::instance::{CallCtx, Fault, StoreData};
 use crate::object::Object;
-use crate::plugin::{Entry, LoadSource, Plugin};
+use crate::plugin::{Code, Entry, LoadSource, Plugin, Target, Warm};
 use crate::{Error, GuestHost, Result, manifest};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -63,6 +63,9 @@ pub(crate) struct Shared {
 struct Inner {
     shared: Arc<Shared>,
     linker: Linker<StoreData>,
+    /// The linker of component plugins (WASI granting nothing, the
+    /// world's host interface).
+    component_linker: wasmtime::component::Linker<StoreData>,
     plugins: Mutex<HashMap<String, Arc<Plugin>>>,
     stop_ticker: Arc<AtomicBool>,
 }
@@ -96,19 +99,30 @@ impl Runtime {
     /// pooling allocator cannot reserve its memory).
     pub fn new(config: Config) -> Result<Runtime> {
         let mut wc = wasmtime::Config::new();
-        wc.epoch_interruption(true);
+        wc.epoch_interruption(true).wasm_component_model(true);
         if config.pooling {
             let mut pool = PoolingAllocationConfig::default();
             pool.total_core_instances(config.max_instances)
                 .total_memories(config.max_instances)
                 .total_tables(config.max_instances)
                 .total_stacks(config.max_instances)
-                .max_memory_size(config.max_memory);
+                .max_memory_size(config.max_memory)
+                // A Python component (CPython and its WASI adapter) is a
+                // few dozen core instances with their tables.
+                .total_component_instances(config.max_instances)
+                .max_core_instances_per_component(64)
+                .max_memories_per_component(8)
+                .max_tables_per_component(64)
+                .max_core_instance_size(16 << 20)
+                .max_component_instance_size(16 << 20)
+                .table_elements(1 << 16);
             wc.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         }
         let engine = Engine::new(&wc).map_err(|e| Error::Engine(format!("{e:#}")))?;
         let mut linker = Linker::new(&engine);
         crate::imports::define(&mut linker).map_err(|e| Error::Engine(format!("{e:#}")))?;
+        let component_linker =
+            crate::component::linker(&engine).map_err(|e| Error::Engine(format!("{e:#}")))?;
 
         let stop_ticker = Arc::new(AtomicBool::new(false));
         let (stop, ticking, tick) = (stop_ticker.clone(), engine.clone(), config.epoch_tick);
@@ -126,6 +140,7 @@ impl Runtime {
             inner: Arc::new(Inner {
                 shared: Arc::new(Shared { engine, config }),
                 linker,
+                component_linker,
                 plugins: Mutex::new(HashMap::new()),
                 stop_ticker,
             }),
@@ -171,15 +186,8 @@ impl Runtime {
                 Err(Error::DuplicatePlugin(manifest.name))
             };
         }
-        let (module, source) = self.compile(bytes, &sha256)?;
         let mut entries = HashMap::new();
         for e in &manifest.exports {
-            let export = wasmrpc_abi::protocol::export_name(e.kind, e.class.as_deref(), &e.name);
-            if module.get_export(&export).is_none() {
-                return Err(Error::InvalidModule(format!(
-                    "the manifest lists `{export}` but the module does not export it"
-                )));
-            }
             let key = match e.kind {
                 ExportKind::Function | ExportKind::AsyncFunction => e.name.clone(),
                 ExportKind::Constructor => format!("new:{}", e.name),
@@ -187,27 +195,49 @@ impl Runtime {
                     format!("method:{}.{}", e.class.as_deref().unwrap_or(""), e.name)
                 }
             };
-            entries.insert(
-                key,
-                Entry {
-                    export,
-                    kind: e.kind,
-                },
-            );
+            entries.insert(key, Entry { kind: e.kind });
         }
-        let pre = self
-            .inner
-            .linker
-            .instantiate_pre(&module)
-            .map_err(|e| Error::InvalidModule(format!("{e:#}")))?;
-        let plugin = Arc::new(Plugin::new(
-            manifest,
-            sha256,
-            source,
-            pre,
-            entries,
-            self.inner.shared.clone(),
-        ));
+        let shared = self.inner.shared.clone();
+        let plugin = if crate::component::is_component(bytes) {
+            let (component, source) = self.compile_component(bytes, &sha256)?;
+            let pre = self
+                .inner
+                .component_linker
+                .instantiate_pre(&component)
+                .map_err(|e| Error::InvalidModule(format!("{e:#}")))?;
+            let plugin = Arc::new(Plugin::new(
+                manifest,
+                sha256,
+                source,
+                Code::Component(pre),
+                entries,
+                shared,
+            ));
+            check_described(&plugin)?;
+            plugin
+        } else {
+            let (module, source) = self.compile(bytes, &sha256)?;
+            for e in &plugin_exports(&manifest) {
+                if module.get_export(e).is_none() {
+                    return Err(Error::InvalidModule(format!(
+                        "the manifest lists `{e}` but the module does not export it"
+                    )));
+                }
+            }
+            let pre = self
+                .inner
+                .linker
+                .instantiate_pre(&module)
+                .map_err(|e| Error::InvalidModule(format!("{e:#}")))?;
+            Arc::new(Plugin::new(
+                manifest,
+                sha256,
+                source,
+                Code::Core(pre),
+                entries,
+                shared,
+            ))
+        };
         let mut plugins = self.plugins();
         let plugin = plugins
             .entry(plugin.name().to_owned())
@@ -302,6 +332,43 @@ impl Runtime {
         Ok((module, LoadSource::Compiled))
     }
 
+    fn compile_component(
+        &self,
+        bytes: &[u8],
+        sha256: &[u8; 32],
+    ) -> Result<(wasmtime::component::Component, LoadSource)> {
+        use wasmtime::component::Component;
+        let engine = &self.inner.shared.engine;
+        let path = self.cache_path(sha256);
+        if let Some(path) = path.as_ref()
+            && let Ok(compiled) = std::fs::read(path)
+        {
+            // SAFETY: as for core modules in `compile`: only this runtime
+            // writes the file, named by the sha256 of the component's bytes
+            // and the engine's compatibility hash, and wasmtime checks the
+            // header.
+            match unsafe { Component::deserialize(engine, &compiled) } {
+                Ok(component) => return Ok((component, LoadSource::DiskCache)),
+                Err(e) => tracing::warn!("ignoring cached component {}: {e:#}", path.display()),
+            }
+        }
+        let component =
+            Component::new(engine, bytes).map_err(|e| Error::InvalidModule(format!("{e:#}")))?;
+        if let Some(path) = path {
+            let written = component
+                .serialize()
+                .map_err(|e| std::io::Error::other(format!("{e:#}")))
+                .and_then(|compiled| write_atomically(&compiled, &path));
+            if let Err(e) = written {
+                tracing::warn!(
+                    "cannot cache the compiled component at {}: {e}",
+                    path.display()
+                );
+            }
+        }
+        Ok((component, LoadSource::Compiled))
+    }
+
     /// Calls the plugin function `function` (plain or `async_execution`)
     /// and returns its result. The call runs on a warm pooled instance that
     /// it holds only while guest code runs; an async function's future is
@@ -332,14 +399,14 @@ impl Runtime {
                 name: function.to_owned(),
             });
         };
-        let input = encode_args(plugin, function, &args)?;
+        let kind = entry.kind;
         let mut warm = plugin.checkout().await?;
         let ctx = CallCtx::new(host.clone(), plugin.clone(), self.clone());
-        let outcome = warm.invoke(ctx, &entry.export, 0, &input).await;
+        let outcome = warm.invoke(ctx, Target::Function(function), &args).await;
         match outcome {
             Ok(outcome) => {
                 plugin.checkin(warm);
-                let is_async = entry.kind == ExportKind::AsyncFunction;
+                let is_async = kind == ExportKind::AsyncFunction;
                 finish(plugin.name(), function, is_async, outcome, &host).await
             }
             Err(fault) => Err(fault.into_error(plugin.name(), function)),
@@ -359,17 +426,16 @@ impl Runtime {
         args: CallArgs,
         host: Arc<dyn GuestHost>,
     ) -> Result<Object> {
-        let Some(entry) = plugin.entry(&format!("new:{class}")) else {
+        if plugin.entry(&format!("new:{class}")).is_none() {
             return Err(Error::NotFound {
                 plugin: plugin.name().to_owned(),
                 what: "class",
                 name: class.to_owned(),
             });
         };
-        let input = encode_args(plugin, class, &args)?;
         let mut warm = plugin.checkout().await?;
         let ctx = CallCtx::new(host.clone(), plugin.clone(), self.clone());
-        match warm.invoke(ctx, &entry.export, 0, &input).await {
+        match warm.invoke(ctx, Target::Constructor(class), &args).await {
             Ok(Outcome::Object(id)) => {
                 Ok(Object::new(self.clone(), plugin.clone(), class, id, warm))
             }
@@ -396,6 +462,12 @@ fn write_cache(module: &Module, path: &Path) -> std::io::Result<()> {
     let bytes = module
         .serialize()
         .map_err(|e| std::io::Error::other(format!("{e:#}")))?;
+    write_atomically(&bytes, path)
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename, so a
+/// reader never sees half a file.
+fn write_atomically(bytes: &[u8], path: &Path) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -408,12 +480,67 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-pub(crate) fn encode_args(plugin: &Plugin, function: &str, args: &CallArgs) -> Result<Vec<u8>> {
-    wasmrpc_abi::encode(args).map_err(|e| Error::Abi {
-        plugin: plugin.name().to_owned(),
-        function: function.to_owned(),
-        message: format!("cannot encode the arguments: {e}"),
-    })
+/// The core-module export names a manifest lists.
+fn plugin_exports(manifest: &manifest::Manifest) -> Vec<String> {
+    manifest
+        .exports
+        .iter()
+        .map(|e| wasmrpc_abi::protocol::export_name(e.kind, e.class.as_deref(), &e.name))
+        .collect()
+}
+
+/// The exports a component plugin describes itself with, from a new
+/// instance that then joins the pool.
+async fn describe(plugin: &Arc<Plugin>) -> Result<Vec<manifest::Export>> {
+    let mut warm = plugin.checkout().await?;
+    let Warm::Component(component) = &mut warm else {
+        return Err(Error::Engine(
+            "a component plugin made a core instance".into(),
+        ));
+    };
+    let exports = component
+        .describe()
+        .await
+        .map_err(|fault| fault.into_error(plugin.name(), "describe"))?;
+    plugin.checkin(warm);
+    Ok(exports)
+}
+
+/// Instantiates a component plugin once, checks that the manifest of its
+/// section is what the component describes itself as (so a section cannot
+/// promise exports the code lacks), and keeps the instance in the pool.
+fn check_described(plugin: &Arc<Plugin>) -> Result<()> {
+    // On a thread of its own with its own runtime: `load` is synchronous
+    // and may be called from inside a tokio runtime.
+    let described = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| {
+                        Error::Engine(format!("cannot start a runtime to load a component: {e}"))
+                    })?
+                    .block_on(describe(plugin))
+            })
+            .join()
+            .unwrap_or_else(|_| Err(Error::Engine("loading a component panicked".into())))
+    })?;
+    let mut listed = plugin.manifest().exports.clone();
+    let mut described = described;
+    let key = |e: &manifest::Export| (e.class.clone(), e.name.clone());
+    listed.sort_by_key(key);
+    described.sort_by_key(key);
+    if listed != described {
+        return Err(Error::InvalidModule(format!(
+            "the manifest of component `{}` lists {} exports that differ from the {} it \
+             describes itself with: rebuild it",
+            plugin.name(),
+            listed.len(),
+            described.len()
+        )));
+    }
+    Ok(())
 }
 
 /// Turns an outcome into the call's result, awaiting an async function's

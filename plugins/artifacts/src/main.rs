@@ -9,7 +9,7 @@
 
 use std::process::ExitCode;
 
-use wasmrpc_plugins::PLUGINS;
+use wasmrpc_plugins::{PLUGINS, PYTHON_PLUGINS};
 
 const HELP: &str = "\
 Prints where the plugins under plugins/ were built for wasm32 (building them first, through
@@ -23,6 +23,9 @@ Usage:
                                                (param_server)
   cargo run -q -p wasmrpc-plugins -- --dir     the folder holding every built plugin (for
                                                `wasmrpc launch --plugins`)
+  cargo run -q -p wasmrpc-plugins -- --python-dir
+                                               the folder holding the Python plugins under
+                                               plugins/python/, built into components
 ";
 
 /// The package name of the plugin a user means by `name`, in any of the
@@ -34,6 +37,7 @@ fn find(name: &str) -> Option<&'static (&'static str, &'static str)> {
         .replace('_', "-");
     PLUGINS
         .iter()
+        .chain(PYTHON_PLUGINS)
         .find(|(package, _)| package.strip_prefix("wasmrpc-plugin-").unwrap_or(package) == wanted)
 }
 
@@ -41,7 +45,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
         [] => {
-            for (package, path) in PLUGINS {
+            for (package, path) in PLUGINS.iter().chain(PYTHON_PLUGINS) {
                 println!("{package}\t{path}");
             }
             ExitCode::SUCCESS
@@ -60,6 +64,19 @@ fn main() -> ExitCode {
             }
             None => {
                 eprintln!("wasmrpc-plugins: no plugin was built (plugins/ has none)");
+                ExitCode::FAILURE
+            }
+        },
+        ["--python-dir"] => match PYTHON_PLUGINS
+            .first()
+            .and_then(|(_, p)| std::path::Path::new(p).parent())
+        {
+            Some(dir) => {
+                println!("{}", dir.display());
+                ExitCode::SUCCESS
+            }
+            None => {
+                eprintln!("wasmrpc-plugins: no Python plugin was built (plugins/python has none)");
                 ExitCode::FAILURE
             }
         },

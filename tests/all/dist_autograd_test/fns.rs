@@ -188,7 +188,7 @@ async fn rpc_tensor(agent: &RpcAgent, to: String, f: &str, a: Args) -> Result<Te
 }
 
 /// Registers everything the suite calls.
-pub(super) fn register(r: &FunctionRegistry) {
+pub(crate) fn register(r: &FunctionRegistry) {
     crate_support::register_all(r);
     super::optim::register(r);
     r.register_native("seed::my_py_add", |_c, a| async move {

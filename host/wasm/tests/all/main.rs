@@ -5,6 +5,7 @@ mod fake;
 mod functions;
 mod loading;
 mod objects;
+mod python;
 
 use fake::FakeHost;
 use std::future::Future;

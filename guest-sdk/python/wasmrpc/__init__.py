@@ -1,0 +1,117 @@
+"""wasmrpc's Python guest kit: write the functions a PyTorch RPC user
+already has, run them in a sandbox on any worker.
+
+```python
+from wasmrpc import remote, rpc, torch
+
+@remote
+def my_py_add(a, b):
+    return a + b
+
+@remote
+def nested_rpc(dst):
+    return rpc.rpc_sync(dst, torch.add, args=(torch.ones(2, 2), 1))
+```
+
+- `@remote` registers a function under its name (`NAMESPACE::my_py_add`);
+  `@remote(async_execution=True)` one that returns a `rpc.Future`.
+- `@remote_class` registers a class whose objects live in RRefs on their
+  owner (`rpc.remote(dst, "NAMESPACE::MyClass", args)`), methods called
+  through RRef proxies; `@async_execution` marks a method returning a
+  `Future`.
+- `Tensor` is a handle to a tensor of the worker; `a + b`, `a @ b`,
+  `a.sum()` and every `aten::` op by name run there, under the worker's op
+  policy. `wasmrpc.torch` has `torch.ones`, `torch.add`, ... by aten name.
+- Errors raised by the worker arrive as their Python classes (`ValueError`,
+  `RuntimeError`, `TimeoutError`, ...); a plugin's own `ValueError` reaches
+  its caller as a `ValueError`.
+- No pickle, files, network, environment or time of day: what a plugin can
+  do is what the world `guest-sdk/wit/plugin.wit` imports.
+
+Build with `wasmrpc plugin build-py DIR` (or `cargo xtask build-py DIR`).
+"""
+
+from . import dist_autograd, optim, profiler, progress, rpc, torch
+from ._registry import permissions
+from ._values import Record
+from .autograd import no_grad
+from .rpc import Future, RRef, WorkerInfo, get_worker_info
+from .state import get_global, lock, log, set_global, sleep
+from .tensor import Tensor
+
+__all__ = [
+    "Future",
+    "RRef",
+    "Record",
+    "Tensor",
+    "WorkerInfo",
+    "async_execution",
+    "dist_autograd",
+    "get_global",
+    "get_worker_info",
+    "lock",
+    "log",
+    "no_grad",
+    "optim",
+    "profiler",
+    "progress",
+    "permissions",
+    "remote",
+    "remote_class",
+    "rpc",
+    "set_global",
+    "sleep",
+    "torch",
+]
+
+from . import _registry
+
+
+def remote(fn=None, *, async_execution=False, name=None):
+    """Registers a function of the plugin, served as `NAMESPACE::name`."""
+
+    def register(f):
+        key = name or f.__name__
+        _registry.functions[key] = (f, bool(async_execution), _registry.params_of(f))
+        f.__wasmrpc_name__ = key
+        return f
+
+    return register(fn) if fn is not None else register
+
+
+def async_execution(fn):
+    """Marks a `@remote_class` method that returns a `Future` (the call
+    completes when it does), as `@rpc.functions.async_execution`."""
+    fn.__wasmrpc_async__ = True
+    return fn
+
+
+def remote_class(cls=None, *, name=None):
+    """Registers a class: `remote(dst, "NAMESPACE::Class", args)` makes an
+    object on `dst`; its public methods are served through RRef proxies,
+    one call at a time; its static and class methods also as functions
+    `Class.method`."""
+
+    def register(c):
+        key = name or c.__name__
+        methods = {}
+        for attr, member in vars(c).items():
+            if attr.startswith("_"):
+                continue
+            if isinstance(member, (staticmethod, classmethod)):
+                # Served as a function `Class.method`, and through proxies
+                # like any method.
+                f = member.__get__(None, c)
+                params = _registry.params_of(f)
+                _registry.functions[f"{key}.{attr}"] = (f, False, params)
+                methods[attr] = (False, params)
+            elif callable(member):
+                is_async = getattr(member, "__wasmrpc_async__", False)
+                methods[attr] = (is_async, _registry.params_of(member, skip_self=True))
+        init = c.__init__ if "__init__" in vars(c) else None
+        ctor = _registry.params_of(init, skip_self=True) if init else []
+        _registry.classes[key] = (c, ctor, methods)
+        c.__wasmrpc_name__ = key
+        return c
+
+    return register(cls) if cls is not None else register

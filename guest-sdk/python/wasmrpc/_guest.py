@@ -1,0 +1,167 @@
+"""The world's `guest` exports: calls arrive here by name, run the
+registered Python function, method or constructor, and go back as an
+outcome; a Python exception goes back as its class and message."""
+
+import sys
+
+from . import _host, _registry, _scope, _values
+from .rpc import Future
+from .state import log
+
+try:
+    from wit_world.exports import guest
+except ImportError:  # an ordinary Python (the build reading the manifest)
+    guest = None
+
+# Exception classes a caller can rebuild (the world's error kinds).
+_KINDS = {cls.__name__: kind for kind, cls in _host.ERROR_CLASSES.items()}
+
+_objects = {}
+_next_object = [1]
+
+
+def error_record(error):
+    """The world `remote-error` of a Python exception: its class when the
+    caller can rebuild it, else the `RuntimeError` PyTorch raises when it
+    cannot (naming the original class and message)."""
+    _, types = _host.bindings()
+    cls = type(error).__name__
+    if isinstance(error, KeyError) and len(error.args) == 1:
+        message = str(error.args[0])
+    else:
+        message = str(error)
+    kind = _KINDS.get(cls)
+    if kind is None:
+        known = ", ".join(c.__name__ for c in _host.ERROR_CLASSES.values())
+        message = (
+            f"Failed to create original exception type. Error msg was {cls} is not an "
+            f"exception class RPC can rebuild (one of {known}). Original exception on "
+            f"remote side was {cls}: {message}"
+        )
+        kind = "RUNTIME_ERROR"
+    return types.RemoteError(getattr(types.ErrorKind, kind), message)
+
+
+def _decode(args):
+    _, types = _host.bindings()
+    positional = [_values.from_nodes(a, types) for a in args.args]
+    keywords = {k: _values.from_nodes(v, types) for k, v in args.kwargs}
+    return positional, keywords
+
+
+def _outcome(result, is_async):
+    _, types = _host.bindings()
+    if is_async and isinstance(result, Future):
+        return guest.Outcome_Future(result._moved_handle())
+    return guest.Outcome_Returned(_values.to_nodes(result, types, move=True))
+
+
+def _run(scope, fn, args, is_async, end_scope):
+    prev, _scope.current = _scope.current, scope
+    try:
+        positional, keywords = _decode(args)
+        return _outcome(fn(*positional, **keywords), is_async)
+    except BaseException as e:  # noqa: BLE001 (every error goes back to the caller)
+        return guest.Outcome_Raised(error_record(e))
+    finally:
+        _scope.current = prev
+        if end_scope:
+            scope.alive = False
+
+
+def _construct(cls, args):
+    """Makes an object of `cls`; it keeps its scope (its handles) until it
+    is dropped."""
+    scope = _scope.Scope()
+    prev, _scope.current = _scope.current, scope
+    try:
+        positional, keywords = _decode(args)
+        obj = cls(*positional, **keywords)
+    except BaseException as e:  # noqa: BLE001 (the error goes back to the caller)
+        scope.alive = False
+        return guest.Outcome_Raised(error_record(e))
+    finally:
+        _scope.current = prev
+    oid = _next_object[0]
+    _next_object[0] += 1
+    _objects[oid] = (scope, obj)
+    return guest.Outcome_Object(oid)
+
+
+class Guest:
+    """The implementation of the world's `guest` interface."""
+
+    def describe(self):
+        """The manifest."""
+        m = _registry.describe()
+        kinds = {
+            "function": guest.ExportKind.FUNCTION,
+            "async-function": guest.ExportKind.ASYNC_FUNCTION,
+            "constructor": guest.ExportKind.CONSTRUCTOR,
+            "method": guest.ExportKind.METHOD,
+            "async-method": guest.ExportKind.ASYNC_METHOD,
+        }
+        exports = [
+            guest.Export(e["name"], kinds[e["kind"]], e["class"], e["params"]) for e in m["exports"]
+        ]
+        return guest.Manifest(m["name"], m["version"], exports, m["ops"], m["calls"])
+
+    def call(self, name, args):
+        """Runs the function `name`, or constructs an object of class `name`."""
+        if name in _registry.functions:
+            fn, is_async, _ = _registry.functions[name]
+            return _run(_scope.Scope(), fn, args, is_async, end_scope=True)
+        if name in _registry.classes:
+            return _construct(_registry.classes[name][0], args)
+        _, types = _host.bindings()
+        return guest.Outcome_Raised(
+            types.RemoteError(types.ErrorKind.ATTRIBUTE_ERROR, f"no function or class `{name}`")
+        )
+
+    def call_method(self, object, class_, method, args):  # noqa: A002 (the world's name)
+        """Runs `method` on object `object`."""
+        _, types = _host.bindings()
+        entry = _objects.get(object)
+        methods = _registry.classes.get(class_, (None, None, {}))[2]
+        if entry is None or method not in methods:
+            return guest.Outcome_Raised(
+                types.RemoteError(
+                    types.ErrorKind.ATTRIBUTE_ERROR,
+                    f"'{class_}' object has no attribute '{method}'",
+                )
+            )
+        scope, obj = entry
+        return _run(scope, getattr(obj, method), args, methods[method][0], end_scope=False)
+
+    def drop_object(self, object, class_):  # noqa: A002 (the world's name)
+        """Destroys object `object`; its handles are released by the host."""
+        entry = _objects.pop(object, None)
+        if entry is not None:
+            entry[0].alive = False
+
+
+class _LogWriter:
+    """`print` inside a plugin: each line goes to the worker's log (the
+    component's own stdout and stderr go nowhere)."""
+
+    def __init__(self, level):
+        self._level = level
+        self._buffer = ""
+
+    def write(self, text):
+        self._buffer += text
+        while "\n" in self._buffer:
+            line, self._buffer = self._buffer.split("\n", 1)
+            try:
+                log(line, level=self._level)
+            except Exception:  # noqa: BLE001 (outside a call there is no log)
+                pass
+        return len(text)
+
+    def flush(self):
+        """Lines are written as they end."""
+
+
+if sys.platform == "wasi":
+    sys.stdout = _LogWriter("info")
+    sys.stderr = _LogWriter("warn")

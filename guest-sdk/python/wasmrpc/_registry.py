@@ -1,0 +1,66 @@
+"""What a plugin exports: the functions and classes its decorators
+registered, and the manifest that describes them."""
+
+import inspect
+
+# The plugin's identity, set by the build's entry module before the
+# plugin's own module is imported.
+plugin = {"name": None, "version": "0.1.0", "ops": [], "calls": []}
+
+functions = {}
+"""Function name -> (callable, is_async, parameter names)."""
+
+classes = {}
+"""Class name -> (class, constructor parameters, {method: (is_async, params)})."""
+
+
+def configure(name, version="0.1.0"):
+    """Names the plugin (the build calls it)."""
+    plugin["name"] = name
+    plugin["version"] = version
+
+
+def permissions(ops=(), calls=()):
+    """Declares ops beyond the worker's families and other plugins'
+    functions this plugin asks to call (as `wasmrpc_guest::permissions!`)."""
+    plugin["ops"].extend(o for o in ops if o not in plugin["ops"])
+    plugin["calls"].extend(c for c in calls if c not in plugin["calls"])
+
+
+def params_of(fn, skip_self=False):
+    """Parameter names in order (without `self`, `*args`, `**kwargs`)."""
+    params = [
+        p.name
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    return params[1:] if skip_self and params else params
+
+
+def exports():
+    """Every export as `(name, kind, class, params)`, kind one of
+    `function`, `async-function`, `constructor`, `method`, `async-method`."""
+    out = []
+    for name, (_, is_async, params) in functions.items():
+        out.append((name, "async-function" if is_async else "function", None, params))
+    for cname, (_, ctor_params, methods) in classes.items():
+        out.append((cname, "constructor", cname, ctor_params))
+        for m, (is_async, params) in methods.items():
+            out.append((m, "async-method" if is_async else "method", cname, params))
+    return out
+
+
+def describe():
+    """The manifest as plain data (what the build writes into the
+    component, and what the component's `describe` returns)."""
+    if not plugin["name"]:
+        raise RuntimeError("the plugin has no name: build it with `wasmrpc plugin build-py`")
+    return {
+        "name": plugin["name"],
+        "version": plugin["version"],
+        "exports": [
+            {"name": n, "kind": k, "class": c, "params": p} for n, k, c, p in exports()
+        ],
+        "ops": list(plugin["ops"]),
+        "calls": list(plugin["calls"]),
+    }

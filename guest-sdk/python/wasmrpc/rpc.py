@@ -1,0 +1,234 @@
+"""`torch.distributed.rpc` for plugins: `rpc_sync`, `rpc_async`, `remote`,
+`RRef`, `get_worker_info`, and `torch.futures.Future`.
+
+`func` is a registered name: an aten op (`"aten::add"`, or `torch.add`
+from `wasmrpc.torch`), a function of another plugin (`"seed_fns::f"`), or
+a bare name for this plugin's own function (`"my_add"`, or the decorated
+function itself)."""
+
+from . import _host, _scope
+
+
+class WorkerInfo:
+    """A worker's rank (`id`) and name."""
+
+    __slots__ = ("id", "name")
+
+    def __init__(self, id, name):  # noqa: A002 (PyTorch's field name)
+        self.id = id
+        self.name = name
+
+    def __eq__(self, other):
+        return isinstance(other, WorkerInfo) and (self.id, self.name) == (other.id, other.name)
+
+    def __hash__(self):
+        return hash((self.id, self.name))
+
+    def __repr__(self):
+        return f"WorkerInfo(id={self.id}, name={self.name})"
+
+
+def _to(to):
+    return to.name if isinstance(to, WorkerInfo) else str(to)
+
+
+def _func(func):
+    if isinstance(func, str):
+        return func
+    name = getattr(func, "__wasmrpc_name__", None)
+    if name is None:
+        raise TypeError(
+            f"{func!r} is not a registered function: pass its name, a @remote function "
+            "of this plugin, or an op of wasmrpc.torch"
+        )
+    return name
+
+
+def _handle_kind(name):
+    _, types = _host.bindings()
+    return getattr(types.HandleKind, name)
+
+
+def _mode(name):
+    _, types = _host.bindings()
+    return getattr(types.RpcMode, name)
+
+
+def rpc_sync(to, func, args=None, kwargs=None, timeout=None):
+    """Runs `func(*args, **kwargs)` on worker `to` and returns its result."""
+    call = _host.call_args(tuple(args or ()), dict(kwargs or {}))
+    nodes = _host.call("rpc_sync", _to(to), _func(func), call, _timeout(timeout))
+    return _host.from_value(nodes)
+
+
+def rpc_async(to, func, args=None, kwargs=None, timeout=None):
+    """Starts `func(*args, **kwargs)` on worker `to`; returns a `Future`."""
+    call = _host.call_args(tuple(args or ()), dict(kwargs or {}))
+    h = _host.call("rpc_handle", _mode("ASYNC"), _to(to), _func(func), call, _timeout(timeout))
+    return Future._own(h)
+
+
+def remote(to, func, args=None, kwargs=None, timeout=None):
+    """Runs `func(*args, **kwargs)` on worker `to`, keeping the result there;
+    returns an `RRef` to it."""
+    call = _host.call_args(tuple(args or ()), dict(kwargs or {}))
+    h = _host.call("rpc_handle", _mode("REMOTE"), _to(to), _func(func), call, _timeout(timeout))
+    return RRef._own(h)
+
+
+def _timeout(timeout):
+    return None if timeout is None or timeout < 0 else float(timeout)
+
+
+def get_worker_info(worker_name=None):
+    """This worker's `WorkerInfo`, or that of `worker_name`."""
+    w = _host.call("get_worker_info", worker_name)
+    return WorkerInfo(w.id, w.name)
+
+
+class _Handle:
+    """A handle of the worker's tables, released when collected while the
+    call that made it runs."""
+
+    __slots__ = ("_h", "_scope", "__weakref__")
+    _KIND = None
+
+    @classmethod
+    def _own(cls, handle):
+        o = object.__new__(cls)
+        o._h = handle
+        o._scope = _scope.current
+        return o
+
+    def _handle(self):
+        if self._h is None or (self._scope is not None and not self._scope.alive):
+            raise RuntimeError(f"this {type(self).__name__} belongs to a call that has ended")
+        return self._h
+
+    def _moved_handle(self):
+        return _host.call("dup", _handle_kind(self._KIND), self._handle())
+
+    def __del__(self):
+        h, scope = getattr(self, "_h", None), getattr(self, "_scope", None)
+        if h is not None and scope is not None and scope.alive:
+            self._h = None
+            try:
+                _host.call("drop_handle", _handle_kind(self._KIND), h)
+            except Exception:  # noqa: BLE001 (the call may be ending)
+                pass
+
+
+class RRef(_Handle):
+    """A reference to a value owned by some worker."""
+
+    __slots__ = ()
+    _KIND = "RREF"
+
+    def __init__(self, value):
+        """`RRef(value)`: a local RRef owning `value`."""
+        self._h = _host.call("rref_new", _host.value(value))
+        self._scope = _scope.current
+
+    def to_here(self, timeout=None):
+        """The value, fetched from its owner."""
+        return _host.from_value(_host.call("rref_to_here", self._handle()))
+
+    def local_value(self):
+        """The value, on its owner."""
+        if not self.is_owner():
+            raise RuntimeError("Call it on owner")
+        return self.to_here()
+
+    def owner(self):
+        """The owner's `WorkerInfo`."""
+        w = _host.call("rref_owner", self._handle())
+        return WorkerInfo(w.id, w.name)
+
+    def owner_name(self):
+        """The owner's name."""
+        return self.owner().name
+
+    def is_owner(self):
+        """Whether this worker owns the value."""
+        return _host.call("rref_is_owner", self._handle())
+
+    def confirmed_by_owner(self):
+        """Whether the owner knows of this user."""
+        return _host.call("rref_confirmed", self._handle())
+
+    def rpc_sync(self, timeout=None):
+        """A proxy: `rref.rpc_sync().method(*args)` runs on the owner."""
+        return _Proxy(self, "SYNC", timeout)
+
+    def rpc_async(self, timeout=None):
+        """A proxy whose calls return `Future`s."""
+        return _Proxy(self, "ASYNC", timeout)
+
+    def remote(self, timeout=None):
+        """A proxy whose calls return `RRef`s."""
+        return _Proxy(self, "REMOTE", timeout)
+
+
+class _Proxy:
+    def __init__(self, rref, mode, timeout):
+        self._rref, self._mode, self._timeout = rref, mode, _timeout(timeout)
+
+    def __getattr__(self, method):
+        def call(*args, **kwargs):
+            a = _host.call_args(args, kwargs)
+            h = self._rref._handle()
+            if self._mode == "SYNC":
+                return _host.from_value(_host.call("rref_call_sync", h, method, a, self._timeout))
+            out = _host.call("rref_call_handle", h, _mode(self._mode), method, a, self._timeout)
+            return Future._own(out) if self._mode == "ASYNC" else RRef._own(out)
+
+        return call
+
+
+class Future(_Handle):
+    """`torch.futures.Future`: the result of an `rpc_async`, or one of your
+    own to complete with `set_result`."""
+
+    __slots__ = ()
+    _KIND = "FUTURE"
+
+    def __init__(self):
+        self._h = _host.call("future_new")
+        self._scope = _scope.current
+
+    @classmethod
+    def shared(cls, key, take=False):
+        """The worker-wide future named `key` (one per plugin and worker),
+        made unset on first use, so one call can complete what others wait
+        on; with `take`, the name is forgotten after this handle."""
+        return cls._own(_host.call("future_shared", str(key), bool(take)))
+
+    def wait(self):
+        """The result; raises the call's error."""
+        return _host.from_value(_host.call("future_wait", self._handle()))
+
+    def done(self):
+        """Whether it completed."""
+        return _host.call("future_done", self._handle())
+
+    def set_result(self, result):
+        """Completes it with `result`."""
+        _host.call("future_set", self._handle(), _host.Ok(_host.value(result)))
+
+    def set_exception(self, error):
+        """Completes it with `error`."""
+        _host.call("future_set", self._handle(), _host.Err(_remote_error(error)))
+
+    def then(self, callback, *extra):
+        """A future of `callback(value, *extra)`, where `callback` is a
+        `@remote` function of this plugin (or its name)."""
+        name = _func(callback).rsplit("::", 1)[-1]
+        values = [_host.value(v) for v in extra]
+        return Future._own(_host.call("future_then", self._handle(), name, values))
+
+
+def _remote_error(error):
+    """The world `remote-error` of a Python exception."""
+    from ._guest import error_record
+
+    return error_record(error)
