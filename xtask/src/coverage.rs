@@ -129,10 +129,11 @@ pub(crate) fn regenerate(root: &Path) -> Result<Report> {
         let listed = not_applicable
             .get(&(s.file.clone(), s.suite.clone(), s.test.clone()))
             .cloned();
-        // A python-only seed test never gets a port; any other seed test
-        // listed in the table has no port by decision (e.g. what Rust's
-        // types rule out), unless a test of its name exists after all.
-        let status = if s.port == "python-only" {
+        // A python-only seed test has no port unless a natural equivalent
+        // was found (a test of its name exists); any other seed test listed
+        // in the table has no port by decision (e.g. what Rust's types rule
+        // out), unless a test of its name exists after all.
+        let status = if s.port == "python-only" && !defined.contains(&s.test) {
             Status::NotApplicable(listed.unwrap_or_else(|| {
                 "python-only (reason missing from tests/support/not_applicable.tsv)".into()
             }))
