@@ -117,17 +117,19 @@ fn run_tests(root: &Path, nextest_args: &[String]) -> Result<()> {
     args.extend(nextest_args.iter().map(String::as_str));
     let tests = process::cargo(root, &args);
 
+    // A filter, not `-p`: the same build as the run above, so nothing is
+    // compiled again for other features.
     process::step(
         "the ported suites again over TLS (WASMRPC_TEST_TLS=1 cargo nextest run --profile ci-tls \
-         -p wasmrpc-tests)",
+         -E 'package(wasmrpc-tests)')",
     );
     let mut args = vec![
         "nextest",
         "run",
         "--profile",
         "ci-tls",
-        "-p",
-        "wasmrpc-tests",
+        "-E",
+        "package(wasmrpc-tests)",
     ];
     args.extend(nextest_args.iter().map(String::as_str));
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
