@@ -109,30 +109,36 @@ fn ensure_stub_args(args: &InitArgs) -> wasmrpc::Result<()> {
     }
 }
 
+/// Every rank's `init_rpc` with `FooBackendOptions` on `backend` fails with
+/// a `TypeError` containing `text`.
+async fn every_rank_refuses_foo_options(
+    backend: Option<&backend_registry::BackendType>,
+    text: &str,
+) -> anyhow::Result<()> {
+    let store = fresh_store();
+    for rank in 0..WORLD_SIZE {
+        let e = backend_registry::init_rpc_backend(
+            &worker_name(rank),
+            backend,
+            Some(rank),
+            Some(WORLD_SIZE),
+            store.clone(),
+            Some(Box::new(FooBackendOptions {
+                init_method: "env://".into(),
+            })),
+        )
+        .await;
+        expect_err(e, ErrorKind::TypeError, text)?;
+    }
+    Ok(())
+}
+
 #[test]
 fn test_cannot_infer_backend_from_options() {
-    timed(async {
-        let store = fresh_store();
-        for rank in 0..WORLD_SIZE {
-            let e = backend_registry::init_rpc_backend(
-                &worker_name(rank),
-                None,
-                Some(rank),
-                Some(WORLD_SIZE),
-                store.clone(),
-                Some(Box::new(FooBackendOptions {
-                    init_method: "env://".into(),
-                })),
-            )
-            .await;
-            expect_err(
-                e,
-                ErrorKind::TypeError,
-                "Could not infer backend for options",
-            )?;
-        }
-        Ok(())
-    });
+    timed(every_rank_refuses_foo_options(
+        None,
+        "Could not infer backend for options",
+    ));
 }
 
 #[test]
@@ -140,26 +146,11 @@ fn test_mismatched_type_for_options() {
     timed(async {
         let tensorpipe = backend_registry::backend(TENSORPIPE)
             .ok_or_else(|| anyhow::anyhow!("{TENSORPIPE} is not registered"))?;
-        let store = fresh_store();
-        for rank in 0..WORLD_SIZE {
-            let e = backend_registry::init_rpc_backend(
-                &worker_name(rank),
-                Some(&tensorpipe),
-                Some(rank),
-                Some(WORLD_SIZE),
-                store.clone(),
-                Some(Box::new(FooBackendOptions {
-                    init_method: "env://".into(),
-                })),
-            )
-            .await;
-            expect_err(
-                e,
-                ErrorKind::TypeError,
-                "`rpc_backend_options` must be a `TensorPipeRpcBackendOptions`",
-            )?;
-        }
-        Ok(())
+        every_rank_refuses_foo_options(
+            Some(&tensorpipe),
+            "`rpc_backend_options` must be a `TensorPipeRpcBackendOptions`",
+        )
+        .await
     });
 }
 
