@@ -93,7 +93,8 @@ impl Args {
 /// What a plain function or method may return: a value, or a `Result` of one.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be returned from a remote function",
-    note = "return a type that implements `IntoValue`, or a `Result` of one whose error converts into `wasmrpc_guest::Error`"
+    note = "return a type that implements `IntoValue`, or a `Result` of one whose error converts into `wasmrpc_guest::Error`",
+    note = "a `Future` is not a value (PyTorch: \"Can not pickle torch.futures.Future\"): return it from a `#[remote(async_execution)]` function, which completes with its value"
 )]
 pub trait IntoOutcome {
     /// The outcome to send to the host.

@@ -44,6 +44,11 @@ pub trait IntoValue {
 
 /// A type a plugin can send to the host as an argument: the value borrows
 /// its handles.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be sent as a value",
+    note = "send a type that implements `ToValue`: numbers, bool, strings, Vec<T>, Option<T>, tuples, Tensor, RRef, AnyValue, Value",
+    note = "a `Future` is not a value (PyTorch: \"Can not pickle torch.futures.Future\"): wait for it and send its result"
+)]
 pub trait ToValue {
     /// Converts into a value whose handles are borrowed from `self`.
     fn to_value(&self) -> Value;

@@ -116,8 +116,10 @@ impl Future {
     /// Chains a callback (`fut.then(...)`): when this future completes with
     /// `v`, the host calls this plugin's `#[remote]` function
     /// `function(v, *extra)` on a pooled instance, and the returned future
-    /// completes with its result. An error skips the callback and passes
-    /// through.
+    /// completes with its result. An error of this future skips the
+    /// callback and passes through; an error the callback raises completes
+    /// the returned future as a `RuntimeError` with its message (as a
+    /// `torch.futures` callback's exception does).
     ///
     /// The callback is part of this call: it sees the same handles, so a
     /// future this call made and passes by its [`handle`](Self::handle) (as

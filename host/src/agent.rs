@@ -80,7 +80,8 @@ pub use extension::{
     OutgoingCall, Request, Run, ServeScope,
 };
 pub use future::{
-    Future, collect_all, collected_futures, wait_all, wait_all_blocking, wait_all_scope,
+    FUTURE_PICKLE, Future, collect_all, collected_futures, wait_all, wait_all_blocking,
+    wait_all_scope,
 };
 pub use message::{CALL, Field, Fields, Message, RESPONSE};
 pub use options::{

@@ -14,7 +14,7 @@ def to_nodes(obj, types, move=False):
 
 def _push(obj, types, nodes, move, depth):
     from .tensor import Tensor
-    from .rpc import RRef, WorkerInfo
+    from .rpc import Future, RRef, WorkerInfo
 
     if depth > 128:
         raise ValueError("a value nested deeper than 128 levels")
@@ -61,6 +61,11 @@ def _push(obj, types, nodes, move, depth):
     elif isinstance(obj, Record):
         fields = [(k, _push(v, types, nodes, move, depth + 1)) for k, v in obj._fields.items()]
         node = types.Node_Record(types.RecordNode(obj._name, fields))
+    elif isinstance(obj, Future):
+        # A future is a handle to a call in progress on this worker, not a
+        # value: PyTorch refuses it with the same error, as an argument or
+        # as the result of a function that is not `async_execution`.
+        raise RuntimeError("Can not pickle torch.futures.Future")
     else:
         raise TypeError(f"cannot send a value of type {type(obj).__name__} over RPC")
     nodes[at] = node
@@ -96,7 +101,7 @@ def from_nodes(nodes, types):
 
 def _build(nodes, at, types):
     from .tensor import Tensor
-    from .rpc import RRef, WorkerInfo
+    from .rpc import Future, RRef, WorkerInfo
 
     n = nodes[at]
 

@@ -221,7 +221,9 @@ class Future(_Handle):
 
     def then(self, callback, *extra):
         """A future of `callback(value, *extra)`, where `callback` is a
-        `@remote` function of this plugin (or its name)."""
+        `@remote` function of this plugin (or its name). An exception the
+        callback raises fails the returned future as a `RuntimeError` with
+        its message."""
         name = _func(callback).rsplit("::", 1)[-1]
         values = [_host.value(v) for v in extra]
         return Future._own(_host.call("future_then", self._handle(), name, values))

@@ -37,6 +37,19 @@ pub struct Future {
     inner: Arc<Inner>,
 }
 
+/// PyTorch's refusal of a future sent as a value.
+pub const FUTURE_PICKLE: &str = "Can not pickle torch.futures.Future";
+
+/// A future is a call in progress on this process, never a value: it is
+/// not a [`Payload`] (an argument or a result cannot hold one, which the
+/// compiler checks), and serde, the counterpart of Python's pickler, is
+/// refused with PyTorch's text.
+impl serde::Serialize for Future {
+    fn serialize<S: serde::Serializer>(&self, _: S) -> std::result::Result<S::Ok, S::Error> {
+        Err(serde::ser::Error::custom(FUTURE_PICKLE))
+    }
+}
+
 impl std::fmt::Debug for Future {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Future")
@@ -453,6 +466,13 @@ mod tests {
             assert_eq!(f.wait_blocking().unwrap_err().message(), "Expected error");
         }
         assert!(f.done());
+    }
+
+    #[test]
+    fn a_future_is_not_serialized() {
+        let e = serde_json::to_string(&Future::new()).unwrap_err();
+        assert_eq!(e.to_string(), FUTURE_PICKLE);
+        assert!(postcard::to_allocvec(&Future::new()).is_err());
     }
 
     #[test]

@@ -288,7 +288,8 @@ pub(crate) async fn release(host: &Arc<dyn GuestHost>, value: &Value) {
 }
 
 /// `FutureThen`: a new future that completes with `function(v, *extra)`
-/// once `future` completes with `v`, or with `future`'s error.
+/// once `future` completes with `v` (a `RuntimeError` with the callback's
+/// message if it fails), or with `future`'s error.
 ///
 /// The callback runs with the chaining call's own [`GuestHost`], so every
 /// handle that call holds is valid in it: a guest passes a future it made
@@ -329,10 +330,17 @@ async fn then(
                     args,
                     kwargs: Vec::new(),
                 };
+                // An error the callback raises becomes a `RuntimeError`
+                // with its message, as in the host's `Future::then` and
+                // `torch.futures` (the parent's own error, below, passes
+                // through unchanged).
                 runtime
                     .call(&plugin, &function, args, host.clone())
                     .await
-                    .map_err(RemoteError::from)
+                    .map_err(|e| {
+                        let e = RemoteError::from(e);
+                        RemoteError::new(ErrorKind::RuntimeError, e.message)
+                    })
             }
             Err(e) => {
                 for v in &extra {

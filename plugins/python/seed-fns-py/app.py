@@ -183,6 +183,37 @@ def nested_udf(dst, n):
 
 
 @remote
+def return_future():
+    """The seed's `return_future()`: a function that is not
+    `async_execution` returns a `Future`, which cannot be its result."""
+    from wasmrpc import Future
+
+    return Future()
+
+
+@remote
+def fail_on_fut(fut):
+    pass
+
+
+@remote
+def pickle_future(dst):
+    """`test_pickle_future`'s body: a `Future` as the argument of `rpc_sync`,
+    `rpc_async` and `remote`; the error each call raises, as
+    `(class name, message)`, or `("no error", "")`."""
+    from wasmrpc import Future
+
+    raised = []
+    for call in (rpc.rpc_sync, rpc.rpc_async, rpc.remote):
+        try:
+            call(dst, fail_on_fut, args=(Future(),))
+            raised.append(("no error", ""))
+        except Exception as e:  # noqa: BLE001 (the test inspects any error)
+            raised.append((type(e).__name__, str(e)))
+    return raised
+
+
+@remote
 def no_op():
     """The bench's round trip of a Python function that does nothing."""
     return None

@@ -498,10 +498,32 @@ fn async_add_chained_multi(to: String, x: Num, num: i64, step: Num) -> Result<Fu
     Ok(fut)
 }
 
-/// The `then` callback of `async_add_chained`: `value + z`.
+/// The `then` callback of `async_add_chained`: `value + z`, typed at run
+/// time as Python's `+` is: anything but numbers and tensors fails with
+/// Python's "unsupported operand type(s) for +: 'A' and 'B'" `TypeError`.
 #[remote]
-fn _add_then(value: Num, z: Num) -> Result<Num> {
-    value.add(&z)
+fn _add_then(value: AnyValue, z: AnyValue) -> Result<Num> {
+    let is_num =
+        |v: &AnyValue| matches!(v.get(), Value::Int(_) | Value::Float(_) | Value::Tensor(_));
+    if !is_num(&value) || !is_num(&z) {
+        // The values (and the handles in them) are released on drop.
+        return Err(Error::type_error(format!(
+            "unsupported operand type(s) for +: '{}' and '{}'",
+            value.get().type_name(),
+            z.get().type_name()
+        )));
+    }
+    let a = Num::from_value(value.into_inner())?;
+    a.add(&Num::from_value(z.into_inner())?)
+}
+
+/// `test_callback_wrong_arg_type`'s `fut0.then(lambda x: x + 1)` on
+/// `rpc_async(to, torch.add, (ones(2, 2), 1))`, where the callback is given
+/// what it cannot add to (a `str`; in the seed, the future itself): the
+/// returned future fails with the callback's error as a `RuntimeError`.
+#[remote(async_execution)]
+fn callback_wrong_arg_type(to: String) -> Result<Future> {
+    rpc_async(&to, "aten::add", (Tensor::ones(&[2, 2])?, 1i64))?.then("_add_then", ("1",))
 }
 
 /// `async_add_nested(to, x, y, z)`: an async function calling another one,

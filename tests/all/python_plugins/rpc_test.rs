@@ -660,3 +660,69 @@ fn python_shared_futures_profiling_ranges_and_progress() {
         expect_tensor(&sum, &(ones(&[2]) * 2))
     });
 }
+
+// ------------------------------------------- O: futures are not values
+
+const PICKLE_FUTURE: &str = "Can not pickle torch.futures.Future";
+
+/// The seed's three calls, made by the Python plugin on `w.dst()`'s side:
+/// a `Future` as the argument of `rpc_sync`, `rpc_async` and `remote`
+/// raises `RuntimeError` at call time. (A Rust guest cannot write these
+/// calls: `guest-sdk/macros/tests/ui/pickle_future.rs`.)
+#[test]
+fn test_pickle_future() {
+    dist(|w| async move {
+        let raised = w
+            .agent
+            .rpc_sync(
+                w.dst(),
+                "seed_fns_py::pickle_future",
+                args![worker_name((w.rank + 2) % w.world_size)],
+            )
+            .await?
+            .items()?;
+        ensure!(raised.len() == 3, "{raised:?}");
+        for (call, r) in ["rpc_sync", "rpc_async", "remote"].iter().zip(&raised) {
+            let r = r.items()?;
+            ensure!(
+                r[0].as_str()? == "RuntimeError" && r[1].as_str()?.contains(PICKLE_FUTURE),
+                "{call} with a Future argument raised {r:?}"
+            );
+        }
+        Ok(())
+    });
+}
+
+/// `return_future()`, not `async_execution`, returns a `Future`: the call
+/// fails with `RuntimeError` in `mode`. (A Rust guest cannot write the
+/// function: `guest-sdk/macros/tests/ui/return_future.rs`.)
+async fn return_future_in_mode(w: &Worker, mode: &str) -> anyhow::Result<()> {
+    let f = "seed_fns_py::return_future";
+    let r = match mode {
+        "sync" => w.agent.rpc_sync(w.dst(), f, args![]).await,
+        "async" => w.agent.rpc_async(w.dst(), f, args![]).wait().await,
+        _ => {
+            w.agent
+                .remote(w.dst(), f, args![])?
+                .to_here(&w.agent, None)
+                .await
+        }
+    };
+    expect_err(r, ErrorKind::RuntimeError, PICKLE_FUTURE)?;
+    Ok(())
+}
+
+#[test]
+fn test_return_future() {
+    dist(|w| async move { return_future_in_mode(&w, "sync").await });
+}
+
+#[test]
+fn test_return_future_async() {
+    dist(|w| async move { return_future_in_mode(&w, "async").await });
+}
+
+#[test]
+fn test_return_future_remote() {
+    dist(|w| async move { return_future_in_mode(&w, "remote").await });
+}
