@@ -133,8 +133,8 @@ pub use plugin::{
 };
 pub use remote_module::RemoteModule;
 pub use rref::{
-    GloballyUniqueId, RREF_PICKLE_OUTSIDE_RPC, RRef, RRefId, RRefMessage, RRefProxy, RRefProxyMode,
-    Remote, rref_debug_info_function,
+    GloballyUniqueId, OBJECT_STATE_METHOD, RREF_PICKLE_OUTSIDE_RPC, RRef, RRefId, RRefMessage,
+    RRefProxy, RRefProxyMode, Remote, rref_debug_info_function,
 };
 pub use tensor::budget::{TensorMemoryBudget, machine_memory, parse_bytes};
 pub use transport::{CertificateAuthority, FaultInjection, MessageKind, TlsCredentials};

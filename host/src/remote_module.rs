@@ -141,6 +141,28 @@ pub struct RemoteModule {
     is_scriptable: bool,
     generated_methods: Vec<String>,
     module_rref: RRef,
+    /// Attributes set on this handle (`setattr(remote_module, name, v)`):
+    /// they stay with it and are never part of the wire form.
+    attributes: HandleAttributes,
+}
+
+/// A handle's own attributes. Behind a mutex only so that the handle stays
+/// `Sync` (a [`Payload`] with tensors is not); a clone copies them.
+#[derive(Debug, Default)]
+struct HandleAttributes(std::sync::Mutex<Vec<(String, Payload)>>);
+
+impl HandleAttributes {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(String, Payload)>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Clone for HandleAttributes {
+    fn clone(&self) -> Self {
+        HandleAttributes(std::sync::Mutex::new(self.lock().clone()))
+    }
 }
 
 /// PyTorch's refusal of a RemoteModule pickled outside RPC.
@@ -210,7 +232,30 @@ impl RemoteModule {
             is_scriptable: false,
             generated_methods: vec!["forward_async".into(), "forward".into()],
             module_rref,
+            attributes: HandleAttributes::default(),
         }
+    }
+
+    /// Sets an attribute of this handle (`setattr(remote_module, name,
+    /// value)`), replacing one of the same name. Like an attribute added to
+    /// a Python `RemoteModule`, it is local to the handle: the wire form
+    /// ([`to_payload`](Self::to_payload)) carries only
+    /// [`REMOTE_MODULE_PICKLED_ATTRIBUTES`], so a receiver never sees it.
+    pub fn set_attribute(&mut self, name: &str, value: Payload) {
+        let mut attributes = self.attributes.lock();
+        match attributes.iter_mut().find(|(n, _)| n == name) {
+            Some((_, v)) => *v = value,
+            None => attributes.push((name.to_owned(), value)),
+        }
+    }
+
+    /// A copy of the attribute `name` set with
+    /// [`set_attribute`](Self::set_attribute).
+    pub fn attribute(&self, name: &str) -> Option<Payload> {
+        self.attributes
+            .lock()
+            .iter()
+            .find_map(|(n, v)| (n == name).then(|| v.clone()))
     }
 
     /// The worker named by `remote_device` (`on`).
@@ -306,7 +351,8 @@ impl RemoteModule {
     }
 
     /// The wire form: a dict of [`REMOTE_MODULE_PICKLED_ATTRIBUTES`] in
-    /// order; sent in a call's arguments, the RRef forks as any RRef.
+    /// order, and nothing else (not the handle's own attributes); sent in a
+    /// call's arguments, the RRef forks as any RRef.
     pub fn to_payload(&self) -> Payload {
         Payload::dict([
             (Payload::from("on"), self.on.to_payload()),
@@ -365,6 +411,7 @@ impl RemoteModule {
                 .map(|m| m.as_str().map(ToOwned::to_owned))
                 .collect::<Result<_>>()?,
             module_rref: field("module_rref")?.as_rref()?,
+            attributes: HandleAttributes::default(),
         })
     }
 }

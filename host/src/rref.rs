@@ -95,6 +95,7 @@ use crate::value::Payload;
 pub(crate) use context::context;
 pub(crate) use extension::RRefs;
 pub use message::{GloballyUniqueId, RREF_CHILD_ACCEPT, RREF_FORK, RREF_USER_DELETE, RRefMessage};
+pub use object::OBJECT_STATE_METHOD;
 pub(crate) use object::{
     Owned, RRefObject, can_keep_object, discard_kept_object, keep_object, kept_object,
 };
@@ -413,14 +414,15 @@ impl RRef {
     /// # Errors
     /// On a user, `RuntimeError` "For UserRRef(...), can't call
     /// localValue() on user ... Call it on owner ..."; on the owner, the
-    /// error of the function that created the value, or a `TypeError` for
-    /// an object (a plugin class's): objects are not copied out of the
+    /// error of the function that created the value; for an object (a
+    /// plugin class's), its state ([`OBJECT_STATE_METHOD`]) or, for a class
+    /// without one, a `TypeError`: objects are not copied out of the
     /// owner's table, even on the owner; call their methods through the
     /// proxies ([`rpc_sync`](Self::rpc_sync), ...), which work on the owner
     /// too.
     pub async fn local_value(&self, agent: &RpcAgent) -> Result<Payload> {
         match &*self.inner {
-            Kind::Owner(o) => o.state.payload("local_value()").await,
+            Kind::Owner(o) => o.state.payload("local_value()", agent, agent.info()).await,
             Kind::User(u) => Err(Error::runtime(local_value_not_on_owner_message(
                 &u.rref_id.to_string(),
                 &u.fork_id.to_string(),
@@ -438,12 +440,15 @@ impl RRef {
     /// `RuntimeError` "Cannot call to_here() on it after deletion." after
     /// shutdown deleted the user; "RRef creation via rpc.remote() timed out
     /// ..." when the `remote()` that created it timed out; the error of the
-    /// function that created the value; `TypeError` for an object (a
-    /// plugin class's objects stay on their owner: use the proxies); a
+    /// function that created the value; for an object (a plugin class's),
+    /// its state ([`OBJECT_STATE_METHOD`]) or, for a class without one, a
+    /// `TypeError` (objects stay on their owner: use the proxies); a
     /// timeout or a failure of the owner (naming the owner and the RRef).
     pub async fn to_here(&self, agent: &RpcAgent, timeout: Option<Duration>) -> Result<Payload> {
         let u = match &*self.inner {
-            Kind::Owner(o) => return o.state.payload("to_here()").await,
+            Kind::Owner(o) => {
+                return o.state.payload("to_here()", agent, agent.info()).await;
+            }
             Kind::User(u) => u,
         };
         if u.is_deleted() {

@@ -12,12 +12,13 @@
 //!   code that knows the module only by its interface, is the Rust
 //!   caller's (`is_scriptable` stays false);
 //! - `test_send_remote_module_with_a_new_attribute_not_pickled_over_the_wire`:
-//!   Rust structs are closed, so the new attribute is an extra entry added
-//!   to the handle's wire form; the receiver's handle keeps the six pickled
-//!   attributes only;
+//!   `setattr` is [`RemoteModule::set_attribute`], an attribute of the
+//!   handle that its wire form leaves out;
+//! - `test_get_module_rref` copies the module with `to_here()`: a plugin
+//!   object's copy is its state (`MyModule.__getstate__`, as pickling
+//!   copies a module's `__dict__`), whose `_parameters` it compares;
 //! - `test_valid_device` asks the owner for the device of the module's
-//!   first parameter through `remote_parameters` (plugin objects are not
-//!   copied out of the owner, so there is no `module_rref.local_value()`).
+//!   first parameter through `remote_parameters`.
 //!
 //! The CUDA tests need a GPU and skip without one, except
 //! `test_invalid_devices`: its errors are raised before any CUDA call (the
@@ -28,7 +29,7 @@
 //! `test_send_remote_module_over_the_wire_script_not_supported` (Python's
 //! pickler and TorchScript modules).
 
-use anyhow::ensure;
+use anyhow::{Context, ensure};
 use tch::{Device, Tensor};
 use wasmrpc::testing::{Cluster, ClusterBuilder, Worker};
 use wasmrpc::{Args, ErrorKind, Payload, PluginHost, RemoteModule, RpcAgent, args};
@@ -311,16 +312,16 @@ fn test_get_module_rref() {
         let m = RemoteModule::new(&w.agent, "worker1", MY_MODULE, ctor_args())?;
         let rref = m.get_module_rref().clone();
         ensure!(rref.ptr_eq(m.get_module_rref()) && rref.id() == m.get_module_rref().id());
-        // The seed copies the module with `to_here()`; plugin objects stay
-        // on their owner, so its parameters are read through the handle.
-        expect_err(
-            rref.to_here(&w.agent, None).await,
-            ErrorKind::TypeError,
-            "objects stay on their owner",
-        )?;
-        ensure!(rref.get_type(&w.agent, None).await? == MY_MODULE);
-        for p in m.remote_parameters(&w.agent, true).await? {
-            expect_tensor(&p.to_here(&w.agent, None).await?, &ones(&[1]))?;
+        // `rref.to_here().parameters()`: the copy is the module's state
+        // (`MyModule.__getstate__`), its parameters under `_parameters`.
+        let module = rref.to_here(&w.agent, None).await?;
+        let params = module
+            .get("_parameters")?
+            .context("the copied module has no _parameters")?
+            .entries()?;
+        ensure!(params.len() == 1, "{params:?}");
+        for (_, p) in &params {
+            expect_tensor(p, &ones(&[1]))?;
         }
         Ok(())
     });
@@ -358,17 +359,15 @@ fn test_train_eval() {
 #[test]
 fn test_send_remote_module_with_a_new_attribute_not_pickled_over_the_wire() {
     on_rank0(2, |w| async move {
-        let m = RemoteModule::new(&w.agent, "worker1", MY_MODULE, ctor_args())?;
-        // `setattr(remote_module, "new_attr", 1)`: the handle's attributes
-        // with one more entry.
-        let mut entries = m.to_payload().entries()?;
-        entries.push((Payload::from("new_attr"), Payload::from(1)));
+        let mut m = RemoteModule::new(&w.agent, "worker1", MY_MODULE, ctor_args())?;
+        m.set_attribute("new_attr", Payload::from(1));
+        ensure!(m.attribute("new_attr").map(|v| v.as_int()).transpose()? == Some(1));
         let attrs = w
             .agent
             .rpc_sync(
                 "worker1",
                 "remote_module_test::remote_module_attributes",
-                args![Payload::dict(entries)],
+                args![m.to_payload()],
             )
             .await?
             .items()?;

@@ -78,8 +78,8 @@ pub(crate) fn register(r: &FunctionRegistry) {
         let agent = ctx.agent().clone();
         let id = header_id(&args, 0)?;
         let state = context(&agent).get_or_create_owner(&agent, id);
-        // OBJ-2: an object is not copied to the user.
-        state.payload("to_here()").await
+        // OBJ-2: an object is not copied to the user, only its state.
+        state.payload("to_here()", &agent, ctx.caller()).await
     });
     r.register_native(TYPEOF, |ctx, args: Args| async move {
         let agent = ctx.agent().clone();

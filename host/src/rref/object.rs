@@ -14,9 +14,11 @@
 //!   object ([`can_keep_object`]); everywhere else (`rpc_sync`,
 //!   `rpc_async`, a proxy's method) there is no owner to keep it, and
 //!   object-making functions refuse to run.
-//! - OBJ-2: an object is never copied: `to_here`, `local_value` and the
-//!   fetch behind them answer `TypeError` for it; its methods run on the
-//!   owner through the proxies.
+//! - OBJ-2: an object itself is never copied: its methods run on the owner
+//!   through the proxies. `to_here`, `local_value` and the fetch behind
+//!   them answer the object's state, a value its class makes with
+//!   [`OBJECT_STATE_METHOD`] (Python's `__getstate__`, what pickling a
+//!   module copies), and `TypeError` for a class without one.
 //! - OBJ-3: the owner drops its reference to an object when it forgets the
 //!   value (RREF-3: last fork deleted, or shutdown) and no handle on the
 //!   owner holds it; the implementor disposes of the object on drop.
@@ -27,6 +29,12 @@ use crate::abi::WorkerInfo;
 use crate::agent::RpcAgent;
 use crate::error::Result;
 use crate::value::{Args, Payload};
+
+/// The method a plugin class defines to let `to_here()` and
+/// `local_value()` copy its objects out of the owner: it returns the
+/// object's state as a value (`{"param1": tensor, "training": true}` for a
+/// module), as Python's `__getstate__` gives what pickling copies.
+pub const OBJECT_STATE_METHOD: &str = "__getstate__";
 
 /// An object an RRef holds on its owner, whose methods the owner runs for
 /// proxies (`rref.rpc_sync().method(...)`).

@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use super::{Owned, RRefId, RRefObject};
+use super::{OBJECT_STATE_METHOD, Owned, RRefId, RRefObject};
 use crate::abi::{ErrorKind, WorkerInfo};
-use crate::agent::Future;
+use crate::agent::{Future, RpcAgent};
 use crate::error::{Error, Result};
-use crate::value::Payload;
+use crate::value::{Args, Payload};
 
 /// The value of an RRef on its owner: a [`Payload`] or an object
 /// ([`Owned`]).
@@ -64,14 +64,32 @@ impl OwnerState {
     }
 
     /// The value as a payload, for the copying APIs (`to_here`,
-    /// `local_value`).
+    /// `local_value`) asked by `caller`: an object's state if its class
+    /// defines [`OBJECT_STATE_METHOD`].
     ///
     /// # Errors
-    /// The creating function's error; `TypeError` for an object
+    /// The creating function's error; the state method's error; `TypeError`
+    /// for an object whose class has no state method
     /// ([`object_not_copyable`]).
-    pub(crate) async fn payload(&self, api: &str) -> Result<Payload> {
+    pub(crate) async fn payload(
+        &self,
+        api: &str,
+        agent: &RpcAgent,
+        caller: &WorkerInfo,
+    ) -> Result<Payload> {
         match self.owned().await? {
             Owned::Value(p) => Ok(p),
+            Owned::Object(o) if o.has_method(OBJECT_STATE_METHOD) => o
+                .call_method(agent, caller, OBJECT_STATE_METHOD, Args::new())
+                .await
+                .map_err(|e| {
+                    e.context_line(format!(
+                        "{api} of RRef {}: the state of its {} object on worker {}",
+                        self.id,
+                        o.type_name(),
+                        self.owner.name
+                    ))
+                }),
             Owned::Object(o) => Err(object_not_copyable(
                 api,
                 self.id,
@@ -83,14 +101,16 @@ impl OwnerState {
 }
 
 /// The `TypeError` of `to_here()` / `local_value()` on an RRef holding an
-/// object: objects stay on their owner and are used through proxies.
+/// object whose class has no state method: objects stay on their owner
+/// and are used through proxies.
 pub(crate) fn object_not_copyable(api: &str, id: RRefId, class: &str, owner: &str) -> Error {
     Error::new(
         ErrorKind::TypeError,
         format!(
             "{api} of RRef {id}: it holds an object of class {class} on worker {owner}, and \
              objects stay on their owner; call its methods through rref.rpc_sync(), \
-             rref.rpc_async() or rref.remote()"
+             rref.rpc_async() or rref.remote(), or give the class a {OBJECT_STATE_METHOD} \
+             method to copy its state"
         ),
     )
 }

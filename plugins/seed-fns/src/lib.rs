@@ -855,6 +855,22 @@ impl MyModule {
     fn training(&self) -> bool {
         self.training
     }
+
+    /// What copying the module out of its owner takes (`to_here()` of its
+    /// RRef), as pickling a module copies its `__dict__`: `{"training":
+    /// bool, "_parameters": {"param1": tensor}}`.
+    fn __getstate__(&self) -> Result<Value> {
+        Ok(Value::Dict(vec![
+            (Value::from("training"), Value::Bool(self.training)),
+            (
+                Value::from("_parameters"),
+                Value::Dict(vec![(
+                    Value::from("param1"),
+                    self.param1.try_clone()?.into_value(),
+                )]),
+            ),
+        ]))
+    }
 }
 
 /// `BadModule(first_arg, first_kwarg=-1)`: constructs, but is not a

@@ -29,7 +29,7 @@
 use std::time::Duration;
 use wasmrpc::prelude::*;
 
-use anyhow::ensure;
+use anyhow::{Context, ensure};
 use tch::Tensor;
 use wasmrpc::testing::{
     Cluster, ClusterBuilder, Worker, wait_until_owners_and_forks_on_rank,
@@ -1028,6 +1028,36 @@ fn test_rref_proxy_class_self() {
     dist_with(plugin_cluster(4), |w| async move {
         let dst = me(&w);
         rref_proxy_class(w, dst).await
+    });
+}
+
+/// A class that defines `__getstate__` (`seed_fns::MyModule`) is copied as
+/// its state, by `to_here()` on a user and by `local_value()` on the
+/// owner; the object itself stays where it is and keeps serving methods.
+#[test]
+fn plugin_object_with_a_state_method_is_copied_as_its_state() {
+    dist_with(plugin_cluster(4), |w| async move {
+        for dst in [w.dst(), me(&w)] {
+            let r = w
+                .agent
+                .remote(dst.as_str(), "seed_fns::MyModule", args![1])?;
+            r.rpc_sync(&w.agent, None)
+                .call("train", args![false])
+                .await?;
+            let copy = if r.is_owner() {
+                r.local_value(&w.agent).await?
+            } else {
+                r.to_here(&w.agent, None).await?
+            };
+            let training = copy.get("training")?.context("no training in the state")?;
+            ensure!(!training.as_bool()?, "state {copy:?}");
+            let p = r
+                .rpc_sync(&w.agent, None)
+                .call("parameters", args![])
+                .await?;
+            expect_tensor(&p.items()?[0], &ones(&[1]))?;
+        }
+        Ok(())
     });
 }
 
