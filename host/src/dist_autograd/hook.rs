@@ -1,46 +1,32 @@
-//! Tensor hooks (`tensor.register_hook(fn)`) as distributed backward sees
-//! them: a hook on a leaf maps every gradient a backward pass computes for
-//! that leaf on this process before it accumulates in the context.
+//! Tensor hooks (`tensor.register_hook(fn)`): a hook maps every gradient a
+//! backward pass computes for its tensor, in local autograd
+//! (`Tensor::backward`) and in distributed backward alike.
 //!
-//! libtorch's own hooks are not reachable through tch, so the engine
-//! applies these itself where it accumulates leaf gradients (DA-6). Only
-//! leaves are hooked; local autograd (`Tensor::backward`) does not see
-//! these hooks.
+//! The hooks are libtorch's own (registered through the shim,
+//! [`wasmrpc_torch_sys::register_hook`]), so libtorch's engine applies them
+//! wherever it computes the tensor's gradient: in a local pass, and in the
+//! `grad` call through which the distributed engine reaches a worker's
+//! leaves, before the gradient accumulates in the pass (DA-6). This
+//! module adds the host's error type and the count of live hooks, which the
+//! engine reads to keep passes with user code off the runtime's threads.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tch::Tensor;
+use wasmrpc_torch_sys::TensorHook;
 
-use crate::error::Result;
-use crate::tensor::impl_id;
+use crate::error::{Error, Result};
 
-type HookFn = Arc<dyn Fn(&Tensor) -> Result<Tensor> + Send + Sync>;
-
-struct Hook {
-    id: u64,
-    // Keeps the tensor alive, so its identity is not reused while hooked.
-    _tensor: Tensor,
-    f: HookFn,
-}
-
-static HOOKS: Mutex<Option<HashMap<usize, Vec<Hook>>>> = Mutex::new(None);
-static NEXT: AtomicU64 = AtomicU64::new(1);
+/// How many hooks are registered in this process.
+static LIVE: AtomicUsize = AtomicUsize::new(0);
 
 /// A registered hook; dropping it (or [`remove`](Self::remove)) removes the
 /// hook, unlike PyTorch's `RemovableHandle`, so a hook never outlives its
 /// owner's interest in it.
 #[must_use = "dropping the handle removes the hook"]
+#[derive(Debug)]
 pub struct HookHandle {
-    key: usize,
-    id: u64,
-}
-
-impl std::fmt::Debug for HookHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HookHandle").field("id", &self.id).finish()
-    }
+    hook: Option<TensorHook>,
 }
 
 impl HookHandle {
@@ -50,59 +36,40 @@ impl HookHandle {
 
 impl Drop for HookHandle {
     fn drop(&mut self) {
-        let mut hooks = HOOKS.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(map) = hooks.as_mut()
-            && let Some(v) = map.get_mut(&self.key)
-        {
-            v.retain(|h| h.id != self.id);
-            if v.is_empty() {
-                map.remove(&self.key);
-            }
+        if let Some(hook) = self.hook.take() {
+            hook.remove();
+            LIVE.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
 
-/// `tensor.register_hook(f)` for distributed backward: every gradient a
-/// pass computes for the leaf `tensor` becomes `f(grad)` before it
-/// accumulates in the context. Hooks run in registration order.
+/// `tensor.register_hook(f)`: every gradient a backward pass computes for
+/// `tensor` becomes `f(grad)`, in local backward and, before it
+/// accumulates in the context, in distributed backward. Hooks run in
+/// registration order, on the thread that runs the pass; an error fails
+/// the pass with its message.
+///
+/// # Errors
+/// libtorch's `RuntimeError` for a tensor that does not require grad
+/// ("cannot register a hook on a tensor that doesn't require gradient").
 pub fn register_hook(
     tensor: &Tensor,
     f: impl Fn(&Tensor) -> Result<Tensor> + Send + Sync + 'static,
-) -> HookHandle {
-    let key = impl_id(tensor);
-    let id = NEXT.fetch_add(1, Ordering::Relaxed);
-    HOOKS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get_or_insert_with(HashMap::new)
-        .entry(key)
-        .or_default()
-        .push(Hook {
-            id,
-            _tensor: tensor.shallow_clone(),
-            f: Arc::new(f),
-        });
-    HookHandle { key, id }
+) -> Result<HookHandle> {
+    let hook = wasmrpc_torch_sys::register_hook(tensor, move |g| {
+        // The pass fails as a `RuntimeError`; another kind keeps its name.
+        f(g).map_err(|e| match e.kind() {
+            crate::abi::ErrorKind::RuntimeError => e.message().to_owned(),
+            kind => format!("{kind}: {}", e.message()),
+        })
+    })
+    .map_err(|e| Error::new(e.kind(), e.to_string()))?;
+    LIVE.fetch_add(1, Ordering::Relaxed);
+    Ok(HookHandle { hook: Some(hook) })
 }
 
 /// Whether any hook is registered: hooks are user code, which may block, so
 /// a pass with hooks around never runs on a runtime thread.
 pub(crate) fn any_registered() -> bool {
-    HOOKS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .as_ref()
-        .is_some_and(|m| !m.is_empty())
-}
-
-/// `grad` after the hooks of `leaf`.
-pub(crate) fn apply(leaf: &Tensor, grad: Tensor) -> Result<Tensor> {
-    let fs: Vec<HookFn> = {
-        let hooks = HOOKS.lock().unwrap_or_else(|p| p.into_inner());
-        match hooks.as_ref().and_then(|m| m.get(&impl_id(leaf))) {
-            Some(v) => v.iter().map(|h| h.f.clone()).collect(),
-            None => return Ok(grad),
-        }
-    };
-    fs.iter().try_fold(grad, |g, f| f(&g))
+    LIVE.load(Ordering::Relaxed) > 0
 }

@@ -1210,6 +1210,54 @@ int32_t wrs_autograd_backward(const void* const* roots, size_t n_roots, int32_t 
   });
 }
 
+namespace {
+
+// A Rust hook, shared by the copies libtorch makes of the std::function;
+// the last one frees the Rust closure.
+struct RustHook {
+  wrs_hook_fn call;
+  void* ctx;
+  wrs_hook_drop drop;
+  RustHook(wrs_hook_fn c, void* x, wrs_hook_drop d) : call(c), ctx(x), drop(d) {}
+  RustHook(const RustHook&) = delete;
+  RustHook& operator=(const RustHook&) = delete;
+  ~RustHook() { drop(ctx); }
+};
+
+}  // namespace
+
+int32_t wrs_tensor_register_hook(const void* tensor, wrs_hook_fn hook, void* ctx,
+                                 wrs_hook_drop drop, uint32_t* index, wrs_out* out) {
+  // Owned from here on, so an exception below still frees the closure.
+  auto rust = std::make_shared<RustHook>(hook, ctx, drop);
+  return run_engine_call(out, [&] {
+    const auto& t = *static_cast<const at::Tensor*>(tensor);
+    unsigned pos = t.register_hook([rust](const at::Tensor& grad) -> at::Tensor {
+      const uint8_t* err = nullptr;
+      size_t err_len = 0;
+      void* mapped = rust->call(rust->ctx, &grad, &err, &err_len);
+      if (mapped == nullptr) {
+        throw std::runtime_error(err == nullptr ? std::string("a tensor hook failed")
+                                                : std::string(reinterpret_cast<const char*>(err),
+                                                              err_len));
+      }
+      auto* owned = static_cast<at::Tensor*>(mapped);
+      at::Tensor result = std::move(*owned);
+      delete owned;
+      return result;
+    });
+    *index = static_cast<uint32_t>(pos);
+    return WRS_OK;
+  });
+}
+
+int32_t wrs_tensor_remove_hook(const void* tensor, uint32_t index, wrs_out* out) {
+  return run_engine_call(out, [&] {
+    static_cast<const at::Tensor*>(tensor)->remove_hook(index);
+    return WRS_OK;
+  });
+}
+
 }  // extern "C"
 
 // ---- Op profiling (see ops.h).

@@ -146,6 +146,25 @@ int32_t wrs_autograd_grad(const void* const* outputs, size_t n_outputs,
 int32_t wrs_autograd_backward(const void* const* roots, size_t n_roots, int32_t retain_graph,
                               wrs_out* out);
 
+// ---- Tensor hooks (`tensor.register_hook(fn)`): a gradient hook that
+// calls back into Rust, seen by every backward pass libtorch runs (local
+// `backward`, and `grad`, which applies a leaf's hooks before capturing).
+
+// The Rust side of a hook: maps `grad` (an `at::Tensor*` borrowed for the
+// call) to a new `at::Tensor*` the shim takes, or returns null and points
+// `err` at a message (valid until the next call of the hook on this thread).
+typedef void* (*wrs_hook_fn)(void* ctx, const void* grad, const uint8_t** err, size_t* err_len);
+// Frees `ctx` once libtorch drops the hook (removed, or its tensor freed).
+typedef void (*wrs_hook_drop)(void* ctx);
+
+// Registers the hook on `tensor` (which must require grad); `*index` is
+// what wrs_tensor_remove_hook takes. On failure `ctx` is dropped.
+int32_t wrs_tensor_register_hook(const void* tensor, wrs_hook_fn hook, void* ctx,
+                                 wrs_hook_drop drop, uint32_t* index, wrs_out* out);
+
+// Removes the hook `index` of `tensor`.
+int32_t wrs_tensor_remove_hook(const void* tensor, uint32_t index, wrs_out* out);
+
 // ---- Op profiling: the aten ops libtorch runs on this thread, nested ones
 // included (RecordFunction, function scope), between wrs_profile_start and
 // wrs_profile_stop. Nothing is installed outside such a window.

@@ -116,6 +116,144 @@ pub fn backward(roots: &[Tensor], retain_graph: bool) -> Result<(), OpError> {
     Ok(())
 }
 
+/// What a tensor hook does to a gradient: the gradient to use instead, or
+/// an error message that fails the backward pass.
+pub type HookResult = Result<Tensor, String>;
+
+type BoxedHook = Box<dyn Fn(&Tensor) -> HookResult + Send + Sync>;
+
+/// A hook registered with [`register_hook`]; dropping it (or
+/// [`remove`](Self::remove)) removes it from the tensor.
+#[must_use = "dropping the hook removes it"]
+pub struct TensorHook {
+    // A handle to the same tensor (libtorch keeps hooks on the tensor's
+    // autograd metadata, shared by its shallow copies). Behind a mutex so
+    // the hook is `Sync` as well as `Send`.
+    tensor: std::sync::Mutex<Tensor>,
+    index: u32,
+}
+
+impl std::fmt::Debug for TensorHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TensorHook")
+            .field("index", &self.index)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TensorHook {
+    /// Removes the hook.
+    pub fn remove(self) {}
+}
+
+impl Drop for TensorHook {
+    fn drop(&mut self) {
+        let tensor = self
+            .tensor
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut out = RawOut::empty();
+        // SAFETY: `tensor` is a live `at::Tensor*`; the shim catches every
+        // exception. Removing can only fail for an index libtorch no longer
+        // has, which leaves nothing to remove.
+        let _ = unsafe {
+            ffi::wrs_tensor_remove_hook(tensor.as_ptr().cast::<c_void>(), self.index, &mut out)
+        };
+    }
+}
+
+/// `tensor.register_hook(f)`: every gradient libtorch computes for
+/// `tensor` becomes `f(grad)`, in every backward pass: local
+/// (`Tensor::backward`, [`backward`]) and [`grad`] (which applies a leaf's
+/// hooks before it returns the leaf's gradient). Hooks run in registration
+/// order, on the thread that runs the pass; an error fails the pass with
+/// its message.
+///
+/// # Errors
+///
+/// [`OpError::Raised`] with libtorch's message for a tensor that does not
+/// require grad ("cannot register a hook on a tensor that doesn't require
+/// gradient").
+pub fn register_hook(
+    tensor: &Tensor,
+    f: impl Fn(&Tensor) -> HookResult + Send + Sync + 'static,
+) -> Result<TensorHook, OpError> {
+    let boxed: Box<BoxedHook> = Box::new(Box::new(f));
+    let ctx = Box::into_raw(boxed).cast::<c_void>();
+    let mut index = 0u32;
+    let mut out = RawOut::empty();
+    // SAFETY: `tensor` is a live `at::Tensor*`; `ctx` is a leaked
+    // `Box<BoxedHook>` that the shim owns from here on and frees through
+    // `drop_hook` exactly once (also on failure); `index` and `out` are
+    // writable; the shim catches every exception.
+    let status = unsafe {
+        ffi::wrs_tensor_register_hook(
+            tensor.as_ptr().cast::<c_void>(),
+            call_hook,
+            ctx,
+            drop_hook,
+            &mut index,
+            &mut out,
+        )
+    };
+    if status != ffi::STATUS_OK {
+        return Err(engine_error("Tensor.register_hook", &out));
+    }
+    Ok(TensorHook {
+        tensor: std::sync::Mutex::new(tensor.shallow_clone()),
+        index,
+    })
+}
+
+thread_local! {
+    /// The message of the last hook that failed on this thread, which the
+    /// shim copies before the thread runs another hook.
+    static HOOK_ERROR: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// `wrs_hook_fn`: runs the boxed closure, catching panics.
+unsafe extern "C" fn call_hook(
+    ctx: *mut c_void,
+    grad: *const c_void,
+    err: *mut *const u8,
+    err_len: *mut usize,
+) -> *mut c_void {
+    // SAFETY: `ctx` is the `Box<BoxedHook>` leaked by `register_hook`,
+    // alive until `drop_hook`, which libtorch cannot call during a call.
+    let f = unsafe { &*ctx.cast::<BoxedHook>() };
+    // SAFETY: `grad` is a live `at::Tensor*` for the call; the shallow copy
+    // shares it without taking it.
+    let grad = unsafe { Tensor::clone_from_ptr(grad.cast_mut().cast::<torch_sys::C_tensor>()) };
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&grad)))
+        .unwrap_or_else(|_| Err("a tensor hook panicked".to_owned()));
+    match result {
+        Ok(mapped) => {
+            let ptr = mapped.as_ptr().cast_mut().cast::<c_void>();
+            // The shim takes the `at::Tensor*` and deletes it.
+            std::mem::forget(mapped);
+            ptr
+        }
+        Err(message) => HOOK_ERROR.with(|e| {
+            let mut e = e.borrow_mut();
+            *e = message;
+            // SAFETY: `err` and `err_len` are writable out-pointers; the
+            // message stays in this thread's slot until the next failure.
+            unsafe {
+                *err = e.as_ptr();
+                *err_len = e.len();
+            }
+            std::ptr::null_mut()
+        }),
+    }
+}
+
+/// `wrs_hook_drop`: frees the closure.
+unsafe extern "C" fn drop_hook(ctx: *mut c_void) {
+    // SAFETY: `ctx` came from `Box::into_raw` in `register_hook`, and the
+    // shim calls this once.
+    drop(unsafe { Box::from_raw(ctx.cast::<BoxedHook>()) });
+}
+
 /// The error of a failed engine call, with the shim's message.
 fn engine_error(op: &str, out: &RawOut) -> OpError {
     let message = if out.err.is_null() {

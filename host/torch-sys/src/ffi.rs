@@ -171,7 +171,32 @@ unsafe extern "C" {
         retain_graph: i32,
         out: *mut RawOut,
     ) -> i32;
+    pub(crate) fn wrs_tensor_register_hook(
+        tensor: *const c_void,
+        hook: HookFn,
+        ctx: *mut c_void,
+        drop: HookDrop,
+        index: *mut u32,
+        out: *mut RawOut,
+    ) -> i32;
+    pub(crate) fn wrs_tensor_remove_hook(
+        tensor: *const c_void,
+        index: u32,
+        out: *mut RawOut,
+    ) -> i32;
 }
+
+/// `wrs_hook_fn`: maps a borrowed gradient to a new `at::Tensor*`, or
+/// returns null with an error message.
+pub(crate) type HookFn = unsafe extern "C" fn(
+    ctx: *mut c_void,
+    grad: *const c_void,
+    err: *mut *const u8,
+    err_len: *mut usize,
+) -> *mut c_void;
+
+/// `wrs_hook_drop`: frees a hook's context.
+pub(crate) type HookDrop = unsafe extern "C" fn(ctx: *mut c_void);
 
 /// An opaque tensor memory budget (`wrs_budget`, `shim/budget.h`).
 #[repr(C)]

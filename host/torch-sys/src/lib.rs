@@ -101,7 +101,9 @@ mod op;
 mod profile;
 mod value;
 
-pub use autograd::{GradFn, GradOptions, backward, grad, grad_fn_name};
+pub use autograd::{
+    GradFn, GradOptions, HookResult, TensorHook, backward, grad, grad_fn_name, register_hook,
+};
 pub use budget::{BudgetRefusal, MemoryBudget};
 pub use builtin::BUILTINS;
 pub use convert::{

@@ -3,8 +3,8 @@
 
 use tch::{Device, Kind, Tensor};
 use wasmrpc_torch_sys::{
-    ErrorKind, GradFn, GradOptions, NO_MATCHING_SCHEMA, OpError, OpValue, Operator, call_method,
-    call_op, grad, grad_fn_name, schemas,
+    ErrorKind, GradFn, GradOptions, NO_MATCHING_SCHEMA, OpError, OpValue, Operator, backward,
+    call_method, call_op, grad, grad_fn_name, register_hook, schemas,
 };
 
 const F32: (Kind, Device) = (Kind::Float, Device::Cpu);
@@ -946,4 +946,72 @@ fn record_ops_lists_the_ops_run_with_nested_ones() {
     call_op("aten::neg", &[OpValue::Tensor(y)], &[]).expect("neg");
     let ((), events) = record_ops(|| ());
     assert!(events.is_empty(), "{events:?}");
+}
+
+#[test]
+fn tensor_hooks_map_gradients_in_local_backward_and_in_grad() {
+    let x = Tensor::from_slice(&[1.0_f32, 2.0]).set_requires_grad(true);
+    let doubled = register_hook(&x, |g| Ok(g * 2)).unwrap();
+    let square = || (&x * &x).sum(Kind::Float);
+
+    // Local backward: d(x·x)/dx = 2x, doubled by the hook.
+    square().backward();
+    assert_eq!(values(&x.grad()), [4., 8.]);
+
+    // grad() applies the leaf's hook before it returns the gradient.
+    let g = grad(
+        &[square()],
+        &[],
+        &[x.shallow_clone()],
+        GradOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(values(g[0].as_ref().unwrap()), [4., 8.]);
+
+    // A second hook runs after the first; removing one leaves the other.
+    let plus_one = register_hook(&x, |g| Ok(g + 1)).unwrap();
+    let g = grad(
+        &[square()],
+        &[],
+        &[x.shallow_clone()],
+        GradOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(values(g[0].as_ref().unwrap()), [5., 9.]);
+    doubled.remove();
+    let g = grad(
+        &[square()],
+        &[],
+        &[x.shallow_clone()],
+        GradOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(values(g[0].as_ref().unwrap()), [3., 5.]);
+    drop(plus_one);
+    let g = grad(
+        &[square()],
+        &[],
+        &[x.shallow_clone()],
+        GradOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(values(g[0].as_ref().unwrap()), [2., 4.]);
+
+    // A failing hook fails the pass with its message; so does a panic.
+    let failing = register_hook(&x, |_| Err("Expected hook error".to_owned())).unwrap();
+    let err = backward(&[square()], false).unwrap_err();
+    assert!(err.to_string().contains("Expected hook error"), "{err}");
+    drop(failing);
+    let panicking = register_hook(&x, |_| panic!("boom")).unwrap();
+    let err = backward(&[square()], false).unwrap_err();
+    assert!(err.to_string().contains("a tensor hook panicked"), "{err}");
+    drop(panicking);
+
+    // No hook on a tensor that does not require grad.
+    let plain = Tensor::from_slice(&[1.0_f32]);
+    let err = register_hook(&plain, |g| Ok(g.shallow_clone())).unwrap_err();
+    assert!(
+        err.to_string().contains("doesn't require gradient"),
+        "{err}"
+    );
 }
