@@ -17,17 +17,19 @@
 //! - `test_get_module_rref` copies the module with `to_here()`: a plugin
 //!   object's copy is its state (`MyModule.__getstate__`, as pickling
 //!   copies a module's `__dict__`), whose `_parameters` it compares;
-//! - `test_valid_device` asks the owner for the device of the module's
-//!   first parameter through `remote_parameters`.
+//! - `test_valid_device`'s `module_rref.local_value()` on the owner is the
+//!   module's state too.
 //!
 //! The CUDA tests need a GPU and skip without one, except
 //! `test_invalid_devices`: its errors are raised before any CUDA call (the
 //! bad ordinal by the owner's device count check), so it runs everywhere.
 //!
-//! Not ported (see `tests/support/not_applicable.tsv`): the
-//! `test_remote_module_py_pickle_not_supported*` tests and
-//! `test_send_remote_module_over_the_wire_script_not_supported` (Python's
-//! pickler and TorchScript modules).
+//! `test_remote_module_py_pickle_not_supported` checks that serde (the
+//! counterpart of `torch.save`'s pickler) refuses a handle. Not ported (see
+//! `tests/support/not_applicable.tsv`):
+//! `test_remote_module_py_pickle_not_supported_script` and
+//! `test_send_remote_module_over_the_wire_script_not_supported`
+//! (TorchScript modules).
 
 use anyhow::{Context, ensure};
 use tch::{Device, Tensor};
@@ -120,13 +122,20 @@ fn register_handlers(r: &wasmrpc::FunctionRegistry) {
                 .await
         },
     );
-    // The seed's `remote_device(module_rref)`, given an RRef to the
-    // module's first parameter (from `remote_parameters`): its device on
-    // the owner.
+    // The seed's `remote_device(module_rref)`: the device of the first
+    // parameter of `module_rref.local_value()` (the module's state, its
+    // `_parameters`), on the owner.
     r.register_native(
         "remote_module_test::remote_device",
         |ctx, args: Args| async move {
-            let param = args.get(0)?.as_rref()?.local_value(ctx.agent()).await?;
+            let module = args.get(0)?.as_rref()?.local_value(ctx.agent()).await?;
+            let params = module
+                .get("_parameters")?
+                .ok_or_else(|| wasmrpc::Error::runtime("the module has no _parameters"))?
+                .entries()?;
+            let (_, param) = params
+                .first()
+                .ok_or_else(|| wasmrpc::Error::runtime("the module has no parameters"))?;
             let device = wasmrpc::device::Device::from_tch(param.as_tensor()?.device())?;
             Ok(Payload::from(device.to_string()))
         },
@@ -478,14 +487,12 @@ fn test_valid_device() {
     on_rank0(2, |w| async move {
         for remote_device in ["worker1/cuda:0", "rank:1/cuda:0"] {
             let m = RemoteModule::new(&w.agent, remote_device, MY_MODULE, ctor_args())?;
-            let params = m.remote_parameters(&w.agent, true).await?;
-            ensure!(!params.is_empty(), "{remote_device}: no parameters");
             let device = w
                 .agent
                 .rpc_sync(
                     "worker1",
                     "remote_module_test::remote_device",
-                    args![&params[0]],
+                    args![m.get_module_rref()],
                 )
                 .await?;
             ensure!(device.as_str()? == "cuda:0", "{remote_device}: {device:?}");
