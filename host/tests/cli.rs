@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{CREDENTIAL_ENV, run_with_deadline, text, wasmrpc};
+use common::{CREDENTIAL_ENV, ServingProcess, run_with_deadline, text, wasmrpc};
 
 #[test]
 fn launch_starts_a_local_cluster_where_every_worker_answers() {
@@ -662,100 +662,22 @@ fn launch_shows_plugin_progress_and_writes_the_result_as_json() {
     assert_eq!(json[1], 60, "{json}");
 }
 
-/// A `wasmrpc worker --serve` process whose output lines are collected; it
-/// is killed if the test ends without stopping it.
-struct ServingWorker {
-    name: String,
-    child: std::process::Child,
-    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+/// Starts a worker of a dynamic group (no world size) that serves until
+/// SIGTERM, with `extra` flags.
+fn serving_worker(rank: u32, init_method: &str, extra: &[&str]) -> ServingProcess {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmrpc"));
+    for var in CREDENTIAL_ENV {
+        cmd.env_remove(var);
+    }
+    cmd.args(["worker", "--rank", &rank.to_string()])
+        .args(["--init-method", init_method, "--serve"])
+        .args(extra)
+        .env("RUST_LOG", "info");
+    ServingProcess::start(&format!("worker{rank}"), cmd)
 }
 
-impl ServingWorker {
-    /// Starts a worker of a dynamic group (no world size) that serves until
-    /// SIGTERM, with `extra` flags.
-    fn start(rank: u32, init_method: &str, extra: &[&str]) -> ServingWorker {
-        use std::io::{BufRead, BufReader};
-        let name = format!("worker{rank}");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmrpc"));
-        for var in CREDENTIAL_ENV {
-            cmd.env_remove(var);
-        }
-        let mut child = cmd
-            .args(["worker", "--rank", &rank.to_string()])
-            .args(["--init-method", init_method, "--serve"])
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the wasmrpc binary starts");
-        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        for stream in [
-            Box::new(child.stdout.take().expect("piped stdout")) as Box<dyn std::io::Read + Send>,
-            Box::new(child.stderr.take().expect("piped stderr")),
-        ] {
-            let lines = lines.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                    lines.lock().expect("lines lock").push(line);
-                }
-            });
-        }
-        ServingWorker { name, child, lines }
-    }
-
-    fn output(&self) -> String {
-        self.lines.lock().expect("lines lock").join("\n")
-    }
-
-    /// Waits until the worker has joined and serves.
-    fn wait_serving(&mut self) {
-        let started = Instant::now();
-        while !self.output().contains("serving until interrupted") {
-            if started.elapsed() > Duration::from_secs(60)
-                || self.child.try_wait().ok().flatten().is_some()
-            {
-                panic!("{} did not come up:\n{}", self.name, self.output());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// SIGTERM, then waits for a clean exit (a graceful leave).
-    fn stop(mut self) {
-        let pid = self.child.id().to_string();
-        let sent = Command::new("kill").args(["-TERM", &pid]).status();
-        assert!(
-            sent.is_ok_and(|s| s.success()),
-            "cannot signal {}",
-            self.name
-        );
-        let started = Instant::now();
-        let status = loop {
-            if let Some(status) = self.child.try_wait().expect("wait on the worker") {
-                break status;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "{} did not stop:\n{}",
-                self.name,
-                self.output()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        assert!(status.success(), "{}:\n{}", self.name, self.output());
-    }
-}
-
-impl Drop for ServingWorker {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
+/// What a worker prints once it has joined and serves.
+const SERVING: &str = "serving until interrupted";
 
 /// Writes `contents` to `dir/name`, readable by its owner only.
 fn private_file(dir: &std::path::Path, name: &str, contents: &str) -> std::path::PathBuf {
@@ -853,7 +775,7 @@ fn plugin_deploy_ships_a_plugin_to_a_running_group_that_then_serves_it() {
     let secret = private_file(secret_dir.path(), "secret", "deploy-test-secret\n");
     let secret = secret.to_str().expect("a UTF-8 path");
     // Only seed-fns' file: its folder also holds hello.
-    let mut w0 = ServingWorker::start(
+    let mut w0 = serving_worker(
         0,
         &init,
         &[
@@ -864,8 +786,8 @@ fn plugin_deploy_ships_a_plugin_to_a_running_group_that_then_serves_it() {
             wasmrpc_plugins::SEED_FNS,
         ],
     );
-    w0.wait_serving();
-    let mut w1 = ServingWorker::start(
+    w0.wait_for(SERVING);
+    let mut w1 = serving_worker(
         1,
         &init,
         &[
@@ -874,10 +796,10 @@ fn plugin_deploy_ships_a_plugin_to_a_running_group_that_then_serves_it() {
             secret,
         ],
     );
-    w1.wait_serving();
+    w1.wait_for(SERVING);
     // worker2 keeps the default: deployment off.
-    let mut w2 = ServingWorker::start(2, &init, &["--cluster-secret-file", secret]);
-    w2.wait_serving();
+    let mut w2 = serving_worker(2, &init, &["--cluster-secret-file", secret]);
+    w2.wait_for(SERVING);
 
     // Without the secret, the deploy tool cannot even join.
     let out = wasmrpc(
@@ -982,7 +904,7 @@ fn plugin_deploy_ships_a_plugin_to_a_running_group_that_then_serves_it() {
 
     assert!(w1.output().contains("deployed plugin wasmrpc-plugin-hello"));
     // A worker that joins now installs what was deployed before it.
-    let mut w3 = ServingWorker::start(
+    let mut w3 = serving_worker(
         3,
         &init,
         &[
@@ -991,7 +913,7 @@ fn plugin_deploy_ships_a_plugin_to_a_running_group_that_then_serves_it() {
             secret,
         ],
     );
-    w3.wait_serving();
+    w3.wait_for(SERVING);
     assert!(
         w3.output().contains("serving deployed plugins: hello::"),
         "{}",
@@ -1002,10 +924,10 @@ fn plugin_deploy_ships_a_plugin_to_a_running_group_that_then_serves_it() {
         stdout.contains(r#"hello::greet returned Str("hello late from worker3")"#),
         "{stdout}"
     );
-    w3.stop();
-    w2.stop();
-    w1.stop();
-    w0.stop();
+    drop(w3.stop());
+    drop(w2.stop());
+    drop(w1.stop());
+    drop(w0.stop());
 }
 
 #[test]

@@ -10,10 +10,10 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use common::{CREDENTIAL_ENV, run_with_deadline, text};
+use common::{CREDENTIAL_ENV, ServingProcess, run_with_deadline, text};
 
 /// Two network namespaces joined by a veth pair: `a` holds `10.231.N.1`,
 /// `b` holds `10.231.N.2`. Removed on drop (with the veth pair).
@@ -85,84 +85,6 @@ impl Drop for TwoHosts {
     fn drop(&mut self) {
         let _ = ip(&["netns", "del", &self.a]);
         let _ = ip(&["netns", "del", &self.b]);
-    }
-}
-
-/// A worker process that serves until it is stopped, its output collected.
-struct Serving {
-    child: std::process::Child,
-    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-}
-
-impl Serving {
-    fn start(mut cmd: Command) -> Serving {
-        use std::io::{BufRead, BufReader};
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the wasmrpc binary starts");
-        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        for stream in [
-            Box::new(child.stdout.take().expect("piped stdout")) as Box<dyn std::io::Read + Send>,
-            Box::new(child.stderr.take().expect("piped stderr")),
-        ] {
-            let lines = lines.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                    lines.lock().expect("lines lock").push(line);
-                }
-            });
-        }
-        Serving { child, lines }
-    }
-
-    fn output(&self) -> String {
-        self.lines.lock().expect("lines lock").join("\n")
-    }
-
-    fn wait_for(&mut self, what: &str) {
-        let started = Instant::now();
-        while !self.output().contains(what) {
-            if started.elapsed() > Duration::from_secs(60)
-                || self.child.try_wait().ok().flatten().is_some()
-            {
-                panic!("no {what:?} in:\n{}", self.output());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// SIGTERM, then a clean exit (a graceful leave).
-    fn stop(mut self) -> String {
-        // `ip netns exec` runs the worker in its own process (exec), so the
-        // signal reaches the worker itself.
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let started = Instant::now();
-        let status = loop {
-            if let Some(status) = self.child.try_wait().expect("wait on the worker") {
-                break status;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "did not stop:\n{}",
-                self.output()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        assert!(status.success(), "{}", self.output());
-        self.output()
-    }
-}
-
-impl Drop for Serving {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
     }
 }
 
@@ -244,9 +166,11 @@ fn two_network_namespaces_run_a_tls_group_that_refuses_intruders() {
     };
 
     // worker0 on host a (it hosts the store), worker1 on host b.
-    let mut w0 = Serving::start(worker(&a, 0, 1, &serve(tls("certs", "worker0"))));
+    let mut w0 =
+        ServingProcess::start("worker0", worker(&a, 0, 1, &serve(tls("certs", "worker0"))));
     w0.wait_for("serving until interrupted");
-    let mut w1 = Serving::start(worker(&b, 1, 2, &serve(tls("certs", "worker1"))));
+    let mut w1 =
+        ServingProcess::start("worker1", worker(&b, 1, 2, &serve(tls("certs", "worker1"))));
     w1.wait_for("serving until interrupted");
     assert!(
         w0.output()

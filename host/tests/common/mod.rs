@@ -58,3 +58,96 @@ pub(crate) fn text(out: &Output) -> (String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// A `wasmrpc` process that serves until SIGTERM, with its stdout and
+/// stderr collected as they come.
+pub(crate) struct ServingProcess {
+    name: String,
+    child: std::process::Child,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl ServingProcess {
+    /// Starts `cmd` as `name` (for messages).
+    pub(crate) fn start(name: &str, mut cmd: Command) -> ServingProcess {
+        use std::io::{BufRead, BufReader};
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{name} ({cmd:?}) does not start: {e}"));
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        for stream in [
+            Box::new(child.stdout.take().expect("piped stdout")) as Box<dyn std::io::Read + Send>,
+            Box::new(child.stderr.take().expect("piped stderr")),
+        ] {
+            let lines = lines.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    lines.lock().expect("lines lock").push(line);
+                }
+            });
+        }
+        ServingProcess {
+            name: name.to_owned(),
+            child,
+            lines,
+        }
+    }
+
+    /// What it printed so far.
+    pub(crate) fn output(&self) -> String {
+        self.lines.lock().expect("lines lock").join("\n")
+    }
+
+    /// Waits until it printed `what`, failing the test if it exits first or
+    /// takes more than a minute.
+    pub(crate) fn wait_for(&mut self, what: &str) {
+        let started = Instant::now();
+        while !self.output().contains(what) {
+            if started.elapsed() > Duration::from_secs(60)
+                || self.child.try_wait().ok().flatten().is_some()
+            {
+                panic!("{}: no {what:?} in:\n{}", self.name, self.output());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM, then waits for a clean exit (a graceful leave); returns
+    /// everything it printed.
+    pub(crate) fn stop(mut self) -> String {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status();
+        assert!(
+            sent.is_ok_and(|s| s.success()),
+            "cannot signal {}",
+            self.name
+        );
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait on the worker") {
+                break status;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{} did not stop:\n{}",
+                self.name,
+                self.output()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "{}:\n{}", self.name, self.output());
+        self.output()
+    }
+}
+
+impl Drop for ServingProcess {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
