@@ -129,7 +129,7 @@ pub use ops::policy as op_policy;
 pub use ops::{BuiltinOps, OpPolicy, call_builtin};
 pub use plugin::{
     CACHE_DIR_ENV, DEPLOY_PLUGIN, Deploy, DeployPlugin, DeployReport, PACKAGE_PREFIX, PluginHost,
-    PluginTrust, WorkerDeployment, plugin_namespace,
+    PluginTrust, WorkerDeployment, plugin_global, plugin_namespace,
 };
 pub use remote_module::RemoteModule;
 pub use rref::{

@@ -95,6 +95,19 @@ pub fn plugin_namespace(manifest_name: &str) -> String {
         .replace('-', "_")
 }
 
+/// The per-worker global `key` that the plugin `namespace` set on `agent`
+/// (`set_global` in the guest SDKs, a Python module-level variable in the
+/// seeds), or `None` if unset. Tensors in it are the worker's own, by
+/// reference: autograd and gradient maps see the same tensors the plugin's
+/// calls use.
+pub fn plugin_global(
+    agent: &crate::RpcAgent,
+    namespace: &str,
+    key: &str,
+) -> Option<crate::value::Payload> {
+    agent.state::<state::Globals>().get(namespace, key)
+}
+
 /// Loads wasm plugins and registers their functions in agents' registries.
 ///
 /// Cheap to clone (a [`Runtime`] is an `Arc`). One per process is enough:

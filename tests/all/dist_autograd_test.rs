@@ -709,37 +709,52 @@ fn test_grad_only_on_return_value_remote() {
 }
 
 fn grad_only_on_return_value(remote: bool) {
-    dist_with(cluster(), move |w| async move {
-        let agent = w.agent.clone();
-        let a = &agent;
-        dist_autograd::context(a, |id| {
-            let a = a.clone();
-            async move {
-                let ret = call(&a, remote, w.dst(), "seed::ret_requires_grad", args![])
-                    .await?
-                    .as_tensor()?;
-                dist_autograd::backward(&a, id, &[ret.sum(None)], false).await?;
-                set_rpc_done(&a, w.dst(), Some(id), 1).await?;
-                rpc_done(&a).wait(1).await;
-                let grads = dist_autograd::get_gradients(&a, rpc_done(&a).ctx_id(1))?;
-                ensure!(grads.len() == 1);
-                let global = a.state::<fns::RequiresGradTensor>();
-                let g = global
+    dist_with(cluster(), move |w| {
+        grad_only_on_return_value_impl(w, "seed::ret_requires_grad", remote, |a| {
+            let global = a.state::<fns::RequiresGradTensor>();
+            Some(
+                global
                     .0
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .shallow_clone();
-                let got = grads
-                    .get(&g)
-                    .context("no gradient for requires_grad_tensor")?;
-                ensure!(close(&got, &ret.ones_like()));
-                w.store_barrier().await?;
-                anyhow::Ok(())
-            }
+                    .shallow_clone(),
+            )
         })
-        .await??;
-        Ok(())
     });
+}
+
+/// The body of `test_grad_only_on_return_value*`: `f` on the next rank
+/// returns that worker's global `requires_grad_tensor`, which
+/// `requires_grad_tensor(agent)` reads on this worker; backward through the
+/// result leaves one gradient, for that tensor, on its worker.
+pub(crate) async fn grad_only_on_return_value_impl(
+    w: Worker,
+    f: &'static str,
+    remote: bool,
+    requires_grad_tensor: impl Fn(&RpcAgent) -> Option<Tensor> + Send + 'static,
+) -> anyhow::Result<()> {
+    let agent = w.agent.clone();
+    let a = &agent;
+    dist_autograd::context(a, |id| {
+        let a = a.clone();
+        async move {
+            let ret = call(&a, remote, w.dst(), f, args![]).await?.as_tensor()?;
+            dist_autograd::backward(&a, id, &[ret.sum(None)], false).await?;
+            set_rpc_done(&a, w.dst(), Some(id), 1).await?;
+            rpc_done(&a).wait(1).await;
+            let grads = dist_autograd::get_gradients(&a, rpc_done(&a).ctx_id(1))?;
+            ensure!(grads.len() == 1);
+            let g = requires_grad_tensor(&a).context("no requires_grad_tensor on this worker")?;
+            let got = grads
+                .get(&g)
+                .context("no gradient for requires_grad_tensor")?;
+            ensure!(close(&got, &ret.ones_like()));
+            w.store_barrier().await?;
+            anyhow::Ok(())
+        }
+    })
+    .await??;
+    Ok(())
 }
 
 async fn complex_args_impl(w: Worker, sparse: bool, remote: bool) -> anyhow::Result<()> {

@@ -304,7 +304,17 @@ def ret_requires_grad():
 
 
 def requires_grad_tensor():
-    return torch.ones(3, 3).requires_grad_(True)
+    """The seed's module-level `requires_grad_tensor = torch.ones(3, 3,
+    requires_grad=True)`: one per worker, kept by the worker as a global
+    (instances of the plugin do not share Python globals)."""
+    from wasmrpc import get_global, lock, set_global
+
+    with lock("requires_grad_tensor"):
+        t = get_global("requires_grad_tensor")
+        if t is None:
+            t = torch.ones(3, 3).requires_grad_(True)
+            set_global("requires_grad_tensor", t)
+        return t
 
 
 @remote
