@@ -1041,6 +1041,10 @@ fn record_ops_reports_the_cpu_memory_each_op_allocates() {
         events.iter().any(|e| e.cpu_memory_usage == 4000),
         "no op with the 4000 bytes of ones(1000): {events:?}"
     );
+    assert!(
+        events.iter().all(|e| e.cpu_memory_usage >= 0),
+        "the free of ones(1000) was counted for an op: {events:?}"
+    );
     // Without the option nothing is reported, though the ops allocate.
     let (out2, events) = record_ops(RecordOptions::default(), || {
         call_op("aten::ones", &[ints(&[100])], &[])
