@@ -41,12 +41,16 @@ pub mod policy;
 pub(crate) mod schema;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use tch::Tensor;
-use wasmrpc_torch_sys::{BUILTINS, OpError, OpValue, Operator, WIRE_PREFIX, call_op_gated};
+use wasmrpc_torch_sys::{
+    BUILTINS, OpError, OpEvent, OpValue, Operator, RecordOptions, WIRE_PREFIX, call_op_gated,
+};
 
 use crate::abi::RemoteError;
 use crate::error::{Error, Result};
+use crate::profiler::Recording;
 use crate::tensor::budget::CallBudget;
 use crate::value::{Args, Payload};
 pub use policy::OpPolicy;
@@ -100,10 +104,17 @@ pub(crate) async fn run_builtin(
     budget: Option<CallBudget>,
 ) -> Result<Payload> {
     let (positional, kwargs) = op_args(args).map_err(op_error)?;
-    let outputs = if is_cheap(name, &positional, &kwargs) {
+    // In a profiling scope (a profiled call's callee, or a local call in a
+    // scope), the op is listed as the aten ops libtorch runs for it, as
+    // PyTorch's profiler lists them (`crate::profiler`).
+    let recording = Recording::active();
+    let options = recording.as_ref().map(|r| r.config().record_options());
+    let (outputs, ops) = if is_cheap(name, &positional, &kwargs) {
         let gate = PolicyGate { policy, worker };
-        in_budget(budget.as_ref(), name, || {
-            call_op_gated(name, &positional, &kwargs, &gate)
+        profiled(options, || {
+            in_budget(budget.as_ref(), name, || {
+                call_op_gated(name, &positional, &kwargs, &gate)
+            })
         })
     } else {
         let (policy, worker, name) = (policy.clone(), worker.to_owned(), name.to_owned());
@@ -112,13 +123,36 @@ pub(crate) async fn run_builtin(
                 policy: &policy,
                 worker: &worker,
             };
-            in_budget(budget.as_ref(), &name, || {
-                call_op_gated(&name, &positional, &kwargs, &gate)
+            // Recorded on the thread the op runs on.
+            profiled(options, || {
+                in_budget(budget.as_ref(), &name, || {
+                    call_op_gated(&name, &positional, &kwargs, &gate)
+                })
             })
         })
         .await?
     };
+    if let (Some(r), Some((start, ops))) = (recording, ops) {
+        r.add_ops(ops, start);
+    }
     Ok(payload_from_op_value(OpValue::from_outputs(outputs?)))
+}
+
+/// Runs `f`, with libtorch's ops recorded as `options` asks when there
+/// are options (a profiling scope): its output, and when recorded, when
+/// the recording began and the ops.
+pub(crate) fn profiled<T>(
+    options: Option<RecordOptions>,
+    f: impl FnOnce() -> T,
+) -> (T, Option<(Instant, Vec<OpEvent>)>) {
+    match options {
+        Some(options) => {
+            let start = Instant::now();
+            let (out, ops) = wasmrpc_torch_sys::record_ops(options, f);
+            (out, Some((start, ops)))
+        }
+        None => (f(), None),
+    }
 }
 
 /// Runs the op work `f` for `what` in `budget` (if any); a refused

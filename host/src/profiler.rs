@@ -50,12 +50,23 @@
 //! events' wire form ([`ProfiledEvent`]) is this module's. Outside a scope nothing is recorded and
 //! the hot paths only check for a scope (no lock, no allocation).
 //!
-//! Not done yet: the ops a native function or a builtin call runs are not
-//! listed one by one (a builtin call is its one callee event), nor are a
-//! served call's ops and nested RPCs in a server process global profiler
-//! (only the call); events carry no input shapes or memory figures.
-//! Spawned tasks leave the scope, as they leave a task-local, unless given
-//! a [`Recording`].
+//! With [`ProfilerConfig`] ([`profile_with`], PyTorch's `record_shapes`
+//! and `profile_memory`), each op event also carries its input shapes
+//! ([`Event::input_shapes`]) and the CPU memory it allocated
+//! ([`Event::cpu_memory_usage`]); a profiled call carries the config to its
+//! callee, whose op events come back with them.
+//!
+//! A builtin op (`aten::add`) called in a scope, by RPC or locally, is
+//! listed as the ops libtorch runs for it (the op itself, with its nested
+//! ops), not as a call: on the callee of a profiled builtin call these
+//! stand for the call's own event (which is listed only if no op went
+//! through libtorch's dispatcher).
+//!
+//! Not done yet: the ops a native function runs are not listed one by one,
+//! nor are a served call's ops and nested RPCs in a server process global
+//! profiler (only the call); events carry no device (CUDA) times, so
+//! `use_cuda` profiling is not available. Spawned tasks leave the scope, as
+//! they leave a task-local, unless given a [`Recording`].
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -63,6 +74,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 mod rpc;
+
+use serde::{Deserialize, Serialize};
 
 use crate::abi::Value;
 use crate::agent::{Dest, RpcAgent};
@@ -103,6 +116,29 @@ pub fn build_rpc_profiling_key(mode: RpcExecMode, function: &str, src: &str, dst
     format!("rpc_{}#{function}({src} -> {dst})", mode.value())
 }
 
+/// What a profiling scope records besides names and times (PyTorch's
+/// `ProfilerConfig`): it travels with every call made in the scope, so the
+/// callee records its events the same way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProfilerConfig {
+    /// Record each op's input shapes ([`Event::input_shapes`]; PyTorch's
+    /// `record_shapes`).
+    pub record_shapes: bool,
+    /// Record the CPU memory each op allocates ([`Event::cpu_memory_usage`];
+    /// PyTorch's `profile_memory`).
+    pub profile_memory: bool,
+}
+
+impl ProfilerConfig {
+    /// What libtorch's op recording must collect for this config.
+    pub(crate) fn record_options(self) -> wasmrpc_torch_sys::RecordOptions {
+        wasmrpc_torch_sys::RecordOptions {
+            shapes: self.record_shapes,
+            memory: self.profile_memory,
+        }
+    }
+}
+
 /// One profiled range.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Event {
@@ -115,6 +151,15 @@ pub struct Event {
     /// End, in microseconds since the scope began; `None` while running
     /// (an RPC still in flight when the scope closed).
     pub end_us: Option<u64>,
+    /// For an aten op recorded with [`ProfilerConfig::record_shapes`], the
+    /// shape of each of its inputs: a tensor's sizes, `[]` for anything else
+    /// (PyTorch's `input_shapes`: `aten::add(ones(100), ones(100))` has
+    /// `[[100], [100], []]`). Empty otherwise.
+    pub input_shapes: Vec<Vec<i64>>,
+    /// For an aten op recorded with [`ProfilerConfig::profile_memory`], the
+    /// CPU memory it allocated minus what it freed, in bytes, its nested ops
+    /// included (PyTorch's `cpu_memory_usage`). 0 otherwise.
+    pub cpu_memory_usage: i64,
 }
 
 impl Event {
@@ -136,10 +181,21 @@ impl Event {
 pub(crate) struct Recorder {
     epoch: Instant,
     worker: u32,
+    config: ProfilerConfig,
     events: Mutex<Vec<Event>>,
 }
 
 impl Recorder {
+    /// A scope of `worker` that begins now.
+    fn new(worker: u32, config: ProfilerConfig) -> Arc<Recorder> {
+        Arc::new(Recorder {
+            epoch: Instant::now(),
+            worker,
+            config,
+            events: Mutex::new(Vec::new()),
+        })
+    }
+
     fn lock(&self) -> MutexGuard<'_, Vec<Event>> {
         self.events.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -157,6 +213,8 @@ impl Recorder {
             worker: self.worker,
             start_us,
             end_us: None,
+            input_shapes: Vec::new(),
+            cpu_memory_usage: 0,
         });
         events.len() - 1
     }
@@ -207,19 +265,43 @@ impl Recording {
         }
     }
 
+    /// What the scope records besides names and times.
+    pub(crate) fn config(&self) -> ProfilerConfig {
+        self.0.config
+    }
+
+    fn us(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.0.epoch).as_micros()).unwrap_or(u64::MAX)
+    }
+
     /// Records a range named `name` that ran from `start` to `end` (e.g.
     /// an op that ran on another thread).
     pub(crate) fn add(&self, name: String, start: Instant, end: Instant) {
-        let us = |t: Instant| {
-            u64::try_from(t.saturating_duration_since(self.0.epoch).as_micros()).unwrap_or(u64::MAX)
-        };
         let event = Event {
             name,
             worker: self.0.worker,
-            start_us: us(start),
-            end_us: Some(us(end)),
+            start_us: self.us(start),
+            end_us: Some(self.us(end)),
+            input_shapes: Vec::new(),
+            cpu_memory_usage: 0,
         };
         self.0.lock().push(event);
+    }
+
+    /// Records the aten ops libtorch ran in a window
+    /// (`wasmrpc_torch_sys::record_ops`, with [`Self::config`]'s options)
+    /// that began at `start`.
+    pub(crate) fn add_ops(&self, ops: Vec<wasmrpc_torch_sys::OpEvent>, start: Instant) {
+        let at = |ns| self.us(start + std::time::Duration::from_nanos(ns));
+        let events = ops.into_iter().map(|op| Event {
+            start_us: at(op.start_ns),
+            end_us: Some(at(op.end_ns)),
+            name: op.name,
+            worker: self.0.worker,
+            input_shapes: op.input_shapes,
+            cpu_memory_usage: op.cpu_memory_usage,
+        });
+        self.0.lock().extend(events);
     }
 
     /// Runs `f` inside this scope (for synchronous code, e.g. the call path
@@ -271,7 +353,8 @@ impl Profile {
     }
 
     /// The profile as Chrome trace JSON (`chrome://tracing`, Perfetto):
-    /// complete (`"ph": "X"`) events, `pid` the worker's rank.
+    /// complete (`"ph": "X"`) events, `pid` the worker's rank, recorded
+    /// input shapes as the `"Input Dims"` argument.
     pub fn to_chrome_trace(&self) -> String {
         let mut out = String::from("[");
         for (i, e) in self.events.iter().enumerate() {
@@ -279,9 +362,15 @@ impl Profile {
                 out.push(',');
             }
             let dur = e.end_us.map_or(0, |end| end.saturating_sub(e.start_us));
+            // Recorded shapes go where PyTorch's trace puts them.
+            let input_dims = if e.input_shapes.is_empty() {
+                String::new()
+            } else {
+                format!(", \"Input Dims\": {:?}", e.input_shapes)
+            };
             let _ = write!(
                 out,
-                "{{\"name\": \"{}\", \"ph\": \"X\", \"ts\": {}, \"dur\": {dur}, \"pid\": {}, \"tid\": 0, \"args\": {{\"node_id\": {}}}}}",
+                "{{\"name\": \"{}\", \"ph\": \"X\", \"ts\": {}, \"dur\": {dur}, \"pid\": {}, \"tid\": 0, \"args\": {{\"node_id\": {}{input_dims}}}}}",
                 json_escape(&e.name),
                 e.start_us,
                 e.worker,
@@ -327,11 +416,18 @@ fn json_escape(s: &str) -> String {
 /// output with the events recorded in it (PyTorch's `with _profile()`).
 /// Scopes nest: an inner scope records into its own profile only.
 pub async fn profile<F: std::future::Future>(agent: &RpcAgent, body: F) -> (F::Output, Profile) {
-    let recorder = Arc::new(Recorder {
-        epoch: Instant::now(),
-        worker: agent.rank(),
-        events: Mutex::new(Vec::new()),
-    });
+    profile_with(agent, ProfilerConfig::default(), body).await
+}
+
+/// [`profile`], recording what `config` asks for besides names and times
+/// (PyTorch's `_profile(record_shapes=..., profile_memory=...)`), here and
+/// on the callees of the calls made in the scope.
+pub async fn profile_with<F: std::future::Future>(
+    agent: &RpcAgent,
+    config: ProfilerConfig,
+    body: F,
+) -> (F::Output, Profile) {
+    let recorder = Recorder::new(agent.rank(), config);
     let out = CURRENT.scope(Arc::clone(&recorder), body).await;
     let mut events = std::mem::take(&mut *recorder.lock());
     events.sort_by_key(|e| e.start_us);
@@ -388,11 +484,7 @@ pub const DISABLE_SERVER_PROCESS_GLOBAL_PROFILER: &str =
 /// "Process" is the worker: several agents in one process (tests) each
 /// have their own.
 pub fn enable_server_process_global_profiler(agent: &RpcAgent) {
-    let recorder = Arc::new(Recorder {
-        epoch: Instant::now(),
-        worker: agent.rank(),
-        events: Mutex::new(Vec::new()),
-    });
+    let recorder = Recorder::new(agent.rank(), ProfilerConfig::default());
     agent.state::<ServerProfilers>().lock().push(recorder);
     GLOBAL_ENABLED.fetch_add(1, Ordering::AcqRel);
 }
@@ -469,6 +561,9 @@ pub async fn disable_server_process_global_profiler_on(
                         Value::Int(e) => Some(u64::try_from(*e).map_err(|_| malformed())?),
                         _ => None,
                     },
+                    // It records calls, not ops.
+                    input_shapes: Vec::new(),
+                    cpu_memory_usage: 0,
                 }),
                 _ => Err(malformed()),
             },

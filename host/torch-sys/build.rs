@@ -37,6 +37,15 @@ fn main() -> Result<()> {
         .flag("-std=c++20")
         .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={cxx11_abi}"))
         .flag("-DGLOG_USE_GLOG_EXPORT")
+        // libtorch is a release build (its `caffe2/core/macros.h` lists
+        // `-DNDEBUG` among its CXX_FLAGS), and its headers change with
+        // NDEBUG: `at::RecordFunction` has an `inputs_valid_` member only
+        // without it, and its `inputs()` then asserts that flag, which the
+        // release library never sets. The shim must see the layout and
+        // inline code the library was built with. Its other flags
+        // (USE_KINETO, USE_FBGEMM, C10_NODEPRECATED, ...) touch no header
+        // the shim includes, or no layout.
+        .define("NDEBUG", None)
         .file("shim/ops.cpp")
         .file("shim/budget.cpp")
         .compile("wasmrpc_torch_shim");

@@ -81,6 +81,15 @@ pub trait RpcFunction: Send + Sync + 'static {
     /// # Errors
     /// Whatever the function raises; the kind and message reach the caller.
     async fn call(&self, ctx: CallContext, args: Args) -> Result<Payload>;
+
+    /// Whether, in a profiling scope, the function is the aten ops
+    /// libtorch runs for it (a builtin op): the callee of a profiled call
+    /// then lists those ops, not an event of its own for the call
+    /// (`crate::profiler`), as PyTorch lists `aten::add` for
+    /// `rpc_sync(to, torch.add, ...)`.
+    fn profiled_as_ops(&self) -> bool {
+        false
+    }
 }
 
 struct Native<F>(F);
@@ -258,6 +267,10 @@ impl RpcFunction for BuiltinOp {
         )
         .await
         .map_err(|e| e.context_line(format!("running {name} on worker {}", agent.name())))
+    }
+
+    fn profiled_as_ops(&self) -> bool {
+        true
     }
 }
 

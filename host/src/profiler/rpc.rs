@@ -1,6 +1,7 @@
 //! The profiler on the agent ([`Profiler`], an extension): a call made in
-//! a profiling scope is recorded under its RPC key and carries the key as
-//! a field; its callee serves it in a scope of its own and sends back its
+//! a profiling scope is recorded under its RPC key and carries the key and
+//! the scope's [`ProfilerConfig`] as a field ([`CallField`]); its callee
+//! serves it in a scope of its own with that config and sends back its
 //! events ([`ProfiledEvent`]) as a field of the response, merged under the
 //! key; a worker's server process global profilers record every call it
 //! serves.
@@ -15,8 +16,8 @@ use futures::FutureExt;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    CURRENT, Event, GLOBAL_ENABLED, REMOTE_OP_STR, Recorder, Recording, RpcExecMode,
-    ServerProfilers, build_rpc_profiling_key, current,
+    CURRENT, Event, GLOBAL_ENABLED, ProfilerConfig, REMOTE_OP_STR, Recorder, Recording,
+    RpcExecMode, ServerProfilers, build_rpc_profiling_key, current,
 };
 use crate::agent::{
     CallKind, CallScope, Dest, Extension, FunctionRegistry, IncomingCall, IncomingReply,
@@ -26,6 +27,16 @@ use crate::{Future, Result};
 
 /// The name of the profiler's fields.
 const FEATURE: &str = "profiler";
+
+/// What a profiled call carries to its callee: its RPC key (for a reader
+/// of the traffic; the events come back by request id) and the caller's
+/// scope config, which the callee's scope takes (PyTorch sends its
+/// `ProfilerConfig` with the request the same way).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct CallField {
+    key: String,
+    config: ProfilerConfig,
+}
 
 /// A range a callee profiled while serving a call made inside the
 /// caller's profiling scope, sent back with the response. Times are
@@ -41,6 +52,10 @@ pub struct ProfiledEvent {
     pub start_us: u64,
     /// End.
     pub end_us: u64,
+    /// An op's input shapes ([`Event::input_shapes`]).
+    pub input_shapes: Vec<Vec<i64>>,
+    /// An op's CPU memory ([`Event::cpu_memory_usage`]).
+    pub cpu_memory_usage: i64,
 }
 
 /// The RPC being started on this thread inside a profiling scope, for
@@ -199,6 +214,8 @@ fn incoming(agent: &RpcAgent, id: u64, events: Vec<ProfiledEvent>) {
                 worker: e.worker,
                 start_us: out.start_us + e.start_us,
                 end_us: Some(out.start_us + e.end_us),
+                input_shapes: e.input_shapes,
+                cpu_memory_usage: e.cpu_memory_usage,
             });
         }
     }
@@ -218,15 +235,26 @@ fn served_name(function: &str, args: &crate::Args) -> String {
     function.to_string()
 }
 
+/// How the caller profiles a served call.
+#[derive(Clone, Copy)]
+struct ServedProfile {
+    /// The caller's scope config.
+    config: ProfilerConfig,
+    /// The function is a builtin op: the ops libtorch runs for it stand for
+    /// the call's own event.
+    ops_stand_for_call: bool,
+}
+
 /// Serves a call named `name` (see [`served_name`]): when the caller
-/// profiles it (`profiled`), in a scope of its own with one event for the
-/// call itself, returning every event recorded, for the response; and with
-/// one event in each server process global profiler enabled on this
+/// profiles it (`profiled`), in a scope of its own with the caller's
+/// config and one event for the call itself (for a builtin op, the ops it
+/// ran instead), returning every event recorded, for the response; and
+/// with one event in each server process global profiler enabled on this
 /// worker, unless it is one of the agent's internal calls.
 async fn serve<F: std::future::Future>(
     agent: &RpcAgent,
     name: String,
-    profiled: bool,
+    profiled: Option<ServedProfile>,
     call: F,
 ) -> (F::Output, Option<Vec<ProfiledEvent>>) {
     // One atomic load while no worker of the process has a global profiler.
@@ -241,8 +269,8 @@ async fn serve<F: std::future::Future>(
     } else {
         Vec::new()
     };
-    let out = if profiled {
-        let (out, events) = serve_profiled(agent, name, call).await;
+    let out = if let Some(profiled) = profiled {
+        let (out, events) = serve_profiled(agent, name, profiled, call).await;
         (out, Some(events))
     } else {
         (call.await, None)
@@ -254,16 +282,26 @@ async fn serve<F: std::future::Future>(
 async fn serve_profiled<F: std::future::Future>(
     agent: &RpcAgent,
     name: String,
+    profiled: ServedProfile,
     call: F,
 ) -> (F::Output, Vec<ProfiledEvent>) {
-    let recorder = Arc::new(Recorder {
-        epoch: Instant::now(),
-        worker: agent.rank(),
-        events: Mutex::new(Vec::new()),
-    });
-    let index = recorder.open(name);
-    let out = CURRENT.scope(Arc::clone(&recorder), call).await;
-    recorder.close(index);
+    let recorder = Recorder::new(agent.rank(), profiled.config);
+    let out = if profiled.ops_stand_for_call {
+        let start = Instant::now();
+        let out = CURRENT.scope(Arc::clone(&recorder), call).await;
+        if recorder.lock().is_empty() {
+            // No op went through libtorch's dispatcher (a Python builtin
+            // such as `builtins.min`, or a refused call): the call is its
+            // one event.
+            Recording(Arc::clone(&recorder)).add(name, start, Instant::now());
+        }
+        out
+    } else {
+        let index = recorder.open(name);
+        let out = CURRENT.scope(Arc::clone(&recorder), call).await;
+        recorder.close(index);
+        out
+    };
     let now = recorder.now_us();
     let events = std::mem::take(&mut *recorder.lock())
         .into_iter()
@@ -272,6 +310,8 @@ async fn serve_profiled<F: std::future::Future>(
             worker: e.worker,
             start_us: e.start_us,
             end_us: e.end_us.unwrap_or(now),
+            input_shapes: e.input_shapes,
+            cpu_memory_usage: e.cpu_memory_usage,
         })
         .collect();
     (out, events)
@@ -290,7 +330,13 @@ struct Sent {
 
 impl CallScope for Sent {
     fn field(&mut self, id: u64) -> Option<Vec<u8>> {
-        Some(self.out.sent_as(id).into_bytes())
+        let field = CallField {
+            key: self.out.sent_as(id),
+            config: self.out.recorder.config,
+        };
+        // Encoding a string and two flags cannot fail; were it to, the
+        // callee would profile with the default config.
+        Some(crate::abi::encode(&field).unwrap_or_default())
     }
 
     fn sent(self: Box<Self>, call: &Future) {
@@ -309,7 +355,7 @@ impl CallScope for Sent {
 struct Serving {
     agent: RpcAgent,
     name: String,
-    profiled: bool,
+    profiled: Option<ServedProfile>,
     events: Arc<Mutex<Option<Vec<ProfiledEvent>>>>,
 }
 
@@ -369,13 +415,29 @@ impl Extension for Profiler {
     fn on_serve(&self, call: &IncomingCall<'_>) -> Option<Box<dyn ServeScope>> {
         // One atomic load while no worker of the process has a global
         // profiler and the caller profiles nothing.
-        let profiled = call.field.is_some();
-        if !profiled && GLOBAL_ENABLED.load(Ordering::Acquire) == 0 {
+        if call.field.is_none() && GLOBAL_ENABLED.load(Ordering::Acquire) == 0 {
             return None;
         }
+        let name = served_name(call.function, call.args);
+        let profiled = call.field.map(|field| {
+            // A field this version cannot read still means "profiled": the
+            // call is then profiled with the default config.
+            let config = crate::abi::decode::<CallField>(field)
+                .map(|f| f.config)
+                .unwrap_or_default();
+            let ops_stand_for_call = call
+                .agent
+                .registry()
+                .get(&name)
+                .is_some_and(|f| f.profiled_as_ops());
+            ServedProfile {
+                config,
+                ops_stand_for_call,
+            }
+        });
         Some(Box::new(Serving {
             agent: call.agent.clone(),
-            name: served_name(call.function, call.args),
+            name,
             profiled,
             events: Arc::default(),
         }))

@@ -29,6 +29,8 @@ struct wrs_budget {
       : limit(limit_), parent(parent_) {}
 };
 
+thread_local int64_t wrs::alloc_header_bytes = 0;
+
 namespace {
 
 thread_local wrs_budget* current_scope = nullptr;
@@ -70,6 +72,15 @@ void uncharge(wrs_budget* b, uint64_t n) {
 
 constexpr size_t kHeader = 64;
 
+// Sets wrs::alloc_header_bytes while the wrapped allocator works on one of
+// our blocks.
+struct HeaderInFlight {
+  HeaderInFlight() { wrs::alloc_header_bytes = static_cast<int64_t>(kHeader); }
+  ~HeaderInFlight() { wrs::alloc_header_bytes = 0; }
+  HeaderInFlight(const HeaderInFlight&) = delete;
+  HeaderInFlight& operator=(const HeaderInFlight&) = delete;
+};
+
 struct Header {
   c10::DataPtr block;
   // Null when the block was allocated outside any scope.
@@ -91,7 +102,9 @@ void budgeted_delete(void* data) {
     uncharge(budget, bytes);
     release(budget);
   }
-  // `block` frees the memory, header included, as it goes out of scope.
+  // Frees the memory, header included.
+  HeaderInFlight in_flight;
+  block.clear();
 }
 
 struct BudgetedAllocator final : c10::Allocator {
@@ -110,6 +123,7 @@ struct BudgetedAllocator final : c10::Allocator {
     }
     c10::DataPtr block;
     try {
+      HeaderInFlight in_flight;
       block = inner->allocate(n + kHeader);
     } catch (...) {
       if (budget != nullptr) {

@@ -52,3 +52,14 @@ int32_t wrs_budget_take_refusal(wrs_budget_refusal* refusal);
 #ifdef __cplusplus
 }
 #endif
+
+#ifdef __cplusplus
+namespace wrs {
+// The header bytes the budget allocator adds to the block it is asking the
+// wrapped allocator for, or giving back, on this thread (0 otherwise).
+// That allocator reports the whole block to the profiler; the op profiler
+// (ops.cpp) subtracts the header, so an op's memory is what the op asked
+// for, as PyTorch reports it.
+extern thread_local int64_t alloc_header_bytes;
+}  // namespace wrs
+#endif

@@ -169,18 +169,36 @@ int32_t wrs_tensor_remove_hook(const void* tensor, uint32_t index, wrs_out* out)
 // included (RecordFunction, function scope), between wrs_profile_start and
 // wrs_profile_stop. Nothing is installed outside such a window.
 
+// What a window records besides names and times (bits of `options`).
+// The shapes of each op's inputs (PyTorch's `record_shapes`).
+#define WRS_PROFILE_SHAPES 1u
+// The CPU memory each op allocated minus what it freed (PyTorch's
+// `profile_memory`).
+#define WRS_PROFILE_MEMORY 2u
+
 // One op: its name (valid until the next wrs_profile_start on this thread)
-// and its start and end in nanoseconds since wrs_profile_start.
+// and its start and end in nanoseconds since wrs_profile_start. With
+// WRS_PROFILE_SHAPES, its `n_inputs` inputs' shapes: input i has `ranks[i]`
+// dimensions (0 for an input that is not a defined tensor), all of them
+// one after the other in `dims`; without it, `n_inputs` is 0. With
+// WRS_PROFILE_MEMORY, `cpu_memory_bytes` is what the CPU allocator handed
+// out minus what it took back while the op ran, its nested ops included;
+// without it, 0.
 typedef struct wrs_op_event {
   const char* name;
   size_t name_len;
   int64_t start_ns;
   int64_t end_ns;
+  const int64_t* ranks;
+  const int64_t* dims;
+  size_t n_inputs;
+  int64_t cpu_memory_bytes;
 } wrs_op_event;
 
-// Starts recording on this thread (clearing what an earlier window kept).
-// Returns 0, or a negative value if a window is already open.
-int32_t wrs_profile_start(void);
+// Starts recording on this thread (clearing what an earlier window kept),
+// with the WRS_PROFILE_* bits of `options`. Returns 0, or a negative value
+// if a window is already open (-1) or it could not start (-2).
+int32_t wrs_profile_start(uint32_t options);
 // Stops recording on this thread: `*events` points at the ops in the order
 // they started (thread-local storage, valid until the next
 // wrs_profile_start); returns how many.

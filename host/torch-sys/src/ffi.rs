@@ -103,10 +103,19 @@ pub(crate) struct RawOpEvent {
     pub(crate) name_len: usize,
     pub(crate) start_ns: i64,
     pub(crate) end_ns: i64,
+    pub(crate) ranks: *const i64,
+    pub(crate) dims: *const i64,
+    pub(crate) n_inputs: usize,
+    pub(crate) cpu_memory_bytes: i64,
 }
 
+/// `WRS_PROFILE_SHAPES`: a window records its ops' input shapes.
+pub(crate) const WRS_PROFILE_SHAPES: u32 = 1;
+/// `WRS_PROFILE_MEMORY`: a window records its ops' CPU memory.
+pub(crate) const WRS_PROFILE_MEMORY: u32 = 2;
+
 unsafe extern "C" {
-    pub(crate) fn wrs_profile_start() -> i32;
+    pub(crate) fn wrs_profile_start(options: u32) -> i32;
     pub(crate) fn wrs_profile_stop(events: *mut *const RawOpEvent) -> usize;
     pub(crate) fn wrs_op_resolve(
         name: *const u8,

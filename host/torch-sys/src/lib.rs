@@ -115,6 +115,6 @@ pub use op::{
     Admission, AdmitAll, OpGate, Operator, Target, WIRE_PREFIX, call_method, call_method_gated,
     call_op, call_op_gated, qualified_name, registered_ops, schemas,
 };
-pub use profile::{OpEvent, record_ops};
+pub use profile::{OpEvent, RecordOptions, record_ops};
 pub use value::{MAX_NESTING, OpValue, kind_code, kind_of_code};
 pub use wasmrpc_abi::ErrorKind;

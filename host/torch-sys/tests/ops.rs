@@ -931,9 +931,11 @@ fn every_registered_op_survives_arbitrary_arguments() {
 
 #[test]
 fn record_ops_lists_the_ops_run_with_nested_ones() {
-    use wasmrpc_torch_sys::{OpValue, call_op, record_ops};
+    use wasmrpc_torch_sys::{OpValue, RecordOptions, call_op, record_ops};
     let x = tch::Tensor::from_slice(&[-1.0f32, 2.0]);
-    let (out, events) = record_ops(|| call_op("aten::relu", &[OpValue::Tensor(x)], &[]));
+    let (out, events) = record_ops(RecordOptions::default(), || {
+        call_op("aten::relu", &[OpValue::Tensor(x)], &[])
+    });
     out.expect("relu");
     let names: Vec<&str> = events.iter().map(|e| e.name.as_str()).collect();
     assert_eq!(names.first(), Some(&"aten::relu"), "{names:?}");
@@ -944,8 +946,112 @@ fn record_ops_lists_the_ops_run_with_nested_ones() {
     // Outside a window nothing is recorded, and a window starts empty.
     let y = tch::Tensor::from_slice(&[1.0f32]);
     call_op("aten::neg", &[OpValue::Tensor(y)], &[]).expect("neg");
-    let ((), events) = record_ops(|| ());
+    let ((), events) = record_ops(RecordOptions::default(), || ());
     assert!(events.is_empty(), "{events:?}");
+    // Without the options, no shapes and no memory.
+    let (out, events) = record_ops(RecordOptions::default(), || {
+        call_op("aten::add", &[ones(&[100]), ones(&[100])], &[])
+    });
+    out.expect("add");
+    assert!(
+        events
+            .iter()
+            .all(|e| e.input_shapes.is_empty() && e.cpu_memory_usage == 0),
+        "{events:?}"
+    );
+}
+
+/// The shapes come from `at::RecordFunction::inputs()`, read by the shim:
+/// they are right only if the shim sees RecordFunction with libtorch's own
+/// layout and inline code (built with libtorch's NDEBUG, `build.rs`).
+#[test]
+fn record_ops_reads_input_shapes_through_record_function() {
+    use wasmrpc_torch_sys::{RecordOptions, call_op, record_ops};
+    let shapes = RecordOptions {
+        shapes: true,
+        memory: false,
+    };
+    // A boxed call (the JIT operator, as RPC builtins run): `aten::add`'s
+    // inputs are self, other and the scalar alpha.
+    let (out, events) = record_ops(shapes, || {
+        call_op("aten::add", &[ones(&[100]), ones(&[100])], &[])
+    });
+    out.expect("add");
+    let add = events
+        .iter()
+        .find(|e| e.name == "aten::add")
+        .unwrap_or_else(|| panic!("no aten::add in {events:?}"));
+    assert_eq!(add.input_shapes, vec![vec![100], vec![100], vec![]]);
+    // An unboxed call (tch's own binding), other ranks and sizes.
+    let a = Tensor::ones([2, 3, 4], F32);
+    let b = Tensor::ones([4, 5], F32);
+    let (c, events) = record_ops(shapes, || a.matmul(&b));
+    assert_eq!(c.size(), [2, 3, 5]);
+    let matmul = events
+        .iter()
+        .find(|e| e.name == "aten::matmul")
+        .unwrap_or_else(|| panic!("no aten::matmul in {events:?}"));
+    assert_eq!(matmul.input_shapes, vec![vec![2, 3, 4], vec![4, 5]]);
+    // A 0-dim tensor is a tensor with no sizes; an int is no tensor.
+    let (out, events) = record_ops(shapes, || {
+        call_op(
+            "aten::mul",
+            &[OpValue::Tensor(Tensor::from(2.0f32)), ones(&[7, 1])],
+            &[],
+        )
+    });
+    out.expect("mul");
+    let mul = events.iter().find(|e| e.name == "aten::mul").expect("mul");
+    assert_eq!(mul.input_shapes, vec![vec![], vec![7, 1]]);
+    let (out, events) = record_ops(shapes, || {
+        call_op("aten::sum", &[ones(&[3, 2]), ints(&[1])], &[])
+    });
+    out.expect("sum");
+    let sum = events.iter().find(|e| e.name == "aten::sum").expect("sum");
+    assert_eq!(sum.input_shapes[0], vec![3, 2], "{sum:?}");
+    assert!(sum.input_shapes[1..].iter().all(Vec::is_empty), "{sum:?}");
+}
+
+#[test]
+fn record_ops_reports_the_cpu_memory_each_op_allocates() {
+    use wasmrpc_torch_sys::{RecordOptions, call_op, record_ops};
+    let memory = RecordOptions {
+        shapes: false,
+        memory: true,
+    };
+    // 100 floats: 400 bytes, kept (the output), so the op and the
+    // `aten::empty` it allocates with both count them.
+    let (out, events) = record_ops(memory, || call_op("aten::ones", &[ints(&[100])], &[]));
+    let out = out.expect("ones");
+    let ones_event = events
+        .iter()
+        .find(|e| e.name == "aten::ones")
+        .unwrap_or_else(|| panic!("no aten::ones in {events:?}"));
+    assert_eq!(ones_event.cpu_memory_usage, 400, "{events:?}");
+    // Ops called through tch's own bindings report too; a tensor freed
+    // between ops counts for no op.
+    let (r, events) = record_ops(memory, || {
+        let t = Tensor::ones([1000], F32);
+        let s = t.sum(Kind::Float);
+        drop(t);
+        s
+    });
+    assert_eq!(r.size(), Vec::<i64>::new());
+    assert!(
+        events.iter().any(|e| e.cpu_memory_usage == 4000),
+        "no op with the 4000 bytes of ones(1000): {events:?}"
+    );
+    assert!(
+        events.iter().all(|e| e.cpu_memory_usage >= 0),
+        "the free of ones(1000) was counted for an op: {events:?}"
+    );
+    // Without the option nothing is reported, though the ops allocate.
+    let (out2, events) = record_ops(RecordOptions::default(), || {
+        call_op("aten::ones", &[ints(&[100])], &[])
+    });
+    out2.expect("ones");
+    assert!(events.iter().all(|e| e.cpu_memory_usage == 0), "{events:?}");
+    drop(out);
 }
 
 #[test]

@@ -25,7 +25,7 @@ impl GuestCall {
         let name = name.to_owned();
         let grad_enabled = self.autograd.grad_enabled();
         let recording = self.recording();
-        let profiled = recording.is_some();
+        let options = recording.as_ref().map(|r| r.config().record_options());
         let budget = self.budget.clone();
         let policy = self.agent.options().op_policy.clone();
         let worker = self.agent.name().to_owned();
@@ -51,14 +51,13 @@ impl GuestCall {
                     }
                 })
             };
-            if !profiled {
-                return (run(), None);
-            }
             // In a profiling scope: every aten op libtorch runs for it,
             // nested ones included, as PyTorch's profiler lists them.
-            let start = Instant::now();
-            let (out, ops) = wasmrpc_torch_sys::record_ops(run);
-            (out, Some((name, start, Instant::now(), ops)))
+            let (out, ops) = crate::ops::profiled(options, run);
+            (
+                out,
+                ops.map(|(start, ops)| (name, start, Instant::now(), ops)),
+            )
         })
         .await
         .map_err(remote)?;
@@ -67,10 +66,7 @@ impl GuestCall {
                 // Nothing went through the dispatcher (a Python builtin).
                 r.add(name, start, end);
             }
-            for op in ops {
-                let at = |ns| start + Duration::from_nanos(ns);
-                r.add(op.name, at(op.start_ns), at(op.end_ns));
-            }
+            r.add_ops(ops, start);
         }
         let outputs = outputs.map_err(remote)?;
         let value = wasmrpc_torch_sys::OpValue::from_outputs(outputs);
