@@ -61,14 +61,44 @@ pub(crate) enum Code {
 }
 
 /// A live instance of either kind of code.
-pub(crate) enum Warm {
+pub(crate) struct Warm {
+    kind: WarmKind,
+    /// Counts the instance in its runtime's live instances while it lives.
+    _live: LiveInstance,
+}
+
+enum WarmKind {
     /// Of a core module.
     Core(CoreWarm),
     /// Of a component.
     Component(ComponentWarm),
 }
 
+/// One of a runtime's live instances ([`Shared::live`]), until dropped.
+struct LiveInstance(Arc<std::sync::atomic::AtomicUsize>);
+
+impl LiveInstance {
+    fn new(live: &Arc<std::sync::atomic::AtomicUsize>) -> LiveInstance {
+        live.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        LiveInstance(live.clone())
+    }
+}
+
+impl Drop for LiveInstance {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 impl Warm {
+    /// The component instance, if this is one.
+    pub(crate) fn component(&mut self) -> Option<&mut ComponentWarm> {
+        match &mut self.kind {
+            WarmKind::Component(c) => Some(c),
+            WarmKind::Core(_) => None,
+        }
+    }
+
     /// Runs `target` with `args` and returns its outcome; locks the call
     /// still holds are released when it ends.
     pub(crate) async fn invoke(
@@ -77,9 +107,9 @@ impl Warm {
         target: Target<'_>,
         args: &CallArgs,
     ) -> std::result::Result<Outcome, Fault> {
-        let (result, ctx) = match self {
-            Warm::Core(w) => (w.invoke(ctx, target, args).await, w.take_ctx()),
-            Warm::Component(w) => (w.invoke(ctx, target, args).await, w.take_ctx()),
+        let (result, ctx) = match &mut self.kind {
+            WarmKind::Core(w) => (w.invoke(ctx, target, args).await, w.take_ctx()),
+            WarmKind::Component(w) => (w.invoke(ctx, target, args).await, w.take_ctx()),
         };
         release_locks(ctx).await;
         result
@@ -175,7 +205,9 @@ impl Plugin {
 
     /// A warm instance from the pool, or a new one. When every instance
     /// slot of the runtime is taken (a Python instance takes 13 to 16),
-    /// waits for an instance to come back, up to [`POOL_WAIT`].
+    /// drops the idle instances of every plugin of the runtime, then waits
+    /// for a busy instance to come back, up to [`POOL_WAIT`]; fails at once
+    /// if no instance is live anywhere (the pool is too small for one).
     pub(crate) async fn checkout(&self) -> Result<Warm> {
         let deadline = std::time::Instant::now() + POOL_WAIT;
         loop {
@@ -183,40 +215,67 @@ impl Plugin {
             if let Some(warm) = pooled {
                 return Ok(warm);
             }
-            match self.instantiate().await {
+            let e = match self.instantiate().await {
                 Ok(warm) => return Ok(warm),
-                Err(e)
-                    if e.downcast_ref::<wasmtime::PoolConcurrencyLimitError>()
-                        .is_some()
-                        && std::time::Instant::now() < deadline =>
-                {
-                    // Slots free when instances come back here or are
-                    // dropped anywhere in the runtime: wake on the first,
-                    // poll for the second.
-                    let back = self.returned.notified();
-                    let _ = tokio::time::timeout(std::time::Duration::from_millis(20), back).await;
-                }
-                Err(e) => {
-                    return Err(Error::Engine(format!(
-                        "cannot instantiate plugin `{}`: {e:#}",
-                        self.name()
-                    )));
-                }
+                Err(e) => e,
+            };
+            let full = e
+                .downcast_ref::<wasmtime::PoolConcurrencyLimitError>()
+                .is_some();
+            if full && self.shared.drop_idle_instances() > 0 {
+                continue;
             }
+            let live = self.shared.live.load(std::sync::atomic::Ordering::Relaxed);
+            if full && live == 0 {
+                return Err(Error::Engine(format!(
+                    "cannot instantiate plugin `{}`: one instance needs more slots than the \
+                     runtime's whole pool has ({} instances): raise `max_instances` \
+                     ({e:#})",
+                    self.name(),
+                    self.shared.config.max_instances
+                )));
+            }
+            if !full || std::time::Instant::now() >= deadline {
+                return Err(Error::Engine(format!(
+                    "cannot instantiate plugin `{}`{}: {e:#}",
+                    self.name(),
+                    if full {
+                        format!(
+                            " ({live} instances held the runtime's pool for {} s)",
+                            POOL_WAIT.as_secs()
+                        )
+                    } else {
+                        String::new()
+                    }
+                )));
+            }
+            // Slots free when busy instances come back here or are dropped
+            // anywhere in the runtime: wake on the first, poll for the
+            // second.
+            let back = self.returned.notified();
+            let _ = tokio::time::timeout(std::time::Duration::from_millis(20), back).await;
         }
+    }
+
+    /// Drops the idle instances in the pool; returns how many.
+    pub(crate) fn drop_idle(&self) -> usize {
+        let idle = std::mem::take(&mut *self.pool.lock().unwrap_or_else(|p| p.into_inner()));
+        idle.len()
     }
 
     async fn instantiate(&self) -> wasmtime::Result<Warm> {
         let config = &self.shared.config;
         let (engine, memory, time) = (&self.shared.engine, config.max_memory, config.time_limit);
-        match &self.code {
-            Code::Core(pre) => CoreWarm::new(engine, pre, memory, time)
-                .await
-                .map(Warm::Core),
-            Code::Component(pre) => ComponentWarm::new(engine, pre, memory, time)
-                .await
-                .map(Warm::Component),
-        }
+        let kind = match &self.code {
+            Code::Core(pre) => WarmKind::Core(CoreWarm::new(engine, pre, memory, time).await?),
+            Code::Component(pre) => {
+                WarmKind::Component(ComponentWarm::new(engine, pre, memory, time).await?)
+            }
+        };
+        Ok(Warm {
+            kind,
+            _live: LiveInstance::new(&self.shared.live),
+        })
     }
 
     /// Returns a healthy instance to the pool (or drops it when the pool is

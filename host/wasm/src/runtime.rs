@@ -4,7 +4,7 @@
 
 use crate::instance::{CallCtx, Fault, StoreData};
 use crate::object::Object;
-use crate::plugin::{Code, Entry, LoadSource, Plugin, Target, Warm};
+use crate::plugin::{Code, Entry, LoadSource, Plugin, Target};
 use crate::{Error, GuestHost, Result, manifest};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -58,6 +58,33 @@ impl Default for Config {
 pub(crate) struct Shared {
     pub(crate) engine: Engine,
     pub(crate) config: Config,
+    /// Live instances of every plugin of the runtime, busy or idle: what
+    /// holds the pooling allocator's slots.
+    pub(crate) live: Arc<std::sync::atomic::AtomicUsize>,
+    /// Every plugin loaded, whose idle instances a checkout that finds the
+    /// pool full may drop to free their slots.
+    pub(crate) plugins: Mutex<Vec<std::sync::Weak<Plugin>>>,
+}
+
+impl Shared {
+    fn new(engine: Engine, config: Config) -> Shared {
+        Shared {
+            engine,
+            config,
+            live: Arc::default(),
+            plugins: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Drops the idle instances of every plugin; returns how many.
+    pub(crate) fn drop_idle_instances(&self) -> usize {
+        let plugins: Vec<Arc<Plugin>> = {
+            let mut all = self.plugins.lock().unwrap_or_else(|p| p.into_inner());
+            all.retain(|p| p.strong_count() > 0);
+            all.iter().filter_map(std::sync::Weak::upgrade).collect()
+        };
+        plugins.iter().map(|p| p.drop_idle()).sum()
+    }
 }
 
 struct Inner {
@@ -138,7 +165,7 @@ impl Runtime {
 
         Ok(Runtime {
             inner: Arc::new(Inner {
-                shared: Arc::new(Shared { engine, config }),
+                shared: Arc::new(Shared::new(engine, config)),
                 linker,
                 component_linker,
                 plugins: Mutex::new(HashMap::new()),
@@ -238,6 +265,12 @@ impl Runtime {
                 shared,
             ))
         };
+        self.inner
+            .shared
+            .plugins
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Arc::downgrade(&plugin));
         let mut plugins = self.plugins();
         let plugin = plugins
             .entry(plugin.name().to_owned())
@@ -493,7 +526,7 @@ fn plugin_exports(manifest: &manifest::Manifest) -> Vec<String> {
 /// instance that then joins the pool.
 async fn describe(plugin: &Arc<Plugin>) -> Result<Vec<manifest::Export>> {
     let mut warm = plugin.checkout().await?;
-    let Warm::Component(component) = &mut warm else {
+    let Some(component) = warm.component() else {
         return Err(Error::Engine(
             "a component plugin made a core instance".into(),
         ));

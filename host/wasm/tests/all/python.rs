@@ -295,6 +295,83 @@ async fn calls_beyond_the_pools_slots_wait_for_an_instance() {
     .await;
 }
 
+#[test]
+fn a_pool_too_small_for_one_python_instance_fails_at_once() {
+    // 8 slots cannot hold one Python instance (13 to 16): with no instance
+    // live anywhere to wait for, the load's first instance fails at once.
+    let runtime = Runtime::new(Config {
+        cache_dir: Some(cache_dir()),
+        max_instances: 8,
+        ..crate::config()
+    })
+    .expect("a runtime");
+    let started = Instant::now();
+    let err = runtime
+        .load_file(wasmrpc_plugins::SEED_FNS_PY)
+        .expect_err("8 slots hold no Python instance")
+        .to_string();
+    assert!(
+        err.contains("needs more slots than the runtime's whole pool has (8 instances)"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < wasmrpc_wasm::POOL_WAIT / 2,
+        "failed only after {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_instances_of_other_plugins_give_their_slots_to_a_python_call() {
+    timed(async {
+        // 24 slots, all held by idle instances of the Rust plugin after 20
+        // calls at once: loading the Python plugin (whose first instance
+        // takes 13 to 16) must take their slots rather than wait for
+        // instances nobody returns.
+        let rt = Runtime::new(Config {
+            cache_dir: Some(cache_dir()),
+            max_instances: 24,
+            ..crate::config()
+        })
+        .expect("a runtime");
+        let rust = rt
+            .load_file(wasmrpc_plugins::SEED_FNS)
+            .expect("the Rust seed plugin loads");
+        let host = FakeHost::new();
+        host.serve(rt.clone(), rust.clone());
+        let calls = (0..20).map(|_| {
+            let (rt, rust, host) = (rt.clone(), rust.clone(), host.clone());
+            tokio::spawn(async move {
+                let a = args(vec![Value::Float(0.2)]);
+                rt.call(&rust, "my_sleep_func", a, host.arc()).await
+            })
+        });
+        for r in futures_join(calls).await {
+            r.expect("a Rust call");
+        }
+        assert!(
+            rust.idle_instances() >= 12,
+            "{} idle",
+            rust.idle_instances()
+        );
+        let started = Instant::now();
+        let rt2 = rt.clone();
+        let python =
+            tokio::task::spawn_blocking(move || rt2.load_file(wasmrpc_plugins::SEED_FNS_PY))
+                .await
+                .expect("the load's task")
+                .expect("the Python plugin loads");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "waited {:?}",
+            started.elapsed()
+        );
+        assert!(python.idle_instances() >= 1);
+        assert!(rust.idle_instances() < 12, "{} idle", rust.idle_instances());
+    })
+    .await;
+}
+
 async fn futures_join<T>(
     handles: impl Iterator<Item = tokio::task::JoinHandle<wasmrpc_wasm::Result<T>>>,
 ) -> Vec<wasmrpc_wasm::Result<T>> {
