@@ -1094,3 +1094,54 @@ fn launch_passes_the_op_policy_to_every_worker() {
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
 }
+
+/// The README's Python steps end to end: an `app.py` built with `wasmrpc
+/// plugin build-py` (componentize-py from the cache folder, as `cargo
+/// xtask setup` installs it) is served by a `wasmrpc launch` cluster, whose
+/// entry is the Python function, making a nested RPC.
+#[test]
+fn a_python_plugin_built_with_build_py_runs_on_a_launch_cluster() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let src = dir.path().join("my-plugin");
+    std::fs::create_dir(&src).expect("the plugin folder");
+    std::fs::write(
+        src.join("app.py"),
+        "from wasmrpc import remote, rpc, torch\n\n\n\
+         @remote\n\
+         def nested_rpc(dst):\n    \
+             return rpc.rpc_sync(dst, torch.add, args=(torch.ones(2, 2), 1)).sum().item()\n",
+    )
+    .expect("app.py");
+    let out = wasmrpc(
+        &["plugin", "build-py", &src.display().to_string()],
+        Duration::from_secs(300),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "build-py failed:\n{stdout}\n{stderr}");
+    let wasm = dir.path().join("my-plugin.wasm");
+    assert!(wasm.is_file(), "no {}:\n{stdout}\n{stderr}", wasm.display());
+
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir(&plugins).expect("the plugins folder");
+    std::fs::rename(&wasm, plugins.join("my-plugin.wasm")).expect("move the plugin");
+    let out = wasmrpc(
+        &[
+            "launch",
+            "--nproc",
+            "2",
+            "--plugins",
+            &plugins.display().to_string(),
+            "--entry",
+            "my_plugin::nested_rpc",
+            "--",
+            "worker1",
+        ],
+        Duration::from_secs(300),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "launch failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("[worker0] my_plugin::nested_rpc returned Float(8.0)"),
+        "unexpected result:\n{stdout}\n{stderr}"
+    );
+}
