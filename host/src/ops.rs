@@ -38,23 +38,21 @@
 
 pub(crate) mod family;
 pub mod policy;
+mod recording;
 pub(crate) mod schema;
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use tch::Tensor;
-use wasmrpc_torch_sys::{
-    BUILTINS, OpError, OpEvent, OpValue, Operator, RecordOptions, WIRE_PREFIX, call_op_gated,
-};
+use wasmrpc_torch_sys::{BUILTINS, OpError, OpValue, Operator, WIRE_PREFIX, call_op_gated};
 
 use crate::abi::RemoteError;
 use crate::error::{Error, Result};
-use crate::profiler::Recording;
 use crate::tensor::budget::CallBudget;
 use crate::value::{Args, Payload};
 pub use policy::OpPolicy;
 pub(crate) use policy::PolicyGate;
+pub(crate) use recording::{OpListener, listen_for_ops, profiled};
 
 /// The resolver of builtin op names (see the module docs for the names it
 /// serves). Stateless: resolved operators are cached process-wide by
@@ -106,9 +104,9 @@ pub(crate) async fn run_builtin(
     let (positional, kwargs) = op_args(args).map_err(op_error)?;
     // In a profiling scope (a profiled call's callee, or a local call in a
     // scope), the op is listed as the aten ops libtorch runs for it, as
-    // PyTorch's profiler lists them (`crate::profiler`).
-    let recording = Recording::active();
-    let options = recording.as_ref().map(|r| r.config().record_options());
+    // PyTorch's profiler lists them.
+    let listener = recording::op_listener();
+    let options = listener.as_ref().map(|l| l.record_options());
     let (outputs, ops) = if is_cheap(name, &positional, &kwargs) {
         let gate = PolicyGate { policy, worker };
         profiled(options, || {
@@ -132,27 +130,10 @@ pub(crate) async fn run_builtin(
         })
         .await?
     };
-    if let (Some(r), Some((start, ops))) = (recording, ops) {
-        r.add_ops(ops, start);
+    if let (Some(l), Some((start, ops))) = (listener, ops) {
+        l.ops_ran(start, ops);
     }
     Ok(payload_from_op_value(OpValue::from_outputs(outputs?)))
-}
-
-/// Runs `f`, with libtorch's ops recorded as `options` asks when there
-/// are options (a profiling scope): its output, and when recorded, when
-/// the recording began and the ops.
-pub(crate) fn profiled<T>(
-    options: Option<RecordOptions>,
-    f: impl FnOnce() -> T,
-) -> (T, Option<(Instant, Vec<OpEvent>)>) {
-    match options {
-        Some(options) => {
-            let start = Instant::now();
-            let (out, ops) = wasmrpc_torch_sys::record_ops(options, f);
-            (out, Some((start, ops)))
-        }
-        None => (f(), None),
-    }
 }
 
 /// Runs the op work `f` for `what` in `budget` (if any); a refused

@@ -85,43 +85,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The gradients of leaves that were sent themselves, after their hooks:
-/// run through libtorch's engine (`grad` of each leaf with respect to
-/// itself, seeded with what arrived), which applies a leaf's hooks as it
-/// does for any gradient it computes for the leaf. A leaf sent more than
-/// once gets the sum of its seeds, hooked once.
-fn hooked_leaf_gradients(direct: Vec<(Tensor, Tensor)>) -> Result<Vec<(Tensor, Tensor)>> {
-    if direct.is_empty() {
-        return Ok(direct);
-    }
-    let mut leaves: Vec<Tensor> = Vec::new();
-    let mut outputs = Vec::with_capacity(direct.len());
-    let mut seeds = Vec::with_capacity(direct.len());
-    for (leaf, g) in direct {
-        if !leaves.iter().any(|l| impl_id(l) == impl_id(&leaf)) {
-            leaves.push(leaf.shallow_clone());
-        }
-        outputs.push(leaf);
-        seeds.push(g);
-    }
-    let computed = grad(
-        &outputs,
-        &seeds,
-        &leaves,
-        GradOptions {
-            retain_graph: Some(true),
-            create_graph: false,
-            allow_unused: true,
-        },
-    )
-    .map_err(|e| Error::new(e.kind(), e.to_string()))?;
-    Ok(leaves
-        .into_iter()
-        .zip(computed)
-        .filter_map(|(leaf, g)| g.map(|g| (leaf, g)))
-        .collect())
-}
-
 fn add_grad(acc: Option<Tensor>, g: Tensor) -> Result<Tensor> {
     match acc {
         None => Ok(g),
@@ -364,7 +327,7 @@ impl Pass {
             }
         }
         let mut results: Vec<(Tensor, Tensor)> = if super::hook::any_registered() {
-            hooked_leaf_gradients(direct)?
+            super::hook::hooked_leaf_gradients(direct)?
         } else {
             direct
         };

@@ -73,3 +73,45 @@ pub fn register_hook(
 pub(crate) fn any_registered() -> bool {
     LIVE.load(Ordering::Relaxed) > 0
 }
+
+/// The gradients of leaves that were sent themselves, after their hooks:
+/// run through libtorch's engine (`grad` of each leaf with respect to
+/// itself, seeded with what arrived), which applies a leaf's hooks as it
+/// does for any gradient it computes for the leaf. A leaf sent more than
+/// once gets the sum of its seeds, hooked once.
+pub(crate) fn hooked_leaf_gradients(
+    direct: Vec<(Tensor, Tensor)>,
+) -> Result<Vec<(Tensor, Tensor)>> {
+    if direct.is_empty() {
+        return Ok(direct);
+    }
+    let mut leaves: Vec<Tensor> = Vec::new();
+    let mut outputs = Vec::with_capacity(direct.len());
+    let mut seeds = Vec::with_capacity(direct.len());
+    for (leaf, g) in direct {
+        if !leaves
+            .iter()
+            .any(|l| crate::tensor::impl_id(l) == crate::tensor::impl_id(&leaf))
+        {
+            leaves.push(leaf.shallow_clone());
+        }
+        outputs.push(leaf);
+        seeds.push(g);
+    }
+    let computed = wasmrpc_torch_sys::grad(
+        &outputs,
+        &seeds,
+        &leaves,
+        wasmrpc_torch_sys::GradOptions {
+            retain_graph: Some(true),
+            create_graph: false,
+            allow_unused: true,
+        },
+    )
+    .map_err(|e| Error::new(e.kind(), e.to_string()))?;
+    Ok(leaves
+        .into_iter()
+        .zip(computed)
+        .filter_map(|(leaf, g)| g.map(|g| (leaf, g)))
+        .collect())
+}
