@@ -1059,49 +1059,31 @@ fn tensor_hooks_map_gradients_in_local_backward_and_in_grad() {
     let x = Tensor::from_slice(&[1.0_f32, 2.0]).set_requires_grad(true);
     let doubled = register_hook(&x, |g| Ok(g * 2)).unwrap();
     let square = || (&x * &x).sum(Kind::Float);
+    let grad_of_square = || {
+        let g = grad(
+            &[square()],
+            &[],
+            &[x.shallow_clone()],
+            GradOptions::default(),
+        )
+        .unwrap();
+        values(g[0].as_ref().unwrap())
+    };
 
     // Local backward: d(x·x)/dx = 2x, doubled by the hook.
     square().backward();
     assert_eq!(values(&x.grad()), [4., 8.]);
 
-    // grad() applies the leaf's hook before it returns the gradient.
-    let g = grad(
-        &[square()],
-        &[],
-        &[x.shallow_clone()],
-        GradOptions::default(),
-    )
-    .unwrap();
-    assert_eq!(values(g[0].as_ref().unwrap()), [4., 8.]);
+    // grad() applies the leaf's hooks before it returns the gradient.
+    assert_eq!(grad_of_square(), [4., 8.]);
 
     // A second hook runs after the first; removing one leaves the other.
     let plus_one = register_hook(&x, |g| Ok(g + 1)).unwrap();
-    let g = grad(
-        &[square()],
-        &[],
-        &[x.shallow_clone()],
-        GradOptions::default(),
-    )
-    .unwrap();
-    assert_eq!(values(g[0].as_ref().unwrap()), [5., 9.]);
+    assert_eq!(grad_of_square(), [5., 9.]);
     doubled.remove();
-    let g = grad(
-        &[square()],
-        &[],
-        &[x.shallow_clone()],
-        GradOptions::default(),
-    )
-    .unwrap();
-    assert_eq!(values(g[0].as_ref().unwrap()), [3., 5.]);
+    assert_eq!(grad_of_square(), [3., 5.]);
     drop(plus_one);
-    let g = grad(
-        &[square()],
-        &[],
-        &[x.shallow_clone()],
-        GradOptions::default(),
-    )
-    .unwrap();
-    assert_eq!(values(g[0].as_ref().unwrap()), [2., 4.]);
+    assert_eq!(grad_of_square(), [2., 4.]);
 
     // A failing hook fails the pass with its message; so does a panic.
     let failing = register_hook(&x, |_| Err("Expected hook error".to_owned())).unwrap();
