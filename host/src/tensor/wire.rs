@@ -115,7 +115,13 @@ struct KeepAlive(#[allow(dead_code, reason = "held for its destructor")] Tensor)
 // `Tensor` is `Send`.
 unsafe impl Sync for KeepAlive {}
 
-/// A received storage: a fresh 1-D tensor the frame's bytes are read into.
+/// A received storage: a 1-D tensor the frame's bytes are read into.
+///
+/// Storages of 1 MiB or more come from recycled memory
+/// (`wasmrpc_torch_sys::recycle`), whose pages are already faulted in and
+/// which holds an earlier tensor's bytes: whoever makes a `DecodedBlob`
+/// fills the whole of [`bytes_mut`](Self::bytes_mut) before decoding it, or
+/// drops it (REC-1).
 #[derive(Debug)]
 pub(crate) struct DecodedBlob {
     tensor: Tensor,
@@ -142,7 +148,9 @@ impl DecodedBlob {
         let len = usize::try_from(desc.len)
             .map_err(|_| Error::runtime("storage blob larger than the address space"))?;
         let numel = (desc.len / elsize) as i64;
-        let tensor = Tensor::f_empty([numel], (kind, Device::Cpu))?;
+        let tensor = wasmrpc_torch_sys::recycle::for_overwrite(|| {
+            Tensor::f_empty([numel], (kind, Device::Cpu))
+        })?;
         Ok(DecodedBlob {
             tensor,
             dtype: desc.dtype,

@@ -14,9 +14,14 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
 #include <mutex>
 #include <new>
+#include <thread>
 #include <utility>
+#include <vector>
 
 struct wrs_budget {
   std::atomic<uint64_t> used{0};
@@ -86,8 +91,117 @@ struct Header {
   // Null when the block was allocated outside any scope.
   wrs_budget* budget;
   uint64_t bytes;
+  // The block's size class when it may be recycled (it was asked for in an
+  // overwrite scope), else 0.
+  uint64_t recycle_class;
 };
 static_assert(sizeof(Header) <= kHeader, "the header must fit in front of the data");
+
+// ---- Recycled blocks (see budget.h, "Recycling") ----
+
+thread_local bool overwrite_scope = false;
+
+// Blocks smaller than this are left to the wrapped allocator (malloc keeps
+// small blocks itself; what costs is the page faults of big fresh ones).
+constexpr uint64_t kRecycleMin = 1 << 20;
+// An idle block is freed after this long.
+constexpr auto kIdleLife = std::chrono::seconds(5);
+
+// The size class of an `n`-byte request: `n` rounded up to a quarter of
+// its power of two, so a class wastes at most a quarter of the block.
+uint64_t size_class(uint64_t n) {
+  int top = 63 - __builtin_clzll(n);
+  uint64_t step = uint64_t{1} << (top - 2);
+  return (n + step - 1) & ~(step - 1);
+}
+
+struct IdleBlock {
+  c10::DataPtr block;
+  std::chrono::steady_clock::time_point since;
+};
+
+struct RecyclePool {
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::map<uint64_t, std::vector<IdleBlock>> idle;
+  uint64_t idle_bytes = 0;
+  uint64_t limit = uint64_t{1} << 30;
+  uint64_t reused = 0;
+  bool trimmer_started = false;
+
+  // An idle block of class `cls`, or an empty DataPtr.
+  c10::DataPtr take(uint64_t cls) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = idle.find(cls);
+    if (it == idle.end() || it->second.empty()) {
+      return c10::DataPtr();
+    }
+    c10::DataPtr block = std::move(it->second.back().block);
+    it->second.pop_back();
+    idle_bytes -= cls;
+    reused += 1;
+    return block;
+  }
+
+  // Keeps `block` of class `cls` for reuse, or hands it back when the pool
+  // is full (the caller frees it).
+  c10::DataPtr give(uint64_t cls, c10::DataPtr block) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (idle_bytes + cls > limit) {
+      return block;
+    }
+    idle[cls].push_back(IdleBlock{std::move(block), std::chrono::steady_clock::now()});
+    idle_bytes += cls;
+    if (!trimmer_started) {
+      trimmer_started = true;
+      start_trimmer();
+    }
+    return c10::DataPtr();
+  }
+
+  // Frees blocks idle for at least `life` (all of them for zero); returns
+  // them to the caller, who frees them outside the lock.
+  std::vector<c10::DataPtr> expire(std::chrono::steady_clock::duration life) {
+    auto now = std::chrono::steady_clock::now();
+    std::vector<c10::DataPtr> old;
+    std::lock_guard<std::mutex> lock(mutex);
+    for (auto& [cls, blocks] : idle) {
+      size_t kept = 0;
+      for (auto& b : blocks) {
+        if (now - b.since >= life) {
+          old.push_back(std::move(b.block));
+          idle_bytes -= cls;
+        } else {
+          blocks[kept++] = std::move(b);
+        }
+      }
+      blocks.resize(kept);
+    }
+    return old;
+  }
+
+  // A detached thread that frees blocks once they have been idle for
+  // kIdleLife, so an idle worker gives its memory back.
+  void start_trimmer();
+};
+
+// Leaked on purpose: blocks may be freed by static destructors of other
+// libraries after this file's would have run.
+RecyclePool& pool() {
+  static RecyclePool* p = new RecyclePool();
+  return *p;
+}
+
+void free_blocks(std::vector<c10::DataPtr> blocks);
+
+void RecyclePool::start_trimmer() {
+  std::thread([] {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      free_blocks(pool().expire(kIdleLife));
+    }
+  }).detach();
+}
 
 void budgeted_delete(void* data) {
   if (data == nullptr) {
@@ -97,14 +211,26 @@ void budgeted_delete(void* data) {
   c10::DataPtr block = std::move(header->block);
   wrs_budget* budget = header->budget;
   uint64_t bytes = header->bytes;
+  uint64_t recycle_class = header->recycle_class;
   header->~Header();
   if (budget != nullptr) {
     uncharge(budget, bytes);
     release(budget);
   }
+  if (recycle_class != 0) {
+    block = pool().give(recycle_class, std::move(block));
+    if (!block) {
+      return;
+    }
+  }
   // Frees the memory, header included.
   HeaderInFlight in_flight;
   block.clear();
+}
+
+void free_blocks(std::vector<c10::DataPtr> blocks) {
+  HeaderInFlight in_flight;
+  blocks.clear();
 }
 
 struct BudgetedAllocator final : c10::Allocator {
@@ -122,9 +248,16 @@ struct BudgetedAllocator final : c10::Allocator {
                   " in use)");
     }
     c10::DataPtr block;
+    uint64_t recycle_class = 0;
     try {
-      HeaderInFlight in_flight;
-      block = inner->allocate(n + kHeader);
+      if (overwrite_scope && n >= kRecycleMin) {
+        recycle_class = size_class(n);
+        block = pool().take(recycle_class);
+      }
+      if (!block) {
+        HeaderInFlight in_flight;
+        block = inner->allocate((recycle_class != 0 ? recycle_class : n) + kHeader);
+      }
     } catch (...) {
       if (budget != nullptr) {
         uncharge(budget, n);
@@ -136,7 +269,7 @@ struct BudgetedAllocator final : c10::Allocator {
     if (budget != nullptr) {
       budget->refs.fetch_add(1, std::memory_order_relaxed);
     }
-    new (base) Header{std::move(block), budget, n};
+    new (base) Header{std::move(block), budget, n, recycle_class};
     return c10::DataPtr(data, data, &budgeted_delete,
                         c10::Device(c10::DeviceType::CPU));
   }
@@ -202,6 +335,43 @@ wrs_budget* wrs_budget_enter(wrs_budget* budget) {
 }
 
 void wrs_budget_exit(wrs_budget* previous) { current_scope = previous; }
+
+bool wrs_overwrite_enter(void) {
+  bool previous = overwrite_scope;
+  overwrite_scope = true;
+  return previous;
+}
+
+void wrs_overwrite_exit(bool previous) { overwrite_scope = previous; }
+
+void wrs_recycle_stats(wrs_recycle_stats_t* stats) {
+  RecyclePool& p = pool();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  stats->idle_bytes = p.idle_bytes;
+  stats->limit = p.limit;
+  stats->reused = p.reused;
+}
+
+void wrs_recycle_set_limit(uint64_t limit) {
+  std::vector<c10::DataPtr> over;
+  {
+    RecyclePool& p = pool();
+    std::lock_guard<std::mutex> lock(p.mutex);
+    p.limit = limit;
+    // Oldest first would be fairer; the largest first frees the most with
+    // the fewest calls, and a smaller limit is set rarely (tests, start-up).
+    for (auto it = p.idle.rbegin(); it != p.idle.rend() && p.idle_bytes > limit; ++it) {
+      while (!it->second.empty() && p.idle_bytes > limit) {
+        over.push_back(std::move(it->second.back().block));
+        it->second.pop_back();
+        p.idle_bytes -= it->first;
+      }
+    }
+  }
+  free_blocks(std::move(over));
+}
+
+void wrs_recycle_trim(void) { free_blocks(pool().expire(std::chrono::steady_clock::duration::zero())); }
 
 int32_t wrs_budget_take_refusal(wrs_budget_refusal* refusal) {
   if (!refused) {

@@ -49,6 +49,29 @@ void wrs_budget_exit(wrs_budget* previous);
 // since the last wrs_budget_enter, 0 otherwise.
 int32_t wrs_budget_take_refusal(wrs_budget_refusal* refusal);
 
+// Recycling. Allocations of at least 1 MiB made on a thread inside an
+// overwrite scope come from a pool of blocks that earlier such allocations
+// freed, whose pages are already faulted in; the bytes of such a block are
+// whatever its last tensor left there, so the scope is for callers that
+// write every byte before anything reads it (a frame's tensors being
+// received). Budgets charge and release such blocks as any other. Idle
+// blocks are freed after 5 s, and the pool keeps at most its limit
+// (1 GiB unless set) idle.
+bool wrs_overwrite_enter(void);
+void wrs_overwrite_exit(bool previous);
+typedef struct wrs_recycle_stats_t {
+  // Bytes held idle by the pool.
+  uint64_t idle_bytes;
+  // The most it holds idle.
+  uint64_t limit;
+  // Allocations served from an idle block, since the process started.
+  uint64_t reused;
+} wrs_recycle_stats_t;
+void wrs_recycle_stats(wrs_recycle_stats_t* stats);
+void wrs_recycle_set_limit(uint64_t limit);
+// Frees every idle block now.
+void wrs_recycle_trim(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -87,7 +87,7 @@ pub struct BudgetRefusal {
 }
 
 /// Installs the budgeting allocator once per process.
-fn install() {
+pub(crate) fn install() {
     static INSTALLED: OnceLock<i32> = OnceLock::new();
     // SAFETY: the shim catches everything; installing twice is a no-op.
     let status = *INSTALLED.get_or_init(|| unsafe { ffi::wrs_budget_install() });

@@ -223,7 +223,21 @@ pub(crate) struct RawBudgetRefusal {
     pub(crate) depth: u32,
 }
 
+/// The recycling pool's figures (`wrs_recycle_stats_t`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RawRecycleStats {
+    pub(crate) idle_bytes: u64,
+    pub(crate) limit: u64,
+    pub(crate) reused: u64,
+}
+
 unsafe extern "C" {
+    pub(crate) fn wrs_overwrite_enter() -> bool;
+    pub(crate) fn wrs_overwrite_exit(previous: bool);
+    pub(crate) fn wrs_recycle_stats(stats: *mut RawRecycleStats);
+    pub(crate) fn wrs_recycle_set_limit(limit: u64);
+    pub(crate) fn wrs_recycle_trim();
     pub(crate) fn wrs_budget_install() -> i32;
     pub(crate) fn wrs_budget_new(limit: u64, parent: *mut RawBudget) -> *mut RawBudget;
     pub(crate) fn wrs_budget_retain(budget: *mut RawBudget);

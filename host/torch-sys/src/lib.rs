@@ -99,6 +99,7 @@ mod error;
 mod ffi;
 mod op;
 mod profile;
+pub mod recycle;
 mod value;
 
 pub use autograd::{
