@@ -15,7 +15,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <new>
@@ -122,7 +121,6 @@ struct IdleBlock {
 
 struct RecyclePool {
   std::mutex mutex;
-  std::condition_variable wake;
   std::map<uint64_t, std::vector<IdleBlock>> idle;
   uint64_t idle_bytes = 0;
   uint64_t limit = uint64_t{1} << 30;
@@ -150,11 +148,16 @@ struct RecyclePool {
     if (idle_bytes + cls > limit) {
       return block;
     }
-    idle[cls].push_back(IdleBlock{std::move(block), std::chrono::steady_clock::now()});
+    // Called from a deleter, which must not throw: a block that cannot be
+    // kept is freed.
+    try {
+      idle[cls].push_back(IdleBlock{std::move(block), std::chrono::steady_clock::now()});
+    } catch (...) {
+      return block;
+    }
     idle_bytes += cls;
     if (!trimmer_started) {
-      trimmer_started = true;
-      start_trimmer();
+      trimmer_started = start_trimmer();
     }
     return c10::DataPtr();
   }
@@ -167,12 +170,15 @@ struct RecyclePool {
     std::lock_guard<std::mutex> lock(mutex);
     for (auto& [cls, blocks] : idle) {
       size_t kept = 0;
-      for (auto& b : blocks) {
-        if (now - b.since >= life) {
-          old.push_back(std::move(b.block));
+      for (size_t i = 0; i < blocks.size(); ++i) {
+        if (now - blocks[i].since >= life) {
+          old.push_back(std::move(blocks[i].block));
           idle_bytes -= cls;
         } else {
-          blocks[kept++] = std::move(b);
+          if (kept != i) {
+            blocks[kept] = std::move(blocks[i]);
+          }
+          ++kept;
         }
       }
       blocks.resize(kept);
@@ -180,9 +186,10 @@ struct RecyclePool {
     return old;
   }
 
-  // A detached thread that frees blocks once they have been idle for
-  // kIdleLife, so an idle worker gives its memory back.
-  void start_trimmer();
+  // Starts a detached thread that frees blocks once they have been idle
+  // for kIdleLife, so an idle worker gives its memory back. False when no
+  // thread can be made now (the next block kept tries again).
+  bool start_trimmer();
 };
 
 // Leaked on purpose: blocks may be freed by static destructors of other
@@ -194,13 +201,23 @@ RecyclePool& pool() {
 
 void free_blocks(std::vector<c10::DataPtr> blocks);
 
-void RecyclePool::start_trimmer() {
-  std::thread([] {
-    for (;;) {
-      std::this_thread::sleep_for(std::chrono::seconds(1));
-      free_blocks(pool().expire(kIdleLife));
-    }
-  }).detach();
+bool RecyclePool::start_trimmer() {
+  // Called from a deleter, which must not throw.
+  try {
+    std::thread([] {
+      for (;;) {
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+        try {
+          free_blocks(pool().expire(kIdleLife));
+        } catch (...) {
+          // Out of memory for the list: try again in a second.
+        }
+      }
+    }).detach();
+    return true;
+  } catch (...) {
+    return false;
+  }
 }
 
 void budgeted_delete(void* data) {
@@ -353,7 +370,6 @@ void wrs_recycle_stats(wrs_recycle_stats_t* stats) {
 }
 
 void wrs_recycle_set_limit(uint64_t limit) {
-  std::vector<c10::DataPtr> over;
   {
     RecyclePool& p = pool();
     std::lock_guard<std::mutex> lock(p.mutex);
@@ -362,16 +378,25 @@ void wrs_recycle_set_limit(uint64_t limit) {
     // the fewest calls, and a smaller limit is set rarely (tests, start-up).
     for (auto it = p.idle.rbegin(); it != p.idle.rend() && p.idle_bytes > limit; ++it) {
       while (!it->second.empty() && p.idle_bytes > limit) {
-        over.push_back(std::move(it->second.back().block));
+        // Freed here, under the lock, rather than collected: no allocation
+        // that could throw through the C boundary.
+        HeaderInFlight in_flight;
+        it->second.back().block.clear();
         it->second.pop_back();
         p.idle_bytes -= it->first;
       }
     }
   }
-  free_blocks(std::move(over));
 }
 
-void wrs_recycle_trim(void) { free_blocks(pool().expire(std::chrono::steady_clock::duration::zero())); }
+void wrs_recycle_trim(void) {
+  try {
+    free_blocks(pool().expire(std::chrono::steady_clock::duration::zero()));
+  } catch (...) {
+    // Out of memory for the list of blocks to free: they stay idle and the
+    // trimmer frees them later.
+  }
+}
 
 int32_t wrs_budget_take_refusal(wrs_budget_refusal* refusal) {
   if (!refused) {
