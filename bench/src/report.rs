@@ -240,57 +240,19 @@ enum Goal {
 }
 
 /// Issue 21's targets, in its order: `(what, row, goal)`.
+#[rustfmt::skip]
 const TARGETS: &[(&str, &str, Goal)] = &[
-    (
-        "small-call round trip >= 8x faster than torch",
-        "rtt_noop_native",
-        Goal::VsTorch(8.0),
-    ),
-    (
-        "small-call round trip <= 1.1x the raw TCP round trip",
-        "rtt_noop_native",
-        Goal::OfLimit(1.0 / 1.1),
-    ),
-    (
-        "wasm fn round trip <= 1.1x the native fn's",
-        "rtt_noop_wasm",
-        Goal::Within("rtt_noop_native", 1.1),
-    ),
-    (
-        "aten::add round trip <= 1.1x the native no-op's",
-        "rtt_aten_add",
-        Goal::Within("rtt_noop_native", 1.1),
-    ),
-    (
-        "async calls/s >= 25x torch's",
-        "async_128",
-        Goal::VsTorch(25.0),
-    ),
-    (
-        "64 MiB echo over TCP >= 0.85x raw TCP",
-        "echo_64m",
-        Goal::OfLimit(0.85),
-    ),
-    (
-        "64 MiB echo between workers on one host >= 0.5x memcpy",
-        "echo_64m",
-        Goal::NotBuilt("no same-host shared-memory channel yet: every echo row is over TCP"),
-    ),
-    (
-        "remote()+to_here() >= 5x faster than torch",
-        "remote_to_here",
-        Goal::VsTorch(5.0),
-    ),
-    (
-        "dist autograd step (16x16) >= 5x faster than torch",
-        "dist_autograd_16",
-        Goal::VsTorch(5.0),
-    ),
-    (
-        "dist autograd step (256x256) >= 2x faster than torch",
-        "dist_autograd_256",
-        Goal::VsTorch(2.0),
-    ),
+    ("small-call round trip >= 8x faster than torch", "rtt_noop_native", Goal::VsTorch(8.0)),
+    ("small-call round trip <= 1.1x the raw TCP round trip", "rtt_noop_native", Goal::OfLimit(1.0 / 1.1)),
+    ("wasm fn round trip <= 1.1x the native fn's", "rtt_noop_wasm", Goal::Within("rtt_noop_native", 1.1)),
+    ("aten::add round trip <= 1.1x the native no-op's", "rtt_aten_add", Goal::Within("rtt_noop_native", 1.1)),
+    ("async calls/s >= 25x torch's", "async_128", Goal::VsTorch(25.0)),
+    ("64 MiB echo over TCP >= 0.85x raw TCP", "echo_64m", Goal::OfLimit(0.85)),
+    ("64 MiB echo between workers on one host >= 0.5x memcpy", "echo_64m",
+        Goal::NotBuilt("no same-host shared-memory channel yet: every echo row is over TCP")),
+    ("remote()+to_here() >= 5x faster than torch", "remote_to_here", Goal::VsTorch(5.0)),
+    ("dist autograd step (16x16) >= 5x faster than torch", "dist_autograd_16", Goal::VsTorch(5.0)),
+    ("dist autograd step (256x256) >= 2x faster than torch", "dist_autograd_256", Goal::VsTorch(2.0)),
 ];
 
 /// The issue's targets, each met, missed (by how much) or not measured.
