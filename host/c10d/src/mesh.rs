@@ -176,7 +176,7 @@ impl Conn {
                 (Box::new(read), Box::new(write))
             }
             Conn::Tls(stream) => {
-                let (read, write) = tokio::io::split(*stream);
+                let (read, write) = stream.into_split();
                 (Box::new(read), Box::new(write))
             }
         }

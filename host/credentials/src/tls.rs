@@ -53,14 +53,7 @@ const DNS_SUFFIX: &str = "worker.wasmrpc";
 /// The base32 alphabet of [`worker_dns_name`] (RFC 4648, lowercase).
 const ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
 
-/// A TLS stream over TCP, either end. rustls reads the socket at most 4 KiB
-/// at a time; the read buffer under it turns those into one read of up to
-/// [`TLS_READ_BUFFER`] bytes, so a large tensor costs a system call per
-/// quarter megabyte instead of per 4 KiB.
-pub type TlsStream = tokio_rustls::TlsStream<tokio::io::BufReader<TcpStream>>;
-
-/// The read buffer under each TLS stream.
-pub(crate) const TLS_READ_BUFFER: usize = 256 << 10;
+pub use stream::{TlsReadHalf, TlsStream, TlsWriteHalf};
 
 /// The DNS name a worker's certificate carries: the worker name in
 /// lowercase base32 (so case, `_` and `:`, which DNS names cannot tell
@@ -321,8 +314,11 @@ impl TlsCredentials {
             .map_err(|e| Error::Invalid(format!("the CA certificate is not usable: {e}")))
     }
 
+    /// The acceptor's configuration. The record layer after the handshake
+    /// is `stream`'s, so rustls hands over its keys (secret extraction),
+    /// and sends no session tickets (nothing resumes).
     fn server_config(&self) -> Result<ServerConfig> {
-        ServerConfig::builder_with_provider(provider())
+        let mut config = ServerConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| Error::Failed(format!("TLS set-up failed: {e}")))?
             .with_client_cert_verifier(self.client_verifier()?)
@@ -331,11 +327,15 @@ impl TlsCredentials {
                 Error::Invalid(format!(
                     "the worker certificate and private key do not go together: {e}"
                 ))
-            })
+            })?;
+        config.enable_secret_extraction = true;
+        config.send_tls13_tickets = 0;
+        Ok(config)
     }
 
+    /// The dialer's configuration: as [`server_config`](Self::server_config).
     fn client_config(&self) -> Result<ClientConfig> {
-        ClientConfig::builder_with_provider(provider())
+        let mut config = ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| Error::Failed(format!("TLS set-up failed: {e}")))?
             .with_root_certificates(self.roots()?)
@@ -344,7 +344,10 @@ impl TlsCredentials {
                 Error::Invalid(format!(
                     "the worker certificate and private key do not go together: {e}"
                 ))
-            })
+            })?;
+        config.enable_secret_extraction = true;
+        config.resumption = rustls::client::Resumption::disabled();
+        Ok(config)
     }
 
     /// The acceptor and connector of these credentials.
@@ -354,8 +357,8 @@ impl TlsCredentials {
     /// here).
     pub fn endpoints(&self) -> Result<TlsEndpoints> {
         Ok(TlsEndpoints {
-            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(self.server_config()?)),
-            connector: tokio_rustls::TlsConnector::from(Arc::new(self.client_config()?)),
+            server: Arc::new(self.server_config()?),
+            client: Arc::new(self.client_config()?),
         })
     }
 }
@@ -396,8 +399,8 @@ fn dns_names_in(der: &[u8]) -> Vec<String> {
 /// A connection's TLS ends, built once from [`TlsCredentials`].
 #[derive(Clone)]
 pub struct TlsEndpoints {
-    acceptor: tokio_rustls::TlsAcceptor,
-    connector: tokio_rustls::TlsConnector,
+    server: Arc<ServerConfig>,
+    client: Arc<ClientConfig>,
 }
 
 impl std::fmt::Debug for TlsEndpoints {
@@ -413,15 +416,15 @@ impl TlsEndpoints {
     /// [`Error::Failed`] when the TLS handshake fails (the peer's
     /// certificate is not the CA's or does not name `peer`).
     pub async fn connect(&self, tcp: TcpStream, peer: &str) -> Result<TlsStream> {
-        let name = server_name(peer)?;
-        self.connector
-            .connect(
-                name,
-                tokio::io::BufReader::with_capacity(TLS_READ_BUFFER, tcp),
-            )
+        let failed = |e: String| Error::Failed(format!("TLS with worker {peer} failed: {e}"));
+        let conn = rustls::client::UnbufferedClientConnection::new(
+            self.client.clone(),
+            server_name(peer)?,
+        )
+        .map_err(|e| failed(e.to_string()))?;
+        handshake::establish(conn, tcp, record::RECORDS_PER_KEY)
             .await
-            .map(tokio_rustls::TlsStream::Client)
-            .map_err(|e| Error::Failed(format!("TLS with worker {peer} failed: {e}")))
+            .map_err(failed)
     }
 
     /// Accepts a TLS connection on `tcp`: TLS-1.
@@ -430,11 +433,12 @@ impl TlsEndpoints {
     /// [`Error::Failed`] when the TLS handshake fails (no client
     /// certificate, one of another CA, not TLS at all).
     pub async fn accept(&self, tcp: TcpStream) -> Result<TlsStream> {
-        self.acceptor
-            .accept(tokio::io::BufReader::with_capacity(TLS_READ_BUFFER, tcp))
+        let failed = |e: String| Error::Failed(format!("TLS handshake failed: {e}"));
+        let conn = rustls::server::UnbufferedServerConnection::new(self.server.clone())
+            .map_err(|e| failed(e.to_string()))?;
+        handshake::establish(conn, tcp, record::RECORDS_PER_KEY)
             .await
-            .map(tokio_rustls::TlsStream::Server)
-            .map_err(|e| Error::Failed(format!("TLS handshake failed: {e}")))
+            .map_err(failed)
     }
 }
 
@@ -466,10 +470,7 @@ pub fn check_names(chain: &[CertificateDer<'_>], claimed: &str) -> Result<()> {
 /// # Errors
 /// As [`check_names`].
 pub fn check_peer_names(stream: &TlsStream, claimed: &str) -> Result<()> {
-    check_names(
-        stream.get_ref().1.peer_certificates().unwrap_or_default(),
-        claimed,
-    )
+    check_names(stream.peer_certificates(), claimed)
 }
 
 /// The client side a test's foreign peer dials with: trusts the CA
@@ -502,6 +503,10 @@ pub fn probe_client_config(
 pub fn worker_server_name(worker: &str) -> Result<ServerName<'static>> {
     server_name(worker)
 }
+
+mod handshake;
+mod record;
+mod stream;
 
 #[cfg(test)]
 mod tests;

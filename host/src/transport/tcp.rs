@@ -411,8 +411,8 @@ impl Transport {
                 (Box::new(read), WriteHalf::Tcp(write))
             }
             Stream::Tls(stream) => {
-                let (read, write) = tokio::io::split(*stream);
-                (Box::new(read), WriteHalf::Tls(write))
+                let (read, write) = stream.into_split();
+                (Box::new(read), WriteHalf::Tls(Box::new(write)))
             }
         };
         let (tx, rx) = mpsc::unbounded_channel();

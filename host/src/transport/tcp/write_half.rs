@@ -1,20 +1,21 @@
 //! A connection's write half, whichever stream it is on, and the
 //! non-waiting writes that let a sender write its own frame (TR-5).
 
-use wasmrpc_credentials::TlsStream;
+use wasmrpc_credentials::TlsWriteHalf;
 
 /// A connection's write half: a TCP socket's or a TLS stream's. Either is
 /// written by a sender directly while the writer task has nothing queued
 /// (TR-5), else by the writer task.
 pub(super) enum WriteHalf {
     Tcp(tokio::net::tcp::OwnedWriteHalf),
-    Tls(tokio::io::WriteHalf<TlsStream>),
+    Tls(Box<TlsWriteHalf>),
 }
 
 impl WriteHalf {
     /// Writes what the connection takes now, without waiting: `WouldBlock`
-    /// when it takes nothing. TLS encrypts into rustls's buffer and writes
-    /// what the socket takes; the rest waits for [`try_flush`].
+    /// when it takes nothing. TLS seals records into its write buffer (up
+    /// to its size, writing a full buffer first), which reach the socket
+    /// with [`try_flush`].
     ///
     /// [`try_flush`]: Self::try_flush
     pub(super) fn try_write_vectored(
@@ -38,7 +39,7 @@ impl WriteHalf {
     }
 
     /// Whether everything written has reached the socket, pushing what it
-    /// takes now (a TLS record rustls still holds) without waiting.
+    /// takes now (sealed TLS records still buffered) without waiting.
     pub(super) fn try_flush(&mut self) -> std::io::Result<bool> {
         match self {
             WriteHalf::Tcp(_) => Ok(true),

@@ -1,0 +1,461 @@
+//! [`TlsStream`]: an established TLS 1.3 connection over TCP, split into
+//! halves that need no lock between them.
+//!
+//! rustls drives the handshake (`handshake`) and then hands over the
+//! traffic keys (its `kernel` API, made for kernel TLS); this module runs
+//! the record layer (`record`) the way kernel TLS would: each half owns
+//! its direction's key and sequence number, reads or writes the socket in
+//! large batches, and opens records in place in its own buffer. A large
+//! tensor costs one copy out of that buffer, as over plain TCP, instead of
+//! the several a buffered TLS stream makes.
+//!
+//! Invariants (with REC-TLS-1 and REC-TLS-2 of `record`):
+//! - STREAM-1: a key update, either side's, goes through rustls's key
+//!   schedule (`KernelConnection`), shared by the halves under a mutex
+//!   that is taken only for an update. The writer updates its key before
+//!   it reaches the record limit, and answers a peer that asks for an
+//!   update before its next record (RFC 8446 §4.6.3).
+//! - STREAM-2: after an error, a half keeps failing with it: no byte
+//!   after a bad record is handed out.
+//! - STREAM-3: the end of the stream is the peer's `close_notify`; a TCP
+//!   close without one is an error (a truncation), as rustls reports it.
+
+use std::io;
+use std::ops::Range;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
+
+use rustls::ConnectionTrafficSecrets;
+use rustls::client::ClientConnectionData;
+use rustls::kernel::KernelConnection;
+use rustls::pki_types::CertificateDer;
+use rustls::server::ServerConnectionData;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+
+use super::record::{self, Direction, HEADER, MAX_BODY, MAX_FRAGMENT, PostHandshake};
+
+/// Ciphertext read from the socket at once (at most).
+const READ_BUFFER: usize = 256 << 10;
+/// Sealed records held before a write waits for the socket.
+const WRITE_BUFFER: usize = 256 << 10;
+
+/// rustls's key schedule after the handshake, on either side.
+pub(crate) enum Kernel {
+    Client(KernelConnection<ClientConnectionData>),
+    Server(KernelConnection<ServerConnectionData>),
+}
+
+impl Kernel {
+    fn update(&mut self, transmit: bool) -> Result<(u64, ConnectionTrafficSecrets), String> {
+        let updated = match (self, transmit) {
+            (Kernel::Client(k), true) => k.update_tx_secret(),
+            (Kernel::Client(k), false) => k.update_rx_secret(),
+            (Kernel::Server(k), true) => k.update_tx_secret(),
+            (Kernel::Server(k), false) => k.update_rx_secret(),
+        };
+        updated.map_err(|e| format!("TLS key update failed: {e}"))
+    }
+}
+
+/// What the halves share: the key schedule, and the peer's request for a
+/// key update (STREAM-1).
+pub(crate) struct KeySchedule {
+    kernel: Mutex<Kernel>,
+    update_requested: AtomicBool,
+    /// Records per key before the writer updates it.
+    records_per_key: u64,
+}
+
+impl KeySchedule {
+    pub(crate) fn new(kernel: Kernel, records_per_key: u64) -> Arc<Self> {
+        Arc::new(KeySchedule {
+            kernel: Mutex::new(kernel),
+            update_requested: AtomicBool::new(false),
+            records_per_key,
+        })
+    }
+
+    fn next(&self, transmit: bool) -> Result<Direction, String> {
+        let mut kernel = self.kernel.lock().unwrap_or_else(|p| p.into_inner());
+        Direction::new(kernel.update(transmit)?, self.limit(transmit))
+    }
+
+    /// The writer's record limit per key; the reader's is the sequence
+    /// number space (the peer updates its own key).
+    pub(crate) fn limit(&self, transmit: bool) -> u64 {
+        if transmit {
+            self.records_per_key
+        } else {
+            u64::MAX
+        }
+    }
+}
+
+fn invalid(message: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, message.into())
+}
+
+/// An established TLS connection: both halves, and the certificates the
+/// peer presented.
+pub struct TlsStream {
+    read: TlsReadHalf,
+    write: TlsWriteHalf,
+    peer_certificates: Vec<CertificateDer<'static>>,
+}
+
+impl std::fmt::Debug for TlsStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsStream").finish_non_exhaustive()
+    }
+}
+
+impl TlsStream {
+    /// The stream that continues a handshake: `secrets` and `keys` from
+    /// rustls, `ciphertext` read past the handshake, `plaintext` rustls
+    /// already opened from it.
+    pub(crate) fn new(
+        (read, write): (OwnedReadHalf, OwnedWriteHalf),
+        rx: Direction,
+        tx: Direction,
+        keys: Arc<KeySchedule>,
+        (ciphertext, plaintext): (&[u8], Vec<u8>),
+        peer_certificates: Vec<CertificateDer<'static>>,
+    ) -> Self {
+        let mut buf = vec![0; READ_BUFFER + HEADER + MAX_BODY].into_boxed_slice();
+        buf[..ciphertext.len()].copy_from_slice(ciphertext);
+        TlsStream {
+            read: TlsReadHalf {
+                tcp: read,
+                rx,
+                keys: keys.clone(),
+                buf,
+                start: 0,
+                end: ciphertext.len(),
+                plain: 0..0,
+                early: plaintext,
+                early_at: 0,
+                state: ReadState::Open,
+            },
+            write: TlsWriteHalf {
+                tcp: write,
+                tx,
+                keys,
+                out: Vec::new(),
+                sent: 0,
+                closed: false,
+            },
+            peer_certificates,
+        }
+    }
+
+    /// The certificate chain the peer presented, its own first.
+    pub fn peer_certificates(&self) -> &[CertificateDer<'static>] {
+        &self.peer_certificates
+    }
+
+    /// The two halves, which read and write concurrently without a lock.
+    pub fn into_split(self) -> (TlsReadHalf, TlsWriteHalf) {
+        (self.read, self.write)
+    }
+}
+
+impl AsyncRead for TlsStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().read).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TlsStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().write).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().write).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().write).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().write).poll_shutdown(cx)
+    }
+}
+
+enum ReadState {
+    Open,
+    /// The peer sent `close_notify`: end of stream.
+    Closed,
+    /// STREAM-2.
+    Failed(io::ErrorKind, String),
+}
+
+/// The reading half of a [`TlsStream`].
+pub struct TlsReadHalf {
+    tcp: OwnedReadHalf,
+    rx: Direction,
+    keys: Arc<KeySchedule>,
+    /// Ciphertext from the socket, opened in place.
+    buf: Box<[u8]>,
+    /// `buf[start..end]`: bytes not yet opened.
+    start: usize,
+    end: usize,
+    /// Opened content not yet handed out, inside `buf`.
+    plain: Range<usize>,
+    /// Content rustls opened during the handshake, handed out first.
+    early: Vec<u8>,
+    early_at: usize,
+    state: ReadState,
+}
+
+impl TlsReadHalf {
+    fn fail(&mut self, kind: io::ErrorKind, message: String) -> io::Error {
+        self.state = ReadState::Failed(kind, message.clone());
+        io::Error::new(kind, message)
+    }
+
+    /// Opens the next whole record in the buffer, if there is one:
+    /// `Ok(false)` when more bytes are needed.
+    fn open_next(&mut self) -> Result<bool, String> {
+        let Some((len, content_type, content)) =
+            self.rx.open(&mut self.buf[self.start..self.end])?
+        else {
+            return Ok(false);
+        };
+        let content = self.start + content.start..self.start + content.end;
+        self.start += len;
+        match content_type {
+            record::APPLICATION_DATA => self.plain = content,
+            record::ALERT => {
+                record::alert(&self.buf[content])?;
+                self.state = ReadState::Closed;
+            }
+            record::HANDSHAKE => {
+                for message in record::post_handshake(&self.buf[content])? {
+                    if let PostHandshake::KeyUpdate { requested } = message {
+                        self.rx = self.keys.next(false)?;
+                        if requested {
+                            self.keys.update_requested.store(true, Ordering::Release);
+                        }
+                    }
+                }
+            }
+            other => return Err(format!("received a TLS record of content type {other}")),
+        }
+        Ok(true)
+    }
+}
+
+impl AsyncRead for TlsReadHalf {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if out.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        if this.early_at < this.early.len() {
+            let n = out.remaining().min(this.early.len() - this.early_at);
+            out.put_slice(&this.early[this.early_at..this.early_at + n]);
+            this.early_at += n;
+            if this.early_at == this.early.len() {
+                this.early = Vec::new();
+                this.early_at = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        loop {
+            if !this.plain.is_empty() {
+                let n = out.remaining().min(this.plain.len());
+                out.put_slice(&this.buf[this.plain.start..this.plain.start + n]);
+                this.plain.start += n;
+                return Poll::Ready(Ok(()));
+            }
+            match &this.state {
+                ReadState::Open => {}
+                ReadState::Closed => return Poll::Ready(Ok(())),
+                ReadState::Failed(kind, message) => {
+                    return Poll::Ready(Err(io::Error::new(*kind, message.clone())));
+                }
+            }
+            match this.open_next() {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(e) => return Poll::Ready(Err(this.fail(io::ErrorKind::InvalidData, e))),
+            }
+            if this.start == this.end {
+                (this.start, this.end) = (0, 0);
+            }
+            // Room for a whole record after the bytes kept.
+            if this.buf.len() - this.end < HEADER + MAX_BODY {
+                this.buf.copy_within(this.start..this.end, 0);
+                this.end -= this.start;
+                this.start = 0;
+            }
+            let mut free = ReadBuf::new(&mut this.buf[this.end..]);
+            ready!(Pin::new(&mut this.tcp).poll_read(cx, &mut free))?;
+            let n = free.filled().len();
+            if n == 0 {
+                let message = if this.start == this.end {
+                    "peer closed connection without sending TLS close_notify"
+                } else {
+                    "peer closed connection in the middle of a TLS record"
+                };
+                return Poll::Ready(Err(this.fail(io::ErrorKind::UnexpectedEof, message.into())));
+            }
+            this.end += n;
+        }
+    }
+}
+
+/// The writing half of a [`TlsStream`].
+pub struct TlsWriteHalf {
+    tcp: OwnedWriteHalf,
+    tx: Direction,
+    keys: Arc<KeySchedule>,
+    /// Sealed records; `out[..sent]` already went to the socket.
+    out: Vec<u8>,
+    sent: usize,
+    /// `close_notify` is sealed.
+    closed: bool,
+}
+
+impl TlsWriteHalf {
+    /// Writes sealed records until all went out or the socket is full.
+    fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.sent < self.out.len() {
+            let n = ready!(Pin::new(&mut self.tcp).poll_write(cx, &self.out[self.sent..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.sent += n;
+        }
+        self.out.clear();
+        self.sent = 0;
+        Poll::Ready(Ok(()))
+    }
+
+    /// Seals one record of `content_type`, updating the key first when it
+    /// is due (STREAM-1).
+    fn seal(&mut self, content_type: u8, parts: &[&[u8]]) -> io::Result<()> {
+        let asked = self.keys.update_requested.swap(false, Ordering::AcqRel);
+        if asked || self.tx.update_due() {
+            // The update message is the last record under the old key.
+            self.tx
+                .seal(
+                    &mut self.out,
+                    record::HANDSHAKE,
+                    &[&record::KEY_UPDATE_MESSAGE],
+                )
+                .map_err(invalid)?;
+            self.tx = self.keys.next(true).map_err(invalid)?;
+        }
+        self.tx
+            .seal(&mut self.out, content_type, parts)
+            .map_err(invalid)
+    }
+}
+
+impl AsyncWrite for TlsWriteHalf {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, &[io::IoSlice::new(buf)])
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.closed {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        if this.out.len() - this.sent >= WRITE_BUFFER {
+            ready!(this.poll_send(cx))?;
+        } else if this.sent > 0 && this.sent * 2 >= this.out.len() {
+            this.out.drain(..this.sent);
+            this.sent = 0;
+        }
+        // Small slices share a record; a large one fills records whole.
+        let room = WRITE_BUFFER - (this.out.len() - this.sent);
+        let (mut taken, mut parts, mut in_record) = (0, Vec::with_capacity(bufs.len()), 0);
+        for buf in bufs.iter().map(|b| &b[..]) {
+            let mut buf = &buf[..buf.len().min(room - taken)];
+            while !buf.is_empty() {
+                let (part, rest) = buf.split_at(buf.len().min(MAX_FRAGMENT - in_record));
+                parts.push(part);
+                in_record += part.len();
+                taken += part.len();
+                buf = rest;
+                if in_record == MAX_FRAGMENT {
+                    this.seal(record::APPLICATION_DATA, &parts)?;
+                    parts.clear();
+                    in_record = 0;
+                }
+            }
+            if taken == room {
+                break;
+            }
+        }
+        if in_record > 0 {
+            this.seal(record::APPLICATION_DATA, &parts)?;
+        }
+        // Sent at once, as much as the socket takes, as a TCP write would
+        // be: callers that write a request and then wait for the answer
+        // need not flush. What the socket does not take waits for the next
+        // write or a flush.
+        if let Poll::Ready(Err(e)) = this.poll_send(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Poll::Ready(Ok(taken))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_send(cx))?;
+        Pin::new(&mut this.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.closed {
+            this.seal(record::ALERT, &[&record::CLOSE_NOTIFY])?;
+            this.closed = true;
+        }
+        ready!(this.poll_send(cx))?;
+        Pin::new(&mut this.tcp).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,159 @@
+//! Tests of `stream`: real handshakes on loopback sockets.
+
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::*;
+use crate::tls::handshake::establish;
+use crate::{CertificateAuthority, worker_server_name};
+
+/// A connected pair (dialer, acceptor) of workers `a` and `b` of one CA,
+/// sealing at most `records_per_key` records under one key.
+async fn pair(records_per_key: u64) -> (TlsStream, TlsStream) {
+    let ca = CertificateAuthority::generate().unwrap();
+    let (a, b) = (
+        ca.credentials_for("a").unwrap(),
+        ca.credentials_for("b").unwrap(),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = Arc::new(b.server_config().unwrap());
+    let accept = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.unwrap();
+        let conn = rustls::server::UnbufferedServerConnection::new(server).unwrap();
+        establish(conn, tcp, records_per_key).await.unwrap()
+    });
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let conn = rustls::client::UnbufferedClientConnection::new(
+        Arc::new(a.client_config().unwrap()),
+        worker_server_name("b").unwrap(),
+    )
+    .unwrap();
+    let dialer = establish(conn, tcp, records_per_key).await.unwrap();
+    (dialer, accept.await.unwrap())
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i % 251) as u8).collect()
+}
+
+/// Sends `len` bytes from `from` while `to` reads them, in writes of
+/// `chunk` bytes, and checks they arrive unchanged.
+async fn exchange(
+    mut from: TlsWriteHalf,
+    mut to: TlsReadHalf,
+    len: usize,
+    chunk: usize,
+) -> (TlsWriteHalf, TlsReadHalf) {
+    let send = tokio::spawn(async move {
+        for part in pattern(len).chunks(chunk) {
+            from.write_all(part).await.unwrap();
+        }
+        from.flush().await.unwrap();
+        from
+    });
+    let mut got = vec![0; len];
+    to.read_exact(&mut got).await.unwrap();
+    assert!(
+        got == pattern(len),
+        "bytes changed on the way ({len} bytes)"
+    );
+    (send.await.unwrap(), to)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_directions_carry_small_and_large_writes_at_once() {
+    let (a, b) = pair(record::RECORDS_PER_KEY).await;
+    assert!(!a.peer_certificates().is_empty() && !b.peer_certificates().is_empty());
+    let ((mut a_read, mut a_write), (mut b_read, mut b_write)) = (a.into_split(), b.into_split());
+    for (len, chunk) in [
+        (1, 1),
+        (100, 7),
+        (MAX_FRAGMENT + 1, 1000),
+        (3 << 20, 3 << 20),
+    ] {
+        (a_write, b_read) = exchange(a_write, b_read, len, chunk).await;
+        (b_write, a_read) = exchange(b_write, a_read, len, chunk).await;
+    }
+    let there = tokio::spawn(exchange(a_write, b_read, 8 << 20, 1 << 20));
+    exchange(b_write, a_read, 8 << 20, 1 << 20).await;
+    there.await.unwrap();
+}
+
+#[tokio::test]
+async fn keys_are_updated_before_their_limit_on_both_sides() {
+    // Four records per key: a few hundred key updates each way.
+    let (a, b) = pair(4).await;
+    let ((a_read, a_write), (b_read, b_write)) = (a.into_split(), b.into_split());
+    let (_, b_read) = exchange(a_write, b_read, 300 * MAX_FRAGMENT, 5000).await;
+    let (_, _) = exchange(b_write, a_read, 300 * MAX_FRAGMENT, 5000).await;
+    drop(b_read);
+}
+
+#[tokio::test]
+async fn close_notify_ends_the_stream_and_a_bare_close_is_an_error() {
+    let (mut a, mut b) = pair(record::RECORDS_PER_KEY).await;
+    a.write_all(b"last words").await.unwrap();
+    a.shutdown().await.unwrap();
+    let mut got = Vec::new();
+    b.read_to_end(&mut got).await.unwrap();
+    assert_eq!(got, b"last words");
+
+    let (a, mut b) = pair(record::RECORDS_PER_KEY).await;
+    drop(a);
+    let e = b.read(&mut [0; 10]).await.unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+    assert!(e.to_string().contains("close_notify"), "{e}");
+    // STREAM-2: it stays failed.
+    assert!(b.read(&mut [0; 10]).await.is_err());
+}
+
+#[tokio::test]
+async fn a_forged_record_fails_the_stream() {
+    let (a, b) = pair(record::RECORDS_PER_KEY).await;
+    let (_a_read, mut a_write) = a.into_split();
+    let (mut b_read, _b_write) = b.into_split();
+    // Plausible framing, wrong key: a peer on the path cannot inject.
+    let mut forged = vec![record::APPLICATION_DATA, 3, 3, 0, 40];
+    forged.extend([0x55; 40]);
+    a_write.tcp.write_all(&forged).await.unwrap();
+    let e = b_read.read(&mut [0; 10]).await.unwrap_err();
+    assert!(e.to_string().contains("does not decrypt"), "{e}");
+}
+
+#[tokio::test]
+async fn a_buffered_rustls_client_talks_to_this_record_layer() {
+    // The probes of the integration tests are tokio-rustls clients: the
+    // record layer must be plain TLS 1.3 to them.
+    let ca = CertificateAuthority::generate().unwrap();
+    let server = ca.credentials_for("b").unwrap().endpoints().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accept = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.unwrap();
+        let mut stream = server.accept(tcp).await.unwrap();
+        let mut got = vec![0; 100_000];
+        stream.read_exact(&mut got).await.unwrap();
+        stream.write_all(&got).await.unwrap();
+        stream.shutdown().await.unwrap();
+    });
+    let client = ca.credentials_for("a").unwrap();
+    let connector = crate::probe_client_config(ca.cert_pem(), Some(&client)).unwrap();
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let mut stream = connector
+        .connect(worker_server_name("b").unwrap(), tcp)
+        .await
+        .unwrap();
+    stream.write_all(&pattern(50_000)).await.unwrap();
+    // rustls asks for a key update (update_requested): this side must
+    // follow the client's new key and answer with its own (STREAM-1).
+    stream.get_mut().1.refresh_traffic_keys().unwrap();
+    stream.write_all(&pattern(100_000)[50_000..]).await.unwrap();
+    stream.flush().await.unwrap();
+    let mut back = Vec::new();
+    stream.read_to_end(&mut back).await.unwrap();
+    assert!(back == pattern(100_000));
+    accept.await.unwrap();
+}
