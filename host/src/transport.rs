@@ -15,9 +15,10 @@
 //!   addresses allow unless `--insecure`.
 //! - `tcp`: one connection per pair of workers, opened lazily by whichever
 //!   side sends first and used in both directions; `TCP_NODELAY` on.
-//! - `tls`: TLS 1.3 with mutual authentication (rustls, ring) when the
-//!   worker has TLS credentials (from `wasmrpc-credentials`, which also
-//!   makes the cluster CA and the certificates that name their worker).
+//! - `tls`: TLS 1.3 with mutual authentication when the worker has TLS
+//!   credentials (from `wasmrpc-credentials`, which also makes the cluster
+//!   CA and the certificates that name their worker, and whose TLS stream
+//!   has halves that read and write without a lock between them).
 //! - `fault`: make the first N sends of given message kinds fail, or delay
 //!   them, for the seeds' faulty-agent tests.
 //!
@@ -38,8 +39,8 @@
 //!   it, and every frame after it, goes through the connection's writer
 //!   task, which owns the write half until its queue is empty. A frame is
 //!   never split between two writers. Over TLS the same holds with the
-//!   record flushed too: a sender whose frame rustls takes but cannot flush
-//!   at once hands the half to the writer task, which flushes once its
+//!   records flushed too: a sender whose frame is sealed but cannot all be
+//!   sent at once hands the half to the writer task, which flushes once its
 //!   queue is empty.
 //! - TR-6: a refused connection (bad handshake, bad certificate, timeout)
 //!   is one WARN line, and at most one such line per second per worker,

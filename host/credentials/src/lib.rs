@@ -4,7 +4,8 @@
 //! - [`TlsCredentials`]: the cluster CA's certificate, this worker's
 //!   certificate (which **names the worker**, see [`worker_dns_name`]) and
 //!   its private key; [`TlsEndpoints`] turns them into a TLS 1.3 acceptor
-//!   and connector with mutual authentication.
+//!   and connector with mutual authentication, whose [`TlsStream`] splits
+//!   into halves that need no lock between them.
 //! - [`CertificateAuthority`]: a cluster CA that issues worker
 //!   certificates (`wasmrpc cert init` / `cert issue`, and the ephemeral CA
 //!   of `wasmrpc launch`).

@@ -16,7 +16,12 @@
 //!   caller's own handshake and checks it with [`check_names`]: a worker
 //!   cannot claim another's name.
 //!
-//! Only TLS 1.3 is offered, with the `ring` crypto provider.
+//! Only TLS 1.3 is offered, with the `ring` crypto provider. rustls runs
+//! the handshake (`handshake`) and keeps the key schedule; once the
+//! connection is established, the record layer is this crate's own
+//! (`record`, `stream`: as kernel TLS would take it over, through rustls's
+//! `kernel` API), so that a large tensor is opened in place in one read
+//! buffer and each half of a [`TlsStream`] works without the other's lock.
 
 use std::path::Path;
 use std::sync::Arc;
