@@ -138,15 +138,20 @@ impl Direction {
         Ok(())
     }
 
-    /// Opens the record at the start of `buf` in place, if `buf` holds all
-    /// of it: `Ok(Some((consumed, content_type, content)))`, where
-    /// `content` is the range of `buf` that holds the record's content.
-    /// `Ok(None)` when more bytes are needed.
+    /// Opens the record at `buf[at..]`, if `buf` holds all of it, moving
+    /// its content to `buf[to..]` as it decrypts (`to <= at + HEADER`; the
+    /// bytes from `to` to the record's end are overwritten):
+    /// `Ok(Some((consumed, content_type, content)))`, where `consumed` is
+    /// the record's length from `at` and `content` the range of `buf` that
+    /// holds its content. `Ok(None)` when more bytes are needed.
     pub(crate) fn open(
         &mut self,
         buf: &mut [u8],
+        at: usize,
+        to: usize,
     ) -> Result<Option<(usize, u8, std::ops::Range<usize>)>, RecordError> {
-        let Some(header) = buf.get(..HEADER) else {
+        debug_assert!(to <= at + HEADER);
+        let Some(header) = buf.get(at..at + HEADER) else {
             return Ok(None);
         };
         let header: [u8; HEADER] = header.try_into().expect("HEADER bytes");
@@ -160,13 +165,14 @@ impl Direction {
         if !(TAG + 1..=MAX_BODY).contains(&body) {
             return Err(format!("received a TLS record of invalid length {body}"));
         }
-        let Some(sealed) = buf.get_mut(HEADER..HEADER + body) else {
+        let end = at + HEADER + body;
+        let Some(in_out) = buf.get_mut(to..end) else {
             return Ok(None);
         };
         let nonce = self.next_nonce()?;
         let inner = self
             .key
-            .open_in_place(nonce, Aad::from(header), sealed)
+            .open_within(nonce, Aad::from(header), in_out, at + HEADER - to..)
             .map_err(|_| RecordError::from("received a TLS record that does not decrypt"))?;
         // The content type is the last non-zero byte; zeros after it pad.
         let Some(type_at) = inner.iter().rposition(|&b| b != 0) else {
@@ -175,11 +181,7 @@ impl Direction {
         if type_at > MAX_FRAGMENT {
             return Err("received a TLS record with too much content".into());
         }
-        Ok(Some((
-            HEADER + body,
-            inner[type_at],
-            HEADER..HEADER + type_at,
-        )))
+        Ok(Some((HEADER + body, inner[type_at], to..to + type_at)))
     }
 }
 

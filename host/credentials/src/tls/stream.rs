@@ -39,6 +39,9 @@ use super::record::{self, Direction, HEADER, MAX_BODY, MAX_FRAGMENT, PostHandsha
 
 /// Ciphertext read from the socket at once (at most).
 const READ_BUFFER: usize = 256 << 10;
+/// The smallest read that takes records straight into the caller's
+/// buffer: room for a few records.
+const DIRECT_READ: usize = 4 * (HEADER + MAX_BODY);
 /// Sealed records held before a write waits for the socket.
 const WRITE_BUFFER: usize = 256 << 10;
 
@@ -238,20 +241,33 @@ impl TlsReadHalf {
     /// `Ok(false)` when more bytes are needed.
     fn open_next(&mut self) -> Result<bool, String> {
         let Some((len, content_type, content)) =
-            self.rx.open(&mut self.buf[self.start..self.end])?
+            self.rx
+                .open(&mut self.buf[..self.end], self.start, self.start + HEADER)?
         else {
             return Ok(false);
         };
-        let content = self.start + content.start..self.start + content.end;
         self.start += len;
+        if content_type == record::APPLICATION_DATA {
+            self.plain = content;
+        } else {
+            let content = self.buf[content].to_vec();
+            self.control(content_type, &content)?;
+        }
+        Ok(true)
+    }
+
+    /// Acts on a record that is not application data: an alert ends the
+    /// stream (`close_notify`) or fails it; a key update changes the
+    /// receiving key, and asks the writer for an update if the peer asked
+    /// for one (STREAM-1).
+    fn control(&mut self, content_type: u8, content: &[u8]) -> Result<(), String> {
         match content_type {
-            record::APPLICATION_DATA => self.plain = content,
             record::ALERT => {
-                record::alert(&self.buf[content])?;
+                record::alert(content)?;
                 self.state = ReadState::Closed;
             }
             record::HANDSHAKE => {
-                for message in record::post_handshake(&self.buf[content])? {
+                for message in record::post_handshake(content)? {
                     if let PostHandshake::KeyUpdate { requested } = message {
                         self.rx = self.keys.next(false)?;
                         if requested {
@@ -262,7 +278,96 @@ impl TlsReadHalf {
             }
             other => return Err(format!("received a TLS record of content type {other}")),
         }
-        Ok(true)
+        Ok(())
+    }
+
+    /// Reads records straight into `dest` and opens them there, each
+    /// record's content moving to the end of the content before it: a
+    /// large read costs the kernel's copy and the decryption, and no copy
+    /// out of the read buffer. The bytes already buffered go first. Stops
+    /// when another record might not fit, at the end of the stream, or when
+    /// the socket has nothing more after some content; what is left of an
+    /// unfinished record goes back to the read buffer. Returns the content
+    /// bytes at the front of `dest`.
+    fn poll_read_direct(
+        &mut self,
+        cx: &mut Context<'_>,
+        dest: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        let (mut w, mut r) = (0, 0);
+        let mut e = self.end - self.start;
+        dest[..e].copy_from_slice(&self.buf[self.start..self.end]);
+        (self.start, self.end) = (0, 0);
+        let mut eof = false;
+        let stopped: Result<(), String> = loop {
+            match self.rx.open(&mut dest[..e], r, w) {
+                Err(err) => break Err(err),
+                Ok(Some((len, content_type, content))) => {
+                    r += len;
+                    if content_type == record::APPLICATION_DATA {
+                        w = content.end;
+                        continue;
+                    }
+                    let control = dest[content].to_vec();
+                    if let Err(err) = self.control(content_type, &control) {
+                        break Err(err);
+                    }
+                    if matches!(self.state, ReadState::Closed) {
+                        break Ok(());
+                    }
+                    continue;
+                }
+                Ok(None) => {}
+            }
+            if dest.len() - e < HEADER + MAX_BODY {
+                break Ok(());
+            }
+            // A read the cache holds while its records are opened.
+            let room = dest.len().min(e + READ_BUFFER);
+            let mut free = ReadBuf::new(&mut dest[e..room]);
+            match Pin::new(&mut self.tcp).poll_read(cx, &mut free) {
+                Poll::Ready(Ok(())) if free.filled().is_empty() => {
+                    eof = true;
+                    break Ok(());
+                }
+                Poll::Ready(Ok(())) => e += free.filled().len(),
+                Poll::Ready(Err(err)) if w == 0 => {
+                    self.keep(&dest[r..e]);
+                    return Poll::Ready(Err(err));
+                }
+                // The error comes again with the next read.
+                Poll::Ready(Err(_)) => break Ok(()),
+                Poll::Pending if w == 0 && !matches!(self.state, ReadState::Closed) => {
+                    self.keep(&dest[r..e]);
+                    return Poll::Pending;
+                }
+                Poll::Pending => break Ok(()),
+            }
+        };
+        self.keep(&dest[r..e]);
+        if let Err(err) = stopped {
+            return Poll::Ready(Err(self.fail(io::ErrorKind::InvalidData, err)));
+        }
+        if eof && w == 0 && !matches!(self.state, ReadState::Closed) {
+            return Poll::Ready(Err(self.eof()));
+        }
+        Poll::Ready(Ok(w))
+    }
+
+    /// Keeps `raw`, the start of a record, for the next read.
+    fn keep(&mut self, raw: &[u8]) {
+        self.buf[..raw.len()].copy_from_slice(raw);
+        (self.start, self.end) = (0, raw.len());
+    }
+
+    /// The error of a TCP close without `close_notify` (STREAM-3).
+    fn eof(&mut self) -> io::Error {
+        let message = if self.start == self.end {
+            "peer closed connection without sending TLS close_notify"
+        } else {
+            "peer closed connection in the middle of a TLS record"
+        };
+        self.fail(io::ErrorKind::UnexpectedEof, message.into())
     }
 }
 
@@ -300,6 +405,15 @@ impl AsyncRead for TlsReadHalf {
                     return Poll::Ready(Err(io::Error::new(*kind, message.clone())));
                 }
             }
+            if out.remaining() >= DIRECT_READ && this.end - this.start <= MAX_BODY {
+                let dest = out.initialize_unfilled();
+                let n = ready!(this.poll_read_direct(cx, dest))?;
+                out.advance(n);
+                if n > 0 || !matches!(this.state, ReadState::Open) {
+                    return Poll::Ready(Ok(()));
+                }
+                continue;
+            }
             match this.open_next() {
                 Ok(true) => continue,
                 Ok(false) => {}
@@ -318,12 +432,7 @@ impl AsyncRead for TlsReadHalf {
             ready!(Pin::new(&mut this.tcp).poll_read(cx, &mut free))?;
             let n = free.filled().len();
             if n == 0 {
-                let message = if this.start == this.end {
-                    "peer closed connection without sending TLS close_notify"
-                } else {
-                    "peer closed connection in the middle of a TLS record"
-                };
-                return Poll::Ready(Err(this.fail(io::ErrorKind::UnexpectedEof, message.into())));
+                return Poll::Ready(Err(this.eof()));
             }
             this.end += n;
         }

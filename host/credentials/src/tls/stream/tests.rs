@@ -157,3 +157,43 @@ async fn a_buffered_rustls_client_talks_to_this_record_layer() {
     assert!(back == pattern(100_000));
     accept.await.unwrap();
 }
+
+#[tokio::test]
+async fn large_reads_take_records_straight_into_the_callers_buffer_to_the_end() {
+    let (mut a, mut b) = pair(7).await;
+    let sent = pattern(300_000);
+    a.write_all(&sent).await.unwrap();
+    a.shutdown().await.unwrap();
+    // Reads of 1 MiB take the direct path, key updates (every 7 records)
+    // and close_notify included.
+    let (mut got, mut buf) = (Vec::new(), vec![0; 1 << 20]);
+    loop {
+        let n = b.read(&mut buf).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(got == sent, "{} bytes back", got.len());
+
+    // A close in the middle of a record is an error there too.
+    let (a, mut b) = pair(record::RECORDS_PER_KEY).await;
+    let (_a_read, mut a_write) = a.into_split();
+    a_write.write_all(&pattern(100_000)).await.unwrap();
+    a_write.flush().await.unwrap();
+    let whole = a_write.out.len();
+    assert_eq!(whole, 0, "everything went out");
+    // Half a record, then the end.
+    let mut half = Vec::new();
+    a_write
+        .tx
+        .seal(&mut half, record::APPLICATION_DATA, &[&[1; 1000]])
+        .unwrap();
+    a_write.tcp.write_all(&half[..500]).await.unwrap();
+    drop(a_write);
+    let mut got = vec![0; 100_000];
+    b.read_exact(&mut got).await.unwrap();
+    assert!(got == pattern(100_000));
+    let e = b.read(&mut vec![0; 1 << 20]).await.unwrap_err();
+    assert!(e.to_string().contains("middle of a TLS record"), "{e}");
+}
