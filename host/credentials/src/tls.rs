@@ -480,7 +480,8 @@ pub fn check_peer_names(stream: &TlsStream, claimed: &str) -> Result<()> {
 
 /// The client side a test's foreign peer dials with: trusts the CA
 /// certificate(s) in `ca_pem` and presents `client`'s certificate, or
-/// none.
+/// none. It is a stock tokio-rustls client on purpose: a worker's record
+/// layer must be plain TLS 1.3 to any peer.
 ///
 /// # Errors
 /// [`Error::Invalid`] for CA PEM or client credentials that do not parse.
