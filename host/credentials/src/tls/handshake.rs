@@ -32,41 +32,40 @@ pub(crate) trait Side: Sized {
     fn into_kernel(self) -> Result<(ExtractedSecrets, Kernel), rustls::Error>;
 }
 
-impl Side for UnbufferedClientConnection {
-    type Data = rustls::client::ClientConnectionData;
-    fn process<'c, 'i>(
-        &'c mut self,
-        incoming: &'i mut [u8],
-    ) -> UnbufferedStatus<'c, 'i, Self::Data> {
-        self.process_tls_records(incoming)
-    }
-    fn peer_chain(&self) -> Vec<CertificateDer<'static>> {
-        let common: &rustls::CommonState = self;
-        owned(common.peer_certificates())
-    }
-    fn into_kernel(self) -> Result<(ExtractedSecrets, Kernel), rustls::Error> {
-        let (secrets, kernel) = self.dangerous_into_kernel_connection()?;
-        Ok((secrets, Kernel::Client(kernel)))
-    }
+/// The two sides differ only in their types: rustls gives each its own
+/// `process_tls_records` and `dangerous_into_kernel_connection`.
+macro_rules! side {
+    ($connection:ty, $data:ty, $kernel:ident) => {
+        impl Side for $connection {
+            type Data = $data;
+            fn process<'c, 'i>(
+                &'c mut self,
+                incoming: &'i mut [u8],
+            ) -> UnbufferedStatus<'c, 'i, Self::Data> {
+                self.process_tls_records(incoming)
+            }
+            fn peer_chain(&self) -> Vec<CertificateDer<'static>> {
+                let common: &rustls::CommonState = self;
+                owned(common.peer_certificates())
+            }
+            fn into_kernel(self) -> Result<(ExtractedSecrets, Kernel), rustls::Error> {
+                let (secrets, kernel) = self.dangerous_into_kernel_connection()?;
+                Ok((secrets, Kernel::$kernel(kernel)))
+            }
+        }
+    };
 }
 
-impl Side for UnbufferedServerConnection {
-    type Data = rustls::server::ServerConnectionData;
-    fn process<'c, 'i>(
-        &'c mut self,
-        incoming: &'i mut [u8],
-    ) -> UnbufferedStatus<'c, 'i, Self::Data> {
-        self.process_tls_records(incoming)
-    }
-    fn peer_chain(&self) -> Vec<CertificateDer<'static>> {
-        let common: &rustls::CommonState = self;
-        owned(common.peer_certificates())
-    }
-    fn into_kernel(self) -> Result<(ExtractedSecrets, Kernel), rustls::Error> {
-        let (secrets, kernel) = self.dangerous_into_kernel_connection()?;
-        Ok((secrets, Kernel::Server(kernel)))
-    }
-}
+side!(
+    UnbufferedClientConnection,
+    rustls::client::ClientConnectionData,
+    Client
+);
+side!(
+    UnbufferedServerConnection,
+    rustls::server::ServerConnectionData,
+    Server
+);
 
 fn owned(chain: Option<&[CertificateDer<'_>]>) -> Vec<CertificateDer<'static>> {
     chain
