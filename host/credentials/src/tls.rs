@@ -143,11 +143,11 @@ impl std::fmt::Debug for TlsCredentials {
     }
 }
 
-/// The `ring` provider with AES-128-GCM first: both ends are ours, so the
-/// preference decides, and AES-128 encrypts large tensors about a third
-/// faster than AES-256 with the same hardware support.
+/// The `aws-lc-rs` provider with AES-128-GCM first: both ends are ours, so
+/// the preference decides, and AES-128 encrypts large tensors about a
+/// third faster than AES-256 with the same hardware support.
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    let mut provider = rustls::crypto::ring::default_provider();
+    let mut provider = rustls::crypto::aws_lc_rs::default_provider();
     provider
         .cipher_suites
         .sort_by_key(|suite| suite.suite() != rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);

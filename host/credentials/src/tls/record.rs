@@ -1,6 +1,6 @@
 //! The TLS 1.3 record layer (RFC 8446 §5) of an established connection, on
 //! the traffic keys rustls's handshake derived: sealing plaintext into
-//! records and opening records in place.
+//! records, and opening records in place or into the reader's buffer.
 //!
 //! This module owns the record format, the per-record nonce and the
 //! sequence numbers, and nothing else: which bytes go where, and when keys
@@ -15,9 +15,9 @@
 //! - REC-TLS-2: nothing is handed out of a record before its tag verified;
 //!   a record that does not verify, or does not parse, fails the
 //!   connection, and no byte a peer sends can make this module panic or
-//!   allocate (records are opened inside the caller's buffer).
+//!   allocate (records are opened inside buffers the caller gives).
 
-use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
+use aws_lc_rs::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use rustls::ConnectionTrafficSecrets;
 
 /// The bytes before a record's body: type, legacy version, length.
@@ -105,14 +105,17 @@ impl Direction {
         Ok(Nonce::assume_unique_for_key(nonce))
     }
 
-    /// Appends one record to `out`: `parts` (at most [`MAX_FRAGMENT`]
-    /// bytes in all) as content of `content_type`.
+    /// Seals one record of `content_type` carrying `parts` (at most
+    /// [`MAX_FRAGMENT`] bytes in all) into the front of `out`, which must
+    /// hold [`record_len`] of them; returns the record's length. A single
+    /// part, a slice of a tensor, is encrypted straight from where it
+    /// lies into `out`; several small parts are gathered first.
     pub(crate) fn seal(
         &mut self,
-        out: &mut Vec<u8>,
+        out: &mut [u8],
         content_type: u8,
         parts: &[&[u8]],
-    ) -> Result<(), RecordError> {
+    ) -> Result<usize, RecordError> {
         if self.seq >= self.limit {
             return Err("TLS key used for as many records as it may be".into());
         }
@@ -120,69 +123,124 @@ impl Direction {
         debug_assert!(len <= MAX_FRAGMENT);
         let body =
             u16::try_from(len + 1 + TAG).map_err(|_| RecordError::from("record too large"))?;
-        let start = out.len();
+        let record = out
+            .get_mut(..record_len(len))
+            .ok_or_else(|| RecordError::from("TLS record buffer too small"))?;
         let [hi, lo] = body.to_be_bytes();
         let header = [APPLICATION_DATA, 3, 3, hi, lo];
-        out.reserve(HEADER + usize::from(body));
-        out.extend_from_slice(&header);
-        for part in parts {
-            out.extend_from_slice(part);
-        }
-        out.push(content_type);
+        record[..HEADER].copy_from_slice(&header);
+        let (content, type_and_tag) = record[HEADER..].split_at_mut(len);
         let nonce = self.next_nonce()?;
-        let tag = self
-            .key
-            .seal_in_place_separate_tag(nonce, Aad::from(header), &mut out[start + HEADER..])
-            .map_err(|_| RecordError::from("TLS record encryption failed"))?;
-        out.extend_from_slice(tag.as_ref());
-        Ok(())
+        let sealed = if let [part] = parts {
+            self.key.seal_out_of_place_scatter(
+                nonce,
+                Aad::from(header),
+                part,
+                content,
+                &[content_type],
+                type_and_tag,
+            )
+        } else {
+            let mut at = 0;
+            for part in parts {
+                content[at..at + part.len()].copy_from_slice(part);
+                at += part.len();
+            }
+            self.key.seal_in_place_scatter(
+                nonce,
+                Aad::from(header),
+                content,
+                &[content_type],
+                type_and_tag,
+            )
+        };
+        sealed.map_err(|_| RecordError::from("TLS record encryption failed"))?;
+        Ok(record.len())
     }
 
-    /// Opens the record at `buf[at..]`, if `buf` holds all of it, moving
-    /// its content to `buf[to..]` as it decrypts (`to <= at + HEADER`; the
-    /// bytes from `to` to the record's end are overwritten):
-    /// `Ok(Some((consumed, content_type, content)))`, where `consumed` is
-    /// the record's length from `at` and `content` the range of `buf` that
-    /// holds its content. `Ok(None)` when more bytes are needed.
-    pub(crate) fn open(
-        &mut self,
-        buf: &mut [u8],
-        at: usize,
-        to: usize,
-    ) -> Result<Option<(usize, u8, std::ops::Range<usize>)>, RecordError> {
-        debug_assert!(to <= at + HEADER);
-        let Some(header) = buf.get(at..at + HEADER) else {
-            return Ok(None);
-        };
-        let header: [u8; HEADER] = header.try_into().expect("HEADER bytes");
-        if header[0] != APPLICATION_DATA {
-            return Err(format!(
-                "received a TLS record of type {} after the handshake",
-                header[0]
-            ));
-        }
-        let body = usize::from(u16::from_be_bytes([header[3], header[4]]));
-        if !(TAG + 1..=MAX_BODY).contains(&body) {
-            return Err(format!("received a TLS record of invalid length {body}"));
-        }
-        let end = at + HEADER + body;
-        let Some(in_out) = buf.get_mut(to..end) else {
-            return Ok(None);
-        };
+    /// Opens `record`, one whole record as [`record_length`] measured it,
+    /// in place: its content is left at `record[HEADER..][..n]`. Returns
+    /// the content type and `n`.
+    pub(crate) fn open_in_place(&mut self, record: &mut [u8]) -> Result<(u8, usize), RecordError> {
+        let header = header_of(record)?;
         let nonce = self.next_nonce()?;
         let inner = self
             .key
-            .open_within(nonce, Aad::from(header), in_out, at + HEADER - to..)
-            .map_err(|_| RecordError::from("received a TLS record that does not decrypt"))?;
-        // The content type is the last non-zero byte; zeros after it pad.
-        let Some(type_at) = inner.iter().rposition(|&b| b != 0) else {
-            return Err("received a TLS record without content type".into());
-        };
-        if type_at > MAX_FRAGMENT {
-            return Err("received a TLS record with too much content".into());
-        }
-        Ok(Some((HEADER + body, inner[type_at], to..to + type_at)))
+            .open_in_place(nonce, Aad::from(header), &mut record[HEADER..])
+            .map_err(|_| undecryptable())?;
+        inner_content(inner)
     }
+
+    /// Opens `record`, one whole record as [`record_length`] measured it,
+    /// into `out`, which must hold its ciphertext (`record.len() - HEADER -
+    /// TAG` bytes: content, type and padding); the content is left at
+    /// `out[..n]`. Returns the content type and `n`. A record that does
+    /// not verify may have written anything to `out`.
+    pub(crate) fn open_into(
+        &mut self,
+        record: &[u8],
+        out: &mut [u8],
+    ) -> Result<(u8, usize), RecordError> {
+        let header = header_of(record)?;
+        let (ciphertext, tag) = record[HEADER..].split_at(record.len() - HEADER - TAG);
+        let out = out
+            .get_mut(..ciphertext.len())
+            .ok_or_else(|| RecordError::from("TLS plaintext buffer too small"))?;
+        let nonce = self.next_nonce()?;
+        self.key
+            .open_separate_gather(nonce, Aad::from(header), ciphertext, tag, out)
+            .map_err(|_| undecryptable())?;
+        inner_content(out)
+    }
+}
+
+/// The length of the record that carries `len` bytes of content.
+pub(crate) const fn record_len(len: usize) -> usize {
+    HEADER + len + 1 + TAG
+}
+
+/// The length of the record at the front of `buf` once `buf` holds all of
+/// it; `Ok(None)` while it does not. A header no peer of ours sends is an
+/// error.
+pub(crate) fn record_length(buf: &[u8]) -> Result<Option<usize>, RecordError> {
+    let Some(header) = buf.first_chunk::<HEADER>() else {
+        return Ok(None);
+    };
+    if header[0] != APPLICATION_DATA {
+        return Err(format!(
+            "received a TLS record of type {} after the handshake",
+            header[0]
+        ));
+    }
+    let body = usize::from(u16::from_be_bytes([header[3], header[4]]));
+    if !(TAG + 1..=MAX_BODY).contains(&body) {
+        return Err(format!("received a TLS record of invalid length {body}"));
+    }
+    Ok((buf.len() >= HEADER + body).then_some(HEADER + body))
+}
+
+/// The header of a whole record, which is its additional data.
+fn header_of(record: &[u8]) -> Result<[u8; HEADER], RecordError> {
+    match record_length(record)? {
+        Some(len) if len == record.len() => Ok(*record.first_chunk().expect("a whole record")),
+        _ => Err("not one whole TLS record".into()),
+    }
+}
+
+fn undecryptable() -> RecordError {
+    "received a TLS record that does not decrypt".into()
+}
+
+/// The content type and content length of an opened record's inner
+/// plaintext: the type is its last non-zero byte; zeros after it pad.
+fn inner_content(inner: &[u8]) -> Result<(u8, usize), RecordError> {
+    let Some(type_at) = inner.iter().rposition(|&b| b != 0) else {
+        return Err("received a TLS record without content type".into());
+    };
+    if type_at > MAX_FRAGMENT {
+        return Err("received a TLS record with too much content".into());
+    }
+    Ok((inner[type_at], type_at))
 }
 
 /// What a peer's alert means: `Ok(())` for `close_notify` (end of stream),

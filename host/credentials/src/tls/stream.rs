@@ -4,10 +4,13 @@
 //! rustls drives the handshake (`handshake`) and then hands over the
 //! traffic keys (its `kernel` API, made for kernel TLS); this module runs
 //! the record layer (`record`) the way kernel TLS would: each half owns
-//! its direction's key and sequence number, reads or writes the socket in
-//! large batches, and opens records in place in its own buffer. A large
-//! tensor costs one copy out of that buffer, as over plain TCP, instead of
-//! the several a buffered TLS stream makes.
+//! its direction's key and sequence number, and reads or writes the socket
+//! in large batches. A tensor's bytes are encrypted straight from its
+//! storage into the write buffer, and decrypted straight from the read
+//! buffer into the caller's: past the kernel's copies, the cipher is the
+//! only pass over them, where a buffered TLS stream copies them several
+//! times. Only reads too small for a whole record open it in place in the
+//! read buffer and copy its content out.
 //!
 //! Invariants (with REC-TLS-1 and REC-TLS-2 of `record`):
 //! - STREAM-1: a key update, either side's, goes through rustls's key
@@ -35,13 +38,11 @@ use rustls::server::ServerConnectionData;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
-use super::record::{self, Direction, HEADER, MAX_BODY, MAX_FRAGMENT, PostHandshake};
+use super::record::{self, Direction, HEADER, KEY_UPDATE_MESSAGE, MAX_BODY, MAX_FRAGMENT, TAG};
+use super::record::{PostHandshake, record_len};
 
 /// Ciphertext read from the socket at once (at most).
 const READ_BUFFER: usize = 256 << 10;
-/// The smallest read that takes records straight into the caller's
-/// buffer: room for a few records.
-const DIRECT_READ: usize = 4 * (HEADER + MAX_BODY);
 /// Sealed records held before a write waits for the socket.
 const WRITE_BUFFER: usize = 256 << 10;
 
@@ -147,6 +148,7 @@ impl TlsStream {
                 tx,
                 keys,
                 out: Vec::new(),
+                filled: 0,
                 sent: 0,
                 closed: false,
             },
@@ -218,7 +220,8 @@ pub struct TlsReadHalf {
     tcp: OwnedReadHalf,
     rx: Direction,
     keys: Arc<KeySchedule>,
-    /// Ciphertext from the socket, opened in place.
+    /// Ciphertext from the socket. Records open from here into the
+    /// caller's buffer, or in place when it is too small.
     buf: Box<[u8]>,
     /// `buf[start..end]`: bytes not yet opened.
     start: usize,
@@ -237,22 +240,36 @@ impl TlsReadHalf {
         io::Error::new(kind, message)
     }
 
-    /// Opens the next whole record in the buffer, if there is one:
-    /// `Ok(false)` when more bytes are needed.
-    fn open_next(&mut self) -> Result<bool, String> {
-        let Some((len, content_type, content)) =
-            self.rx
-                .open(&mut self.buf[..self.end], self.start, self.start + HEADER)?
-        else {
+    /// Opens the next whole record in the read buffer, if there is one
+    /// (`Ok(false)` when more bytes are needed): into `out` when it has
+    /// room for the record's ciphertext, else in place, its content left
+    /// in `plain`.
+    fn open_next(&mut self, out: &mut ReadBuf<'_>) -> Result<bool, String> {
+        let Some(len) = record::record_length(&self.buf[self.start..self.end])? else {
             return Ok(false);
         };
+        let at = self.start;
         self.start += len;
-        if content_type == record::APPLICATION_DATA {
-            self.plain = content;
+        let record = &mut self.buf[at..at + len];
+        let ciphertext = len - HEADER - TAG;
+        let (content_type, control) = if out.remaining() >= ciphertext {
+            let dest = out.initialize_unfilled_to(ciphertext);
+            let (content_type, n) = self.rx.open_into(record, dest)?;
+            if content_type == record::APPLICATION_DATA {
+                out.advance(n);
+                return Ok(true);
+            }
+            (content_type, dest[..n].to_vec())
         } else {
-            let content = self.buf[content].to_vec();
-            self.control(content_type, &content)?;
-        }
+            let (content_type, n) = self.rx.open_in_place(record)?;
+            let content = at + HEADER..at + HEADER + n;
+            if content_type == record::APPLICATION_DATA {
+                self.plain = content;
+                return Ok(true);
+            }
+            (content_type, self.buf[content].to_vec())
+        };
+        self.control(content_type, &control)?;
         Ok(true)
     }
 
@@ -279,85 +296,6 @@ impl TlsReadHalf {
             other => return Err(format!("received a TLS record of content type {other}")),
         }
         Ok(())
-    }
-
-    /// Reads records straight into `dest` and opens them there, each
-    /// record's content moving to the end of the content before it: a
-    /// large read costs the kernel's copy and the decryption, and no copy
-    /// out of the read buffer. The bytes already buffered go first. Stops
-    /// when another record might not fit, at the end of the stream, or when
-    /// the socket has nothing more after some content; what is left of an
-    /// unfinished record goes back to the read buffer. Returns the content
-    /// bytes at the front of `dest`.
-    fn poll_read_direct(
-        &mut self,
-        cx: &mut Context<'_>,
-        dest: &mut [u8],
-    ) -> Poll<io::Result<usize>> {
-        let (mut w, mut r) = (0, 0);
-        let mut e = self.end - self.start;
-        dest[..e].copy_from_slice(&self.buf[self.start..self.end]);
-        (self.start, self.end) = (0, 0);
-        let mut eof = false;
-        let stopped: Result<(), String> = loop {
-            match self.rx.open(&mut dest[..e], r, w) {
-                Err(err) => break Err(err),
-                Ok(Some((len, content_type, content))) => {
-                    r += len;
-                    if content_type == record::APPLICATION_DATA {
-                        w = content.end;
-                        continue;
-                    }
-                    let control = dest[content].to_vec();
-                    if let Err(err) = self.control(content_type, &control) {
-                        break Err(err);
-                    }
-                    if matches!(self.state, ReadState::Closed) {
-                        break Ok(());
-                    }
-                    continue;
-                }
-                Ok(None) => {}
-            }
-            if dest.len() - e < HEADER + MAX_BODY {
-                break Ok(());
-            }
-            // A read the cache holds while its records are opened.
-            let room = dest.len().min(e + READ_BUFFER);
-            let mut free = ReadBuf::new(&mut dest[e..room]);
-            match Pin::new(&mut self.tcp).poll_read(cx, &mut free) {
-                Poll::Ready(Ok(())) if free.filled().is_empty() => {
-                    eof = true;
-                    break Ok(());
-                }
-                Poll::Ready(Ok(())) => e += free.filled().len(),
-                Poll::Ready(Err(err)) if w == 0 => {
-                    self.keep(&dest[r..e]);
-                    return Poll::Ready(Err(err));
-                }
-                // The error comes again with the next read.
-                Poll::Ready(Err(_)) => break Ok(()),
-                Poll::Pending if w == 0 && !matches!(self.state, ReadState::Closed) => {
-                    self.keep(&dest[r..e]);
-                    return Poll::Pending;
-                }
-                Poll::Pending => break Ok(()),
-            }
-        };
-        self.keep(&dest[r..e]);
-        if let Err(err) = stopped {
-            return Poll::Ready(Err(self.fail(io::ErrorKind::InvalidData, err)));
-        }
-        if eof && w == 0 && !matches!(self.state, ReadState::Closed) {
-            return Poll::Ready(Err(self.eof()));
-        }
-        Poll::Ready(Ok(w))
-    }
-
-    /// Keeps `raw`, the start of a record, for the next read.
-    fn keep(&mut self, raw: &[u8]) {
-        self.buf[..raw.len()].copy_from_slice(raw);
-        (self.start, self.end) = (0, raw.len());
     }
 
     /// The error of a TCP close without `close_notify` (STREAM-3).
@@ -391,6 +329,10 @@ impl AsyncRead for TlsReadHalf {
             }
             return Poll::Ready(Ok(()));
         }
+        // Content already in `out`: what comes after (an error, the end of
+        // the stream, an empty socket) waits for the next read.
+        let before = out.filled().len();
+        let given = |out: &ReadBuf<'_>| out.filled().len() > before;
         loop {
             if !this.plain.is_empty() {
                 let n = out.remaining().min(this.plain.len());
@@ -401,23 +343,18 @@ impl AsyncRead for TlsReadHalf {
             match &this.state {
                 ReadState::Open => {}
                 ReadState::Closed => return Poll::Ready(Ok(())),
+                ReadState::Failed(_, _) if given(out) => return Poll::Ready(Ok(())),
                 ReadState::Failed(kind, message) => {
                     return Poll::Ready(Err(io::Error::new(*kind, message.clone())));
                 }
             }
-            if out.remaining() >= DIRECT_READ && this.end - this.start <= MAX_BODY {
-                let dest = out.initialize_unfilled();
-                let n = ready!(this.poll_read_direct(cx, dest))?;
-                out.advance(n);
-                if n > 0 || !matches!(this.state, ReadState::Open) {
-                    return Poll::Ready(Ok(()));
-                }
-                continue;
-            }
-            match this.open_next() {
+            match this.open_next(out) {
                 Ok(true) => continue,
                 Ok(false) => {}
-                Err(e) => return Poll::Ready(Err(this.fail(io::ErrorKind::InvalidData, e))),
+                Err(e) => {
+                    let e = this.fail(io::ErrorKind::InvalidData, e);
+                    return Poll::Ready(if given(out) { Ok(()) } else { Err(e) });
+                }
             }
             if this.start == this.end {
                 (this.start, this.end) = (0, 0);
@@ -429,12 +366,22 @@ impl AsyncRead for TlsReadHalf {
                 this.start = 0;
             }
             let mut free = ReadBuf::new(&mut this.buf[this.end..]);
-            ready!(Pin::new(&mut this.tcp).poll_read(cx, &mut free))?;
-            let n = free.filled().len();
-            if n == 0 {
-                return Poll::Ready(Err(this.eof()));
+            match Pin::new(&mut this.tcp).poll_read(cx, &mut free) {
+                Poll::Ready(Ok(())) if free.filled().is_empty() => {
+                    if given(out) {
+                        return Poll::Ready(Ok(()));
+                    }
+                    return Poll::Ready(Err(this.eof()));
+                }
+                Poll::Ready(Ok(())) => this.end += free.filled().len(),
+                Poll::Ready(Err(e)) if given(out) => {
+                    this.fail(e.kind(), e.to_string());
+                    return Poll::Ready(Ok(()));
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending if given(out) => return Poll::Ready(Ok(())),
+                Poll::Pending => return Poll::Pending,
             }
-            this.end += n;
         }
     }
 }
@@ -444,8 +391,11 @@ pub struct TlsWriteHalf {
     tcp: OwnedWriteHalf,
     tx: Direction,
     keys: Arc<KeySchedule>,
-    /// Sealed records; `out[..sent]` already went to the socket.
+    /// Sealed records in `out[..filled]`, of which `out[..sent]` already
+    /// went to the socket. `out` keeps its largest length, so sealing
+    /// writes over old bytes rather than zeroing new ones.
     out: Vec<u8>,
+    filled: usize,
     sent: usize,
     /// `close_notify` is sealed.
     closed: bool,
@@ -454,36 +404,39 @@ pub struct TlsWriteHalf {
 impl TlsWriteHalf {
     /// Writes sealed records until all went out or the socket is full.
     fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        while self.sent < self.out.len() {
-            let n = ready!(Pin::new(&mut self.tcp).poll_write(cx, &self.out[self.sent..]))?;
+        while self.sent < self.filled {
+            let pending = &self.out[self.sent..self.filled];
+            let n = ready!(Pin::new(&mut self.tcp).poll_write(cx, pending))?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
             self.sent += n;
         }
-        self.out.clear();
-        self.sent = 0;
+        (self.filled, self.sent) = (0, 0);
         Poll::Ready(Ok(()))
     }
 
     /// Seals one record of `content_type`, updating the key first when it
     /// is due (STREAM-1).
     fn seal(&mut self, content_type: u8, parts: &[&[u8]]) -> io::Result<()> {
+        let len = parts.iter().map(|p| p.len()).sum();
+        let room = self.filled + record_len(KEY_UPDATE_MESSAGE.len()) + record_len(len);
+        if self.out.len() < room {
+            self.out.resize(room, 0);
+        }
         let asked = self.keys.update_requested.swap(false, Ordering::AcqRel);
         if asked || self.tx.update_due() {
             // The update message is the last record under the old key.
-            self.tx
-                .seal(
-                    &mut self.out,
-                    record::HANDSHAKE,
-                    &[&record::KEY_UPDATE_MESSAGE],
-                )
+            let out = &mut self.out[self.filled..];
+            self.filled += self
+                .tx
+                .seal(out, record::HANDSHAKE, &[&KEY_UPDATE_MESSAGE])
                 .map_err(invalid)?;
             self.tx = self.keys.next(true).map_err(invalid)?;
         }
-        self.tx
-            .seal(&mut self.out, content_type, parts)
-            .map_err(invalid)
+        let out = &mut self.out[self.filled..];
+        self.filled += self.tx.seal(out, content_type, parts).map_err(invalid)?;
+        Ok(())
     }
 }
 
@@ -505,14 +458,15 @@ impl AsyncWrite for TlsWriteHalf {
         if this.closed {
             return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
         }
-        if this.out.len() - this.sent >= WRITE_BUFFER {
+        if this.filled - this.sent >= WRITE_BUFFER {
             ready!(this.poll_send(cx))?;
-        } else if this.sent > 0 && this.sent * 2 >= this.out.len() {
-            this.out.drain(..this.sent);
+        } else if this.sent > 0 && this.sent * 2 >= this.filled {
+            this.out.copy_within(this.sent..this.filled, 0);
+            this.filled -= this.sent;
             this.sent = 0;
         }
         // Small slices share a record; a large one fills records whole.
-        let room = WRITE_BUFFER - (this.out.len() - this.sent);
+        let room = WRITE_BUFFER - (this.filled - this.sent);
         let (mut taken, mut parts, mut in_record) = (0, Vec::with_capacity(bufs.len()), 0);
         for buf in bufs.iter().map(|b| &b[..]) {
             let mut buf = &buf[..buf.len().min(room - taken)];
