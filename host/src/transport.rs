@@ -37,7 +37,11 @@
 //!   queued on the connection and the socket takes the whole frame without
 //!   waiting (the common small call: no task switch, no wake-up); otherwise
 //!   it, and every frame after it, goes through the connection's writer
-//!   task, which owns the write half until its queue is empty. A frame is
+//!   task, which owns the write half until its queue is empty. A sender
+//!   never waits for another's write: one that finds another sender
+//!   writing leaves its frame in the connection's backlog, and whoever
+//!   holds the write half writes the whole backlog in one vectored write
+//!   before letting go (under load, many frames per syscall). A frame is
 //!   never split between two writers. Over TLS the same holds with the
 //!   records flushed too: a sender whose frame is sealed but cannot all be
 //!   sent at once hands the half to the writer task, which flushes once its

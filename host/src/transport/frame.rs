@@ -102,31 +102,59 @@ impl OutFrame {
     }
 }
 
-/// Writes what the socket takes of `frame` from `offset` on, without
-/// waiting: returns the new offset (the frame's length when all of it was
-/// written). `try_write` is one non-blocking `writev` attempt, as tokio's
-/// `try_write_vectored`.
-pub(crate) fn try_write_frame(
-    frame: &OutFrame,
-    mut offset: usize,
+/// Where writing a batch of frames stands: frames before `frame` went
+/// whole, and `offset` bytes of `frame`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct BatchPosition {
+    pub(crate) frame: usize,
+    pub(crate) offset: usize,
+}
+
+/// Writes what the socket takes of `frames`, in order, from `at` on,
+/// without waiting, the frames' slices gathered into as few vectored
+/// writes as it takes (one syscall for many small frames): returns where
+/// the writing stopped (`frame == frames.len()` when all went). `try_write`
+/// is one non-blocking `writev` attempt, as tokio's `try_write_vectored`.
+pub(crate) fn try_write_frames(
+    frames: &[OutFrame],
+    mut at: BatchPosition,
     mut try_write: impl FnMut(&[IoSlice<'_>]) -> io::Result<usize>,
-) -> io::Result<usize> {
-    let total = frame.len() as usize;
-    while offset < total {
-        let slices = frame.slices(offset);
-        match try_write(&slices[..slices.len().min(1024)]) {
+) -> io::Result<BatchPosition> {
+    // writev takes at most IOV_MAX (1024) slices.
+    const IOV_MAX: usize = 1024;
+    while at.frame < frames.len() {
+        let mut slices = frames[at.frame].slices(at.offset);
+        for frame in &frames[at.frame + 1..] {
+            if slices.len() >= IOV_MAX {
+                break;
+            }
+            slices.extend(frame.slices(0));
+        }
+        let mut written = match try_write(&slices[..slices.len().min(IOV_MAX)]) {
             Ok(0) => {
                 return Err(io::Error::new(
                     io::ErrorKind::WriteZero,
                     "connection closed while writing a frame",
                 ));
             }
-            Ok(n) => offset += n,
+            Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
             Err(e) => return Err(e),
+        };
+        while written > 0 {
+            let rest = frames[at.frame].len() as usize - at.offset;
+            if written < rest {
+                at.offset += written;
+                break;
+            }
+            written -= rest;
+            at = BatchPosition {
+                frame: at.frame + 1,
+                offset: 0,
+            };
         }
     }
-    Ok(offset)
+    Ok(at)
 }
 
 /// Writes `frame` from byte `offset` on, with vectored writes straight from
@@ -343,15 +371,17 @@ mod tests {
     }
 
     #[test]
-    fn partial_non_blocking_writes_resume_where_they_stopped() {
+    fn partial_non_blocking_writes_of_a_batch_resume_where_they_stopped() {
         let t = Tensor::rand([100], (Kind::Float, Device::Cpu));
-        let frame = OutFrame::encode(call(1), KIND, &[t.shallow_clone()], &[]).unwrap();
+        let frames: Vec<OutFrame> = (0..3)
+            .map(|i| OutFrame::encode(call(i), KIND, &[t.shallow_clone()], &[]).unwrap())
+            .collect();
         let mut out = Vec::new();
-        let mut offset = 0;
+        let mut at = BatchPosition::default();
         // A socket that takes 7 bytes per attempt, every other attempt.
         let mut turn = 0;
-        while offset < frame.len() as usize {
-            offset = try_write_frame(&frame, offset, |slices| {
+        while at.frame < frames.len() {
+            at = try_write_frames(&frames, at, |slices| {
                 turn += 1;
                 if turn % 2 == 0 {
                     return Err(io::ErrorKind::WouldBlock.into());
@@ -367,8 +397,43 @@ mod tests {
             .unwrap();
         }
         let mut whole = Vec::new();
-        futures::executor::block_on(write_frame(&mut whole, &frame, 0)).unwrap();
+        for frame in &frames {
+            futures::executor::block_on(write_frame(&mut whole, frame, 0)).unwrap();
+        }
         assert_eq!(out, whole);
+    }
+
+    #[test]
+    fn a_batch_goes_in_one_write_when_the_socket_takes_it() {
+        let frames: Vec<OutFrame> = (0..5)
+            .map(|i| OutFrame::encode(call(i), KIND, &[], &[]).unwrap())
+            .collect();
+        let (mut writes, mut out) = (0, Vec::new());
+        let at = try_write_frames(&frames, BatchPosition::default(), |slices| {
+            writes += 1;
+            slices.iter().for_each(|s| out.extend_from_slice(s));
+            Ok(slices.iter().map(|s| s.len()).sum())
+        })
+        .unwrap();
+        assert_eq!(
+            (at, writes),
+            (
+                BatchPosition {
+                    frame: 5,
+                    offset: 0
+                },
+                1
+            )
+        );
+        let total: u64 = frames.iter().map(OutFrame::len).sum();
+        assert_eq!(out.len() as u64, total);
+        // A socket that takes nothing leaves the batch where it was.
+        let stuck = BatchPosition {
+            frame: 2,
+            offset: 3,
+        };
+        let at = try_write_frames(&frames, stuck, |_| Err(io::ErrorKind::WouldBlock.into()));
+        assert_eq!(at.unwrap(), stuck);
     }
 
     #[tokio::test]

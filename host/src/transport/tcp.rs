@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::fault::FaultInjection;
-use super::frame::{OutFrame, try_write_frame};
+use super::frame::{BatchPosition, OutFrame, try_write_frames};
 use super::handshake::{self, HANDSHAKE_TIMEOUT};
 use super::tls::TlsEndpoints;
 use crate::error::{Error, Result};
@@ -90,10 +90,14 @@ pub(crate) struct Connection {
     /// The peer's rank, as it announced.
     pub(crate) peer_rank: u32,
     tx: mpsc::UnboundedSender<WriterCmd>,
-    /// The write half while the writer task has nothing queued (TR-5): a
-    /// sender that finds it here writes its frame itself, with no task
-    /// switch, as long as the socket takes it without waiting.
+    /// The write half while the writer task has nothing queued (TR-5): the
+    /// sender that holds this lock writes the backlog itself, with no task
+    /// switch, as long as the socket takes it without waiting. Only ever
+    /// `try_lock`ed by senders, so none waits for another's write.
     direct: Mutex<Option<WriteHalf>>,
+    /// Sent frames, in order, for whoever holds `direct` next (TR-3): a
+    /// sender's own, and those of senders that found `direct` held.
+    backlog: Mutex<Vec<OutFrame>>,
     closed: AtomicBool,
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
 }
@@ -114,29 +118,75 @@ impl Connection {
     }
 
     /// Sends `frame` after every frame sent before it (TR-3): written at
-    /// once when nothing is queued and the socket takes it, else queued for
-    /// the writer task (TR-5).
+    /// once, with whatever else is in the backlog, when nothing is queued
+    /// for the writer task and the socket takes it; else queued for the
+    /// writer task (TR-5). A sender that finds another writing leaves its
+    /// frame to that one and returns at once.
     fn enqueue(&self, frame: OutFrame) -> Result<()> {
         let closed = || Error::runtime(format!("connection to {} is closed", self.peer));
         if self.is_closed() {
             return Err(closed());
         }
-        let mut direct = lock(&self.direct);
-        let cmd = match direct.take() {
-            None => WriterCmd::Frame(frame),
-            Some(mut half) => {
-                // A failed write or flush is left to the writer, which
-                // closes the connection with the error.
-                let offset =
-                    try_write_frame(&frame, 0, |bufs| half.try_write_vectored(bufs)).unwrap_or(0);
-                if offset as u64 == frame.len() && half.try_flush().unwrap_or(false) {
-                    *direct = Some(half);
-                    return Ok(());
-                }
-                WriterCmd::Resume(half, frame, offset)
+        lock(&self.backlog).push(frame);
+        self.drain_backlog().map_err(|_| closed())
+    }
+
+    /// Writes the backlog, unless another thread holds `direct`: that one
+    /// writes it. Whoever lets go of `direct` looks at the backlog again,
+    /// so no frame is left behind by a sender that found `direct` held.
+    fn drain_backlog(&self) -> std::result::Result<(), ()> {
+        loop {
+            let mut direct = match self.direct.try_lock() {
+                Ok(guard) => guard,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return Ok(()),
+            };
+            let frames = std::mem::take(&mut *lock(&self.backlog));
+            if frames.is_empty() {
+                return Ok(());
             }
+            self.write_or_queue(&mut direct, frames)?;
+            drop(direct);
+            if lock(&self.backlog).is_empty() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Writes `frames` (not empty) in one go on the half in `direct`, as
+    /// far as the socket takes them now; the half and the rest go to the
+    /// writer task, as do all frames while the writer holds the half.
+    fn write_or_queue(
+        &self,
+        direct: &mut Option<WriteHalf>,
+        frames: Vec<OutFrame>,
+    ) -> std::result::Result<(), ()> {
+        let send = |cmd| self.tx.send(cmd).map_err(|_| ());
+        let Some(mut half) = direct.take() else {
+            return frames
+                .into_iter()
+                .try_for_each(|frame| send(WriterCmd::Frame(frame)));
         };
-        self.tx.send(cmd).map_err(|_| closed())
+        // A failed write or flush is left to the writer, which closes the
+        // connection with the error.
+        let at = try_write_frames(&frames, BatchPosition::default(), |bufs| {
+            half.try_write_vectored(bufs)
+        })
+        .unwrap_or_default();
+        let all = at.frame == frames.len();
+        if all && half.try_flush().unwrap_or(false) {
+            *direct = Some(half);
+            return Ok(());
+        }
+        // Written but not flushed (TLS records): the last frame, at its end.
+        let (first, offset) = match all {
+            true => (frames.len() - 1, frames[frames.len() - 1].len() as usize),
+            false => (at.frame, at.offset),
+        };
+        let mut rest = frames.into_iter().skip(first);
+        let resume = rest.next().expect("the frame where writing stopped");
+        send(WriterCmd::Resume(half, resume, offset))?;
+        rest.try_for_each(|frame| send(WriterCmd::Frame(frame)))
     }
 }
 
@@ -422,6 +472,7 @@ impl Transport {
             peer_rank: who.rank,
             tx,
             direct: Mutex::new(Some(direct)),
+            backlog: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
             tasks: Mutex::new(Vec::new()),
         });

@@ -103,6 +103,11 @@ pub(super) async fn writer_loop(
         let mut direct = lock(&conn.direct);
         if rx.is_empty() {
             *direct = half.take();
+            drop(direct);
+            // A sender that found `direct` held meanwhile left its frame in
+            // the backlog for whoever held it: this task. The connection's
+            // sender side lives as long as this task, so queueing cannot fail.
+            let _ = conn.drain_backlog();
         }
     }
     let half = half.or_else(|| lock(&conn.direct).take());

@@ -1,6 +1,7 @@
 //! Tests of `tcp`.
 
 use super::*;
+use crate::transport::MessageKind;
 
 #[test]
 fn refusals_are_logged_at_most_once_per_interval_with_a_count() {
@@ -21,4 +22,161 @@ fn refusals_are_logged_at_most_once_per_interval_with_a_count() {
     assert_eq!(log.flush(ms(4005)), None);
     // The flush counts as a line: the next refusal within a second waits.
     assert_eq!(log.note(ms(4500)), Refusal::FirstSuppressed);
+}
+
+/// Every frame a transport receives, as its message's text.
+#[derive(Default)]
+struct Recorder {
+    got: Mutex<Vec<String>>,
+}
+
+impl Handler for Recorder {
+    fn on_frame(
+        &self,
+        _: &Arc<Connection>,
+        message: Vec<u8>,
+        _: Vec<Tensor>,
+    ) -> std::result::Result<(), String> {
+        lock(&self.got).push(String::from_utf8(message).map_err(|e| e.to_string())?);
+        Ok(())
+    }
+
+    fn on_over_budget(&self, _: &Arc<Connection>, _: Vec<u8>, _: wasmrpc_torch_sys::BudgetRefusal) {
+        panic!("no budget is set");
+    }
+
+    fn on_close(&self, _: &Arc<Connection>, _: &str) {}
+}
+
+fn config(name: &str, rank: u32) -> TransportConfig {
+    TransportConfig {
+        name: name.into(),
+        rank,
+        secret: Arc::new(b"backlog test".to_vec()),
+        max_frame_size: crate::transport::DEFAULT_MAX_FRAME_SIZE,
+        faults: FaultInjection::default(),
+        receive_budget: None,
+        tls: None,
+    }
+}
+
+/// TR-3 and TR-5 under contention: senders on several threads share one
+/// connection, so most find another sender writing and leave their frames
+/// in the backlog; large frames fill the socket now and then, so the
+/// writer task takes the half over and gives it back. Every frame arrives,
+/// each sender's in the order it sent them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_senders_lose_no_frame_and_keep_their_order() {
+    const SENDERS: usize = 6;
+    const FRAMES: usize = 1500;
+    let received = Arc::new(Recorder::default());
+    let handler: Arc<dyn Handler> = received.clone();
+    let server = Transport::bind(
+        config("server", 0),
+        ([127, 0, 0, 1], 0).into(),
+        Arc::downgrade(&handler),
+    )
+    .await
+    .unwrap();
+    let quiet: Arc<dyn Handler> = Arc::new(Recorder::default());
+    let client = Transport::bind(
+        config("client", 1),
+        ([127, 0, 0, 1], 0).into(),
+        Arc::downgrade(&quiet),
+    )
+    .await
+    .unwrap();
+    let conn = client
+        .connection("server", server.local_addr())
+        .await
+        .unwrap();
+    let senders: Vec<_> = (0..SENDERS)
+        .map(|s| {
+            let (client, conn) = (client.clone(), conn.clone());
+            std::thread::spawn(move || {
+                for i in 0..FRAMES {
+                    let tensors = match i % 100 {
+                        0 => vec![Tensor::zeros(
+                            [1 << 18],
+                            (tch::Kind::Float, tch::Device::Cpu),
+                        )],
+                        _ => Vec::new(),
+                    };
+                    let message = format!("{s}:{i}").into_bytes();
+                    let frame =
+                        OutFrame::encode(message, MessageKind::new("Test"), &tensors, &[]).unwrap();
+                    client.send_now(&conn, frame).unwrap().unwrap();
+                }
+            })
+        })
+        .collect();
+    for sender in senders {
+        sender.join().unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while lock(&received.got).len() < SENDERS * FRAMES && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let got = lock(&received.got).clone();
+    assert_eq!(got.len(), SENDERS * FRAMES, "frames lost");
+    let mut next = [0usize; SENDERS];
+    for message in got {
+        let (s, i) = message.split_once(':').unwrap();
+        let (s, i): (usize, usize) = (s.parse().unwrap(), i.parse().unwrap());
+        assert_eq!(i, next[s], "sender {s}'s frames out of order");
+        next[s] += 1;
+    }
+    client.abort();
+    server.abort();
+}
+
+/// TR-5: a sender that finds another holding the write half does not wait
+/// for it: its frame waits in the backlog, and goes out with the holder's
+/// next drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_never_waits_for_another_senders_write() {
+    let received = Arc::new(Recorder::default());
+    let handler: Arc<dyn Handler> = received.clone();
+    let server = Transport::bind(
+        config("server", 0),
+        ([127, 0, 0, 1], 0).into(),
+        Arc::downgrade(&handler),
+    )
+    .await
+    .unwrap();
+    let quiet: Arc<dyn Handler> = Arc::new(Recorder::default());
+    let client = Transport::bind(
+        config("client", 1),
+        ([127, 0, 0, 1], 0).into(),
+        Arc::downgrade(&quiet),
+    )
+    .await
+    .unwrap();
+    let conn = client
+        .connection("server", server.local_addr())
+        .await
+        .unwrap();
+    let frame =
+        |text: &str| OutFrame::encode(text.into(), MessageKind::new("Test"), &[], &[]).unwrap();
+    let held = lock(&conn.direct);
+    let sender = {
+        let (client, conn, frame) = (client.clone(), conn.clone(), frame("left behind"));
+        std::thread::spawn(move || client.send_now(&conn, frame).unwrap().unwrap())
+    };
+    sender.join().unwrap();
+    assert_eq!(
+        lock(&conn.backlog).len(),
+        1,
+        "the frame waits in the backlog"
+    );
+    drop(held);
+    conn.drain_backlog().unwrap();
+    client.send_now(&conn, frame("next")).unwrap().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while lock(&received.got).len() < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(*lock(&received.got), ["left behind", "next"]);
+    client.abort();
+    server.abort();
 }
