@@ -60,6 +60,67 @@ fn config(name: &str, rank: u32) -> TransportConfig {
     }
 }
 
+/// Two transports on loopback, and a connection from the client to the
+/// server, whose frames `received` records.
+struct Pair {
+    client: Arc<Transport>,
+    server: Arc<Transport>,
+    conn: Arc<Connection>,
+    received: Arc<Recorder>,
+    // The transports hold their handlers weakly.
+    _handlers: [Arc<dyn Handler>; 2],
+}
+
+impl Pair {
+    async fn new() -> Pair {
+        let received = Arc::new(Recorder::default());
+        let handlers: [Arc<dyn Handler>; 2] = [received.clone(), Arc::new(Recorder::default())];
+        let loopback = ([127, 0, 0, 1], 0).into();
+        let bind = |name, rank, handler| Transport::bind(config(name, rank), loopback, handler);
+        let server = bind("server", 0, Arc::downgrade(&handlers[0]))
+            .await
+            .unwrap();
+        let client = bind("client", 1, Arc::downgrade(&handlers[1]))
+            .await
+            .unwrap();
+        let conn = client
+            .connection("server", server.local_addr())
+            .await
+            .unwrap();
+        Pair {
+            client,
+            server,
+            conn,
+            received,
+            _handlers: handlers,
+        }
+    }
+
+    fn send(&self, text: String, tensors: &[Tensor]) {
+        let frame = OutFrame::encode(text.into_bytes(), MessageKind::new("Test"), tensors, &[]);
+        self.client
+            .send_now(&self.conn, frame.unwrap())
+            .unwrap()
+            .unwrap();
+    }
+
+    /// What the server received, once it is `n` frames or 60 s passed.
+    async fn received(&self, n: usize) -> Vec<String> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while lock(&self.received.got).len() < n && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        lock(&self.received.got).clone()
+    }
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        self.client.abort();
+        self.server.abort();
+    }
+}
+
 /// TR-3 and TR-5 under contention: senders on several threads share one
 /// connection, so most find another sender writing and leave their frames
 /// in the backlog; large frames fill the socket now and then, so the
@@ -69,30 +130,10 @@ fn config(name: &str, rank: u32) -> TransportConfig {
 async fn concurrent_senders_lose_no_frame_and_keep_their_order() {
     const SENDERS: usize = 6;
     const FRAMES: usize = 1500;
-    let received = Arc::new(Recorder::default());
-    let handler: Arc<dyn Handler> = received.clone();
-    let server = Transport::bind(
-        config("server", 0),
-        ([127, 0, 0, 1], 0).into(),
-        Arc::downgrade(&handler),
-    )
-    .await
-    .unwrap();
-    let quiet: Arc<dyn Handler> = Arc::new(Recorder::default());
-    let client = Transport::bind(
-        config("client", 1),
-        ([127, 0, 0, 1], 0).into(),
-        Arc::downgrade(&quiet),
-    )
-    .await
-    .unwrap();
-    let conn = client
-        .connection("server", server.local_addr())
-        .await
-        .unwrap();
+    let pair = Arc::new(Pair::new().await);
     let senders: Vec<_> = (0..SENDERS)
         .map(|s| {
-            let (client, conn) = (client.clone(), conn.clone());
+            let pair = pair.clone();
             std::thread::spawn(move || {
                 for i in 0..FRAMES {
                     let tensors = match i % 100 {
@@ -102,10 +143,7 @@ async fn concurrent_senders_lose_no_frame_and_keep_their_order() {
                         )],
                         _ => Vec::new(),
                     };
-                    let message = format!("{s}:{i}").into_bytes();
-                    let frame =
-                        OutFrame::encode(message, MessageKind::new("Test"), &tensors, &[]).unwrap();
-                    client.send_now(&conn, frame).unwrap().unwrap();
+                    pair.send(format!("{s}:{i}"), &tensors);
                 }
             })
         })
@@ -113,11 +151,7 @@ async fn concurrent_senders_lose_no_frame_and_keep_their_order() {
     for sender in senders {
         sender.join().unwrap();
     }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while lock(&received.got).len() < SENDERS * FRAMES && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    let got = lock(&received.got).clone();
+    let got = pair.received(SENDERS * FRAMES).await;
     assert_eq!(got.len(), SENDERS * FRAMES, "frames lost");
     let mut next = [0usize; SENDERS];
     for message in got {
@@ -126,8 +160,6 @@ async fn concurrent_senders_lose_no_frame_and_keep_their_order() {
         assert_eq!(i, next[s], "sender {s}'s frames out of order");
         next[s] += 1;
     }
-    client.abort();
-    server.abort();
 }
 
 /// TR-5: a sender that finds another holding the write half does not wait
@@ -135,48 +167,20 @@ async fn concurrent_senders_lose_no_frame_and_keep_their_order() {
 /// next drain.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sender_never_waits_for_another_senders_write() {
-    let received = Arc::new(Recorder::default());
-    let handler: Arc<dyn Handler> = received.clone();
-    let server = Transport::bind(
-        config("server", 0),
-        ([127, 0, 0, 1], 0).into(),
-        Arc::downgrade(&handler),
-    )
-    .await
-    .unwrap();
-    let quiet: Arc<dyn Handler> = Arc::new(Recorder::default());
-    let client = Transport::bind(
-        config("client", 1),
-        ([127, 0, 0, 1], 0).into(),
-        Arc::downgrade(&quiet),
-    )
-    .await
-    .unwrap();
-    let conn = client
-        .connection("server", server.local_addr())
-        .await
-        .unwrap();
-    let frame =
-        |text: &str| OutFrame::encode(text.into(), MessageKind::new("Test"), &[], &[]).unwrap();
-    let held = lock(&conn.direct);
+    let pair = Arc::new(Pair::new().await);
+    let held = lock(&pair.conn.direct);
     let sender = {
-        let (client, conn, frame) = (client.clone(), conn.clone(), frame("left behind"));
-        std::thread::spawn(move || client.send_now(&conn, frame).unwrap().unwrap())
+        let pair = pair.clone();
+        std::thread::spawn(move || pair.send("left behind".into(), &[]))
     };
     sender.join().unwrap();
     assert_eq!(
-        lock(&conn.backlog).len(),
+        lock(&pair.conn.backlog).len(),
         1,
         "the frame waits in the backlog"
     );
     drop(held);
-    conn.drain_backlog().unwrap();
-    client.send_now(&conn, frame("next")).unwrap().unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while lock(&received.got).len() < 2 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    assert_eq!(*lock(&received.got), ["left behind", "next"]);
-    client.abort();
-    server.abort();
+    pair.conn.drain_backlog().unwrap();
+    pair.send("next".into(), &[]);
+    assert_eq!(pair.received(2).await, ["left behind", "next"]);
 }
