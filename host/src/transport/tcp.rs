@@ -507,11 +507,22 @@ impl Transport {
         if conn.closed.swap(true, Ordering::AcqRel) {
             return;
         }
-        let _ = conn.tx.send(WriterCmd::Close);
-        // A half parked for direct writes has nothing queued behind it:
-        // dropping it shuts the socket's write side now (the writer task,
-        // if it holds the half instead, does so after its queue).
-        drop(lock(&conn.direct).take());
+        {
+            // Frames sent before the close, and left in the backlog by
+            // senders that found `direct` held (by this thread, say), go
+            // out first: written now, or queued ahead of the close.
+            let mut direct = lock(&conn.direct);
+            let frames = std::mem::take(&mut *lock(&conn.backlog));
+            if !frames.is_empty() {
+                let _ = conn.write_or_queue(&mut direct, frames);
+            }
+            let _ = conn.tx.send(WriterCmd::Close);
+            // A half still parked for direct writes has nothing queued
+            // behind it: dropping it shuts the socket's write side now (the
+            // writer task, if it holds the half instead, does so after its
+            // queue).
+            drop(direct.take());
+        }
         lock(&self.all).remove(&conn.id);
         {
             let mut conns = lock(&self.conns);
@@ -558,6 +569,8 @@ impl Transport {
         let conns: Vec<Arc<Connection>> = lock(&self.all).values().cloned().collect();
         for c in &conns {
             lock(&c.tasks).iter().for_each(|t| t.abort());
+            // Nothing more goes out: the worker vanishes.
+            lock(&c.backlog).clear();
             self.close(c, "worker aborted");
         }
     }

@@ -184,3 +184,19 @@ async fn a_sender_never_waits_for_another_senders_write() {
     pair.send("next".into(), &[]);
     assert_eq!(pair.received(2).await, ["left behind", "next"]);
 }
+
+/// TR-3 at a close: a frame a sender left in the backlog before the close
+/// (it found the half held) still goes out, ahead of the close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_sends_what_the_backlog_holds_first() {
+    let pair = Arc::new(Pair::new().await);
+    let held = lock(&pair.conn.direct);
+    let sender = {
+        let pair = pair.clone();
+        std::thread::spawn(move || pair.send("last words".into(), &[]))
+    };
+    sender.join().unwrap();
+    drop(held);
+    pair.client.close(&pair.conn, "test over");
+    assert_eq!(pair.received(1).await, ["last words"]);
+}
