@@ -51,17 +51,19 @@ async fn connect_peer(
 }
 
 /// Reads until the peer closes the connection; fails if it stays open.
+/// The wait is half the acceptor's 10 s handshake timeout: a worker must
+/// refuse bad bytes when it reads them, not when that timeout ends.
 async fn expect_closed<S: tokio::io::AsyncRead + Unpin + ?Sized>(
     stream: &mut S,
 ) -> anyhow::Result<()> {
     let mut buf = [0u8; 256];
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         ensure!(
             Instant::now() < deadline,
             "the worker kept the connection open"
         );
-        match tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await {
+        match tokio::time::timeout_at(deadline.into(), stream.read(&mut buf)).await {
             Ok(Ok(0)) | Ok(Err(_)) => return Ok(()),
             Ok(Ok(_)) => continue,
             Err(_) => anyhow::bail!("the worker kept the connection open"),

@@ -14,7 +14,11 @@ use rustls::{ExtractedSecrets, SideData};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::record::{Direction, HEADER, MAX_BODY};
+use super::record::{APPLICATION_DATA, Direction, HEADER, MAX_BODY};
+
+/// The lowest TLS record type (RFC 8446 §5.1); `APPLICATION_DATA` is the
+/// highest.
+const CHANGE_CIPHER_SPEC: u8 = 20;
 use super::stream::{Kernel, KeySchedule, TlsStream};
 
 /// The most handshake bytes held at once: rustls's largest handshake
@@ -200,13 +204,23 @@ pub(crate) async fn establish<S: Side>(
 }
 
 /// The end of the first `count` whole records in `buf`, and how many
-/// whole records that is (fewer when `buf` holds fewer).
+/// whole records that is (fewer when `buf` holds fewer). Fails on a header
+/// no TLS peer sends: an unknown record type, a version not 3.x, or a
+/// length over the limit.
 fn records_end(buf: &[u8], count: usize) -> Result<(usize, usize), String> {
     let (mut end, mut whole) = (0, 0);
     while whole < count {
         let Some(header) = buf.get(end..end + HEADER) else {
             break;
         };
+        // A peer that is not speaking TLS is refused on its first five
+        // bytes, not after it has sent as many as their length claims.
+        if !(CHANGE_CIPHER_SPEC..=APPLICATION_DATA).contains(&header[0]) || header[1] != 3 {
+            return Err(format!(
+                "received bytes that are not a TLS record (they begin {:?})",
+                String::from_utf8_lossy(&header[..HEADER])
+            ));
+        }
         let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
         if len > MAX_BODY {
             return Err(format!("received a TLS record of invalid length {len}"));

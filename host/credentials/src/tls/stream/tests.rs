@@ -196,3 +196,32 @@ async fn large_reads_take_records_straight_into_the_callers_buffer_to_the_end() 
     let e = b.read(&mut vec![0; 1 << 20]).await.unwrap_err();
     assert!(e.to_string().contains("middle of a TLS record"), "{e}");
 }
+
+#[tokio::test]
+async fn bytes_that_are_not_tls_are_refused_at_once() {
+    // An HTTP request claims, read as a TLS header, a record of 8239 bytes:
+    // the acceptor must not wait for them (the dialer keeps its socket open).
+    let ca = CertificateAuthority::generate().unwrap();
+    let server = ca.credentials_for("b").unwrap().endpoints().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accept = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.unwrap();
+        server.accept(tcp).await.map(drop)
+    });
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let refused = tokio::time::timeout(std::time::Duration::from_secs(5), accept)
+        .await
+        .expect("the acceptor still waits for the rest of a record that is not TLS")
+        .unwrap();
+    let e = refused.unwrap_err();
+    assert!(e.to_string().contains("not a TLS record"), "{e}");
+    assert_eq!(
+        tcp.read(&mut [0; 16]).await.unwrap(),
+        0,
+        "the socket is closed"
+    );
+}
