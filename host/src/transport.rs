@@ -54,6 +54,11 @@
 //!   of the agent's protocol is read before the peer proved a certificate
 //!   of the cluster CA, and a peer only passes under the name its
 //!   certificate gives.
+//! - TR-8: at most `MAX_HANDSHAKES_PER_ADDRESS` sockets from one address,
+//!   and `MAX_HANDSHAKES` in all, are in their handshake at once; a new
+//!   socket over a limit ends the oldest handshake of its address (or of
+//!   all), so sockets that connect and stall can neither exhaust the
+//!   worker nor lock out a real peer (`tcp::admission`).
 
 mod fault;
 mod frame;

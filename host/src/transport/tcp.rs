@@ -19,6 +19,7 @@ use super::handshake::{self, HANDSHAKE_TIMEOUT};
 use super::tls::TlsEndpoints;
 use crate::error::{Error, Result};
 
+mod admission;
 mod tasks;
 mod write_half;
 

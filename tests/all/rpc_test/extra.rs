@@ -1,6 +1,6 @@
 //! The agent's own failure and scale tests (not seed tests): a peer that
-//! vanishes mid-call, hostile bytes on a worker's port, unauthenticated
-//! peers, and a 32-worker all-to-all.
+//! vanishes mid-call, hostile bytes on a worker's port, a flood of idle
+//! sockets, unauthenticated peers, and a 32-worker all-to-all.
 
 use std::time::{Duration, Instant};
 
@@ -195,6 +195,58 @@ fn test_garbage_bytes_and_oversized_frames_close_only_that_connection() {
             "",
         )?;
         ensure!(e.message().contains("maximum frame size"), "{e}");
+        c.shutdown().await?;
+        Ok(())
+    });
+}
+
+#[test]
+fn test_idle_sockets_cannot_lock_real_peers_out() {
+    timed(async {
+        let builder = cluster(2).options(secret_options());
+        let ca = builder.authority().cloned();
+        let c = builder.start().await?;
+        let addr = c
+            .agent(1)
+            .local_addr()
+            .ok_or_else(|| anyhow::anyhow!("no address"))?;
+        // A flood from another loopback address: sockets that connect and
+        // never send a byte, each of which would hold a handshake (a task,
+        // a descriptor, a TLS buffer) for its whole timeout.
+        const FLOOD: usize = 400;
+        let mut watches = tokio::task::JoinSet::new();
+        for _ in 0..FLOOD {
+            let socket = tokio::net::TcpSocket::new_v4()?;
+            socket.bind("127.0.0.2:0".parse()?)?;
+            let mut stream = socket.connect(addr).await?;
+            // Whether the worker closes it within 3 s; an open one is kept.
+            watches.spawn(async move {
+                let mut byte = [0u8; 1];
+                let read = tokio::time::timeout(Duration::from_secs(3), stream.read(&mut byte));
+                match read.await {
+                    Ok(Ok(0) | Err(_)) => None,
+                    _ => Some(stream),
+                }
+            });
+        }
+        // The worker keeps only the newest of them in their handshake.
+        let flood: Vec<_> = watches.join_all().await.into_iter().flatten().collect();
+        let closed = FLOOD - flood.len();
+        ensure!(
+            closed >= FLOOD / 2,
+            "the worker held {} of {FLOOD} idle sockets open",
+            FLOOD - closed
+        );
+        // A real peer still gets in while the flood's newest are held.
+        let peer = connect_peer(ca.as_deref(), addr, "worker1", SECRET, "friend").await;
+        ensure!(peer.is_ok(), "a real peer was locked out: {:?}", peer.err());
+        expect_tensor(
+            &c.agent(0)
+                .rpc_sync("worker1", "aten::add", args![ones(&[2]), 1])
+                .await?,
+            &(ones(&[2]) + 1),
+        )?;
+        drop(flood);
         c.shutdown().await?;
         Ok(())
     });

@@ -22,7 +22,9 @@ const CHANGE_CIPHER_SPEC: u8 = 20;
 use super::stream::{Kernel, KeySchedule, TlsStream};
 
 /// The most handshake bytes held at once: rustls's largest handshake
-/// message (64 KiB) and one more record.
+/// message (64 KiB) and one more record. The buffer starts at one record
+/// and grows only as far as what the peer sends needs, so a peer that has
+/// proved nothing yet costs one record's worth of memory.
 const HANDSHAKE_BUFFER: usize = (64 << 10) + HEADER + MAX_BODY;
 
 /// Either side of an unbuffered rustls connection.
@@ -115,7 +117,7 @@ pub(crate) async fn establish<S: Side>(
     mut tcp: TcpStream,
     records_per_key: u64,
 ) -> Result<TlsStream, String> {
-    let mut incoming = vec![0u8; HANDSHAKE_BUFFER];
+    let mut incoming = vec![0u8; HEADER + MAX_BODY];
     let mut used = 0;
     let mut outgoing = Vec::new();
     // Application data rustls opened with the handshake's last records.
@@ -169,7 +171,10 @@ pub(crate) async fn establish<S: Side>(
             }
             Step::Read => {
                 if used == incoming.len() {
-                    return Err("the peer's TLS handshake message is too large".into());
+                    if used == HANDSHAKE_BUFFER {
+                        return Err("the peer's TLS handshake message is too large".into());
+                    }
+                    incoming.resize((2 * used).min(HANDSHAKE_BUFFER), 0);
                 }
                 match tcp.read(&mut incoming[used..]).await {
                     Ok(0) => {

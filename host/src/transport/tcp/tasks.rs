@@ -12,9 +12,11 @@ use crate::transport::frame::{FrameError, read_frame, write_frame};
 use crate::transport::handshake::{self, HANDSHAKE_TIMEOUT};
 use crate::transport::tls::check_peer_names;
 
+use super::admission::{Admission, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_ADDRESS};
 use super::*;
 
 pub(super) async fn accept_loop(listener: TcpListener, t: Weak<Transport>) {
+    let admission = Admission::new();
     loop {
         let (mut stream, from) = match listener.accept().await {
             Ok(s) => s,
@@ -26,7 +28,23 @@ pub(super) async fn accept_loop(listener: TcpListener, t: Weak<Transport>) {
         };
         let Some(tr) = t.upgrade() else { return };
         let _ = stream.set_nodelay(true);
-        tokio::spawn(async move {
+        // TR-8: room for this handshake, made by ending the oldest.
+        let (ticket, displaced) = admission.admit(from);
+        for old in displaced {
+            if let Some(task) = old.task {
+                task.abort();
+            }
+            tr.refused(
+                old.from,
+                &format!(
+                    "still in its handshake when newer connections needed its place \
+                     ({MAX_HANDSHAKES_PER_ADDRESS} per address, {MAX_HANDSHAKES} in all)"
+                ),
+            );
+        }
+        let id = ticket.id();
+        let handshake = tokio::spawn(async move {
+            let _ticket = ticket;
             let (secret, name, rank) = (tr.cfg.secret.clone(), tr.cfg.name.clone(), tr.cfg.rank);
             let accept = async {
                 match &tr.cfg.tls {
@@ -55,6 +73,9 @@ pub(super) async fn accept_loop(listener: TcpListener, t: Weak<Transport>) {
                 Err(_) => tr.refused(from, "handshake timed out"),
             }
         });
+        if !admission.started(id, handshake.abort_handle()) {
+            handshake.abort();
+        }
     }
 }
 

@@ -17,6 +17,15 @@ async fn pair(records_per_key: u64) -> (TlsStream, TlsStream) {
         ca.credentials_for("a").unwrap(),
         ca.credentials_for("b").unwrap(),
     );
+    pair_of(a, b, records_per_key).await
+}
+
+/// [`pair`] with the credentials `a` and `b`.
+async fn pair_of(
+    a: crate::TlsCredentials,
+    b: crate::TlsCredentials,
+    records_per_key: u64,
+) -> (TlsStream, TlsStream) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let server = Arc::new(b.server_config().unwrap());
@@ -224,4 +233,22 @@ async fn bytes_that_are_not_tls_are_refused_at_once() {
         0,
         "the socket is closed"
     );
+}
+
+#[tokio::test]
+async fn handshake_messages_over_several_records_are_taken_in_both_directions() {
+    // Chains padded with 60 copies of the CA certificate: Certificate
+    // messages of about 30 KiB, over several records, more than the
+    // handshake buffer holds at first.
+    let ca = CertificateAuthority::generate().unwrap();
+    let padded = |name: &str| {
+        let (cert, key) = ca.issue(name).unwrap();
+        let chain = format!("{cert}{}", ca.cert_pem().repeat(60));
+        assert!(chain.len() > 2 * (record::HEADER + record::MAX_BODY));
+        crate::TlsCredentials::from_pem(ca.cert_pem(), &chain, &key).unwrap()
+    };
+    let (a, b) = pair_of(padded("a"), padded("b"), record::RECORDS_PER_KEY).await;
+    assert_eq!(a.peer_certificates().len(), 61);
+    let ((_a_read, a_write), (b_read, _b_write)) = (a.into_split(), b.into_split());
+    exchange(a_write, b_read, 1000, 100).await;
 }
