@@ -20,6 +20,7 @@ mod python;
 mod report;
 mod rows;
 mod scale;
+mod shm;
 mod stats;
 mod torch;
 mod worker;
@@ -122,6 +123,9 @@ enum Internal {
         threads: usize,
         #[arg(long)]
         plugin: Vec<PathBuf>,
+        /// Let large storages cross in shared memory (the `shm_*` rows).
+        #[arg(long)]
+        shared_memory: bool,
     },
     /// On cue from stdin, run init_rpc + graceful shutdown once per init method.
     #[command(hide = true)]
@@ -164,7 +168,15 @@ fn main() -> ExitCode {
             world_size,
             threads,
             plugin,
-        }) => worker::serve(init_method, *rank, *world_size, *threads, plugin),
+            shared_memory,
+        }) => worker::serve(
+            init_method,
+            *rank,
+            *world_size,
+            *threads,
+            plugin,
+            *shared_memory,
+        ),
         Some(Internal::InitWorker {
             init_methods,
             rank,
@@ -285,6 +297,12 @@ fn suite(cli: &Cli) -> Result<()> {
     {
         let why = format!("n/a (failed: {e:#})");
         main_rows.iter().for_each(|r| res.na(Side::Ours, r, &why));
+    }
+    if shm::ROWS.iter().any(|r| wanted(only, r.0))
+        && let Err(e) = rt.block_on(shm::rows(&cfg, &mut res, &progress))
+    {
+        let why = format!("n/a (failed: {e:#})");
+        shm::ROWS.iter().for_each(|r| res.na(Side::Ours, r.0, &why));
     }
     let tls_rows: Vec<&str> = ours::TLS_ROWS.iter().map(|r| r.0).collect();
     if tls_rows.iter().any(|r| wanted(only, r))

@@ -50,10 +50,10 @@ pub(crate) fn free_port() -> Result<u16> {
 }
 
 /// Worker processes of one group; killed if still running when dropped.
-struct Children(Vec<Child>);
+pub(crate) struct Children(Vec<Child>);
 
 impl Children {
-    fn spawn(
+    pub(crate) fn spawn(
         cfg: &Config,
         args: impl Fn(u32) -> Vec<String>,
         ranks: std::ops::Range<u32>,
@@ -97,7 +97,7 @@ impl Children {
     }
 
     /// Waits for every child to exit, up to `timeout`.
-    async fn wait(mut self, timeout: Duration) -> Result<()> {
+    pub(crate) async fn wait(mut self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         for c in &mut self.0 {
             loop {
@@ -128,7 +128,7 @@ impl Drop for Children {
     }
 }
 
-fn worker_args(cfg: &Config, method: &str, rank: u32, world: u32) -> Vec<String> {
+pub(crate) fn worker_args(cfg: &Config, method: &str, rank: u32, world: u32) -> Vec<String> {
     let mut args = vec![
         "worker".into(),
         "--init-method".into(),
@@ -204,7 +204,7 @@ pub(crate) async fn main_group(cfg: &Config, res: &mut Results, progress: &Progr
     let method = format!("tcp://127.0.0.1:{}", free_port()?);
     let children = Children::spawn(cfg, |r| worker_args(cfg, &method, r, 2), 1..2, false)?;
     let pid = children.0[0].id();
-    let agent = worker::join(&method, 0, 2, &[], None).await?;
+    let agent = worker::join(&method, 0, 2, &[], None, false).await?;
     let r = measure(cfg, &agent, pid, res, progress).await;
     progress.set("wasmrpc: graceful shutdown of the group of 2");
     let s = agent.shutdown(true, Duration::ZERO).await;
@@ -424,7 +424,13 @@ async fn async_128(cfg: &Config, agent: &RpcAgent) -> Result<Stat> {
 
 /// Echoes of a `size`-byte tensor through `worker1` (`nq` or `nf` of them),
 /// after checking one comes back equal.
-async fn echo(cfg: &Config, agent: &RpcAgent, size: usize, nq: usize, nf: usize) -> Result<Stat> {
+pub(crate) async fn echo(
+    cfg: &Config,
+    agent: &RpcAgent,
+    size: usize,
+    nq: usize,
+    nf: usize,
+) -> Result<Stat> {
     let t = Tensor::rand([(size / 4) as i64], (Kind::Float, Device::Cpu));
     let back = agent
         .rpc_sync("worker1", ECHO, args![t.shallow_clone()])
@@ -510,7 +516,7 @@ async fn tls_sample(
         .map(|ca| ca.credentials_for("worker0"))
         .transpose()
         .context("issuing worker0's certificate")?;
-    let agent = worker::join(&method, 0, 2, &[], tls).await?;
+    let agent = worker::join(&method, 0, 2, &[], tls, false).await?;
     let r = async {
         for i in 0..50 {
             agent.rpc_sync("worker1", NOOP, args![i]).await?;
@@ -666,7 +672,7 @@ pub(crate) async fn all_to_all(
         1..world,
         false,
     )?;
-    let agent = worker::join(&method, 0, world, &[], None).await?;
+    let agent = worker::join(&method, 0, world, &[], None, false).await?;
     let run = |secs: f64| {
         let agent = agent.clone();
         async move {

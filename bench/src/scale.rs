@@ -39,7 +39,8 @@ async fn measure(world: u32) -> Result<Point> {
     let before = rss_mib()?;
     let start = Instant::now();
     let agents: Vec<RpcAgent> =
-        try_join_all((0..world).map(|rank| worker::join(&method, rank, world, &[], None))).await?;
+        try_join_all((0..world).map(|rank| worker::join(&method, rank, world, &[], None, false)))
+            .await?;
     let init = start.elapsed();
     let joined = rss_mib()?;
 

@@ -111,13 +111,16 @@ pub(crate) const PY_IDENTITY: &str = "seed_fns_py::identity";
 /// bench functions, and the wasm plugins at `plugins`. `tls`: this
 /// worker's credentials (the TLS rows); `None`: those of the environment,
 /// if any (`TlsCredentials::from_env`, how the TLS rows' worker processes
-/// get theirs).
+/// get theirs). `shared_memory`: whether large storages to the other
+/// workers (all on this host) cross in shared memory; the bench's groups
+/// measure the connection (off) except for the `shm_*` rows.
 pub(crate) async fn join(
     init_method: &str,
     rank: u32,
     world_size: u32,
     plugins: &[std::path::PathBuf],
     tls: Option<wasmrpc::TlsCredentials>,
+    shared_memory: bool,
 ) -> Result<RpcAgent> {
     let (store, _, _) = wasmrpc::store::rendezvous(
         init_method,
@@ -131,6 +134,7 @@ pub(crate) async fn join(
         rpc_timeout: Duration::from_secs(300),
         init_timeout: Duration::from_secs(120),
         tls,
+        shared_memory,
         ..RpcBackendOptions::default()
     };
     register(&options.registry);
@@ -165,9 +169,10 @@ pub(crate) fn serve(
     world_size: u32,
     threads: usize,
     plugins: &[std::path::PathBuf],
+    shared_memory: bool,
 ) -> Result<()> {
     runtime(threads)?.block_on(async {
-        let agent = join(init_method, rank, world_size, plugins, None).await?;
+        let agent = join(init_method, rank, world_size, plugins, None, shared_memory).await?;
         // As `wasmrpc worker` does: a graceful shutdown serves calls until
         // every worker of the group has called it.
         agent.shutdown(true, Duration::ZERO).await?;
@@ -203,7 +208,7 @@ pub(crate) fn init_runs(
         }
         let t0 = unix_micros();
         rt.block_on(async {
-            let agent = join(method, rank, world_size, &[], None).await?;
+            let agent = join(method, rank, world_size, &[], None, false).await?;
             agent.shutdown(true, Duration::ZERO).await?;
             anyhow::Ok(())
         })?;

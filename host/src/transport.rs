@@ -64,6 +64,7 @@ mod fault;
 mod frame;
 mod handshake;
 mod kind;
+mod shm;
 mod tcp;
 mod tls;
 

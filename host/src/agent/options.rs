@@ -101,6 +101,12 @@ pub struct RpcBackendOptions {
     /// the tensor-computing families and nothing else; `wasmrpc worker
     /// --allow-op/--deny-op/--op-policy` build others.
     pub op_policy: Arc<OpPolicy>,
+    /// Whether tensor storages of 1 MiB and more to and from workers on the
+    /// same host cross in shared memory (memfds lent over a Unix socket
+    /// that only the two authenticated workers share) instead of the
+    /// socket; TCP stays the fallback. On by default; `wasmrpc worker
+    /// --no-shared-memory` turns it off.
+    pub shared_memory: bool,
 }
 
 impl std::fmt::Debug for RpcBackendOptions {
@@ -125,6 +131,7 @@ impl std::fmt::Debug for RpcBackendOptions {
             .field("accept_plugin_deployment", &self.accept_plugin_deployment)
             .field("tensor_memory", &self.tensor_memory)
             .field("op_policy", &self.op_policy)
+            .field("shared_memory", &self.shared_memory)
             .finish()
     }
 }
@@ -148,6 +155,7 @@ impl Default for RpcBackendOptions {
             accept_plugin_deployment: false,
             tensor_memory: TensorMemoryBudget::default(),
             op_policy: OpPolicy::shared_default(),
+            shared_memory: true,
         }
     }
 }

@@ -261,6 +261,7 @@ async fn start(
         faults: options.faults.clone(),
         receive_budget: Some(inner.tensor_budget.worker().clone()),
         tls,
+        shared_memory: options.shared_memory,
     };
     let transport = Transport::bind(cfg, options.listen_addr, weak).await?;
     let _ = inner.transport.set(transport);

@@ -74,6 +74,11 @@ pub(crate) struct WorkerArgs {
     /// (those holding the cluster secret).
     #[arg(long)]
     accept_plugin_deployment: bool,
+    /// Send tensor storages of 1 MiB and more to workers on this host over
+    /// the socket, not through shared memory (which is on by default, and
+    /// falls back to the socket by itself for workers on other hosts).
+    #[arg(long)]
+    no_shared_memory: bool,
     /// Once up (and after `--ping-all` and `--entry`), keep serving calls
     /// until interrupted (Ctrl-C or SIGTERM), then shut down gracefully. A
     /// worker of a dynamic group (no world size) otherwise leaves at once.
@@ -151,6 +156,7 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         listen_addr: args.listen,
         init_timeout: args.init_timeout,
         accept_plugin_deployment: args.accept_plugin_deployment,
+        shared_memory: !args.no_shared_memory,
         tensor_memory: args.tensor_memory.budget(1),
         op_policy: std::sync::Arc::new(args.op_policy.policy()?),
         ..RpcBackendOptions::default()

@@ -5,7 +5,9 @@
 //!    `mac_s = HMAC(secret, "wasmrpc-server" | nonce_c | nonce_s | name_s)`.
 //! 3. The dialer checks `mac_s` and sends `Proof { mac_c }` with
 //!    `mac_c = HMAC(secret, "wasmrpc-client" | nonce_s | nonce_c | name_c)`.
-//! 4. The acceptor checks `mac_c`. Only then are frames exchanged (TR-2).
+//! 4. The acceptor checks `mac_c` and answers `Admitted { shm }`: its
+//!    offer of a shared-memory link (`shm`, TR-9), made only for a peer
+//!    that proved itself. Only then are frames exchanged (TR-2).
 //!
 //! An unauthenticated worker (no credentials, loopback or `--insecure`:
 //! `agent::rendezvous`) runs the same exchange with an empty secret: the
@@ -25,6 +27,7 @@ use sha2::Sha256;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::shm::ShmOffer;
 use crate::error::{Error, Result};
 
 const MAGIC: u32 = 0x5752_5043; // "WRPC"
@@ -55,11 +58,18 @@ struct Proof {
     mac: [u8; 32],
 }
 
+#[derive(Serialize, Deserialize)]
+struct Admitted {
+    shm: Option<ShmOffer>,
+}
+
 /// The peer a handshake authenticated.
 #[derive(Debug, Clone)]
 pub(crate) struct Peer {
     pub(crate) name: String,
     pub(crate) rank: u32,
+    /// The acceptor's offer of a shared-memory link (dialers only).
+    pub(crate) shm: Option<ShmOffer>,
 }
 
 /// `N` random bytes from the OS (falling back to hashed clock and counter
@@ -203,18 +213,22 @@ pub(crate) async fn client<S: AsyncRead + AsyncWrite + Unpin>(
         },
     )
     .await?;
+    let admitted: Admitted = recv(stream).await?;
     Ok(Peer {
         name: w.name,
         rank: w.rank,
+        shm: admitted.shm,
     })
 }
 
-/// The acceptor's side. Returns the authenticated dialer.
+/// The acceptor's side. Returns the authenticated dialer, to whom it sent
+/// `shm` after the dialer's proof (never before).
 pub(crate) async fn server<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     secret: &[u8],
     name: &str,
     rank: u32,
+    shm: Option<ShmOffer>,
 ) -> Result<Peer> {
     let h: Hello = recv(stream).await?;
     if h.magic != MAGIC || h.version != VERSION {
@@ -249,9 +263,11 @@ pub(crate) async fn server<S: AsyncRead + AsyncWrite + Unpin>(
             h.name
         )));
     }
+    send(stream, &Admitted { shm }).await?;
     Ok(Peer {
         name: h.name,
         rank: h.rank,
+        shm: None,
     })
 }
 
@@ -359,7 +375,7 @@ mod tests {
             theirs.shutdown().await.unwrap();
             let side = async {
                 if acceptor {
-                    server(&mut ours, SECRET, "acceptor", 0).await
+                    server(&mut ours, SECRET, "acceptor", 0, None).await
                 } else {
                     client(&mut ours, SECRET, "dialer", 1).await
                 }
@@ -420,7 +436,7 @@ mod tests {
         let (a, b) = rt.block_on(async {
             let (mut x, mut y) = tokio::io::duplex(1 << 16);
             tokio::join!(
-                server(&mut x, SECRET, "acceptor", 0),
+                server(&mut x, SECRET, "acceptor", 0, None),
                 client(&mut y, SECRET, "dialer", 1)
             )
         });

@@ -16,13 +16,16 @@ use tokio::task::JoinHandle;
 use super::fault::FaultInjection;
 use super::frame::{BatchPosition, OutFrame, try_write_frames};
 use super::handshake::{self, HANDSHAKE_TIMEOUT};
+use super::shm::{ShmListener, ShmSlot};
 use super::tls::TlsEndpoints;
 use crate::error::{Error, Result};
 
 mod admission;
+mod refusals;
 mod tasks;
 mod write_half;
 
+pub(crate) use refusals::{REFUSAL_LOG_INTERVAL, Refusal, RefusalLog};
 use tasks::{READ_BUFFER, accept_loop, reader_loop, writer_loop};
 use write_half::WriteHalf;
 
@@ -62,6 +65,9 @@ pub(crate) struct TransportConfig {
     pub(crate) receive_budget: Option<wasmrpc_torch_sys::MemoryBudget>,
     /// TLS for every connection, when the worker has TLS credentials.
     pub(crate) tls: Option<TlsEndpoints>,
+    /// Whether large storages to peers on the same host may cross in
+    /// shared memory (TR-9).
+    pub(crate) shared_memory: bool,
 }
 
 use wasmrpc_credentials::TlsStream;
@@ -99,6 +105,8 @@ pub(crate) struct Connection {
     /// Sent frames, in order, for whoever holds `direct` next (TR-3): a
     /// sender's own, and those of senders that found `direct` held.
     backlog: Mutex<Vec<OutFrame>>,
+    /// The same-host shared-memory link, if there is one (TR-9).
+    shm: ShmSlot,
     closed: AtomicBool,
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
 }
@@ -123,10 +131,13 @@ impl Connection {
     /// for the writer task and the socket takes it; else queued for the
     /// writer task (TR-5). A sender that finds another writing leaves its
     /// frame to that one and returns at once.
-    fn enqueue(&self, frame: OutFrame) -> Result<()> {
+    fn enqueue(&self, mut frame: OutFrame) -> Result<()> {
         let closed = || Error::runtime(format!("connection to {} is closed", self.peer));
         if self.is_closed() {
             return Err(closed());
+        }
+        if let Some(link) = self.shm.get() {
+            frame.share(link)?;
         }
         lock(&self.backlog).push(frame);
         self.drain_backlog().map_err(|_| closed())
@@ -203,61 +214,8 @@ pub(crate) struct Transport {
     next_id: AtomicU64,
     shut: AtomicBool,
     refusals: RefusalLog,
-}
-
-/// TR-6: refused connections are logged as WARN lines, at most one per
-/// [`REFUSAL_LOG_INTERVAL`]; refusals in between are counted, and the count
-/// is logged one interval after the first of them, so a flood of bad
-/// connections cannot flood the log and is still reported.
-#[derive(Default)]
-pub(crate) struct RefusalLog {
-    /// When the last line was logged, and how many refusals since.
-    state: Mutex<(Option<std::time::Instant>, u64)>,
-}
-
-/// The shortest time between two refusal lines.
-pub(crate) const REFUSAL_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
-
-impl RefusalLog {
-    /// Notes a refusal at `now`.
-    pub(crate) fn note(&self, now: std::time::Instant) -> Refusal {
-        let mut state = lock(&self.state);
-        let (last, suppressed) = &mut *state;
-        if last.is_some_and(|l| now.duration_since(l) < REFUSAL_LOG_INTERVAL) {
-            *suppressed += 1;
-            return if *suppressed == 1 {
-                Refusal::FirstSuppressed
-            } else {
-                Refusal::Suppressed
-            };
-        }
-        *last = Some(now);
-        Refusal::Log(std::mem::take(suppressed))
-    }
-
-    /// At `now`, one interval after a first suppressed refusal: the number
-    /// suppressed since the last line, if any (they count as a line).
-    pub(crate) fn flush(&self, now: std::time::Instant) -> Option<u64> {
-        let mut state = lock(&self.state);
-        let (last, suppressed) = &mut *state;
-        if *suppressed == 0 {
-            return None;
-        }
-        *last = Some(now);
-        Some(std::mem::take(suppressed))
-    }
-}
-
-/// What [`RefusalLog::note`] says to do with a refusal.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Refusal {
-    /// Log it, with the number suppressed since the last line.
-    Log(u64),
-    /// Count it; it is the first counted since the last line, so schedule
-    /// a [`RefusalLog::flush`].
-    FirstSuppressed,
-    /// Count it.
-    Suppressed,
+    /// Where same-host dialers join their shared-memory link (TR-9).
+    shm: Option<Arc<ShmListener>>,
 }
 
 impl Transport {
@@ -278,6 +236,13 @@ impl Transport {
         let addr = listener
             .local_addr()
             .map_err(|e| Error::runtime(format!("listener has no address: {e}")))?;
+        let shm = if cfg.shared_memory {
+            ShmListener::bind()
+                .map_err(|e| tracing::warn!("no shared memory with peers on this host: {e}"))
+                .ok()
+        } else {
+            None
+        };
         let t = Arc::new(Transport {
             cfg,
             addr,
@@ -289,6 +254,7 @@ impl Transport {
             next_id: AtomicU64::new(1),
             shut: AtomicBool::new(false),
             refusals: RefusalLog::default(),
+            shm,
         });
         let weak = Arc::downgrade(&t);
         let task = tokio::spawn(accept_loop(listener, weak));
@@ -336,6 +302,17 @@ impl Transport {
     /// The number of live connections.
     pub(crate) fn num_connections(&self) -> usize {
         lock(&self.all).len()
+    }
+
+    /// How many connections have a shared-memory link, and the storage
+    /// bytes sent through those links (TR-9).
+    pub(crate) fn shared_memory(&self) -> (usize, u64) {
+        lock(&self.all)
+            .values()
+            .filter_map(|c| c.shm.get())
+            .fold((0, 0), |(links, bytes), l| {
+                (links + 1, bytes + l.sent_bytes())
+            })
     }
 
     /// The connection used to send to `peer`, dialing `addr` if there is
@@ -404,7 +381,11 @@ impl Transport {
                 who.name
             )));
         }
-        Ok(self.start(stream, who))
+        let shm = match (&who.shm, &self.shm) {
+            (Some(offer), Some(_)) => super::shm::join(offer).await.map(ShmSlot::joined),
+            _ => None,
+        };
+        Ok(self.start(stream, who, shm.unwrap_or_else(ShmSlot::none)))
     }
 
     /// The open connection to `peer`, if there is one.
@@ -455,7 +436,12 @@ impl Transport {
         conn.enqueue(frame)
     }
 
-    fn start(self: &Arc<Self>, stream: Stream, who: handshake::Peer) -> Arc<Connection> {
+    fn start(
+        self: &Arc<Self>,
+        stream: Stream,
+        who: handshake::Peer,
+        shm: ShmSlot,
+    ) -> Arc<Connection> {
         let (read, direct): (Box<dyn tokio::io::AsyncRead + Send + Unpin>, _) = match stream {
             Stream::Tcp(stream) => {
                 let (read, write) = stream.into_split();
@@ -474,6 +460,7 @@ impl Transport {
             tx,
             direct: Mutex::new(Some(direct)),
             backlog: Mutex::new(Vec::new()),
+            shm,
             closed: AtomicBool::new(false),
             tasks: Mutex::new(Vec::new()),
         });
@@ -524,6 +511,7 @@ impl Transport {
             // queue).
             drop(direct.take());
         }
+        conn.shm.close();
         lock(&self.all).remove(&conn.id);
         {
             let mut conns = lock(&self.conns);

@@ -1,6 +1,7 @@
 //! The agent's own failure and scale tests (not seed tests): a peer that
 //! vanishes mid-call, hostile bytes on a worker's port, a flood of idle
-//! sockets, unauthenticated peers, and a 32-worker all-to-all.
+//! sockets, unauthenticated peers, same-host shared memory, and a
+//! 32-worker all-to-all.
 
 use std::time::{Duration, Instant};
 
@@ -248,6 +249,52 @@ fn test_idle_sockets_cannot_lock_real_peers_out() {
         )?;
         drop(flood);
         c.shutdown().await?;
+        Ok(())
+    });
+}
+
+#[test]
+fn test_large_tensors_cross_in_shared_memory_between_workers_on_one_host() {
+    timed(async {
+        for shared_memory in [true, false] {
+            let options = RpcBackendOptions {
+                shared_memory,
+                ..secret_options()
+            };
+            let c = cluster(2).options(options).start().await?;
+            // 8 MiB each way: through shared memory when it is on, over
+            // the connection when it is off; the same values either way.
+            let big = tch::Tensor::rand([2 << 20], (tch::Kind::Float, tch::Device::Cpu));
+            for _ in 0..3 {
+                let r = c
+                    .agent(0)
+                    .rpc_sync("worker1", "aten::add", args![big.shallow_clone(), 1])
+                    .await?;
+                expect_tensor(&r, &(&big + 1))?;
+            }
+            let info = |rank: u32, key: &str| -> anyhow::Result<u64> {
+                let info = c.agent(rank).get_debug_info();
+                let value = info
+                    .get(key)
+                    .ok_or_else(|| anyhow::anyhow!("no {key} in {info:?}"))?;
+                Ok(value.parse()?)
+            };
+            let (sent, answered) = (
+                info(0, "agent.shared_memory_bytes_sent")?,
+                info(1, "agent.shared_memory_bytes_sent")?,
+            );
+            if shared_memory {
+                ensure!(info(0, "agent.shared_memory_links")? == 1);
+                ensure!(
+                    sent == 3 * (8 << 20) && answered == 3 * (8 << 20),
+                    "shared {sent} and {answered} bytes"
+                );
+            } else {
+                ensure!(info(0, "agent.shared_memory_links")? == 0);
+                ensure!(sent == 0 && answered == 0);
+            }
+            c.shutdown().await?;
+        }
         Ok(())
     });
 }

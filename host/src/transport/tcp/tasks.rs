@@ -46,17 +46,21 @@ pub(super) async fn accept_loop(listener: TcpListener, t: Weak<Transport>) {
         let handshake = tokio::spawn(async move {
             let _ticket = ticket;
             let (secret, name, rank) = (tr.cfg.secret.clone(), tr.cfg.name.clone(), tr.cfg.rank);
+            // TR-9: the offer reaches the dialer only after its proof.
+            let (offer, joined) = tr.shm.as_ref().map(|l| l.offer()).unzip();
             let accept = async {
                 match &tr.cfg.tls {
                     None => {
-                        let who = handshake::server(&mut stream, &secret, &name, rank).await?;
+                        let who =
+                            handshake::server(&mut stream, &secret, &name, rank, offer).await?;
                         Ok((Stream::Tcp(stream), who))
                     }
                     Some(tls) => {
                         // TLS-1: a certificate of the cluster CA, or no byte
                         // of the agent's protocol is read.
                         let mut stream = tls.accept(stream).await?;
-                        let who = handshake::server(&mut stream, &secret, &name, rank).await?;
+                        let who =
+                            handshake::server(&mut stream, &secret, &name, rank, offer).await?;
                         // TLS-3: the announced name is the certificate's.
                         check_peer_names(&stream, &who.name)?;
                         Ok::<_, Error>((Stream::Tls(Box::new(stream)), who))
@@ -66,7 +70,8 @@ pub(super) async fn accept_loop(listener: TcpListener, t: Weak<Transport>) {
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, accept).await {
                 Ok(Ok((stream, who))) => {
                     if !tr.shut.load(Ordering::Acquire) {
-                        tr.start(stream, who);
+                        let shm = joined.map_or_else(ShmSlot::none, ShmSlot::awaiting);
+                        tr.start(stream, who, shm);
                     }
                 }
                 Ok(Err(e)) => tr.refused(from, &e.to_string()),
@@ -148,7 +153,7 @@ pub(super) async fn reader_loop(
     budget: Option<wasmrpc_torch_sys::MemoryBudget>,
 ) {
     let reason = loop {
-        match read_frame(&mut read, max, budget.as_ref()).await {
+        match read_frame(&mut read, max, budget.as_ref(), Some(&conn.shm)).await {
             Ok(Some((message, tensors))) => {
                 let Some(tr) = t.upgrade() else { return };
                 let Some(h) = tr.handler.upgrade() else {

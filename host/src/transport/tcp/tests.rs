@@ -57,6 +57,7 @@ fn config(name: &str, rank: u32) -> TransportConfig {
         faults: FaultInjection::default(),
         receive_budget: None,
         tls: None,
+        shared_memory: true,
     }
 }
 

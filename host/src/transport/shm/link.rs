@@ -1,0 +1,446 @@
+//! One connection's shared-memory link: the segments this side lends its
+//! peer, the peer's segments this side has mapped, and the task reading
+//! the link's records.
+
+use super::*;
+
+/// A segment this side owns.
+struct OwnSegment {
+    id: u64,
+    /// Kept so the memfd lives as long as the segment (the peer maps it).
+    _fd: OwnedFd,
+    map: Mapping,
+    /// Named by a frame and not yet given back (SHM-3).
+    lent: bool,
+    /// When it was last given back.
+    free_since: std::time::Instant,
+}
+
+#[derive(Default)]
+struct OwnPool {
+    next_id: u64,
+    segments: Vec<OwnSegment>,
+}
+
+/// A connection's link to a peer on the same host.
+pub(crate) struct ShmLink {
+    sock: AsyncFd<OwnedFd>,
+    own: Mutex<OwnPool>,
+    peer: Mutex<HashMap<u64, Arc<Mapping>>>,
+    state: LinkState,
+    /// Storage bytes this side sent through its segments.
+    sent_bytes: std::sync::atomic::AtomicU64,
+}
+
+impl ShmLink {
+    fn new(fd: OwnedFd) -> std::io::Result<Arc<Self>> {
+        Ok(Arc::new(ShmLink {
+            sock: register(fd, Interest::READABLE | Interest::WRITABLE)?,
+            own: Mutex::default(),
+            peer: Mutex::default(),
+            state: LinkState::default(),
+            sent_bytes: std::sync::atomic::AtomicU64::new(0),
+        }))
+    }
+
+    fn failed(&self) -> bool {
+        self.state.failed.load(Ordering::Acquire)
+    }
+
+    fn fail(&self, why: &str) {
+        if !self.state.failed.swap(true, Ordering::AcqRel) {
+            tracing::debug!("shared-memory link closed: {why}");
+        }
+        self.state.changed.notify_waiters();
+    }
+
+    /// Copies `bytes` into a free segment and lends it to the peer: the
+    /// segment's id, for the frame to name. `None` when the link failed,
+    /// every segment is lent, or no segment can be made: the bytes then go
+    /// over the connection.
+    pub(crate) fn share(&self, bytes: &[u8]) -> Option<u64> {
+        if self.failed() || bytes.is_empty() {
+            return None;
+        }
+        let mut pool = lock(&self.own);
+        let fitting = pool
+            .segments
+            .iter_mut()
+            .filter(|s| !s.lent && s.map.len >= bytes.len())
+            .min_by_key(|s| s.map.len);
+        let (id, dst) = match fitting {
+            Some(s) => {
+                s.lent = true;
+                (s.id, s.map.ptr)
+            }
+            None => {
+                if pool.segments.len() >= MAX_OWN_SEGMENTS {
+                    // Make room by giving up the smallest free segment.
+                    let smallest = pool
+                        .segments
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, s)| !s.lent)
+                        .min_by_key(|(_, s)| s.map.len)
+                        .map(|(i, _)| i)?;
+                    self.give_up(&mut pool, smallest);
+                }
+                let len = bytes.len().next_power_of_two().max(SHARE_THRESHOLD);
+                let (fd, map) = new_segment(len)
+                    .map_err(|e| tracing::debug!("cannot make a shared segment: {e}"))
+                    .ok()?;
+                let id = pool.next_id;
+                pool.next_id += 1;
+                if let Err(e) = try_send(
+                    &self.sock,
+                    Record::Segment {
+                        id,
+                        len: len as u64,
+                    },
+                    Some(&fd),
+                ) {
+                    drop(pool);
+                    self.fail(&format!("cannot send a segment: {e}"));
+                    return None;
+                }
+                let dst = map.ptr;
+                pool.segments.push(OwnSegment {
+                    id,
+                    _fd: fd,
+                    map,
+                    lent: true,
+                    free_since: std::time::Instant::now(),
+                });
+                (id, dst)
+            }
+        };
+        drop(pool);
+        // SAFETY: the segment is lent from now until the peer gives it back
+        // after the frame naming it arrives (SHM-3): no other sender picks
+        // it, and it is at least `bytes.len()` long (checked above).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) };
+        self.sent_bytes
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        Some(id)
+    }
+
+    /// Copies the storage a frame placed in the peer's segment `id` into
+    /// `out` (SHM-1), then gives the segment back.
+    ///
+    /// # Errors
+    /// Fails if the segment never arrives, the link failed, or `out` is
+    /// longer than the segment.
+    pub(crate) async fn copy_out(self: &Arc<Self>, id: u64, out: &mut [u8]) -> Result<(), String> {
+        let segment = self.peer_segment(id).await?;
+        if out.len() > segment.len {
+            return Err(format!(
+                "a storage of {} bytes in a shared segment of {} bytes",
+                out.len(),
+                segment.len
+            ));
+        }
+        // SAFETY: the mapping is alive (the `Arc`) and at least `out.len()`
+        // bytes long; it is read-only here, and a peer writing it meanwhile
+        // can only change which bytes arrive (SHM-1), as over TCP.
+        unsafe { std::ptr::copy_nonoverlapping(segment.ptr, out.as_mut_ptr(), out.len()) };
+        self.send_soon(Record::Release { id });
+        Ok(())
+    }
+
+    /// Storage bytes this side sent through its segments.
+    pub(crate) fn sent_bytes(&self) -> u64 {
+        self.sent_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Gives the peer's segment `id` back unread (its frame was refused).
+    pub(crate) fn give_back(self: &Arc<Self>, id: u64) {
+        self.send_soon(Record::Release { id });
+    }
+
+    async fn peer_segment(&self, id: u64) -> Result<Arc<Mapping>, String> {
+        let deadline = tokio::time::Instant::now() + LINK_TIMEOUT;
+        loop {
+            let changed = self.state.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if let Some(segment) = lock(&self.peer).get(&id) {
+                return Ok(Arc::clone(segment));
+            }
+            if self.failed() {
+                return Err(format!(
+                    "the shared-memory link failed before segment {id} arrived"
+                ));
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return Err(format!(
+                    "shared segment {id} did not arrive within {LINK_TIMEOUT:?}"
+                ));
+            }
+        }
+    }
+
+    /// Sends `record` now, or as soon as the link takes it.
+    fn send_soon(self: &Arc<Self>, record: Record) {
+        match try_send(&self.sock, record, None) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let link = Arc::clone(self);
+                tokio::spawn(async move {
+                    loop {
+                        let Ok(mut ready) = link.sock.writable().await else {
+                            return;
+                        };
+                        match try_send(&link.sock, record, None) {
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                                ready.clear_ready();
+                            }
+                            Err(e) => return link.fail(&e.to_string()),
+                            Ok(()) => return,
+                        }
+                    }
+                });
+            }
+            Err(e) => self.fail(&e.to_string()),
+        }
+    }
+
+    /// Reads the link's records until it fails (SHM-2).
+    async fn run(self: Arc<Self>) {
+        let why = loop {
+            match recv(&self.sock).await {
+                Ok(None) => break "the peer closed the link".to_string(),
+                Err(e) => break e.to_string(),
+                Ok(Some((record, fds))) => {
+                    if let Err(e) = self.on_record(record, fds) {
+                        break e;
+                    }
+                }
+            }
+        };
+        self.fail(&why);
+    }
+
+    fn on_record(&self, record: Record, fds: Vec<OwnedFd>) -> Result<(), String> {
+        let expected = usize::from(matches!(record, Record::Segment { .. }));
+        if fds.len() != expected {
+            return Err(format!(
+                "a link record {record:?} with {} descriptors",
+                fds.len()
+            ));
+        }
+        match record {
+            Record::Segment { id, len } => {
+                let map = map_peer_segment(&fds[0], len)?;
+                let mut peer = lock(&self.peer);
+                if peer.len() >= MAX_PEER_SEGMENTS {
+                    return Err(format!(
+                        "the peer lent more than {MAX_PEER_SEGMENTS} segments"
+                    ));
+                }
+                if peer.insert(id, Arc::new(map)).is_some() {
+                    return Err(format!("the peer lent segment {id} twice"));
+                }
+                drop(peer);
+                self.state.changed.notify_waiters();
+            }
+            Record::Release { id } => {
+                let mut pool = lock(&self.own);
+                let segment = pool
+                    .segments
+                    .iter_mut()
+                    .find(|s| s.id == id && s.lent)
+                    .ok_or_else(|| {
+                        format!("the peer gave back segment {id}, which it did not hold")
+                    })?;
+                segment.lent = false;
+                segment.free_since = std::time::Instant::now();
+                let kept = segment.map.len.max(IDLE_BYTES);
+                // Other free segments over the idle limit are given up,
+                // largest first; the one given back stays for the next
+                // storage of its size (the common case: the same call again).
+                loop {
+                    let idle: usize = pool
+                        .segments
+                        .iter()
+                        .filter(|s| !s.lent)
+                        .map(|s| s.map.len)
+                        .sum();
+                    if idle <= kept {
+                        break;
+                    }
+                    let Some(largest) = pool
+                        .segments
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, s)| !s.lent && s.id != id)
+                        .max_by_key(|(_, s)| s.map.len)
+                        .map(|(i, _)| i)
+                    else {
+                        break;
+                    };
+                    self.give_up(&mut pool, largest);
+                }
+            }
+            Record::Forget { id } => {
+                lock(&self.peer)
+                    .remove(&id)
+                    .ok_or_else(|| format!("the peer gave up segment {id}, which it never lent"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives up the free segment at `index`: the peer unmaps it, and its
+    /// memory returns to the system once both sides let go.
+    fn give_up(&self, pool: &mut OwnPool, index: usize) {
+        let gone = pool.segments.swap_remove(index);
+        let _ = try_send(&self.sock, Record::Forget { id: gone.id }, None);
+    }
+
+    /// Gives up the segments free for longer than [`IDLE_LIFE`].
+    fn trim(&self) {
+        let mut pool = lock(&self.own);
+        while let Some(old) = pool
+            .segments
+            .iter()
+            .position(|s| !s.lent && s.free_since.elapsed() > IDLE_LIFE)
+        {
+            self.give_up(&mut pool, old);
+        }
+    }
+
+    /// How many segments this side owns, and how many of its peer's it has
+    /// mapped (tests).
+    #[cfg(test)]
+    pub(crate) fn segments(&self) -> (usize, usize) {
+        (lock(&self.own).segments.len(), lock(&self.peer).len())
+    }
+
+    /// How many of this side's segments are lent (tests).
+    #[cfg(test)]
+    pub(crate) fn lent(&self) -> usize {
+        lock(&self.own).segments.iter().filter(|s| s.lent).count()
+    }
+}
+
+/// A connection's link, as far as it is set up: none, being set up (the
+/// acceptor waits for its dialer to join), or up.
+#[derive(Clone)]
+pub(crate) struct ShmSlot(Arc<SlotInner>);
+
+struct SlotInner {
+    link: std::sync::OnceLock<Arc<ShmLink>>,
+    pending: AtomicBool,
+    changed: Notify,
+    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+}
+
+impl ShmSlot {
+    fn with(pending: bool) -> Self {
+        ShmSlot(Arc::new(SlotInner {
+            link: std::sync::OnceLock::new(),
+            pending: AtomicBool::new(pending),
+            changed: Notify::new(),
+            tasks: Mutex::default(),
+        }))
+    }
+
+    /// No link: everything goes over the connection.
+    pub(crate) fn none() -> Self {
+        Self::with(false)
+    }
+
+    /// The link of a dialer that joined (`join`).
+    pub(crate) fn joined(fd: OwnedFd) -> Self {
+        let slot = Self::with(false);
+        slot.attach(fd);
+        slot
+    }
+
+    /// The link of an acceptor, once its dialer joins (`ShmListener::offer`).
+    pub(crate) fn awaiting(joined: oneshot::Receiver<OwnedFd>) -> Self {
+        let slot = Self::with(true);
+        let inner = Arc::downgrade(&slot.0);
+        let wait = tokio::spawn(async move {
+            let fd = tokio::time::timeout(LINK_TIMEOUT, joined).await;
+            let Some(inner) = inner.upgrade() else { return };
+            let slot = ShmSlot(inner);
+            match fd {
+                Ok(Ok(fd)) => slot.attach(fd),
+                _ => slot.settle(),
+            }
+        });
+        lock(&slot.0.tasks).push(wait.abort_handle());
+        slot
+    }
+
+    fn attach(&self, fd: OwnedFd) {
+        match ShmLink::new(fd) {
+            Ok(link) => {
+                let reader = tokio::spawn(Arc::clone(&link).run());
+                let weak = Arc::downgrade(&link);
+                let trimmer = tokio::spawn(async move {
+                    let mut every = tokio::time::interval(Duration::from_secs(1));
+                    loop {
+                        every.tick().await;
+                        let Some(link) = weak.upgrade() else { return };
+                        link.trim();
+                    }
+                });
+                lock(&self.0.tasks).extend([reader.abort_handle(), trimmer.abort_handle()]);
+                let _ = self.0.link.set(link);
+            }
+            Err(e) => tracing::debug!("no shared-memory link: {e}"),
+        }
+        self.settle();
+    }
+
+    fn settle(&self) {
+        self.0.pending.store(false, Ordering::Release);
+        self.0.changed.notify_waiters();
+    }
+
+    /// The link, when it is up and has not failed.
+    pub(crate) fn get(&self) -> Option<&Arc<ShmLink>> {
+        self.0.link.get().filter(|l| !l.failed())
+    }
+
+    /// The link a received frame's segments are in: waits while it is
+    /// being set up (the dialer may send before the acceptor's side is up).
+    pub(crate) async fn wait(&self) -> Option<&Arc<ShmLink>> {
+        loop {
+            let changed = self.0.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if let Some(link) = self.0.link.get() {
+                return Some(link);
+            }
+            if !self.0.pending.load(Ordering::Acquire) {
+                return None;
+            }
+            if tokio::time::timeout(LINK_TIMEOUT, changed).await.is_err() {
+                return None;
+            }
+        }
+    }
+
+    /// Closes the link (the connection closed): its tasks stop, and the
+    /// peer's side fails.
+    pub(crate) fn close(&self) {
+        for task in lock(&self.0.tasks).drain(..) {
+            task.abort();
+        }
+        if let Some(link) = self.0.link.get() {
+            link.fail("the connection closed");
+        }
+        self.settle();
+    }
+}
+
+impl Drop for SlotInner {
+    fn drop(&mut self) {
+        for task in lock(&self.tasks).drain(..) {
+            task.abort();
+        }
+    }
+}

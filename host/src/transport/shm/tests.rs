@@ -1,0 +1,230 @@
+//! Tests of `shm`: links over socket pairs, hostile records, the listener's
+//! tokens, and a frame whose storage crosses in shared memory.
+
+use super::*;
+use crate::transport::MessageKind;
+use crate::transport::frame::{OutFrame, read_frame, write_frame};
+
+fn pair() -> (OwnedFd, OwnedFd) {
+    rustix::net::socketpair(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )
+    .unwrap()
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i % 251) as u8).collect()
+}
+
+/// Waits up to 5 s for `done`.
+async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_storage_crosses_and_its_segment_is_reused_once_given_back() {
+    let (a, b) = pair();
+    let (a, b) = (ShmSlot::joined(a), ShmSlot::joined(b));
+    let (sender, receiver) = (a.get().unwrap().clone(), b.get().unwrap().clone());
+    for round in 0..3 {
+        let sent = pattern(3 << 20);
+        let id = sender.share(&sent).expect("a segment");
+        assert_eq!(id, 0, "round {round} reuses the first segment");
+        let mut got = vec![0; sent.len()];
+        receiver.copy_out(id, &mut got).await.unwrap();
+        assert!(got == sent, "round {round}: bytes changed on the way");
+        eventually("the segment is given back", || sender.lent() == 0).await;
+    }
+    // One segment of 4 MiB (3 MiB rounded up) on each side's books.
+    assert_eq!(sender.segments(), (1, 0));
+    assert_eq!(receiver.segments(), (0, 1));
+    // A lent segment is not lent twice: a second storage gets another.
+    let first = sender.share(&pattern(2 << 20)).unwrap();
+    let second = sender.share(&pattern(2 << 20)).unwrap();
+    assert_ne!(first, second);
+}
+
+#[tokio::test]
+async fn over_the_idle_limit_free_segments_are_given_up_on_both_sides() {
+    let (a, b) = pair();
+    let (a, b) = (ShmSlot::joined(a), ShmSlot::joined(b));
+    let (sender, receiver) = (a.get().unwrap().clone(), b.get().unwrap().clone());
+    // Two storages of 128 MiB + 1 byte: segments of 256 MiB each.
+    let big = vec![7u8; (128 << 20) + 1];
+    let ids = [sender.share(&big).unwrap(), sender.share(&big).unwrap()];
+    let mut out = vec![0u8; big.len()];
+    for id in ids {
+        receiver.copy_out(id, &mut out).await.unwrap();
+    }
+    eventually("both are given back", || sender.lent() == 0).await;
+    // 512 MiB idle is over the 256 MiB kept: one of them is given up.
+    assert_eq!(sender.segments().0, 1);
+    eventually("the receiver unmaps it", || receiver.segments().1 == 1).await;
+    // A segment larger than the limit is kept while it is the only free
+    // one, for the next storage of its size.
+    let huge = vec![1u8; (256 << 20) + 1];
+    let id = sender.share(&huge).unwrap();
+    let mut out = vec![0u8; huge.len()];
+    receiver.copy_out(id, &mut out).await.unwrap();
+    eventually("it is given back", || sender.lent() == 0).await;
+    assert_eq!(sender.segments().0, 1, "the 512 MiB one stays, alone");
+    assert_eq!(sender.share(&huge), Some(id), "and is reused");
+}
+
+#[tokio::test]
+async fn free_segments_are_given_up_after_their_idle_life() {
+    let (a, b) = pair();
+    let (a, b) = (ShmSlot::joined(a), ShmSlot::joined(b));
+    let (sender, receiver) = (a.get().unwrap().clone(), b.get().unwrap().clone());
+    let id = sender.share(&pattern(2 << 20)).unwrap();
+    receiver.copy_out(id, &mut vec![0; 2 << 20]).await.unwrap();
+    eventually("it is given back", || sender.lent() == 0).await;
+    assert_eq!(sender.segments().0, 1);
+    tokio::time::sleep(IDLE_LIFE + Duration::from_secs(1)).await;
+    eventually("it is given up", || sender.segments().0 == 0).await;
+    eventually("the receiver unmaps it", || receiver.segments().1 == 0).await;
+}
+
+/// A link whose peer end sends `records`, then whether the link failed.
+async fn link_fails_on(records: impl FnOnce(&AsyncFd<OwnedFd>)) -> bool {
+    let (ours, theirs) = pair();
+    let slot = ShmSlot::joined(ours);
+    let link = slot.get().unwrap().clone();
+    let theirs = register(theirs, Interest::READABLE | Interest::WRITABLE).unwrap();
+    records(&theirs);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while tokio::time::Instant::now() < deadline {
+        if slot.get().is_none() {
+            // A frame naming a segment now fails at once.
+            let e = link.copy_out(0, &mut [0; 8]).await.unwrap_err();
+            assert!(e.contains("failed"), "{e}");
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    false
+}
+
+fn sealed_memfd(len: u64, seals: SealFlags) -> OwnedFd {
+    let fd =
+        rustix::fs::memfd_create("test", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
+    rustix::fs::ftruncate(&fd, len).unwrap();
+    rustix::fs::fcntl_add_seals(&fd, seals).unwrap();
+    fd
+}
+
+#[tokio::test]
+async fn hostile_records_fail_the_link() {
+    let segment = |fd: Option<OwnedFd>, len| {
+        move |s: &AsyncFd<OwnedFd>| {
+            try_send(s, Record::Segment { id: 0, len }, fd.as_ref()).unwrap()
+        }
+    };
+    let resizable = SealFlags::SEAL;
+    let sealed = SealFlags::SHRINK | SealFlags::GROW;
+    let device = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+    // A device, not a memfd.
+    assert!(link_fails_on(segment(Some(device), 4096)).await);
+    // A memfd the peer could still shrink (SIGBUS for the reader).
+    assert!(link_fails_on(segment(Some(sealed_memfd(4096, resizable)), 4096)).await);
+    // A size other than the memfd's.
+    assert!(link_fails_on(segment(Some(sealed_memfd(4096, sealed)), 1 << 30)).await);
+    // No descriptor, or one where none belongs.
+    assert!(link_fails_on(segment(None, 4096)).await);
+    assert!(
+        link_fails_on(|s| {
+            let fd = sealed_memfd(4096, sealed);
+            try_send(s, Record::Release { id: 0 }, Some(&fd)).unwrap()
+        })
+        .await
+    );
+    // Giving back or giving up what was never lent.
+    assert!(link_fails_on(|s| try_send(s, Record::Release { id: 3 }, None).unwrap()).await);
+    assert!(link_fails_on(|s| try_send(s, Record::Forget { id: 3 }, None).unwrap()).await);
+    // Records of another length or kind.
+    assert!(
+        link_fails_on(|s| {
+            rustix::net::send(s.get_ref(), &[1, 2, 3], SendFlags::NOSIGNAL).unwrap();
+        })
+        .await
+    );
+    assert!(
+        link_fails_on(|s| {
+            rustix::net::send(s.get_ref(), &[9; RECORD], SendFlags::NOSIGNAL).unwrap();
+        })
+        .await
+    );
+    // The same segment twice.
+    assert!(
+        link_fails_on(|s| {
+            for _ in 0..2 {
+                let fd = sealed_memfd(4096, sealed);
+                try_send(s, Record::Segment { id: 5, len: 4096 }, Some(&fd)).unwrap();
+            }
+        })
+        .await
+    );
+    // An honest segment does not.
+    assert!(!link_fails_on(segment(Some(sealed_memfd(4096, sealed)), 4096)).await);
+}
+
+#[tokio::test]
+async fn only_the_token_of_an_offer_joins_its_link() {
+    let listener = ShmListener::bind().unwrap();
+    let (offer, joined) = listener.offer();
+    let mut forged = offer.clone();
+    forged.token[0] ^= 1;
+    assert!(join(&forged).await.is_none(), "a forged token is refused");
+    assert!(join(&offer).await.is_some());
+    assert!(joined.await.is_ok(), "the acceptor gets the link");
+    // A token works once.
+    assert!(join(&offer).await.is_none());
+    // Another host (no such abstract socket) is a quick `None`.
+    let elsewhere = ShmOffer {
+        socket: [0xee; 16],
+        token: [0; 32],
+    };
+    assert!(join(&elsewhere).await.is_none());
+}
+
+#[tokio::test]
+async fn a_frame_carries_a_large_storage_in_shared_memory_and_small_ones_inline() {
+    let (a, b) = pair();
+    let (a, b) = (ShmSlot::joined(a), ShmSlot::joined(b));
+    let big = tch::Tensor::rand([1 << 19], (tch::Kind::Float, tch::Device::Cpu));
+    let small = tch::Tensor::rand([16], (tch::Kind::Float, tch::Device::Cpu));
+    let message = crate::abi::encode(&vec![
+        crate::abi::Value::Tensor(0),
+        crate::abi::Value::Tensor(1),
+    ])
+    .unwrap();
+    let mut frame = OutFrame::encode(
+        message.clone(),
+        MessageKind::new("Test"),
+        &[big.shallow_clone(), small.shallow_clone()],
+        &[],
+    )
+    .unwrap();
+    frame.share(a.get().unwrap()).unwrap();
+    let mut bytes = Vec::new();
+    write_frame(&mut bytes, &frame, 0).await.unwrap();
+    assert!(bytes.len() < 4096, "{} bytes went inline", bytes.len());
+    let (m, tensors) = read_frame(&mut &bytes[..], 1 << 30, None, Some(&b))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(m, message);
+    assert!(tensors[0].equal(&big) && tensors[1].equal(&small));
+    // Without a link the same frame is refused, not misread.
+    let e = read_frame(&mut &bytes[..], 1 << 30, None, Some(&ShmSlot::none()))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("no link"), "{e}");
+}
