@@ -7,7 +7,8 @@
 //!   bytes, its tensor table, its blob sizes), then the raw bytes of every
 //!   tensor storage.
 //!   Storages are written from tensor memory with vectored writes and read
-//!   into fresh tensor memory; nothing is copied through a buffer.
+//!   into fresh tensor memory; nothing is copied through a buffer. A frame
+//!   may name storages that crossed in shared memory instead (TR-9).
 //! - `handshake`: mutual authentication with the cluster secret (HMAC-SHA256
 //!   over both sides' nonces) before any frame is accepted. The secret comes
 //!   from the operator only, never from the store (`agent::rendezvous`,
@@ -19,6 +20,9 @@
 //!   credentials (from `wasmrpc-credentials`, which also makes the cluster
 //!   CA and the certificates that name their worker, and whose TLS stream
 //!   has halves that read and write without a lock between them).
+//! - `shm`: the same-host shared-memory channel: storages of 1 MiB and more
+//!   to a peer on this host cross in memfd segments lent over a Unix
+//!   socket that only the two authenticated workers share.
 //! - `fault`: make the first N sends of given message kinds fail, or delay
 //!   them, for the seeds' faulty-agent tests.
 //!
@@ -59,6 +63,11 @@
 //!   socket over a limit ends the oldest handshake of its address (or of
 //!   all), so sockets that connect and stall can neither exhaust the
 //!   worker nor lock out a real peer (`tcp::admission`).
+//! - TR-9: between workers on one host, a storage of at least 1 MiB may
+//!   cross in a shared-memory segment instead of the connection (`shm`,
+//!   SHM-1 to SHM-4): offered only to a peer that proved itself, copied
+//!   out by the receiver before use, refused unless sealed against
+//!   resizing; the connection stays the fallback and carries the frame.
 
 mod fault;
 mod frame;
