@@ -6,6 +6,7 @@
 //! message means.
 
 use std::io::{self, IoSlice};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
@@ -13,7 +14,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use wasmrpc_torch_sys::{BudgetRefusal, MemoryBudget};
 
 use super::MessageKind;
-use super::shm::{SHARE_THRESHOLD, ShmLink, ShmSlot};
+use super::shm::{Lent, PIPELINE_FROM, SHARE_THRESHOLD, ShmLink, ShmSlot};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::tensor::{Blob, BlobDesc, DecodedBlob, WireTensor, decode_tensors, encode_tensors};
@@ -86,35 +87,46 @@ impl OutFrame {
         })
     }
 
-    /// Moves every storage of at least [`SHARE_THRESHOLD`] bytes into a
-    /// segment of `link` (TR-9); those the link cannot take stay in the
-    /// frame. Called once, before the frame is written.
+    /// Moves every storage of at least [`SHARE_THRESHOLD`] bytes to a
+    /// segment lent by `link` (TR-9); those the link cannot take stay in
+    /// the frame. Called once, before the frame is queued; storages of
+    /// [`PIPELINE_FROM`] bytes and more are copied by the returned fills,
+    /// which the caller runs after queueing it (SHM-5).
     ///
     /// # Errors
     /// Fails if the header cannot be encoded again.
-    pub(crate) fn share(&mut self, link: &ShmLink) -> Result<()> {
+    pub(crate) fn share(&mut self, link: &Arc<ShmLink>) -> Result<Vec<SharedFill>> {
         let Some(header) = self.header.as_mut() else {
-            return Ok(());
+            return Ok(Vec::new());
         };
         if !header.shared.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
-        let mut kept = Vec::with_capacity(self.blobs.len());
+        let (mut kept, mut fills) = (Vec::with_capacity(self.blobs.len()), Vec::new());
         for (i, blob) in std::mem::take(&mut self.blobs).into_iter().enumerate() {
-            let segment = (blob.len() >= SHARE_THRESHOLD)
-                .then(|| link.share(blob.as_bytes()))
+            let lent = (blob.len() >= SHARE_THRESHOLD)
+                .then(|| link.lend(blob.len()))
                 .flatten();
-            match (segment, u32::try_from(i)) {
-                (Some(segment), Ok(blob)) => header.shared.push(SharedBlob { blob, segment }),
+            match (lent, u32::try_from(i)) {
+                (Some(lent), Ok(index)) => {
+                    header.shared.push(SharedBlob {
+                        blob: index,
+                        segment: lent.id(),
+                    });
+                    if blob.len() < PIPELINE_FROM {
+                        lent.fill(blob.as_bytes());
+                    } else {
+                        fills.push(SharedFill { lent, blob });
+                    }
+                }
                 _ => kept.push(blob),
             }
         }
         self.blobs = kept;
-        if header.shared.is_empty() {
-            return Ok(());
+        if !header.shared.is_empty() {
+            self.head = encode_head(header)?;
         }
-        self.head = encode_head(header)?;
-        Ok(())
+        Ok(fills)
     }
 
     /// The frame's total size in bytes.
@@ -149,6 +161,20 @@ impl OutFrame {
             *s = one[0];
         }
         slices
+    }
+}
+
+/// A storage to copy into the segment lent for it, once its frame is
+/// queued (SHM-5).
+pub(crate) struct SharedFill {
+    lent: Lent,
+    blob: Blob,
+}
+
+impl SharedFill {
+    /// Copies the storage into its segment; the receiver reads behind.
+    pub(crate) fn run(self) {
+        self.lent.fill(self.blob.as_bytes());
     }
 }
 

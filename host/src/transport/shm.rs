@@ -38,6 +38,12 @@
 //!   the moment a frame names it until the receiver gives it back.
 //! - SHM-4: the link is set up only for a peer that passed the handshake,
 //!   with a token made for that connection and used once.
+//! - SHM-5: a sender fills a segment after queueing the frame that names
+//!   it, publishing after each chunk how far it got in the segment's first
+//!   bytes; the receiver copies out behind that mark, so the two copies of
+//!   a storage overlap. A mark that never reaches the storage's end fails
+//!   the frame after [`LINK_TIMEOUT`], and a segment is reused only once
+//!   it is both filled and given back.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -62,8 +68,21 @@ mod link;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use link::{ShmLink, ShmSlot};
+pub(crate) use link::{Lent, ShmLink, ShmSlot};
 
+/// Bytes at the start of each segment before its storage: the fill mark
+/// (SHM-5), alone in its cache line.
+pub(crate) const SEGMENT_HEADER: usize = 64;
+/// How much a sender copies into a segment between two publications of
+/// its fill mark.
+pub(crate) const FILL_CHUNK: usize = 1 << 20;
+/// Storages from this size on are filled after their frame is queued, the
+/// receiver copying behind (SHM-5); smaller ones, a chunk or two, are
+/// filled before, so the receiver finds them whole.
+pub(crate) const PIPELINE_FROM: usize = 4 * FILL_CHUNK;
+/// How long a receiver looks again at once for the next chunk of a fill
+/// before it backs off.
+const SPIN: Duration = Duration::from_millis(2);
 /// The smallest storage that crosses through shared memory: below it the
 /// socket is as fast, and a segment's bookkeeping would cost more.
 pub(crate) const SHARE_THRESHOLD: usize = 1 << 20;
@@ -274,6 +293,17 @@ impl Mapping {
             ptr: ptr.cast(),
             len,
         })
+    }
+}
+
+impl Mapping {
+    /// The segment's fill mark (SHM-5): its first 8 bytes.
+    fn mark(&self) -> &std::sync::atomic::AtomicU64 {
+        // SAFETY: a mapping is page-aligned and longer than
+        // `SEGMENT_HEADER` (a segment is at least `SHARE_THRESHOLD`), so its
+        // first 8 bytes are an aligned `u64` that lives as long as `self`;
+        // an atomic load of read-only memory is a plain load.
+        unsafe { &*self.ptr.cast::<std::sync::atomic::AtomicU64>() }
     }
 }
 

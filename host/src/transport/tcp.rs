@@ -136,11 +136,15 @@ impl Connection {
         if self.is_closed() {
             return Err(closed());
         }
-        if let Some(link) = self.shm.get() {
-            frame.share(link)?;
-        }
+        let fills = match self.shm.get() {
+            Some(link) => frame.share(link)?,
+            None => Vec::new(),
+        };
         lock(&self.backlog).push(frame);
-        self.drain_backlog().map_err(|_| closed())
+        let sent = self.drain_backlog();
+        // The peer copies each storage out behind these copies (SHM-5).
+        fills.into_iter().for_each(super::frame::SharedFill::run);
+        sent.map_err(|_| closed())
     }
 
     /// Writes the backlog, unless another thread holds `direct`: that one

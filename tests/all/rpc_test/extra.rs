@@ -262,15 +262,19 @@ fn test_large_tensors_cross_in_shared_memory_between_workers_on_one_host() {
                 ..secret_options()
             };
             let c = cluster(2).options(options).start().await?;
-            // 8 MiB each way: through shared memory when it is on, over
-            // the connection when it is off; the same values either way.
-            let big = tch::Tensor::rand([2 << 20], (tch::Kind::Float, tch::Device::Cpu));
+            // 1 MiB (copied before the frame goes) and 8 MiB (copied while
+            // the receiver reads) each way: through shared memory when it
+            // is on, over the connection when it is off; the same values
+            // either way.
             for _ in 0..3 {
-                let r = c
-                    .agent(0)
-                    .rpc_sync("worker1", "aten::add", args![big.shallow_clone(), 1])
-                    .await?;
-                expect_tensor(&r, &(&big + 1))?;
+                for floats in [1 << 18, 2 << 20] {
+                    let big = tch::Tensor::rand([floats], (tch::Kind::Float, tch::Device::Cpu));
+                    let r = c
+                        .agent(0)
+                        .rpc_sync("worker1", "aten::add", args![big.shallow_clone(), 1])
+                        .await?;
+                    expect_tensor(&r, &(&big + 1))?;
+                }
             }
             let info = |rank: u32, key: &str| -> anyhow::Result<u64> {
                 let info = c.agent(rank).get_debug_info();
@@ -286,7 +290,7 @@ fn test_large_tensors_cross_in_shared_memory_between_workers_on_one_host() {
             if shared_memory {
                 ensure!(info(0, "agent.shared_memory_links")? == 1);
                 ensure!(
-                    sent == 3 * (8 << 20) && answered == 3 * (8 << 20),
+                    sent == 3 * (9 << 20) && answered == 3 * (9 << 20),
                     "shared {sent} and {answered} bytes"
                 );
             } else {

@@ -9,11 +9,58 @@ struct OwnSegment {
     id: u64,
     /// Kept so the memfd lives as long as the segment (the peer maps it).
     _fd: OwnedFd,
-    map: Mapping,
-    /// Named by a frame and not yet given back (SHM-3).
+    map: Arc<Mapping>,
+    /// Named by a frame and not yet given back by the peer (SHM-3).
     lent: bool,
-    /// When it was last given back.
+    /// Lent and not yet filled by this side.
+    filling: bool,
+    /// When it was last given back or filled.
     free_since: std::time::Instant,
+}
+
+impl OwnSegment {
+    fn is_free(&self) -> bool {
+        !self.lent && !self.filling
+    }
+}
+
+/// A segment lent for one storage: fill it after queueing the frame that
+/// names it, and the peer copies out behind the fill.
+pub(crate) struct Lent {
+    link: Arc<ShmLink>,
+    id: u64,
+    map: Arc<Mapping>,
+}
+
+impl Lent {
+    /// The segment's id, for the frame to name.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Copies `bytes` into the segment [`FILL_CHUNK`] at a time, publishing
+    /// after each chunk how far the fill got (SHM-5).
+    pub(crate) fn fill(self, bytes: &[u8]) {
+        let mark = self.map.mark();
+        let capacity = self.map.len - SEGMENT_HEADER;
+        let bytes = &bytes[..bytes.len().min(capacity)];
+        let mut done = 0;
+        for chunk in bytes.chunks(FILL_CHUNK) {
+            // SAFETY: the segment is this side's to write while it fills
+            // (SHM-3), alive (the `Arc`), and holds `capacity` bytes after
+            // its header.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    chunk.as_ptr(),
+                    self.map.ptr.add(SEGMENT_HEADER + done),
+                    chunk.len(),
+                );
+            }
+            done += chunk.len();
+            mark.store(done as u64, Ordering::Release);
+        }
+        self.link.filled(self.id, done);
+    }
 }
 
 #[derive(Default)]
@@ -54,25 +101,22 @@ impl ShmLink {
         self.state.changed.notify_waiters();
     }
 
-    /// Copies `bytes` into a free segment and lends it to the peer: the
-    /// segment's id, for the frame to name. `None` when the link failed,
-    /// every segment is lent, or no segment can be made: the bytes then go
-    /// over the connection.
-    pub(crate) fn share(&self, bytes: &[u8]) -> Option<u64> {
-        if self.failed() || bytes.is_empty() {
+    /// Lends a free segment for a storage of `len` bytes, to be filled
+    /// (`Lent::fill`) once the frame naming it is queued. `None` when the
+    /// link failed, every segment is lent, or no segment can be made: the
+    /// bytes then go over the connection.
+    pub(crate) fn lend(self: &Arc<Self>, len: usize) -> Option<Lent> {
+        if self.failed() || len == 0 {
             return None;
         }
         let mut pool = lock(&self.own);
         let fitting = pool
             .segments
             .iter_mut()
-            .filter(|s| !s.lent && s.map.len >= bytes.len())
+            .filter(|s| s.is_free() && s.map.len - SEGMENT_HEADER >= len)
             .min_by_key(|s| s.map.len);
-        let (id, dst) = match fitting {
-            Some(s) => {
-                s.lent = true;
-                (s.id, s.map.ptr)
-            }
+        let segment = match fitting {
+            Some(s) => s,
             None => {
                 if pool.segments.len() >= MAX_OWN_SEGMENTS {
                     // Make room by giving up the smallest free segment.
@@ -80,69 +124,127 @@ impl ShmLink {
                         .segments
                         .iter()
                         .enumerate()
-                        .filter(|(_, s)| !s.lent)
+                        .filter(|(_, s)| s.is_free())
                         .min_by_key(|(_, s)| s.map.len)
                         .map(|(i, _)| i)?;
                     self.give_up(&mut pool, smallest);
                 }
-                let len = bytes.len().next_power_of_two().max(SHARE_THRESHOLD);
-                let (fd, map) = new_segment(len)
+                let size = (len + SEGMENT_HEADER)
+                    .next_power_of_two()
+                    .max(SHARE_THRESHOLD);
+                let (fd, map) = new_segment(size)
                     .map_err(|e| tracing::debug!("cannot make a shared segment: {e}"))
                     .ok()?;
                 let id = pool.next_id;
                 pool.next_id += 1;
-                if let Err(e) = try_send(
-                    &self.sock,
-                    Record::Segment {
-                        id,
-                        len: len as u64,
-                    },
-                    Some(&fd),
-                ) {
+                let record = Record::Segment {
+                    id,
+                    len: size as u64,
+                };
+                if let Err(e) = try_send(&self.sock, record, Some(&fd)) {
                     drop(pool);
                     self.fail(&format!("cannot send a segment: {e}"));
                     return None;
                 }
-                let dst = map.ptr;
                 pool.segments.push(OwnSegment {
                     id,
                     _fd: fd,
-                    map,
-                    lent: true,
+                    map: Arc::new(map),
+                    lent: false,
+                    filling: false,
                     free_since: std::time::Instant::now(),
                 });
-                (id, dst)
+                pool.segments.last_mut()?
             }
         };
-        drop(pool);
-        // SAFETY: the segment is lent from now until the peer gives it back
-        // after the frame naming it arrives (SHM-3): no other sender picks
-        // it, and it is at least `bytes.len()` long (checked above).
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) };
-        self.sent_bytes
-            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        segment.lent = true;
+        segment.filling = true;
+        // Nothing is published yet: the peer reads this only after the
+        // frame naming the segment, which is queued after this store.
+        segment.map.mark().store(0, Ordering::SeqCst);
+        Some(Lent {
+            link: Arc::clone(self),
+            id: segment.id,
+            map: Arc::clone(&segment.map),
+        })
+    }
+
+    /// The fill of segment `id` is done: once the peer gives it back too,
+    /// it is free.
+    fn filled(&self, id: u64, bytes: usize) {
+        self.sent_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        let mut pool = lock(&self.own);
+        if let Some(s) = pool.segments.iter_mut().find(|s| s.id == id) {
+            s.filling = false;
+            s.free_since = std::time::Instant::now();
+        }
+    }
+
+    /// Lends a segment and fills it with `bytes` at once (tests).
+    #[cfg(test)]
+    pub(crate) fn share(self: &Arc<Self>, bytes: &[u8]) -> Option<u64> {
+        let lent = self.lend(bytes.len())?;
+        let id = lent.id();
+        lent.fill(bytes);
         Some(id)
     }
 
     /// Copies the storage a frame placed in the peer's segment `id` into
-    /// `out` (SHM-1), then gives the segment back.
+    /// `out` (SHM-1), behind the peer's fill of it (SHM-5), then gives the
+    /// segment back.
     ///
     /// # Errors
-    /// Fails if the segment never arrives, the link failed, or `out` is
-    /// longer than the segment.
+    /// Fails if the segment never arrives or is not filled in time, the
+    /// link failed, or `out` is longer than the segment holds.
     pub(crate) async fn copy_out(self: &Arc<Self>, id: u64, out: &mut [u8]) -> Result<(), String> {
         let segment = self.peer_segment(id).await?;
-        if out.len() > segment.len {
+        if out.len() > segment.len - SEGMENT_HEADER {
             return Err(format!(
                 "a storage of {} bytes in a shared segment of {} bytes",
                 out.len(),
                 segment.len
             ));
         }
-        // SAFETY: the mapping is alive (the `Arc`) and at least `out.len()`
-        // bytes long; it is read-only here, and a peer writing it meanwhile
-        // can only change which bytes arrive (SHM-1), as over TCP.
-        unsafe { std::ptr::copy_nonoverlapping(segment.ptr, out.as_mut_ptr(), out.len()) };
+        let deadline = tokio::time::Instant::now() + LINK_TIMEOUT;
+        let (mut done, mut waiting_since) = (0, None::<std::time::Instant>);
+        while done < out.len() {
+            // What the peer says it filled; it can only lie about which
+            // bytes arrive (SHM-1), never about where they are read.
+            let filled = segment.mark().load(Ordering::Acquire);
+            let ready = usize::try_from(filled).map_or(out.len(), |f| f.min(out.len()));
+            if ready > done {
+                // SAFETY: the mapping is alive (the `Arc`) and holds
+                // `SEGMENT_HEADER + out.len()` bytes (checked above); it is
+                // read-only here.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        segment.ptr.add(SEGMENT_HEADER + done),
+                        out.as_mut_ptr().add(done),
+                        ready - done,
+                    );
+                }
+                (done, waiting_since) = (ready, None);
+                continue;
+            }
+            if self.failed() {
+                return Err(format!(
+                    "the shared-memory link failed while reading segment {id}"
+                ));
+            }
+            // The peer copies on another core, a chunk in well under a
+            // millisecond: look again at once for a while (a timer would
+            // wake a millisecond later), then back off.
+            let since = *waiting_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() < SPIN {
+                tokio::task::yield_now().await;
+            } else if tokio::time::Instant::now() > deadline {
+                return Err(format!(
+                    "shared segment {id} was not filled within {LINK_TIMEOUT:?}"
+                ));
+            } else {
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+        }
         self.send_soon(Record::Release { id });
         Ok(())
     }
@@ -262,7 +364,7 @@ impl ShmLink {
                     let idle: usize = pool
                         .segments
                         .iter()
-                        .filter(|s| !s.lent)
+                        .filter(|s| s.is_free())
                         .map(|s| s.map.len)
                         .sum();
                     if idle <= kept {
@@ -272,7 +374,7 @@ impl ShmLink {
                         .segments
                         .iter()
                         .enumerate()
-                        .filter(|(_, s)| !s.lent && s.id != id)
+                        .filter(|(_, s)| s.is_free() && s.id != id)
                         .max_by_key(|(_, s)| s.map.len)
                         .map(|(i, _)| i)
                     else {
@@ -303,7 +405,7 @@ impl ShmLink {
         while let Some(old) = pool
             .segments
             .iter()
-            .position(|s| !s.lent && s.free_since.elapsed() > IDLE_LIFE)
+            .position(|s| s.is_free() && s.free_since.elapsed() > IDLE_LIFE)
         {
             self.give_up(&mut pool, old);
         }
@@ -319,7 +421,11 @@ impl ShmLink {
     /// How many of this side's segments are lent (tests).
     #[cfg(test)]
     pub(crate) fn lent(&self) -> usize {
-        lock(&self.own).segments.iter().filter(|s| s.lent).count()
+        lock(&self.own)
+            .segments
+            .iter()
+            .filter(|s| !s.is_free())
+            .count()
     }
 }
 

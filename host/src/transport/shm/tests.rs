@@ -212,9 +212,17 @@ async fn a_frame_carries_a_large_storage_in_shared_memory_and_small_ones_inline(
         &[],
     )
     .unwrap();
-    frame.share(a.get().unwrap()).unwrap();
+    let fills = frame.share(a.get().unwrap()).unwrap();
+    assert!(
+        fills.is_empty(),
+        "2 MiB is filled before the frame is queued"
+    );
     let mut bytes = Vec::new();
     write_frame(&mut bytes, &frame, 0).await.unwrap();
+    // Filled after the frame is written, as a sender does.
+    fills
+        .into_iter()
+        .for_each(crate::transport::frame::SharedFill::run);
     assert!(bytes.len() < 4096, "{} bytes went inline", bytes.len());
     let (m, tensors) = read_frame(&mut &bytes[..], 1 << 30, None, Some(&b))
         .await
@@ -227,4 +235,55 @@ async fn a_frame_carries_a_large_storage_in_shared_memory_and_small_ones_inline(
         .await
         .unwrap_err();
     assert!(e.to_string().contains("no link"), "{e}");
+}
+
+#[tokio::test]
+async fn the_receiver_copies_out_behind_the_fill() {
+    let (a, b) = pair();
+    let (a, b) = (ShmSlot::joined(a), ShmSlot::joined(b));
+    let (sender, receiver) = (a.get().unwrap().clone(), b.get().unwrap().clone());
+    let sent = pattern(5 * FILL_CHUNK + 123);
+    let lent = sender.lend(sent.len()).unwrap();
+    let id = lent.id();
+    let reading = tokio::spawn(async move {
+        let mut got = vec![0; 5 * FILL_CHUNK + 123];
+        receiver.copy_out(id, &mut got).await.map(|()| got)
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!reading.is_finished(), "nothing was filled yet");
+    lent.fill(&sent);
+    let got = reading.await.unwrap().unwrap();
+    assert!(got == sent, "bytes changed on the way");
+}
+
+#[tokio::test]
+async fn a_segment_given_back_while_filling_is_reused_only_once_filled() {
+    let (a, b) = pair();
+    let (a, b) = (ShmSlot::joined(a), ShmSlot::joined(b));
+    let (sender, receiver) = (a.get().unwrap().clone(), b.get().unwrap().clone());
+    let lent = sender.lend(2 << 20).unwrap();
+    // The receiver refused the frame and gave the segment back unread.
+    eventually("the receiver maps it", || receiver.segments().1 == 1).await;
+    receiver.give_back(lent.id());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(sender.lent(), 1, "still filling");
+    let other = sender.lend(2 << 20).unwrap();
+    assert_ne!(other.id(), lent.id());
+    let first = lent.id();
+    lent.fill(&pattern(2 << 20));
+    assert_eq!(sender.lent(), 1, "only the other one now");
+    assert_eq!(sender.lend(2 << 20).map(|l| l.id()), Some(first));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fill_that_never_ends_fails_the_frame_after_the_link_timeout() {
+    let (a, b) = pair();
+    let (a, b) = (ShmSlot::joined(a), ShmSlot::joined(b));
+    let (sender, receiver) = (a.get().unwrap().clone(), b.get().unwrap().clone());
+    let lent = sender.lend(2 << 20).unwrap();
+    let e = receiver
+        .copy_out(lent.id(), &mut vec![0; 2 << 20])
+        .await
+        .unwrap_err();
+    assert!(e.contains("not filled within"), "{e}");
 }
