@@ -51,6 +51,26 @@ async fn connect_peer(
     }
 }
 
+/// A started group of two with `options`, its CA when it runs TLS (what a
+/// test peer needs to pass TLS), and the address worker `rank` listens on.
+async fn group_of_two(
+    options: RpcBackendOptions,
+    rank: u32,
+) -> anyhow::Result<(
+    wasmrpc::testing::Cluster,
+    Option<std::sync::Arc<wasmrpc::CertificateAuthority>>,
+    std::net::SocketAddr,
+)> {
+    let builder = cluster(2).options(options);
+    let ca = builder.authority().cloned();
+    let c = builder.start().await?;
+    let addr = c
+        .agent(rank)
+        .local_addr()
+        .ok_or_else(|| anyhow::anyhow!("no address"))?;
+    Ok((c, ca, addr))
+}
+
 /// Reads until the peer closes the connection; fails if it stays open.
 /// The wait is half the acceptor's 10 s handshake timeout: a worker must
 /// refuse bad bytes when it reads them, not when that timeout ends.
@@ -146,13 +166,7 @@ fn test_garbage_bytes_and_oversized_frames_close_only_that_connection() {
             max_frame_size: 1 << 20,
             ..secret_options()
         };
-        let builder = cluster(2).options(options);
-        let ca = builder.authority().cloned();
-        let c = builder.start().await?;
-        let addr = c
-            .agent(1)
-            .local_addr()
-            .ok_or_else(|| anyhow::anyhow!("no address"))?;
+        let (c, ca, addr) = group_of_two(options, 1).await?;
         let peer = |name| connect_peer(ca.as_deref(), addr, "worker1", SECRET, name);
 
         // Garbage before any handshake.
@@ -204,13 +218,7 @@ fn test_garbage_bytes_and_oversized_frames_close_only_that_connection() {
 #[test]
 fn test_idle_sockets_cannot_lock_real_peers_out() {
     timed(async {
-        let builder = cluster(2).options(secret_options());
-        let ca = builder.authority().cloned();
-        let c = builder.start().await?;
-        let addr = c
-            .agent(1)
-            .local_addr()
-            .ok_or_else(|| anyhow::anyhow!("no address"))?;
+        let (c, ca, addr) = group_of_two(secret_options(), 1).await?;
         // A flood from another loopback address: sockets that connect and
         // never send a byte, each of which would hold a handshake (a task,
         // a descriptor, a TLS buffer) for its whole timeout.
@@ -306,13 +314,7 @@ fn test_large_tensors_cross_in_shared_memory_between_workers_on_one_host() {
 #[test]
 fn test_unauthenticated_peer_is_refused() {
     timed(async {
-        let builder = cluster(2).options(secret_options());
-        let ca = builder.authority().cloned();
-        let c = builder.start().await?;
-        let addr = c
-            .agent(0)
-            .local_addr()
-            .ok_or_else(|| anyhow::anyhow!("no address"))?;
+        let (c, ca, addr) = group_of_two(secret_options(), 0).await?;
         let linger = Duration::from_millis(300);
         // Over TLS the same peers hold certificates of the cluster CA naming
         // them: the secret is checked inside TLS.
