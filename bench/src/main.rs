@@ -27,7 +27,7 @@ mod worker;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -103,6 +103,11 @@ struct Cli {
     /// cores].
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
+    /// How long our workers' readers busy-poll their sockets between frames
+    /// that come close together, in microseconds; 0 turns it off (an A/B of
+    /// `RpcBackendOptions::busy_poll`) [default: the agent's, 50].
+    #[arg(long, value_name = "US", global = true)]
+    busy_poll_us: Option<u64>,
     #[command(subcommand)]
     command: Option<Internal>,
 }
@@ -161,6 +166,9 @@ enum Internal {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(us) = cli.busy_poll_us {
+        worker::set_busy_poll(Duration::from_micros(us));
+    }
     let r = match &cli.command {
         Some(Internal::Worker {
             init_method,

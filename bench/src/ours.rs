@@ -82,6 +82,10 @@ impl Children {
                 .with_context(|| format!("cannot open {}", cfg.log.display()))?;
             let mut cmd = Command::new(&exe);
             cmd.args(args(rank)).stderr(log);
+            if let Some(window) = crate::worker::busy_poll() {
+                cmd.arg("--busy-poll-us")
+                    .arg(window.as_micros().to_string());
+            }
             for var in TLS_ENV {
                 cmd.env_remove(var);
             }

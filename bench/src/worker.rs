@@ -135,6 +135,7 @@ pub(crate) async fn join(
         init_timeout: Duration::from_secs(120),
         tls,
         shared_memory,
+        busy_poll: busy_poll().unwrap_or(wasmrpc::DEFAULT_BUSY_POLL),
         ..RpcBackendOptions::default()
     };
     register(&options.registry);
@@ -152,6 +153,20 @@ pub(crate) async fn join(
     )
     .await
     .with_context(|| format!("init_rpc of rank {rank}"))
+}
+
+/// `--busy-poll-us`, when given: our workers' busy-poll window.
+static BUSY_POLL: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+
+/// Sets every worker's busy-poll window (`--busy-poll-us`), here and in the
+/// worker processes started from now on.
+pub(crate) fn set_busy_poll(window: Duration) {
+    let _ = BUSY_POLL.set(window);
+}
+
+/// The busy-poll window `--busy-poll-us` set, if any.
+pub(crate) fn busy_poll() -> Option<Duration> {
+    BUSY_POLL.get().copied()
 }
 
 /// A tokio runtime for a worker process.

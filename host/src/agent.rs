@@ -85,8 +85,8 @@ pub use future::{
 };
 pub use message::{CALL, Field, Fields, Message, RESPONSE};
 pub use options::{
-    CLUSTER_SECRET_ENV, DEFAULT_INIT_METHOD, DEFAULT_NUM_WORKER_THREADS, DEFAULT_RPC_TIMEOUT, Dest,
-    RpcBackendOptions, validate_worker_name, worker_info,
+    CLUSTER_SECRET_ENV, DEFAULT_BUSY_POLL, DEFAULT_INIT_METHOD, DEFAULT_NUM_WORKER_THREADS,
+    DEFAULT_RPC_TIMEOUT, Dest, RpcBackendOptions, validate_worker_name, worker_info,
 };
 pub(crate) use registry::call_guarded;
 pub use registry::{Builtins, CallContext, FunctionRegistry, FunctionResolver, RpcFunction};

@@ -116,7 +116,7 @@ pub use wasmrpc_wasm as wasm;
 
 pub use abi::{ErrorKind, RemoteError, Value, WorkerInfo};
 pub use agent::{
-    Builtins, CLUSTER_SECRET_ENV, CallContext, CallKind, CallOptions, CallScope,
+    Builtins, CLUSTER_SECRET_ENV, CallContext, CallKind, CallOptions, CallScope, DEFAULT_BUSY_POLL,
     DEFAULT_INIT_METHOD, DEFAULT_NUM_WORKER_THREADS, DEFAULT_RPC_TIMEOUT, Dest, Extension,
     Extensions, FUTURE_PICKLE, Field, Fields, FunctionRegistry, FunctionResolver, Future,
     HandleCodec, INTERNAL_PREFIX, IncomingCall, IncomingReply, Message, NOOP, OutgoingCall,

@@ -27,9 +27,10 @@ mod tls;
 
 pub use authority::CertificateAuthority;
 pub use tls::{
-    TLS_CA_ENV, TLS_CA_PEM_ENV, TLS_CERT_ENV, TLS_CERT_PEM_ENV, TLS_KEY_ENV, TLS_KEY_PEM_ENV,
-    TlsCredentials, TlsEndpoints, TlsReadHalf, TlsStream, TlsWriteHalf, check_names,
-    check_peer_names, probe_client_config, worker_dns_name, worker_server_name,
+    SocketReader, SocketReaderFn, TLS_CA_ENV, TLS_CA_PEM_ENV, TLS_CERT_ENV, TLS_CERT_PEM_ENV,
+    TLS_KEY_ENV, TLS_KEY_PEM_ENV, TlsCredentials, TlsEndpoints, TlsReadHalf, TlsStream,
+    TlsWriteHalf, check_names, check_peer_names, probe_client_config, worker_dns_name,
+    worker_server_name,
 };
 
 /// Why credentials could not be read or used.

@@ -30,7 +30,9 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use tokio::io::AsyncRead;
 use tokio::net::TcpStream;
+use tokio::net::tcp::OwnedReadHalf;
 
 use crate::secret::check_private;
 use crate::{Error, Result};
@@ -364,6 +366,7 @@ impl TlsCredentials {
         Ok(TlsEndpoints {
             server: Arc::new(self.server_config()?),
             client: Arc::new(self.client_config()?),
+            socket_reader: Arc::new(|half| Box::new(half)),
         })
     }
 }
@@ -406,7 +409,15 @@ fn dns_names_in(der: &[u8]) -> Vec<String> {
 pub struct TlsEndpoints {
     server: Arc<ServerConfig>,
     client: Arc<ClientConfig>,
+    socket_reader: Arc<SocketReaderFn>,
 }
+
+/// What an established connection's read half reads its ciphertext through:
+/// the TCP read half, or a reader its owner puts around it.
+pub type SocketReader = Box<dyn AsyncRead + Send + Unpin>;
+
+/// Makes the [`SocketReader`] of each established connection.
+pub type SocketReaderFn = dyn Fn(OwnedReadHalf) -> SocketReader + Send + Sync;
 
 impl std::fmt::Debug for TlsEndpoints {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -415,6 +426,17 @@ impl std::fmt::Debug for TlsEndpoints {
 }
 
 impl TlsEndpoints {
+    /// These endpoints, whose connections read their sockets through
+    /// `reader` once established (the handshake reads the socket itself).
+    #[must_use]
+    pub fn reading_sockets_through(
+        mut self,
+        reader: impl Fn(OwnedReadHalf) -> SocketReader + Send + Sync + 'static,
+    ) -> Self {
+        self.socket_reader = Arc::new(reader);
+        self
+    }
+
     /// Dials worker `peer` over `tcp`: TLS-2.
     ///
     /// # Errors
@@ -427,7 +449,7 @@ impl TlsEndpoints {
             server_name(peer)?,
         )
         .map_err(|e| failed(e.to_string()))?;
-        handshake::establish(conn, tcp, record::RECORDS_PER_KEY)
+        handshake::establish(conn, tcp, record::RECORDS_PER_KEY, &*self.socket_reader)
             .await
             .map_err(failed)
     }
@@ -441,7 +463,7 @@ impl TlsEndpoints {
         let failed = |e: String| Error::Failed(format!("TLS handshake failed: {e}"));
         let conn = rustls::server::UnbufferedServerConnection::new(self.server.clone())
             .map_err(|e| failed(e.to_string()))?;
-        handshake::establish(conn, tcp, record::RECORDS_PER_KEY)
+        handshake::establish(conn, tcp, record::RECORDS_PER_KEY, &*self.socket_reader)
             .await
             .map_err(failed)
     }

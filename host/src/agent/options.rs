@@ -19,6 +19,9 @@ pub use crate::worker::{validate_worker_name, worker_info};
 pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(60);
 /// `DEFAULT_NUM_WORKER_THREADS`: 16.
 pub const DEFAULT_NUM_WORKER_THREADS: usize = 16;
+/// How long a reader busy-polls its socket by default
+/// ([`RpcBackendOptions::busy_poll`]).
+pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(50);
 /// `DEFAULT_INIT_METHOD`.
 pub const DEFAULT_INIT_METHOD: &str = "env://";
 /// The environment variable that sets the cluster secret for every worker.
@@ -107,6 +110,13 @@ pub struct RpcBackendOptions {
     /// socket; TCP stays the fallback. On by default; `wasmrpc worker
     /// --no-shared-memory` turns it off.
     pub shared_memory: bool,
+    /// How long a connection's reader keeps polling its socket for the next
+    /// frame before it sleeps, when frames have been arriving close
+    /// together (`transport::tcp::busy_poll`): a wake-up from sleep costs
+    /// tens of microseconds on a VM, more than a small call's own work.
+    /// Default [`DEFAULT_BUSY_POLL`]; zero never polls (`wasmrpc worker
+    /// --busy-poll-us 0`).
+    pub busy_poll: Duration,
 }
 
 impl std::fmt::Debug for RpcBackendOptions {
@@ -132,6 +142,7 @@ impl std::fmt::Debug for RpcBackendOptions {
             .field("tensor_memory", &self.tensor_memory)
             .field("op_policy", &self.op_policy)
             .field("shared_memory", &self.shared_memory)
+            .field("busy_poll", &self.busy_poll)
             .finish()
     }
 }
@@ -156,6 +167,7 @@ impl Default for RpcBackendOptions {
             tensor_memory: TensorMemoryBudget::default(),
             op_policy: OpPolicy::shared_default(),
             shared_memory: true,
+            busy_poll: DEFAULT_BUSY_POLL,
         }
     }
 }

@@ -262,6 +262,7 @@ async fn start(
         receive_budget: Some(inner.tensor_budget.worker().clone()),
         tls,
         shared_memory: options.shared_memory,
+        busy_poll: options.busy_poll,
     };
     let transport = Transport::bind(cfg, options.listen_addr, weak).await?;
     let _ = inner.transport.set(transport);

@@ -21,6 +21,7 @@ use super::tls::TlsEndpoints;
 use crate::error::{Error, Result};
 
 mod admission;
+mod busy_poll;
 mod refusals;
 mod tasks;
 mod write_half;
@@ -68,6 +69,8 @@ pub(crate) struct TransportConfig {
     /// Whether large storages to peers on the same host may cross in
     /// shared memory (TR-9).
     pub(crate) shared_memory: bool,
+    /// How long a reader busy-polls between close frames (BUSY-2).
+    pub(crate) busy_poll: std::time::Duration,
 }
 
 use wasmrpc_credentials::TlsStream;
@@ -230,7 +233,7 @@ impl Transport {
 
     /// Binds `listen` and starts accepting connections.
     pub(crate) async fn bind(
-        cfg: TransportConfig,
+        mut cfg: TransportConfig,
         listen: SocketAddr,
         handler: Weak<dyn Handler>,
     ) -> Result<Arc<Self>> {
@@ -247,6 +250,14 @@ impl Transport {
         } else {
             None
         };
+        // BUSY-*: TLS records are read from the socket through the same
+        // busy poll as plain frames.
+        let window = cfg.busy_poll;
+        cfg.tls = cfg.tls.map(|tls| {
+            tls.reading_sockets_through(move |half| {
+                Box::new(busy_poll::BusyPollRead::new(half, window))
+            })
+        });
         let t = Arc::new(Transport {
             cfg,
             addr,
@@ -449,6 +460,7 @@ impl Transport {
         let (read, direct): (Box<dyn tokio::io::AsyncRead + Send + Unpin>, _) = match stream {
             Stream::Tcp(stream) => {
                 let (read, write) = stream.into_split();
+                let read = busy_poll::BusyPollRead::new(read, self.cfg.busy_poll);
                 (Box::new(read), WriteHalf::Tcp(write))
             }
             Stream::Tls(stream) => {

@@ -19,6 +19,7 @@ use super::record::{APPLICATION_DATA, Direction, HEADER, MAX_BODY};
 /// The lowest TLS record type (RFC 8446 §5.1); `APPLICATION_DATA` is the
 /// highest.
 const CHANGE_CIPHER_SPEC: u8 = 20;
+use super::SocketReaderFn;
 use super::stream::{Kernel, KeySchedule, TlsStream};
 
 /// The most handshake bytes held at once: rustls's largest handshake
@@ -111,11 +112,13 @@ fn encode<D>(
 
 /// Runs the handshake of `conn` on `tcp` to its end: the established
 /// stream, or why it failed (after sending rustls's alert, if it has one).
-/// `records_per_key`: how many records the writer seals under one key.
+/// `records_per_key`: how many records the writer seals under one key;
+/// `socket_reader`: what the established stream reads its socket through.
 pub(crate) async fn establish<S: Side>(
     mut conn: S,
     mut tcp: TcpStream,
     records_per_key: u64,
+    socket_reader: &SocketReaderFn,
 ) -> Result<TlsStream, String> {
     let mut incoming = vec![0u8; HEADER + MAX_BODY];
     let mut used = 0;
@@ -198,8 +201,9 @@ pub(crate) async fn establish<S: Side>(
     let keys = KeySchedule::new(kernel, records_per_key);
     let rx = Direction::new(secrets.rx, keys.limit(false))?;
     let tx = Direction::new(secrets.tx, keys.limit(true))?;
+    let (read, write) = tcp.into_split();
     Ok(TlsStream::new(
-        tcp.into_split(),
+        (socket_reader(read), write),
         rx,
         tx,
         keys,

@@ -36,7 +36,9 @@ use rustls::kernel::KernelConnection;
 use rustls::pki_types::CertificateDer;
 use rustls::server::ServerConnectionData;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::tcp::OwnedWriteHalf;
+
+use super::SocketReader;
 
 use super::record::{self, Direction, HEADER, KEY_UPDATE_MESSAGE, MAX_BODY, MAX_FRAGMENT, TAG};
 use super::record::{PostHandshake, record_len};
@@ -121,7 +123,7 @@ impl TlsStream {
     /// rustls, `ciphertext` read past the handshake, `plaintext` rustls
     /// already opened from it.
     pub(crate) fn new(
-        (read, write): (OwnedReadHalf, OwnedWriteHalf),
+        (read, write): (SocketReader, OwnedWriteHalf),
         rx: Direction,
         tx: Direction,
         keys: Arc<KeySchedule>,
@@ -217,7 +219,7 @@ enum ReadState {
 
 /// The reading half of a [`TlsStream`].
 pub struct TlsReadHalf {
-    tcp: OwnedReadHalf,
+    tcp: SocketReader,
     rx: Direction,
     keys: Arc<KeySchedule>,
     /// Ciphertext from the socket. Records open from here into the

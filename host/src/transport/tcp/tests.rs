@@ -58,6 +58,7 @@ fn config(name: &str, rank: u32) -> TransportConfig {
         receive_budget: None,
         tls: None,
         shared_memory: true,
+        busy_poll: crate::agent::DEFAULT_BUSY_POLL,
     }
 }
 

@@ -32,7 +32,9 @@ async fn pair_of(
     let accept = tokio::spawn(async move {
         let (tcp, _) = listener.accept().await.unwrap();
         let conn = rustls::server::UnbufferedServerConnection::new(server).unwrap();
-        establish(conn, tcp, records_per_key).await.unwrap()
+        establish(conn, tcp, records_per_key, &|half| Box::new(half))
+            .await
+            .unwrap()
     });
     let tcp = TcpStream::connect(addr).await.unwrap();
     let conn = rustls::client::UnbufferedClientConnection::new(
@@ -40,7 +42,9 @@ async fn pair_of(
         worker_server_name("b").unwrap(),
     )
     .unwrap();
-    let dialer = establish(conn, tcp, records_per_key).await.unwrap();
+    let dialer = establish(conn, tcp, records_per_key, &|half| Box::new(half))
+        .await
+        .unwrap();
     (dialer, accept.await.unwrap())
 }
 
