@@ -7,7 +7,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::*;
 use crate::tls::handshake::establish;
-use crate::{CertificateAuthority, worker_server_name};
+use crate::{CertificateAuthority, TlsEndpoints, worker_server_name};
 
 /// A connected pair (dialer, acceptor) of workers `a` and `b` of one CA,
 /// sealing at most `records_per_key` records under one key.
@@ -46,6 +46,20 @@ async fn pair_of(
         .await
         .unwrap();
     (dialer, accept.await.unwrap())
+}
+
+/// A fresh CA, worker "b"'s endpoints, and a loopback listener for them.
+async fn worker_b_listening() -> (
+    CertificateAuthority,
+    TlsEndpoints,
+    TcpListener,
+    std::net::SocketAddr,
+) {
+    let ca = CertificateAuthority::generate().unwrap();
+    let server = ca.credentials_for("b").unwrap().endpoints().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    (ca, server, listener, addr)
 }
 
 fn pattern(len: usize) -> Vec<u8> {
@@ -140,10 +154,7 @@ async fn a_forged_record_fails_the_stream() {
 async fn a_buffered_rustls_client_talks_to_this_record_layer() {
     // The probes of the integration tests are tokio-rustls clients: the
     // record layer must be plain TLS 1.3 to them.
-    let ca = CertificateAuthority::generate().unwrap();
-    let server = ca.credentials_for("b").unwrap().endpoints().unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    let (ca, server, listener, addr) = worker_b_listening().await;
     let accept = tokio::spawn(async move {
         let (tcp, _) = listener.accept().await.unwrap();
         let mut stream = server.accept(tcp).await.unwrap();
@@ -214,10 +225,7 @@ async fn large_reads_take_records_straight_into_the_callers_buffer_to_the_end() 
 async fn bytes_that_are_not_tls_are_refused_at_once() {
     // An HTTP request claims, read as a TLS header, a record of 8239 bytes:
     // the acceptor must not wait for them (the dialer keeps its socket open).
-    let ca = CertificateAuthority::generate().unwrap();
-    let server = ca.credentials_for("b").unwrap().endpoints().unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    let (_ca, server, listener, addr) = worker_b_listening().await;
     let accept = tokio::spawn(async move {
         let (tcp, _) = listener.accept().await.unwrap();
         server.accept(tcp).await.map(drop)
