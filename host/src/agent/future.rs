@@ -14,6 +14,11 @@ type Callback = Box<dyn FnOnce(&Future) + Send>;
 struct State {
     result: Option<Result<Payload>>,
     callbacks: Vec<Callback>,
+    /// Threads blocked in [`Future::wait_blocking`]: completing signals the
+    /// condition variable only when there are some, since a signal is a
+    /// system call even when nobody waits (std's futex `Condvar`), and most
+    /// futures are awaited.
+    blocked: usize,
 }
 
 struct Inner {
@@ -113,6 +118,7 @@ impl Future {
                 state: Mutex::new(State {
                     result: None,
                     callbacks: Vec::new(),
+                    blocked: 0,
                 }),
                 cond: Condvar::new(),
                 notify: Notify::new(),
@@ -232,7 +238,9 @@ impl Future {
             if let Some(r) = st.result.as_ref() {
                 return clone_result(r);
             }
+            st.blocked += 1;
             st = self.inner.cond.wait(st).unwrap_or_else(|p| p.into_inner());
+            st.blocked -= 1;
         }
     }
 
@@ -264,15 +272,19 @@ impl Future {
             Ok(p) => self.check_devices(&p).map(|()| p),
             Err(e) => Err(e),
         };
-        let callbacks = {
+        let (callbacks, blocked) = {
             let mut st = lock(&self.inner.state);
             if st.result.is_some() {
                 return Err(Error::runtime(FUTURE_COMPLETED_TWICE));
             }
             st.result = Some(result);
-            std::mem::take(&mut st.callbacks)
+            (std::mem::take(&mut st.callbacks), st.blocked)
         };
-        self.inner.cond.notify_all();
+        // A thread that blocks after the lock above sees the result before
+        // it waits.
+        if blocked > 0 {
+            self.inner.cond.notify_all();
+        }
         self.inner.notify.notify_waiters();
         for cb in callbacks {
             cb(self);
