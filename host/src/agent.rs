@@ -117,6 +117,9 @@ struct Pending {
     peer: String,
     function: String,
     conn: u64,
+    /// The call counts as work in progress on its connection until it ends
+    /// (TR-10); none while the connection is being dialled.
+    work: Option<crate::transport::Work>,
     user: bool,
     /// When the call times out, and its timeout (for the error).
     deadline: Option<(tokio::time::Instant, Duration)>,

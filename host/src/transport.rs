@@ -70,6 +70,13 @@
 //!   SHM-1 to SHM-4): offered only to a peer that proved itself, copied
 //!   out by the receiver before use, refused unless sealed against
 //!   resizing; the connection stays the fallback and carries the frame.
+//! - TR-10: while other work is in progress on a connection (calls awaiting
+//!   its responses, calls served from it: `tcp::Work`), a frame waits in
+//!   the backlog for a flush task instead of being written by its sender,
+//!   so the frames of a burst leave in one vectored write; the flush runs
+//!   once the sending worker's ready tasks have run, or after at most 61 of
+//!   them (tokio's event interval). A lone call's frame, and a frame with
+//!   shared-memory storages, is written as TR-5 says.
 
 mod fault;
 mod frame;
@@ -84,7 +91,7 @@ pub use kind::MessageKind;
 
 pub(crate) use frame::OutFrame;
 pub use handshake::generate_secret;
-pub(crate) use tcp::{Connection, Handler, Transport, TransportConfig};
+pub(crate) use tcp::{Connection, Handler, Transport, TransportConfig, Work};
 pub(crate) use tls::TlsEndpoints;
 pub use tls::{
     CertificateAuthority, TLS_CA_ENV, TLS_CA_PEM_ENV, TLS_CERT_ENV, TLS_CERT_PEM_ENV, TLS_KEY_ENV,

@@ -395,6 +395,7 @@ impl RpcAgent {
                     peer: dest.name.clone(),
                     function: function.to_string(),
                     conn: open.as_ref().map_or(0, |(_, c)| c.id),
+                    work: open.as_ref().map(|(_, c)| c.start_work()),
                     user: out.user,
                     deadline,
                 },
@@ -440,7 +441,10 @@ impl RpcAgent {
         {
             let mut pending = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
             match pending.get_mut(&id) {
-                Some(p) => p.conn = conn.id,
+                Some(p) => {
+                    p.conn = conn.id;
+                    p.work = Some(conn.start_work());
+                }
                 None => return Ok(()),
             }
         }
@@ -478,6 +482,10 @@ impl RpcAgent {
                 self.inner.user_pending.fetch_sub(1, Ordering::AcqRel);
                 self.inner.quiet.notify_waiters();
             }
+            // TR-10: the call's work ends before its caller hears of it, so
+            // the caller's next call is not taken for one made while this
+            // one is in progress.
+            drop(p.work);
             let _ = p.future.complete(result);
         }
     }

@@ -53,6 +53,9 @@ impl RpcAgent {
             inner.user_active.fetch_add(1, Ordering::AcqRel);
         }
         let this = self.clone();
+        // TR-10: counted from here, on the reader, so that the responses to
+        // a batch of requests read at once leave together.
+        let work = conn.start_work();
         let conn = conn.clone();
         inner.runtime.spawn(async move {
             // AG-7: a call can arrive before this worker's `init_rpc` has
@@ -68,6 +71,7 @@ impl RpcAgent {
                 tracing::warn!(worker = %this.name(), caller = %conn.peer, function = %function, "function raised {}: {}", e.kind(), e.message());
             }
             this.respond(&conn, id, result, reply_fields).await;
+            drop(work);
             // AG-4: the response is queued; stop counting the task.
             if !internal {
                 this.inner.user_active.fetch_sub(1, Ordering::AcqRel);
@@ -264,9 +268,11 @@ impl RpcAgent {
         };
         let (agent, conn) = (self.clone(), conn.clone());
         self.inner.active.fetch_add(1, Ordering::AcqRel);
+        let in_progress = conn.start_work();
         self.inner.runtime.spawn(async move {
             let r = work.await;
             agent.respond(&conn, id, r, Vec::new()).await;
+            drop(in_progress);
             agent.inner.active.fetch_sub(1, Ordering::AcqRel);
             agent.inner.quiet.notify_waiters();
         });

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use tch::Tensor;
@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::fault::FaultInjection;
-use super::frame::{BatchPosition, OutFrame, try_write_frames};
+use super::frame::OutFrame;
 use super::handshake::{self, HANDSHAKE_TIMEOUT};
 use super::shm::{ShmListener, ShmSlot};
 use super::tls::TlsEndpoints;
@@ -22,10 +22,12 @@ use crate::error::{Error, Result};
 
 mod admission;
 mod busy_poll;
+mod coalesce;
 mod refusals;
 mod tasks;
 mod write_half;
 
+pub(crate) use coalesce::Work;
 pub(crate) use refusals::{REFUSAL_LOG_INTERVAL, Refusal, RefusalLog};
 use tasks::{READ_BUFFER, accept_loop, reader_loop, writer_loop};
 use write_half::WriteHalf;
@@ -112,6 +114,12 @@ pub(crate) struct Connection {
     shm: ShmSlot,
     closed: AtomicBool,
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+    /// Work in progress on the connection ([`Work`] guards, TR-10).
+    work: AtomicUsize,
+    /// Whether a flush task will write the backlog (TR-10).
+    flush_scheduled: AtomicBool,
+    /// Where flush tasks run: the runtime the connection's tasks run on.
+    runtime: tokio::runtime::Handle,
 }
 
 impl std::fmt::Debug for Connection {
@@ -127,85 +135,6 @@ impl Connection {
     /// Whether the connection has closed.
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
-    }
-
-    /// Sends `frame` after every frame sent before it (TR-3): written at
-    /// once, with whatever else is in the backlog, when nothing is queued
-    /// for the writer task and the socket takes it; else queued for the
-    /// writer task (TR-5). A sender that finds another writing leaves its
-    /// frame to that one and returns at once.
-    fn enqueue(&self, mut frame: OutFrame) -> Result<()> {
-        let closed = || Error::runtime(format!("connection to {} is closed", self.peer));
-        if self.is_closed() {
-            return Err(closed());
-        }
-        let fills = match self.shm.get() {
-            Some(link) => frame.share(link)?,
-            None => Vec::new(),
-        };
-        lock(&self.backlog).push(frame);
-        let sent = self.drain_backlog();
-        // The peer copies each storage out behind these copies (SHM-5).
-        fills.into_iter().for_each(super::frame::SharedFill::run);
-        sent.map_err(|_| closed())
-    }
-
-    /// Writes the backlog, unless another thread holds `direct`: that one
-    /// writes it. Whoever lets go of `direct` looks at the backlog again,
-    /// so no frame is left behind by a sender that found `direct` held.
-    fn drain_backlog(&self) -> std::result::Result<(), ()> {
-        loop {
-            let mut direct = match self.direct.try_lock() {
-                Ok(guard) => guard,
-                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) => return Ok(()),
-            };
-            let frames = std::mem::take(&mut *lock(&self.backlog));
-            if frames.is_empty() {
-                return Ok(());
-            }
-            self.write_or_queue(&mut direct, frames)?;
-            drop(direct);
-            if lock(&self.backlog).is_empty() {
-                return Ok(());
-            }
-        }
-    }
-
-    /// Writes `frames` (not empty) in one go on the half in `direct`, as
-    /// far as the socket takes them now; the half and the rest go to the
-    /// writer task, as do all frames while the writer holds the half.
-    fn write_or_queue(
-        &self,
-        direct: &mut Option<WriteHalf>,
-        frames: Vec<OutFrame>,
-    ) -> std::result::Result<(), ()> {
-        let send = |cmd| self.tx.send(cmd).map_err(|_| ());
-        let Some(mut half) = direct.take() else {
-            return frames
-                .into_iter()
-                .try_for_each(|frame| send(WriterCmd::Frame(frame)));
-        };
-        // A failed write or flush is left to the writer, which closes the
-        // connection with the error.
-        let at = try_write_frames(&frames, BatchPosition::default(), |bufs| {
-            half.try_write_vectored(bufs)
-        })
-        .unwrap_or_default();
-        let all = at.frame == frames.len();
-        if all && half.try_flush().unwrap_or(false) {
-            *direct = Some(half);
-            return Ok(());
-        }
-        // Written but not flushed (TLS records): the last frame, at its end.
-        let (first, offset) = match all {
-            true => (frames.len() - 1, frames[frames.len() - 1].len() as usize),
-            false => (at.frame, at.offset),
-        };
-        let mut rest = frames.into_iter().skip(first);
-        let resume = rest.next().expect("the frame where writing stopped");
-        send(WriterCmd::Resume(half, resume, offset))?;
-        rest.try_for_each(|frame| send(WriterCmd::Frame(frame)))
     }
 }
 
@@ -416,7 +345,7 @@ impl Transport {
     /// [`send_on`](Self::send_on).
     pub(crate) fn send_now(
         &self,
-        conn: &Connection,
+        conn: &Arc<Connection>,
         frame: OutFrame,
     ) -> std::result::Result<Result<()>, OutFrame> {
         if !self.cfg.faults.is_empty() {
@@ -442,7 +371,7 @@ impl Transport {
     /// Sends `frame` on `conn`, after the configured faults.
     pub(crate) async fn send_on(
         &self,
-        conn: &Connection,
+        conn: &Arc<Connection>,
         frame: OutFrame,
         function: Option<&str>,
     ) -> Result<()> {
@@ -479,6 +408,9 @@ impl Transport {
             shm,
             closed: AtomicBool::new(false),
             tasks: Mutex::new(Vec::new()),
+            work: AtomicUsize::new(0),
+            flush_scheduled: AtomicBool::new(false),
+            runtime: tokio::runtime::Handle::current(),
         });
         lock(&self.all).insert(conn.id, conn.clone());
         lock(&self.conns)

@@ -202,3 +202,31 @@ async fn a_close_sends_what_the_backlog_holds_first() {
     pair.client.close(&pair.conn, "test over");
     assert_eq!(pair.received(1).await, ["last words"]);
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn frames_sent_while_other_work_is_in_progress_leave_together_after_the_senders_turn() {
+    let pair = Pair::new().await;
+    let _other = pair.conn.start_work();
+    let _mine = pair.conn.start_work();
+    let sent: Vec<String> = (0..10).map(|i| format!("frame {i}")).collect();
+    for text in &sent {
+        pair.send(text.clone(), &[]);
+    }
+    // TR-10: none is written by its sender; the flush task writes them all
+    // once this task lets the thread go.
+    assert_eq!(lock(&pair.conn.backlog).len(), sent.len());
+    assert_eq!(pair.received(sent.len()).await, sent);
+    assert!(lock(&pair.conn.backlog).is_empty());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_frame_sent_with_no_other_work_in_progress_is_written_by_its_sender() {
+    let pair = Pair::new().await;
+    {
+        let _ended = pair.conn.start_work();
+    }
+    let _mine = pair.conn.start_work();
+    pair.send("alone".into(), &[]);
+    assert!(lock(&pair.conn.backlog).is_empty());
+    assert_eq!(pair.received(1).await, ["alone"]);
+}

@@ -1,7 +1,15 @@
 //! A connection's write half, whichever stream it is on, and the
-//! non-waiting writes that let a sender write its own frame (TR-5).
+//! non-waiting writes that let a sender write its own frame (TR-5): the
+//! connection's send path, from its backlog to the socket or the writer
+//! task.
+
+use std::sync::Arc;
 
 use wasmrpc_credentials::TlsWriteHalf;
+
+use super::{Connection, WriterCmd, lock};
+use crate::error::{Error, Result};
+use crate::transport::frame::{BatchPosition, OutFrame, try_write_frames};
 
 /// A connection's write half: a TCP socket's or a TLS stream's. Either is
 /// written by a sender directly while the writer task has nothing queued
@@ -102,5 +110,95 @@ impl tokio::io::AsyncWrite for WriteHalf {
             WriteHalf::Tcp(w) => std::pin::Pin::new(w).poll_shutdown(cx),
             WriteHalf::Tls(w) => std::pin::Pin::new(w).poll_shutdown(cx),
         }
+    }
+}
+
+impl Connection {
+    /// Sends `frame` after every frame sent before it (TR-3): left for a
+    /// flush task while other work is in progress (TR-10); else written at
+    /// once, with whatever else is in the backlog, when nothing is queued
+    /// for the writer task and the socket takes it, or queued for the
+    /// writer task (TR-5). A sender that finds another writing leaves its
+    /// frame to that one and returns at once.
+    pub(super) fn enqueue(self: &Arc<Self>, mut frame: OutFrame) -> Result<()> {
+        let closed = || Error::runtime(format!("connection to {} is closed", self.peer));
+        if self.is_closed() {
+            return Err(closed());
+        }
+        let fills = match self.shm.get() {
+            Some(link) => frame.share(link)?,
+            None => Vec::new(),
+        };
+        // Shared storages are filled right after queueing (SHM-5): their
+        // frames never wait.
+        if fills.is_empty() && self.coalesces() {
+            self.defer(frame);
+            return Ok(());
+        }
+        lock(&self.backlog).push(frame);
+        let sent = self.drain_backlog();
+        // The peer copies each storage out behind these copies (SHM-5).
+        fills
+            .into_iter()
+            .for_each(crate::transport::frame::SharedFill::run);
+        sent.map_err(|_| closed())
+    }
+
+    /// Writes the backlog, unless another thread holds `direct`: that one
+    /// writes it. Whoever lets go of `direct` looks at the backlog again,
+    /// so no frame is left behind by a sender that found `direct` held.
+    pub(super) fn drain_backlog(&self) -> std::result::Result<(), ()> {
+        loop {
+            let mut direct = match self.direct.try_lock() {
+                Ok(guard) => guard,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return Ok(()),
+            };
+            let frames = std::mem::take(&mut *lock(&self.backlog));
+            if frames.is_empty() {
+                return Ok(());
+            }
+            self.write_or_queue(&mut direct, frames)?;
+            drop(direct);
+            if lock(&self.backlog).is_empty() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Writes `frames` (not empty) in one go on the half in `direct`, as
+    /// far as the socket takes them now; the half and the rest go to the
+    /// writer task, as do all frames while the writer holds the half.
+    pub(super) fn write_or_queue(
+        &self,
+        direct: &mut Option<WriteHalf>,
+        frames: Vec<OutFrame>,
+    ) -> std::result::Result<(), ()> {
+        let send = |cmd| self.tx.send(cmd).map_err(|_| ());
+        let Some(mut half) = direct.take() else {
+            return frames
+                .into_iter()
+                .try_for_each(|frame| send(WriterCmd::Frame(frame)));
+        };
+        // A failed write or flush is left to the writer, which closes the
+        // connection with the error.
+        let at = try_write_frames(&frames, BatchPosition::default(), |bufs| {
+            half.try_write_vectored(bufs)
+        })
+        .unwrap_or_default();
+        let all = at.frame == frames.len();
+        if all && half.try_flush().unwrap_or(false) {
+            *direct = Some(half);
+            return Ok(());
+        }
+        // Written but not flushed (TLS records): the last frame, at its end.
+        let (first, offset) = match all {
+            true => (frames.len() - 1, frames[frames.len() - 1].len() as usize),
+            false => (at.frame, at.offset),
+        };
+        let mut rest = frames.into_iter().skip(first);
+        let resume = rest.next().expect("the frame where writing stopped");
+        send(WriterCmd::Resume(half, resume, offset))?;
+        rest.try_for_each(|frame| send(WriterCmd::Frame(frame)))
     }
 }
