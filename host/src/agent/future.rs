@@ -80,6 +80,20 @@ fn clone_result(r: &Result<Payload>) -> Result<Payload> {
     }
 }
 
+/// Runs `wait`, which blocks its thread. On a worker thread of a
+/// multi-threaded tokio runtime, the worker's tasks go to another thread
+/// first (`block_in_place`): among them may be what completes the wait,
+/// such as the flush that writes a call's request (TR-10), and the task a
+/// worker will run next is one no other worker takes.
+fn block_here<T>(wait: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(wait)
+        }
+        _ => wait(),
+    }
+}
+
 fn run_guarded(f: impl FnOnce() -> Result<Payload>) -> Result<Payload> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
@@ -233,15 +247,17 @@ impl Future {
     /// # Errors
     /// The error the future was completed with (every time).
     pub fn wait_blocking(&self) -> Result<Payload> {
-        let mut st = lock(&self.inner.state);
-        loop {
-            if let Some(r) = st.result.as_ref() {
-                return clone_result(r);
+        block_here(|| {
+            let mut st = lock(&self.inner.state);
+            loop {
+                if let Some(r) = st.result.as_ref() {
+                    return clone_result(r);
+                }
+                st.blocked += 1;
+                st = self.inner.cond.wait(st).unwrap_or_else(|p| p.into_inner());
+                st.blocked -= 1;
             }
-            st.blocked += 1;
-            st = self.inner.cond.wait(st).unwrap_or_else(|p| p.into_inner());
-            st.blocked -= 1;
-        }
+        })
     }
 
     /// Completes the future with `value`.
@@ -401,11 +417,17 @@ pub fn wait_all_blocking(futures: &[Future]) -> Result<Vec<Payload>> {
         });
     }
     drop(tx);
-    for _ in 0..futures.len() {
-        let Ok(i) = rx.recv() else { break };
-        if let Some(Err(e)) = futures[i].try_value() {
-            return Err(e);
+    let failed = block_here(|| {
+        for _ in 0..futures.len() {
+            let Ok(i) = rx.recv() else { break };
+            if let Some(Err(e)) = futures[i].try_value() {
+                return Some(e);
+            }
         }
+        None
+    });
+    if let Some(e) = failed {
+        return Err(e);
     }
     futures
         .iter()
@@ -465,6 +487,26 @@ pub(crate) fn collect(f: &Future) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn waiting_blocked_on_a_runtime_worker_lets_that_workers_next_task_run() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        rt.spawn(async move {
+            let f = Future::new();
+            let c = f.clone();
+            // Spawned from this worker, the task is the one it runs next,
+            // which no other worker takes.
+            tokio::spawn(async move { c.set_result(7) });
+            let _ = tx.send(f.wait_blocking().and_then(|p| p.as_int()));
+        });
+        let got = rx.recv_timeout(std::time::Duration::from_secs(10));
+        rt.shutdown_background();
+        assert_eq!(got.expect("wait_blocking returned").unwrap(), 7);
+    }
 
     #[test]
     fn set_twice_fails_and_errors_are_sticky() {
