@@ -358,6 +358,13 @@ impl AsyncRead for TlsReadHalf {
                     return Poll::Ready(if given(out) { Ok(()) } else { Err(e) });
                 }
             }
+            // Content given and no whole record left: the socket waits for
+            // the next read. Looking now would find it empty, and a socket
+            // reader that busy-polls would count its wait from here, while
+            // the caller is still busy with what it got.
+            if given(out) {
+                return Poll::Ready(Ok(()));
+            }
             if this.start == this.end {
                 (this.start, this.end) = (0, 0);
             }

@@ -48,6 +48,79 @@ async fn pair_of(
     (dialer, accept.await.unwrap())
 }
 
+/// A socket reader that counts the reads that found the socket empty.
+struct CountingReader {
+    inner: tokio::net::tcp::OwnedReadHalf,
+    empty: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl AsyncRead for CountingReader {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let read = std::pin::Pin::new(&mut this.inner).poll_read(cx, buf);
+        if read.is_pending() {
+            this.empty.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        read
+    }
+}
+
+#[tokio::test]
+async fn a_read_that_returns_content_leaves_the_socket_to_the_next_read() {
+    let ca = CertificateAuthority::generate().unwrap();
+    let (a, b) = (
+        ca.credentials_for("a").unwrap(),
+        ca.credentials_for("b").unwrap(),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let empty = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = empty.clone();
+    let server = Arc::new(b.server_config().unwrap());
+    let accept = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.unwrap();
+        let conn = rustls::server::UnbufferedServerConnection::new(server).unwrap();
+        let reader = move |inner| -> crate::SocketReader {
+            Box::new(CountingReader {
+                inner,
+                empty: counter.clone(),
+            })
+        };
+        establish(conn, tcp, record::RECORDS_PER_KEY, &reader)
+            .await
+            .unwrap()
+    });
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let conn = rustls::client::UnbufferedClientConnection::new(
+        Arc::new(a.client_config().unwrap()),
+        worker_server_name("b").unwrap(),
+    )
+    .unwrap();
+    let mut dialer = establish(conn, tcp, record::RECORDS_PER_KEY, &|half| Box::new(half))
+        .await
+        .unwrap();
+    let mut acceptor = accept.await.unwrap();
+    for message in [&b"first"[..], b"second", b"third"] {
+        dialer.write_all(message).await.unwrap();
+        dialer.flush().await.unwrap();
+        // The record is in the acceptor's socket before it reads.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let before = empty.load(std::sync::atomic::Ordering::SeqCst);
+        let mut got = vec![0; 64];
+        let n = acceptor.read(&mut got).await.unwrap();
+        assert_eq!(&got[..n], message);
+        assert_eq!(
+            empty.load(std::sync::atomic::Ordering::SeqCst),
+            before,
+            "the read looked at the empty socket after taking its record"
+        );
+    }
+}
+
 /// A fresh CA, worker "b"'s endpoints, and a loopback listener for them.
 async fn worker_b_listening() -> (
     CertificateAuthority,
