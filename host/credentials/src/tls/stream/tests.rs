@@ -12,19 +12,28 @@ use crate::{CertificateAuthority, TlsEndpoints, worker_server_name};
 /// A connected pair (dialer, acceptor) of workers `a` and `b` of one CA,
 /// sealing at most `records_per_key` records under one key.
 async fn pair(records_per_key: u64) -> (TlsStream, TlsStream) {
+    pair_reading_through(records_per_key, Box::new(|half| Box::new(half))).await
+}
+
+/// [`pair`], with the acceptor reading its socket through `acceptor_reader`.
+async fn pair_reading_through(
+    records_per_key: u64,
+    acceptor_reader: Box<crate::SocketReaderFn>,
+) -> (TlsStream, TlsStream) {
     let ca = CertificateAuthority::generate().unwrap();
     let (a, b) = (
         ca.credentials_for("a").unwrap(),
         ca.credentials_for("b").unwrap(),
     );
-    pair_of(a, b, records_per_key).await
+    pair_of(a, b, records_per_key, acceptor_reader).await
 }
 
-/// [`pair`] with the credentials `a` and `b`.
+/// [`pair_reading_through`] with the credentials `a` and `b`.
 async fn pair_of(
     a: crate::TlsCredentials,
     b: crate::TlsCredentials,
     records_per_key: u64,
+    acceptor_reader: Box<crate::SocketReaderFn>,
 ) -> (TlsStream, TlsStream) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -32,7 +41,7 @@ async fn pair_of(
     let accept = tokio::spawn(async move {
         let (tcp, _) = listener.accept().await.unwrap();
         let conn = rustls::server::UnbufferedServerConnection::new(server).unwrap();
-        establish(conn, tcp, records_per_key, &|half| Box::new(half))
+        establish(conn, tcp, records_per_key, &*acceptor_reader)
             .await
             .unwrap()
     });
@@ -71,39 +80,16 @@ impl AsyncRead for CountingReader {
 
 #[tokio::test]
 async fn a_read_that_returns_content_leaves_the_socket_to_the_next_read() {
-    let ca = CertificateAuthority::generate().unwrap();
-    let (a, b) = (
-        ca.credentials_for("a").unwrap(),
-        ca.credentials_for("b").unwrap(),
-    );
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let empty = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counter = empty.clone();
-    let server = Arc::new(b.server_config().unwrap());
-    let accept = tokio::spawn(async move {
-        let (tcp, _) = listener.accept().await.unwrap();
-        let conn = rustls::server::UnbufferedServerConnection::new(server).unwrap();
-        let reader = move |inner| -> crate::SocketReader {
-            Box::new(CountingReader {
-                inner,
-                empty: counter.clone(),
-            })
-        };
-        establish(conn, tcp, record::RECORDS_PER_KEY, &reader)
-            .await
-            .unwrap()
-    });
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let conn = rustls::client::UnbufferedClientConnection::new(
-        Arc::new(a.client_config().unwrap()),
-        worker_server_name("b").unwrap(),
-    )
-    .unwrap();
-    let mut dialer = establish(conn, tcp, record::RECORDS_PER_KEY, &|half| Box::new(half))
-        .await
-        .unwrap();
-    let mut acceptor = accept.await.unwrap();
+    let reader = move |inner| -> crate::SocketReader {
+        Box::new(CountingReader {
+            inner,
+            empty: counter.clone(),
+        })
+    };
+    let (mut dialer, mut acceptor) =
+        pair_reading_through(record::RECORDS_PER_KEY, Box::new(reader)).await;
     for message in [&b"first"[..], b"second", b"third"] {
         dialer.write_all(message).await.unwrap();
         dialer.flush().await.unwrap();
@@ -332,7 +318,13 @@ async fn handshake_messages_over_several_records_are_taken_in_both_directions() 
         assert!(chain.len() > 2 * (record::HEADER + record::MAX_BODY));
         crate::TlsCredentials::from_pem(ca.cert_pem(), &chain, &key).unwrap()
     };
-    let (a, b) = pair_of(padded("a"), padded("b"), record::RECORDS_PER_KEY).await;
+    let (a, b) = pair_of(
+        padded("a"),
+        padded("b"),
+        record::RECORDS_PER_KEY,
+        Box::new(|half| Box::new(half)),
+    )
+    .await;
     assert_eq!(a.peer_certificates().len(), 61);
     let ((_a_read, a_write), (b_read, _b_write)) = (a.into_split(), b.into_split());
     exchange(a_write, b_read, 1000, 100).await;
