@@ -1,5 +1,6 @@
 //! The machine's limits: a raw TCP ping-pong round trip, a raw TCP echo of
-//! the echo rows' sizes, and memcpy of 64 MiB.
+//! the echo rows' sizes, memcpy of 64 MiB, and the bound of the
+//! shared-memory channel's design (two overlapped copies each way).
 //!
 //! The server runs in a process of its own (`wasmrpc-bench raw-server`), as
 //! the RPC workers do. Its protocol is the least an RPC could do: the client
@@ -177,6 +178,90 @@ pub(crate) fn measure(quick: bool, only: &[String], res: &mut Results, progress:
             Stat::value(bytes as f64 / (lat.median * 1e3), n as u64),
         );
     }
+    if wanted(only, "shm_bound_64m") || wanted(only, "shm_echo_64m") {
+        progress.set("limit: two overlapped copies of 64 MiB, there and back");
+        let n = if quick { 5 } else { 20 };
+        res.set(
+            Side::Limit,
+            "shm_bound_64m",
+            Stat::latencies(&shared_memory_bound(64 << 20, n)),
+        );
+    }
+}
+
+/// How far a storage is copied into the segment before the receiver is
+/// told (the shared-memory channel's `FILL_CHUNK`).
+const BOUND_CHUNK: usize = 1 << 20;
+
+/// The least a shared-memory echo of `bytes` can take under the channel's
+/// trust model (SHM-1: the receiver copies out of the segment, so a later
+/// write by the sender cannot change a received tensor): each direction is
+/// a copy into a segment on one thread and a copy out of it on another,
+/// [`BOUND_CHUNK`] behind, as the channel pipelines them (SHM-5). No
+/// messages, no tensors, no page faults (every buffer is touched first):
+/// `n` samples of the two directions one after the other, after one
+/// round of warm-up.
+fn shared_memory_bound(bytes: usize, n: usize) -> Vec<Duration> {
+    // Non-zero fills: every page is touched before the first sample.
+    let mut ends = [vec![1u8; bytes], vec![2u8; bytes]];
+    let mut segments = [vec![3u8; bytes], vec![4u8; bytes]];
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..=n {
+        let t = Instant::now();
+        for (direction, segment) in segments.iter_mut().enumerate() {
+            let [a, b] = &mut ends;
+            let (from, to) = if direction == 0 { (&*a, b) } else { (&*b, a) };
+            copy_through(from, segment, to);
+        }
+        // The first round is a warm-up.
+        if i > 0 {
+            samples.push(t.elapsed());
+        }
+    }
+    black_box(&ends);
+    samples
+}
+
+/// Copies `from` into `segment` on a thread of its own, publishing after
+/// each chunk how far it got, while this thread copies `segment` into `to`
+/// behind it.
+fn copy_through(from: &[u8], segment: &mut [u8], to: &mut [u8]) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let filled = AtomicUsize::new(0);
+    let segment_ptr = segment.as_mut_ptr() as usize;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for (i, chunk) in from.chunks(BOUND_CHUNK).enumerate() {
+                let at = i * BOUND_CHUNK;
+                // SAFETY: the filler alone writes `segment`, each byte
+                // once, and only below `filled` does the reader look.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        chunk.as_ptr(),
+                        (segment_ptr as *mut u8).add(at),
+                        chunk.len(),
+                    );
+                }
+                filled.store(at + chunk.len(), Ordering::Release);
+            }
+        });
+        let mut done = 0;
+        while done < to.len() {
+            let upto = filled.load(Ordering::Acquire);
+            if upto == done {
+                // Not a spin: on a busy machine the filler may share this
+                // core, and the bound must not wait for the scheduler.
+                std::thread::yield_now();
+                continue;
+            }
+            // SAFETY: bytes below `upto` are written and never written again.
+            let ready = unsafe {
+                std::slice::from_raw_parts((segment_ptr as *const u8).add(done), upto - done)
+            };
+            to[done..upto].copy_from_slice(ready);
+            done = upto;
+        }
+    });
 }
 
 fn tcp(
@@ -202,4 +287,20 @@ fn tcp(
         res.set(Side::Limit, key, Stat::latencies(&samples));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copy_through_a_segment_delivers_every_byte_in_order() {
+        let from: Vec<u8> = (0..(3 * BOUND_CHUNK + 12_345))
+            .map(|i| (i % 251) as u8)
+            .collect();
+        let mut segment = vec![0u8; from.len()];
+        let mut to = vec![0u8; from.len()];
+        copy_through(&from, &mut segment, &mut to);
+        assert!(to == from, "the copy differs from its source");
+    }
 }
