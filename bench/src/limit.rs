@@ -207,12 +207,10 @@ fn shared_memory_bound(bytes: usize, n: usize) -> Vec<Duration> {
     let mut segments = [vec![3u8; bytes], vec![4u8; bytes]];
     let mut samples = Vec::with_capacity(n);
     for i in 0..=n {
+        let ([a, b], [there, back]) = (&mut ends, &mut segments);
         let t = Instant::now();
-        for (direction, segment) in segments.iter_mut().enumerate() {
-            let [a, b] = &mut ends;
-            let (from, to) = if direction == 0 { (&*a, b) } else { (&*b, a) };
-            copy_through(from, segment, to);
-        }
+        copy_through(a, there, b);
+        copy_through(b, back, a);
         // The first round is a warm-up.
         if i > 0 {
             samples.push(t.elapsed());
@@ -227,6 +225,10 @@ fn shared_memory_bound(bytes: usize, n: usize) -> Vec<Duration> {
 /// behind it.
 fn copy_through(from: &[u8], segment: &mut [u8], to: &mut [u8]) {
     use std::sync::atomic::{AtomicUsize, Ordering};
+    assert!(
+        from.len() == to.len() && segment.len() >= from.len(),
+        "copy_through needs a segment at least as large as the source and a destination of its size"
+    );
     let filled = AtomicUsize::new(0);
     let segment_ptr = segment.as_mut_ptr() as usize;
     std::thread::scope(|s| {

@@ -12,7 +12,13 @@ use crate::{CertificateAuthority, TlsEndpoints, worker_server_name};
 /// A connected pair (dialer, acceptor) of workers `a` and `b` of one CA,
 /// sealing at most `records_per_key` records under one key.
 async fn pair(records_per_key: u64) -> (TlsStream, TlsStream) {
-    pair_reading_through(records_per_key, Box::new(|half| Box::new(half))).await
+    pair_reading_through(records_per_key, plain_socket_reader()).await
+}
+
+/// The socket reader a pair uses unless a test gives another: the socket
+/// itself.
+fn plain_socket_reader() -> Box<crate::SocketReaderFn> {
+    Box::new(|half| Box::new(half))
 }
 
 /// [`pair`], with the acceptor reading its socket through `acceptor_reader`.
@@ -322,7 +328,7 @@ async fn handshake_messages_over_several_records_are_taken_in_both_directions() 
         padded("a"),
         padded("b"),
         record::RECORDS_PER_KEY,
-        Box::new(|half| Box::new(half)),
+        plain_socket_reader(),
     )
     .await;
     assert_eq!(a.peer_certificates().len(), 61);
