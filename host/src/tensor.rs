@@ -34,4 +34,6 @@ pub(crate) fn impl_id(t: &tch::Tensor) -> usize {
     unsafe { *(t.as_ptr().cast::<usize>()) }
 }
 
-pub(crate) use wire::{Blob, BlobDesc, DecodedBlob, WireTensor, decode_tensors, encode_tensors};
+pub(crate) use wire::{
+    Blob, BlobDesc, DecodedBlob, WireTensor, decode_tensors, encode_tensors, sole_shapes,
+};

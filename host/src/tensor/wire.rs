@@ -1,5 +1,9 @@
 //! Tensor descriptors and storage blobs: encoding a message's tensors and
-//! rebuilding them from network bytes.
+//! (in [`decode`]) rebuilding them from network bytes.
+//!
+//! A message's tensors travel as descriptors in its header (dtype, size,
+//! strides, offset, which blob) followed by the storage blobs. Tensors that
+//! share a storage share one blob, so they share it again on arrival.
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -114,59 +118,6 @@ struct KeepAlive(#[allow(dead_code, reason = "held for its destructor")] Tensor)
 // race on the tensor; dropping it from another thread is allowed because
 // `Tensor` is `Send`.
 unsafe impl Sync for KeepAlive {}
-
-/// A received storage: a 1-D tensor the frame's bytes are read into.
-///
-/// Storages of 1 MiB or more come from recycled memory
-/// (`wasmrpc_torch_sys::recycle`), whose pages are already faulted in and
-/// which holds an earlier tensor's bytes: whoever makes a `DecodedBlob`
-/// fills the whole of [`bytes_mut`](Self::bytes_mut) before decoding it, or
-/// drops it (REC-1).
-#[derive(Debug)]
-pub(crate) struct DecodedBlob {
-    tensor: Tensor,
-    dtype: u8,
-    len: usize,
-}
-
-impl DecodedBlob {
-    /// Allocates the storage for `desc`.
-    ///
-    /// # Errors
-    /// Fails for an unknown dtype or a length that is not a whole number of
-    /// elements.
-    pub(crate) fn new(desc: BlobDesc) -> Result<Self> {
-        let kind = kind_from_code(desc.dtype)
-            .ok_or_else(|| Error::runtime(format!("unknown tensor dtype code {}", desc.dtype)))?;
-        let elsize = kind.elt_size_in_bytes() as u64;
-        if desc.len == 0 || !desc.len.is_multiple_of(elsize) {
-            return Err(Error::runtime(format!(
-                "storage blob of {} bytes is not a whole number of {kind:?} elements",
-                desc.len
-            )));
-        }
-        let len = usize::try_from(desc.len)
-            .map_err(|_| Error::runtime("storage blob larger than the address space"))?;
-        let numel = (desc.len / elsize) as i64;
-        let tensor = wasmrpc_torch_sys::recycle::for_overwrite(|| {
-            Tensor::f_empty([numel], (kind, Device::Cpu))
-        })?;
-        Ok(DecodedBlob {
-            tensor,
-            dtype: desc.dtype,
-            len,
-        })
-    }
-
-    /// The storage bytes, to be filled from the network.
-    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: `tensor` is a contiguous CPU tensor created by `f_empty`
-        // with exactly `len` bytes (checked to be non-zero, so `data_ptr` is
-        // a real allocation), owned by `self` and not yet shared with anyone:
-        // the exclusive borrow of `self` makes this the only reference.
-        unsafe { std::slice::from_raw_parts_mut(self.tensor.data_ptr() as *mut u8, self.len) }
-    }
-}
 
 struct Part {
     kind: Kind,
@@ -377,166 +328,9 @@ pub(crate) fn encode_tensors(
     Ok((wire, descs, blobs))
 }
 
-fn decode_dense(d: &DenseDesc, blobs: &[DecodedBlob]) -> Result<Tensor> {
-    let kind = kind_from_code(d.dtype)
-        .ok_or_else(|| Error::runtime(format!("unknown tensor dtype code {}", d.dtype)))?;
-    if d.size.len() != d.stride.len() || d.size.len() > 64 {
-        return Err(Error::runtime(
-            "tensor descriptor with mismatched size and strides",
-        ));
-    }
-    if d.size.iter().any(|&s| s < 0) || d.stride.iter().any(|&s| s < 0) || d.offset < 0 {
-        return Err(Error::runtime(
-            "tensor descriptor with negative sizes, strides or offset",
-        ));
-    }
-    let numel = d.size.iter().try_fold(1i64, |acc, &s| acc.checked_mul(s));
-    match d.blob {
-        None => {
-            if numel != Some(0) {
-                return Err(Error::runtime("non-empty tensor without a storage blob"));
-            }
-            Ok(Tensor::f_empty_strided(
-                &d.size,
-                &d.stride,
-                (kind, Device::Cpu),
-            )?)
-        }
-        Some(i) => {
-            let blob = blobs
-                .get(i as usize)
-                .ok_or_else(|| Error::runtime(format!("tensor refers to missing blob {i}")))?;
-            if blob.dtype != d.dtype {
-                return Err(Error::runtime(
-                    "tensor dtype differs from its storage blob's",
-                ));
-            }
-            let available = (blob.len / kind.elt_size_in_bytes()) as i64;
-            match (numel, extent(&d.size, &d.stride, d.offset)) {
-                (Some(n), Some(end)) if n > 0 && end <= available => {}
-                _ => {
-                    return Err(Error::runtime(
-                        "tensor view reaches outside its storage blob",
-                    ));
-                }
-            }
-            Ok(blob.tensor.f_as_strided(&d.size, &d.stride, d.offset)?)
-        }
-    }
-}
+mod decode;
 
-fn check_sparse(size: &[i64], indices: &Tensor, values: &Tensor) -> Result<()> {
-    if indices.f_kind()? != Kind::Int64 || indices.dim() != 2 {
-        return Err(Error::runtime("sparse indices must be a 2-D int64 tensor"));
-    }
-    let isz = indices.size();
-    let (sparse_dim, nnz) = (isz[0], isz[1]);
-    let vsz = values.size();
-    if vsz.is_empty() || vsz[0] != nnz || sparse_dim as usize + vsz.len() - 1 != size.len() {
-        return Err(Error::runtime(
-            "sparse values do not match the indices and size",
-        ));
-    }
-    if vsz[1..] != size[sparse_dim as usize..] || size.iter().any(|&s| s < 0) {
-        return Err(Error::runtime(
-            "sparse values' dense dimensions do not match the size",
-        ));
-    }
-    if nnz > 0 {
-        let min = indices.f_min()?.f_int64_value(&[])?;
-        let max_per_dim = indices.f_amax([1i64].as_slice(), false)?;
-        let mut in_range = min >= 0;
-        for (d, &bound) in size.iter().enumerate().take(sparse_dim as usize) {
-            in_range &= max_per_dim.f_int64_value(&[d as i64])? < bound;
-        }
-        if !in_range {
-            return Err(Error::runtime(
-                "sparse indices out of bounds of the tensor's size",
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Rebuilds a message's tensors from their descriptors and received blobs.
-///
-/// Views of one blob share its storage. Every descriptor is checked against
-/// its blob, so a hostile frame cannot make a view read outside it.
-///
-/// # Errors
-/// Fails on any inconsistent descriptor.
-///
-/// `devices`: where each tensor lands (the sender's device map chose it);
-/// empty: all on the CPU. A tensor moved to a CUDA device is moved before
-/// `requires_grad` is set, so it arrives as a leaf as CPU tensors do.
-pub(crate) fn decode_tensors(
-    wire: &[WireTensor],
-    blobs: &[DecodedBlob],
-    devices: &[crate::device::Device],
-) -> Result<Vec<Tensor>> {
-    if !devices.is_empty() && devices.len() != wire.len() {
-        return Err(Error::runtime(format!(
-            "malformed frame: {} tensors but {} target devices",
-            wire.len(),
-            devices.len()
-        )));
-    }
-    let place = |i: usize, t: Tensor| -> Result<Tensor> {
-        match devices.get(i) {
-            Some(d) if d.is_cuda() => Ok(t.f_to_device(d.to_tch())?),
-            _ => Ok(t),
-        }
-    };
-    let decode = || -> Result<Vec<Tensor>> {
-        let mut out = Vec::with_capacity(wire.len());
-        for (i, w) in wire.iter().enumerate() {
-            let t = match w {
-                WireTensor::Dense {
-                    desc,
-                    requires_grad,
-                } => {
-                    let t = place(i, decode_dense(desc, blobs)?)?;
-                    if *requires_grad {
-                        t.f_set_requires_grad(true)?
-                    } else {
-                        t
-                    }
-                }
-                WireTensor::SparseCoo {
-                    size,
-                    indices,
-                    values,
-                    coalesced,
-                    requires_grad,
-                } => {
-                    let indices = decode_dense(indices, blobs)?;
-                    let values = decode_dense(values, blobs)?;
-                    check_sparse(size, &indices, &values)?;
-                    let kind = values.f_kind()?;
-                    let t = Tensor::f_sparse_coo_tensor_indices_size(
-                        &indices,
-                        &values,
-                        size.as_slice(),
-                        (kind, Device::Cpu),
-                        *coalesced,
-                    )?;
-                    let t = place(i, t)?;
-                    if *requires_grad {
-                        t.f_set_requires_grad(true)?
-                    } else {
-                        t
-                    }
-                }
-            };
-            out.push(t);
-        }
-        Ok(out)
-    };
-    match catch_unwind(AssertUnwindSafe(decode)) {
-        Ok(r) => r,
-        Err(_) => Err(Error::runtime("libtorch rejected a received tensor")),
-    }
-}
+pub(crate) use decode::{DecodedBlob, decode_tensors, sole_shapes};
 
 #[cfg(test)]
 mod tests;

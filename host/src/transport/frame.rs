@@ -17,7 +17,9 @@ use super::MessageKind;
 use super::shm::{Lent, PIPELINE_FROM, SHARE_THRESHOLD, ShmLink, ShmSlot};
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::tensor::{Blob, BlobDesc, DecodedBlob, WireTensor, decode_tensors, encode_tensors};
+use crate::tensor::{
+    Blob, BlobDesc, DecodedBlob, WireTensor, decode_tensors, encode_tensors, sole_shapes,
+};
 
 #[derive(Serialize, Deserialize)]
 struct Header {
@@ -362,11 +364,12 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
             "the frame names shared-memory segments, but the connection has no link".into(),
         ));
     }
+    let shapes = sole_shapes(&header.tensors, header.blobs.len());
     let mut blobs = Vec::with_capacity(header.blobs.len());
     for (i, desc) in header.blobs.iter().enumerate() {
         let blob = match budget {
-            None => DecodedBlob::new(*desc),
-            Some(budget) => match budget.run(|| DecodedBlob::new(*desc)) {
+            None => DecodedBlob::new(*desc, shapes[i]),
+            Some(budget) => match budget.run(|| DecodedBlob::new(*desc, shapes[i])) {
                 (_, Some(refusal)) => {
                     drop(blobs);
                     let mut rest = 0;

@@ -6,9 +6,11 @@ fn round_trip(ts: &[Tensor]) -> Vec<Tensor> {
     let (wire, descs, blobs) = encode_tensors(ts).unwrap();
     let bytes: Vec<u8> = crate::abi::encode(&wire).unwrap();
     let wire: Vec<WireTensor> = crate::abi::decode(&bytes).unwrap();
+    let shapes = sole_shapes(&wire, descs.len());
     let mut decoded: Vec<DecodedBlob> = descs
         .iter()
-        .map(|d| DecodedBlob::new(*d).unwrap())
+        .zip(shapes)
+        .map(|(d, shape)| DecodedBlob::new(*d, shape).unwrap())
         .collect();
     for (d, b) in decoded.iter_mut().zip(&blobs) {
         d.bytes_mut().copy_from_slice(b.as_bytes());
@@ -71,12 +73,89 @@ fn views_outside_the_blob_are_rejected() {
         offset: 1,
         blob: Some(0),
     };
-    let blob = DecodedBlob::new(BlobDesc { dtype: 6, len: 16 }).unwrap();
+    let blob = DecodedBlob::new(BlobDesc { dtype: 6, len: 16 }, None).unwrap();
     let wire = [WireTensor::Dense {
         desc: d,
         requires_grad: false,
     }];
     assert!(decode_tensors(&wire, &[blob], &[]).is_err());
-    assert!(DecodedBlob::new(BlobDesc { dtype: 6, len: 3 }).is_err());
-    assert!(DecodedBlob::new(BlobDesc { dtype: 99, len: 4 }).is_err());
+    assert!(DecodedBlob::new(BlobDesc { dtype: 6, len: 3 }, None).is_err());
+    assert!(DecodedBlob::new(BlobDesc { dtype: 99, len: 4 }, None).is_err());
+}
+
+/// The descriptors `ts` are sent as, and their blobs' [`sole_shapes`].
+fn shapes_of(ts: &[Tensor]) -> Vec<Option<Vec<i64>>> {
+    let (wire, descs, _) = encode_tensors(ts).unwrap();
+    sole_shapes(&wire, descs.len())
+        .into_iter()
+        .map(|s| s.map(<[i64]>::to_vec))
+        .collect()
+}
+
+#[test]
+fn only_a_blob_with_one_contiguous_user_from_its_start_arrives_in_its_shape() {
+    let t = Tensor::arange(6, (Kind::Float, Device::Cpu)).view([2, 3]);
+    let scalar = Tensor::from(7.0f64);
+    assert_eq!(
+        shapes_of(&[t.shallow_clone(), scalar]),
+        vec![Some(vec![2, 3]), Some(vec![])]
+    );
+    // A transposed view, a view from an offset, and a blob two tensors
+    // share are all views of a 1-D storage.
+    assert_eq!(shapes_of(&[t.tr()]), vec![None]);
+    assert_eq!(shapes_of(&[t.narrow(0, 1, 1)]), vec![None]);
+    assert_eq!(
+        shapes_of(&[t.shallow_clone(), t.shallow_clone()]),
+        vec![None]
+    );
+    let i = Tensor::from_slice2(&[[0i64, 1]]);
+    let v = Tensor::from_slice(&[3.0f32, 4.0]);
+    let sparse =
+        Tensor::sparse_coo_tensor_indices_size(&i, &v, [2], (Kind::Float, Device::Cpu), false);
+    assert_eq!(shapes_of(&[sparse]), vec![Some(vec![1, 2]), Some(vec![2])]);
+}
+
+#[test]
+fn tensors_decoded_whole_keep_their_values_strides_and_grad() {
+    let t = Tensor::arange(24, (Kind::Int64, Device::Cpu)).view([2, 3, 4]);
+    let grad = Tensor::ones([3, 2], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let got = round_trip(&[t.shallow_clone(), grad, Tensor::from(7.0f64)]);
+    assert!(got[0].equal(&t));
+    assert_eq!(got[0].stride(), t.stride());
+    assert!(got[1].requires_grad() && got[1].is_leaf());
+    assert_eq!(got[1].size(), vec![3, 2]);
+    assert_eq!(got[2].size(), Vec::<i64>::new());
+    assert_eq!(got[2].double_value(&[]), 7.0);
+}
+
+#[test]
+fn tensors_sharing_a_whole_blob_stay_distinct_tensors_of_one_storage() {
+    let t = Tensor::ones([2, 2], (Kind::Float, Device::Cpu));
+    let got = round_trip(&[t.shallow_clone(), t]);
+    let first = got[0].set_requires_grad(true);
+    assert!(first.requires_grad());
+    assert!(
+        !got[1].requires_grad(),
+        "the two tensors share one TensorImpl"
+    );
+    let _ = got[1].view([4]).narrow(0, 0, 1).fill_(5.0);
+    assert_eq!(
+        got[0].double_value(&[0, 0]),
+        5.0,
+        "the storage is not shared"
+    );
+}
+
+#[test]
+fn a_blob_allocated_flat_still_decodes_its_sole_user() {
+    let (wire, descs, blobs) =
+        encode_tensors(&[Tensor::arange(6, (Kind::Float, Device::Cpu)).view([3, 2])]).unwrap();
+    for shape in [None, Some([5i64].as_slice())] {
+        // No shape, or one that does not hold the blob's 6 elements.
+        let mut blob = DecodedBlob::new(descs[0], shape).unwrap();
+        blob.bytes_mut().copy_from_slice(blobs[0].as_bytes());
+        let got = decode_tensors(&wire, &[blob], &[]).unwrap();
+        assert_eq!(got[0].size(), vec![3, 2]);
+        assert_eq!(got[0].double_value(&[2, 1]), 5.0);
+    }
 }
