@@ -9,6 +9,9 @@ use tch::{Device, Kind, Tensor};
 use super::{BlobDesc, DenseDesc, WireTensor, extent, kind_from_code};
 use crate::error::{Error, Result};
 
+/// The most dimensions a received tensor may have.
+const MAX_DIMS: usize = 64;
+
 impl DenseDesc {
     /// Whether the view starts at its blob's first element and is laid out
     /// contiguously, as a tensor allocated in its shape would be.
@@ -80,7 +83,8 @@ pub(crate) fn sole_shapes(tensors: &[WireTensor], blob_count: usize) -> Vec<Opti
 /// drops it (REC-1).
 #[derive(Debug)]
 pub(crate) struct DecodedBlob {
-    tensor: Tensor,
+    /// Visible to `wire`'s tests, which check the shape it was allocated in.
+    pub(super) tensor: Tensor,
     dtype: u8,
     len: usize,
 }
@@ -106,7 +110,10 @@ impl DecodedBlob {
             .map_err(|_| Error::runtime("storage blob larger than the address space"))?;
         let numel = (desc.len / elsize) as i64;
         let flat = [numel];
+        // Sizes come from a peer's header: only a shape `decode_dense` would
+        // accept anyway is given to libtorch.
         let shape = shape
+            .filter(|s| s.len() <= MAX_DIMS && s.iter().all(|&d| d >= 0))
             .filter(|s| s.iter().try_fold(1i64, |n, &d| n.checked_mul(d)) == Some(numel))
             .unwrap_or(&flat);
         let tensor = wasmrpc_torch_sys::recycle::for_overwrite(|| {
@@ -134,7 +141,7 @@ impl DecodedBlob {
 fn decode_dense(d: &DenseDesc, blobs: &[DecodedBlob], sole: &[Option<&[i64]>]) -> Result<Tensor> {
     let kind = kind_from_code(d.dtype)
         .ok_or_else(|| Error::runtime(format!("unknown tensor dtype code {}", d.dtype)))?;
-    if d.size.len() != d.stride.len() || d.size.len() > 64 {
+    if d.size.len() != d.stride.len() || d.size.len() > MAX_DIMS {
         return Err(Error::runtime(
             "tensor descriptor with mismatched size and strides",
         ));

@@ -159,3 +159,39 @@ fn a_blob_allocated_flat_still_decodes_its_sole_user() {
         assert_eq!(got[0].double_value(&[2, 1]), 5.0);
     }
 }
+
+#[test]
+fn a_hostile_sole_shape_is_never_allocated_and_its_descriptor_is_rejected() {
+    // Sizes whose product is the blob's 4 elements, but negative, or in
+    // more dimensions than any tensor may have.
+    let negative = vec![-1i64, -4];
+    let too_many = vec![1i64; 65];
+    for (size, why) in [
+        (
+            negative,
+            "tensor descriptor with negative sizes, strides or offset",
+        ),
+        (
+            too_many,
+            "tensor descriptor with mismatched size and strides",
+        ),
+    ] {
+        let wire = [WireTensor::Dense {
+            desc: DenseDesc {
+                dtype: 6,
+                // Strides that make it a contiguous view from the start.
+                stride: vec![1; size.len()],
+                size,
+                offset: 0,
+                blob: Some(0),
+            },
+            requires_grad: false,
+        }];
+        let shapes = sole_shapes(&wire, 1);
+        assert!(shapes[0].is_some(), "the header offers its shape");
+        let blob = DecodedBlob::new(BlobDesc { dtype: 6, len: 16 }, shapes[0]).unwrap();
+        assert_eq!(blob.tensor.size(), vec![4], "allocated flat");
+        let err = decode_tensors(&wire, &[blob], &[]).unwrap_err();
+        assert!(err.message().contains(why), "{}", err.message());
+    }
+}
