@@ -123,17 +123,53 @@ impl Deadlines {
 mod tests {
     use super::*;
     use std::time::Duration;
+    use tokio::task::JoinHandle;
+
+    /// A sweeper over fresh deadlines, recording which calls it expired
+    /// and when.
+    struct Sweeping {
+        deadlines: Arc<Deadlines>,
+        fired: Arc<Mutex<Vec<(u64, Instant)>>>,
+        sweeper: JoinHandle<()>,
+        start: Instant,
+    }
+
+    impl Sweeping {
+        fn start() -> Self {
+            let deadlines = Arc::new(Deadlines::default());
+            let fired = Arc::new(Mutex::new(Vec::new()));
+            let record = fired.clone();
+            let sweeper = tokio::spawn(deadlines.clone().sweep(move |id| {
+                record.lock().unwrap().push((id, Instant::now()));
+                true
+            }));
+            Sweeping {
+                deadlines,
+                fired,
+                sweeper,
+                start: Instant::now(),
+            }
+        }
+
+        /// The calls expired so far, with when, from the start.
+        fn fired(&self) -> Vec<(u64, Duration)> {
+            let fired = self.fired.lock().unwrap();
+            fired
+                .iter()
+                .map(|(id, at)| (*id, *at - self.start))
+                .collect()
+        }
+
+        async fn stop(self) {
+            self.deadlines.stop();
+            self.sweeper.await.unwrap();
+        }
+    }
 
     #[tokio::test(start_paused = true)]
     async fn expires_in_deadline_order_and_skips_removed_calls() {
-        let d = Arc::new(Deadlines::default());
-        let fired = Arc::new(Mutex::new(Vec::new()));
-        let f = fired.clone();
-        let sweeper = tokio::spawn(d.clone().sweep(move |id| {
-            f.lock().unwrap().push((id, Instant::now()));
-            true
-        }));
-        let start = Instant::now();
+        let sweeping = Sweeping::start();
+        let (d, start) = (&sweeping.deadlines, sweeping.start);
         d.insert(start + Duration::from_millis(30), 3);
         d.insert(start + Duration::from_millis(10), 1);
         d.insert(start + Duration::from_millis(20), 2);
@@ -143,12 +179,7 @@ mod tests {
         d.insert(Instant::now() + Duration::from_millis(100), 5);
         d.insert(Instant::now() + Duration::from_millis(5), 4);
         tokio::time::sleep(Duration::from_millis(10)).await;
-        let got: Vec<(u64, Duration)> = fired
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(id, at)| (*id, *at - start))
-            .collect();
+        let got = sweeping.fired();
         assert_eq!(
             got,
             vec![
@@ -157,20 +188,13 @@ mod tests {
                 (4, Duration::from_millis(55)),
             ]
         );
-        d.stop();
-        sweeper.await.unwrap();
+        sweeping.stop().await;
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_later_deadline_expires_on_time_without_waking_the_sweeper() {
-        let d = Arc::new(Deadlines::default());
-        let fired = Arc::new(Mutex::new(Vec::new()));
-        let f = fired.clone();
-        let sweeper = tokio::spawn(d.clone().sweep(move |id| {
-            f.lock().unwrap().push((id, Instant::now()));
-            true
-        }));
-        let start = Instant::now();
+        let sweeping = Sweeping::start();
+        let (d, start) = (&sweeping.deadlines, sweeping.start);
         // Calls one after another: each ends before the next starts.
         d.insert(start + Duration::from_millis(10), 1);
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -182,14 +206,8 @@ mod tests {
         // Neither later deadline moved the sweeper's wake-up (DL-1).
         assert_eq!(d.lock().wakes_at, Some(start + Duration::from_millis(10)));
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let got: Vec<(u64, Duration)> = fired
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(id, at)| (*id, *at - start))
-            .collect();
+        let got = sweeping.fired();
         assert_eq!(got, vec![(2, Duration::from_millis(15))]);
-        d.stop();
-        sweeper.await.unwrap();
+        sweeping.stop().await;
     }
 }

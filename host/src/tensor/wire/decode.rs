@@ -255,6 +255,9 @@ pub(crate) fn decode_tensors(
             _ => Ok(t),
         }
     };
+    // Worked out here again, not taken from whoever allocated the blobs:
+    // handing a blob's own tensor out is safe only if this message's
+    // descriptors give it one user (WIRE-1).
     let sole = sole_shapes(wire, blobs.len());
     let decode = || -> Result<Vec<Tensor>> {
         let mut out = Vec::with_capacity(wire.len());
