@@ -294,8 +294,11 @@ impl DeviceInfo {
     }
 }
 
-/// `torch.cuda.device_count()`.
+/// `torch.cuda.device_count()`: 0 with a CPU libtorch.
 pub fn cuda_device_count() -> u32 {
+    if !wasmrpc_torch_sys::libtorch_has_cuda() {
+        return 0;
+    }
     u32::try_from(tch::Cuda::device_count()).unwrap_or(0)
 }
 

@@ -27,7 +27,19 @@ fn main() -> Result<()> {
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     let cxx11_abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".to_owned());
 
-    cc::Build::new()
+    // A CUDA libtorch: the shim links `torch_cuda` and references one of its
+    // symbols (`wrs_cuda_linked` in ops.cpp). The linker drops a shared
+    // library no object uses (`--as-needed`), and nothing in tch uses
+    // libtorch_cuda.so directly; without it loaded, libtorch registers no
+    // CUDA hooks and sees no device on a GPU machine
+    // (`torch::cuda::device_count()` is 0), as the first GPU run showed.
+    let cuda = lib.join("libtorch_cuda.so").exists();
+
+    let mut build = cc::Build::new();
+    if cuda {
+        build.define("WRS_WITH_CUDA", None);
+    }
+    build
         .cpp(true)
         .pic(true)
         .warnings(false)
@@ -51,6 +63,14 @@ fn main() -> Result<()> {
         .compile("wasmrpc_torch_shim");
 
     println!("cargo:rustc-link-search=native={}", lib.display());
+    if cuda {
+        println!("cargo:rustc-link-lib=torch_cuda");
+    }
+    // Tells the tests whether libtorch_cuda.so must be loaded.
+    println!(
+        "cargo:rustc-env=WASMRPC_TORCH_CUDA_BUILD={}",
+        u8::from(cuda)
+    );
     println!("cargo:rustc-link-lib=torch_cpu");
     println!("cargo:rustc-link-lib=c10");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());

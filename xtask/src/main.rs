@@ -10,6 +10,9 @@
 //! - `bench`: set-up, then the benchmark suite beside torch.distributed.rpc;
 //!   `bench collectives`: the c10d collectives beside torch.distributed's
 //!   Gloo.
+//! - `gpu-bundle`: the GPU-relevant tests built against another PyTorch's
+//!   libtorch (that of the GPU machines' image), packed to run there
+//!   without a Rust toolchain.
 //!
 //! Each command reuses what an earlier run installed, so a second run starts
 //! in seconds.
@@ -17,6 +20,7 @@
 mod bench;
 mod coverage;
 mod demo;
+mod gpu_bundle;
 mod process;
 mod setup;
 
@@ -60,6 +64,18 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         bench_args: Vec<String>,
     },
+    /// Build the ported seed suites and the c10d engine tests against the
+    /// libtorch of another PyTorch release (torch's wheel from PyPI, into
+    /// the cache folder) and pack them into
+    /// `target/gpu-bundle/wasmrpc-gpu-torch-VERSION/`: a nextest archive,
+    /// cargo-nextest and `run.sh`, which runs them on a machine with a GPU
+    /// and that PyTorch but no Rust toolchain, in a checkout of the same
+    /// commit, and writes a JUnit report.
+    GpuBundle {
+        /// The PyTorch release whose libtorch the tests load there.
+        #[arg(long, default_value = gpu_bundle::DEFAULT_TORCH)]
+        torch: String,
+    },
 }
 
 fn main() -> Result<()> {
@@ -84,6 +100,9 @@ fn main() -> Result<()> {
         Command::Bench { bench_args } => {
             setup::run(&root)?;
             bench::run(&root, &bench_args)?;
+        }
+        Command::GpuBundle { torch } => {
+            gpu_bundle::run(&root, &torch)?;
         }
     }
     Ok(())

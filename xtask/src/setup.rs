@@ -39,7 +39,8 @@ const GLOO_DEB_SHA256: &str = "80529c9fd8af452faf489e686b94bf87075965c4067380381
 const DEBIAN_MIRROR: &str = "https://deb.debian.org/debian";
 
 /// Makes sure everything is installed and linked; cheap when it already is.
-pub(crate) fn run(root: &Path) -> Result<()> {
+/// Returns the venv holding torch.
+pub(crate) fn run(root: &Path) -> Result<PathBuf> {
     let started = Instant::now();
     ensure_wasm_target()?;
     let venv = ensure_torch_venv()?;
@@ -52,7 +53,7 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         started.elapsed().as_secs_f64(),
         venv.display()
     );
-    Ok(())
+    Ok(venv)
 }
 
 /// componentize-py (PyPI) in `~/.cache/wasmrpc/componentize-py-VERSION`,
@@ -86,7 +87,7 @@ fn ensure_wasm_target() -> Result<()> {
 }
 
 /// The cache folder: `${XDG_CACHE_HOME:-$HOME/.cache}/wasmrpc`.
-fn cache_dir() -> Result<PathBuf> {
+pub(crate) fn cache_dir() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
         return Ok(PathBuf::from(dir).join("wasmrpc"));
     }
@@ -190,7 +191,7 @@ fn ensure_cuda_headers(venv: &Path) -> Result<()> {
 }
 
 /// The venv's `site-packages/torch`, if it has `libtorch_cpu.so`.
-fn torch_dir(venv: &Path) -> Result<Option<PathBuf>> {
+pub(crate) fn torch_dir(venv: &Path) -> Result<Option<PathBuf>> {
     let site = venv.join("lib");
     Ok(std::fs::read_dir(&site)
         .with_context(|| format!("no lib folder in {}", venv.display()))?
@@ -314,7 +315,7 @@ fn link_env(root: &Path, venv: &Path, gloo: &Path) -> Result<()> {
     Ok(())
 }
 
-fn relink(link: &Path, target: &Path) -> Result<()> {
+pub(crate) fn relink(link: &Path, target: &Path) -> Result<()> {
     if std::fs::read_link(link).ok().as_deref() == Some(target) {
         return Ok(());
     }

@@ -34,6 +34,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 struct wrc_out {
@@ -344,6 +345,20 @@ void wrc_backend_name(wrc_backend* b, wrc_out* out) {
     out->items.push_back(b->backend->getBackendName());
   } catch (...) {
     set_error(out, current_message());
+  }
+}
+
+int32_t wrc_backend_has_alltoall(wrc_backend* b) {
+  // ProcessGroupGloo implements the list form of all-to-all from libtorch
+  // 2.12 on; before, `&ProcessGroupGloo::alltoall` names Backend's, which
+  // throws. NCCL has both forms in every release the shim compiles for.
+  constexpr bool gloo_declares_alltoall = !std::is_same_v<
+      decltype(&c10d::ProcessGroupGloo::alltoall),
+      decltype(&c10d::Backend::alltoall)>;
+  try {
+    return gloo_declares_alltoall || b->backend->getBackendName() != "gloo";
+  } catch (...) {
+    return 0;
   }
 }
 

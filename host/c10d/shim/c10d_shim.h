@@ -97,6 +97,9 @@ wrc_backend* wrc_nccl_new(
 
 // The engine's `getBackendName()` into `out[0]`.
 void wrc_backend_name(wrc_backend* b, wrc_out* out);
+/* 1 if the engine implements the list form of all-to-all (`alltoall`),
+ * 0 if only `alltoall_base` (libtorch 2.11's Gloo). */
+int32_t wrc_backend_has_alltoall(wrc_backend* b);
 // `shutdown()`: pending and later operations fail.
 void wrc_backend_shutdown(wrc_backend* b);
 void wrc_backend_free(wrc_backend* b);

@@ -518,18 +518,22 @@ mod python_process_group_extension_test {
 mod process_group_with_dispatched_collectives_tests {
     use super::*;
 
-    /// The seed only runs this when both gloo and NCCL are available; here
-    /// NCCL never is, and the default (gloo on cpu and cuda) is what is
-    /// tested.
+    /// The seed runs this when both gloo and NCCL are available: the
+    /// default group then creates both, gloo for cpu and NCCL for cuda.
+    /// Without a GPU (NCCL refuses to be constructed) the default keeps cuda
+    /// on gloo, and that is what runs.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn test_init_process_group_optional_backend() {
         run_ranks(1, |rank, file| async move {
+            let nccl = wasmrpc_c10d::is_nccl_available() && tch::Cuda::is_available();
             let world = init(None, rank, 1, &file).await;
-            assert_eq!(
-                world.backend_config().unwrap().to_string(),
-                "cpu:gloo,cuda:gloo"
-            );
-            assert_eq!(world.default_group().unwrap().name(), "gloo");
+            let (config, name) = if nccl {
+                ("cpu:gloo,cuda:nccl", "cpu:gloo,cuda:nccl")
+            } else {
+                ("cpu:gloo,cuda:gloo", "gloo")
+            };
+            assert_eq!(world.backend_config().unwrap().to_string(), config);
+            assert_eq!(world.default_group().unwrap().name(), name);
             world.destroy_process_group(None).unwrap();
             assert!(!world.is_initialized());
         })

@@ -154,6 +154,17 @@ pub(super) fn remote_inner(
         });
         return Ok(RRef::from_owner(state, Some(agent)));
     }
+    // A CUDA tensor with no device map toward the owner can never leave:
+    // PyTorch's agent finds that while sending, inside `rpc.remote()`, which
+    // raises; so does this, before any RRef state exists (the send's own
+    // failure would surface only as a fetch that times out).
+    crate::device::devices_for(
+        agent,
+        &dst.name,
+        crate::device::MapDirection::Request,
+        &tensors,
+    )
+    .map_err(|e| e.context_line(format!("remote() of {function} on {}", dst.name)))?;
     let fork_id = ctx.new_id(agent);
     wire_positional[1] = id_value(fork_id);
     wire_positional.extend(positional);

@@ -75,13 +75,25 @@ struct Overload {
 
 }  // namespace
 
+#ifdef WRS_WITH_CUDA
+// Defined in libtorch_cuda.so; declared here so that the shim needs no CUDA
+// header (its signature is the same from libtorch 2.11 to 2.13).
+namespace at::cuda::detail {
+void set_magma_init_fn(void (*fn)());
+}  // namespace at::cuda::detail
+#endif
+
 struct wrs_op {
   std::string name;
   std::vector<Overload> overloads;
 };
 
 struct wrs_node {
-  c10::intrusive_ptr<torch::autograd::Node> node;
+  // libtorch 2.13 holds autograd nodes in `c10::intrusive_ptr`, earlier
+  // releases in `std::shared_ptr`: take whatever `grad_fn()` returns, so the
+  // shim builds against the libtorch a GPU image ships (`cargo xtask
+  // gpu-bundle`) as well as against the one tch expects.
+  std::remove_cvref_t<decltype(std::declval<const at::Tensor&>().grad_fn())> node;
 };
 
 namespace {
@@ -1366,6 +1378,18 @@ void on_op_end(const at::RecordFunction&, at::ObserverContext* ctx) {
 }  // namespace
 
 extern "C" {
+
+int32_t wrs_cuda_linked(void) {
+#ifdef WRS_WITH_CUDA
+  // A reference the linker resolves against libtorch_cuda.so, which keeps
+  // that library among the binary's needed ones (see build.rs): loading it
+  // registers libtorch's CUDA hooks.
+  static void (*volatile anchor)(void (*)()) = &at::cuda::detail::set_magma_init_fn;
+  return anchor != nullptr ? 1 : 0;
+#else
+  return 0;
+#endif
+}
 
 int32_t wrs_profile_start(uint32_t options) {
   if (tl_profile.handle.has_value()) {

@@ -195,6 +195,10 @@ typedef struct wrs_op_event {
   int64_t cpu_memory_bytes;
 } wrs_op_event;
 
+// 1 if the shim was built against a CUDA libtorch and links libtorch_cuda.so
+// (whose loading registers libtorch's CUDA hooks), 0 otherwise.
+int32_t wrs_cuda_linked(void);
+
 // Starts recording on this thread (clearing what an earlier window kept),
 // with the WRS_PROFILE_* bits of `options`. Returns 0, or a negative value
 // if a window is already open (-1) or it could not start (-2).

@@ -119,3 +119,11 @@ pub use op::{
 pub use profile::{OpEvent, RecordOptions, record_ops};
 pub use value::{MAX_NESTING, OpValue, kind_code, kind_of_code};
 pub use wasmrpc_abi::ErrorKind;
+
+/// Whether this build links a CUDA libtorch (`libtorch_cuda.so`). Without
+/// it no CUDA device is ever seen, GPU or not. Calling this also keeps that
+/// library linked into every binary that asks (see the build script).
+pub fn libtorch_has_cuda() -> bool {
+    // SAFETY: no arguments, no state.
+    unsafe { ffi::wrs_cuda_linked() != 0 }
+}

@@ -1103,3 +1103,15 @@ fn tensor_hooks_map_gradients_in_local_backward_and_in_grad() {
         "{err}"
     );
 }
+
+/// A CUDA libtorch is loaded, not only linked against: the linker drops
+/// `libtorch_cuda.so` unless the shim's anchor keeps it, and without it
+/// libtorch sees no GPU at all. Checked on any machine, through the
+/// process's own mappings.
+#[test]
+fn a_cuda_build_loads_libtorch_cuda() {
+    let cuda_build = env!("WASMRPC_TORCH_CUDA_BUILD") == "1";
+    assert_eq!(wasmrpc_torch_sys::libtorch_has_cuda(), cuda_build);
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    assert_eq!(maps.contains("/libtorch_cuda.so"), cuda_build);
+}
