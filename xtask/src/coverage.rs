@@ -5,6 +5,10 @@
 //! A seed test is marked passing only when a test of the same name ran in
 //! that report and passed without printing a skip marker.
 
+mod gpu_run;
+
+pub(crate) use gpu_run::import as import_gpu_run;
+
 use anyhow::{Context, Result};
 use quick_xml::Reader;
 use quick_xml::events::Event;
@@ -141,43 +145,32 @@ pub(crate) fn regenerate(root: &Path) -> Result<Report> {
             Status::NotApplicable(why)
         } else {
             let needs_suite = ambiguous[&(s.file.as_str(), s.test.as_str())] > 1;
-            let suite = snake_case(&s.suite);
-            let matched: Vec<&Outcome> = cases
-                .iter()
-                .filter(|(path, _)| {
-                    let parts: Vec<&str> = path.split("::").collect();
-                    parts.last() == Some(&s.test.as_str())
-                        && parts.contains(&s.file.as_str())
-                        && (!needs_suite || parts.contains(&suite.as_str()))
-                })
-                .map(|(_, o)| o)
-                .collect();
-            if matched.is_empty() {
-                if defined.contains(&s.test) {
-                    Status::NotRun
-                } else {
-                    Status::NotPorted(
-                        not_yet
-                            .get(&(s.file.clone(), s.test.clone()))
-                            .or_else(|| not_yet.get(&(s.file.clone(), s.area.clone())))
-                            .or_else(|| not_yet.get(&(s.file.clone(), "*".into())))
-                            .cloned(),
-                    )
-                }
-            } else if matched.iter().any(|o| matches!(o, Outcome::Failed)) {
-                Status::Failing
-            } else if let Some(Outcome::Skipped(why)) =
-                matched.iter().find(|o| matches!(o, Outcome::Skipped(_)))
-            {
-                Status::Skipped(why.clone())
-            } else {
-                Status::Passing
+            match outcome_of(s, &cases, needs_suite) {
+                Some(status) => status,
+                None if defined.contains(&s.test) => Status::NotRun,
+                None => Status::NotPorted(
+                    not_yet
+                        .get(&(s.file.clone(), s.test.clone()))
+                        .or_else(|| not_yet.get(&(s.file.clone(), s.area.clone())))
+                        .or_else(|| not_yet.get(&(s.file.clone(), "*".into())))
+                        .cloned(),
+                ),
             }
         };
         rows.push((s, status));
     }
 
-    let markdown = render(&rows, junit_path.exists());
+    let mut markdown = render(&rows, junit_path.exists());
+    if let Some(run) = gpu_run::newest(root)? {
+        let with_gpu: Vec<(&SeedTest, Status, Option<Status>)> = rows
+            .iter()
+            .map(|(s, st)| {
+                let needs_suite = ambiguous[&(s.file.as_str(), s.test.as_str())] > 1;
+                (*s, st.clone(), outcome_of(s, &run.cases, needs_suite))
+            })
+            .collect();
+        markdown.push_str(&gpu_run::render(&run, &with_gpu));
+    }
     std::fs::write(root.join("tests/SEED_COVERAGE.md"), markdown)?;
 
     let mut counts = BTreeMap::new();
@@ -200,6 +193,35 @@ pub(crate) fn regenerate(root: &Path) -> Result<Report> {
             .filter(|(_, o)| matches!(o, Outcome::Skipped(_)))
             .count(),
     })
+}
+
+/// What `cases` say of seed test `s`: failing if any test of its name
+/// failed, skipped if one skipped, passing if all passed; `None` if none ran.
+/// A test matches by its name, inside a module named after the seed file
+/// (and after the suite when `needs_suite`: the name is shared by several).
+fn outcome_of(s: &SeedTest, cases: &[(String, Outcome)], needs_suite: bool) -> Option<Status> {
+    let suite = snake_case(&s.suite);
+    let matched: Vec<&Outcome> = cases
+        .iter()
+        .filter(|(path, _)| {
+            let parts: Vec<&str> = path.split("::").collect();
+            parts.last() == Some(&s.test.as_str())
+                && parts.contains(&s.file.as_str())
+                && (!needs_suite || parts.contains(&suite.as_str()))
+        })
+        .map(|(_, o)| o)
+        .collect();
+    if matched.is_empty() {
+        None
+    } else if matched.iter().any(|o| matches!(o, Outcome::Failed)) {
+        Some(Status::Failing)
+    } else if let Some(Outcome::Skipped(why)) =
+        matched.iter().find(|o| matches!(o, Outcome::Skipped(_)))
+    {
+        Some(Status::Skipped(why.clone()))
+    } else {
+        Some(Status::Passing)
+    }
 }
 
 fn render(rows: &[(&SeedTest, Status)], had_report: bool) -> String {

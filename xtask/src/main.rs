@@ -6,7 +6,8 @@
 //! - `test`: set-up, then format check, lints, every test, the ported
 //!   suites again with every test cluster over TLS, and the seed coverage
 //!   table.
-//! - `coverage`: regenerates `tests/SEED_COVERAGE.md` from the last test run.
+//! - `coverage`: regenerates `tests/SEED_COVERAGE.md` from the last test run
+//!   and the newest GPU run record (`--gpu-run DIR` imports one first).
 //! - `bench`: set-up, then the benchmark suite beside torch.distributed.rpc;
 //!   `bench collectives`: the c10d collectives beside torch.distributed's
 //!   Gloo.
@@ -51,8 +52,14 @@ enum Command {
         #[arg(trailing_var_arg = true)]
         nextest_args: Vec<String>,
     },
-    /// Regenerate `tests/SEED_COVERAGE.md` from the last `cargo xtask test`.
-    Coverage,
+    /// Regenerate `tests/SEED_COVERAGE.md` from the last `cargo xtask test`
+    /// and the newest GPU run record (`tests/gpu-runs/`).
+    Coverage {
+        /// First import a GPU run: the folder where the gpu-bundle's
+        /// `run.sh --out DIR` wrote `junit.xml` and `machine.txt`.
+        #[arg(long, value_name = "DIR")]
+        gpu_run: Option<PathBuf>,
+    },
     /// Set up, then run the benchmark suite: wasmrpc beside
     /// torch.distributed.rpc and the machine's raw limits, one table of ratios.
     /// `bench collectives [--quick] [--rounds N]`: the c10d collectives
@@ -93,7 +100,11 @@ fn main() -> Result<()> {
             setup::run(&root)?;
             run_tests(&root, &nextest_args)?;
         }
-        Command::Coverage => {
+        Command::Coverage { gpu_run } => {
+            if let Some(dir) = gpu_run {
+                let record = coverage::import_gpu_run(&root, &dir)?;
+                println!("coverage: GPU run recorded in {}", record.display());
+            }
             let report = coverage::regenerate(&root)?;
             println!("{}", report.summary_line());
         }
