@@ -219,6 +219,44 @@ def main_group(rank, port, cfg):
     rpc.shutdown()
 
 
+def cuda_group(rank, port, cfg):
+    """cuda_echo_64m: a 64 MiB CUDA tensor echoed with the device map
+    cuda:0 -> cuda:0 (responses through its inverse), each call followed by
+    a device synchronisation, as the Rust side does."""
+    opts = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{port}", rpc_timeout=120)
+    if rank == 0:
+        opts.set_device_map("worker1", {0: 0})
+    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=2, rpc_backend_options=opts)
+    if rank == 0:
+        try:
+            progress("torch: echo of a 64 MiB CUDA tensor, device map cuda:0 -> cuda:0")
+            t = torch.rand((64 << 20) // 4, device="cuda:0")
+
+            def call():
+                back = rpc.rpc_sync("worker1", echo, args=(t,))
+                torch.cuda.synchronize(0)
+                return back
+
+            back = call()
+            if back.device != t.device or not torch.equal(back, t):
+                raise RuntimeError(f"the CUDA echo returned a different tensor (on {back.device})")
+            n = 5 if cfg.quick else 20
+            latency_row("cuda_echo_64m", timed_calls(n, max(1, n // 10), call), bytes=64 << 20)
+        except Exception as e:  # report, and still shut down
+            emit({"row": "cuda_echo_64m", "na": f"failed: {type(e).__name__}: {e}"})
+    rpc.shutdown()
+
+
+def run_cuda(cfg, ctx):
+    if not wanted(cfg, "cuda_echo_64m"):
+        return
+    if not torch.cuda.is_available():
+        emit({"row": "cuda_echo_64m", "na": "no GPU"})
+        return
+    progress("torch: starting a group of 2 workers, device map cuda:0 -> cuda:0")
+    mp.start_processes(cuda_group, args=(free_port(), cfg), nprocs=2, join=True, start_method="spawn")
+
+
 # ---- init_rpc + shutdown, and all-to-all, each in a group of its own ----
 
 
@@ -300,6 +338,7 @@ def main():
     if any(wanted(cfg, r) for r in main_rows):
         progress("torch: starting a group of 2 workers")
         mp.start_processes(main_group, args=(free_port(), cfg), nprocs=2, join=True, start_method="spawn")
+    run_cuda(cfg, ctx)
     run_init(cfg, ctx)
     run_all_to_all(cfg, ctx)
     emit({"done": True})

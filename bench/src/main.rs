@@ -13,6 +13,7 @@
 //! Sides run one after the other, never at once. Only ratios within one run
 //! mean anything: absolute numbers drift with the machine and its load.
 
+mod cuda;
 mod limit;
 mod ours;
 mod plot;
@@ -320,6 +321,11 @@ fn suite(cli: &Cli) -> Result<()> {
     {
         let why = format!("n/a (failed: {e:#})");
         tls_rows.iter().for_each(|r| res.na(Side::Ours, r, &why));
+    }
+    if wanted(only, cuda::ROW)
+        && let Err(e) = rt.block_on(cuda::cuda_group(&cfg, &mut res, &progress))
+    {
+        res.na(Side::Ours, cuda::ROW, format!("n/a (failed: {e:#})"));
     }
     for world in [2, 4, 8] {
         let row = format!("init_w{world}");

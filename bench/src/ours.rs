@@ -133,17 +133,7 @@ impl Drop for Children {
 }
 
 pub(crate) fn worker_args(cfg: &Config, method: &str, rank: u32, world: u32) -> Vec<String> {
-    let mut args = vec![
-        "worker".into(),
-        "--init-method".into(),
-        method.into(),
-        "--rank".into(),
-        rank.to_string(),
-        "--world-size".into(),
-        world.to_string(),
-        "--threads".into(),
-        cfg.threads.to_string(),
-    ];
+    let mut args = plain_worker_args(cfg, method, rank, world);
     if world == 2 {
         // The group of the per-call rows serves the seed functions'
         // plugins, in Rust and in Python.
@@ -153,6 +143,21 @@ pub(crate) fn worker_args(cfg: &Config, method: &str, rank: u32, world: u32) -> 
         }
     }
     args
+}
+
+/// A worker's arguments with no plugin: it serves the bench functions only.
+pub(crate) fn plain_worker_args(cfg: &Config, method: &str, rank: u32, world: u32) -> Vec<String> {
+    vec![
+        "worker".into(),
+        "--init-method".into(),
+        method.into(),
+        "--rank".into(),
+        rank.to_string(),
+        "--world-size".into(),
+        world.to_string(),
+        "--threads".into(),
+        cfg.threads.to_string(),
+    ]
 }
 
 /// Resident memory of process `pid`, in MiB.

@@ -96,6 +96,7 @@ pub(crate) const ROWS: &[Row] = &[
     row("rtt_noop_native_tls", "round trip, no-op(int), native fn, TLS", Unit::Micros, None, None, None),
     row("async_128_tls", "async calls/s, 128 in flight, TLS", Unit::Rate, None, None, None),
     row("echo_64m_tls", "echo a 64 MiB tensor, TLS", Unit::Micros, None, None, Some(64 << 20)),
+    row("cuda_echo_64m", "echo a 64 MiB CUDA tensor, device map cuda:0 -> cuda:0", Unit::Micros, Some("cuda_echo_64m"), None, Some(64 << 20)),
     row("remote_to_here", "remote() + to_here(), no-op(int)", Unit::Micros, Some("remote_to_here"), None, None),
     row("dist_autograd_16", "dist autograd step, remote 16x16 matmul", Unit::Micros, Some("dist_autograd_16"), None, None),
     row("dist_autograd_256", "dist autograd step, remote 256x256 matmul", Unit::Micros, Some("dist_autograd_256"), None, None),

@@ -122,6 +122,33 @@ pub(crate) async fn join(
     tls: Option<wasmrpc::TlsCredentials>,
     shared_memory: bool,
 ) -> Result<RpcAgent> {
+    let options = options(tls, shared_memory);
+    join_with(init_method, rank, world_size, plugins, options).await
+}
+
+/// The options every bench worker starts from.
+pub(crate) fn options(
+    tls: Option<wasmrpc::TlsCredentials>,
+    shared_memory: bool,
+) -> RpcBackendOptions {
+    RpcBackendOptions {
+        rpc_timeout: Duration::from_secs(300),
+        init_timeout: Duration::from_secs(120),
+        tls,
+        shared_memory,
+        busy_poll: busy_poll().unwrap_or(wasmrpc::DEFAULT_BUSY_POLL),
+        ..RpcBackendOptions::default()
+    }
+}
+
+/// [`join`] with `options` (e.g. a device map).
+pub(crate) async fn join_with(
+    init_method: &str,
+    rank: u32,
+    world_size: u32,
+    plugins: &[std::path::PathBuf],
+    options: RpcBackendOptions,
+) -> Result<RpcAgent> {
     let (store, _, _) = wasmrpc::store::rendezvous(
         init_method,
         i64::from(rank),
@@ -130,14 +157,6 @@ pub(crate) async fn join(
     )
     .await
     .with_context(|| format!("rendezvous of rank {rank} through {init_method}"))?;
-    let options = RpcBackendOptions {
-        rpc_timeout: Duration::from_secs(300),
-        init_timeout: Duration::from_secs(120),
-        tls,
-        shared_memory,
-        busy_poll: busy_poll().unwrap_or(wasmrpc::DEFAULT_BUSY_POLL),
-        ..RpcBackendOptions::default()
-    };
     register(&options.registry);
     for path in plugins {
         wasmrpc::PluginHost::shared()

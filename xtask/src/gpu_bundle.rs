@@ -393,6 +393,7 @@ fn pack_nextest(bundle: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Sets `path`'s mode to 0755.
 fn make_executable(path: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
@@ -411,6 +412,7 @@ fn commit(root: &Path) -> String {
     format!("{}{}", head.trim(), if dirty { "-dirty" } else { "" })
 }
 
+/// The bytes of the files directly in `dir` (the bundle is flat).
 fn folder_size(dir: &Path) -> Result<u64> {
     let mut total = 0;
     for entry in std::fs::read_dir(dir)? {

@@ -71,8 +71,8 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         bench_args: Vec<String>,
     },
-    /// Build the ported seed suites and the c10d engine tests against the
-    /// libtorch of another PyTorch release (torch's wheel from PyPI, into
+    /// Build the ported seed suites, the shim's op tests and the c10d engine
+    /// tests against the libtorch of another PyTorch release (torch's wheel from PyPI, into
     /// the cache folder) and pack them into
     /// `target/gpu-bundle/wasmrpc-gpu-torch-VERSION/`: a nextest archive,
     /// cargo-nextest and `run.sh`, which runs them on a machine with a GPU
