@@ -40,6 +40,8 @@ const TESTS: &[(&str, &str)] = &[
 const COMPAT_HEADER: &str = "xtask/gpu-bundle/tch-compat.h";
 /// The script that runs the bundle on the GPU machine.
 const RUN_SCRIPT: &str = "xtask/gpu-bundle/run.sh";
+/// The script that runs the bench (`--bench`) there.
+const BENCH_SCRIPT: &str = "xtask/gpu-bundle/run-bench.sh";
 /// Where the plugins' .wasm files are, relative to the target folder.
 const PLUGINS_REL: &str = "wasm-plugins/wasm32-unknown-unknown/release";
 /// Written into the libtorch folder once it is complete.
@@ -47,8 +49,9 @@ const READY_STAMP: &str = ".wasmrpc-ready";
 /// What the device tool carries at most in one call.
 const CARRY_LIMIT: u64 = 64 << 20;
 
-/// Builds the bundle for torch `version` and returns its folder.
-pub(crate) fn run(root: &Path, version: &str) -> Result<PathBuf> {
+/// Builds the bundle for torch `version` (and, with `bench`, the bench
+/// beside it) and returns its folder.
+pub(crate) fn run(root: &Path, version: &str, bench: bool) -> Result<PathBuf> {
     let venv = setup::run(root)?;
     let site = ensure_libtorch(&venv, version)?;
     let torch = site.join("torch");
@@ -105,6 +108,20 @@ pub(crate) fn run(root: &Path, version: &str) -> Result<PathBuf> {
          {}/run.sh --out OUT [nextest filters]",
         bundle.strip_prefix(root).unwrap_or(&bundle).display()
     );
+    if bench {
+        let dir = out.join(format!("wasmrpc-gpu-bench-torch-{version}"));
+        step(&format!(
+            "gpu-bundle: building the bench (release) against libtorch {version} into {}",
+            dir.display()
+        ));
+        build_bench(root, &torch, &target, &dir)?;
+        println!(
+            "gpu-bundle: the bench: {}/run-bench.sh [wasmrpc-bench flags, e.g. --only cuda], \
+             in a checkout of the same commit at {}",
+            dir.strip_prefix(root).unwrap_or(&dir).display(),
+            root.display()
+        );
+    }
     Ok(bundle)
 }
 
@@ -325,16 +342,30 @@ fn torch_sys_dir(root: &Path) -> Result<PathBuf> {
         .to_path_buf())
 }
 
-/// Builds [`TESTS`] against `torch` into `target` and archives them, with
-/// the plugins, into `archive` (`cargo nextest archive`, profile
-/// `gpu-bundle` of `.config/nextest.toml`).
-fn build_archive(root: &Path, torch: &Path, target: &Path, archive: &Path) -> Result<()> {
-    setup::ensure_nextest()?;
+/// A cargo command that builds against `torch` into `target`.
+fn cargo_against(root: &Path, torch: &Path, target: &Path) -> Command {
     let compat = root.join(COMPAT_HEADER);
     let mut cxxflags = format!("-include {}", compat.display());
     if let Ok(more) = std::env::var("CXXFLAGS") {
         cxxflags = format!("{more} {cxxflags}");
     }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(root)
+        .env("LIBTORCH", torch)
+        // tch checks the version it was generated for; the compat header is
+        // what makes an older one build.
+        .env("LIBTORCH_BYPASS_VERSION_CHECK", "1")
+        .env("CXXFLAGS", cxxflags)
+        .env("CARGO_TARGET_DIR", target);
+    cmd
+}
+
+/// Builds [`TESTS`] against `torch` into `target` and archives them, with
+/// the plugins, into `archive` (`cargo nextest archive`, profile
+/// `gpu-bundle` of `.config/nextest.toml`).
+fn build_archive(root: &Path, torch: &Path, target: &Path, archive: &Path) -> Result<()> {
+    setup::ensure_nextest()?;
     let mut args: Vec<String> = ["nextest", "archive", "--profile", "gpu-bundle"]
         .map(String::from)
         .to_vec();
@@ -349,22 +380,43 @@ fn build_archive(root: &Path, torch: &Path, target: &Path, archive: &Path) -> Re
     }
     args.push("--archive-file".into());
     args.push(archive.display().to_string());
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     process::run(
-        Command::new(cargo)
+        cargo_against(root, torch, target)
             .args(&args)
-            .current_dir(root)
-            .env("LIBTORCH", torch)
-            // tch checks the version it was generated for; the compat
-            // header is what makes an older one build.
-            .env("LIBTORCH_BYPASS_VERSION_CHECK", "1")
-            .env("CXXFLAGS", cxxflags)
-            .env("CARGO_TARGET_DIR", target)
             // Small enough to carry: no debug info (symbol names stay, for
             // panics' backtraces).
             .env("CARGO_PROFILE_DEV_DEBUG", "false")
             .env("CARGO_PROFILE_DEV_STRIP", "debuginfo"),
     )
+}
+
+/// Builds `wasmrpc-bench` (release) against `torch` into `target` and puts
+/// it, stripped of debug info, into `dir` beside `run-bench.sh`
+/// (`xtask/gpu-bundle/run-bench.sh`). About 36 MiB: it travels apart from
+/// the tests' bundle.
+fn build_bench(root: &Path, torch: &Path, target: &Path, dir: &Path) -> Result<()> {
+    process::run(cargo_against(root, torch, target).args([
+        "build",
+        "--release",
+        "-p",
+        "wasmrpc-bench",
+    ]))?;
+    if dir.exists() {
+        std::fs::remove_dir_all(dir)
+            .with_context(|| format!("could not remove the old {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(dir)?;
+    let bench = dir.join("wasmrpc-bench");
+    std::fs::copy(target.join("release").join("wasmrpc-bench"), &bench)?;
+    // Best effort: without binutils' strip the binary is only larger.
+    let _ = Command::new("strip")
+        .arg("--strip-debug")
+        .arg(&bench)
+        .status();
+    let script = dir.join("run-bench.sh");
+    std::fs::copy(root.join(BENCH_SCRIPT), &script)?;
+    make_executable(&script)?;
+    Ok(())
 }
 
 /// Puts the `cargo-nextest` binary that built the archive into the bundle,

@@ -82,6 +82,11 @@ enum Command {
         /// The PyTorch release whose libtorch the tests load there.
         #[arg(long, default_value = gpu_bundle::DEFAULT_TORCH)]
         torch: String,
+        /// Also build `wasmrpc-bench` (release) against it, into
+        /// `target/gpu-bundle/wasmrpc-gpu-bench-torch-VERSION/` with
+        /// `run-bench.sh` (its GPU row: `--only cuda`).
+        #[arg(long)]
+        bench: bool,
     },
 }
 
@@ -112,8 +117,8 @@ fn main() -> Result<()> {
             setup::run(&root)?;
             bench::run(&root, &bench_args)?;
         }
-        Command::GpuBundle { torch } => {
-            gpu_bundle::run(&root, &torch)?;
+        Command::GpuBundle { torch, bench } => {
+            gpu_bundle::run(&root, &torch, bench)?;
         }
     }
     Ok(())
