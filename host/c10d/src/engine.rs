@@ -699,42 +699,6 @@ fn nested(ts: &[Vec<Tensor>]) -> Option<(Vec<ffi::T>, usize, usize)> {
 }
 
 impl Engine {
-    /// The list form of all-to-all on an engine that has only the
-    /// single-tensor form: each side's list packed into one 1-D tensor, the
-    /// element counts as splits, the received parts copied back.
-    async fn alltoall_packed(
-        &self,
-        ctx: &OpContext,
-        outputs: Vec<Tensor>,
-        inputs: Vec<Tensor>,
-    ) -> Result<()> {
-        let flat: Vec<Tensor> = inputs.iter().map(|t| t.reshape([-1])).collect();
-        let packed_in = Tensor::f_cat(&flat, 0).map_err(|e| self.tensor_error(ctx, e))?;
-        let out_split: Vec<i64> = outputs.iter().map(|t| t.numel() as i64).collect();
-        let in_split: Vec<i64> = inputs.iter().map(|t| t.numel() as i64).collect();
-        let Some(first) = outputs.first() else {
-            return Ok(());
-        };
-        let options = (first.kind(), first.device());
-        let packed_out = Tensor::f_empty([out_split.iter().sum::<i64>()], options)
-            .map_err(|e| self.tensor_error(ctx, e))?;
-        self.alltoall_base(
-            ctx,
-            packed_out.shallow_clone(),
-            packed_in,
-            out_split.clone(),
-            in_split,
-        )
-        .await?;
-        let mut offset = 0;
-        for (mut out, n) in outputs.into_iter().zip(out_split) {
-            let part = packed_out.narrow(0, offset, n).view(out.size().as_slice());
-            out.f_copy_(&part).map_err(|e| self.tensor_error(ctx, e))?;
-            offset += n;
-        }
-        Ok(())
-    }
-
     fn error(&self, ctx: &OpContext, detail: String) -> Error {
         Error::Backend {
             backend: self.name.clone(),
@@ -1043,7 +1007,7 @@ impl CollectiveBackend for Engine {
         inputs: Vec<Tensor>,
     ) -> Result<()> {
         if !self.has_alltoall {
-            return self.alltoall_packed(ctx, outputs, inputs).await;
+            return self.alltoall_through_base(ctx, outputs, inputs).await;
         }
         let (outs, ins) = (ptrs(&outputs), ptrs(&inputs));
         let ms = millis(ctx.timeout);
