@@ -7,15 +7,13 @@
 
 use std::time::Duration;
 
-use anyhow::{Result, bail};
-use tch::{Device, Kind, Tensor};
-use wasmrpc::args;
+use anyhow::Result;
+use tch::Device;
 
-use crate::ours::{Children, Config, free_port, plain_worker_args, timed};
+use crate::ours::{Children, Config, echo, free_port, plain_worker_args};
 use crate::progress::Progress;
 use crate::rows::{Results, Side};
-use crate::stats::Stat;
-use crate::worker::{self, ECHO};
+use crate::worker;
 
 /// The row this module measures.
 pub(crate) const ROW: &str = "cuda_echo_64m";
@@ -34,32 +32,11 @@ pub(crate) async fn cuda_group(cfg: &Config, res: &mut Results, progress: &Progr
     options.set_device_map("worker1", [(0, 0)])?;
     let agent = worker::join_with(&method, 0, 2, &[], options).await?;
     progress.set("wasmrpc: echo of a 64 MiB CUDA tensor, device map cuda:0 -> cuda:0");
-    let r = echo(cfg, &agent).await;
+    // As the torch side's echo_64m counts.
+    let r = echo(cfg, &agent, Device::Cuda(0), BYTES, 5, 20).await;
     let s = agent.shutdown(true, Duration::ZERO).await;
     children.wait(Duration::from_secs(30)).await?;
     res.set(Side::Ours, ROW, r?);
     s?;
     Ok(())
-}
-
-async fn echo(cfg: &Config, agent: &wasmrpc::RpcAgent) -> Result<Stat> {
-    let t = Tensor::rand([(BYTES / 4) as i64], (Kind::Float, Device::Cuda(0)));
-    let call = || async {
-        let back = agent
-            .rpc_sync("worker1", ECHO, args![t.shallow_clone()])
-            .await;
-        tch::Cuda::synchronize(0);
-        back
-    };
-    let back = call().await?.as_tensor()?;
-    if back.device() != Device::Cuda(0) || !back.equal(&t) {
-        bail!(
-            "the CUDA echo returned a different tensor (on {:?})",
-            back.device()
-        );
-    }
-    // As the torch side's echo_64m counts.
-    let n = cfg.n(5, 20);
-    let s = timed(n, (n / 10).max(1), call).await?;
-    Ok(Stat::latencies(&s))
 }

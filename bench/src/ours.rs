@@ -324,7 +324,11 @@ async fn measure(
             continue;
         }
         progress.set(&format!("wasmrpc: echo of a {size} B tensor"));
-        res.set(Side::Ours, row, echo(cfg, agent, size, nq, nf).await?);
+        res.set(
+            Side::Ours,
+            row,
+            echo(cfg, agent, Device::Cpu, size, nq, nf).await?,
+        );
     }
 
     local_wasm_calls(cfg, agent, res, progress).await?;
@@ -431,28 +435,37 @@ async fn async_128(cfg: &Config, agent: &RpcAgent) -> Result<Stat> {
     Ok(Stat::value(rates[2], n))
 }
 
-/// Echoes of a `size`-byte tensor through `worker1` (`nq` or `nf` of them),
-/// after checking one comes back equal.
+/// Echoes of a `size`-byte tensor on `device` through `worker1` (`nq` or
+/// `nf` of them), after checking one comes back equal and on `device`. On a
+/// GPU every call is followed by a device synchronisation, so a sample times
+/// the data in place, not a call that only queued its copies.
 pub(crate) async fn echo(
     cfg: &Config,
     agent: &RpcAgent,
+    device: Device,
     size: usize,
     nq: usize,
     nf: usize,
 ) -> Result<Stat> {
-    let t = Tensor::rand([(size / 4) as i64], (Kind::Float, Device::Cpu));
-    let back = agent
-        .rpc_sync("worker1", ECHO, args![t.shallow_clone()])
-        .await?
-        .as_tensor()?;
-    if !back.equal(&t) {
-        bail!("echo of {size} bytes returned a different tensor");
+    let t = Tensor::rand([(size / 4) as i64], (Kind::Float, device));
+    let call = || async {
+        let back = agent
+            .rpc_sync("worker1", ECHO, args![t.shallow_clone()])
+            .await;
+        if let Device::Cuda(i) = device {
+            tch::Cuda::synchronize(i as i64);
+        }
+        back
+    };
+    let back = call().await?.as_tensor()?;
+    if back.device() != device || !back.equal(&t) {
+        bail!(
+            "echo of {size} bytes returned a different tensor (on {:?})",
+            back.device()
+        );
     }
     let n = cfg.n(nq, nf);
-    let s = timed(n, (n / 10).max(1), || {
-        agent.rpc_sync("worker1", ECHO, args![t.shallow_clone()])
-    })
-    .await?;
+    let s = timed(n, (n / 10).max(1), call).await?;
     Ok(Stat::latencies(&s))
 }
 
@@ -546,7 +559,7 @@ async fn tls_sample(
         if cfg.wanted("echo_64m_tls") {
             progress.set(&format!("wasmrpc: echo of a 64 MiB tensor, {what}"));
             let (_, size, nq, nf) = crate::limit::ECHO[2];
-            sample.echo = Some(echo(cfg, &agent, size, nq, nf).await?);
+            sample.echo = Some(echo(cfg, &agent, Device::Cpu, size, nq, nf).await?);
         }
         anyhow::Ok(sample)
     }

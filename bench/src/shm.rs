@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use anyhow::{Result, bail};
+use tch::Device;
 
 use crate::ours::{Children, Config, echo, free_port, worker_args};
 use crate::progress::Progress;
@@ -40,7 +41,7 @@ pub(crate) async fn rows(cfg: &Config, res: &mut Results, progress: &Progress) -
                 "wasmrpc: echo of a {size} B tensor, shared memory"
             ));
             let before = shared_bytes(&agent);
-            let stat = echo(cfg, &agent, size, nq, nf).await?;
+            let stat = echo(cfg, &agent, Device::Cpu, size, nq, nf).await?;
             if size >= 1 << 20 && shared_bytes(&agent) == before {
                 bail!("the echo of {size} bytes did not go through shared memory");
             }

@@ -158,7 +158,7 @@ pub(crate) fn render(run: &GpuRun, rows: &[(&SeedTest, Status, Option<Status>)])
     let gpu_rows: Vec<_> = rows.iter().filter(|(s, _, _)| s.needs != "-").collect();
     let mut totals: BTreeMap<&str, usize> = BTreeMap::new();
     for (_, cpu, gpu) in &gpu_rows {
-        *totals.entry(gpu_column(cpu, gpu.as_ref())).or_default() += 1;
+        *totals.entry(on_gpu(cpu, gpu.as_ref()).0).or_default() += 1;
     }
     let _ = writeln!(
         out,
@@ -172,11 +172,7 @@ pub(crate) fn render(run: &GpuRun, rows: &[(&SeedTest, Status, Option<Status>)])
     );
     out.push_str("| seed file | suite | test | in CI | on the GPU |\n|---|---|---|---|---|\n");
     for (s, cpu, gpu) in gpu_rows {
-        let on_gpu = match (cpu, gpu) {
-            (Status::NotApplicable(_), _) => "not applicable".to_string(),
-            (_, Some(status)) => status.cell(),
-            (_, None) => "not in the run".to_string(),
-        };
+        let (_, cell) = on_gpu(cpu, gpu.as_ref());
         let _ = writeln!(
             out,
             "| `{}` | {} | `{}` | {} | {} |",
@@ -184,17 +180,17 @@ pub(crate) fn render(run: &GpuRun, rows: &[(&SeedTest, Status, Option<Status>)])
             s.suite,
             s.test,
             cpu.column(),
-            on_gpu.replace('|', "\\|")
+            cell.replace('|', "\\|")
         );
     }
     out
 }
 
-/// The totals column of a seed test's GPU outcome.
-fn gpu_column(cpu: &Status, gpu: Option<&Status>) -> &'static str {
+/// A seed test's GPU outcome: its totals column and its table cell.
+fn on_gpu(cpu: &Status, gpu: Option<&Status>) -> (&'static str, String) {
     match (cpu, gpu) {
-        (Status::NotApplicable(_), _) => "not applicable",
-        (_, Some(status)) => status.column(),
-        (_, None) => "not in the run",
+        (Status::NotApplicable(_), _) => ("not applicable", "not applicable".into()),
+        (_, Some(status)) => (status.column(), status.cell()),
+        (_, None) => ("not in the run", "not in the run".into()),
     }
 }
