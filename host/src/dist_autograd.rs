@@ -88,9 +88,13 @@
 //! - DA-8: releasing a context removes it locally, fails its running pass,
 //!   and sends a cleanup request to every known worker (retried), which
 //!   release theirs if present and forward it to their own known workers.
+//!   A request carries every context released for that worker within
+//!   `cleanup::BATCH_WINDOW` (5 ms) of the first; a graceful shutdown
+//!   sends what is queued at once and waits for the answers.
 //! - DA-9: nothing a peer sends panics: unknown contexts, message ids,
 //!   gradient counts and shapes are errors.
 
+mod cleanup;
 mod context;
 mod engine;
 mod graph;
@@ -116,6 +120,7 @@ pub use wire::{AutogradEnvelope, AutogradMessage, CLEANUP_AUTOGRAD_CONTEXT, PROP
 use std::collections::BTreeMap;
 
 use futures::FutureExt;
+use futures::future::BoxFuture;
 
 use crate::agent::{
     CallScope, Extension, FunctionRegistry, INTERNAL_PREFIX, IncomingCall, IncomingReply,
@@ -219,6 +224,26 @@ impl Extension for DistAutograd {
             engine::handle_request(&agent, message, request.tensors).await
         }
         .boxed()
+    }
+
+    fn shutdown(&self, agent: &RpcAgent) -> Option<BoxFuture<'static, Result<()>>> {
+        // DA-8: the peers are still connected (the all-gather is done, the
+        // join is not): the last releases reach them now rather than never.
+        let requests = context::container(agent).cleanups.flush(agent);
+        if requests.is_empty() {
+            return None;
+        }
+        Some(
+            async move {
+                for request in requests {
+                    // A failed cleanup is retried in the background and
+                    // never fails the shutdown.
+                    let _ = request.wait().await;
+                }
+                Ok(())
+            }
+            .boxed(),
+        )
     }
 
     fn debug_info(&self, agent: &RpcAgent) -> BTreeMap<String, String> {

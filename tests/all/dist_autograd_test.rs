@@ -2627,6 +2627,66 @@ async fn random_graph(w: &Worker, seed: u64) -> anyhow::Result<()> {
     .await?
 }
 
+/// How many contexts this worker holds (`num_autograd_contexts`).
+fn contexts_held(agent: &RpcAgent) -> anyhow::Result<usize> {
+    Ok(dist_autograd::get_debug_info(agent)["num_autograd_contexts"].parse()?)
+}
+
+/// DA-8: contexts released one after another, faster than the cleanup
+/// window, are each released on every worker they reached (their cleanups
+/// share requests).
+#[test]
+fn contexts_released_in_a_burst_are_released_on_every_peer() {
+    dist_with(cluster(), |w| async move {
+        let a = w.agent.clone();
+        for _ in 0..20 {
+            let (a2, dst) = (a.clone(), w.dst());
+            dist_autograd::context(&a, |_| async move {
+                a2.rpc_sync(dst, "aten::add", args![rg(&[2]), 1]).await
+            })
+            .await??;
+        }
+        w.store_barrier().await?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while contexts_held(&a)? != 0 {
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "{} contexts left after 10 s",
+                contexts_held(&a)?
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(())
+    });
+}
+
+/// DA-8: a context released just before a graceful shutdown is released
+/// on its peer by the time the shutdown returns; the queued cleanup is not
+/// lost with the worker. (The shutdown sends the queue at once; where the
+/// shutdown takes longer than the batch window, as in a debug build, the
+/// window's own flush may deliver it first, and this checks only that
+/// nothing is lost.)
+#[test]
+fn a_release_just_before_a_graceful_shutdown_reaches_the_peer() {
+    wasmrpc_tests::timed(async {
+        let c = fns::cluster().start().await?;
+        let a = c.agent(0).clone();
+        let (a2, dst) = (a.clone(), worker_name(1));
+        dist_autograd::context(&a, |_| async move {
+            a2.rpc_sync(dst, "aten::add", args![rg(&[2]), 1]).await
+        })
+        .await??;
+        ensure!(contexts_held(c.agent(0))? == 0);
+        let peer = c.agent(1).clone();
+        c.shutdown().await?;
+        ensure!(
+            contexts_held(&peer)? == 0,
+            "the peer still holds the context after shutdown"
+        );
+        Ok(())
+    });
+}
+
 // ---------------------------------------------------------------- G
 
 /// `_backward_rref(callee, rref_owner, t1, t2, None, sparse)`.

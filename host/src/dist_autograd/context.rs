@@ -1,17 +1,16 @@
 //! Contexts: the per-worker container, ids (DA-1), the task-local current
 //! context (DA-2), what RPCs record in a context (DA-3, DA-4) and release
-//! (DA-8).
+//! (DA-8; the requests that tell peers are `cleanup`'s).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::Duration;
 
 use tch::Tensor;
 
 use super::engine::{CustomFunction, Pass};
 use super::graph::{CutPoint, Node, RecvFunction, SendFunction};
-use super::wire::{AutogradEnvelope, AutogradMessage};
+use super::wire::AutogradEnvelope;
 use crate::agent::RpcAgent;
 use crate::error::{
     ALREADY_HAVE_AUTOGRAD_CONTEXT, Error, NO_CURRENT_AUTOGRAD_CONTEXT, Result,
@@ -22,8 +21,6 @@ use crate::tensor::impl_id;
 /// Bits of an id that hold the per-worker counter (DA-1).
 const COUNTER_BITS: u32 = 48;
 const COUNTER_MASK: i64 = (1 << COUNTER_BITS) - 1;
-/// How many times a cleanup request is sent before giving up (DA-8).
-const CLEANUP_ATTEMPTS: u32 = 8;
 
 tokio::task_local! {
     static CURRENT: i64;
@@ -35,6 +32,8 @@ pub(crate) struct Container {
     contexts: Mutex<HashMap<i64, DistAutogradContext>>,
     next_context: AtomicI64,
     next_message: AtomicI64,
+    /// Cleanups of released contexts still to be sent to peers (DA-8).
+    pub(super) cleanups: super::cleanup::Outbox,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -360,10 +359,11 @@ pub fn release_context(agent: &RpcAgent, id: i64) -> Result<()> {
     }
 }
 
-/// Releases `id` if this worker has it; tells its known workers. Returns
-/// whether it was present.
+/// Releases `id` if this worker has it; tells its known workers (in the
+/// next batch of cleanups, DA-8). Returns whether it was present.
 pub(crate) fn release_if_present(agent: &RpcAgent, id: i64) -> bool {
-    let Some(ctx) = container(agent).remove(id) else {
+    let c = container(agent);
+    let Some(ctx) = c.remove(id) else {
         return false;
     };
     let (workers, pass) = {
@@ -376,54 +376,9 @@ pub(crate) fn release_if_present(agent: &RpcAgent, id: i64) -> bool {
         )));
     }
     for w in workers {
-        send_cleanup(agent, w, id);
+        c.cleanups.send(agent, w, id);
     }
     true
-}
-
-fn send_cleanup(agent: &RpcAgent, to: u32, context_id: i64) {
-    if !agent.is_running() {
-        return;
-    }
-    let Ok(handle) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    // The first attempt goes out at once, without a task of its own (a
-    // context ends every training step); only a failure starts the
-    // retrying task.
-    let agent = agent.clone();
-    cleanup_request(&agent, to, context_id).add_done_callback(move |f| {
-        if let Some(Err(e)) = f.try_value() {
-            tracing::debug!(worker = %agent.name(), to, context_id, "cleanup request failed, retrying: {e}");
-            handle.spawn(retry_cleanup(agent, to, context_id));
-        }
-    });
-}
-
-fn cleanup_request(agent: &RpcAgent, to: u32, context_id: i64) -> crate::agent::Future {
-    let message = AutogradMessage::CleanupAutogradContext { context_id };
-    let body = match message.encode() {
-        Ok(b) => b,
-        Err(e) => return crate::agent::Future::ready(Err(e)),
-    };
-    agent.request(i64::from(to), message.kind(), body, &[], None)
-}
-
-async fn retry_cleanup(agent: RpcAgent, to: u32, context_id: i64) {
-    let mut delay = Duration::from_millis(20);
-    for _ in 1..CLEANUP_ATTEMPTS {
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_millis(500));
-        if !agent.is_running() {
-            return;
-        }
-        match cleanup_request(&agent, to, context_id).wait().await {
-            Ok(_) => return,
-            Err(e) => {
-                tracing::debug!(worker = %agent.name(), to, context_id, "cleanup request failed, retrying: {e}");
-            }
-        }
-    }
 }
 
 fn requires_grad(tensors: &[Tensor]) -> Vec<Tensor> {

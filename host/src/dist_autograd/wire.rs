@@ -14,7 +14,7 @@ pub(crate) const FEATURE: &str = "dist_autograd";
 
 /// Gradients flowing back to a sender during distributed backward.
 pub const PROPAGATE_GRADIENTS: MessageKind = MessageKind::new("PropagateGradients");
-/// Release a distributed autograd context.
+/// Release distributed autograd contexts (a batch of them, DA-8).
 pub const CLEANUP_AUTOGRAD_CONTEXT: MessageKind = MessageKind::new("CleanupAutogradContext");
 
 /// The kinds distributed autograd serves.
@@ -73,10 +73,12 @@ pub enum AutogradMessage {
         /// Whether to keep the graph.
         retain_graph: bool,
     },
-    /// [`CLEANUP_AUTOGRAD_CONTEXT`].
+    /// [`CLEANUP_AUTOGRAD_CONTEXT`]: the contexts the sender released, in
+    /// the order it released them (one request carries every release of a
+    /// short window, DA-8).
     CleanupAutogradContext {
-        /// The context.
-        context_id: i64,
+        /// The contexts.
+        context_ids: Vec<i64>,
     },
 }
 

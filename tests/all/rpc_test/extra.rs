@@ -401,7 +401,9 @@ fn test_feature_requests_are_served_and_unknown_kinds_get_a_clear_error_reply() 
             ErrorKind::RuntimeError,
             "Error on Node 1: Could not find autograd context with id: 1",
         )?;
-        let cleanup = AutogradMessage::CleanupAutogradContext { context_id: 1 };
+        let cleanup = AutogradMessage::CleanupAutogradContext {
+            context_ids: vec![1],
+        };
         a.request("worker1", cleanup.kind(), cleanup.encode()?, &[], None)
             .wait()
             .await?;

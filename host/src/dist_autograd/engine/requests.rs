@@ -171,8 +171,10 @@ pub(crate) async fn handle_request(
             })?;
             Ok(ReplyGradients::encode(reply_gradients))
         }
-        AutogradMessage::CleanupAutogradContext { context_id } => {
-            crate::dist_autograd::context::release_if_present(agent, context_id);
+        AutogradMessage::CleanupAutogradContext { context_ids } => {
+            for id in context_ids {
+                crate::dist_autograd::context::release_if_present(agent, id);
+            }
             Ok(Payload::none())
         }
     }
