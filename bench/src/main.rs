@@ -111,6 +111,12 @@ struct Cli {
     /// `RpcBackendOptions::busy_poll`) [default: the agent's, 50].
     #[arg(long, value_name = "US", global = true)]
     busy_poll_us: Option<u64>,
+    /// Threads one op may use in each of our worker processes (libtorch's
+    /// intra-op pool) [default: the cores divided between the two workers
+    /// of a row, as `wasmrpc launch` divides them; the torch side keeps
+    /// torch's default, one per core].
+    #[arg(long, value_name = "N", global = true)]
+    intra_op_threads: Option<usize>,
     #[command(subcommand)]
     command: Option<Internal>,
 }
@@ -172,6 +178,7 @@ fn main() -> ExitCode {
     if let Some(us) = cli.busy_poll_us {
         worker::set_busy_poll(Duration::from_micros(us));
     }
+    worker::set_intra_op_threads(cli.intra_op_threads);
     let r = match &cli.command {
         Some(Internal::Worker {
             init_method,
@@ -384,6 +391,7 @@ fn suite(cli: &Cli) -> Result<()> {
         "load_average_after": load_average(),
         "torch_version": res.note_of(Side::Torch, "version"),
         "worker_threads": threads,
+        "intra_op_threads": wasmrpc::intra_op_threads(),
         "nice": cli.nice,
     });
     let table = report::table(&res, only, baseline.as_ref());
@@ -394,9 +402,10 @@ fn suite(cli: &Cli) -> Result<()> {
          Hot paths (header and value encoding): cargo bench -p wasmrpc-bench --bench hot_paths."
     );
     println!(
-        "Run: {elapsed:.0} s, load average {} before, {} after{}{}.",
+        "Run: {elapsed:.0} s, load average {} before, {} after, {} op thread(s) per worker of ours{}{}.",
         load_before.as_deref().unwrap_or("?"),
         load_average().as_deref().unwrap_or("?"),
+        wasmrpc::intra_op_threads(),
         if cli.quick { ", --quick" } else { "" },
         cli.nice
             .map(|n| format!(", niceness {n}"))

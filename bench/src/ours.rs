@@ -86,6 +86,9 @@ impl Children {
                 cmd.arg("--busy-poll-us")
                     .arg(window.as_micros().to_string());
             }
+            if let Some(threads) = crate::worker::intra_op_threads() {
+                cmd.arg("--intra-op-threads").arg(threads.to_string());
+            }
             for var in TLS_ENV {
                 cmd.env_remove(var);
             }

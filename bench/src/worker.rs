@@ -188,6 +188,23 @@ pub(crate) fn busy_poll() -> Option<Duration> {
     BUSY_POLL.get().copied()
 }
 
+/// The op threads of each of our workers, here and in the worker processes.
+static INTRA_OP_THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+/// Sizes this process's op thread pool, before any op runs: `threads`
+/// (`--intra-op-threads`) or the share of the cores of each of a row's two
+/// workers; the worker processes started from now on get the same.
+pub(crate) fn set_intra_op_threads(threads: Option<usize>) {
+    let threads = threads.unwrap_or_else(|| wasmrpc::intra_op_threads_per_worker(2));
+    wasmrpc::set_intra_op_threads(threads);
+    let _ = INTRA_OP_THREADS.set(threads);
+}
+
+/// The op threads [`set_intra_op_threads`] chose, if it ran.
+pub(crate) fn intra_op_threads() -> Option<usize> {
+    INTRA_OP_THREADS.get().copied()
+}
+
 /// A tokio runtime for a worker process.
 pub(crate) fn runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()

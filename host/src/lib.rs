@@ -126,7 +126,10 @@ pub use agent::{
 };
 pub use error::*;
 pub use ops::policy as op_policy;
-pub use ops::{BuiltinOps, OpPolicy, call_builtin};
+pub use ops::{
+    BuiltinOps, OpPolicy, call_builtin, intra_op_threads, intra_op_threads_per_worker,
+    set_intra_op_threads,
+};
 pub use plugin::{
     CACHE_DIR_ENV, DEPLOY_PLUGIN, Deploy, DeployPlugin, DeployReport, PACKAGE_PREFIX, PluginHost,
     PluginTrust, WorkerDeployment, plugin_global, plugin_namespace,

@@ -9,7 +9,8 @@
 //! [`Payload`]; running ops off the agent's network and callee threads
 //! ([`run_blocking`]); and the op policy ([`policy`], with its
 //! [`family`] lists and [`schema`] hazards): which ops a worker runs for
-//! peers and plugins at all. Resolving names, matching schemas and running
+//! peers and plugins at all; and how many threads one op may use
+//! (`threads`, libtorch's intra-op pool, process-wide). Resolving names, matching schemas and running
 //! the op are `wasmrpc-torch-sys`'s; errors keep its texts (libtorch's own
 //! messages, PyTorch's "... failed to match any schema ...").
 //!
@@ -40,6 +41,7 @@ pub(crate) mod family;
 pub mod policy;
 mod recording;
 pub(crate) mod schema;
+mod threads;
 
 use std::sync::Arc;
 
@@ -53,6 +55,7 @@ use crate::value::{Args, Payload};
 pub use policy::OpPolicy;
 pub(crate) use policy::PolicyGate;
 pub(crate) use recording::{OpListener, listen_for_ops, profiled};
+pub use threads::{intra_op_threads, intra_op_threads_per_worker, set_intra_op_threads};
 
 /// The resolver of builtin op names (see the module docs for the names it
 /// serves). Stateless: resolved operators are cached process-wide by

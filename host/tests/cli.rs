@@ -236,6 +236,40 @@ fn a_bad_tensor_memory_budget_is_refused_by_the_flag_parser() {
     );
 }
 
+/// Each worker of `launch` gets its share of the cores for an op's
+/// threads unless `--intra-op-threads` says otherwise, and says so when it
+/// is up; 0 is refused by the flag parser.
+#[test]
+fn launch_gives_each_worker_its_share_of_the_cores_for_op_threads() {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let share = (cores / 2).max(1);
+    for (flags, threads) in [(vec![], share), (vec!["--intra-op-threads", "3"], 3)] {
+        let mut args = vec!["launch", "--nproc", "2"];
+        args.extend(flags);
+        let out = wasmrpc(&args, Duration::from_secs(60));
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        let lines: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.contains("serving on 127.0.0.1:"))
+            .collect();
+        assert_eq!(lines.len(), 2, "{stderr}");
+        for line in lines {
+            assert!(
+                line.ends_with(&format!(", {threads} op thread(s)")),
+                "{line}"
+            );
+        }
+    }
+    let out = wasmrpc(
+        &["launch", "--nproc", "1", "--intra-op-threads", "0"],
+        Duration::from_secs(10),
+    );
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(stderr.contains("--intra-op-threads"), "{stderr}");
+}
+
 /// `torchrun --no-python` runs our workers unchanged: they read its
 /// environment (RANK, WORLD_SIZE, MASTER_ADDR/PORT) and rendezvous on the
 /// store torchrun's agent hosts.

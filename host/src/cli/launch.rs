@@ -63,6 +63,10 @@ pub(crate) struct LaunchArgs {
     /// Write the entry function's result to this file as JSON.
     #[arg(long, value_name = "FILE", requires = "entry")]
     result: Option<PathBuf>,
+    /// How many threads one builtin op may use in each worker [default:
+    /// this machine's cores divided among the workers, at least 1].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    intra_op_threads: Option<u32>,
     #[command(flatten)]
     tensor_memory: super::TensorMemoryArgs,
     /// Every worker's op policy (passed to each `wasmrpc worker`).
@@ -104,8 +108,13 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
         .as_ref()
         .map(|p| std::path::absolute(p).with_context(|| format!("bad result path {}", p.display())))
         .transpose()?;
-    // The workers share this machine: each gets its share of the default.
+    // The workers share this machine: each gets its share of the default
+    // tensor memory and of the cores.
     let budget = args.tensor_memory.budget(args.nproc);
+    let intra_op_threads = args.intra_op_threads.map_or_else(
+        || wasmrpc::intra_op_threads_per_worker(args.nproc as usize),
+        |n| n as usize,
+    );
     let progress = Arc::new(Progress::new(std::io::IsTerminal::is_terminal(
         &std::io::stderr(),
     )));
@@ -156,6 +165,7 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
             cmd.arg("--plugins").arg(dir);
         }
         cmd.args(super::TensorMemoryArgs::child_args(budget));
+        cmd.args(["--intra-op-threads", &intra_op_threads.to_string()]);
         cmd.args(&op_policy);
         if rank == 0 {
             match &args.entry {

@@ -86,6 +86,13 @@ pub(crate) struct WorkerArgs {
     /// while it polls; 0 never polls (for machines short of cores).
     #[arg(long, value_name = "US", default_value_t = wasmrpc::DEFAULT_BUSY_POLL.as_micros() as u64)]
     busy_poll_us: u64,
+    /// How many threads one builtin op (a matmul, a backward pass) may use
+    /// [default: libtorch's, one per core]. Workers sharing a host should
+    /// split its cores (`wasmrpc launch` gives each its share): op threads
+    /// on top of the worker's own threads oversubscribe the cores, and on
+    /// a busy host they spin waiting for each other.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub(crate) intra_op_threads: Option<u32>,
     /// Once up (and after `--ping-all` and `--entry`), keep serving calls
     /// until interrupted (Ctrl-C or SIGTERM), then shut down gracefully. A
     /// worker of a dynamic group (no world size) otherwise leaves at once.
@@ -107,6 +114,9 @@ pub(crate) struct WorkerArgs {
 
 /// Runs one worker until the group shuts down.
 pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
+    if let Some(threads) = args.intra_op_threads {
+        wasmrpc::set_intra_op_threads(threads as usize);
+    }
     // Credentials first: a worker that may not start should not join.
     let mut credentials = RpcBackendOptions {
         listen_addr: args.listen,
@@ -173,11 +183,12 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         .await
         .with_context(|| format!("init_rpc of {name} (rank {rank}) failed"))?;
     info!(
-        "{name}: rank {rank} of {} workers, serving on {}",
+        "{name}: rank {rank} of {} workers, serving on {}, {} op thread(s)",
         world.map_or_else(|| "a dynamic group of".to_string(), |w| w.to_string()),
         agent
             .local_addr()
             .map_or_else(|| "?".to_string(), |a| a.to_string()),
+        wasmrpc::intra_op_threads(),
     );
 
     if world.is_none() && args.accept_plugin_deployment {

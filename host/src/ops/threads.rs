@@ -1,0 +1,57 @@
+//! How many threads one builtin op may use: the size of libtorch's
+//! intra-op pool (`torch.set_num_threads`), for the whole process.
+//!
+//! Why the worker processes choose it: libtorch's default is one op
+//! thread per core, and a worker also runs calls on threads of its own
+//! (`num_worker_threads`, the agent's runtime). Several workers on one
+//! host, each with a full pool, put two or more busy threads on each
+//! core; an op's threads then spin waiting for each other while the
+//! calls and the peer workers wait for a core. `wasmrpc launch` and the
+//! bench therefore give each worker its share of the host's cores
+//! ([`intra_op_threads_per_worker`]); `wasmrpc worker` keeps libtorch's
+//! default unless `--intra-op-threads` says otherwise.
+
+/// Sets how many threads each builtin op (and each backward pass) may use
+/// in this process, as `torch.set_num_threads` does. Process-wide: every
+/// agent and plugin of the process shares it. 0 counts as 1.
+pub fn set_intra_op_threads(threads: usize) {
+    tch::set_num_threads(i32::try_from(threads.max(1)).unwrap_or(i32::MAX));
+}
+
+/// How many threads each builtin op may use in this process now.
+pub fn intra_op_threads() -> usize {
+    usize::try_from(tch::get_num_threads()).unwrap_or(1).max(1)
+}
+
+/// The share of this host's cores of each of `workers` workers running on
+/// it: the cores divided among them, at least 1.
+pub fn intra_op_threads_per_worker(workers: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    (cores / workers.max(1)).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_worker_gets_its_share_of_the_cores_and_never_none() {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        assert_eq!(intra_op_threads_per_worker(1), cores);
+        assert_eq!(intra_op_threads_per_worker(0), cores);
+        assert_eq!(intra_op_threads_per_worker(cores * 4), 1);
+        if cores >= 2 {
+            assert_eq!(intra_op_threads_per_worker(2), cores / 2);
+        }
+    }
+
+    #[test]
+    fn the_pool_size_set_is_the_one_libtorch_uses() {
+        let before = intra_op_threads();
+        set_intra_op_threads(1);
+        assert_eq!(intra_op_threads(), 1);
+        set_intra_op_threads(0);
+        assert_eq!(intra_op_threads(), 1, "0 counts as 1");
+        set_intra_op_threads(before);
+    }
+}
