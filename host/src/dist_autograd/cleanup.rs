@@ -3,8 +3,8 @@
 //! the flush at graceful shutdown.
 //!
 //! Why batched: a training loop releases a context every step, and one
-//! request (and one response) per step and worker was a fourth exchange
-//! beside the step's forward call and its two gradient requests. The first
+//! request (and one response) per step and worker was an exchange of its
+//! own beside the step's forward call and its gradient request. The first
 //! release after a quiet spell starts a [`BATCH_WINDOW`]; every release
 //! until it ends joins the same request to its worker. PyTorch's peers
 //! learn of a release only asynchronously too, and its tests wait for it
