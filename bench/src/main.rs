@@ -329,11 +329,7 @@ fn suite(cli: &Cli) -> Result<()> {
         let why = format!("n/a (failed: {e:#})");
         tls_rows.iter().for_each(|r| res.na(Side::Ours, r, &why));
     }
-    if wanted(only, cuda::ROW)
-        && let Err(e) = rt.block_on(cuda::cuda_group(&cfg, &mut res, &progress))
-    {
-        res.na(Side::Ours, cuda::ROW, format!("n/a (failed: {e:#})"));
-    }
+    rt.block_on(cuda::cuda_rows(&cfg, &mut res, &progress));
     for world in [2, 4, 8] {
         let row = format!("init_w{world}");
         if wanted(only, &row)

@@ -457,9 +457,13 @@ impl RpcAgent {
                 .map_or(0, |t| t.num_connections())
                 .to_string(),
         );
-        let (links, shared) = i.transport.get().map_or((0, 0), |t| t.shared_memory());
+        let (links, shared, cuda) = i.transport.get().map_or((0, 0, 0), |t| t.shared_memory());
         m.insert("agent.shared_memory_links".into(), links.to_string());
         m.insert("agent.shared_memory_bytes_sent".into(), shared.to_string());
+        m.insert(
+            "agent.shared_memory_cuda_bytes_sent".into(),
+            cuda.to_string(),
+        );
         m.insert(
             "agent.rpc_timeout_ms".into(),
             i.timeout_ms.load(Ordering::Acquire).to_string(),

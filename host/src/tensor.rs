@@ -35,5 +35,6 @@ pub(crate) fn impl_id(t: &tch::Tensor) -> usize {
 }
 
 pub(crate) use wire::{
-    Blob, BlobDesc, DecodedBlob, WireTensor, decode_tensors, encode_tensors, sole_shapes,
+    Blob, BlobDesc, DecodedBlob, WireTensor, cuda_landings, decode_tensors, encode_tensors,
+    sole_shapes,
 };

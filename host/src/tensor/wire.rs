@@ -75,28 +75,43 @@ pub(crate) struct BlobDesc {
     pub(crate) len: u64,
 }
 
-/// Bytes of a tensor storage to send, borrowed from the tensor's memory.
+/// Bytes of a tensor storage to send, borrowed from the tensor's memory:
+/// host memory, or memory of a CUDA device until the frame is placed
+/// (`OutFrame::place` copies it into a CUDA segment or stages it in host
+/// memory with [`into_host`](Self::into_host)).
 ///
 /// Holds a reference to the tensor, which keeps the storage alive until the
 /// blob is written and dropped.
 #[derive(Debug)]
 pub(crate) struct Blob {
-    _owner: KeepAlive,
+    owner: KeepAlive,
     ptr: usize,
     len: usize,
+    /// The CUDA device the bytes are on; `None`: host memory.
+    cuda: Option<u32>,
 }
 
 impl Blob {
-    /// The storage bytes.
+    /// The storage bytes, in host memory.
+    ///
+    /// # Panics
+    /// For a storage on a CUDA device: frames are placed before they are
+    /// written (`Connection::enqueue`), and placing stages every CUDA
+    /// storage that did not go into a CUDA segment.
     pub(crate) fn as_bytes(&self) -> &[u8] {
+        assert!(
+            self.cuda.is_none(),
+            "a CUDA storage written as host bytes: the frame was not placed"
+        );
         if self.len == 0 {
             return &[];
         }
-        // SAFETY: `ptr` is the start of the CPU storage of `_owner` and `len`
+        // SAFETY: `ptr` is the start of the CPU storage of `owner` (the
+        // assertion above: not a CUDA one) and `len`
         // bytes lie inside it: `encode_tensors` computed `len` as the end of
         // the furthest element any view of this storage in the message
         // reaches, and every such view is a valid tensor of that storage.
-        // `_owner` is kept alive as long as `self`, so the storage is not
+        // `owner` is kept alive as long as `self`, so the storage is not
         // freed. As in PyTorch RPC, the caller must not write to the tensors
         // of a message until it is sent ("storages are not copied"); that is
         // the contract `rpc_async` documents.
@@ -107,16 +122,66 @@ impl Blob {
     pub(crate) fn len(&self) -> usize {
         self.len
     }
+
+    /// The CUDA device the storage is on, `None` for host memory.
+    pub(crate) fn cuda_device(&self) -> Option<u32> {
+        self.cuda
+    }
+
+    /// Where the storage starts (a device address for a CUDA storage).
+    pub(crate) fn address(&self) -> u64 {
+        self.ptr as u64
+    }
+
+    /// The same storage bytes in host memory: a copy for a CUDA storage
+    /// (waiting for the device's work on the tensor's stream), `self` for a
+    /// host one.
+    ///
+    /// # Errors
+    /// Fails if libtorch cannot make the copy.
+    pub(crate) fn into_host(self) -> Result<Blob> {
+        if self.cuda.is_none() || self.len == 0 {
+            return Ok(self);
+        }
+        let owner = &self.owner.0;
+        let copied = catch_unwind(AssertUnwindSafe(|| -> Result<Tensor> {
+            let kind = owner.f_kind()?;
+            let elements = (self.len / kind.elt_size_in_bytes()) as i64;
+            // The storage from its start, as one flat tensor.
+            let flat =
+                owner
+                    .f_detach()?
+                    .f_as_strided([elements].as_slice(), [1i64].as_slice(), 0)?;
+            Ok(flat.f_to_device(Device::Cpu)?)
+        }));
+        let host = match copied {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(Error::runtime(
+                    "libtorch refused to copy a CUDA storage to host memory",
+                ));
+            }
+        };
+        let ptr = host.data_ptr() as usize;
+        Ok(Blob {
+            owner: KeepAlive(host),
+            ptr,
+            len: self.len,
+            cuda: None,
+        })
+    }
 }
 
-/// A tensor held only to keep its storage alive; never used otherwise.
+/// A tensor held only to keep its storage alive; otherwise only read to
+/// stage a CUDA storage (`Blob::into_host`).
 #[derive(Debug)]
-struct KeepAlive(#[allow(dead_code, reason = "held for its destructor")] Tensor);
+struct KeepAlive(Tensor);
 
-// SAFETY: `KeepAlive` gives no access to its tensor at all (the field is
-// private and never read), so sharing a `&KeepAlive` between threads cannot
-// race on the tensor; dropping it from another thread is allowed because
-// `Tensor` is `Send`.
+// SAFETY: `KeepAlive` gives no access to its tensor outside this module,
+// where the tensor is only read by `Blob::into_host`, which takes the blob by
+// value (so no other reference to the same `KeepAlive` exists then); sharing
+// a `&KeepAlive` between threads cannot race on the tensor, and dropping it
+// from another thread is allowed because `Tensor` is `Send`.
 unsafe impl Sync for KeepAlive {}
 
 struct Part {
@@ -132,6 +197,7 @@ struct Group {
     base: usize,
     kind: Kind,
     end_elems: i64,
+    cuda: Option<u32>,
 }
 
 /// Elements from the storage start to one past the furthest element reached.
@@ -152,15 +218,20 @@ fn extent(size: &[i64], stride: &[i64], offset: i64) -> Option<i64> {
 fn dense_part(
     t: &Tensor,
     groups: &mut Vec<Group>,
-    index: &mut HashMap<(usize, u8), usize>,
+    index: &mut HashMap<(usize, u8, Option<u32>), usize>,
 ) -> Result<Part> {
-    if t.device() != Device::Cpu {
-        // `encode_tensors` has copied CUDA tensors to the CPU already.
-        return Err(Error::runtime(format!(
-            "only CPU and CUDA tensors can be sent, got a tensor on {:?}",
-            t.device()
-        )));
-    }
+    let cuda = match t.device() {
+        Device::Cpu => None,
+        Device::Cuda(i) => Some(
+            u32::try_from(i)
+                .map_err(|_| Error::runtime(format!("CUDA device index {i} out of range")))?,
+        ),
+        other => {
+            return Err(Error::runtime(format!(
+                "only CPU and CUDA tensors can be sent, got a tensor on {other:?}"
+            )));
+        }
+    };
     let kind = t.f_kind()?;
     let code = kind_to_code(kind)
         .ok_or_else(|| Error::runtime(format!("tensors of dtype {kind:?} cannot be sent")))?;
@@ -185,12 +256,13 @@ fn dense_part(
     let elsize = kind.elt_size_in_bytes();
     let data = t.data_ptr() as usize;
     let base = data - (offset as usize) * elsize;
-    let g = *index.entry((base, code)).or_insert_with(|| {
+    let g = *index.entry((base, code, cuda)).or_insert_with(|| {
         groups.push(Group {
             owner: t.shallow_clone(),
             base,
             kind,
             end_elems: 0,
+            cuda,
         });
         groups.len() - 1
     });
@@ -232,28 +304,15 @@ enum Entry {
 /// Fails for tensors that cannot travel: devices other than the CPU and
 /// CUDA, quantized dtypes, layouts other than strided and sparse COO.
 ///
-/// CUDA tensors travel through a CPU copy (the socket carries host memory;
+/// CUDA storages are described where they are, as host ones are (so
+/// CUDA tensors that share a storage share it again on arrival);
 /// `crate::device` decided beforehand that the destination maps their
-/// device). Storage sharing between CUDA tensors is therefore not kept.
+/// device. Their blobs are left on the device: placing the frame
+/// (`OutFrame::place`) sends each through a CUDA segment or stages it in
+/// host memory.
 pub(crate) fn encode_tensors(
     tensors: &[Tensor],
 ) -> Result<(Vec<WireTensor>, Vec<BlobDesc>, Vec<Blob>)> {
-    let host_copies;
-    let tensors = if tensors.iter().any(|t| t.device().is_cuda()) {
-        host_copies = tensors
-            .iter()
-            .map(|t| {
-                if t.device().is_cuda() {
-                    t.f_to_device(Device::Cpu)
-                } else {
-                    Ok(t.shallow_clone())
-                }
-            })
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        host_copies.as_slice()
-    } else {
-        tensors
-    };
     // tch panics (rather than failing) on a few layout queries; a tensor the
     // caller built is not network input, but a panic must still not unwind
     // through the agent.
@@ -320,9 +379,10 @@ pub(crate) fn encode_tensors(
             len: len as u64,
         });
         blobs.push(Blob {
-            _owner: KeepAlive(g.owner),
+            owner: KeepAlive(g.owner),
             ptr: g.base,
             len,
+            cuda: g.cuda,
         });
     }
     Ok((wire, descs, blobs))
@@ -330,7 +390,7 @@ pub(crate) fn encode_tensors(
 
 mod decode;
 
-pub(crate) use decode::{DecodedBlob, decode_tensors, sole_shapes};
+pub(crate) use decode::{DecodedBlob, cuda_landings, decode_tensors, sole_shapes};
 
 #[cfg(test)]
 mod tests;

@@ -18,7 +18,8 @@ use super::shm::{Lent, PIPELINE_FROM, SHARE_THRESHOLD, ShmLink, ShmSlot};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::tensor::{
-    Blob, BlobDesc, DecodedBlob, WireTensor, decode_tensors, encode_tensors, sole_shapes,
+    Blob, BlobDesc, DecodedBlob, WireTensor, cuda_landings, decode_tensors, encode_tensors,
+    sole_shapes,
 };
 
 #[derive(Serialize, Deserialize)]
@@ -30,7 +31,7 @@ struct Header {
     devices: Vec<Device>,
     blobs: Vec<BlobDesc>,
     /// Storages that cross in shared memory instead of after the header
-    /// (TR-9), by increasing blob index.
+    /// (TR-9), host or CUDA segments alike, by increasing blob index.
     shared: Vec<SharedBlob>,
 }
 
@@ -43,15 +44,18 @@ struct SharedBlob {
     segment: u64,
 }
 
-/// An encoded frame waiting to be written.
+/// An encoded frame waiting to be placed ([`OutFrame::place`]) and written.
 pub(crate) struct OutFrame {
     /// What `head` encodes, kept (only when a storage is large enough to
-    /// move to shared memory) to encode again after it moved.
+    /// move to shared memory, or on a CUDA device) to encode again after
+    /// placing it.
     header: Option<Box<Header>>,
     /// Length prefix and header.
     head: Vec<u8>,
     /// Storages written after the header, from tensor memory.
     blobs: Vec<Blob>,
+    /// Whether [`place`](Self::place) ran.
+    placed: bool,
     /// The message's kind.
     pub(crate) kind: MessageKind,
 }
@@ -79,38 +83,66 @@ impl OutFrame {
         let head = encode_head(&header)?;
         let header = blobs
             .iter()
-            .any(|b| b.len() >= SHARE_THRESHOLD)
+            .any(|b| b.len() >= SHARE_THRESHOLD || b.cuda_device().is_some())
             .then(|| Box::new(header));
         Ok(OutFrame {
             header,
             head,
             blobs,
+            placed: false,
             kind,
         })
     }
 
-    /// Moves every storage of at least [`SHARE_THRESHOLD`] bytes to a
-    /// segment lent by `link` (TR-9); those the link cannot take stay in
-    /// the frame. Called once, before the frame is queued; storages of
-    /// [`PIPELINE_FROM`] bytes and more are copied by the returned fills,
-    /// which the caller runs after queueing it (SHM-5).
+    /// Decides where each storage travels, once, before the frame is
+    /// queued: with a `link` (a peer on this host, TR-9), a CUDA storage
+    /// that lands on a CUDA device goes into a CUDA segment (SHM-6,
+    /// SHM-7) and a host storage of at least [`SHARE_THRESHOLD`] bytes into
+    /// a host segment; every other CUDA storage is staged in host memory,
+    /// and every other storage stays in the frame, after the header.
+    /// Storages of [`PIPELINE_FROM`] bytes and more in host segments are
+    /// copied by the returned fills, which the caller runs after queueing
+    /// the frame (SHM-5).
     ///
     /// # Errors
-    /// Fails if the header cannot be encoded again.
-    pub(crate) fn share(&mut self, link: &Arc<ShmLink>) -> Result<Vec<SharedFill>> {
+    /// Fails if a CUDA storage cannot be staged or the header cannot be
+    /// encoded again.
+    pub(crate) fn place(&mut self, link: Option<&Arc<ShmLink>>) -> Result<Vec<SharedFill>> {
+        if std::mem::replace(&mut self.placed, true) {
+            return Ok(Vec::new());
+        }
         let Some(header) = self.header.as_mut() else {
             return Ok(Vec::new());
         };
-        if !header.shared.is_empty() {
-            return Ok(Vec::new());
-        }
+        let landings = match link {
+            Some(_) if self.blobs.iter().any(|b| b.cuda_device().is_some()) => {
+                cuda_landings(&header.tensors, &header.devices, self.blobs.len())
+            }
+            _ => Vec::new(),
+        };
         let (mut kept, mut fills) = (Vec::with_capacity(self.blobs.len()), Vec::new());
         for (i, blob) in std::mem::take(&mut self.blobs).into_iter().enumerate() {
+            let index = u32::try_from(i)
+                .map_err(|_| Error::runtime("more than 2^32 storages in one message"))?;
+            let blob = match (blob.cuda_device(), link, landings.get(i).copied().flatten()) {
+                (None, ..) => blob,
+                (Some(device), Some(link), Some(_)) => match share_cuda(link, &blob, device) {
+                    Some(segment) => {
+                        header.shared.push(SharedBlob {
+                            blob: index,
+                            segment,
+                        });
+                        continue;
+                    }
+                    None => blob.into_host()?,
+                },
+                (Some(_), ..) => blob.into_host()?,
+            };
             let lent = (blob.len() >= SHARE_THRESHOLD)
-                .then(|| link.lend(blob.len()))
+                .then(|| link.and_then(|l| l.lend(blob.len())))
                 .flatten();
-            match (lent, u32::try_from(i)) {
-                (Some(lent), Ok(index)) => {
+            match lent {
+                Some(lent) => {
                     header.shared.push(SharedBlob {
                         blob: index,
                         segment: lent.id(),
@@ -121,7 +153,7 @@ impl OutFrame {
                         fills.push(SharedFill { lent, blob });
                     }
                 }
-                _ => kept.push(blob),
+                None => kept.push(blob),
             }
         }
         self.blobs = kept;
@@ -163,6 +195,23 @@ impl OutFrame {
             *s = one[0];
         }
         slices
+    }
+}
+
+/// Copies a CUDA storage into a CUDA segment of `link` on its device
+/// (SHM-6): the segment's id, or `None` when the link has none to lend or
+/// the copy fails (the storage then travels through host memory).
+fn share_cuda(link: &Arc<ShmLink>, blob: &Blob, device: u32) -> Option<u64> {
+    let lent = link.lend_cuda(blob.len(), device)?;
+    let id = lent.id();
+    // SAFETY: the blob's bytes are device memory on `device`, kept alive by
+    // the blob for the call.
+    match unsafe { lent.fill(blob.address(), blob.len()) } {
+        Ok(()) => Some(id),
+        Err(e) => {
+            link.cuda_fell_back(&e);
+            None
+        }
     }
 }
 
@@ -365,11 +414,34 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
         ));
     }
     let shapes = sole_shapes(&header.tensors, header.blobs.len());
+    let landings = cuda_landings(&header.tensors, &header.devices, header.blobs.len());
     let mut blobs = Vec::with_capacity(header.blobs.len());
     for (i, desc) in header.blobs.iter().enumerate() {
+        // A storage in a CUDA segment is copied straight to the device it
+        // lands on, and only a storage that lands on one (SHM-7).
+        let cuda = match (segments[i], link) {
+            (Some(segment), Some(link)) => {
+                if link
+                    .is_cuda_segment(segment)
+                    .await
+                    .map_err(FrameError::Malformed)?
+                {
+                    Some(landings.get(i).copied().flatten().ok_or_else(|| {
+                        FrameError::Malformed(format!(
+                            "CUDA segment {segment} named for storage {i}, which does not land \
+                             on one CUDA device as a dense tensor"
+                        ))
+                    })?)
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        };
+        let on = cuda.map_or(tch::Device::Cpu, |d| Device::Cuda(d).to_tch());
         let blob = match budget {
-            None => DecodedBlob::new(*desc, shapes[i]),
-            Some(budget) => match budget.run(|| DecodedBlob::new(*desc, shapes[i])) {
+            None => DecodedBlob::new_on(*desc, shapes[i], on),
+            Some(budget) => match budget.run(|| DecodedBlob::new_on(*desc, shapes[i], on)) {
                 (_, Some(refusal)) => {
                     drop(blobs);
                     let mut rest = 0;
@@ -386,12 +458,26 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
             },
         };
         let mut blob = blob.map_err(FrameError::Tensor)?;
-        match (segments[i], link) {
-            (Some(segment), Some(link)) => link
+        match (segments[i], link, cuda) {
+            (Some(segment), Some(link), Some(device)) => {
+                // SAFETY: the blob is a tensor of `blob.len()` bytes this
+                // side just allocated on `device`, which no one reads
+                // before `decode_tensors` below.
+                unsafe { link.copy_out_cuda(segment, device, blob.address(), blob.len()) }
+                    .await
+                    .map_err(FrameError::Malformed)?;
+            }
+            (Some(segment), Some(link), None) => link
                 .copy_out(segment, blob.bytes_mut())
                 .await
                 .map_err(FrameError::Malformed)?,
             _ => r.read_exact(blob.bytes_mut()).await.map(drop)?,
+        }
+        // A storage that lands on one CUDA device goes there whole, so the
+        // tensors that share it share it there too.
+        if let (None, Some(device)) = (cuda, landings.get(i).copied().flatten()) {
+            blob.move_to(Device::Cuda(device).to_tch())
+                .map_err(FrameError::Tensor)?;
         }
         blobs.push(blob);
     }

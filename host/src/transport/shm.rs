@@ -44,6 +44,22 @@
 //!   a storage overlap. A mark that never reaches the storage's end fails
 //!   the frame after [`LINK_TIMEOUT`], and a segment is reused only once
 //!   it is both filled and given back.
+//! - SHM-6: a CUDA storage crosses through a *CUDA segment* ([`cuda`]),
+//!   device memory the sender allocated for the link and copied the
+//!   storage into: a peer is never given a handle to tensor memory itself,
+//!   whose allocation (a block of libtorch's caching allocator) holds other
+//!   tensors too. A CUDA segment's handle travels on the link when the
+//!   segment is made, and the sender fills it before queueing the frame
+//!   that names it (no fill mark: the copy takes microseconds).
+//! - SHM-7: a receiver copies out of a CUDA segment only into a tensor it
+//!   allocated on the device the sender's device map chose, and only for a
+//!   storage that every tensor using it reads as a dense tensor on that one
+//!   device (`tensor::cuda_landings`); it opens a segment's handle only
+//!   then, and refuses one that maps fewer bytes than its record said.
+//!   A CUDA segment named for any other storage (one landing in host
+//!   memory, on several devices, or read as a sparse tensor's part) makes
+//!   the frame malformed. (A CUDA storage may still cross in a host
+//!   segment: one staged in host memory, when no CUDA segment took it.)
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -64,6 +80,7 @@ use tokio::sync::{Notify, oneshot};
 
 use super::handshake::random_bytes;
 
+mod cuda;
 mod link;
 #[cfg(test)]
 mod tests;
@@ -355,32 +372,61 @@ enum Record {
     Release { id: u64 },
     /// The sender gave the segment up: the receiver unmaps it.
     Forget { id: u64 },
+    /// A new CUDA segment of the sender's, exported under `handle` (SHM-6);
+    /// `address` is its device address when the two sides are one process
+    /// (0 otherwise).
+    CudaSegment {
+        id: u64,
+        len: u64,
+        address: u64,
+        handle: cuda::Handle,
+    },
 }
 
+/// The bytes of a record: kind, id, length.
 const RECORD: usize = 17;
+/// The bytes of the longest record, a CUDA segment's (its address and
+/// handle after).
+const LONGEST_RECORD: usize = RECORD + 8 + cuda::HANDLE_LEN;
 
 impl Record {
-    fn encode(self) -> [u8; RECORD] {
+    /// The record's bytes, and how many of them it uses.
+    fn encode(self) -> ([u8; LONGEST_RECORD], usize) {
         let (kind, id, len) = match self {
             Record::Segment { id, len } => (1, id, len),
             Record::Release { id } => (2, id, 0),
             Record::Forget { id } => (3, id, 0),
+            Record::CudaSegment { id, len, .. } => (4, id, len),
         };
-        let mut out = [0u8; RECORD];
+        let mut out = [0u8; LONGEST_RECORD];
         out[0] = kind;
         out[1..9].copy_from_slice(&id.to_le_bytes());
-        out[9..].copy_from_slice(&len.to_le_bytes());
-        out
+        out[9..RECORD].copy_from_slice(&len.to_le_bytes());
+        if let Record::CudaSegment {
+            address, handle, ..
+        } = self
+        {
+            out[RECORD..RECORD + 8].copy_from_slice(&address.to_le_bytes());
+            out[RECORD + 8..].copy_from_slice(&handle);
+            return (out, LONGEST_RECORD);
+        }
+        (out, RECORD)
     }
 
     fn decode(bytes: &[u8]) -> Option<Self> {
-        let bytes: &[u8; RECORD] = bytes.try_into().ok()?;
-        let id = u64::from_le_bytes(bytes[1..9].try_into().ok()?);
-        let len = u64::from_le_bytes(bytes[9..].try_into().ok()?);
-        match bytes[0] {
-            1 => Some(Record::Segment { id, len }),
-            2 if len == 0 => Some(Record::Release { id }),
-            3 if len == 0 => Some(Record::Forget { id }),
+        let (head, rest) = bytes.split_at_checked(RECORD)?;
+        let id = u64::from_le_bytes(head[1..9].try_into().ok()?);
+        let len = u64::from_le_bytes(head[9..].try_into().ok()?);
+        match (head[0], rest.len()) {
+            (1, 0) => Some(Record::Segment { id, len }),
+            (2, 0) if len == 0 => Some(Record::Release { id }),
+            (3, 0) if len == 0 => Some(Record::Forget { id }),
+            (4, n) if n == LONGEST_RECORD - RECORD => Some(Record::CudaSegment {
+                id,
+                len,
+                address: u64::from_le_bytes(rest[..8].try_into().ok()?),
+                handle: rest[8..].try_into().ok()?,
+            }),
             _ => None,
         }
     }
@@ -388,7 +434,8 @@ impl Record {
 
 /// Sends `record` (with `fd` attached) without waiting.
 fn try_send(sock: &AsyncFd<OwnedFd>, record: Record, fd: Option<&OwnedFd>) -> std::io::Result<()> {
-    let bytes = record.encode();
+    let (bytes, len) = record.encode();
+    let bytes = &bytes[..len];
     let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     let fds;
@@ -398,11 +445,11 @@ fn try_send(sock: &AsyncFd<OwnedFd>, record: Record, fd: Option<&OwnedFd>) -> st
     }
     let sent = rustix::net::sendmsg(
         sock,
-        &[std::io::IoSlice::new(&bytes)],
+        &[std::io::IoSlice::new(bytes)],
         &mut control,
         SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
     )?;
-    if sent != RECORD {
+    if sent != len {
         return Err(std::io::Error::other("a link record was cut"));
     }
     Ok(())
@@ -411,7 +458,7 @@ fn try_send(sock: &AsyncFd<OwnedFd>, record: Record, fd: Option<&OwnedFd>) -> st
 /// Receives one record and the descriptors that came with it.
 async fn recv(sock: &AsyncFd<OwnedFd>) -> std::io::Result<Option<(Record, Vec<OwnedFd>)>> {
     sock.async_io(Interest::READABLE, |fd| {
-        let mut bytes = [0u8; RECORD + 1];
+        let mut bytes = [0u8; LONGEST_RECORD + 1];
         let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
         let mut control = RecvAncillaryBuffer::new(&mut space);
         let got = rustix::net::recvmsg(

@@ -248,15 +248,20 @@ impl Transport {
         lock(&self.all).len()
     }
 
-    /// How many connections have a shared-memory link, and the storage
-    /// bytes sent through those links (TR-9).
-    pub(crate) fn shared_memory(&self) -> (usize, u64) {
-        lock(&self.all)
-            .values()
-            .filter_map(|c| c.shm.get())
-            .fold((0, 0), |(links, bytes), l| {
-                (links + 1, bytes + l.sent_bytes())
-            })
+    /// How many connections have a shared-memory link, the storage bytes
+    /// sent through those links (TR-9), and how many of those bytes went
+    /// through CUDA segments (SHM-6).
+    pub(crate) fn shared_memory(&self) -> (usize, u64, u64) {
+        lock(&self.all).values().filter_map(|c| c.shm.get()).fold(
+            (0, 0, 0),
+            |(links, bytes, cuda), l| {
+                (
+                    links + 1,
+                    bytes + l.sent_bytes(),
+                    cuda + l.sent_cuda_bytes(),
+                )
+            },
+        )
     }
 
     /// The connection used to send to `peer`, dialing `addr` if there is

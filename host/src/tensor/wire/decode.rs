@@ -73,6 +73,50 @@ pub(crate) fn sole_shapes(tensors: &[WireTensor], blob_count: usize) -> Vec<Opti
         .collect()
 }
 
+/// For each of `blob_count` blobs, the CUDA device it lands on, when every
+/// tensor of the message that uses it is dense and lands on that one device
+/// (`devices`, the sender's device map's choice); `None` otherwise. Only
+/// such a storage may cross through a CUDA segment (SHM-7), copied
+/// straight into a tensor on that device; through host memory, it is moved
+/// to that device whole. Either way every view of it is made there, so
+/// tensors that share a CUDA storage share it on arrival.
+pub(crate) fn cuda_landings(
+    tensors: &[WireTensor],
+    devices: &[crate::device::Device],
+    blob_count: usize,
+) -> Vec<Option<u32>> {
+    #[derive(Clone, Copy)]
+    enum Landing {
+        Unused,
+        On(u32),
+        Mixed,
+    }
+    let mut landings = vec![Landing::Unused; blob_count];
+    for (i, tensor) in tensors.iter().enumerate() {
+        let cuda = match (tensor, devices.get(i)) {
+            (WireTensor::Dense { .. }, Some(crate::device::Device::Cuda(d))) => Some(*d),
+            _ => None,
+        };
+        for desc in tensor.dense_descs() {
+            let Some(landing) = desc.blob.and_then(|b| landings.get_mut(b as usize)) else {
+                continue;
+            };
+            *landing = match (*landing, cuda) {
+                (Landing::Unused, Some(d)) => Landing::On(d),
+                (Landing::On(e), Some(d)) if e == d => Landing::On(d),
+                _ => Landing::Mixed,
+            };
+        }
+    }
+    landings
+        .into_iter()
+        .map(|l| match l {
+            Landing::On(d) => Some(d),
+            Landing::Unused | Landing::Mixed => None,
+        })
+        .collect()
+}
+
 /// A received storage: a contiguous tensor the frame's bytes are read into,
 /// 1-D or in the shape of its sole user (WIRE-1).
 ///
@@ -90,13 +134,28 @@ pub(crate) struct DecodedBlob {
 }
 
 impl DecodedBlob {
-    /// Allocates the storage for `desc`, in `shape` when it is given and
-    /// holds exactly the blob's elements (WIRE-1), else as a 1-D tensor.
+    /// Allocates the storage for `desc` in host memory, in `shape` when it
+    /// is given and holds exactly the blob's elements (WIRE-1), else as a
+    /// 1-D tensor.
     ///
     /// # Errors
     /// Fails for an unknown dtype or a length that is not a whole number of
     /// elements.
+    #[cfg(test)]
     pub(crate) fn new(desc: BlobDesc, shape: Option<&[i64]>) -> Result<Self> {
+        Self::new_on(desc, shape, Device::Cpu)
+    }
+
+    /// Allocates the storage for `desc` on `device`, in `shape` when it is
+    /// given and holds exactly the blob's elements (WIRE-1), else as a 1-D
+    /// tensor. A CUDA storage is filled by a
+    /// device copy ([`address`](Self::address)), never through
+    /// [`bytes_mut`](Self::bytes_mut).
+    ///
+    /// # Errors
+    /// Fails for an unknown dtype, a length that is not a whole number of
+    /// elements, and when libtorch cannot allocate on `device`.
+    pub(crate) fn new_on(desc: BlobDesc, shape: Option<&[i64]>, device: Device) -> Result<Self> {
         let kind = kind_from_code(desc.dtype)
             .ok_or_else(|| Error::runtime(format!("unknown tensor dtype code {}", desc.dtype)))?;
         let elsize = kind.elt_size_in_bytes() as u64;
@@ -116,9 +175,13 @@ impl DecodedBlob {
             .filter(|s| s.len() <= MAX_DIMS && s.iter().all(|&d| d >= 0))
             .filter(|s| s.iter().try_fold(1i64, |n, &d| n.checked_mul(d)) == Some(numel))
             .unwrap_or(&flat);
-        let tensor = wasmrpc_torch_sys::recycle::for_overwrite(|| {
-            Tensor::f_empty(shape, (kind, Device::Cpu))
-        })?;
+        let tensor = if device == Device::Cpu {
+            wasmrpc_torch_sys::recycle::for_overwrite(|| Tensor::f_empty(shape, (kind, device)))?
+        } else {
+            // tch panics on some device errors rather than failing.
+            catch_unwind(|| Tensor::f_empty(shape, (kind, device)))
+                .map_err(|_| Error::runtime(format!("libtorch cannot allocate on {device:?}")))??
+        };
         Ok(DecodedBlob {
             tensor,
             dtype: desc.dtype,
@@ -126,9 +189,40 @@ impl DecodedBlob {
         })
     }
 
+    /// Where the storage starts (a device address on a CUDA device).
+    pub(crate) fn address(&self) -> u64 {
+        self.tensor.data_ptr() as u64
+    }
+
+    /// The storage's length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Moves the filled storage to `device` (one copy), where every view
+    /// of it is then made.
+    ///
+    /// # Errors
+    /// Fails when libtorch cannot copy it there.
+    pub(crate) fn move_to(&mut self, device: Device) -> Result<()> {
+        let tensor = &self.tensor;
+        self.tensor =
+            catch_unwind(AssertUnwindSafe(|| tensor.f_to_device(device))).map_err(|_| {
+                Error::runtime(format!("libtorch cannot move a tensor to {device:?}"))
+            })??;
+        Ok(())
+    }
+
     /// The storage bytes, to be filled from the network (contiguous, in
     /// whatever shape the blob was allocated).
+    ///
+    /// # Panics
+    /// For a storage allocated on a CUDA device.
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        assert!(
+            self.tensor.device() == Device::Cpu,
+            "host bytes of a CUDA storage"
+        );
         // SAFETY: `tensor` is a contiguous CPU tensor created by `f_empty`
         // with exactly `len` bytes (checked to be non-zero, so `data_ptr` is
         // a real allocation), owned by `self` and not yet shared with anyone:

@@ -195,3 +195,39 @@ fn a_hostile_sole_shape_is_never_allocated_and_its_descriptor_is_rejected() {
         assert!(err.message().contains(why), "{}", err.message());
     }
 }
+
+#[test]
+fn only_a_storage_every_user_reads_densely_on_one_cuda_device_lands_there() {
+    use crate::device::Device::{Cpu, Cuda};
+    // Descriptors as a CPU sender makes them; the landing devices are what
+    // a device map would choose.
+    let base = Tensor::arange(16, (Kind::Float, Device::Cpu));
+    let other = Tensor::ones([4], (Kind::Float, Device::Cpu));
+    let sparse = Tensor::eye(3, (Kind::Float, Device::Cpu)).to_sparse_sparse_dim(2);
+    let tensors = [
+        base.narrow(0, 0, 8),
+        base.narrow(0, 8, 8),
+        other.shallow_clone(),
+        sparse,
+    ];
+    let (wire, descs, _) = encode_tensors(&tensors).unwrap();
+    // Blobs: 0 = base's storage (two views), 1 = other's, then the sparse
+    // tensor's indices and values.
+    assert_eq!(descs.len(), 4);
+    let landings = |devices: &[crate::device::Device]| cuda_landings(&wire, devices, descs.len());
+    assert_eq!(
+        landings(&[Cuda(1), Cuda(1), Cuda(0), Cuda(0)]),
+        [Some(1), Some(0), None, None],
+        "a sparse tensor's parts never land in CUDA segments"
+    );
+    assert_eq!(
+        landings(&[Cuda(1), Cuda(0), Cpu, Cuda(0)]),
+        [None, None, None, None],
+        "views of one storage on two devices, and a storage landing on the CPU"
+    );
+    assert_eq!(
+        landings(&[]),
+        [None, None, None, None],
+        "no device map: all on the CPU"
+    );
+}

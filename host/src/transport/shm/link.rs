@@ -2,14 +2,25 @@
 //! peer, the peer's segments this side has mapped, and the task reading
 //! the link's records.
 
+use super::cuda::{DeviceSegment, PeerDeviceSegment};
 use super::*;
+
+/// Where a segment's bytes are.
+enum OwnMemory {
+    /// A memfd this side keeps mapped.
+    Host {
+        /// Kept so the memfd lives as long as the segment (the peer maps it).
+        _fd: OwnedFd,
+        map: Arc<Mapping>,
+    },
+    /// Device memory exported to the peer (SHM-6).
+    Cuda(Arc<DeviceSegment>),
+}
 
 /// A segment this side owns.
 struct OwnSegment {
     id: u64,
-    /// Kept so the memfd lives as long as the segment (the peer maps it).
-    _fd: OwnedFd,
-    map: Arc<Mapping>,
+    memory: OwnMemory,
     /// Named by a frame and not yet given back by the peer (SHM-3).
     lent: bool,
     /// Lent and not yet filled by this side.
@@ -21,6 +32,83 @@ struct OwnSegment {
 impl OwnSegment {
     fn is_free(&self) -> bool {
         !self.lent && !self.filling
+    }
+
+    /// The memory it holds, in bytes.
+    fn bytes(&self) -> usize {
+        match &self.memory {
+            OwnMemory::Host { map, .. } => map.len,
+            OwnMemory::Cuda(segment) => segment.len(),
+        }
+    }
+
+    fn is_cuda(&self) -> bool {
+        matches!(self.memory, OwnMemory::Cuda(_))
+    }
+
+    /// Whether it is free and can take a storage of `len` bytes: host
+    /// memory when `device` is `None`, else memory on that CUDA device.
+    fn fits(&self, len: usize, device: Option<u32>) -> bool {
+        self.is_free()
+            && match (&self.memory, device) {
+                (OwnMemory::Host { map, .. }, None) => map.len - SEGMENT_HEADER >= len,
+                (OwnMemory::Cuda(segment), Some(d)) => {
+                    segment.device() == d && segment.len() >= len
+                }
+                _ => false,
+            }
+    }
+}
+
+/// A peer's segment this side was given.
+#[derive(Clone)]
+enum PeerSegment {
+    /// A memfd, mapped read-only.
+    Host(Arc<Mapping>),
+    /// Device memory, opened when first copied from.
+    Cuda(Arc<PeerDeviceSegment>),
+}
+
+/// A CUDA segment lent for one storage: filled at once, before the frame
+/// naming it is queued.
+pub(crate) struct LentCuda {
+    link: Arc<ShmLink>,
+    id: u64,
+    segment: Arc<DeviceSegment>,
+}
+
+impl LentCuda {
+    /// The segment's id, for the frame to name.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Copies `len` bytes of device memory at `src` into the segment. On
+    /// failure the segment is free again, and the storage must travel
+    /// another way.
+    ///
+    /// # Errors
+    /// The driver's error.
+    ///
+    /// # Safety
+    /// `src .. src + len` must be device memory of this process on the
+    /// segment's device, alive for the call.
+    pub(crate) unsafe fn fill(self, src: u64, len: usize) -> Result<(), String> {
+        // SAFETY: the caller vouches for the source; the segment is this
+        // side's to write while lent and not yet named by a frame (SHM-3).
+        match unsafe { self.segment.fill(src, len) } {
+            Ok(()) => {
+                self.link.filled(self.id, len);
+                self.link
+                    .sent_cuda_bytes
+                    .fetch_add(len as u64, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                self.link.unlend(self.id);
+                Err(e)
+            }
+        }
     }
 }
 
@@ -73,20 +161,33 @@ struct OwnPool {
 pub(crate) struct ShmLink {
     sock: AsyncFd<OwnedFd>,
     own: Mutex<OwnPool>,
-    peer: Mutex<HashMap<u64, Arc<Mapping>>>,
+    peer: Mutex<HashMap<u64, PeerSegment>>,
     state: LinkState,
     /// Storage bytes this side sent through its segments.
     sent_bytes: std::sync::atomic::AtomicU64,
+    /// Of those, the bytes sent through CUDA segments.
+    sent_cuda_bytes: std::sync::atomic::AtomicU64,
+    /// Whether the peer is this very process (the kernel's word for the
+    /// link's socket): CUDA segments then go by address, not by handle.
+    same_process: bool,
+    /// Whether a CUDA storage went through host memory for want of a CUDA
+    /// segment (warned once per link).
+    cuda_fell_back: AtomicBool,
 }
 
 impl ShmLink {
     fn new(fd: OwnedFd) -> std::io::Result<Arc<Self>> {
+        let same_process = rustix::net::sockopt::socket_peercred(&fd)
+            .is_ok_and(|peer| u32::try_from(peer.pid.as_raw_pid()) == Ok(std::process::id()));
         Ok(Arc::new(ShmLink {
             sock: register(fd, Interest::READABLE | Interest::WRITABLE)?,
             own: Mutex::default(),
             peer: Mutex::default(),
             state: LinkState::default(),
             sent_bytes: std::sync::atomic::AtomicU64::new(0),
+            sent_cuda_bytes: std::sync::atomic::AtomicU64::new(0),
+            same_process,
+            cuda_fell_back: AtomicBool::new(false),
         }))
     }
 
@@ -110,13 +211,73 @@ impl ShmLink {
             return None;
         }
         let mut pool = lock(&self.own);
+        let segment = self.lend_from(&mut pool, len, None, |size| {
+            let (fd, map) = new_segment(size)
+                .map_err(|e| tracing::debug!("cannot make a shared segment: {e}"))
+                .ok()?;
+            Some(OwnMemory::Host {
+                _fd: fd,
+                map: Arc::new(map),
+            })
+        })?;
+        let OwnMemory::Host { map, .. } = &segment.memory else {
+            return None;
+        };
+        // Nothing is published yet: the peer reads this only after the
+        // frame naming the segment, which is queued after this store.
+        map.mark().store(0, Ordering::SeqCst);
+        Some(Lent {
+            link: Arc::clone(self),
+            id: segment.id,
+            map: Arc::clone(map),
+        })
+    }
+
+    /// Lends a free CUDA segment on `device` for a storage of `len` bytes
+    /// there (SHM-6), to be filled at once (`LentCuda::fill`). `None` when
+    /// the link failed, every segment is lent, or no segment can be made
+    /// (no driver, the device out of memory): the storage then travels
+    /// through host memory.
+    pub(crate) fn lend_cuda(self: &Arc<Self>, len: usize, device: u32) -> Option<LentCuda> {
+        if self.failed() || len == 0 {
+            return None;
+        }
+        let mut pool = lock(&self.own);
+        let segment = self.lend_from(&mut pool, len, Some(device), |size| {
+            DeviceSegment::new(device, size)
+                .map_err(|e| self.cuda_fell_back(&format!("cannot make a CUDA segment: {e}")))
+                .ok()
+                .map(|s| OwnMemory::Cuda(Arc::new(s)))
+        })?;
+        let OwnMemory::Cuda(cuda) = &segment.memory else {
+            return None;
+        };
+        Some(LentCuda {
+            link: Arc::clone(self),
+            id: segment.id,
+            segment: Arc::clone(cuda),
+        })
+    }
+
+    /// Marks lent a free segment that takes `len` bytes (host memory, or
+    /// memory on CUDA `device`), the smallest that fits, or one made by
+    /// `make` (given its size) and announced to the peer.
+    fn lend_from<'p>(
+        &self,
+        pool: &'p mut OwnPool,
+        len: usize,
+        device: Option<u32>,
+        make: impl FnOnce(usize) -> Option<OwnMemory>,
+    ) -> Option<&'p mut OwnSegment> {
         let fitting = pool
             .segments
-            .iter_mut()
-            .filter(|s| s.is_free() && s.map.len - SEGMENT_HEADER >= len)
-            .min_by_key(|s| s.map.len);
-        let segment = match fitting {
-            Some(s) => s,
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.fits(len, device))
+            .min_by_key(|(_, s)| s.bytes())
+            .map(|(i, _)| i);
+        let index = match fitting {
+            Some(i) => i,
             None => {
                 if pool.segments.len() >= MAX_OWN_SEGMENTS {
                     // Make room by giving up the smallest free segment.
@@ -125,48 +286,78 @@ impl ShmLink {
                         .iter()
                         .enumerate()
                         .filter(|(_, s)| s.is_free())
-                        .min_by_key(|(_, s)| s.map.len)
+                        .min_by_key(|(_, s)| s.bytes())
                         .map(|(i, _)| i)?;
-                    self.give_up(&mut pool, smallest);
+                    self.give_up(pool, smallest);
                 }
-                let size = (len + SEGMENT_HEADER)
-                    .next_power_of_two()
-                    .max(SHARE_THRESHOLD);
-                let (fd, map) = new_segment(size)
-                    .map_err(|e| tracing::debug!("cannot make a shared segment: {e}"))
-                    .ok()?;
+                let header = if device.is_some() { 0 } else { SEGMENT_HEADER };
+                let size = (len + header).next_power_of_two().max(SHARE_THRESHOLD);
+                let memory = make(size)?;
                 let id = pool.next_id;
                 pool.next_id += 1;
-                let record = Record::Segment {
-                    id,
-                    len: size as u64,
+                let sent = match &memory {
+                    OwnMemory::Host { _fd, .. } => try_send(
+                        &self.sock,
+                        Record::Segment {
+                            id,
+                            len: size as u64,
+                        },
+                        Some(_fd),
+                    ),
+                    OwnMemory::Cuda(segment) => try_send(
+                        &self.sock,
+                        Record::CudaSegment {
+                            id,
+                            len: size as u64,
+                            address: if self.same_process {
+                                segment.address()
+                            } else {
+                                0
+                            },
+                            handle: segment.handle(),
+                        },
+                        None,
+                    ),
                 };
-                if let Err(e) = try_send(&self.sock, record, Some(&fd)) {
-                    drop(pool);
+                if let Err(e) = sent {
                     self.fail(&format!("cannot send a segment: {e}"));
                     return None;
                 }
                 pool.segments.push(OwnSegment {
                     id,
-                    _fd: fd,
-                    map: Arc::new(map),
+                    memory,
                     lent: false,
                     filling: false,
                     free_since: std::time::Instant::now(),
                 });
-                pool.segments.last_mut()?
+                pool.segments.len() - 1
             }
         };
+        let segment = &mut pool.segments[index];
         segment.lent = true;
         segment.filling = true;
-        // Nothing is published yet: the peer reads this only after the
-        // frame naming the segment, which is queued after this store.
-        segment.map.mark().store(0, Ordering::SeqCst);
-        Some(Lent {
-            link: Arc::clone(self),
-            id: segment.id,
-            map: Arc::clone(&segment.map),
-        })
+        Some(segment)
+    }
+
+    /// A CUDA storage goes through host memory because of `why`: a warning,
+    /// once per link, since it costs the CUDA path's speed (two host copies
+    /// and the socket instead of two device copies).
+    pub(crate) fn cuda_fell_back(&self, why: &str) {
+        if !self.cuda_fell_back.swap(true, Ordering::AcqRel) {
+            tracing::warn!(
+                "CUDA storages to a worker on this host go through host memory: {why} \
+                 (warned once per connection)"
+            );
+        }
+    }
+
+    /// Segment `id` was lent but never named by a frame: it is free again.
+    fn unlend(&self, id: u64) {
+        let mut pool = lock(&self.own);
+        if let Some(s) = pool.segments.iter_mut().find(|s| s.id == id) {
+            (s.lent, s.filling) = (false, false);
+            s.free_since = std::time::Instant::now();
+        }
     }
 
     /// The fill of segment `id` is done: once the peer gives it back too,
@@ -197,7 +388,11 @@ impl ShmLink {
     /// Fails if the segment never arrives or is not filled in time, the
     /// link failed, or `out` is longer than the segment holds.
     pub(crate) async fn copy_out(self: &Arc<Self>, id: u64, out: &mut [u8]) -> Result<(), String> {
-        let segment = self.peer_segment(id).await?;
+        let PeerSegment::Host(segment) = self.peer_segment(id).await? else {
+            return Err(format!(
+                "segment {id} is CUDA memory, named for a storage in host memory"
+            ));
+        };
         if out.len() > segment.len - SEGMENT_HEADER {
             return Err(format!(
                 "a storage of {} bytes in a shared segment of {} bytes",
@@ -249,9 +444,54 @@ impl ShmLink {
         Ok(())
     }
 
+    /// Copies the storage a frame placed in the peer's CUDA segment `id`
+    /// to `len` bytes of device memory at `dst` on CUDA `device` (SHM-1,
+    /// SHM-7), then gives the segment back.
+    ///
+    /// # Errors
+    /// Fails if the segment never arrives, is host memory, does not open,
+    /// or holds fewer bytes; the driver's errors.
+    ///
+    /// # Safety
+    /// `dst .. dst + len` must be device memory of this process on
+    /// `device`, alive and read by no one until this returns.
+    pub(crate) async unsafe fn copy_out_cuda(
+        self: &Arc<Self>,
+        id: u64,
+        device: u32,
+        dst: u64,
+        len: usize,
+    ) -> Result<(), String> {
+        let PeerSegment::Cuda(segment) = self.peer_segment(id).await? else {
+            return Err(format!(
+                "segment {id} is host memory, named for a storage in CUDA memory"
+            ));
+        };
+        // SAFETY: the caller vouches for the destination.
+        unsafe { segment.copy_to(device, dst, len) }
+            .map_err(|e| format!("CUDA segment {id}: {e}"))?;
+        self.send_soon(Record::Release { id });
+        Ok(())
+    }
+
+    /// Whether the peer's segment `id` is device memory (waiting for its
+    /// record as `copy_out` does).
+    ///
+    /// # Errors
+    /// As `copy_out`, when the segment never arrives.
+    pub(crate) async fn is_cuda_segment(&self, id: u64) -> Result<bool, String> {
+        Ok(matches!(self.peer_segment(id).await?, PeerSegment::Cuda(_)))
+    }
+
     /// Storage bytes this side sent through its segments.
     pub(crate) fn sent_bytes(&self) -> u64 {
         self.sent_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Of [`sent_bytes`](Self::sent_bytes), those sent through CUDA
+    /// segments.
+    pub(crate) fn sent_cuda_bytes(&self) -> u64 {
+        self.sent_cuda_bytes.load(Ordering::Relaxed)
     }
 
     /// Gives the peer's segment `id` back unread (its frame was refused).
@@ -259,14 +499,14 @@ impl ShmLink {
         self.send_soon(Record::Release { id });
     }
 
-    async fn peer_segment(&self, id: u64) -> Result<Arc<Mapping>, String> {
+    async fn peer_segment(&self, id: u64) -> Result<PeerSegment, String> {
         let deadline = tokio::time::Instant::now() + LINK_TIMEOUT;
         loop {
             let changed = self.state.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
             if let Some(segment) = lock(&self.peer).get(&id) {
-                return Ok(Arc::clone(segment));
+                return Ok(segment.clone());
             }
             if self.failed() {
                 return Err(format!(
@@ -333,17 +573,30 @@ impl ShmLink {
         match record {
             Record::Segment { id, len } => {
                 let map = map_peer_segment(&fds[0], len)?;
-                let mut peer = lock(&self.peer);
-                if peer.len() >= MAX_PEER_SEGMENTS {
-                    return Err(format!(
-                        "the peer lent more than {MAX_PEER_SEGMENTS} segments"
-                    ));
+                self.add_peer_segment(id, PeerSegment::Host(Arc::new(map)))?;
+            }
+            Record::CudaSegment {
+                id,
+                len,
+                address,
+                handle,
+            } => {
+                if len == 0 {
+                    return Err(format!("the peer lent CUDA segment {id} of 0 bytes"));
                 }
-                if peer.insert(id, Arc::new(map)).is_some() {
-                    return Err(format!("the peer lent segment {id} twice"));
-                }
-                drop(peer);
-                self.state.changed.notify_waiters();
+                // An address means something only within this process; from
+                // another one it is ignored and the handle is opened.
+                let local = match (self.same_process, address) {
+                    (true, 0) => {
+                        return Err(format!(
+                            "CUDA segment {id} of this very process came without its address"
+                        ));
+                    }
+                    (true, address) => Some(address),
+                    (false, _) => None,
+                };
+                let segment = PeerDeviceSegment::new(handle, len, local);
+                self.add_peer_segment(id, PeerSegment::Cuda(Arc::new(segment)))?;
             }
             Record::Release { id } => {
                 let mut pool = lock(&self.own);
@@ -356,16 +609,18 @@ impl ShmLink {
                     })?;
                 segment.lent = false;
                 segment.free_since = std::time::Instant::now();
-                let kept = segment.map.len.max(IDLE_BYTES);
-                // Other free segments over the idle limit are given up,
-                // largest first; the one given back stays for the next
-                // storage of its size (the common case: the same call again).
+                let kept = segment.bytes().max(IDLE_BYTES);
+                let cuda = segment.is_cuda();
+                // Other free segments of the same memory over the idle limit
+                // are given up, largest first; the one given back stays for
+                // the next storage of its size (the common case: the same
+                // call again).
                 loop {
                     let idle: usize = pool
                         .segments
                         .iter()
-                        .filter(|s| s.is_free())
-                        .map(|s| s.map.len)
+                        .filter(|s| s.is_free() && s.is_cuda() == cuda)
+                        .map(OwnSegment::bytes)
                         .sum();
                     if idle <= kept {
                         break;
@@ -374,8 +629,8 @@ impl ShmLink {
                         .segments
                         .iter()
                         .enumerate()
-                        .filter(|(_, s)| s.is_free() && s.id != id)
-                        .max_by_key(|(_, s)| s.map.len)
+                        .filter(|(_, s)| s.is_free() && s.is_cuda() == cuda && s.id != id)
+                        .max_by_key(|(_, s)| s.bytes())
                         .map(|(i, _)| i)
                     else {
                         break;
@@ -389,6 +644,23 @@ impl ShmLink {
                     .ok_or_else(|| format!("the peer gave up segment {id}, which it never lent"))?;
             }
         }
+        Ok(())
+    }
+
+    /// Records the peer's segment `id` (SHM-2: at most
+    /// [`MAX_PEER_SEGMENTS`], each id once).
+    fn add_peer_segment(&self, id: u64, segment: PeerSegment) -> Result<(), String> {
+        let mut peer = lock(&self.peer);
+        if peer.len() >= MAX_PEER_SEGMENTS {
+            return Err(format!(
+                "the peer lent more than {MAX_PEER_SEGMENTS} segments"
+            ));
+        }
+        if peer.insert(id, segment).is_some() {
+            return Err(format!("the peer lent segment {id} twice"));
+        }
+        drop(peer);
+        self.state.changed.notify_waiters();
         Ok(())
     }
 

@@ -175,6 +175,101 @@ async fn hostile_records_fail_the_link() {
     assert!(!link_fails_on(segment(Some(sealed_memfd(4096, sealed)), 4096)).await);
 }
 
+fn cuda_segment(id: u64, len: u64, address: u64) -> Record {
+    Record::CudaSegment {
+        id,
+        len,
+        address,
+        handle: [0xab; cuda::HANDLE_LEN],
+    }
+}
+
+#[test]
+fn a_cuda_segment_record_carries_its_address_and_handle_and_nothing_else() {
+    let record = cuda_segment(7, 1 << 20, 0xdead_0000);
+    let (bytes, len) = record.encode();
+    assert_eq!(len, LONGEST_RECORD);
+    assert_eq!(Record::decode(&bytes[..len]), Some(record));
+    // Cut short, or a host segment's record with a handle after it.
+    assert_eq!(Record::decode(&bytes[..len - 1]), None);
+    let (mut host, _) = Record::Segment {
+        id: 7,
+        len: 1 << 20,
+    }
+    .encode();
+    host[RECORD..].fill(1);
+    assert_eq!(Record::decode(&host), None);
+    assert_eq!(Record::decode(&bytes[..RECORD]), None);
+}
+
+#[tokio::test]
+async fn hostile_cuda_segment_records_fail_the_link() {
+    // (The two ends of a socket pair are one process: the kernel says so,
+    // and a CUDA segment must then come with its address.)
+    let send = |record: Record, fd: Option<OwnedFd>| {
+        move |s: &AsyncFd<OwnedFd>| try_send(s, record, fd.as_ref()).unwrap()
+    };
+    // Empty.
+    assert!(link_fails_on(send(cuda_segment(0, 0, 0x1000), None)).await);
+    // From this process, without its address.
+    assert!(link_fails_on(send(cuda_segment(0, 1 << 20, 0), None)).await);
+    // With a descriptor.
+    let fd = sealed_memfd(4096, SealFlags::SHRINK | SealFlags::GROW);
+    assert!(link_fails_on(send(cuda_segment(0, 1 << 20, 0x1000), Some(fd))).await);
+    // The same id twice, even as another kind of segment.
+    let fd = sealed_memfd(1 << 20, SealFlags::SHRINK | SealFlags::GROW);
+    assert!(
+        link_fails_on(move |s| {
+            try_send(s, cuda_segment(4, 1 << 20, 0x1000), None).unwrap();
+            try_send(
+                s,
+                Record::Segment {
+                    id: 4,
+                    len: 1 << 20,
+                },
+                Some(&fd),
+            )
+            .unwrap();
+        })
+        .await
+    );
+    // An honest one does not (and opens nothing: no driver is needed).
+    assert!(!link_fails_on(send(cuda_segment(0, 1 << 20, 0x1000), None)).await);
+}
+
+#[tokio::test]
+async fn a_cuda_segment_named_for_a_storage_landing_in_host_memory_is_a_malformed_frame() {
+    // A real frame whose 2 MiB storage its sender put in segment 0.
+    let (a, a_peer) = pair();
+    let (a, _a_peer) = (ShmSlot::joined(a), ShmSlot::joined(a_peer));
+    let big = tch::Tensor::rand([1 << 19], (tch::Kind::Float, tch::Device::Cpu));
+    let message = crate::abi::encode(&vec![crate::abi::Value::Tensor(0)]).unwrap();
+    let mut frame = OutFrame::encode(
+        message,
+        MessageKind::new("Test"),
+        &[big.shallow_clone()],
+        &[],
+    )
+    .unwrap();
+    assert!(frame.place(a.get()).unwrap().is_empty());
+    let mut bytes = Vec::new();
+    write_frame(&mut bytes, &frame, 0).await.unwrap();
+    // A receiver to whom segment 0 is a CUDA segment: the storage lands on
+    // the CPU (no device map), so no CUDA segment may carry it (SHM-7).
+    let (ours, theirs) = pair();
+    let slot = ShmSlot::joined(ours);
+    let theirs = register(theirs, Interest::READABLE | Interest::WRITABLE).unwrap();
+    try_send(&theirs, cuda_segment(0, 4 << 20, 0x1000), None).unwrap();
+    let e = read_frame(&mut &bytes[..], 1 << 30, None, Some(&slot))
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("CUDA segment 0 named for storage 0, which does not land on one CUDA device"),
+        "{e}"
+    );
+}
+
 #[tokio::test]
 async fn only_the_token_of_an_offer_joins_its_link() {
     let listener = ShmListener::bind().unwrap();
@@ -212,7 +307,7 @@ async fn a_frame_carries_a_large_storage_in_shared_memory_and_small_ones_inline(
         &[],
     )
     .unwrap();
-    let fills = frame.share(a.get().unwrap()).unwrap();
+    let fills = frame.place(a.get()).unwrap();
     assert!(
         fills.is_empty(),
         "2 MiB is filled before the frame is queued"

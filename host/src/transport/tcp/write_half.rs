@@ -125,10 +125,7 @@ impl Connection {
         if self.is_closed() {
             return Err(closed());
         }
-        let fills = match self.shm.get() {
-            Some(link) => frame.share(link)?,
-            None => Vec::new(),
-        };
+        let fills = frame.place(self.shm.get())?;
         // Shared storages are filled right after queueing (SHM-5): their
         // frames never wait.
         if fills.is_empty() && self.coalesces() {
