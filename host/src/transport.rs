@@ -24,7 +24,9 @@
 //!   has halves that read and write without a lock between them).
 //! - `shm`: the same-host shared-memory channel: storages of 1 MiB and more
 //!   to a peer on this host cross in memfd segments lent over a Unix
-//!   socket that only the two authenticated workers share.
+//!   socket that only the two authenticated workers share, and CUDA
+//!   storages in CUDA segments (device memory exported through CUDA IPC
+//!   handles, `shm::cuda`).
 //! - `fault`: make the first N sends of given message kinds fail, or delay
 //!   them, for the seeds' faulty-agent tests.
 //!
@@ -67,9 +69,11 @@
 //!   worker nor lock out a real peer (`tcp::admission`).
 //! - TR-9: between workers on one host, a storage of at least 1 MiB may
 //!   cross in a shared-memory segment instead of the connection (`shm`,
-//!   SHM-1 to SHM-4): offered only to a peer that proved itself, copied
+//!   SHM-1 to SHM-5): offered only to a peer that proved itself, copied
 //!   out by the receiver before use, refused unless sealed against
 //!   resizing; the connection stays the fallback and carries the frame.
+//!   A CUDA storage that lands on a CUDA device crosses in a CUDA segment
+//!   of any size (SHM-6, SHM-7); without one it is staged in host memory.
 //! - TR-10: while other work is in progress on a connection (calls awaiting
 //!   its responses, calls served from it: `tcp::Work`), a frame waits in
 //!   the backlog for a flush task instead of being written by its sender,
