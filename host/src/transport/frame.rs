@@ -202,7 +202,10 @@ impl OutFrame {
 /// (SHM-6): the segment's id, or `None` when the link has none to lend or
 /// the copy fails (the storage then travels through host memory).
 fn share_cuda(link: &Arc<ShmLink>, blob: &Blob, device: u32) -> Option<u64> {
-    let lent = link.lend_cuda(blob.len(), device)?;
+    let Some(lent) = link.lend_cuda(blob.len(), device) else {
+        link.cuda_fell_back("no CUDA segment to lend (all lent, or none could be made)");
+        return None;
+    };
     let id = lent.id();
     // SAFETY: the blob's bytes are device memory on `device`, kept alive by
     // the blob for the call.
