@@ -417,7 +417,13 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
         ));
     }
     let shapes = sole_shapes(&header.tensors, header.blobs.len());
-    let landings = cuda_landings(&header.tensors, &header.devices, header.blobs.len());
+    // No landing devices: everything lands on the CPU (the small calls' case,
+    // which pays for nothing here).
+    let landings = if header.devices.is_empty() {
+        Vec::new()
+    } else {
+        cuda_landings(&header.tensors, &header.devices, header.blobs.len())
+    };
     let mut blobs = Vec::with_capacity(header.blobs.len());
     for (i, desc) in header.blobs.iter().enumerate() {
         // A storage in a CUDA segment is copied straight to the device it
