@@ -82,10 +82,12 @@ use super::handshake::random_bytes;
 
 mod cuda;
 mod link;
+mod slot;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use link::{Lent, ShmLink, ShmSlot};
+pub(crate) use link::{Lent, ShmLink};
+pub(crate) use slot::ShmSlot;
 
 /// Bytes at the start of each segment before its storage: the fill mark
 /// (SHM-5), alone in its cache line.

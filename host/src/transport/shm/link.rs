@@ -5,6 +5,8 @@
 use super::cuda::{DeviceSegment, PeerDeviceSegment};
 use super::*;
 
+mod cuda_segments;
+
 /// Where a segment's bytes are.
 enum OwnMemory {
     /// A memfd this side keeps mapped.
@@ -67,49 +69,6 @@ enum PeerSegment {
     Host(Arc<Mapping>),
     /// Device memory, opened when first copied from.
     Cuda(Arc<PeerDeviceSegment>),
-}
-
-/// A CUDA segment lent for one storage: filled at once, before the frame
-/// naming it is queued.
-pub(crate) struct LentCuda {
-    link: Arc<ShmLink>,
-    id: u64,
-    segment: Arc<DeviceSegment>,
-}
-
-impl LentCuda {
-    /// The segment's id, for the frame to name.
-    pub(crate) fn id(&self) -> u64 {
-        self.id
-    }
-
-    /// Copies `len` bytes of device memory at `src` into the segment. On
-    /// failure the segment is free again, and the storage must travel
-    /// another way.
-    ///
-    /// # Errors
-    /// The driver's error.
-    ///
-    /// # Safety
-    /// `src .. src + len` must be device memory of this process on the
-    /// segment's device, alive for the call.
-    pub(crate) unsafe fn fill(self, src: u64, len: usize) -> Result<(), String> {
-        // SAFETY: the caller vouches for the source; the segment is this
-        // side's to write while lent and not yet named by a frame (SHM-3).
-        match unsafe { self.segment.fill(src, len) } {
-            Ok(()) => {
-                self.link.filled(self.id, len);
-                self.link
-                    .sent_cuda_bytes
-                    .fetch_add(len as u64, Ordering::Relaxed);
-                Ok(())
-            }
-            Err(e) => {
-                self.link.unlend(self.id);
-                Err(e)
-            }
-        }
-    }
 }
 
 /// A segment lent for one storage: fill it after queueing the frame that
@@ -176,7 +135,7 @@ pub(crate) struct ShmLink {
 }
 
 impl ShmLink {
-    fn new(fd: OwnedFd) -> std::io::Result<Arc<Self>> {
+    pub(super) fn new(fd: OwnedFd) -> std::io::Result<Arc<Self>> {
         let same_process = rustix::net::sockopt::socket_peercred(&fd)
             .is_ok_and(|peer| u32::try_from(peer.pid.as_raw_pid()) == Ok(std::process::id()));
         Ok(Arc::new(ShmLink {
@@ -191,11 +150,11 @@ impl ShmLink {
         }))
     }
 
-    fn failed(&self) -> bool {
+    pub(super) fn failed(&self) -> bool {
         self.state.failed.load(Ordering::Acquire)
     }
 
-    fn fail(&self, why: &str) {
+    pub(super) fn fail(&self, why: &str) {
         if !self.state.failed.swap(true, Ordering::AcqRel) {
             tracing::debug!("shared-memory link closed: {why}");
         }
@@ -230,32 +189,6 @@ impl ShmLink {
             link: Arc::clone(self),
             id: segment.id,
             map: Arc::clone(map),
-        })
-    }
-
-    /// Lends a free CUDA segment on `device` for a storage of `len` bytes
-    /// there (SHM-6), to be filled at once (`LentCuda::fill`). `None` when
-    /// the link failed, every segment is lent, or no segment can be made
-    /// (no driver, the device out of memory): the storage then travels
-    /// through host memory.
-    pub(crate) fn lend_cuda(self: &Arc<Self>, len: usize, device: u32) -> Option<LentCuda> {
-        if self.failed() || len == 0 {
-            return None;
-        }
-        let mut pool = lock(&self.own);
-        let segment = self.lend_from(&mut pool, len, Some(device), |size| {
-            DeviceSegment::new(device, size)
-                .map_err(|e| self.cuda_fell_back(&format!("cannot make a CUDA segment: {e}")))
-                .ok()
-                .map(|s| OwnMemory::Cuda(Arc::new(s)))
-        })?;
-        let OwnMemory::Cuda(cuda) = &segment.memory else {
-            return None;
-        };
-        Some(LentCuda {
-            link: Arc::clone(self),
-            id: segment.id,
-            segment: Arc::clone(cuda),
         })
     }
 
@@ -337,18 +270,6 @@ impl ShmLink {
         segment.lent = true;
         segment.filling = true;
         Some(segment)
-    }
-
-    /// A CUDA storage goes through host memory because of `why`: a warning,
-    /// once per link, since it costs the CUDA path's speed (two host copies
-    /// and the socket instead of two device copies).
-    pub(crate) fn cuda_fell_back(&self, why: &str) {
-        if !self.cuda_fell_back.swap(true, Ordering::AcqRel) {
-            tracing::warn!(
-                "CUDA storages to a worker on this host go through host memory: {why} \
-                 (warned once per connection)"
-            );
-        }
     }
 
     /// Segment `id` was lent but never named by a frame: it is free again.
@@ -444,45 +365,6 @@ impl ShmLink {
         Ok(())
     }
 
-    /// Copies the storage a frame placed in the peer's CUDA segment `id`
-    /// to `len` bytes of device memory at `dst` on CUDA `device` (SHM-1,
-    /// SHM-7), then gives the segment back.
-    ///
-    /// # Errors
-    /// Fails if the segment never arrives, is host memory, does not open,
-    /// or holds fewer bytes; the driver's errors.
-    ///
-    /// # Safety
-    /// `dst .. dst + len` must be device memory of this process on
-    /// `device`, alive and read by no one until this returns.
-    pub(crate) async unsafe fn copy_out_cuda(
-        self: &Arc<Self>,
-        id: u64,
-        device: u32,
-        dst: u64,
-        len: usize,
-    ) -> Result<(), String> {
-        let PeerSegment::Cuda(segment) = self.peer_segment(id).await? else {
-            return Err(format!(
-                "segment {id} is host memory, named for a storage in CUDA memory"
-            ));
-        };
-        // SAFETY: the caller vouches for the destination.
-        unsafe { segment.copy_to(device, dst, len) }
-            .map_err(|e| format!("CUDA segment {id}: {e}"))?;
-        self.send_soon(Record::Release { id });
-        Ok(())
-    }
-
-    /// Whether the peer's segment `id` is device memory (waiting for its
-    /// record as `copy_out` does).
-    ///
-    /// # Errors
-    /// As `copy_out`, when the segment never arrives.
-    pub(crate) async fn is_cuda_segment(&self, id: u64) -> Result<bool, String> {
-        Ok(matches!(self.peer_segment(id).await?, PeerSegment::Cuda(_)))
-    }
-
     /// Storage bytes this side sent through its segments.
     pub(crate) fn sent_bytes(&self) -> u64 {
         self.sent_bytes.load(Ordering::Relaxed)
@@ -547,7 +429,7 @@ impl ShmLink {
     }
 
     /// Reads the link's records until it fails (SHM-2).
-    async fn run(self: Arc<Self>) {
+    pub(super) async fn run(self: Arc<Self>) {
         let why = loop {
             match recv(&self.sock).await {
                 Ok(None) => break "the peer closed the link".to_string(),
@@ -672,7 +554,7 @@ impl ShmLink {
     }
 
     /// Gives up the segments free for longer than [`IDLE_LIFE`].
-    fn trim(&self) {
+    pub(super) fn trim(&self) {
         let mut pool = lock(&self.own);
         while let Some(old) = pool
             .segments
@@ -698,127 +580,5 @@ impl ShmLink {
             .iter()
             .filter(|s| !s.is_free())
             .count()
-    }
-}
-
-/// A connection's link, as far as it is set up: none, being set up (the
-/// acceptor waits for its dialer to join), or up.
-#[derive(Clone)]
-pub(crate) struct ShmSlot(Arc<SlotInner>);
-
-struct SlotInner {
-    link: std::sync::OnceLock<Arc<ShmLink>>,
-    pending: AtomicBool,
-    changed: Notify,
-    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
-}
-
-impl ShmSlot {
-    fn with(pending: bool) -> Self {
-        ShmSlot(Arc::new(SlotInner {
-            link: std::sync::OnceLock::new(),
-            pending: AtomicBool::new(pending),
-            changed: Notify::new(),
-            tasks: Mutex::default(),
-        }))
-    }
-
-    /// No link: everything goes over the connection.
-    pub(crate) fn none() -> Self {
-        Self::with(false)
-    }
-
-    /// The link of a dialer that joined (`join`).
-    pub(crate) fn joined(fd: OwnedFd) -> Self {
-        let slot = Self::with(false);
-        slot.attach(fd);
-        slot
-    }
-
-    /// The link of an acceptor, once its dialer joins (`ShmListener::offer`).
-    pub(crate) fn awaiting(joined: oneshot::Receiver<OwnedFd>) -> Self {
-        let slot = Self::with(true);
-        let inner = Arc::downgrade(&slot.0);
-        let wait = tokio::spawn(async move {
-            let fd = tokio::time::timeout(LINK_TIMEOUT, joined).await;
-            let Some(inner) = inner.upgrade() else { return };
-            let slot = ShmSlot(inner);
-            match fd {
-                Ok(Ok(fd)) => slot.attach(fd),
-                _ => slot.settle(),
-            }
-        });
-        lock(&slot.0.tasks).push(wait.abort_handle());
-        slot
-    }
-
-    fn attach(&self, fd: OwnedFd) {
-        match ShmLink::new(fd) {
-            Ok(link) => {
-                let reader = tokio::spawn(Arc::clone(&link).run());
-                let weak = Arc::downgrade(&link);
-                let trimmer = tokio::spawn(async move {
-                    let mut every = tokio::time::interval(Duration::from_secs(1));
-                    loop {
-                        every.tick().await;
-                        let Some(link) = weak.upgrade() else { return };
-                        link.trim();
-                    }
-                });
-                lock(&self.0.tasks).extend([reader.abort_handle(), trimmer.abort_handle()]);
-                let _ = self.0.link.set(link);
-            }
-            Err(e) => tracing::debug!("no shared-memory link: {e}"),
-        }
-        self.settle();
-    }
-
-    fn settle(&self) {
-        self.0.pending.store(false, Ordering::Release);
-        self.0.changed.notify_waiters();
-    }
-
-    /// The link, when it is up and has not failed.
-    pub(crate) fn get(&self) -> Option<&Arc<ShmLink>> {
-        self.0.link.get().filter(|l| !l.failed())
-    }
-
-    /// The link a received frame's segments are in: waits while it is
-    /// being set up (the dialer may send before the acceptor's side is up).
-    pub(crate) async fn wait(&self) -> Option<&Arc<ShmLink>> {
-        loop {
-            let changed = self.0.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            if let Some(link) = self.0.link.get() {
-                return Some(link);
-            }
-            if !self.0.pending.load(Ordering::Acquire) {
-                return None;
-            }
-            if tokio::time::timeout(LINK_TIMEOUT, changed).await.is_err() {
-                return None;
-            }
-        }
-    }
-
-    /// Closes the link (the connection closed): its tasks stop, and the
-    /// peer's side fails.
-    pub(crate) fn close(&self) {
-        for task in lock(&self.0.tasks).drain(..) {
-            task.abort();
-        }
-        if let Some(link) = self.0.link.get() {
-            link.fail("the connection closed");
-        }
-        self.settle();
-    }
-}
-
-impl Drop for SlotInner {
-    fn drop(&mut self) {
-        for task in lock(&self.tasks).drain(..) {
-            task.abort();
-        }
     }
 }
