@@ -322,20 +322,7 @@ impl PeerDeviceSegment {
     /// (SHM-7).
     fn open(&self) -> Result<cu::CUdeviceptr, String> {
         if let Some(address) = self.local {
-            let (mut base, mut size): (cu::CUdeviceptr, usize) = (0, 0);
-            // SAFETY: out-pointers to locals; the driver only looks the
-            // address up.
-            check(
-                unsafe { cu::cuMemGetAddressRange_v2(&mut base, &mut size, address) },
-                "looking up a CUDA segment of this process",
-            )?;
-            if base != address || (size as u64) < self.len {
-                return Err(format!(
-                    "a CUDA segment of this process announced as {} bytes at {address:#x} \
-                     is not an allocation of that size",
-                    self.len
-                ));
-            }
+            self.check_whole(address, "a CUDA segment of this process")?;
             return Ok(address);
         }
         let raw = cu::CUipcMemHandle {
@@ -349,23 +336,31 @@ impl PeerDeviceSegment {
             unsafe { cu::cuIpcOpenMemHandle_v2(&mut ptr, raw, flags) },
             "opening a peer's CUDA segment (cuIpcOpenMemHandle)",
         )?;
-        let (mut base, mut size): (cu::CUdeviceptr, usize) = (0, 0);
-        // SAFETY: out-pointers to locals, about the mapping just made.
-        let range = check(
-            unsafe { cu::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) },
-            "cuMemGetAddressRange",
-        );
-        let whole = matches!(range, Ok(()) if base == ptr && size as u64 >= self.len);
-        if !whole {
+        if let Err(e) = self.check_whole(ptr, "a peer's CUDA segment") {
             // SAFETY: the mapping just opened, closed once.
             let _ = unsafe { cu::cuIpcCloseMemHandle(ptr) };
-            range?;
+            return Err(e);
+        }
+        Ok(ptr)
+    }
+
+    /// Checks that `ptr` starts an allocation (or mapping) of at least the
+    /// announced length (SHM-7).
+    fn check_whole(&self, ptr: cu::CUdeviceptr, what: &str) -> Result<(), String> {
+        let (mut base, mut size): (cu::CUdeviceptr, usize) = (0, 0);
+        // SAFETY: out-pointers to locals; the driver only looks the address
+        // up.
+        check(
+            unsafe { cu::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) },
+            &format!("looking up {what}"),
+        )?;
+        if base != ptr || (size as u64) < self.len {
             return Err(format!(
-                "a peer's CUDA segment announced as {} bytes maps {size} bytes",
+                "{what} announced as {} bytes at {ptr:#x} maps {size} bytes from {base:#x}",
                 self.len
             ));
         }
-        Ok(ptr)
+        Ok(())
     }
 }
 
