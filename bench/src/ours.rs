@@ -363,8 +363,18 @@ async fn measure(
         let a = Tensor::rand([size, size], (Kind::Float, Device::Cpu)).set_requires_grad(true);
         let b = Tensor::rand([size, size], (Kind::Float, Device::Cpu)).set_requires_grad(true);
         let n = cfg.n(nq, nf);
-        let s = timed(n, (n / 10).max(1), || autograd_step(agent, dst, &a, &b)).await?;
+        let phases = std::cell::RefCell::new(Vec::with_capacity(n + n / 10 + 1));
+        let s = timed(n, (n / 10).max(1), || {
+            autograd_step(agent, dst, &a, &b, &phases)
+        })
+        .await?;
         res.set(Side::Ours, row, Stat::latencies(&s));
+        let phases = phases.into_inner();
+        res.note(
+            Side::Ours,
+            row,
+            StepPhases::medians(&phases[phases.len().saturating_sub(n)..]),
+        );
     }
     Ok(())
 }
@@ -646,17 +656,48 @@ pub(crate) async fn tls_rows(cfg: &Config, res: &mut Results, progress: &Progres
     Ok(())
 }
 
+/// Where one distributed autograd step's time went, as its row's note:
+/// the remote matmul (the forward call), the local sum, and the backward
+/// pass across both workers. A profile of the step starts here.
+struct StepPhases {
+    forward: Duration,
+    loss: Duration,
+    backward: Duration,
+}
+
+impl StepPhases {
+    /// The median of each phase over `steps`.
+    fn medians(steps: &[StepPhases]) -> String {
+        let median = |phase: fn(&StepPhases) -> Duration| {
+            let mut v: Vec<Duration> = steps.iter().map(phase).collect();
+            v.sort();
+            v.get(v.len() / 2).map_or_else(
+                || "-".to_string(),
+                |d| crate::report::fmt_micros(d.as_secs_f64() * 1e6),
+            )
+        };
+        format!(
+            "(phase medians: remote matmul {}, local sum {}, backward {})",
+            median(|p| p.forward),
+            median(|p| p.loss),
+            median(|p| p.backward)
+        )
+    }
+}
+
 /// One step as the torch side does it: in a fresh context, a remote matmul,
 /// a local sum, backward across both workers, and the context's gradients
-/// (both leaves must have one).
+/// (both leaves must have one). Its phases go to `phases`.
 async fn autograd_step(
     agent: &RpcAgent,
     dst: &str,
     a: &Tensor,
     b: &Tensor,
+    phases: &std::cell::RefCell<Vec<StepPhases>>,
 ) -> wasmrpc::Result<Payload> {
     let (a, b) = (a.shallow_clone(), b.shallow_clone());
     wasmrpc::dist_autograd::context(agent, |ctx| async move {
+        let started = Instant::now();
         let product = agent
             .rpc_sync(
                 dst,
@@ -665,8 +706,15 @@ async fn autograd_step(
             )
             .await?
             .as_tensor()?;
+        let returned = Instant::now();
         let loss = product.sum(None);
+        let summed = Instant::now();
         wasmrpc::dist_autograd::backward(agent, ctx, &[loss], false).await?;
+        phases.borrow_mut().push(StepPhases {
+            forward: returned - started,
+            loss: summed - returned,
+            backward: summed.elapsed(),
+        });
         let grads = wasmrpc::dist_autograd::get_gradients(agent, ctx)?;
         if !(grads.contains(&a) && grads.contains(&b)) {
             return Err(wasmrpc::Error::runtime(format!(

@@ -35,7 +35,7 @@ pub(crate) fn of_limit(row: &Row, res: &Results) -> Option<f64> {
     })
 }
 
-fn fmt_micros(us: f64) -> String {
+pub(crate) fn fmt_micros(us: f64) -> String {
     if us < 1000.0 {
         format!("{us:.1} µs")
     } else if us < 1e6 {
