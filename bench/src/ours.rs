@@ -669,12 +669,8 @@ impl StepPhases {
     /// The median of each phase over `steps`.
     fn medians(steps: &[StepPhases]) -> String {
         let median = |phase: fn(&StepPhases) -> Duration| {
-            let mut v: Vec<Duration> = steps.iter().map(phase).collect();
-            v.sort();
-            v.get(v.len() / 2).map_or_else(
-                || "-".to_string(),
-                |d| crate::report::fmt_micros(d.as_secs_f64() * 1e6),
-            )
+            let samples: Vec<Duration> = steps.iter().map(phase).collect();
+            crate::report::fmt_micros(Stat::latencies(&samples).median)
         };
         format!(
             "(phase medians: remote matmul {}, local sum {}, backward {})",
