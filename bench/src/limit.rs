@@ -1,6 +1,8 @@
 //! The machine's limits: a raw TCP ping-pong round trip, a raw TCP echo of
-//! the echo rows' sizes, memcpy of 64 MiB, and the bound of the
-//! shared-memory channel's design (two overlapped copies each way).
+//! the echo rows' sizes, memcpy of 64 MiB, the bound of the
+//! shared-memory channel's design (two overlapped copies each way), and the
+//! floor of a distributed autograd step (its ops in one process plus two
+//! raw TCP round trips carrying its tensors).
 //!
 //! The server runs in a process of its own (`wasmrpc-bench raw-server`), as
 //! the RPC workers do. Its protocol is the least an RPC could do: the client
@@ -134,6 +136,13 @@ pub(crate) const ECHO: &[(&str, usize, usize, usize)] = &[
     ("raw_echo_64m", 64 << 20, 5, 20),
 ];
 
+/// The floors of the distributed autograd rows: (limit key, side of the
+/// matrices, steps in a quick run, steps in a full run).
+pub(crate) const STEP_FLOOR: &[(&str, i64, usize, usize)] = &[
+    ("step_floor_16", 16, 200, 1000),
+    ("step_floor_256", 256, 50, 200),
+];
+
 /// Measures every limit the selected rows need.
 pub(crate) fn measure(quick: bool, only: &[String], res: &mut Results, progress: &Progress) {
     let need_rtt = [
@@ -148,12 +157,22 @@ pub(crate) fn measure(quick: bool, only: &[String], res: &mut Results, progress:
         .iter()
         .filter(|(key, ..)| wanted(only, &key["raw_".len()..]) || wanted(only, key))
         .collect();
-    if (need_rtt || !need_echo.is_empty())
-        && let Err(e) = tcp(quick, need_rtt, &need_echo, res, progress)
+    let need_floor: Vec<_> = STEP_FLOOR
+        .iter()
+        .filter(|(key, side, ..)| {
+            wanted(only, key) || wanted(only, &format!("dist_autograd_{side}"))
+        })
+        .collect();
+    if (need_rtt || !need_echo.is_empty() || !need_floor.is_empty())
+        && let Err(e) = tcp(quick, need_rtt, &need_echo, &need_floor, res, progress)
     {
         let why = format!("raw TCP measurement failed: {e:#}");
         res.na(Side::Limit, "raw_rtt", &why);
-        for (key, ..) in ECHO {
+        let keys = ECHO
+            .iter()
+            .map(|e| e.0)
+            .chain(STEP_FLOOR.iter().map(|f| f.0));
+        for key in keys {
             res.na(Side::Limit, key, &why);
         }
     }
@@ -270,6 +289,7 @@ fn tcp(
     quick: bool,
     rtt: bool,
     echo: &[&(&str, usize, usize, usize)],
+    floors: &[&(&str, i64, usize, usize)],
     res: &mut Results,
     progress: &Progress,
 ) -> Result<()> {
@@ -288,7 +308,74 @@ fn tcp(
         let samples = timed(&mut conn, *size, n, (n / 10).max(1))?;
         res.set(Side::Limit, key, Stat::latencies(&samples));
     }
+    for (key, side, nq, nf) in floors {
+        progress.set(&format!(
+            "limit: a {side}x{side} autograd step in one process, and its bytes over raw TCP"
+        ));
+        let n = if quick { *nq } else { *nf };
+        let ops = Stat::latencies(&local_step(*side, n, (n / 10).max(1))?).median;
+        let bytes = step_bytes_each_way(*side);
+        let trip = Stat::latencies(&timed(&mut conn, bytes, n, (n / 10).max(1))?).median;
+        res.set(Side::Limit, key, Stat::value(ops + 2.0 * trip, n as u64));
+        res.note(
+            Side::Limit,
+            key,
+            format!(
+                "(ops in one process {} + 2 raw TCP round trips of {} each way {})",
+                crate::report::fmt_micros(ops),
+                fmt_bytes(bytes),
+                crate::report::fmt_micros(trip)
+            ),
+        );
+    }
     Ok(())
+}
+
+/// The bytes a remote step's round trips carry each way, on average: the
+/// forward sends both matrices and gets the product back, the backward
+/// sends the product's gradient and gets both matrices' gradients back,
+/// so each round trip moves three matrices of `side`x`side` floats.
+fn step_bytes_each_way(side: i64) -> usize {
+    usize::try_from(side * side * 4 * 3 / 2).unwrap_or(usize::MAX)
+}
+
+fn fmt_bytes(bytes: usize) -> String {
+    if bytes >= 1 << 10 {
+        format!("{:.1} KiB", bytes as f64 / 1024.0)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+/// `n` samples of the bench's distributed autograd step done in this
+/// process, after `warmup`: the matmul of two `side`x`side` leaves, its
+/// sum, and the leaves' gradients by libtorch's engine (returned, as a
+/// distributed context holds them, rather than accumulated), on this
+/// process's op threads, which the bench sets to a worker's share.
+fn local_step(side: i64, n: usize, warmup: usize) -> Result<Vec<Duration>> {
+    use tch::{Device, Kind, Tensor};
+    let leaf = || Tensor::rand([side, side], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let (a, b) = (leaf(), leaf());
+    let step = || -> Result<()> {
+        let loss = a.f_matmul(&b)?.f_sum(None)?;
+        let grads = Tensor::f_run_backward(&[loss], &[&a, &b], false, false)?;
+        anyhow::ensure!(
+            grads.len() == 2,
+            "the local step got {} gradients",
+            grads.len()
+        );
+        Ok(())
+    };
+    for _ in 0..warmup {
+        step()?;
+    }
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        step()?;
+        samples.push(t.elapsed());
+    }
+    Ok(samples)
 }
 
 #[cfg(test)]

@@ -300,11 +300,20 @@ pub(crate) fn targets(res: &Results) -> String {
                 (v, g, shown)
             }
         };
+        let ceiling = row(id).and_then(|r| ceiling(&r, goal, res));
         let line = match (value, shown) {
             (Some(v), Some(shown)) if v >= wanted => format!("  [ ok ] {what}: {shown}"),
-            (Some(v), Some(shown)) => {
-                format!("  [MISS] {what}: {shown} (needs {:.2}x better)", wanted / v)
-            }
+            (Some(v), Some(shown)) => match ceiling {
+                Some(c) if c < wanted => format!(
+                    "  [MISS] {what}: {shown} (needs {:.2}x better; out of reach in this run: at the row's limit it would be {c:.2}x)",
+                    wanted / v
+                ),
+                Some(c) => format!(
+                    "  [MISS] {what}: {shown} (needs {:.2}x better; at the row's limit it would be {c:.2}x)",
+                    wanted / v
+                ),
+                None => format!("  [MISS] {what}: {shown} (needs {:.2}x better)", wanted / v),
+            },
             _ => {
                 let why = match res.get(Side::Ours, id) {
                     Some(Outcome::Na(w)) => w.clone(),
@@ -316,6 +325,24 @@ pub(crate) fn targets(res: &Results) -> String {
         let _ = writeln!(out, "{line}");
     }
     out
+}
+
+/// What a goal's measure would be if `row` took exactly its limit's time:
+/// the best any implementation bound by that limit could score, so a
+/// target above it cannot be met in this run. `None` for goals whose
+/// measure does not follow from the limit.
+fn ceiling(row: &Row, goal: Goal, res: &Results) -> Option<f64> {
+    let limit = res.stat(Side::Limit, row.limit?)?.median;
+    match goal {
+        Goal::VsTorch(_) if row.unit.lower_is_better() => {
+            Some(res.stat(Side::Torch, row.torch?)?.median / limit)
+        }
+        Goal::Throughput(rate, _) if row.unit.lower_is_better() => {
+            let gb_per_s = row.bytes? as f64 / (limit * 1e3);
+            Some(gb_per_s / res.stat(Side::Limit, rate)?.median)
+        }
+        _ => None,
+    }
 }
 
 fn stat_json(s: Option<&Outcome>) -> (Json, Json) {
@@ -410,6 +437,30 @@ mod tests {
         r.set(Side::Limit, "memcpy_64m", Stat::value(12.0, 1));
         let t = targets(&r);
         assert!(t.contains("[MISS] 64 MiB echo between workers on one host >= 0.5x memcpy: 3.36 GB/s, 0.28x memcpy_64m (needs 1.79x better)"), "{t}");
+    }
+
+    #[test]
+    fn a_missed_target_says_what_the_rows_limit_would_score() {
+        let mut r = results();
+        // The shared-memory bound: 64 MiB there and back in 16 ms, 4.19
+        // GB/s, 0.35x of a memcpy at 12 GB/s.
+        r.set(Side::Ours, "shm_echo_64m", Stat::value(20_000.0, 1));
+        r.set(Side::Limit, "memcpy_64m", Stat::value(12.0, 1));
+        r.set(Side::Limit, "shm_bound_64m", Stat::value(16_000.0, 1));
+        // A 256x256 step: ours 2 ms, torch 2.8 ms, its floor 1.6 ms.
+        r.set(Side::Ours, "dist_autograd_256", Stat::value(2_000.0, 1));
+        r.set(Side::Torch, "dist_autograd_256", Stat::value(2_800.0, 1));
+        r.set(Side::Limit, "step_floor_256", Stat::value(1_600.0, 1));
+        // A 16x16 step whose floor leaves room for the target.
+        r.set(Side::Ours, "dist_autograd_16", Stat::value(400.0, 1));
+        r.set(Side::Torch, "dist_autograd_16", Stat::value(1_000.0, 1));
+        r.set(Side::Limit, "step_floor_16", Stat::value(100.0, 1));
+        let t = targets(&r);
+        assert!(t.contains("[MISS] 64 MiB echo between workers on one host >= 0.5x memcpy: 3.36 GB/s, 0.28x memcpy_64m (needs 1.79x better; out of reach in this run: at the row's limit it would be 0.35x)"), "{t}");
+        assert!(t.contains("[MISS] dist autograd step (256x256) >= 2x faster than torch: 1.40x (needs 1.43x better; out of reach in this run: at the row's limit it would be 1.75x)"), "{t}");
+        assert!(t.contains("[MISS] dist autograd step (16x16) >= 5x faster than torch: 2.50x (needs 2.00x better; at the row's limit it would be 10.00x)"), "{t}");
+        // Targets whose measure does not follow from a limit say nothing more.
+        assert!(t.contains("(4.00x its time) (needs 3.64x better)\n"), "{t}");
     }
 
     #[test]
