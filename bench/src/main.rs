@@ -3,8 +3,10 @@
 //!
 //! One run measures, in order:
 //! 1. the limits (`limit`): raw TCP round trip and echo between two
-//!    processes, memcpy, and the shared-memory channel's bound (two
-//!    overlapped copies each way);
+//!    processes, memcpy, the shared-memory channel's bound (two
+//!    overlapped copies each way), and the floor of a distributed autograd
+//!    step (its ops in this process plus two raw TCP round trips of its
+//!    bytes);
 //! 2. our side (`ours`): groups of `wasmrpc-bench worker` processes, measured
 //!    from rank 0 in this process;
 //! 3. the torch side (`torch`): `bench/torch_rpc_bench.py`, which spawns its
@@ -47,8 +49,10 @@ use crate::rows::{ROWS, Results, Side, wanted};
 /// init_rpc + shutdown (world 2/4/8), all-to-all load (world 4 and 8), local wasm
 /// calls, and the resident memory of a worker idle and after N calls. Each
 /// side runs worker processes of its own; the limits are a raw TCP
-/// round trip and echo between two processes, memcpy, and the bound of
-/// the shared-memory echo (two overlapped copies of 64 MiB each way).
+/// round trip and echo between two processes, memcpy, the bound of the
+/// shared-memory echo (two overlapped copies of 64 MiB each way), and the
+/// floor of an autograd step (its ops in one process plus two raw TCP
+/// round trips of its bytes).
 ///
 /// Writes JSON lines (one per row) and a PNG plot of latency against payload
 /// size under target/bench/. A full run takes about 5-8 minutes on 2 cores;
