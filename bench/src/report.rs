@@ -45,6 +45,15 @@ pub(crate) fn fmt_micros(us: f64) -> String {
     }
 }
 
+/// A byte count in KiB from 1 KiB on, else in bytes.
+pub(crate) fn fmt_bytes(bytes: usize) -> String {
+    if bytes >= 1 << 10 {
+        format!("{:.1} KiB", bytes as f64 / 1024.0)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
 fn fmt_rate(r: f64) -> String {
     let whole = format!("{:.0}", r);
     let mut out = String::new();
