@@ -63,6 +63,7 @@ mod registry;
 mod rendezvous;
 mod serve;
 mod shutdown;
+mod warn_limit;
 
 use std::any::{Any, TypeId};
 use std::collections::{BTreeMap, HashMap};
@@ -107,6 +108,12 @@ pub const INTERNAL_PREFIX: &str = "wasmrpc::";
 /// A function every agent serves that does nothing (the seeds' `noop`,
 /// used to probe whether a worker is alive).
 pub const NOOP: &str = "wasmrpc::_noop";
+
+/// A function every agent serves to its peers: its
+/// [`get_debug_info`](RpcAgent::get_debug_info), a dict of str to str (what
+/// a harness or an operator's tool reads of a worker in another process,
+/// such as the tensor memory it holds).
+pub const DEBUG_INFO: &str = "wasmrpc::_debug_info";
 
 const RUNNING: u8 = 0;
 const STOPPING: u8 = 1;
@@ -164,6 +171,8 @@ pub(crate) struct AgentInner {
     tensor_budget: crate::tensor::budget::WorkerBudget,
     /// The features plugged into this agent, in order.
     extensions: Extensions,
+    /// How often each peer's calls may put a WARN line in the log.
+    warn_limit: warn_limit::WarnLimiter,
 }
 
 impl Drop for AgentInner {
@@ -464,6 +473,9 @@ impl RpcAgent {
             "agent.shared_memory_cuda_bytes_sent".into(),
             cuda.to_string(),
         );
+        let (used, limit) = self.tensor_memory_in_use();
+        m.insert("agent.tensor_memory_bytes".into(), used.to_string());
+        m.insert("agent.tensor_memory_limit_bytes".into(), limit.to_string());
         m.insert(
             "agent.rpc_timeout_ms".into(),
             i.timeout_ms.load(Ordering::Acquire).to_string(),

@@ -116,10 +116,10 @@ pub use wasmrpc_wasm as wasm;
 
 pub use abi::{ErrorKind, RemoteError, Value, WorkerInfo};
 pub use agent::{
-    Builtins, CLUSTER_SECRET_ENV, CallContext, CallKind, CallOptions, CallScope, DEFAULT_BUSY_POLL,
-    DEFAULT_INIT_METHOD, DEFAULT_NUM_WORKER_THREADS, DEFAULT_RPC_TIMEOUT, Dest, Extension,
-    Extensions, FUTURE_PICKLE, Field, Fields, FunctionRegistry, FunctionResolver, Future,
-    HandleCodec, INTERNAL_PREFIX, IncomingCall, IncomingReply, Message, NOOP, OutgoingCall,
+    Builtins, CLUSTER_SECRET_ENV, CallContext, CallKind, CallOptions, CallScope, DEBUG_INFO,
+    DEFAULT_BUSY_POLL, DEFAULT_INIT_METHOD, DEFAULT_NUM_WORKER_THREADS, DEFAULT_RPC_TIMEOUT, Dest,
+    Extension, Extensions, FUTURE_PICKLE, Field, Fields, FunctionRegistry, FunctionResolver,
+    Future, HandleCodec, INTERNAL_PREFIX, IncomingCall, IncomingReply, Message, NOOP, OutgoingCall,
     Request, RpcAgent, RpcBackendOptions, RpcFunction, Run, ServeScope, ShutdownHook, collect_all,
     collected_futures, current_agent, init_rpc_with, reset_current_agent, set_current_agent,
     validate_worker_name, wait_all, wait_all_blocking, wait_all_scope, worker_info,

@@ -26,6 +26,7 @@ use crate::{
     Error, FaultInjection, FunctionRegistry, Remote, Result, RpcAgent, RpcBackendOptions, init_rpc,
 };
 
+pub mod op_fuzz;
 mod waits;
 
 pub use waits::{

@@ -1,4 +1,4 @@
-//! Compiles the C++ shim (`shim/ops.cpp`) against the libtorch that
+//! Compiles the C++ shim (`shim/ops.cpp`, `budget.cpp`, `guards.cpp`) against the libtorch that
 //! torch-sys links, links it with `torch_cpu` and `c10`, and embeds an rpath
 //! to libtorch's folder so this package's test and bench binaries find it at
 //! run time.
@@ -11,6 +11,8 @@ fn main() -> Result<()> {
     println!("cargo:rerun-if-changed=shim/ops.h");
     println!("cargo:rerun-if-changed=shim/budget.cpp");
     println!("cargo:rerun-if-changed=shim/budget.h");
+    println!("cargo:rerun-if-changed=shim/guards.cpp");
+    println!("cargo:rerun-if-changed=shim/guards.h");
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
 
     // torch-sys (links = "tch") publishes the folder it linked against.
@@ -60,6 +62,7 @@ fn main() -> Result<()> {
         .define("NDEBUG", None)
         .file("shim/ops.cpp")
         .file("shim/budget.cpp")
+        .file("shim/guards.cpp")
         .compile("wasmrpc_torch_shim");
 
     println!("cargo:rustc-link-search=native={}", lib.display());

@@ -160,6 +160,13 @@ fn internal_registry(extensions: &Extensions) -> FunctionRegistry {
         super::NOOP,
         |_ctx, _args| async move { Ok(Payload::none()) },
     );
+    r.register_native(super::DEBUG_INFO, |ctx, _args| async move {
+        let info = ctx.agent().get_debug_info();
+        Ok(Payload::dict(
+            info.into_iter()
+                .map(|(k, v)| (Payload::from(k), Payload::from(v))),
+        ))
+    });
     r.register_native(UPDATE_MEMBERSHIP, |ctx, args| async move {
         let record = args.get(0)?;
         let join = args.get(1)?.as_bool()?;
@@ -232,6 +239,7 @@ async fn start(
         debug_sources: Mutex::default(),
         shutdown_hooks: Mutex::default(),
         tensor_budget: crate::tensor::budget::WorkerBudget::new(&info.name, options.tensor_memory),
+        warn_limit: super::warn_limit::WarnLimiter::default(),
         options: options.clone(),
     });
     let agent = RpcAgent::from_inner(inner.clone());

@@ -67,8 +67,11 @@ impl RpcAgent {
             };
             let fields = Arc::new(fields);
             let (result, reply_fields) = this.run_call(&caller, &function, (args, kwargs), &fields, tensors).await;
-            if let Err(e) = &result {
-                tracing::warn!(worker = %this.name(), caller = %conn.peer, function = %function, "function raised {}: {}", e.kind(), e.message());
+            if let Err(e) = &result
+                && let Some(held_back) = this.inner.warn_limit.admit(&conn.peer)
+            {
+                let note = super::warn_limit::held_back_note(held_back);
+                tracing::warn!(worker = %this.name(), caller = %conn.peer, function = %function, "function raised {}: {}{note}", e.kind(), e.message());
             }
             this.respond(&conn, id, result, reply_fields).await;
             drop(work);
@@ -398,7 +401,10 @@ impl Handler for AgentHandler {
         };
         let what = format!("{} from worker {}", message.describe(), conn.peer);
         let error = crate::tensor::budget::refusal_error(agent.name(), &what, refusal, false);
-        tracing::warn!(peer = %conn.peer, "{error}");
+        if let Some(held_back) = agent.inner.warn_limit.admit(&conn.peer) {
+            let note = super::warn_limit::held_back_note(held_back);
+            tracing::warn!(peer = %conn.peer, "{error}{note}");
+        }
         let id = message.id();
         match message {
             // The reply to one of this worker's requests: its call fails.

@@ -22,6 +22,7 @@
 #include <c10/util/ThreadLocalDebugInfo.h>
 
 #include "budget.h"
+#include "guards.h"
 
 #include <algorithm>
 #include <chrono>
@@ -298,6 +299,64 @@ c10::Device device_of(const wrs_value& node) {
   return c10::Device(static_cast<c10::DeviceType>(node.i), index);
 }
 
+// The libtorch enums a caller names by integer code: on the wire a dtype,
+// a layout and a memory format are their codes, as TorchScript passes them.
+enum class EnumArg { ScalarType, Layout, MemoryFormat };
+
+// What is wrong with `code` as an `kind`, or "" if libtorch defines it.
+// Kernels cast these codes unchecked (`static_cast<ScalarType>(i)`) and
+// index tables with them, so a code libtorch does not define reads out of
+// bounds: `aten::to(t, -1)` is a SIGSEGV on libtorch 2.13, from Python's
+// `torch.ops.aten.to` too. `ScalarType::Undefined` is refused as well: it
+// is no dtype a caller can ask for (ops given it fail on internal asserts).
+std::string enum_code_problem(EnumArg kind, int64_t code) {
+  int64_t limit = 0;
+  const char* what = "";
+  switch (kind) {
+    case EnumArg::ScalarType:
+      limit = static_cast<int64_t>(c10::ScalarType::Undefined);
+      what = "dtype (torch.dtype)";
+      break;
+    case EnumArg::Layout:
+      limit = static_cast<int64_t>(c10::Layout::NumOptions);
+      what = "layout (torch.layout)";
+      break;
+    case EnumArg::MemoryFormat:
+      limit = static_cast<int64_t>(c10::MemoryFormat::NumOptions);
+      what = "memory format (torch.memory_format)";
+      break;
+  }
+  if (code >= 0 && code < limit) {
+    return {};
+  }
+  return c10::str(code, " is not the code of a ", what, ": libtorch defines codes 0 to ",
+                  limit - 1);
+}
+
+// The enum an `int` parameter stands for, by its name: TorchScript's own
+// overloads take some enums as plain ints (`aten::to.prim_dtype(Tensor(a)
+// self, int? dtype=None, ...)`) and cast them just as unchecked.
+std::optional<EnumArg> enum_of_int_param(const c10::Argument& param) {
+  auto type = param.real_type();
+  if (type->kind() == TypeKind::OptionalType) {
+    type = type->expectRef<c10::OptionalType>().getElementType();
+  }
+  if (type->kind() != TypeKind::IntType) {
+    return std::nullopt;
+  }
+  const auto& name = param.name();
+  if (name == "dtype" || name == "out_dtype" || name == "scalar_type") {
+    return EnumArg::ScalarType;
+  }
+  if (name == "layout") {
+    return EnumArg::Layout;
+  }
+  if (name == "memory_format") {
+    return EnumArg::MemoryFormat;
+  }
+  return std::nullopt;
+}
+
 bool infer(const Nodes& nodes, size_t i, IValue& out, std::string* why);
 
 // Converts the value at `i` to an IValue of `type`, mirroring pybind_utils'
@@ -354,6 +413,10 @@ bool to_ivalue(const Nodes& nodes, size_t i, const TypePtr& type,
       return cannot_cast("SymInt");
     case TypeKind::ScalarTypeType:
       if (node.tag == WRS_DTYPE || node.tag == WRS_INT) {
+        auto problem = enum_code_problem(EnumArg::ScalarType, node.i);
+        if (!problem.empty()) {
+          return fail("Unable to cast " + repr(nodes, i) + " to ScalarType: " + problem);
+        }
         out = node.i;
         return true;
       }
@@ -361,6 +424,13 @@ bool to_ivalue(const Nodes& nodes, size_t i, const TypePtr& type,
     case TypeKind::LayoutType:
     case TypeKind::MemoryFormatType:
       if (node.tag == WRS_INT) {
+        auto kind = type->kind() == TypeKind::LayoutType ? EnumArg::Layout
+                                                         : EnumArg::MemoryFormat;
+        auto problem = enum_code_problem(kind, node.i);
+        if (!problem.empty()) {
+          return fail("Unable to cast " + repr(nodes, i) + " to " + type->str() + ": " +
+                      problem);
+        }
         out = node.i;
         return true;
       }
@@ -631,6 +701,25 @@ std::string mismatch(const c10::FunctionSchema& schema, size_t pos, const Nodes&
       "\nCast error details: ", details);
 }
 
+// Whether `v`, converted for parameter `pos`, is a code libtorch defines
+// when the parameter is an `int` standing for an enum (`enum_of_int_param`);
+// if not, `why` (if set) receives the mismatch naming the parameter.
+bool int_enum_ok(const c10::FunctionSchema& schema, size_t pos, const IValue& v,
+                 const Nodes& nodes, size_t node, std::string* why) {
+  auto kind = enum_of_int_param(schema.arguments().at(pos));
+  if (!kind || !v.isInt()) {
+    return true;
+  }
+  auto problem = enum_code_problem(*kind, v.toInt());
+  if (problem.empty()) {
+    return true;
+  }
+  if (why != nullptr) {
+    *why = mismatch(schema, pos, nodes, node, "Unable to cast " + repr(nodes, node) + ": " + problem);
+  }
+  return false;
+}
+
 // Builds the stack for `schema` from the call's arguments, as
 // `createStackForSchema` does. Returns false if the schema does not accept
 // them; `why` (if set) receives PyTorch's text for the mismatch.
@@ -704,6 +793,9 @@ bool create_stack(const c10::FunctionSchema& schema, const CallArgs& call, Stack
       }
       return false;
     }
+    if (!int_enum_ok(schema, pos, v, nodes, call.args[pos], why)) {
+      return false;
+    }
     stack.push_back(std::move(v));
   }
 
@@ -725,6 +817,9 @@ bool create_stack(const c10::FunctionSchema& schema, const CallArgs& call, Stack
         if (why != nullptr) {
           *why = mismatch(schema, pos, nodes, call.kwargs[found], details);
         }
+        return false;
+      }
+      if (!int_enum_ok(schema, pos, v, nodes, call.kwargs[found], why)) {
         return false;
       }
       stack.push_back(std::move(v));
@@ -933,6 +1028,10 @@ int32_t call_impl(const wrs_op* op, const wrs_value* raw_nodes, size_t n_nodes, 
   }
 
   try {
+    if (auto why = wasmrpc_guards::unsafe_arguments(found->op->schema(), stack)) {
+      set_error(out, std::move(*why), WRS_CLASS_RUNTIME);
+      return WRS_ERR_OP;
+    }
     found->operation(stack);
   } catch (const c10::Error& e) {
     set_error(out, e.what_without_backtrace(), error_class(e));

@@ -1115,3 +1115,153 @@ fn a_cuda_build_loads_libtorch_cuda() {
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
     assert_eq!(maps.contains("/libtorch_cuda.so"), cuda_build);
 }
+
+/// Issue 43: `(t, -1)` to these ops was a SIGSEGV of the whole process
+/// (libtorch casts enum codes unchecked; Python's `torch.ops.aten.to(t, -1)`
+/// crashes too). Each is now an error naming the argument and its code.
+#[test]
+fn an_enum_code_libtorch_does_not_define_is_an_error_not_a_crash() {
+    for op in ["aten::to", "aten::to_dense", "aten::view"] {
+        let err = call_op(op, &[ones(&[4, 4]), OpValue::Int(-1)], &[]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::RuntimeError, "{op}: {err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("-1 is not the code of a dtype (torch.dtype)")
+                && text.contains("argument 'dtype'"),
+            "{op}: {text}"
+        );
+    }
+    // `aten::to.prim_dtype(Tensor(a) self, int? dtype=None, ...)` takes the
+    // code as a plain int: checked by the parameter's name.
+    let err = call_op("aten::to", &[ones(&[2]), OpValue::Int(1000)], &[]).unwrap_err();
+    let text = err.to_string();
+    let prim_dtype = text
+        .split("\n\n")
+        .find(|why| why.contains("aten::to.prim_dtype("))
+        .unwrap_or_else(|| panic!("no word on to.prim_dtype: {text}"));
+    assert!(
+        prim_dtype.contains("1000 is not the code of a dtype (torch.dtype)"),
+        "{text}"
+    );
+    // Layouts and memory formats, positional or by keyword.
+    let err = call_op(
+        "aten::zeros",
+        &[ints(&[2])],
+        &[kw("layout", OpValue::Int(i64::MAX))],
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains(&format!(
+            "{} is not the code of a layout (torch.layout)",
+            i64::MAX
+        )),
+        "{err}"
+    );
+    let err = call_op(
+        "aten::clone",
+        &[ones(&[2])],
+        &[kw("memory_format", OpValue::Int(4))],
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("4 is not the code of a memory format (torch.memory_format): libtorch defines codes 0 to 3"),
+        "{err}"
+    );
+    // Codes libtorch defines still work: 6 is torch.float32, 3 int32.
+    let out = tensor(call_op("aten::to", &[ones(&[2]), OpValue::Int(3)], &[]).unwrap());
+    assert_eq!(out.kind(), Kind::Int);
+    let out = tensor(call_op("aten::zeros", &[ints(&[2])], &[kw("dtype", 6_i64)]).unwrap());
+    assert_eq!(out.kind(), Kind::Float);
+}
+
+/// Issue 43, found by the op fuzzer (`host/tests/op_fuzz.rs`): calls that
+/// killed the process (SIGFPE, SIGSEGV) or never returned, on libtorch
+/// 2.13, from Python's `torch.ops.aten` too. Each is now a `RuntimeError`.
+#[test]
+fn arguments_libtorch_does_not_check_are_errors_not_crashes() {
+    let expect = |op: &str, args: &[OpValue], kwargs: &[(String, OpValue)], text: &str| {
+        let err = call_op(op, args, kwargs).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::RuntimeError, "{op}: {err}");
+        assert!(err.to_string().contains(text), "{op}: {err}");
+    };
+    let int = OpValue::Int;
+    // Python ints: `a % b` in TorchScript's int overloads.
+    expect(
+        "aten::remainder",
+        &[int(1), int(0)],
+        &[],
+        "integer modulo by zero",
+    );
+    expect(
+        "aten::remainder",
+        &[int(i64::MIN), int(-1)],
+        &[],
+        "overflows int64",
+    );
+    expect(
+        "aten::gcd",
+        &[int(i64::MIN), int(-1)],
+        &[],
+        "overflows int64",
+    );
+    expect(
+        "aten::gcd",
+        &[int(-1), int(i64::MIN)],
+        &[],
+        "overflows int64",
+    );
+    // Tensors: truncating integer division of the smallest value by -1.
+    let smallest = || OpValue::Tensor(Tensor::from_slice(&[i64::MIN, 4]));
+    let trunc = [kw("rounding_mode", "trunc")];
+    expect("aten::div", &[smallest(), int(-1)], &trunc, "divided by -1");
+    expect(
+        "aten::div",
+        &[
+            smallest(),
+            OpValue::Tensor(Tensor::from_slice(&[-1_i64, 2])),
+        ],
+        &trunc,
+        "divided by -1",
+    );
+    let smallest32 = OpValue::Tensor(Tensor::from_slice(&[i32::MIN]));
+    expect(
+        "aten::divide",
+        &[smallest32, int(-1)],
+        &trunc,
+        "divided by -1",
+    );
+    // A pooling window longer than the input.
+    let row = || t(&[0., 1., 2., 3., 4., 5.], &[2, 3]);
+    for kernel in [1_i64 << 40, i64::MAX] {
+        expect(
+            "aten::max_pool1d",
+            &[row(), ints(&[kernel])],
+            &[],
+            "is longer than the padded input (3)",
+        );
+    }
+
+    // What is still fine runs as before.
+    let ok = |op: &str, args: &[OpValue], kwargs: &[(String, OpValue)]| {
+        call_op(op, args, kwargs).unwrap_or_else(|e| panic!("{op}: {e}"))
+    };
+    assert!(matches!(
+        ok("aten::remainder", &[int(-7), int(3)], &[])[..],
+        [OpValue::Int(2)]
+    ));
+    assert!(matches!(
+        ok("aten::gcd", &[int(12), int(-18)], &[])[..],
+        [OpValue::Int(6)]
+    ));
+    let q = tensor(ok(
+        "aten::div",
+        &[OpValue::Tensor(Tensor::from_slice(&[-7_i64])), int(2)],
+        &trunc,
+    ));
+    assert_eq!(Vec::<i64>::try_from(&q).unwrap(), [-3]);
+    let q = tensor(ok("aten::div", &[smallest(), int(2)], &trunc));
+    assert_eq!(Vec::<i64>::try_from(&q).unwrap(), [i64::MIN / 2, 2]);
+    let pooled = tensor(ok("aten::max_pool1d", &[row(), ints(&[3])], &[]));
+    assert_eq!(values(&pooled), [2., 5.]);
+}

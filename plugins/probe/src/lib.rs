@@ -34,3 +34,25 @@ fn relay_remote(dst: String, function: String, args: Vec<Value>) -> Result<Value
 fn run_op(name: String, args: Vec<Value>) -> Result<Value> {
     Tensor::op(&name, args, &[])
 }
+
+/// `run_op_kw(name, args, kwargs)`: [`run_op`] with keyword arguments, given
+/// as a dict of names to values (the op fuzzer's calls through a plugin).
+#[remote]
+fn run_op_kw(name: String, args: Vec<Value>, kwargs: Value) -> Result<Value> {
+    let Value::Dict(items) = kwargs else {
+        return Err(wasmrpc_guest::Error::type_error(
+            "run_op_kw takes its keyword arguments as a dict",
+        ));
+    };
+    let mut named = Vec::with_capacity(items.len());
+    for (key, value) in items {
+        let Value::Str(key) = key else {
+            return Err(wasmrpc_guest::Error::type_error(
+                "keyword argument names must be strings",
+            ));
+        };
+        named.push((key, value));
+    }
+    let kwargs: Vec<(&str, Value)> = named.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    Tensor::op(&name, args, &kwargs)
+}
