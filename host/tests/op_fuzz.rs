@@ -41,7 +41,7 @@ fn plan() -> FuzzPlan {
         plan.seed = seed.parse().expect("WASMRPC_OP_FUZZ_SEED is a number");
     }
     if std::env::var("WASMRPC_OP_FUZZ").as_deref() != Ok("full") {
-        plan.values_per_param = 6;
+        plan.values_per_param = 8;
         plan.random_per_overload = 2;
     }
     plan
@@ -101,6 +101,31 @@ impl Session {
     /// How the worker ended, if it did.
     fn exited(&mut self) -> Option<ExitStatus> {
         self.child.try_wait().expect("wait on the worker")
+    }
+
+    /// How the worker ended, if the last call killed it: a call's error
+    /// can arrive before the process is reaped, so a worker that does not
+    /// answer a no-op is waited for.
+    async fn died(&mut self) -> Option<ExitStatus> {
+        if let Some(status) = self.exited() {
+            return Some(status);
+        }
+        let ping = self
+            .agent
+            .rpc_async_with_timeout(TARGET, wasmrpc::NOOP, Args::new(), Duration::from_secs(5))
+            .wait()
+            .await;
+        if ping.is_ok() {
+            return None;
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Some(status) = self.exited() {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
     }
 
     /// Stops this session's agent and kills the worker (it may be dead
@@ -200,7 +225,7 @@ async fn fuzz(cases: &[FuzzCall], path: Path) -> (Vec<Finding>, Session, Duratio
         session = Session::start().await;
         for case in batch {
             let result = send(&session.agent, case, path).wait().await;
-            let what = match (session.exited(), &result) {
+            let what = match (session.died().await, &result) {
                 (Some(status), _) => describe_exit(status),
                 (None, Err(e)) if timed_out(e) => format!("no answer in {CALL_TIMEOUT:?}: {e}"),
                 _ => continue,

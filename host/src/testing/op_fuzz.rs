@@ -30,7 +30,7 @@ use crate::value::Args;
 mod values;
 
 pub use values::{FuzzValue, TENSORS, TensorSpec};
-use values::{Ty, boundary, parse_ty, plausible};
+use values::{Ty, boundary, extreme, parse_ty, plausible};
 
 /// One generated call of an op.
 #[derive(Debug, Clone, PartialEq)]
@@ -145,8 +145,10 @@ pub struct FuzzPlan {
     /// Random combinations per overload.
     pub random_per_overload: usize,
     /// At most this many boundary values per parameter (all of them for
-    /// `usize::MAX`): CI's bounded run takes a sample, spread over the
-    /// list, every enum code past the defined ones always included.
+    /// `usize::MAX`): CI's bounded run takes the first few of each list,
+    /// which start with the values likeliest to break a kernel (enum codes
+    /// libtorch does not define, `-1`, `0`, the int64 extremes, NaN, empty
+    /// and extreme-valued tensors).
     pub values_per_param: usize,
 }
 
@@ -208,17 +210,6 @@ fn untyped_calls(name: &str) -> Vec<FuzzCall> {
     out
 }
 
-/// `values` thinned to at most `n`, spread over the list.
-fn sample(values: Vec<FuzzValue>, n: usize) -> Vec<FuzzValue> {
-    if values.len() <= n {
-        return values;
-    }
-    let step = values.len() as f64 / n as f64;
-    (0..n)
-        .map(|k| values[(k as f64 * step) as usize].clone())
-        .collect()
-}
-
 fn overload_calls(
     name: &str,
     params: &[Param],
@@ -259,22 +250,32 @@ fn overload_calls(
         .collect();
     out.push(build(&minimal));
 
-    // Each parameter in turn, through its boundary values.
-    for (i, ty) in types.iter().enumerate() {
-        let mut values = boundary(ty);
-        if values.len() > plan.values_per_param {
-            values = sample(values, plan.values_per_param);
-        }
-        for v in values {
-            let mut case: Vec<Option<FuzzValue>> = minimal.clone();
-            // Positional parameters before `i` must be present.
-            for (k, slot) in case.iter_mut().enumerate().take(i) {
-                if slot.is_none() && !params[k].keyword_only {
-                    *slot = Some(base[k].clone());
+    // Each parameter in turn, through its boundary values (the first
+    // `values_per_param`: the lists start with the likeliest to break a
+    // kernel), the others plausible, then at their edges.
+    let edges: Vec<FuzzValue> = params
+        .iter()
+        .zip(&types)
+        .map(|(p, t)| extreme(t, &p.name))
+        .collect();
+    for baseline in [&base, &edges] {
+        let start: Vec<Option<FuzzValue>> = params
+            .iter()
+            .zip(baseline.iter())
+            .map(|(p, v)| p.default.is_none().then(|| v.clone()))
+            .collect();
+        for (i, ty) in types.iter().enumerate() {
+            for v in boundary(ty).into_iter().take(plan.values_per_param) {
+                let mut case = start.clone();
+                // Positional parameters before `i` must be present.
+                for (k, slot) in case.iter_mut().enumerate().take(i) {
+                    if slot.is_none() && !params[k].keyword_only {
+                        *slot = Some(baseline[k].clone());
+                    }
                 }
+                case[i] = Some(v);
+                out.push(build(&case));
             }
-            case[i] = Some(v);
-            out.push(build(&case));
         }
     }
 

@@ -3,9 +3,13 @@
 
 #include "guards.h"
 
+#include "ops.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -46,6 +50,69 @@ std::optional<std::string> int_modulo(const c10::FunctionSchema& schema,
   }
   if (name == "aten::gcd" && ((a == kMin && b == -1) || (a == -1 && b == kMin))) {
     return c10::str("gcd(", a, ", ", b, ") overflows int64");
+  }
+  return std::nullopt;
+}
+
+// Whether an int32 or int64 `t` holds its type's smallest value: the one
+// number whose negation, and whose division by -1, overflows.
+bool holds_smallest(const at::Tensor& t) {
+  if (!t.defined() || t.is_sparse()) {
+    return false;
+  }
+  if (t.scalar_type() == at::kInt) {
+    return t.eq(std::numeric_limits<int32_t>::min()).any().item<bool>();
+  }
+  if (t.scalar_type() == at::kLong) {
+    return t.eq(kMin).any().item<bool>();
+  }
+  return false;
+}
+
+// `aten::lcm` on int32 or int64 tensors computes `a / gcd(a, b) * b` with
+// a gcd that can come out -1 for the smallest value: SIGFPE.
+std::optional<std::string> lcm(const c10::FunctionSchema& schema,
+                               const torch::jit::Stack& stack) {
+  if (schema.name() != "aten::lcm" && schema.name() != "aten::lcm_") {
+    return std::nullopt;
+  }
+  for (size_t i = 0; i < std::min<size_t>(stack.size(), 2); ++i) {
+    if (stack[i].isTensor() && holds_smallest(stack[i].toTensor())) {
+      return c10::str(schema.name(), "(): the smallest ",
+                      c10::toString(stack[i].toTensor().scalar_type()),
+                      " has no absolute value in its type");
+    }
+  }
+  return std::nullopt;
+}
+
+// `aten::range` into an integer dtype checks its step as a double and then
+// divides by it as the integer type: a step of 0.5 becomes 0, SIGFPE.
+// `aten::arange` raises ValueError "step must be nonzero" for the same
+// step; so does this.
+std::optional<std::string> range(const c10::FunctionSchema& schema,
+                                 const torch::jit::Stack& stack) {
+  if (schema.name() != "aten::range") {
+    return std::nullopt;
+  }
+  auto step_at = param(schema, "step");
+  if (!step_at || *step_at >= stack.size() || !stack[*step_at].isScalar()) {
+    return std::nullopt;
+  }
+  std::optional<at::ScalarType> dtype;
+  if (auto out = param(schema, "out"); out && *out < stack.size() && stack[*out].isTensor()) {
+    dtype = stack[*out].toTensor().scalar_type();
+  } else if (auto d = param(schema, "dtype"); d && *d < stack.size() && stack[*d].isInt()) {
+    dtype = static_cast<at::ScalarType>(stack[*d].toInt());
+  }
+  if (!dtype || !at::isIntegralType(*dtype, /*includeBool=*/true)) {
+    return std::nullopt;
+  }
+  auto step = stack[*step_at].toScalar();
+  double as_double = step.toDouble();
+  if (std::isfinite(as_double) && static_cast<int64_t>(as_double) == 0) {
+    return c10::str("step must be nonzero (", as_double, " is 0 as ", c10::toString(*dtype),
+                    ")");
   }
   return std::nullopt;
 }
@@ -153,11 +220,14 @@ std::optional<std::string> max_pool1d(const c10::FunctionSchema& schema,
 
 }  // namespace
 
-std::optional<std::string> unsafe_arguments(const c10::FunctionSchema& schema,
-                                            const torch::jit::Stack& stack) {
-  for (auto guard : {int_modulo, trunc_division, max_pool1d}) {
+std::optional<Refusal> unsafe_arguments(const c10::FunctionSchema& schema,
+                                        const torch::jit::Stack& stack) {
+  if (auto why = range(schema, stack)) {
+    return Refusal{std::move(*why), WRS_CLASS_VALUE};
+  }
+  for (auto guard : {int_modulo, trunc_division, lcm, max_pool1d}) {
     if (auto why = guard(schema, stack)) {
-      return why;
+      return Refusal{std::move(*why), WRS_CLASS_RUNTIME};
     }
   }
   return std::nullopt;

@@ -11,14 +11,22 @@
 #include <ATen/core/function_schema.h>
 #include <ATen/core/stack.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
 namespace wasmrpc_guards {
 
-// Why running `schema` on `stack` would crash or hang the process, as the
-// error's text (a RuntimeError), or nullopt if the guards see no harm.
-std::optional<std::string> unsafe_arguments(const c10::FunctionSchema& schema,
-                                            const torch::jit::Stack& stack);
+// Why an op's arguments are refused: the error's text and its Python
+// class (a `wrs_error_class`).
+struct Refusal {
+  std::string message;
+  int32_t error_class;
+};
+
+// Why running `schema` on `stack` would crash or hang the process, or
+// nullopt if the guards see no harm.
+std::optional<Refusal> unsafe_arguments(const c10::FunctionSchema& schema,
+                                        const torch::jit::Stack& stack);
 
 }  // namespace wasmrpc_guards

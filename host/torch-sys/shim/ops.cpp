@@ -1028,8 +1028,8 @@ int32_t call_impl(const wrs_op* op, const wrs_value* raw_nodes, size_t n_nodes, 
   }
 
   try {
-    if (auto why = wasmrpc_guards::unsafe_arguments(found->op->schema(), stack)) {
-      set_error(out, std::move(*why), WRS_CLASS_RUNTIME);
+    if (auto refusal = wasmrpc_guards::unsafe_arguments(found->op->schema(), stack)) {
+      set_error(out, std::move(refusal->message), refusal->error_class);
       return WRS_ERR_OP;
     }
     found->operation(stack);

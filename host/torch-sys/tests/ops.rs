@@ -1231,6 +1231,37 @@ fn arguments_libtorch_does_not_check_are_errors_not_crashes() {
         &trunc,
         "divided by -1",
     );
+    // The least common multiple of the smallest int64 or int32.
+    let bad = OpValue::Tensor(Tensor::from_slice(&[-5_i64, 7, i64::MAX]));
+    expect(
+        "aten::lcm",
+        &[smallest(), bad],
+        &[],
+        "has no absolute value",
+    );
+    let five = || OpValue::Tensor(Tensor::from_slice(&[-5_i32]));
+    let smallest32 = || OpValue::Tensor(Tensor::from_slice(&[i32::MIN]));
+    expect(
+        "aten::lcm",
+        &[smallest32(), five()],
+        &[],
+        "has no absolute value",
+    );
+    // A step that is 0 in the integer dtype of the result (ValueError, as
+    // aten::arange raises for it).
+    for kwargs in [
+        vec![kw("dtype", 4_i64)],
+        vec![kw("out", OpValue::Tensor(Tensor::from_slice(&[1_i64, 2])))],
+    ] {
+        let err = call_op(
+            "aten::range",
+            &[int(-1), int(-1), OpValue::Float(0.5)],
+            &kwargs,
+        )
+        .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValueError, "{err}");
+        assert!(err.to_string().contains("step must be nonzero"), "{err}");
+    }
     // A pooling window longer than the input.
     let row = || t(&[0., 1., 2., 3., 4., 5.], &[2, 3]);
     for kernel in [1_i64 << 40, i64::MAX] {
@@ -1262,6 +1293,18 @@ fn arguments_libtorch_does_not_check_are_errors_not_crashes() {
     assert_eq!(Vec::<i64>::try_from(&q).unwrap(), [-3]);
     let q = tensor(ok("aten::div", &[smallest(), int(2)], &trunc));
     assert_eq!(Vec::<i64>::try_from(&q).unwrap(), [i64::MIN / 2, 2]);
+    let m = tensor(ok(
+        "aten::lcm",
+        &[five(), OpValue::Tensor(Tensor::from_slice(&[3_i32]))],
+        &[],
+    ));
+    assert_eq!(Vec::<i32>::try_from(&m).unwrap(), [15]);
+    let r = tensor(ok(
+        "aten::range",
+        &[int(0), int(3), OpValue::Float(1.5)],
+        &[kw("dtype", 4_i64)],
+    ));
+    assert_eq!(Vec::<i64>::try_from(&r).unwrap(), [0, 1, 2, 3]);
     let pooled = tensor(ok("aten::max_pool1d", &[row(), ints(&[3])], &[]));
     assert_eq!(values(&pooled), [2., 5.]);
 }

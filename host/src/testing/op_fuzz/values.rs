@@ -45,6 +45,14 @@ pub enum TensorSpec {
 
 /// Every tensor the fuzzer passes.
 pub const TENSORS: &[TensorSpec] = &[
+    TensorSpec::ExtremeInts,
+    TensorSpec::Empty,
+    TensorSpec::BadIndices,
+    TensorSpec::Sparse,
+    TensorSpec::Expanded,
+    TensorSpec::Scalar,
+    TensorSpec::NonFinite,
+    TensorSpec::Transposed,
     TensorSpec::Matrix(Kind::Float),
     TensorSpec::Matrix(Kind::Double),
     TensorSpec::Matrix(Kind::Half),
@@ -55,19 +63,11 @@ pub const TENSORS: &[TensorSpec] = &[
     TensorSpec::Matrix(Kind::Uint8),
     TensorSpec::Matrix(Kind::Bool),
     TensorSpec::Matrix(Kind::ComplexFloat),
-    TensorSpec::Scalar,
-    TensorSpec::Empty,
     TensorSpec::EmptyMiddle,
-    TensorSpec::Transposed,
-    TensorSpec::Expanded,
     TensorSpec::Strided,
     TensorSpec::Indices,
-    TensorSpec::BadIndices,
-    TensorSpec::ExtremeInts,
-    TensorSpec::NonFinite,
     TensorSpec::Batch,
     TensorSpec::ManyDims,
-    TensorSpec::Sparse,
 ];
 
 impl TensorSpec {
@@ -253,30 +253,32 @@ pub(super) fn parse_ty(text: &str) -> Ty {
     }
 }
 
+/// Ints, the likeliest to break a kernel first (a bounded run takes the
+/// first few of each list).
 const INTS: &[i64] = &[
-    0,
-    1,
     -1,
+    0,
+    i64::MAX,
+    i64::MIN,
+    1 << 40,
     2,
+    1,
     3,
     -2,
     64,
     1 << 31,
     -(1 << 31) - 1,
-    1 << 40,
-    i64::MAX,
-    i64::MIN,
     i64::MAX - 1,
 ];
 
 const FLOATS: &[f64] = &[
-    0.0,
-    -1.0,
-    0.5,
     f64::NAN,
     f64::INFINITY,
+    -1.0,
+    0.0,
     f64::NEG_INFINITY,
     1e308,
+    0.5,
     -0.0,
     5e-324,
     1e10,
@@ -287,18 +289,18 @@ const STRS: &[&str] = &[
 ];
 
 const DEVICES: &[&str] = &[
+    "meta",
+    "cuda:127",
+    "cpu:-1",
+    "nonsense",
     "cpu",
     "cpu:0",
     "cpu:1",
     "cuda",
     "cuda:0",
-    "cuda:127",
-    "meta",
     "mps",
     "xla",
     "vulkan",
-    "nonsense",
-    "cpu:-1",
     "cuda:-2",
     "cpu:99999999999",
     "",
@@ -306,8 +308,9 @@ const DEVICES: &[&str] = &[
 
 /// Codes around and past each enum's defined range, and every code in it.
 fn enum_codes(defined: i64) -> Vec<i64> {
-    let mut codes: Vec<i64> = (-1..=defined + 2).collect();
-    codes.extend([127, 128, 255, 256, i64::MAX, i64::MIN]);
+    let mut codes = vec![-1, defined + 1, i64::MAX, i64::MIN, 128, 255];
+    codes.extend(0..=defined);
+    codes.extend([defined + 2, 127, 256]);
     codes
 }
 
@@ -349,6 +352,19 @@ pub(super) fn plausible(ty: &Ty, name: &str) -> FuzzValue {
             }),
             ref other => FuzzValue::List(vec![plausible(other, name); size.unwrap_or(1)]),
         },
+    }
+}
+
+/// The other baseline: values at the edge of what kernels take (int64
+/// extremes, -1), so that a boundary value of one parameter meets them in
+/// another (the smallest int64 divided by -1).
+pub(super) fn extreme(ty: &Ty, name: &str) -> FuzzValue {
+    match ty {
+        Ty::Tensor => FuzzValue::Tensor(TensorSpec::ExtremeInts),
+        Ty::Int | Ty::Scalar => FuzzValue::Int(-1),
+        Ty::Float | Ty::Complex => FuzzValue::Float(-1.0),
+        Ty::Optional(inner) => extreme(inner, name),
+        other => plausible(other, name),
     }
 }
 
@@ -403,16 +419,16 @@ fn list_boundary(elem: &Ty, size: Option<usize>) -> Vec<FuzzValue> {
         Ty::Int => {
             values.extend(
                 [
-                    &[0][..],
+                    &[i64::MAX][..],
                     &[-1],
-                    &[2, 3],
-                    &[1 << 31, 1 << 31],
-                    &[i64::MAX],
                     &[i64::MIN],
+                    &[1 << 31, 1 << 31],
+                    &[1; 64],
+                    &[0],
+                    &[2, 3],
                     &[-1, -1],
                     &[3, -2],
                     &[0; 8],
-                    &[1; 64],
                     &[i64::MAX, i64::MAX, i64::MAX],
                 ]
                 .iter()
