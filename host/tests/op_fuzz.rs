@@ -32,6 +32,8 @@ const TARGET: &str = "worker1";
 const BATCH: usize = 32;
 /// A call that takes longer hangs.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// A batch that takes longer is printed.
+const SLOW_BATCH: Duration = Duration::from_secs(5);
 
 /// The plan of this run: CI's bounded sample unless the environment asks
 /// for more.
@@ -192,6 +194,9 @@ async fn fuzz(cases: &[FuzzCall], path: Path) -> (Vec<Finding>, Session, Duratio
     let started = Instant::now();
     let mut findings = Vec::new();
     let mut session = Session::start().await;
+    // The tensor memory the worker holds between calls: 0 unless a call
+    // leaked (reported once, then counted here).
+    let mut held = 0;
     let mut last_report = Instant::now();
     for (done, batch) in cases.chunks(BATCH).enumerate() {
         if last_report.elapsed() > Duration::from_secs(15) {
@@ -204,6 +209,7 @@ async fn fuzz(cases: &[FuzzCall], path: Path) -> (Vec<Finding>, Session, Duratio
             );
             last_report = Instant::now();
         }
+        let batch_started = Instant::now();
         let futures: Vec<_> = batch
             .iter()
             .map(|c| send(&session.agent, c, path))
@@ -216,8 +222,50 @@ async fn fuzz(cases: &[FuzzCall], path: Path) -> (Vec<Finding>, Session, Duratio
                 hung.push(case);
             }
         }
-        if session.exited().is_none() && hung.is_empty() {
-            continue;
+        if batch_started.elapsed() > SLOW_BATCH {
+            // Not a failure (each call answered in time), but where a
+            // kernel's work is out of proportion to its arguments.
+            eprintln!(
+                "op fuzz ({path:?}): a batch took {:.1?}: {}",
+                batch_started.elapsed(),
+                batch
+                    .iter()
+                    .map(|c| c.op.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+        }
+        if hung.is_empty() && session.died().await.is_none() {
+            // Every tensor a call made must be freed once it answered: a
+            // batch that leaves memory held is replayed one call at a time
+            // to name the calls that keep it.
+            if settled_tensor_memory(&session.agent, held)
+                .await
+                .is_some_and(|h| h > held)
+            {
+                for case in batch {
+                    let Some(before) = settled_tensor_memory(&session.agent, held).await else {
+                        break;
+                    };
+                    let _ = send(&session.agent, case, path).wait().await;
+                    let Some(after) = settled_tensor_memory(&session.agent, before).await else {
+                        break;
+                    };
+                    if after > before {
+                        findings.push(Finding {
+                            case: format!("{case} [{path:?}]"),
+                            what: format!(
+                                "the worker still holds {} bytes of tensor memory after it answered",
+                                after - before
+                            ),
+                        });
+                    }
+                    held = after;
+                }
+            }
+            if session.died().await.is_none() {
+                continue;
+            }
         }
         // Replay the batch one call at a time on fresh workers to name each
         // call that crashes or hangs.
@@ -237,26 +285,50 @@ async fn fuzz(cases: &[FuzzCall], path: Path) -> (Vec<Finding>, Session, Duratio
             session.end().await;
             session = Session::start().await;
         }
+        held = 0;
     }
     (findings, session, started.elapsed())
 }
 
-/// The worker's `get_debug_info`, read through the agent.
-async fn debug_info(agent: &RpcAgent) -> Vec<(String, String)> {
-    let info = agent
-        .rpc_sync(TARGET, DEBUG_INFO, Args::new())
-        .await
-        .expect("the worker answers its debug info");
+/// The bytes of tensor memory the worker holds, if it answers.
+async fn tensor_memory(agent: &RpcAgent) -> Option<u64> {
+    let held = debug_info(agent)
+        .await?
+        .into_iter()
+        .find(|(k, _)| k == "agent.tensor_memory_bytes")
+        .and_then(|(_, v)| v.parse().ok());
+    Some(held.expect("agent.tensor_memory_bytes in the debug info"))
+}
+
+/// The worker's tensor memory once it has come down to `expected` (a call's
+/// tensors are freed just after its reply is written), or what it holds
+/// after a second of waiting for that.
+async fn settled_tensor_memory(agent: &RpcAgent, expected: u64) -> Option<u64> {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        let held = tensor_memory(agent).await?;
+        if held <= expected || Instant::now() > deadline {
+            return Some(held);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The worker's `get_debug_info`, read through the agent, if it answers.
+async fn debug_info(agent: &RpcAgent) -> Option<Vec<(String, String)>> {
+    let info = agent.rpc_sync(TARGET, DEBUG_INFO, Args::new()).await.ok()?;
     let Value::Dict(items) = info.value else {
         panic!("debug info is not a dict: {:?}", info.value)
     };
-    items
-        .into_iter()
-        .filter_map(|(k, v)| match (k, v) {
-            (Value::Str(k), Value::Str(v)) => Some((k, v)),
-            _ => None,
-        })
-        .collect()
+    Some(
+        items
+            .into_iter()
+            .filter_map(|(k, v)| match (k, v) {
+                (Value::Str(k), Value::Str(v)) => Some((k, v)),
+                _ => None,
+            })
+            .collect(),
+    )
 }
 
 /// The whole-worker property after a fuzz run: it answers an ordinary
@@ -277,22 +349,10 @@ async fn check_the_worker_serves_on(session: &Session, elapsed: Duration) {
     let out = sum.tensors.first().expect("a tensor result");
     assert_eq!(Vec::<f32>::try_from(out).expect("floats"), [3.0, 3.0, 3.0]);
 
-    // Tensors are freed once their replies are written: wait for that.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let held = loop {
-        let info = debug_info(&session.agent).await;
-        let held = info
-            .iter()
-            .find(|(k, _)| k == "agent.tensor_memory_bytes")
-            .map(|(_, v)| v.clone())
-            .expect("agent.tensor_memory_bytes in the debug info");
-        if held == "0" || Instant::now() > deadline {
-            break held;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let held = settled_tensor_memory(&session.agent, 0).await;
     assert_eq!(
-        held, "0",
+        held,
+        Some(0),
         "the worker still holds tensor memory after the fuzzer"
     );
 

@@ -32,6 +32,15 @@
 //!   generator and grad mode; plugins have their own autograd requests);
 //! - TorchScript's list, dict and string builtins (`append`, `keys`,
 //!   `format`, `warn`, `wait`, ...): no tensor computation.
+//!
+//! No member may crash the worker on any arguments (issue 43). The op
+//! fuzzer (`host/tests/op_fuzz.rs`, in CI) calls every member with
+//! boundary arguments generated from its schemas; a crash it finds is
+//! either refused before the kernel runs (enum codes where values are
+//! converted, kernel preconditions in `host/torch-sys/shim/guards.cpp`:
+//! `remainder`, `gcd`, `lcm`, `div` with `rounding_mode='trunc'`, `range`,
+//! `max_pool1d`, `combinations`, `tensor_split`) or, if no check up front can make it safe, the op leaves
+//! its family with the reason here. None has had to leave so far.
 
 /// A named group of ops the default policy serves (`@arithmetic` in
 /// rules).

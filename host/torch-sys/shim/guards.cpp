@@ -218,6 +218,53 @@ std::optional<std::string> max_pool1d(const c10::FunctionSchema& schema,
   return std::nullopt;
 }
 
+// Outputs a caller may ask for beyond what its tensor holds: each is a
+// tensor object (no storage), which the tensor memory budget does not see.
+constexpr int64_t kMaxExtraOutputs = 65536;
+
+// `aten::combinations` builds a vector of `r` copies of its input before
+// anything is allocated for the result: r = 2^31 is 16 GiB of handles
+// outside the tensor memory budget and minutes of work, for a result that
+// is empty whenever r exceeds the input without replacement.
+std::optional<std::string> combinations(const c10::FunctionSchema& schema,
+                                        const torch::jit::Stack& stack) {
+  if (schema.name() != "aten::combinations" || stack.size() < 2 || !stack[0].isTensor() ||
+      !stack[1].isInt()) {
+    return std::nullopt;
+  }
+  int64_t r = stack[1].toInt();
+  int64_t n = stack[0].toTensor().defined() ? stack[0].toTensor().numel() : 0;
+  if (r > std::max(n, int64_t{64})) {
+    return c10::str("combinations(): r (", r, ") is larger than the input (", n,
+                    " elements) and than 64");
+  }
+  return std::nullopt;
+}
+
+// `aten::tensor_split` with a number of sections makes that many tensors,
+// empty ones past the dimension's length: 2^31 of them never return.
+std::optional<std::string> tensor_split(const c10::FunctionSchema& schema,
+                                        const torch::jit::Stack& stack) {
+  if (schema.name() != "aten::tensor_split" || stack.size() < 3 || !stack[0].isTensor() ||
+      !stack[1].isInt() || !stack[2].isInt()) {
+    return std::nullopt;
+  }
+  const at::Tensor& self = stack[0].toTensor();
+  int64_t sections = stack[1].toInt();
+  int64_t dim = stack[2].toInt();
+  if (!self.defined() || self.dim() == 0 || dim < -self.dim() || dim >= self.dim()) {
+    // libtorch reports these itself.
+    return std::nullopt;
+  }
+  int64_t length = self.size(dim < 0 ? dim + self.dim() : dim);
+  if (sections > std::max(length, kMaxExtraOutputs)) {
+    return c10::str("tensor_split(): ", sections, " sections of a dimension of length ", length,
+                    ": at most ", kMaxExtraOutputs,
+                    " sections, or as many as the dimension is long");
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<Refusal> unsafe_arguments(const c10::FunctionSchema& schema,
@@ -225,7 +272,7 @@ std::optional<Refusal> unsafe_arguments(const c10::FunctionSchema& schema,
   if (auto why = range(schema, stack)) {
     return Refusal{std::move(*why), WRS_CLASS_VALUE};
   }
-  for (auto guard : {int_modulo, trunc_division, lcm, max_pool1d}) {
+  for (auto guard : {int_modulo, trunc_division, lcm, max_pool1d, combinations, tensor_split}) {
     if (auto why = guard(schema, stack)) {
       return Refusal{std::move(*why), WRS_CLASS_RUNTIME};
     }

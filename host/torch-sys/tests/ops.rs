@@ -1262,6 +1262,21 @@ fn arguments_libtorch_does_not_check_are_errors_not_crashes() {
         assert_eq!(err.kind(), ErrorKind::ValueError, "{err}");
         assert!(err.to_string().contains("step must be nonzero"), "{err}");
     }
+    // Outputs the tensor memory budget does not see: 2^31 copies of a
+    // handle (combinations), 2^31 empty sections (tensor_split).
+    let three = || OpValue::Tensor(Tensor::from_slice(&[1_i64, 2, 3]));
+    expect(
+        "aten::combinations",
+        &[three(), int(1 << 31)],
+        &[],
+        "is larger than the input (3 elements)",
+    );
+    expect(
+        "aten::tensor_split",
+        &[three(), int(1 << 31)],
+        &[],
+        "at most 65536 sections",
+    );
     // A pooling window longer than the input.
     let row = || t(&[0., 1., 2., 3., 4., 5.], &[2, 3]);
     for kernel in [1_i64 << 40, i64::MAX] {
@@ -1305,6 +1320,15 @@ fn arguments_libtorch_does_not_check_are_errors_not_crashes() {
         &[kw("dtype", 4_i64)],
     ));
     assert_eq!(Vec::<i64>::try_from(&r).unwrap(), [0, 1, 2, 3]);
+    let pairs = tensor(ok("aten::combinations", &[three(), int(2)], &[]));
+    assert_eq!(pairs.size(), [3, 2]);
+    let none = tensor(ok("aten::combinations", &[three(), int(5)], &[]));
+    assert_eq!(none.numel(), 0);
+    let parts = ok("aten::tensor_split", &[three(), int(5)], &[]);
+    assert!(
+        matches!(&parts[..], [OpValue::List(p)] if p.len() == 5),
+        "{parts:?}"
+    );
     let pooled = tensor(ok("aten::max_pool1d", &[row(), ints(&[3])], &[]));
     assert_eq!(values(&pooled), [2., 5.]);
 }
