@@ -190,13 +190,16 @@ fn timed_out(e: &wasmrpc::Error) -> bool {
 
 /// Sends `cases` along `path`, `BATCH` at a time, restarting the worker
 /// after each crash; returns the findings and the session still alive.
-async fn fuzz(cases: &[FuzzCall], path: Path) -> (Vec<Finding>, Session, Duration) {
+async fn fuzz(cases: &[FuzzCall], path: Path) -> (Vec<Finding>, Session, Duration, usize) {
     let started = Instant::now();
     let mut findings = Vec::new();
     let mut session = Session::start().await;
     // The tensor memory the worker holds between calls: 0 unless a call
     // leaked (reported once, then counted here).
     let mut held = 0;
+    // Calls that returned a value: a run where (nearly) every call fails
+    // before its op runs would prove nothing.
+    let mut answered = 0_usize;
     let mut last_report = Instant::now();
     for (done, batch) in cases.chunks(BATCH).enumerate() {
         if last_report.elapsed() > Duration::from_secs(15) {
@@ -216,10 +219,10 @@ async fn fuzz(cases: &[FuzzCall], path: Path) -> (Vec<Finding>, Session, Duratio
             .collect();
         let mut hung = Vec::new();
         for (case, future) in batch.iter().zip(futures) {
-            if let Err(e) = future.wait().await
-                && timed_out(&e)
-            {
-                hung.push(case);
+            match future.wait().await {
+                Ok(_) => answered += 1,
+                Err(e) if timed_out(&e) => hung.push(case),
+                Err(_) => {}
             }
         }
         if batch_started.elapsed() > SLOW_BATCH {
@@ -287,7 +290,7 @@ async fn fuzz(cases: &[FuzzCall], path: Path) -> (Vec<Finding>, Session, Duratio
         }
         held = 0;
     }
-    (findings, session, started.elapsed())
+    (findings, session, started.elapsed(), answered)
 }
 
 /// The bytes of tensor memory the worker holds, if it answers.
@@ -387,9 +390,9 @@ fn run(path: Path) {
         .build()
         .expect("a runtime");
     rt.block_on(async {
-        let (findings, session, elapsed) = fuzz(&cases, path).await;
+        let (findings, session, elapsed, answered) = fuzz(&cases, path).await;
         eprintln!(
-            "op fuzz ({path:?}): {} cases in {elapsed:.1?}, {} findings",
+            "op fuzz ({path:?}): {} cases in {elapsed:.1?}, {answered} answered with a value, {} findings",
             cases.len(),
             findings.len()
         );
@@ -403,6 +406,13 @@ fn run(path: Path) {
             findings.len(),
             cases.len(),
             report.join("\n")
+        );
+        // Most cases are meant to fail; a fair share must reach a kernel
+        // and succeed, or the fuzzer tests only the argument checks.
+        assert!(
+            answered * 10 > cases.len(),
+            "only {answered} of {} calls answered with a value: do the calls reach the ops?",
+            cases.len()
         );
         check_the_worker_serves_on(&session, elapsed).await;
         session.end().await;
