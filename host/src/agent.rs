@@ -100,6 +100,7 @@ use crate::error::{
 };
 use crate::store::Store;
 use crate::transport::{Handler, Transport};
+use crate::value::Payload;
 
 /// Names of the agent's own functions start with this prefix; they are
 /// served by every agent and are not counted as user calls.
@@ -114,6 +115,19 @@ pub const NOOP: &str = "wasmrpc::_noop";
 /// a harness or an operator's tool reads of a worker in another process,
 /// such as the tensor memory it holds).
 pub const DEBUG_INFO: &str = "wasmrpc::_debug_info";
+
+/// Registers the functions every agent serves its peers that belong to no
+/// feature: [`NOOP`] and [`DEBUG_INFO`].
+fn register_agent_functions(r: &FunctionRegistry) {
+    r.register_native(NOOP, |_ctx, _args| async move { Ok(Payload::none()) });
+    r.register_native(DEBUG_INFO, |ctx, _args| async move {
+        let info = ctx.agent().get_debug_info();
+        Ok(Payload::dict(
+            info.into_iter()
+                .map(|(k, v)| (Payload::from(k), Payload::from(v))),
+        ))
+    });
+}
 
 const RUNNING: u8 = 0;
 const STOPPING: u8 = 1;

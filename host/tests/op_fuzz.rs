@@ -428,3 +428,48 @@ fn no_op_call_from_a_peer_crashes_or_hangs_a_worker() {
 fn no_op_call_from_a_plugin_crashes_or_hangs_a_worker() {
     run(Path::Plugin);
 }
+
+/// The three calls issue 43 reported, each of which killed a default
+/// worker with SIGSEGV, as a peer sends them: each is an error that names
+/// the argument, and the worker serves on.
+#[test]
+fn the_calls_that_killed_a_worker_are_errors_and_it_serves_on() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        let mut session = Session::start().await;
+        for op in ["aten::to", "aten::to_dense", "aten::view"] {
+            let t = tch::Tensor::ones([4, 4], (tch::Kind::Float, tch::Device::Cpu));
+            let err = session
+                .agent
+                .rpc_sync(TARGET, op, Args::new().arg(t).arg(-1))
+                .await
+                .expect_err("an enum code libtorch does not define");
+            assert_eq!(err.kind(), wasmrpc::ErrorKind::RuntimeError, "{op}: {err}");
+            let text = err.to_string();
+            assert!(
+                text.contains("for argument 'dtype'")
+                    && text.contains("-1 is not the code of a dtype (torch.dtype)"),
+                "{op}: {text}"
+            );
+            assert!(session.died().await.is_none(), "{op} killed the worker");
+        }
+        let sum = session
+            .agent
+            .rpc_sync(
+                TARGET,
+                "aten::add",
+                Args::new()
+                    .arg(tch::Tensor::ones([2], (tch::Kind::Float, tch::Device::Cpu)))
+                    .arg(1),
+            )
+            .await
+            .expect("the worker serves on");
+        let out = sum.tensors.first().expect("a tensor result");
+        assert_eq!(Vec::<f32>::try_from(out).expect("floats"), [2.0, 2.0]);
+        session.end().await;
+    });
+}

@@ -156,17 +156,7 @@ fn internal_registry(extensions: &Extensions) -> FunctionRegistry {
     for extension in extensions.iter() {
         extension.register(&r);
     }
-    r.register_native(
-        super::NOOP,
-        |_ctx, _args| async move { Ok(Payload::none()) },
-    );
-    r.register_native(super::DEBUG_INFO, |ctx, _args| async move {
-        let info = ctx.agent().get_debug_info();
-        Ok(Payload::dict(
-            info.into_iter()
-                .map(|(k, v)| (Payload::from(k), Payload::from(v))),
-        ))
-    });
+    super::register_agent_functions(&r);
     r.register_native(UPDATE_MEMBERSHIP, |ctx, args| async move {
         let record = args.get(0)?;
         let join = args.get(1)?.as_bool()?;

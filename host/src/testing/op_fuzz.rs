@@ -9,11 +9,14 @@
 //! a crash must not take the fuzzer down with it, so ops never run here.
 //!
 //! For every overload whose schema the policy serves, the cases are:
-//! - each parameter in turn given each boundary value of its type, the
-//!   others plausible (negative, zero and huge ints, `i64::MIN`/`MAX`,
-//!   enum codes libtorch does not define, NaN and infinities, empty, 0-dim,
-//!   non-contiguous and expanded tensors of many dtypes, bad devices,
-//!   strings that name nothing, a value of the wrong type);
+//! - each parameter in turn given each boundary value of its type
+//!   (negative, zero and huge ints, `i64::MIN`/`MAX`, enum codes libtorch
+//!   does not define, NaN and infinities, empty, 0-dim, non-contiguous,
+//!   expanded, sparse and extreme-valued tensors of many dtypes, bad
+//!   devices, strings that name nothing, a value of the wrong type), once
+//!   with the others plausible and once with them at their edges (int64
+//!   extremes, -1), so that a boundary value meets another: the smallest
+//!   int64 divided by -1 is two arguments;
 //! - random combinations of those values (from the seed);
 //! - missing, extra and unknown arguments, keyword arguments given
 //!   positionally and positional ones by keyword.
