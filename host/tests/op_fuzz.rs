@@ -334,23 +334,41 @@ async fn debug_info(agent: &RpcAgent) -> Option<Vec<(String, String)>> {
     )
 }
 
-/// The whole-worker property after a fuzz run: it answers an ordinary
-/// call, holds no tensor memory, and logged refusals at WARN only, within
-/// the rate limit.
-async fn check_the_worker_serves_on(session: &Session, elapsed: Duration) {
+/// An ordinary call, `aten::add(ones(len), addend)`, which a worker must
+/// answer after any refusal.
+async fn ones_plus(session: &Session, len: i64, addend: i64) -> Vec<f32> {
     let sum = session
         .agent
         .rpc_sync(
             TARGET,
             "aten::add",
             Args::new()
-                .arg(tch::Tensor::ones([3], (tch::Kind::Float, tch::Device::Cpu)))
-                .arg(2),
+                .arg(tch::Tensor::ones(
+                    [len],
+                    (tch::Kind::Float, tch::Device::Cpu),
+                ))
+                .arg(addend),
         )
         .await
-        .expect("an ordinary call after the fuzzer");
+        .expect("the worker answers an ordinary call");
     let out = sum.tensors.first().expect("a tensor result");
-    assert_eq!(Vec::<f32>::try_from(out).expect("floats"), [3.0, 3.0, 3.0]);
+    Vec::<f32>::try_from(out).expect("floats")
+}
+
+/// The runtime the tests drive the worker from.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// The whole-worker property after a fuzz run: it answers an ordinary
+/// call, holds no tensor memory, and logged refusals at WARN only, within
+/// the rate limit.
+async fn check_the_worker_serves_on(session: &Session, elapsed: Duration) {
+    assert_eq!(ones_plus(session, 3, 2).await, [3.0, 3.0, 3.0]);
 
     let held = settled_tensor_memory(&session.agent, 0).await;
     assert_eq!(
@@ -384,12 +402,7 @@ async fn check_the_worker_serves_on(session: &Session, elapsed: Duration) {
 fn run(path: Path) {
     let cases = calls(&OpPolicy::default(), plan());
     assert!(cases.len() > 1000, "only {} cases", cases.len());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
+    runtime().block_on(async {
         let (findings, session, elapsed, answered) = fuzz(&cases, path).await;
         eprintln!(
             "op fuzz ({path:?}): {} cases in {elapsed:.1?}, {answered} answered with a value, {} findings",
@@ -434,12 +447,7 @@ fn no_op_call_from_a_plugin_crashes_or_hangs_a_worker() {
 /// the argument, and the worker serves on.
 #[test]
 fn the_calls_that_killed_a_worker_are_errors_and_it_serves_on() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
+    runtime().block_on(async {
         let mut session = Session::start().await;
         for op in ["aten::to", "aten::to_dense", "aten::view"] {
             let t = tch::Tensor::ones([4, 4], (tch::Kind::Float, tch::Device::Cpu));
@@ -457,19 +465,7 @@ fn the_calls_that_killed_a_worker_are_errors_and_it_serves_on() {
             );
             assert!(session.died().await.is_none(), "{op} killed the worker");
         }
-        let sum = session
-            .agent
-            .rpc_sync(
-                TARGET,
-                "aten::add",
-                Args::new()
-                    .arg(tch::Tensor::ones([2], (tch::Kind::Float, tch::Device::Cpu)))
-                    .arg(1),
-            )
-            .await
-            .expect("the worker serves on");
-        let out = sum.tensors.first().expect("a tensor result");
-        assert_eq!(Vec::<f32>::try_from(out).expect("floats"), [2.0, 2.0]);
+        assert_eq!(ones_plus(&session, 2, 1).await, [2.0, 2.0]);
         session.end().await;
     });
 }
