@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use wasmrpc::store::HashStore;
+use wasmrpc::wasm::{FolderGrant, FolderGrants};
 use wasmrpc::{Args, FunctionRegistry, Payload, PluginHost, RpcAgent, RpcBackendOptions, init_rpc};
 
 pub mod param_server;
@@ -44,6 +45,22 @@ impl Cluster {
     /// # Errors
     /// A plugin that does not load, or a worker that does not join.
     pub async fn start(world_size: u32, plugins: &[&str], timeout: Duration) -> Result<Cluster> {
+        Self::start_with_folders(world_size, plugins, timeout, Vec::new()).await
+    }
+
+    /// [`start`](Self::start), with every worker granting the plugins the
+    /// folders `grants` name (as `wasmrpc worker --grant-dir` does).
+    ///
+    /// # Errors
+    /// As [`start`](Self::start), or a granted folder that cannot be opened.
+    pub async fn start_with_folders(
+        world_size: u32,
+        plugins: &[&str],
+        timeout: Duration,
+        grants: Vec<FolderGrant>,
+    ) -> Result<Cluster> {
+        let plugin_folders =
+            Arc::new(FolderGrants::open(grants).map_err(|e| anyhow::anyhow!(e.message))?);
         let host = PluginHost::shared().context("cannot start the wasm runtime")?;
         let mut loaded = Vec::new();
         for path in plugins {
@@ -65,6 +82,7 @@ impl Cluster {
             let options = RpcBackendOptions {
                 registry: Arc::new(registry),
                 rpc_timeout: timeout,
+                plugin_folders: plugin_folders.clone(),
                 ..RpcBackendOptions::default()
             };
             let store = store.clone();
@@ -140,10 +158,12 @@ impl Cluster {
 pub async fn run_on_cluster(
     world_size: u32,
     plugins: &[&str],
+    grants: Vec<FolderGrant>,
     function: &str,
     args: Args,
 ) -> Result<Payload> {
-    let cluster = Cluster::start(world_size, plugins, Duration::from_secs(120)).await?;
+    let cluster =
+        Cluster::start_with_folders(world_size, plugins, Duration::from_secs(120), grants).await?;
     let result = cluster.run(function, args).await;
     let stopped = cluster.shutdown().await;
     let result = result?;

@@ -8,7 +8,18 @@
 //! distributed autograd context, backward, `DistributedOptimizer` step).
 
 use anyhow::{Context, Result, ensure};
+use wasmrpc::wasm::FolderGrant;
 use wasmrpc::{Args, Payload};
+
+/// The folder of the digits (`examples/data`), granted to the plugin
+/// read-only at `/data`, where it reads them.
+///
+/// # Errors
+/// Never for this fixed spec; kept fallible as the parser is.
+pub fn data_grant() -> Result<FolderGrant> {
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/data");
+    FolderGrant::parse(&format!("param_server:/data={data}:ro")).map_err(|e| anyhow::anyhow!(e.message))
+}
 
 /// The data set as the plugin sees it.
 #[derive(Debug, Clone)]
@@ -37,10 +48,11 @@ pub struct Evaluation {
 /// # Errors
 /// A cluster that does not start, or a failing call.
 pub async fn untrained(hidden: i64, seed: i64) -> Result<(Summary, Evaluation)> {
-    let cluster = crate::Cluster::start(
+    let cluster = crate::Cluster::start_with_folders(
         2,
         &[wasmrpc_plugins::PARAM_SERVER],
         std::time::Duration::from_secs(60),
+        vec![data_grant()?],
     )
     .await?;
     let outcome = async {
@@ -141,6 +153,7 @@ pub async fn train(config: Config) -> Result<History> {
     let result = crate::run_on_cluster(
         config.trainers + 1,
         &[wasmrpc_plugins::PARAM_SERVER],
+        vec![data_grant()?],
         "param_server::run",
         args,
     )

@@ -82,6 +82,7 @@ pub async fn run(config: Config) -> Result<Outcome> {
     let result = crate::run_on_cluster(
         config.observers + 1,
         &[wasmrpc_plugins::RL],
+        Vec::new(),
         "rl::run",
         args,
     )

@@ -107,6 +107,10 @@
 //!   builtin ops only, unless it declares more with [`permissions!`]
 //!   (`permissions!(ops = ["aten::from_file"], calls = ["hello::*"])`),
 //!   which the worker grants as far as its operator's policy allows.
+//! - **Files.** A plugin reaches only the folders its worker's operator
+//!   grants it (`--grant-dir`): [`fs::read`], [`fs::write`] (atomic),
+//!   [`fs::list`], and tensors in safetensors, `.npy` and `.npz` files
+//!   ([`fs::save_tensors`], [`fs::load_tensors`]; never a pickle).
 //! - **Progress.** [`progress::report`] reports how far a long task is;
 //!   `wasmrpc launch` draws a bar per worker and task.
 //! - **Profiling.** [`profiler::record_function`] opens a named range that
@@ -120,9 +124,11 @@
 
 mod abi;
 mod autograd;
+pub mod checkpoint;
 mod convert;
 pub mod dist_autograd;
 mod error;
+pub mod fs;
 mod future;
 mod host;
 mod memory;

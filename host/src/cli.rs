@@ -3,6 +3,7 @@
 
 mod cert;
 mod credentials;
+mod grants;
 mod launch;
 mod ops;
 mod plugin;

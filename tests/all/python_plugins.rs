@@ -13,8 +13,11 @@
 //! - [`deploy`]: a Python plugin deployed to a running group.
 //! - [`param_server`]: the Python parameter-server example
 //!   (`plugins/python/ps-trainer-py`) trains its model.
+//! - [`files`]: a Python plugin's files in its granted folders
+//!   (`plugins/python/files-py`), and what a grant never gives.
 
 mod deploy;
 mod dist_autograd_test;
+mod files;
 mod param_server;
 mod rpc_test;

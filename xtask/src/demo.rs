@@ -5,6 +5,12 @@
 //! `wasmrpc launch` draws the workers' progress (epochs, batches) and writes
 //! the driver's per-epoch results to a JSON file (`--result`), which this
 //! module prints and plots (PNG).
+//!
+//! The plugin reads nothing it was not granted: the launcher grants it
+//! `examples/data` read-only at `/data` (the digits) and
+//! `target/demo/checkpoints` read-write at `/ckpt`, where the driver saves
+//! a checkpoint after every epoch; `--resume` runs `param_server::resume`,
+//! which continues from the last one.
 
 use std::path::{Path, PathBuf};
 
@@ -21,7 +27,7 @@ const EPOCHS: &str = "10";
 
 /// Builds, launches the cluster, prints the held-out accuracy and writes
 /// the plot.
-pub(crate) fn run(root: &Path) -> Result<()> {
+pub(crate) fn run(root: &Path, resume: bool) -> Result<()> {
     process::step("demo: building the wasmrpc binary and the plugins (wasm32)");
     process::cargo(
         root,
@@ -34,9 +40,23 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
     let result = out.join("result.json");
     let _ = std::fs::remove_file(&result);
+    let checkpoints = out.join("checkpoints");
+    std::fs::create_dir_all(&checkpoints)
+        .with_context(|| format!("cannot create {}", checkpoints.display()))?;
+    let grants = [
+        format!("param_server:/data={}:ro", root.join("examples/data").display()),
+        format!("param_server:/ckpt={}:rw", checkpoints.display()),
+    ];
+    let entry = if resume {
+        "param_server::resume"
+    } else {
+        "param_server::run"
+    };
     process::step(&format!(
-        "demo: wasmrpc launch --nproc {WORKERS} --plugins {} --entry param_server::run --result {} -- {TRAINERS} {EPOCHS}",
+        "demo: wasmrpc launch --nproc {WORKERS} --plugins {} --grant-dir {} --grant-dir {} --entry {entry} --result {} -- {TRAINERS} {EPOCHS}",
         plugin.display(),
+        grants[0],
+        grants[1],
         result.display()
     ));
     println!(
@@ -46,13 +66,21 @@ pub(crate) fn run(root: &Path) -> Result<()> {
          on a third of scikit-learn's digits (1,438 8x8 images; 359 more are held out): per batch, \
          in a distributed autograd context, the forward pass on worker0 by RPC, backward across \
          both workers, and a DistributedOptimizer step on worker0's parameters. After each epoch \
-         worker0 measures the held-out accuracy.\n"
+         worker0 measures the held-out accuracy and saves a checkpoint. The plugin reads the \
+         digits from the folder granted at /data and writes checkpoints to the one granted at \
+         /ckpt, and reaches no other file.{}\n",
+        if resume {
+            " This run continues from the last checkpoint (--resume)."
+        } else {
+            " `cargo xtask demo --resume` continues an interrupted run from its last checkpoint."
+        }
     );
     process::run(
         std::process::Command::new(&wasmrpc)
             .args(["launch", "--nproc", WORKERS, "--plugins"])
             .arg(&plugin)
-            .args(["--entry", "param_server::run", "--result"])
+            .args(["--grant-dir", &grants[0], "--grant-dir", &grants[1]])
+            .args(["--entry", entry, "--result"])
             .arg(&result)
             .args(["--", TRAINERS, EPOCHS]),
     )?;

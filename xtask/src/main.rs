@@ -43,8 +43,14 @@ enum Command {
     /// cache folder) and link it into `.wasmrpc-env/`; reused when present.
     Setup,
     /// Set up, then run the demo: a local cluster of workers calling each
-    /// other's wasm plugins.
-    Demo,
+    /// other's wasm plugins. It reads its data from `examples/data` and
+    /// saves a checkpoint after every epoch in `target/demo/checkpoints`.
+    Demo {
+        /// Continue the last run from its last checkpoint instead of
+        /// starting afresh.
+        #[arg(long)]
+        resume: bool,
+    },
     /// Set up, then run `cargo fmt --check`, clippy, every test, and
     /// regenerate `tests/SEED_COVERAGE.md`.
     Test {
@@ -97,9 +103,9 @@ fn main() -> Result<()> {
         Command::Setup => {
             setup::run(&root)?;
         }
-        Command::Demo => {
+        Command::Demo { resume } => {
             setup::run(&root)?;
-            demo::run(&root)?;
+            demo::run(&root, resume)?;
         }
         Command::Test { nextest_args } => {
             setup::run(&root)?;

@@ -44,6 +44,7 @@ pub(crate) fn run(root: &Path) -> Result<PathBuf> {
     let started = Instant::now();
     ensure_wasm_target()?;
     let venv = ensure_torch_venv()?;
+    ensure_python_modules(&venv)?;
     ensure_cuda_headers(&venv)?;
     let gloo = ensure_gloo_headers()?;
     link_env(root, &venv, &gloo)?;
@@ -148,6 +149,31 @@ fn ensure_torch_venv() -> Result<PathBuf> {
         started.elapsed().as_secs_f64()
     );
     Ok(venv)
+}
+
+/// Python packages the tests use beside torch, installed into the venv
+/// when it lacks them (a venv made before they were needed gets them
+/// too): `safetensors`, to read back what plugins save.
+const EXTRA_PIP_PACKAGES: &[(&str, &str)] = &[("safetensors", "safetensors==0.8.0")];
+
+fn ensure_python_modules(venv: &Path) -> Result<()> {
+    let python = venv.join("bin").join("python");
+    for (module, requirement) in EXTRA_PIP_PACKAGES {
+        let present = Command::new(&python)
+            .args(["-c", &format!("import {module}")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !present {
+            step(&format!("setup: installing {requirement} from PyPI into {}", venv.display()));
+            process::run(
+                Command::new(venv.join("bin").join("pip"))
+                    .args(["install", "--disable-pip-version-check", requirement]),
+            )?;
+        }
+    }
+    Ok(())
 }
 
 /// In a CUDA build of torch, installs [`CUDA_HEADER_PACKAGES`] into the

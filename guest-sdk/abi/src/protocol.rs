@@ -388,6 +388,46 @@ pub enum HostCall {
     /// Replies [`HostReply::Unit`].
     RecordFunctionExit(u32),
     // --- end of profiling ranges ---
+    /// A file in a folder the operator granted the plugin ([`FileCall`]).
+    /// Replies [`HostReply::Value`].
+    File(FileCall),
+}
+
+/// File requests of a guest, in the folders its operator granted it on its
+/// worker (`--grant-dir`), by guest path (`/data/train.csv`). Each replies
+/// [`HostReply::Value`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum FileCall {
+    /// A whole file's bytes: `Value::Bytes`.
+    Read(String),
+    /// Writes a whole file atomically (readers see the old file or the
+    /// whole new one), making its parent folders: `Value::None`.
+    Write {
+        /// The file's guest path.
+        path: String,
+        /// Its new contents.
+        #[serde(with = "crate::raw_bytes")]
+        data: Vec<u8>,
+    },
+    /// A folder's entries by name: a `Value::List` of `(name, is_dir,
+    /// size)` tuples.
+    List(String),
+    /// Removes a file: `Value::None`.
+    Remove(String),
+    /// Saves tensors to a safetensors file (atomically, as `Write`):
+    /// `Value::None`.
+    SaveTensors {
+        /// The file's guest path.
+        path: String,
+        /// `(name, tensor handle)` pairs, in order.
+        tensors: Vec<(String, u32)>,
+        /// String metadata stored in the file's header.
+        metadata: Vec<(String, String)>,
+    },
+    /// Loads every tensor of a safetensors, `.npy` or `.npz` file (never a
+    /// pickle): a `Value::Tuple` of a `Dict` of name to new tensor handle,
+    /// in the file's order, and a `Dict` of the file's string metadata.
+    LoadTensors(String),
 }
 
 /// Autograd requests of a guest: local autograd on tensor handles,

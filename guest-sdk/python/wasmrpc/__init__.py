@@ -25,8 +25,11 @@ def nested_rpc(dst):
 - Errors raised by the worker arrive as their Python classes (`ValueError`,
   `RuntimeError`, `TimeoutError`, ...); a plugin's own `ValueError` reaches
   its caller as a `ValueError`.
-- No pickle, files, network, environment or time of day: what a plugin can
-  do is what the world `guest-sdk/wit/plugin.wit` imports.
+- Files only in the folders the worker's operator granted the plugin
+  (`--grant-dir`): `open()` works there; `wasmrpc.save` and `wasmrpc.load`
+  write and read tensors (safetensors; `.npy`/`.npz` read), never a pickle.
+- No pickle, network, environment or time of day: what a plugin can do is
+  what the world `guest-sdk/wit/plugin.wit` imports.
 
 Build with `wasmrpc plugin build-py DIR` (or `cargo xtask build-py DIR`).
 """
@@ -37,6 +40,7 @@ from ._values import Record
 from .autograd import no_grad
 from .rpc import Future, RRef, WorkerInfo, get_worker_info
 from .state import get_global, lock, log, set_global, sleep
+from .files import load, load_with_metadata, save, write_file
 from .tensor import Tensor
 
 __all__ = [
@@ -49,6 +53,8 @@ __all__ = [
     "dist_autograd",
     "get_global",
     "get_worker_info",
+    "load",
+    "load_with_metadata",
     "lock",
     "log",
     "no_grad",
@@ -59,9 +65,11 @@ __all__ = [
     "remote",
     "remote_class",
     "rpc",
+    "save",
     "set_global",
     "sleep",
     "torch",
+    "write_file",
 ]
 
 from . import _registry

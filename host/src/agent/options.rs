@@ -117,6 +117,10 @@ pub struct RpcBackendOptions {
     /// Default [`DEFAULT_BUSY_POLL`]; zero never polls (`wasmrpc worker
     /// --busy-poll-us 0`).
     pub busy_poll: Duration,
+    /// The host folders this worker's plugins may use, by plugin namespace
+    /// (`wasmrpc worker --grant-dir`; see [`wasmrpc_wasm::folders`]). Empty
+    /// by default: a plugin reaches no file.
+    pub plugin_folders: Arc<wasmrpc_wasm::FolderGrants>,
 }
 
 impl std::fmt::Debug for RpcBackendOptions {
@@ -143,6 +147,7 @@ impl std::fmt::Debug for RpcBackendOptions {
             .field("op_policy", &self.op_policy)
             .field("shared_memory", &self.shared_memory)
             .field("busy_poll", &self.busy_poll)
+            .field("plugin_folders", &self.plugin_folders.grants())
             .finish()
     }
 }
@@ -168,6 +173,7 @@ impl Default for RpcBackendOptions {
             op_policy: OpPolicy::shared_default(),
             shared_memory: true,
             busy_poll: DEFAULT_BUSY_POLL,
+            plugin_folders: Arc::default(),
         }
     }
 }

@@ -72,6 +72,9 @@ pub(crate) struct LaunchArgs {
     /// Every worker's op policy (passed to each `wasmrpc worker`).
     #[command(flatten)]
     op_policy: super::ops::OpPolicyArgs,
+    /// Every worker's folder grants (passed to each `wasmrpc worker`).
+    #[command(flatten)]
+    grants: super::grants::FolderGrantArgs,
     /// Arguments of the entry function: integers, floats, `true`/`false`,
     /// or strings.
     #[arg(last = true)]
@@ -103,6 +106,9 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
     // Checked here, so a bad rule fails once rather than in every worker.
     args.op_policy.policy()?;
     let op_policy = args.op_policy.child_args()?;
+    // Opened here too, so a missing folder fails once, before any worker.
+    args.grants.open()?;
+    let grants = args.grants.child_args()?;
     let result_file = args
         .result
         .as_ref()
@@ -167,6 +173,7 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
         cmd.args(super::TensorMemoryArgs::child_args(budget));
         cmd.args(["--intra-op-threads", &intra_op_threads.to_string()]);
         cmd.args(&op_policy);
+        cmd.args(&grants);
         if rank == 0 {
             match &args.entry {
                 Some(entry) => {

@@ -106,6 +106,9 @@ pub(crate) struct WorkerArgs {
     /// policy; `wasmrpc ops list` shows it).
     #[command(flatten)]
     op_policy: super::ops::OpPolicyArgs,
+    /// Which host folders this worker's plugins may use.
+    #[command(flatten)]
+    grants: super::grants::FolderGrantArgs,
     /// Arguments of the entry function: integers, floats, `true`/`false`,
     /// or strings.
     #[arg(last = true)]
@@ -139,6 +142,7 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
     // Before the rendezvous: a worker that cannot serve its plugins should
     // not join a group it would leave at once.
     super::check_plugin_paths(&args.plugins)?;
+    let plugin_folders = std::sync::Arc::new(args.grants.open()?);
     let rank_hint = args.rank.map_or(-1, i64::from);
     let world_hint = args.world_size.map_or(-1, i64::from);
     let (store, rank, world) = match (args.rank, args.world_size) {
@@ -177,6 +181,7 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         busy_poll: std::time::Duration::from_micros(args.busy_poll_us),
         tensor_memory: args.tensor_memory.budget(1),
         op_policy: std::sync::Arc::new(args.op_policy.policy()?),
+        plugin_folders,
         ..RpcBackendOptions::default()
     };
     let agent = init_rpc(&name, Some(rank), world, store, options)

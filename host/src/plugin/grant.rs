@@ -89,6 +89,11 @@ impl PluginGrant {
         })
     }
 
+    /// How the plugin came to run on the worker.
+    pub(crate) fn trust(&self) -> PluginTrust {
+        self.trust
+    }
+
     /// Whether the plugin may call `function` (a qualified name) by RPC
     /// (GR-2).
     ///

@@ -19,7 +19,9 @@
 //! object's, released when the object is disposed of.
 //!
 //! Autograd requests (local autograd, a distributed autograd context the
-//! guest opens, the distributed optimizer) are in [`autograd`].
+//! guest opens, the distributed optimizer) are in [`autograd`]; file
+//! requests in the folders the operator granted the plugin, and tensor
+//! files there, in [`files`].
 //!
 //! Profiling: a call served in a caller's profiling scope records its ops
 //! (every aten op libtorch runs for them, nested ones included, through
@@ -29,6 +31,7 @@
 //! callbacks run in tasks of their own and ops on the blocking pool.
 
 mod autograd;
+mod files;
 mod tensors;
 
 use tensors::{dtype_kind, elements, meta};
@@ -552,5 +555,13 @@ impl GuestHost for GuestCall {
 
     async fn autograd(&self, call: AutogradCall) -> HostResult<Value> {
         self.run_autograd(call).await
+    }
+
+    fn folders(&self) -> Option<Arc<wasmrpc_wasm::Folders>> {
+        self.granted_folders()
+    }
+
+    async fn file(&self, call: wasmrpc_wasm::FileCall) -> HostResult<Value> {
+        self.run_file(call).await
     }
 }

@@ -153,6 +153,11 @@ impl WorkerBudget {
         &self.budget
     }
 
+    /// The most bytes one call's tensors may hold.
+    pub(crate) fn per_call(&self) -> u64 {
+        self.per_call
+    }
+
     /// A fresh budget for one call, charged to the worker's as well.
     pub(crate) fn call(&self) -> CallBudget {
         CallBudget {

@@ -8,19 +8,23 @@
 //! [`HostCall`](wasmrpc_abi::protocol::HostCall) a Rust guest would have
 //! sent, answered by the same host functions ([`crate::imports::dispatch`]).
 //! This module owns what differs: the bindings of the world, the WASI
-//! context that grants nothing, and a live component instance
+//! context (granting only the plugin's folders), and a live component instance
 //! ([`ComponentWarm`]); `convert` holds the conversions between the world's
 //! types and `wasmrpc_abi`'s, `requests` the world's `host` interface.
 //!
 //! # What a component may reach
 //!
 //! componentize-py's runtime (CPython) imports WASI 0.2. The linker
-//! provides it over a context that grants nothing: no preopened folders (no
-//! files), no environment, no arguments, no stdin (stdout and stderr are
-//! discarded), no sockets or name lookups (every address is refused), and a
-//! wall clock frozen at the Unix epoch; the monotonic clock and random bytes
-//! are real. Anything else a component imports fails to link.
+//! provides it over a context that grants nothing but the folders the
+//! operator granted the plugin on the worker ([`crate::folders`], preopened
+//! under their guest paths; read-only unless granted read-write without a
+//! quota): no other files, no environment, no arguments, no stdin (stdout
+//! and stderr are discarded), no sockets or name lookups (every address is
+//! refused), and a wall clock frozen at the Unix epoch; the monotonic clock
+//! and random bytes are real. Anything else a component imports fails to
+//! link.
 
+use crate::Folders;
 use crate::instance::{CallCtx, Fault, StoreData, new_store};
 use crate::plugin::Target;
 use std::sync::Arc;
@@ -69,7 +73,18 @@ impl Wasi {
     /// A context with no files, environment, arguments, stdin, sockets or
     /// time of day.
     pub(crate) fn deny_all() -> Wasi {
+        Self::build(WasiCtx::builder())
+    }
+
+    /// [`deny_all`](Self::deny_all) with `folders` preopened under their
+    /// guest paths (FG-2, FG-4).
+    pub(crate) fn with_folders(folders: &Folders) -> wasmtime::Result<Wasi> {
         let mut builder = WasiCtx::builder();
+        folders.preopen(&mut builder)?;
+        Ok(Self::build(builder))
+    }
+
+    fn build(mut builder: wasmtime_wasi::WasiCtxBuilder) -> Wasi {
         builder
             .allow_tcp(false)
             .allow_udp(false)
@@ -119,8 +134,12 @@ impl ComponentWarm {
         pre: &InstancePre<StoreData>,
         max_memory: usize,
         time_limit: Option<Duration>,
+        folders: Option<&Folders>,
     ) -> wasmtime::Result<ComponentWarm> {
         let mut store = new_store(engine, max_memory, time_limit);
+        if let Some(folders) = folders {
+            store.data_mut().wasi = Wasi::with_folders(folders)?;
+        }
         let instance = pre.instantiate_async(&mut store).await?;
         let plugin = bindings::Plugin::new(&mut store, &instance)?;
         Ok(ComponentWarm { store, plugin })

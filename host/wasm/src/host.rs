@@ -25,7 +25,7 @@
 use async_trait::async_trait;
 use std::time::Duration;
 use wasmrpc_abi::protocol::{
-    AutogradCall, CallArgs, DType, HandleKind, LogLevel, Progress, TensorMeta,
+    AutogradCall, CallArgs, DType, FileCall, HandleKind, LogLevel, Progress, TensorMeta,
 };
 use wasmrpc_abi::{ErrorKind, RemoteError, Value, WorkerInfo};
 
@@ -222,6 +222,23 @@ pub trait GuestHost: Send + Sync + 'static {
             LogLevel::Debug => tracing::debug!(target: "wasmrpc::guest", "{message}"),
         }
         Ok(())
+    }
+
+    /// The folders the operator granted this plugin on this worker
+    /// ([`crate::folders`]); `None` for none (the default). A component's
+    /// instances see them as WASI preopens, and an instance made for one
+    /// set of folders never serves a call with another.
+    fn folders(&self) -> Option<std::sync::Arc<crate::Folders>> {
+        None
+    }
+
+    /// Runs a file request in the plugin's granted folders ([`FileCall`]);
+    /// replies as documented on each request. The default refuses every
+    /// request (a host that grants no folders).
+    async fn file(&self, call: FileCall) -> HostResult<Value> {
+        Err(runtime_error(format!(
+            "this host grants plugins no folders ({call:?})"
+        )))
     }
 
     // ---- Autograd block: local autograd on handles, distributed autograd

@@ -208,6 +208,7 @@ pub(crate) async fn dispatch(ctx: &Arc<CallCtx>, call: HostCall) -> HostResult<H
         }
         HostCall::Panicked(_) => HostReply::Unit,
         HostCall::Autograd(call) => HostReply::Value(host.autograd(call).await?),
+        HostCall::File(call) => HostReply::Value(host.file(call).await?),
         HostCall::RecordFunctionEnter(name) => {
             HostReply::Handle(host.record_function_enter(&name).await?)
         }

@@ -80,6 +80,7 @@
 
 mod component;
 mod error;
+pub mod folders;
 mod host;
 mod imports;
 mod instance;
@@ -89,12 +90,13 @@ mod plugin;
 mod runtime;
 
 pub use error::{ASYNC_WRONG_TYPE, Error, Result};
+pub use folders::{FolderGrant, FolderGrants, Folders};
 pub use host::{GuestHost, HostResult, runtime_error};
 pub use manifest::Manifest;
 pub use object::Object;
 pub use plugin::{LoadSource, POOL_WAIT, Plugin};
 pub use runtime::{Config, Runtime};
 pub use wasmrpc_abi::protocol::{
-    AutogradCall, CallArgs, DType, HandleKind, LogLevel, Progress, TensorMeta,
+    AutogradCall, CallArgs, DType, FileCall, HandleKind, LogLevel, Progress, TensorMeta,
 };
 pub use wasmrpc_abi::{ErrorKind, RemoteError, Value, WorkerInfo};

@@ -4,7 +4,7 @@
 use crate::component::ComponentWarm;
 use crate::instance::{CallCtx, CoreWarm, Fault, StoreData, release_locks};
 use crate::runtime::Shared;
-use crate::{Error, Result};
+use crate::{Error, Folders, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use wasmrpc_abi::manifest::Manifest;
@@ -63,6 +63,9 @@ pub(crate) enum Code {
 /// A live instance of either kind of code.
 pub(crate) struct Warm {
     kind: WarmKind,
+    /// The folders its WASI context preopens (FG-1): it serves only calls
+    /// with the same folders.
+    folders: Option<Arc<Folders>>,
     /// Counts the instance in its runtime's live instances while it lives.
     _live: LiveInstance,
 }
@@ -208,14 +211,27 @@ impl Plugin {
     /// drops the idle instances of every plugin of the runtime, then waits
     /// for a busy instance to come back, up to [`POOL_WAIT`]; fails at once
     /// if no instance is live anywhere (the pool is too small for one).
-    pub(crate) async fn checkout(&self) -> Result<Warm> {
+    ///
+    /// The instance is one made for `folders` (the calling worker's grants
+    /// to this plugin): a component's WASI context preopens them, and
+    /// Python's libc keeps what it found there, so an instance never moves
+    /// between sets of folders (FG-1).
+    pub(crate) async fn checkout(&self, folders: Option<Arc<Folders>>) -> Result<Warm> {
         let deadline = std::time::Instant::now() + POOL_WAIT;
+        let same = |w: &Warm| match (&w.folders, &folders) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
         loop {
-            let pooled = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            let pooled = {
+                let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+                pool.iter().rposition(same).map(|i| pool.swap_remove(i))
+            };
             if let Some(warm) = pooled {
                 return Ok(warm);
             }
-            let e = match self.instantiate().await {
+            let e = match self.instantiate(folders.clone()).await {
                 Ok(warm) => return Ok(warm),
                 Err(e) => e,
             };
@@ -263,17 +279,18 @@ impl Plugin {
         idle.len()
     }
 
-    async fn instantiate(&self) -> wasmtime::Result<Warm> {
+    async fn instantiate(&self, folders: Option<Arc<Folders>>) -> wasmtime::Result<Warm> {
         let config = &self.shared.config;
         let (engine, memory, time) = (&self.shared.engine, config.max_memory, config.time_limit);
         let kind = match &self.code {
             Code::Core(pre) => WarmKind::Core(CoreWarm::new(engine, pre, memory, time).await?),
-            Code::Component(pre) => {
-                WarmKind::Component(ComponentWarm::new(engine, pre, memory, time).await?)
-            }
+            Code::Component(pre) => WarmKind::Component(
+                ComponentWarm::new(engine, pre, memory, time, folders.as_deref()).await?,
+            ),
         };
         Ok(Warm {
             kind,
+            folders,
             _live: LiveInstance::new(&self.shared.live),
         })
     }

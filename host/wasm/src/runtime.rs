@@ -433,7 +433,7 @@ impl Runtime {
             });
         };
         let kind = entry.kind;
-        let mut warm = plugin.checkout().await?;
+        let mut warm = plugin.checkout(host.folders()).await?;
         let ctx = CallCtx::new(host.clone(), plugin.clone(), self.clone());
         let outcome = warm.invoke(ctx, Target::Function(function), &args).await;
         match outcome {
@@ -466,7 +466,7 @@ impl Runtime {
                 name: class.to_owned(),
             });
         };
-        let mut warm = plugin.checkout().await?;
+        let mut warm = plugin.checkout(host.folders()).await?;
         let ctx = CallCtx::new(host.clone(), plugin.clone(), self.clone());
         match warm.invoke(ctx, Target::Constructor(class), &args).await {
             Ok(Outcome::Object(id)) => {
@@ -525,7 +525,7 @@ fn plugin_exports(manifest: &manifest::Manifest) -> Vec<String> {
 /// The exports a component plugin describes itself with, from a new
 /// instance that then joins the pool.
 async fn describe(plugin: &Arc<Plugin>) -> Result<Vec<manifest::Export>> {
-    let mut warm = plugin.checkout().await?;
+    let mut warm = plugin.checkout(None).await?;
     let Some(component) = warm.component() else {
         return Err(Error::Engine(
             "a component plugin made a core instance".into(),

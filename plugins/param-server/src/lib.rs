@@ -22,11 +22,23 @@
 //! the parameter server after the backward passes and after the steps (a
 //! synchronous variant of the tutorial, which lets trainers run freely).
 //!
-//! **Data.** `examples/data/digits.csv.gz` (see `examples/data/README.md`),
-//! compiled into the plugin, so workers need no file access: 1,797 8x8
-//! images with pixels 0..16, scaled here to 0..1. Every fifth image (index
-//! `i % 5 == 4`, 359 images) is held out for testing; trainer `k` of `K`
-//! takes the training images `j` with `j % K == k`.
+//! **Data.** Read from the file [`DATA_FILE`] in the folder the operator
+//! grants the plugin at `/data` (`--grant-dir
+//! param_server:/data=examples/data:ro`; `examples/data/README.md` says
+//! where the file comes from): 1,797 8x8 images with pixels 0..16, scaled
+//! here to 0..1. Every fifth image (index `i % 5 == 4`, 359 images) is
+//! held out for testing; trainer `k` of `K` takes the training images `j`
+//! with `j % K == k`.
+//!
+//! **Checkpoints.** When the operator also grants the parameter server a
+//! read-write folder at [`CHECKPOINTS`] (`--grant-dir
+//! param_server:/ckpt=target/demo/checkpoints:rw`), [`run`] saves a
+//! checkpoint there after every epoch (`wasmrpc_guest::checkpoint`: the
+//! parameters as the parameter server's shard, the settings and the
+//! history so far in the manifest), and [`resume`] continues a run from
+//! the last one. The trainers keep no state between epochs (their shards
+//! are fixed and the optimizer is plain SGD), so the parameters and the
+//! epoch are the whole state of the job.
 //!
 //! **Model.** `logits = relu(x @ W1 + b1) @ W2 + b2`, `W1` 64xH, `W2` Hx10,
 //! float32, initialised as `torch.nn.Linear` does (uniform in
@@ -35,12 +47,17 @@
 
 use wasmrpc_guest::optim::{DistributedOptimizer, Optimizer};
 use wasmrpc_guest::{
-    Error, Future, RRef, Result, Tensor, Value, clear_global, dist_autograd, get_worker_info,
-    global, lock, progress, remote, rpc_async, rpc_sync, set_global,
+    Error, Future, RRef, Result, Tensor, Value, checkpoint, clear_global, dist_autograd, fs,
+    get_worker_info, global, lock, progress, remote, rpc_async, rpc_sync, set_global,
 };
 
-/// The data set, as shipped by scikit-learn (gzip of a CSV).
-const DIGITS_GZ: &[u8] = include_bytes!("../../../examples/data/digits.csv.gz");
+/// The data set, as shipped by scikit-learn (gzip of a CSV), in the
+/// folder granted at `/data`.
+pub const DATA_FILE: &str = "/data/digits.csv.gz";
+/// Where checkpoints go when the operator grants the folder.
+pub const CHECKPOINTS: &str = "/ckpt";
+/// The parameters, in the order of [`parameter_rrefs`].
+const PARAMETERS: [&str; 4] = ["W1", "b1", "W2", "b2"];
 /// Pixels of one image.
 pub const PIXELS: usize = 64;
 /// Classes (digits 0..9).
@@ -75,7 +92,7 @@ impl Split {
 
 /// The gzip member's deflate stream (RFC 1952 header and trailer removed).
 fn gunzip(data: &[u8]) -> Result<Vec<u8>> {
-    let bad = |why: &str| Error::runtime_error(format!("the embedded digits data: {why}"));
+    let bad = |why: &str| Error::runtime_error(format!("{DATA_FILE}: {why}"));
     if data.len() < 18 || data[0] != 0x1f || data[1] != 0x8b || data[2] != 8 {
         return Err(bad("not a gzip stream"));
     }
@@ -105,15 +122,15 @@ fn gunzip(data: &[u8]) -> Result<Vec<u8>> {
 
 /// The digits data set, split into (training, held-out test) parts.
 fn digits() -> Result<(Split, Split)> {
-    let text = gunzip(DIGITS_GZ)?;
+    let text = gunzip(&fs::read(DATA_FILE)?)?;
     let text = core::str::from_utf8(&text)
-        .map_err(|e| Error::runtime_error(format!("the embedded digits data: {e}")))?;
+        .map_err(|e| Error::runtime_error(format!("{DATA_FILE}: {e}")))?;
     let (mut train, mut test) = (Split::default(), Split::default());
     for (i, line) in text.lines().filter(|l| !l.trim().is_empty()).enumerate() {
         let fields: Vec<&str> = line.split(',').collect();
         if fields.len() != PIXELS + 1 {
             return Err(Error::runtime_error(format!(
-                "the embedded digits data: line {} has {} fields, not {}",
+                "{DATA_FILE}: line {} has {} fields, not {}",
                 i + 1,
                 fields.len(),
                 PIXELS + 1
@@ -121,7 +138,7 @@ fn digits() -> Result<(Split, Split)> {
         }
         let number = |s: &str| {
             s.trim().parse::<f32>().map_err(|e| {
-                Error::runtime_error(format!("the embedded digits data: line {}: {e}", i + 1))
+                Error::runtime_error(format!("{DATA_FILE}: line {}: {e}", i + 1))
             })
         };
         let part = if i % 5 == 4 { &mut test } else { &mut train };
@@ -260,7 +277,7 @@ fn barrier(name: String, parties: i64) -> Result<Future> {
 /// `[RRef(p) for p in model.parameters()]`), for a `DistributedOptimizer`.
 #[remote]
 fn parameter_rrefs() -> Result<Vec<RRef>> {
-    ["W1", "b1", "W2", "b2"]
+    PARAMETERS
         .iter()
         .map(|name| RRef::new(parameter(name)?))
         .collect()
@@ -355,12 +372,133 @@ const DEFAULT_LR: f64 = 0.1;
 const DEFAULT_HIDDEN: i64 = 32;
 const DEFAULT_SEED: i64 = 1;
 
+/// A run's settings, as [`run`] takes them and a checkpoint keeps them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Settings {
+    trainers: i64,
+    batch_size: i64,
+    lr: f64,
+    hidden: i64,
+    seed: i64,
+}
+
+impl Settings {
+    fn metadata(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("trainers", self.trainers.to_string()),
+            ("batch_size", self.batch_size.to_string()),
+            ("lr", format!("{:?}", self.lr)),
+            ("hidden", self.hidden.to_string()),
+            ("seed", self.seed.to_string()),
+        ]
+    }
+
+    fn from_checkpoint(manifest: &checkpoint::Manifest) -> Result<Settings> {
+        fn field<T: core::str::FromStr>(m: &checkpoint::Manifest, key: &str) -> Result<T> {
+            m.get(key).and_then(|v| v.parse().ok()).ok_or_else(|| {
+                Error::runtime_error(format!(
+                    "the checkpoint in {CHECKPOINTS} has no setting {key}: it was not written \
+                     by param_server::run"
+                ))
+            })
+        }
+        Ok(Settings {
+            trainers: field(manifest, "trainers")?,
+            batch_size: field(manifest, "batch_size")?,
+            lr: field(manifest, "lr")?,
+            hidden: field(manifest, "hidden")?,
+            seed: field(manifest, "seed")?,
+        })
+    }
+}
+
+/// Per-epoch results so far.
+#[derive(Debug, Clone, Default)]
+struct History {
+    train_loss: Vec<f64>,
+    test_loss: Vec<f64>,
+    accuracy: Vec<f64>,
+}
+
+impl History {
+    fn columns(&self) -> [(&'static str, &Vec<f64>); 3] {
+        [
+            ("train_loss", &self.train_loss),
+            ("test_loss", &self.test_loss),
+            ("accuracy", &self.accuracy),
+        ]
+    }
+
+    fn into_value(self) -> Value {
+        let list = |v: &Vec<f64>| Value::List(v.iter().map(|x| Value::Float(*x)).collect());
+        Value::Dict(
+            self.columns()
+                .iter()
+                .map(|(name, column)| (Value::Str((*name).into()), list(column)))
+                .collect(),
+        )
+    }
+
+    /// Each column as comma-separated floats, for a checkpoint's metadata.
+    fn metadata(&self) -> Vec<(&'static str, String)> {
+        self.columns()
+            .iter()
+            .map(|(name, column)| {
+                let text: Vec<String> = column.iter().map(|x| format!("{x:?}")).collect();
+                (*name, text.join(","))
+            })
+            .collect()
+    }
+
+    fn from_checkpoint(manifest: &checkpoint::Manifest) -> Result<History> {
+        let column = |key: &str| -> Result<Vec<f64>> {
+            let text = manifest.get(key).unwrap_or("");
+            text.split(',')
+                .filter(|x| !x.is_empty())
+                .map(|x| {
+                    x.parse::<f64>().map_err(|e| {
+                        Error::runtime_error(format!(
+                            "the checkpoint in {CHECKPOINTS}: {key} holds {x:?}: {e}"
+                        ))
+                    })
+                })
+                .collect()
+        };
+        Ok(History {
+            train_loss: column("train_loss")?,
+            test_loss: column("test_loss")?,
+            accuracy: column("accuracy")?,
+        })
+    }
+}
+
+/// Whether the operator granted the checkpoint folder (a plugin without the
+/// grant trains without checkpoints).
+fn checkpoints_granted() -> bool {
+    fs::list(CHECKPOINTS).is_ok()
+}
+
+/// Saves the parameters after `epoch` with the settings and the history.
+fn save_checkpoint(epoch: i64, settings: &Settings, history: &History) -> Result<()> {
+    let params = PARAMETERS
+        .iter()
+        .map(|name| Ok((*name, parameter(name)?)))
+        .collect::<Result<Vec<_>>>()?;
+    let named: Vec<(&str, &Tensor)> = params.iter().map(|(n, t)| (*n, t)).collect();
+    let shard = checkpoint::save_shard(CHECKPOINTS, epoch, &named)?;
+    let mut metadata = settings.metadata();
+    metadata.extend(history.metadata());
+    let metadata: Vec<(&str, &str)> = metadata.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    checkpoint::commit(CHECKPOINTS, epoch, &[shard], &metadata)
+}
+
 /// The driver, on the parameter server (worker0): trains an MLP with
 /// `hidden` hidden units for `epochs` epochs on `trainers` trainers
 /// (worker1..), SGD with step `lr` on batches of `batch_size` (see the
 /// defaults above). Returns `{"train_loss": [...], "test_loss": [...],
 /// "accuracy": [...]}`, one entry per epoch (the held-out loss and accuracy
-/// after it).
+/// after it). With the checkpoint folder granted, saves a checkpoint after
+/// every epoch (see the module docs).
 #[remote]
 fn run(
     trainers: i64,
@@ -370,19 +508,88 @@ fn run(
     hidden: Option<i64>,
     seed: Option<i64>,
 ) -> Result<Value> {
-    let batch_size = batch_size.unwrap_or(DEFAULT_BATCH_SIZE);
-    let lr = lr.unwrap_or(DEFAULT_LR);
-    let hidden = hidden.unwrap_or(DEFAULT_HIDDEN);
-    let seed = seed.unwrap_or(DEFAULT_SEED);
+    let settings = Settings {
+        trainers,
+        batch_size: batch_size.unwrap_or(DEFAULT_BATCH_SIZE),
+        lr: lr.unwrap_or(DEFAULT_LR),
+        hidden: hidden.unwrap_or(DEFAULT_HIDDEN),
+        seed: seed.unwrap_or(DEFAULT_SEED),
+    };
     if trainers < 1 || epochs < 1 {
         return Err(Error::value_error(format!(
             "run needs trainers >= 1 and epochs >= 1, got trainers={trainers}, epochs={epochs}"
         )));
     }
+    init(settings.hidden, settings.seed)?;
+    train(&settings, epochs, History::default())
+}
+
+/// The driver, continuing the run whose last checkpoint is in the folder
+/// granted at [`CHECKPOINTS`] up to `epochs` epochs in all, with the
+/// settings it was started with (`trainers` must match them). Returns what
+/// [`run`] returns, the checkpointed epochs' results included.
+#[remote]
+fn resume(trainers: i64, epochs: i64) -> Result<Value> {
+    if !checkpoints_granted() {
+        return Err(Error::runtime_error(format!(
+            "param_server::resume needs the checkpoint folder: grant it with --grant-dir \
+             param_server:{CHECKPOINTS}=HOST_FOLDER:rw"
+        )));
+    }
+    let manifest = checkpoint::latest(CHECKPOINTS)?.ok_or_else(|| {
+        Error::runtime_error(format!(
+            "no checkpoint to resume from in {CHECKPOINTS}: start with param_server::run"
+        ))
+    })?;
+    let settings = Settings::from_checkpoint(&manifest)?;
+    if settings.trainers != trainers {
+        return Err(Error::value_error(format!(
+            "the checkpoint of epoch {} was trained by {} trainers, not {trainers}",
+            manifest.step, settings.trainers
+        )));
+    }
+    let history = History::from_checkpoint(&manifest)?;
+    if history.accuracy.len() != usize::try_from(manifest.step).unwrap_or(usize::MAX) {
+        return Err(Error::runtime_error(format!(
+            "the checkpoint of epoch {} holds the results of {} epochs",
+            manifest.step,
+            history.accuracy.len()
+        )));
+    }
+    let me = get_worker_info()?.name;
+    for (name, tensor) in checkpoint::load_shard(CHECKPOINTS, &manifest, &me)? {
+        if !PARAMETERS.contains(&name.as_str()) {
+            return Err(Error::runtime_error(format!(
+                "the checkpoint's shard holds {name:?}, which is no parameter of the model"
+            )));
+        }
+        set_global(&name, tensor.requires_grad_(true)?)?;
+    }
+    for name in PARAMETERS {
+        parameter(name)?;
+    }
+    progress::report(
+        "epoch",
+        manifest.step as u64,
+        epochs.max(manifest.step) as u64,
+        &format!("resumed from the checkpoint of epoch {}", manifest.step),
+    );
+    train(&settings, epochs, history)
+}
+
+/// Trains epochs `history.len() + 1 ..= epochs` from the parameters on
+/// this worker, checkpointing each when the folder is granted.
+fn train(settings: &Settings, epochs: i64, mut history: History) -> Result<Value> {
+    let Settings {
+        trainers,
+        batch_size,
+        lr,
+        ..
+    } = *settings;
     let ps = get_worker_info()?.name;
-    init(hidden, seed)?;
-    let (mut train_loss, mut test_loss, mut accuracy) = (Vec::new(), Vec::new(), Vec::new());
-    for epoch in 1..=epochs {
+    let checkpoints = checkpoints_granted();
+    let first = history.accuracy.len() as i64 + 1;
+    for epoch in first..=epochs {
         let mut calls = Vec::new();
         for rank in 1..=trainers {
             calls.push(rpc_async(
@@ -405,13 +612,12 @@ fn run(
                 loss / trainers as f64
             ),
         );
-        train_loss.push(Value::Float(loss / trainers as f64));
-        test_loss.push(Value::Float(held_out_loss));
-        accuracy.push(Value::Float(acc));
+        history.train_loss.push(loss / trainers as f64);
+        history.test_loss.push(held_out_loss);
+        history.accuracy.push(acc);
+        if checkpoints {
+            save_checkpoint(epoch, settings, &history)?;
+        }
     }
-    Ok(Value::Dict(vec![
-        (Value::Str("train_loss".into()), Value::List(train_loss)),
-        (Value::Str("test_loss".into()), Value::List(test_loss)),
-        (Value::Str("accuracy".into()), Value::List(accuracy)),
-    ]))
+    Ok(history.into_value())
 }

@@ -4,12 +4,13 @@
 //! it declares one more op (`aten::from_file`, which a worker serves only
 //! if its operator allows it) and one function of another plugin
 //! (`seed_fns::identity`). Its functions run or call whatever they are
-//! told, so the tests can try everything else too.
+//! told, so the tests can try everything else too. Its file functions do
+//! the same with paths, for the folder grant tests.
 //!
 //! POLICY_TEST_NAMES_DENIED_OPS: the op it declares is one the default op
 //! policy refuses, on purpose.
 
-use wasmrpc_guest::{RRef, Result, Tensor, Value, permissions, remote, rpc_sync};
+use wasmrpc_guest::{Error, RRef, Result, Tensor, Value, fs, permissions, remote, rpc_sync};
 
 permissions!(ops = ["aten::from_file"], calls = ["seed_fns::identity"]);
 
@@ -55,4 +56,57 @@ fn run_op_kw(name: String, args: Vec<Value>, kwargs: Value) -> Result<Value> {
     }
     let kwargs: Vec<(&str, Value)> = named.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
     Tensor::op(&name, args, &kwargs)
+}
+
+// ---- Files: the folder grant tests (`tests/all/folder_grants_test.rs`)
+// call these with whatever paths an attacker would try.
+
+/// `read_file(path)`: the bytes of a file in a granted folder.
+#[remote]
+fn read_file(path: String) -> Result<Value> {
+    Ok(Value::Bytes(fs::read(&path)?))
+}
+
+/// `write_file(path, data)`: writes `data` (bytes or a string) to a file in
+/// a granted folder.
+#[remote]
+fn write_file(path: String, data: Value) -> Result<()> {
+    match data {
+        Value::Bytes(b) => fs::write(&path, b),
+        Value::Str(s) => fs::write(&path, s),
+        other => Err(Error::type_error(format!(
+            "write_file takes bytes or a string, not {}",
+            other.type_name()
+        ))),
+    }
+}
+
+/// `list_dir(path)`: the names in a granted folder (folders end in `/`).
+#[remote]
+fn list_dir(path: String) -> Result<Vec<String>> {
+    Ok(fs::list(&path)?
+        .into_iter()
+        .map(|e| if e.is_dir { format!("{}/", e.name) } else { e.name })
+        .collect())
+}
+
+/// `remove_file(path)`: removes a file in a granted folder.
+#[remote]
+fn remove_file(path: String) -> Result<()> {
+    fs::remove(&path)
+}
+
+/// `save_tensors(path, tensors)`: saves `(name, tensor)` pairs to a
+/// safetensors file.
+#[remote]
+fn save_tensors(path: String, tensors: Vec<(String, Tensor)>) -> Result<()> {
+    let named: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    fs::save_tensors(&path, &named)
+}
+
+/// `load_tensors(path)`: every tensor of a tensor file, as `(name,
+/// tensor)` pairs in the file's order.
+#[remote]
+fn load_tensors(path: String) -> Result<Vec<(String, Tensor)>> {
+    fs::load_tensors(&path)
 }

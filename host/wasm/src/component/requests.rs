@@ -290,6 +290,64 @@ impl host::Host for StoreData {
         unit_reply(self.request(HostCall::RecordFunctionExit(range)).await?)
     }
 
+    async fn write_file(&mut self, path: String, data: Vec<u8>) -> R<()> {
+        let call = HostCall::File(abi::FileCall::Write { path, data });
+        value_reply(self.request(call).await?).map(drop)
+    }
+
+    async fn save_tensors(
+        &mut self,
+        path: String,
+        tensors: Vec<(String, u32)>,
+        metadata: Vec<(String, String)>,
+    ) -> R<()> {
+        let call = HostCall::File(abi::FileCall::SaveTensors {
+            path,
+            tensors,
+            metadata,
+        });
+        value_reply(self.request(call).await?).map(drop)
+    }
+
+    async fn load_tensors(
+        &mut self,
+        path: String,
+    ) -> R<(Vec<(String, u32)>, Vec<(String, String)>)> {
+        let reply = self
+            .request(HostCall::File(abi::FileCall::LoadTensors(path)))
+            .await?;
+        let malformed = || {
+            error_to_wit(RemoteError::new(
+                ErrorKind::RuntimeError,
+                "the host's loaded tensors are malformed",
+            ))
+        };
+        let HostReply::Value(wasmrpc_abi::Value::Tuple(parts)) = reply else {
+            return Err(malformed());
+        };
+        let mut parts = parts.into_iter();
+        let (Some(wasmrpc_abi::Value::Dict(tensors)), Some(wasmrpc_abi::Value::Dict(metadata))) =
+            (parts.next(), parts.next())
+        else {
+            return Err(malformed());
+        };
+        let tensors = tensors
+            .into_iter()
+            .map(|(k, v)| match (k, v) {
+                (wasmrpc_abi::Value::Str(name), wasmrpc_abi::Value::Tensor(h)) => Ok((name, h)),
+                _ => Err(malformed()),
+            })
+            .collect::<R<Vec<_>>>()?;
+        let metadata = metadata
+            .into_iter()
+            .filter_map(|(k, v)| match (k, v) {
+                (wasmrpc_abi::Value::Str(k), wasmrpc_abi::Value::Str(v)) => Some((k, v)),
+                _ => None,
+            })
+            .collect();
+        Ok((tensors, metadata))
+    }
+
     async fn get_worker_info(&mut self, name: Option<String>) -> R<types::WorkerInfo> {
         worker_reply(self.request(HostCall::WorkerInfo(name)).await?)
     }
