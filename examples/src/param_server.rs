@@ -18,7 +18,8 @@ use wasmrpc::{Args, Payload};
 /// Never for this fixed spec; kept fallible as the parser is.
 pub fn data_grant() -> Result<FolderGrant> {
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/data");
-    FolderGrant::parse(&format!("param_server:/data={data}:ro")).map_err(|e| anyhow::anyhow!(e.message))
+    FolderGrant::parse(&format!("param_server:/data={data}:ro"))
+        .map_err(|e| anyhow::anyhow!(e.message))
 }
 
 /// The data set as the plugin sees it.

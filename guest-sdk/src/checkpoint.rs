@@ -14,7 +14,7 @@
 //! then one worker calls [`commit`] with the shards. The manifest is
 //! written last and atomically, so a job killed while saving leaves the
 //! previous checkpoint whole; [`commit`] then removes older steps' shards
-//! it wrote on this worker. [`latest`] reads the manifest back and
+//! (and their folders) it can see on this worker. [`latest`] reads the manifest back and
 //! [`load_shard`] a shard. Owners on other workers save and load their
 //! shards through a function of the plugin that calls these there (the
 //! folder must be shared between the workers, or each owner's shard stays
@@ -74,8 +74,12 @@ impl Manifest {
     }
 
     fn from_json(file: &str, text: &str) -> Result<Manifest> {
-        let bad = |why: &str| Error::runtime_error(format!("{file} is not a checkpoint manifest: {why}"));
-        let mut p = Parser { s: text.as_bytes(), at: 0 };
+        let bad =
+            |why: &str| Error::runtime_error(format!("{file} is not a checkpoint manifest: {why}"));
+        let mut p = Parser {
+            s: text.as_bytes(),
+            at: 0,
+        };
         let mut manifest = Manifest::default();
         let (mut step, mut shards, mut metadata) = (false, false, false);
         p.expect(b'{').map_err(|e| bad(&e))?;
@@ -165,7 +169,10 @@ impl Parser<'_> {
                 self.at += 1;
                 Ok(false)
             }
-            _ => Err(format!("expected ',' or '{}' at byte {}", end as char, self.at)),
+            _ => Err(format!(
+                "expected ',' or '{}' at byte {}",
+                end as char, self.at
+            )),
         }
     }
 
@@ -210,7 +217,10 @@ impl Parser<'_> {
                         b'r' => out.push(b'\r'),
                         b't' => out.push(b'\t'),
                         b'u' => {
-                            let hex = self.s.get(self.at..self.at + 4).ok_or("a short \\u escape")?;
+                            let hex = self
+                                .s
+                                .get(self.at..self.at + 4)
+                                .ok_or("a short \\u escape")?;
                             self.at += 4;
                             let code = core::str::from_utf8(hex)
                                 .ok()
@@ -304,6 +314,8 @@ pub fn commit(
                     fs::remove(&join(&old, &file.name))?;
                 }
             }
+            // Left when something else was put there.
+            let _ = fs::remove(&old);
         }
     }
     Ok(())

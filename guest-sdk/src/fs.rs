@@ -83,10 +83,10 @@ pub fn write(path: &str, data: impl Into<Vec<u8>>) -> Result<()> {
     .map(drop)
 }
 
-/// Removes the file at `path`.
+/// Removes the file, or the empty folder, at `path`.
 ///
 /// # Errors
-/// As [`write`].
+/// As [`write`], and a `RuntimeError` for a folder that is not empty.
 pub fn remove(path: &str) -> Result<()> {
     file(FileCall::Remove(path.to_owned())).map(drop)
 }
@@ -108,7 +108,9 @@ pub struct DirEntry {
 /// As [`read`].
 pub fn list(path: &str) -> Result<Vec<DirEntry>> {
     let Value::List(items) = file(FileCall::List(path.to_owned()))? else {
-        return Err(Error::runtime_error("the host's folder listing is not a list"));
+        return Err(Error::runtime_error(
+            "the host's folder listing is not a list",
+        ));
     };
     items
         .into_iter()
@@ -135,7 +137,11 @@ pub fn exists(path: &str) -> Result<bool> {
     let (parent, name) = match trimmed.rsplit_once('/') {
         Some(("", name)) => ("/", name),
         Some((parent, name)) => (parent, name),
-        None => return Err(Error::value_error(format!("{path:?} is not an absolute path"))),
+        None => {
+            return Err(Error::value_error(format!(
+                "{path:?} is not an absolute path"
+            )));
+        }
     };
     match list(parent) {
         Ok(entries) => Ok(entries.iter().any(|e| e.name == name)),
@@ -201,7 +207,9 @@ pub fn load_tensors_with_metadata(
     let mut parts = parts.into_iter();
     let (Some(Value::Dict(tensors)), Some(Value::Dict(metadata))) = (parts.next(), parts.next())
     else {
-        return Err(Error::runtime_error("the host's loaded tensors are malformed"));
+        return Err(Error::runtime_error(
+            "the host's loaded tensors are malformed",
+        ));
     };
     // Take ownership of every handle first, so none leaks on an error.
     let mut named = Vec::with_capacity(tensors.len());
@@ -213,7 +221,9 @@ pub fn load_tensors_with_metadata(
         }
     }
     if bad {
-        return Err(Error::runtime_error("the host's loaded tensors are malformed"));
+        return Err(Error::runtime_error(
+            "the host's loaded tensors are malformed",
+        ));
     }
     let metadata = metadata
         .into_iter()

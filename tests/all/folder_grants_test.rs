@@ -28,9 +28,7 @@ use anyhow::{Context, ensure};
 use wasmrpc::prelude::*;
 use wasmrpc::testing::{Cluster, worker_name};
 use wasmrpc::wasm::{FolderGrant, FolderGrants};
-use wasmrpc::{
-    ErrorKind, Payload, PluginHost, RpcBackendOptions, TensorMemoryBudget, Value, args,
-};
+use wasmrpc::{ErrorKind, Payload, PluginHost, RpcBackendOptions, TensorMemoryBudget, Value, args};
 use wasmrpc_tests::{expect_err, timed};
 
 /// The call's tensor memory budget in these tests: `big.bin` is larger.
@@ -57,7 +55,10 @@ impl Layout {
         std::fs::hard_link(root.join("secret.txt"), data.join("hard"))?;
         let fifo = std::ffi::CString::new(data.join("fifo").as_os_str().as_encoded_bytes())?;
         // SAFETY: a valid NUL-terminated path; mkfifo only creates a node.
-        ensure!(unsafe { libc_mkfifo(fifo.as_ptr(), 0o600) } == 0, "mkfifo failed");
+        ensure!(
+            unsafe { libc_mkfifo(fifo.as_ptr(), 0o600) } == 0,
+            "mkfifo failed"
+        );
         // An old-style torch.save pickle: protocol 2, an empty dict, STOP.
         std::fs::write(data.join("model.pt"), b"\x80\x02}q\x00.")?;
         // A safetensors header claiming 64 bytes of data the file lacks.
@@ -73,8 +74,11 @@ impl Layout {
     fn grants(&self, deployed: bool) -> anyhow::Result<Vec<FolderGrant>> {
         let d = if deployed { ",deployed" } else { "" };
         Ok(vec![
-            FolderGrant::parse(&format!("probe:/data={}:ro{d}", self.root.join("data").display()))
-                .map_err(|e| anyhow::anyhow!(e.message))?,
+            FolderGrant::parse(&format!(
+                "probe:/data={}:ro{d}",
+                self.root.join("data").display()
+            ))
+            .map_err(|e| anyhow::anyhow!(e.message))?,
             FolderGrant::parse(&format!(
                 "probe:/ckpt={}:rw,quota=4K{d}",
                 self.root.join("ckpt").display()
@@ -95,7 +99,9 @@ unsafe extern "C" {
 
 fn options(grants: Vec<FolderGrant>) -> anyhow::Result<RpcBackendOptions> {
     Ok(RpcBackendOptions {
-        plugin_folders: Arc::new(FolderGrants::open(grants).map_err(|e| anyhow::anyhow!(e.message))?),
+        plugin_folders: Arc::new(
+            FolderGrants::open(grants).map_err(|e| anyhow::anyhow!(e.message))?,
+        ),
         tensor_memory: TensorMemoryBudget {
             per_worker: 4 * PER_CALL,
             per_call: PER_CALL,
@@ -144,33 +150,62 @@ fn a_granted_folder_reads_writes_lists_and_round_trips_tensors() {
         let layout = Layout::new()?;
         let cluster = operator_cluster(&layout).await?;
         serves_on(&cluster).await?;
-        let deep = call(&cluster, "probe::read_file", args!["/data//nested/./deep.txt"]).await?;
+        let deep = call(
+            &cluster,
+            "probe::read_file",
+            args!["/data//nested/./deep.txt"],
+        )
+        .await?;
         ensure!(text(&deep)? == "deep");
         // A symlink that stays inside the folder is followed.
         let inside = call(&cluster, "probe::read_file", args!["/data/inside"]).await?;
         ensure!(text(&inside)? == "hello from /data");
 
-        call(&cluster, "probe::write_file", args!["/ckpt/run/notes.txt", "epoch 1"]).await?;
+        call(
+            &cluster,
+            "probe::write_file",
+            args!["/ckpt/run/notes.txt", "epoch 1"],
+        )
+        .await?;
         ensure!(std::fs::read_to_string(layout.path("ckpt/run/notes.txt"))? == "epoch 1");
         let listed = call(&cluster, "probe::list_dir", args!["/ckpt"]).await?;
-        ensure!(format!("{:?}", listed.value) == r#"List([Str("run/")])"#, "{listed:?}");
+        ensure!(
+            format!("{:?}", listed.value) == r#"List([Str("run/")])"#,
+            "{listed:?}"
+        );
         let listed = call(&cluster, "probe::list_dir", args!["/ckpt/run"]).await?;
         // No temporary file is left behind by the atomic write.
-        ensure!(format!("{:?}", listed.value) == r#"List([Str("notes.txt")])"#, "{listed:?}");
+        ensure!(
+            format!("{:?}", listed.value) == r#"List([Str("notes.txt")])"#,
+            "{listed:?}"
+        );
 
         let w = tch::Tensor::from_slice(&[1.5f32, -2.0, 3.25, 4.0]).reshape([2, 2]);
         let step = tch::Tensor::from_slice(&[7i64]);
         let pairs = Payload::list(vec![
-            Payload::tuple(vec![Payload::from("w".to_string()), Payload::tensor(w.shallow_clone())]),
-            Payload::tuple(vec![Payload::from("step".to_string()), Payload::tensor(step.shallow_clone())]),
+            Payload::tuple(vec![
+                Payload::from("w".to_string()),
+                Payload::from(w.shallow_clone()),
+            ]),
+            Payload::tuple(vec![
+                Payload::from("step".to_string()),
+                Payload::from(step.shallow_clone()),
+            ]),
         ]);
         call(
             &cluster,
             "probe::save_tensors",
-            wasmrpc::Args::new().arg("/ckpt/model.safetensors".to_string()).arg(pairs),
+            wasmrpc::Args::new()
+                .arg("/ckpt/model.safetensors".to_string())
+                .arg(pairs),
         )
         .await?;
-        let loaded = call(&cluster, "probe::load_tensors", args!["/ckpt/model.safetensors"]).await?;
+        let loaded = call(
+            &cluster,
+            "probe::load_tensors",
+            args!["/ckpt/model.safetensors"],
+        )
+        .await?;
         let items = loaded.items()?;
         ensure!(items.len() == 2, "{loaded:?}");
         let mut names = Vec::new();
@@ -202,16 +237,44 @@ fn paths_outside_a_grant_are_refused_by_construction() {
         let cluster = operator_cluster(&layout).await?;
         for (path, kind, needle) in [
             ("/data/../secret.txt", ErrorKind::ValueError, "holds '..'"),
-            ("data/hello.txt", ErrorKind::ValueError, "is not an absolute path"),
-            ("/etc/passwd", ErrorKind::RuntimeError, "no granted folder holds it"),
-            ("/proc/self/environ", ErrorKind::RuntimeError, "no granted folder holds it"),
-            ("/dataextra/hello.txt", ErrorKind::RuntimeError, "no granted folder holds it"),
-            ("/data/abs/passwd", ErrorKind::RuntimeError, "outside the granted folder"),
-            ("/data/up/secret.txt", ErrorKind::RuntimeError, "outside the granted folder"),
+            (
+                "data/hello.txt",
+                ErrorKind::ValueError,
+                "is not an absolute path",
+            ),
+            (
+                "/etc/passwd",
+                ErrorKind::RuntimeError,
+                "no granted folder holds it",
+            ),
+            (
+                "/proc/self/environ",
+                ErrorKind::RuntimeError,
+                "no granted folder holds it",
+            ),
+            (
+                "/dataextra/hello.txt",
+                ErrorKind::RuntimeError,
+                "no granted folder holds it",
+            ),
+            (
+                "/data/abs/passwd",
+                ErrorKind::RuntimeError,
+                "outside the granted folder",
+            ),
+            (
+                "/data/up/secret.txt",
+                ErrorKind::RuntimeError,
+                "outside the granted folder",
+            ),
             ("/data/hard", ErrorKind::RuntimeError, "hard links"),
             ("/data/fifo", ErrorKind::RuntimeError, "not a regular file"),
             ("/data/nested", ErrorKind::RuntimeError, "it is a folder"),
-            ("/data/missing.txt", ErrorKind::RuntimeError, "cannot open /data/missing.txt"),
+            (
+                "/data/missing.txt",
+                ErrorKind::RuntimeError,
+                "cannot open /data/missing.txt",
+            ),
         ] {
             let e = expect_err(
                 call(&cluster, "probe::read_file", args![path]).await,
@@ -260,28 +323,61 @@ fn read_only_grants_quotas_and_planted_symlinks_hold_against_writes() {
 
         // The quota (4 KiB) counts what the folder holds.
         let kb3 = "a".repeat(3000);
-        call(&cluster, "probe::write_file", args!["/ckpt/a.txt", kb3.clone()]).await?;
+        call(
+            &cluster,
+            "probe::write_file",
+            args!["/ckpt/a.txt", kb3.clone()],
+        )
+        .await?;
         expect_err(
-            call(&cluster, "probe::write_file", args!["/ckpt/b.txt", "b".repeat(2000)]).await,
+            call(
+                &cluster,
+                "probe::write_file",
+                args!["/ckpt/b.txt", "b".repeat(2000)],
+            )
+            .await,
             ErrorKind::RuntimeError,
             "over its quota of 4096",
         )?;
-        ensure!(!layout.path("ckpt/b.txt").exists(), "a refused write left a file");
+        ensure!(
+            !layout.path("ckpt/b.txt").exists(),
+            "a refused write left a file"
+        );
         // Replacing a file counts only the difference.
-        call(&cluster, "probe::write_file", args!["/ckpt/a.txt", "c".repeat(3500)]).await?;
+        call(
+            &cluster,
+            "probe::write_file",
+            args!["/ckpt/a.txt", "c".repeat(3500)],
+        )
+        .await?;
         call(&cluster, "probe::remove_file", args!["/ckpt/a.txt"]).await?;
-        call(&cluster, "probe::write_file", args!["/ckpt/b.txt", "b".repeat(4000)]).await?;
+        call(
+            &cluster,
+            "probe::write_file",
+            args!["/ckpt/b.txt", "b".repeat(4000)],
+        )
+        .await?;
 
         // A symlink planted in a writable folder is not written through.
         std::os::unix::fs::symlink(layout.path("secret.txt"), layout.path("ckpt/planted"))?;
         expect_err(
-            call(&cluster, "probe::write_file", args!["/ckpt/planted", "owned"]).await,
+            call(
+                &cluster,
+                "probe::write_file",
+                args!["/ckpt/planted", "owned"],
+            )
+            .await,
             ErrorKind::RuntimeError,
             "cannot write /ckpt/planted",
         )?;
         std::os::unix::fs::symlink("../", layout.path("ckpt/upward"))?;
         expect_err(
-            call(&cluster, "probe::write_file", args!["/ckpt/upward/secret.txt", "owned"]).await,
+            call(
+                &cluster,
+                "probe::write_file",
+                args!["/ckpt/upward/secret.txt", "owned"],
+            )
+            .await,
             ErrorKind::RuntimeError,
             "outside the granted folder",
         )?;
@@ -299,11 +395,17 @@ fn pickles_lying_headers_and_files_over_the_budget_are_refused() {
         let cluster = operator_cluster(&layout).await?;
         expect_err(
             call(&cluster, "probe::load_tensors", args!["/data/model.pt"]).await,
-            ErrorKind::RuntimeError,
-            "safetensors.torch.save_file",
+            ErrorKind::ValueError,
+            "/data/model.pt is a Python pickle (as torch.save writes), and wasmrpc never loads \
+             pickles",
         )?;
         let e = expect_err(
-            call(&cluster, "probe::load_tensors", args!["/data/liar.safetensors"]).await,
+            call(
+                &cluster,
+                "probe::load_tensors",
+                args!["/data/liar.safetensors"],
+            )
+            .await,
             ErrorKind::RuntimeError,
             "/data/liar.safetensors",
         )?;
@@ -362,7 +464,8 @@ fn grants_are_checked_when_a_worker_starts() {
     ])
     .expect_err("a missing folder was granted");
     assert!(
-        e.message.contains("cannot open the folder /nonexistent/wasmrpc-grant"),
+        e.message
+            .contains("cannot open the folder /nonexistent/wasmrpc-grant"),
         "{}",
         e.message
     );
@@ -373,5 +476,9 @@ fn grants_are_checked_when_a_worker_starts() {
         FolderGrant::parse(&twice).expect("a valid spec"),
     ])
     .expect_err("two grants at one guest path");
-    assert!(e.message.contains("already has a folder at /data"), "{}", e.message);
+    assert!(
+        e.message.contains("already has a folder at /data"),
+        "{}",
+        e.message
+    );
 }

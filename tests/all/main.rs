@@ -17,8 +17,8 @@
 //!   running group, and the Python parameter-server example.
 
 mod deploy_test;
-mod folder_grants_test;
 mod dist_autograd_test;
+mod folder_grants_test;
 mod plugin_test;
 mod python_plugins;
 mod remote_module_test;

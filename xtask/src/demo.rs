@@ -44,7 +44,10 @@ pub(crate) fn run(root: &Path, resume: bool) -> Result<()> {
     std::fs::create_dir_all(&checkpoints)
         .with_context(|| format!("cannot create {}", checkpoints.display()))?;
     let grants = [
-        format!("param_server:/data={}:ro", root.join("examples/data").display()),
+        format!(
+            "param_server:/data={}:ro",
+            root.join("examples/data").display()
+        ),
         format!("param_server:/ckpt={}:rw", checkpoints.display()),
     ];
     let entry = if resume {

@@ -166,11 +166,15 @@ fn ensure_python_modules(venv: &Path) -> Result<()> {
             .status()
             .is_ok_and(|s| s.success());
         if !present {
-            step(&format!("setup: installing {requirement} from PyPI into {}", venv.display()));
-            process::run(
-                Command::new(venv.join("bin").join("pip"))
-                    .args(["install", "--disable-pip-version-check", requirement]),
-            )?;
+            step(&format!(
+                "setup: installing {requirement} from PyPI into {}",
+                venv.display()
+            ));
+            process::run(Command::new(venv.join("bin").join("pip")).args([
+                "install",
+                "--disable-pip-version-check",
+                requirement,
+            ]))?;
         }
     }
     Ok(())

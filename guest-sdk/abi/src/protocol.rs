@@ -412,7 +412,7 @@ pub enum FileCall {
     /// A folder's entries by name: a `Value::List` of `(name, is_dir,
     /// size)` tuples.
     List(String),
-    /// Removes a file: `Value::None`.
+    /// Removes a file or an empty folder: `Value::None`.
     Remove(String),
     /// Saves tensors to a safetensors file (atomically, as `Write`):
     /// `Value::None`.

@@ -86,7 +86,11 @@ fn parse_bytes(text: &str) -> Option<u64> {
         None => (text, ""),
     };
     let n: u64 = digits.parse().ok()?;
-    let scale: u64 = match unit.to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+    let scale: u64 = match unit
+        .to_ascii_uppercase()
+        .trim_end_matches("IB")
+        .trim_end_matches('B')
+    {
         "" => 1,
         "K" => 1 << 10,
         "M" => 1 << 20,
@@ -273,7 +277,12 @@ impl Folders {
         let parts = guest_components(path)?;
         let mut best: Option<(&OpenFolder, usize)> = None;
         for folder in &self.folders {
-            let prefix: Vec<&str> = folder.grant.guest.split('/').filter(|p| !p.is_empty()).collect();
+            let prefix: Vec<&str> = folder
+                .grant
+                .guest
+                .split('/')
+                .filter(|p| !p.is_empty())
+                .collect();
             if parts.len() >= prefix.len()
                 && parts[..prefix.len()] == prefix[..]
                 && best.is_none_or(|(_, n)| prefix.len() > n)
@@ -282,20 +291,22 @@ impl Folders {
             }
         }
         let Some((folder, n)) = best else {
-            let granted: Vec<&str> = self.folders.iter().map(|f| f.grant.guest.as_str()).collect();
-            return Err(runtime_error(
-                if granted.is_empty() {
-                    format!(
-                        "cannot open {path}: this plugin has no folder granted on this worker \
+            let granted: Vec<&str> = self
+                .folders
+                .iter()
+                .map(|f| f.grant.guest.as_str())
+                .collect();
+            return Err(runtime_error(if granted.is_empty() {
+                format!(
+                    "cannot open {path}: this plugin has no folder granted on this worker \
                          (the operator grants one with --grant-dir)"
-                    )
-                } else {
-                    format!(
-                        "cannot open {path}: no granted folder holds it (granted: {})",
-                        granted.join(", ")
-                    )
-                },
-            ));
+                )
+            } else {
+                format!(
+                    "cannot open {path}: no granted folder holds it (granted: {})",
+                    granted.join(", ")
+                )
+            }));
         };
         let inside: PathBuf = parts[n..].iter().collect();
         Ok((folder, inside))
@@ -309,18 +320,14 @@ impl Folders {
             } else {
                 "not a regular file (a device, FIFO or socket)"
             };
-            return Err(runtime_error(
-                format!("cannot open {path}: it is {what}"),
-            ));
+            return Err(runtime_error(format!("cannot open {path}: it is {what}")));
         }
         if meta.nlink() > 1 {
-            return Err(runtime_error(
-                format!(
-                    "cannot open {path}: it has {} hard links, and a hard link can name a file \
+            return Err(runtime_error(format!(
+                "cannot open {path}: it has {} hard links, and a hard link can name a file \
                      outside the granted folder",
-                    meta.nlink()
-                ),
-            ));
+                meta.nlink()
+            )));
         }
         Ok(())
     }
@@ -385,15 +392,17 @@ impl Folders {
         Ok(bytes)
     }
 
-    fn writable<'a>(&'a self, path: &str, action: &str) -> Result<(&'a OpenFolder, PathBuf), RemoteError> {
+    fn writable<'a>(
+        &'a self,
+        path: &str,
+        action: &str,
+    ) -> Result<(&'a OpenFolder, PathBuf), RemoteError> {
         let (folder, inside) = self.resolve(path)?;
         if folder.grant.access == Access::ReadOnly {
-            return Err(runtime_error(
-                format!(
-                    "cannot {action} {path}: the folder {} is granted read-only",
-                    folder.grant.guest
-                ),
-            ));
+            return Err(runtime_error(format!(
+                "cannot {action} {path}: the folder {} is granted read-only",
+                folder.grant.guest
+            )));
         }
         if inside.as_os_str().is_empty() {
             return Err(value_error(format!(
@@ -431,20 +440,20 @@ impl Folders {
         let name = inside
             .file_name()
             .ok_or_else(|| value_error(format!("cannot write {path}: it names no file")))?;
-        if !parent.as_os_str().is_empty() {
-            folder
-                .dir
-                .create_dir_all(parent)
-                .map_err(|e| io_refusal("write", path, &e))?;
-        }
         let dir = if parent.as_os_str().is_empty() {
-            folder.dir.try_clone().map_err(|e| io_refusal("write", path, &e))?
+            folder.dir.try_clone()
         } else {
-            folder
-                .dir
-                .open_dir(parent)
-                .map_err(|e| io_refusal("write", path, &e))?
-        };
+            // Opened first, so a symlink out of the folder is refused as
+            // such, and made only when it is missing.
+            match folder.dir.open_dir(parent) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => folder
+                    .dir
+                    .create_dir_all(parent)
+                    .and_then(|()| folder.dir.open_dir(parent)),
+                opened => opened,
+            }
+        }
+        .map_err(|e| io_refusal("write", path, &e))?;
         // Serializes writes to one grant, so a quota's count stays right.
         let mut used = folder.used.lock().unwrap_or_else(|p| p.into_inner());
         let replaced = match dir.symlink_metadata(name) {
@@ -456,9 +465,9 @@ impl Folders {
                 return Err(value_error(format!("cannot write {path}: it is a folder")));
             }
             Ok(_) => {
-                return Err(runtime_error(
-                    format!("cannot write {path}: a symlink or special file is there"),
-                ));
+                return Err(runtime_error(format!(
+                    "cannot write {path}: a symlink or special file is there"
+                )));
             }
             Err(_) => 0,
         };
@@ -467,17 +476,17 @@ impl Folders {
                 Some(n) => n,
                 None => Self::usage(&folder.dir, 0).map_err(|e| io_refusal("write", path, &e))?,
             };
-            let after = now.saturating_sub(replaced).saturating_add(bytes.len() as u64);
+            let after = now
+                .saturating_sub(replaced)
+                .saturating_add(bytes.len() as u64);
             if after > quota {
                 *used = Some(now);
-                return Err(runtime_error(
-                    format!(
-                        "cannot write {path}: {} bytes would take the folder {} to {after} \
+                return Err(runtime_error(format!(
+                    "cannot write {path}: {} bytes would take the folder {} to {after} \
                          bytes, over its quota of {quota}",
-                        bytes.len(),
-                        folder.grant.guest
-                    ),
-                ));
+                    bytes.len(),
+                    folder.grant.guest
+                )));
             }
             *used = Some(after);
         }
@@ -506,10 +515,10 @@ impl Folders {
         Ok(())
     }
 
-    /// Removes the file at `path`.
+    /// Removes the file, or the empty folder, at `path`.
     ///
     /// # Errors
-    /// As [`write`](Self::write).
+    /// As [`write`](Self::write), and for a folder that is not empty.
     pub fn remove(&self, path: &str) -> Result<(), RemoteError> {
         let (folder, inside) = self.writable(path, "remove")?;
         let mut used = folder.used.lock().unwrap_or_else(|p| p.into_inner());
@@ -518,7 +527,10 @@ impl Folders {
             .symlink_metadata(&inside)
             .map_err(|e| io_refusal("remove", path, &e))?;
         if meta.is_dir() {
-            return Err(value_error(format!("cannot remove {path}: it is a folder")));
+            return folder
+                .dir
+                .remove_dir(&inside)
+                .map_err(|e| io_refusal("remove", path, &e));
         }
         folder
             .dir

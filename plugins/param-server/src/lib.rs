@@ -137,9 +137,9 @@ fn digits() -> Result<(Split, Split)> {
             )));
         }
         let number = |s: &str| {
-            s.trim().parse::<f32>().map_err(|e| {
-                Error::runtime_error(format!("{DATA_FILE}: line {}: {e}", i + 1))
-            })
+            s.trim()
+                .parse::<f32>()
+                .map_err(|e| Error::runtime_error(format!("{DATA_FILE}: line {}: {e}", i + 1)))
         };
         let part = if i % 5 == 4 { &mut test } else { &mut train };
         for f in &fields[..PIXELS] {

@@ -86,7 +86,13 @@ fn write_file(path: String, data: Value) -> Result<()> {
 fn list_dir(path: String) -> Result<Vec<String>> {
     Ok(fs::list(&path)?
         .into_iter()
-        .map(|e| if e.is_dir { format!("{}/", e.name) } else { e.name })
+        .map(|e| {
+            if e.is_dir {
+                format!("{}/", e.name)
+            } else {
+                e.name
+            }
+        })
         .collect())
 }
 

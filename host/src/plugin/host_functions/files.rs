@@ -18,9 +18,12 @@ use wasmrpc_wasm::{FileCall, Folders};
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> HostResult<T> + Send + 'static,
 ) -> HostResult<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| RemoteError::new(ErrorKind::RuntimeError, format!("a file request did not complete: {e}")))?
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        RemoteError::new(
+            ErrorKind::RuntimeError,
+            format!("a file request did not complete: {e}"),
+        )
+    })?
 }
 
 fn format_error(e: &wasmrpc_tensor_files::FileError) -> RemoteError {
@@ -175,6 +178,9 @@ impl GuestCall {
             .into_iter()
             .map(|(k, v)| (Value::Str(k), Value::Str(v)))
             .collect();
-        Ok(Value::Tuple(vec![Value::Dict(tensors), Value::Dict(metadata)]))
+        Ok(Value::Tuple(vec![
+            Value::Dict(tensors),
+            Value::Dict(metadata),
+        ]))
     }
 }
