@@ -36,6 +36,11 @@ use crate::{Error, Result, Tensor};
 use wasmrpc_abi::Value;
 use wasmrpc_abi::protocol::{FileCall, HostCall};
 
+/// Tensors by name, in a file's order.
+pub type NamedTensors = Vec<(String, Tensor)>;
+/// A tensor file's string metadata.
+pub type Metadata = Vec<(String, String)>;
+
 fn file(call: FileCall) -> Result<Value> {
     host::value(&HostCall::File(call))
 }
@@ -189,7 +194,7 @@ pub fn save_tensors_with_metadata(
 /// # Errors
 /// As [`read`], and a `RuntimeError` for a pickle (`torch.save`) or a file
 /// that is not a valid tensor file.
-pub fn load_tensors(path: &str) -> Result<Vec<(String, Tensor)>> {
+pub fn load_tensors(path: &str) -> Result<NamedTensors> {
     load_tensors_with_metadata(path).map(|(tensors, _)| tensors)
 }
 
@@ -197,9 +202,7 @@ pub fn load_tensors(path: &str) -> Result<Vec<(String, Tensor)>> {
 ///
 /// # Errors
 /// As [`load_tensors`].
-pub fn load_tensors_with_metadata(
-    path: &str,
-) -> Result<(Vec<(String, Tensor)>, Vec<(String, String)>)> {
+pub fn load_tensors_with_metadata(path: &str) -> Result<(NamedTensors, Metadata)> {
     let reply = file(FileCall::LoadTensors(path.to_owned()))?;
     let Value::Tuple(parts) = reply else {
         return Err(unexpected("a pair of dicts", &reply));
