@@ -43,6 +43,16 @@ impl Tensor {
         request(AutogradCall::Backward(self.handle())).map(|_| ())
     }
 
+    /// Sets (`Some`) or clears (`None`) the gradient (`tensor.grad = g`),
+    /// as an optimizer's `zero_grad(set_to_none=True)` does.
+    ///
+    /// # Errors
+    /// A `RuntimeError` "assigned grad has data of a different size" (or
+    /// type, or device), as PyTorch raises.
+    pub fn set_grad(&self, grad: Option<&Tensor>) -> Result<()> {
+        request(AutogradCall::SetGrad(self.handle(), grad.map(Tensor::handle))).map(|_| ())
+    }
+
     /// The gradient local autograd accumulated (`tensor.grad`), if any.
     ///
     /// # Errors

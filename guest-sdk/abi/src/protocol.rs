@@ -489,6 +489,9 @@ pub enum AutogradCall {
     },
     /// Releases an optimizer and its owners' state.
     OptimizerDrop(i64),
+    /// `tensor.grad = grad` (the second handle), or `tensor.grad = None`;
+    /// checked as PyTorch checks it (dtype, size, device).
+    SetGrad(u32, Option<u32>),
 }
 
 /// The host's answer to a [`HostCall`]; it travels as `Result<HostReply,

@@ -38,9 +38,15 @@ use super::parse_seconds;
 /// Flags of `wasmrpc launch`.
 #[derive(clap::Args, Debug)]
 pub(crate) struct LaunchArgs {
-    /// How many workers to start (named worker0 .. worker<N-1>).
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    nproc: u32,
+    /// How many workers to start (named worker0 .. worker<N-1> unless
+    /// `--names` names them) [default: 2, or as many as `--names` has].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    nproc: Option<u32>,
+    /// The workers' names, comma-separated, in rank order (`--names
+    /// ps,trainer_1,trainer_2`): the first runs the entry. Each must be
+    /// unique, start with a letter and hold letters, digits, `_` or `-`.
+    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+    names: Vec<String>,
     /// The registered function worker0 runs once every worker has joined
     /// (e.g. `plugin::function`); without it the cluster starts, checks that
     /// every worker answers, and shuts down.
@@ -75,15 +81,58 @@ pub(crate) struct LaunchArgs {
     /// Every worker's folder grants (passed to each `wasmrpc worker`).
     #[command(flatten)]
     grants: super::grants::FolderGrantArgs,
+    /// The entry function's arguments as JSON: an array of positional
+    /// arguments, or an object of keyword arguments, or `{"args": [...],
+    /// "kwargs": {...}}` (lists, dicts, numbers, strings, booleans, null).
+    #[arg(long, value_name = "JSON", requires = "entry", conflicts_with = "entry_args")]
+    entry_json: Option<String>,
     /// Arguments of the entry function: integers, floats, `true`/`false`,
     /// or strings.
     #[arg(last = true)]
     entry_args: Vec<String>,
 }
 
+/// The workers' names: `--names`, else `worker0 .. worker<N-1>`.
+fn worker_names(args: &LaunchArgs) -> Result<Vec<String>> {
+    if args.names.is_empty() {
+        let n = args.nproc.unwrap_or(2);
+        return Ok((0..n).map(|rank| format!("worker{rank}")).collect());
+    }
+    if let Some(n) = args.nproc
+        && n as usize != args.names.len()
+    {
+        anyhow::bail!(
+            "--nproc {n} and --names with {} names disagree (leave out --nproc)",
+            args.names.len()
+        );
+    }
+    let mut seen = std::collections::HashSet::new();
+    for name in &args.names {
+        let valid = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !valid {
+            anyhow::bail!(
+                "--names: {name:?} is not a worker name (a letter, then letters, digits, '_' or \
+                 '-')"
+            );
+        }
+        if !seen.insert(name) {
+            anyhow::bail!("--names: {name:?} appears twice");
+        }
+    }
+    Ok(args.names.clone())
+}
+
 /// Runs the cluster to completion.
 pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
     super::check_plugin_paths(&args.plugins)?;
+    let names = worker_names(&args)?;
+    let nproc = names.len() as u32;
+    if let Some(json) = &args.entry_json {
+        super::worker::json_entry_args(json)?;
+    }
     let server = Arc::new(
         TcpStoreServer::bind(("127.0.0.1", args.master_port))
             .await
@@ -93,7 +142,7 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
     let exe = std::env::current_exe().context("cannot find the wasmrpc executable")?;
     info!(
         "launching {} workers; store on 127.0.0.1:{port}",
-        args.nproc
+        nproc
     );
 
     // Workers may run elsewhere than here one day; give them absolute paths.
@@ -116,9 +165,9 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
         .transpose()?;
     // The workers share this machine: each gets its share of the default
     // tensor memory and of the cores.
-    let budget = args.tensor_memory.budget(args.nproc);
+    let budget = args.tensor_memory.budget(nproc);
     let intra_op_threads = args.intra_op_threads.map_or_else(
-        || wasmrpc::intra_op_threads_per_worker(args.nproc as usize),
+        || wasmrpc::intra_op_threads_per_worker(nproc as usize),
         |n| n as usize,
     );
     let progress = Arc::new(Progress::new(std::io::IsTerminal::is_terminal(
@@ -138,8 +187,7 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
 
     let mut children: Vec<(String, Child)> = Vec::new();
     let mut output = JoinSet::new();
-    for rank in 0..args.nproc {
-        let name = format!("worker{rank}");
+    for (rank, name) in (0..nproc).zip(names.iter().cloned()) {
         let (cert_pem, key_pem) = authority
             .issue(&name)
             .with_context(|| format!("cannot issue {name}'s certificate"))?;
@@ -147,7 +195,7 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
         cmd.arg("worker")
             .args(["--name", &name])
             .args(["--rank", &rank.to_string()])
-            .args(["--world-size", &args.nproc.to_string()])
+            .args(["--world-size", &nproc.to_string()])
             .args(["--init-method", &format!("tcp://127.0.0.1:{port}")])
             .args(["--rpc-timeout", &args.rpc_timeout.as_secs_f64().to_string()])
             // The launcher hosts the store, as torchrun's agent does.
@@ -184,6 +232,9 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
                     if let Some(file) = &result_file {
                         cmd.arg("--result").arg(file);
                     }
+                    if let Some(json) = &args.entry_json {
+                        cmd.args(["--entry-json", json]);
+                    }
                     cmd.arg("--").args(&args.entry_args);
                 }
                 None => {
@@ -210,7 +261,7 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
     drop(server);
     match result {
         Ok(()) => {
-            info!("all {} workers finished", args.nproc);
+            info!("all {} workers finished", nproc);
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => Err(e),

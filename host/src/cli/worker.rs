@@ -109,6 +109,11 @@ pub(crate) struct WorkerArgs {
     /// Which host folders this worker's plugins may use.
     #[command(flatten)]
     grants: super::grants::FolderGrantArgs,
+    /// The entry function's arguments as JSON: an array of positional
+    /// arguments, or an object of keyword arguments, or `{"args": [...],
+    /// "kwargs": {...}}` (lists, dicts, numbers, strings, booleans, null).
+    #[arg(long, value_name = "JSON", requires = "entry", conflicts_with = "entry_args")]
+    entry_json: Option<String>,
     /// Arguments of the entry function: integers, floats, `true`/`false`,
     /// or strings.
     #[arg(last = true)]
@@ -230,10 +235,13 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         }
     }
     if let Some(entry) = &args.entry {
-        let call_args = args
-            .entry_args
-            .iter()
-            .fold(Args::new(), |a, s| a.arg(parse_arg(s)));
+        let call_args = match &args.entry_json {
+            Some(json) => json_entry_args(json)?,
+            None => args
+                .entry_args
+                .iter()
+                .fold(Args::new(), |a, s| a.arg(parse_arg(s))),
+        };
         let on = args.entry_on.as_deref().unwrap_or(name.as_str());
         match agent.rpc_sync(on, entry, call_args).await {
             Ok(result) => {
@@ -317,6 +325,63 @@ fn parse_arg(s: &str) -> Payload {
     }
 }
 
+/// The entry's arguments from `--entry-json`: an array (positional), an
+/// object (keyword), or `{"args": [...], "kwargs": {...}}`.
+///
+/// # Errors
+/// Text that is not JSON, or JSON of another shape, saying which.
+pub(crate) fn json_entry_args(text: &str) -> Result<Args> {
+    let json: serde_json::Value =
+        serde_json::from_str(text).with_context(|| format!("--entry-json {text:?} is not JSON"))?;
+    let positional = |items: &Vec<serde_json::Value>, args: Args| {
+        items.iter().fold(args, |a, v| a.arg(payload_of_json(v)))
+    };
+    let keywords = |map: &serde_json::Map<String, serde_json::Value>, args: Args| {
+        map.iter()
+            .fold(args, |a, (k, v)| a.kwarg(k.clone(), payload_of_json(v)))
+    };
+    use serde_json::Value as J;
+    Ok(match &json {
+        J::Array(items) => positional(items, Args::new()),
+        J::Object(map)
+            if map.keys().all(|k| k == "args" || k == "kwargs")
+                && map.get("args").is_none_or(J::is_array)
+                && map.get("kwargs").is_none_or(J::is_object)
+                && !map.is_empty() =>
+        {
+            let empty = (Vec::new(), serde_json::Map::new());
+            let args = map.get("args").and_then(J::as_array).unwrap_or(&empty.0);
+            let kwargs = map.get("kwargs").and_then(J::as_object).unwrap_or(&empty.1);
+            keywords(kwargs, positional(args, Args::new()))
+        }
+        J::Object(map) => keywords(map, Args::new()),
+        other => bail!(
+            "--entry-json takes an array of arguments or an object of keyword arguments, not \
+             {other}"
+        ),
+    })
+}
+
+/// A JSON value as a payload: integers as ints, other numbers as floats,
+/// objects as dicts with string keys, null as None.
+fn payload_of_json(v: &serde_json::Value) -> Payload {
+    use serde_json::Value as J;
+    match v {
+        J::Null => Payload::none(),
+        J::Bool(b) => Payload::from(*b),
+        J::Number(n) => match n.as_i64() {
+            Some(i) => Payload::from(i),
+            None => Payload::from(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        J::String(s) => Payload::from(s.clone()),
+        J::Array(items) => Payload::list(items.iter().map(payload_of_json)),
+        J::Object(map) => Payload::dict(
+            map.iter()
+                .map(|(k, v)| (Payload::from(k.clone()), payload_of_json(v))),
+        ),
+    }
+}
+
 /// A one-line rendering of a result for the terminal.
 fn describe(p: &Payload) -> String {
     match &p.value {
@@ -395,6 +460,22 @@ mod tests {
         assert_eq!(parse_arg("2.5").as_float().unwrap(), 2.5);
         assert!(parse_arg("true").as_bool().unwrap());
         assert_eq!(parse_arg("worker1").as_str().unwrap(), "worker1");
+    }
+
+    #[test]
+    fn json_entry_arguments_are_positional_keyword_or_both() {
+        let args = json_entry_args(r#"[3, 0.5, "ps", [1, 2], {"k": null}, true]"#).unwrap();
+        assert_eq!(args.len(), 6);
+        let args = json_entry_args(r#"{"epochs": 3, "lr": 0.1}"#).unwrap();
+        assert_eq!(args.kwarg_value("epochs").unwrap().as_int().unwrap(), 3);
+        assert_eq!(args.kwarg_value("lr").unwrap().as_float().unwrap(), 0.1);
+        let args = json_entry_args(r#"{"args": [1], "kwargs": {"x": "y"}}"#).unwrap();
+        assert_eq!(args.len(), 1);
+        assert_eq!(args.kwarg_value("x").unwrap().as_str().unwrap(), "y");
+        for bad in ["3", "not json", "\"s\""] {
+            let e = json_entry_args(bad).unwrap_err().to_string();
+            assert!(e.contains("--entry-json"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -1316,6 +1316,32 @@ int32_t wrs_autograd_grad(const void* const* outputs, size_t n_outputs,
   });
 }
 
+int32_t wrs_tensor_set_grad(void* tensor, const void* grad, wrs_out* out) {
+  return run_engine_call(out, [&] {
+    auto& t = *static_cast<at::Tensor*>(tensor);
+    if (grad == nullptr) {
+      t.mutable_grad().reset();
+      return WRS_OK;
+    }
+    const auto& g = *static_cast<const at::Tensor*>(grad);
+    // The texts of PyTorch's `Tensor.grad` setter (python_variable.cpp).
+    if (g.scalar_type() != t.scalar_type()) {
+      set_error(out, "assigned grad has data of a different type", WRS_CLASS_RUNTIME);
+      return WRS_ERR_INTERNAL;
+    }
+    if (g.device() != t.device()) {
+      set_error(out, "assigned grad has data located on a different device", WRS_CLASS_RUNTIME);
+      return WRS_ERR_INTERNAL;
+    }
+    if (g.sizes() != t.sizes()) {
+      set_error(out, "assigned grad has data of a different size", WRS_CLASS_RUNTIME);
+      return WRS_ERR_INTERNAL;
+    }
+    t.mutable_grad() = g;
+    return WRS_OK;
+  });
+}
+
 int32_t wrs_autograd_backward(const void* const* roots, size_t n_roots, int32_t retain_graph,
                               wrs_out* out) {
   return run_engine_call(out, [&] {

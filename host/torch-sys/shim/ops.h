@@ -143,6 +143,10 @@ int32_t wrs_autograd_grad(const void* const* outputs, size_t n_outputs,
 
 // `torch.autograd.backward(roots, retain_graph=...)`: runs the local engine
 // from the (scalar) `roots`, accumulating into the leaves' `.grad`.
+// `tensor.grad = grad` (null: `tensor.grad = None`), checked as PyTorch's
+// Python setter checks it (size, dtype, device).
+int32_t wrs_tensor_set_grad(void* tensor, const void* grad, wrs_out* out);
+
 int32_t wrs_autograd_backward(const void* const* roots, size_t n_roots, int32_t retain_graph,
                               wrs_out* out);
 

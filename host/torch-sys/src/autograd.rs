@@ -116,6 +116,29 @@ pub fn backward(roots: &[Tensor], retain_graph: bool) -> Result<(), OpError> {
     Ok(())
 }
 
+/// `tensor.grad = grad` (`None`: `tensor.grad = None`), with the checks
+/// and texts of PyTorch's setter.
+///
+/// # Errors
+///
+/// `RuntimeError` "assigned grad has data of a different type" (or "of a
+/// different size", "located on a different device"), as PyTorch raises.
+pub fn set_grad(tensor: &Tensor, grad: Option<&Tensor>) -> Result<(), OpError> {
+    let mut out = RawOut::empty();
+    let grad_ptr = grad.map_or(std::ptr::null(), |g| g.as_ptr().cast::<c_void>());
+    // SAFETY: both pointers are live `at::Tensor*` borrowed for the call
+    // (the shim assigns the gradient through the tensor's shared
+    // implementation, which `tensor` keeps alive); `out` is writable; the
+    // shim catches every exception.
+    let status = unsafe {
+        ffi::wrs_tensor_set_grad(tensor.as_ptr().cast_mut().cast::<c_void>(), grad_ptr, &mut out)
+    };
+    if status != ffi::STATUS_OK {
+        return Err(engine_error("Tensor.grad", &out));
+    }
+    Ok(())
+}
+
 /// What a tensor hook does to a gradient: the gradient to use instead, or
 /// an error message that fails the backward pass.
 pub type HookResult = Result<Tensor, String>;

@@ -175,6 +175,11 @@ unsafe extern "C" {
         results: *mut *mut c_void,
         out: *mut RawOut,
     ) -> i32;
+    pub(crate) fn wrs_tensor_set_grad(
+        tensor: *mut c_void,
+        grad: *const c_void,
+        out: *mut RawOut,
+    ) -> i32;
     pub(crate) fn wrs_autograd_backward(
         roots: *const *const c_void,
         n_roots: usize,

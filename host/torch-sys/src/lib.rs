@@ -104,6 +104,7 @@ mod value;
 
 pub use autograd::{
     GradFn, GradOptions, HookResult, TensorHook, backward, grad, grad_fn_name, register_hook,
+    set_grad,
 };
 pub use budget::{BudgetRefusal, MemoryBudget};
 pub use builtin::BUILTINS;

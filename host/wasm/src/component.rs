@@ -20,9 +20,8 @@
 //! under their guest paths; read-only unless granted read-write without a
 //! quota): no other files, no environment, no arguments, no stdin (stdout
 //! and stderr are discarded), no sockets or name lookups (every address is
-//! refused), and a wall clock frozen at the Unix epoch; the monotonic clock
-//! and random bytes are real. Anything else a component imports fails to
-//! link.
+//! refused). The wall clock, the monotonic clock and random bytes are
+//! real. Anything else a component imports fails to link.
 
 use crate::Folders;
 use crate::instance::{CallCtx, Fault, StoreData, new_store};
@@ -33,7 +32,7 @@ use wasmrpc_abi::Value;
 use wasmrpc_abi::protocol::{CallArgs, Outcome};
 use wasmtime::Engine;
 use wasmtime::component::{HasSelf, InstancePre, Linker, ResourceTable};
-use wasmtime_wasi::{HostWallClock, WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 /// The bindings of the world `wasmrpc:plugin/plugin`.
 mod bindings {
@@ -56,22 +55,10 @@ pub(crate) struct Wasi {
     table: ResourceTable,
 }
 
-/// A wall clock that always reads the Unix epoch: a plugin gets no time of
-/// day (the monotonic clock is real, for measuring durations).
-struct EpochClock;
-
-impl HostWallClock for EpochClock {
-    fn resolution(&self) -> Duration {
-        Duration::from_secs(1)
-    }
-    fn now(&self) -> Duration {
-        Duration::ZERO
-    }
-}
-
 impl Wasi {
-    /// A context with no files, environment, arguments, stdin, sockets or
-    /// time of day.
+    /// A context with no files, environment, arguments, stdin or sockets;
+    /// the clocks are the host's (the time of day and a monotonic clock are
+    /// no secrets, and logs and timeouts need them).
     pub(crate) fn deny_all() -> Wasi {
         Self::build(WasiCtx::builder())
     }
@@ -89,8 +76,7 @@ impl Wasi {
             .allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false)
-            .socket_addr_check(|_, _| Box::pin(async { false }))
-            .wall_clock(EpochClock);
+            .socket_addr_check(|_, _| Box::pin(async { false }));
         Wasi {
             ctx: builder.build(),
             table: ResourceTable::new(),

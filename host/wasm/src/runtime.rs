@@ -226,7 +226,7 @@ impl Runtime {
         }
         let shared = self.inner.shared.clone();
         let plugin = if crate::component::is_component(bytes) {
-            let (component, source) = self.compile_component(bytes, &sha256)?;
+            let (component, source) = self.compile_component(bytes, &sha256, &manifest.name)?;
             let pre = self
                 .inner
                 .component_linker
@@ -243,7 +243,7 @@ impl Runtime {
             check_described(&plugin)?;
             plugin
         } else {
-            let (module, source) = self.compile(bytes, &sha256)?;
+            let (module, source) = self.compile(bytes, &sha256, &manifest.name)?;
             for e in &plugin_exports(&manifest) {
                 if module.get_export(e).is_none() {
                     return Err(Error::InvalidModule(format!(
@@ -334,72 +334,94 @@ impl Runtime {
         Some(dir.join(format!("{}-{:016x}.cwasm", hex(sha256), hasher.finish())))
     }
 
-    fn compile(&self, bytes: &[u8], sha256: &[u8; 32]) -> Result<(Module, LoadSource)> {
+    fn compile(&self, bytes: &[u8], sha256: &[u8; 32], name: &str) -> Result<(Module, LoadSource)> {
         let engine = &self.inner.shared.engine;
-        let path = self.cache_path(sha256);
-        if let Some(path) = path.as_ref()
-            && let Ok(compiled) = std::fs::read(path)
-        {
-            // Read into memory, not mapped: a file truncated under a mapping
-            // would fault the process.
+        self.compile_cached(
+            sha256,
+            &format!("plugin `{name}`"),
             // SAFETY: the file is named by the sha256 of the wasm bytes and by
-            // this engine's compatibility hash, and only this function writes
-            // it (below, through `Module::serialize` and an atomic rename), so
+            // this engine's compatibility hash, and only `compile_cached`
+            // writes it (through `Module::serialize` and an atomic rename), so
             // it holds code wasmtime compiled from these bytes for an engine
             // like this one; wasmtime checks the header and refuses others.
-            match unsafe { Module::deserialize(engine, &compiled) } {
-                Ok(module) => return Ok((module, LoadSource::DiskCache)),
-                Err(e) => tracing::warn!("ignoring cached module {}: {e:#}", path.display()),
-            }
-        }
-        let module =
-            Module::new(engine, bytes).map_err(|e| Error::InvalidModule(format!("{e:#}")))?;
-        if let Some(path) = path
-            && let Err(e) = write_cache(&module, &path)
-        {
-            tracing::warn!(
-                "cannot cache the compiled module at {}: {e}",
-                path.display()
-            );
-        }
-        Ok((module, LoadSource::Compiled))
+            |compiled| unsafe { Module::deserialize(engine, compiled) },
+            || Module::new(engine, bytes),
+            Module::serialize,
+        )
     }
 
     fn compile_component(
         &self,
         bytes: &[u8],
         sha256: &[u8; 32],
+        name: &str,
     ) -> Result<(wasmtime::component::Component, LoadSource)> {
         use wasmtime::component::Component;
         let engine = &self.inner.shared.engine;
-        let path = self.cache_path(sha256);
-        if let Some(path) = path.as_ref()
-            && let Ok(compiled) = std::fs::read(path)
-        {
-            // SAFETY: as for core modules in `compile`: only this runtime
-            // writes the file, named by the sha256 of the component's bytes
-            // and the engine's compatibility hash, and wasmtime checks the
-            // header.
-            match unsafe { Component::deserialize(engine, &compiled) } {
-                Ok(component) => return Ok((component, LoadSource::DiskCache)),
-                Err(e) => tracing::warn!("ignoring cached component {}: {e:#}", path.display()),
-            }
+        self.compile_cached(
+            sha256,
+            &format!("component plugin `{name}`"),
+            // SAFETY: as for core modules in `compile`.
+            |compiled| unsafe { Component::deserialize(engine, compiled) },
+            || Component::new(engine, bytes),
+            Component::serialize,
+        )
+    }
+
+    /// Compiled code from the disk cache, or compiled once per machine:
+    /// while one process compiles, it holds an exclusive lock on the cache
+    /// entry's lock file, so workers of one machine that start together
+    /// (a `launch` group: a Python component takes 10-30 s to compile)
+    /// wait for that compile and read its result instead of each compiling
+    /// the same code. Without a cache folder every load compiles.
+    fn compile_cached<T>(
+        &self,
+        sha256: &[u8; 32],
+        what: &str,
+        deserialize: impl Fn(&[u8]) -> wasmtime::Result<T>,
+        compile: impl FnOnce() -> wasmtime::Result<T>,
+        serialize: impl Fn(&T) -> wasmtime::Result<Vec<u8>>,
+    ) -> Result<(T, LoadSource)> {
+        let compile = || compile().map_err(|e| Error::InvalidModule(format!("{e:#}")));
+        let Some(path) = self.cache_path(sha256) else {
+            return Ok((compile()?, LoadSource::Compiled));
+        };
+        // Read into memory, not mapped: a file truncated under a mapping
+        // would fault the process.
+        let cached = |path: &Path| {
+            let compiled = std::fs::read(path).ok()?;
+            deserialize(&compiled)
+                .inspect_err(|e| tracing::warn!("ignoring cached code {}: {e:#}", path.display()))
+                .ok()
+        };
+        if let Some(code) = cached(&path) {
+            return Ok((code, LoadSource::DiskCache));
         }
-        let component =
-            Component::new(engine, bytes).map_err(|e| Error::InvalidModule(format!("{e:#}")))?;
-        if let Some(path) = path {
-            let written = component
-                .serialize()
-                .map_err(|e| std::io::Error::other(format!("{e:#}")))
-                .and_then(|compiled| write_atomically(&compiled, &path));
-            if let Err(e) = written {
-                tracing::warn!(
-                    "cannot cache the compiled component at {}: {e}",
-                    path.display()
-                );
-            }
+        // Held until this function returns; a failure to lock only costs
+        // a compile of our own.
+        let _lock = lock_file(&path.with_extension("lock"))
+            .inspect_err(|e| tracing::debug!("compiling without the cache lock: {e}"))
+            .ok();
+        if let Some(code) = cached(&path) {
+            return Ok((code, LoadSource::DiskCache));
         }
-        Ok((component, LoadSource::Compiled))
+        tracing::info!(
+            "compiling {what} (its first load on this machine; cached in {} for the next)",
+            path.display()
+        );
+        let started = std::time::Instant::now();
+        let code = compile()?;
+        tracing::info!(
+            "compiled {what} in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        let written = serialize(&code)
+            .map_err(|e| std::io::Error::other(format!("{e:#}")))
+            .and_then(|compiled| write_atomically(&compiled, &path));
+        if let Err(e) = written {
+            tracing::warn!("cannot cache the compiled code at {}: {e}", path.display());
+        }
+        Ok((code, LoadSource::Compiled))
     }
 
     /// Calls the plugin function `function` (plain or `async_execution`)
@@ -491,11 +513,19 @@ impl Runtime {
     }
 }
 
-fn write_cache(module: &Module, path: &Path) -> std::io::Result<()> {
-    let bytes = module
-        .serialize()
-        .map_err(|e| std::io::Error::other(format!("{e:#}")))?;
-    write_atomically(&bytes, path)
+/// An exclusive advisory lock on `path` (made if missing), held until the
+/// file is dropped.
+fn lock_file(path: &Path) -> std::io::Result<std::fs::File> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)?;
+    file.lock()?;
+    Ok(file)
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename, so a

@@ -68,3 +68,13 @@ def save_ones(path, n):
     """Saves `ones(n)` as the tensor `ones` to `path`."""
     wasmrpc.save({"ones": torch.ones(n)}, path)
     return n
+
+
+@remote
+def imports_inside_and_the_time():
+    """Imports inside a function (the build preloads them) and reads the
+    wall clock (the host's): `(year >= 2026, the JSON module's name)`."""
+    import datetime
+    import json
+
+    return (datetime.datetime.now().year >= 2026, json.__name__)

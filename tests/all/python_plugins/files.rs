@@ -142,6 +142,23 @@ fn a_python_plugin_reads_a_csv_and_saves_safetensors_that_torch_reads_back_equal
     });
 }
 
+#[test]
+fn a_python_plugin_imports_inside_functions_and_reads_the_wall_clock() {
+    timed(async {
+        let f = folders()?;
+        let c = cluster(&f).await?;
+        // `datetime` and `json` are imported only inside the function: the
+        // build preloads what the sources import anywhere.
+        let out = call(&c, "files_py::imports_inside_and_the_time", args![]).await?;
+        ensure!(
+            format!("{:?}", out.value) == r#"Tuple([Bool(true), Str("json")])"#,
+            "{out:?}"
+        );
+        c.shutdown().await?;
+        Ok(())
+    });
+}
+
 /// What Python's `open()` raised, as the caller sees it.
 async fn refused(
     c: &Cluster,

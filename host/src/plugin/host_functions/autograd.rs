@@ -113,6 +113,16 @@ impl GuestCall {
                     Value::None
                 }
             }
+            AutogradCall::SetGrad(h, grad) => {
+                let (t, g) = {
+                    let handles = self.handles();
+                    (handles.tensor(h)?, grad.map(|g| handles.tensor(g)).transpose()?)
+                };
+                wasmrpc_torch_sys::set_grad(&t, g.as_ref()).map_err(|e| {
+                    RemoteError::new(ErrorKind::RuntimeError, e.to_string())
+                })?;
+                Value::None
+            }
             AutogradCall::Backward(h) => {
                 let t = self.handles().tensor(h)?;
                 run_blocking(move || t.f_backward())

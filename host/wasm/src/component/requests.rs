@@ -290,6 +290,11 @@ impl host::Host for StoreData {
         unit_reply(self.request(HostCall::RecordFunctionExit(range)).await?)
     }
 
+    async fn set_grad(&mut self, tensor: u32, grad: Option<u32>) -> R<()> {
+        let call = HostCall::Autograd(abi::AutogradCall::SetGrad(tensor, grad));
+        value_reply(self.request(call).await?).map(drop)
+    }
+
     async fn write_file(&mut self, path: String, data: Vec<u8>) -> R<()> {
         let call = HostCall::File(abi::FileCall::Write { path, data });
         value_reply(self.request(call).await?).map(drop)
