@@ -390,6 +390,51 @@ fn launch_serves_plugins_and_runs_an_entry_that_makes_a_nested_rpc() {
 }
 
 #[test]
+fn launch_names_its_workers_and_takes_json_entry_arguments() {
+    let dir = plugin_dir();
+    // ps runs seed_fns::nested_udf("trainer_1", n=4), whose guest calls
+    // my_function(4, 1, 2) on trainer_1.
+    let out = wasmrpc(
+        &[
+            "launch",
+            "--names",
+            "ps,trainer_1",
+            "--plugins",
+            &dir,
+            "--entry",
+            "seed_fns::nested_udf",
+            "--entry-json",
+            r#"{"args": ["trainer_1"], "kwargs": {"n": 4}}"#,
+        ],
+        Duration::from_secs(90),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "launch failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("[ps] seed_fns::nested_udf returned Int(7)"),
+        "unexpected result:\n{stdout}\n{stderr}"
+    );
+    assert!(stderr.contains("[trainer_1]"), "{stderr}");
+    for (args, needle) in [
+        (&["--names", "ps,ps"][..], "--names: \"ps\" appears twice"),
+        (&["--names", "ps,1x"][..], "--names: \"1x\" is not a worker name"),
+        (&["--nproc", "3", "--names", "a,b"][..], "--nproc 3 and --names with 2 names disagree"),
+        (
+            &["--entry", "seed_fns::nested_udf", "--entry-json", "[1,"][..],
+            "--entry-json \"[1,\" is not JSON",
+        ),
+    ] {
+        let mut all = vec!["launch"];
+        all.extend_from_slice(args);
+        let out = wasmrpc(&all, Duration::from_secs(30));
+        let (_, stderr) = text(&out);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert!(!stderr.contains("starting"), "{args:?} started workers: {stderr}");
+    }
+}
+
+#[test]
 fn plugin_inspect_prints_the_manifest() {
     let out = wasmrpc(
         &["plugin", "inspect", wasmrpc_plugins::SEED_FNS],
