@@ -430,7 +430,7 @@ fn launch_names_its_workers_and_takes_json_entry_arguments() {
         let (_, stderr) = text(&out);
         assert!(!out.status.success(), "{args:?} was accepted");
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
-        assert!(!stderr.contains("starting"), "{args:?} started workers: {stderr}");
+        assert!(!stderr.contains("launching"), "{args:?} started workers: {stderr}");
     }
 }
 
