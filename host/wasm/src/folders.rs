@@ -332,21 +332,6 @@ impl Folders {
         Ok(())
     }
 
-    /// The size of the regular file at `path`, checked as [`read`] would
-    /// check it, without reading it.
-    ///
-    /// # Errors
-    /// As [`read`](Self::read).
-    pub fn size(&self, path: &str) -> Result<u64, RemoteError> {
-        let (folder, inside) = self.resolve(path)?;
-        let meta = folder
-            .dir
-            .metadata(&inside)
-            .map_err(|e| io_refusal("open", path, &e))?;
-        Self::check_regular(path, &meta)?;
-        Ok(meta.len())
-    }
-
     /// The whole file at `path`, refused before it is read when it holds
     /// more than `max_bytes`.
     ///
