@@ -21,7 +21,9 @@ def nested_rpc(dst):
   `Future`.
 - `Tensor` is a handle to a tensor of the worker; `a + b`, `a @ b`,
   `a.sum()` and every `aten::` op by name run there, under the worker's op
-  policy. `wasmrpc.torch` has `torch.ones`, `torch.add`, ... by aten name.
+  policy. `wasmrpc.torch` speaks PyTorch: dtypes, factories, indexing,
+  `torch.nn` (modules, layers, losses, `functional`, `init`), `torch.optim`
+  (local SGD/Adam/AdamW), `torch.futures`, and any `aten::` op by name.
 - Errors raised by the worker arrive as their Python classes (`ValueError`,
   `RuntimeError`, `TimeoutError`, ...); a plugin's own `ValueError` reaches
   its caller as a `ValueError`.
@@ -34,7 +36,7 @@ def nested_rpc(dst):
 Build with `wasmrpc plugin build-py DIR` (or `cargo xtask build-py DIR`).
 """
 
-from . import dist_autograd, optim, profiler, progress, rpc, torch
+from . import dist_autograd, futures, nn, optim, profiler, progress, rpc, torch
 from ._registry import permissions
 from ._values import Record
 from .autograd import no_grad
@@ -51,12 +53,14 @@ __all__ = [
     "WorkerInfo",
     "async_execution",
     "dist_autograd",
+    "futures",
     "get_global",
     "get_worker_info",
     "load",
     "load_with_metadata",
     "lock",
     "log",
+    "nn",
     "no_grad",
     "optim",
     "profiler",

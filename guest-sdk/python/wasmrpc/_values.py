@@ -13,6 +13,7 @@ def to_nodes(obj, types, move=False):
 
 
 def _push(obj, types, nodes, move, depth):
+    from ._dtypes import device, dtype
     from .tensor import Tensor
     from .rpc import Future, RRef, WorkerInfo
 
@@ -38,6 +39,11 @@ def _push(obj, types, nodes, move, depth):
         node = types.Node_Rref(obj._moved_handle() if move else obj._handle())
     elif isinstance(obj, WorkerInfo):
         node = types.Node_Worker(types.WorkerInfo(obj.id, obj.name))
+    elif isinstance(obj, dtype):
+        # aten ops take a dtype as its ScalarType code.
+        node = types.Node_Int(obj.code)
+    elif isinstance(obj, device):
+        node = types.Node_Str(str(obj))
     elif isinstance(obj, list):
         node = types.Node_List([_push(v, types, nodes, move, depth + 1) for v in obj])
     elif isinstance(obj, tuple) and hasattr(obj, "_fields"):

@@ -21,10 +21,23 @@ class Adam:
 
 
 class DistributedOptimizer:
-    """`DistributedOptimizer(SGD(lr=0.05), param_rrefs)`; `step(context_id)`
-    updates every owner's parameters with that context's gradients."""
+    """`DistributedOptimizer(SGD(lr=0.05), param_rrefs)`, or torch's form
+    `DistributedOptimizer(torch.optim.SGD, param_rrefs, lr=0.05)` (a
+    `torch.optim` class named `SGD` or `Adam` and its hyperparameters);
+    `step(context_id)` updates every owner's parameters with that
+    context's gradients."""
 
-    def __init__(self, optimizer, params):
+    def __init__(self, optimizer, params, *args, **kwargs):
+        if isinstance(optimizer, type):
+            # torch's signature: the class and its arguments.
+            configs = {"SGD": SGD, "Adam": Adam}
+            if optimizer.__name__ not in configs:
+                raise NotImplementedError(
+                    f"DistributedOptimizer supports SGD and Adam, not {optimizer.__name__}"
+                )
+            optimizer = configs[optimizer.__name__](*args, **kwargs)
+        elif args or kwargs:
+            raise TypeError("hyperparameters go with an optimizer class, not an SGD(...) object")
         handles = [p._handle() for p in params]
         self._id = _autograd("OptimizerNew", (_host.value(optimizer.config), handles))
 
