@@ -50,7 +50,11 @@ impl Tensor {
     /// A `RuntimeError` "assigned grad has data of a different size" (or
     /// type, or device), as PyTorch raises.
     pub fn set_grad(&self, grad: Option<&Tensor>) -> Result<()> {
-        request(AutogradCall::SetGrad(self.handle(), grad.map(Tensor::handle))).map(|_| ())
+        request(AutogradCall::SetGrad(
+            self.handle(),
+            grad.map(Tensor::handle),
+        ))
+        .map(|_| ())
     }
 
     /// The gradient local autograd accumulated (`tensor.grad`), if any.

@@ -417,8 +417,14 @@ fn launch_names_its_workers_and_takes_json_entry_arguments() {
     assert!(stderr.contains("[trainer_1]"), "{stderr}");
     for (args, needle) in [
         (&["--names", "ps,ps"][..], "--names: \"ps\" appears twice"),
-        (&["--names", "ps,1x"][..], "--names: \"1x\" is not a worker name"),
-        (&["--nproc", "3", "--names", "a,b"][..], "--nproc 3 and --names with 2 names disagree"),
+        (
+            &["--names", "ps,1x"][..],
+            "--names: \"1x\" is not a worker name",
+        ),
+        (
+            &["--nproc", "3", "--names", "a,b"][..],
+            "--nproc 3 and --names with 2 names disagree",
+        ),
         (
             &["--entry", "seed_fns::nested_udf", "--entry-json", "[1,"][..],
             "--entry-json \"[1,\" is not JSON",
@@ -430,7 +436,10 @@ fn launch_names_its_workers_and_takes_json_entry_arguments() {
         let (_, stderr) = text(&out);
         assert!(!out.status.success(), "{args:?} was accepted");
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
-        assert!(!stderr.contains("launching"), "{args:?} started workers: {stderr}");
+        assert!(
+            !stderr.contains("launching"),
+            "{args:?} started workers: {stderr}"
+        );
     }
 }
 

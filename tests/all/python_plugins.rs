@@ -15,9 +15,12 @@
 //!   (`plugins/python/ps-trainer-py`) trains its model.
 //! - [`files`]: a Python plugin's files in its granted folders
 //!   (`plugins/python/files-py`), and what a grant never gives.
+//! - [`torch_api`]: the kit's `torch`, `nn`, `optim` and indexing on the
+//!   wasm path (`plugins/python/torch-api-py`), against libtorch.
 
 mod deploy;
 mod dist_autograd_test;
 mod files;
 mod param_server;
 mod rpc_test;
+mod torch_api;

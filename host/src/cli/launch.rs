@@ -84,7 +84,12 @@ pub(crate) struct LaunchArgs {
     /// The entry function's arguments as JSON: an array of positional
     /// arguments, or an object of keyword arguments, or `{"args": [...],
     /// "kwargs": {...}}` (lists, dicts, numbers, strings, booleans, null).
-    #[arg(long, value_name = "JSON", requires = "entry", conflicts_with = "entry_args")]
+    #[arg(
+        long,
+        value_name = "JSON",
+        requires = "entry",
+        conflicts_with = "entry_args"
+    )]
     entry_json: Option<String>,
     /// Arguments of the entry function: integers, floats, `true`/`false`,
     /// or strings.
@@ -140,10 +145,7 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
     );
     let port = server.local_addr().port();
     let exe = std::env::current_exe().context("cannot find the wasmrpc executable")?;
-    info!(
-        "launching {} workers; store on 127.0.0.1:{port}",
-        nproc
-    );
+    info!("launching {} workers; store on 127.0.0.1:{port}", nproc);
 
     // Workers may run elsewhere than here one day; give them absolute paths.
     let plugins = args

@@ -112,7 +112,12 @@ pub(crate) struct WorkerArgs {
     /// The entry function's arguments as JSON: an array of positional
     /// arguments, or an object of keyword arguments, or `{"args": [...],
     /// "kwargs": {...}}` (lists, dicts, numbers, strings, booleans, null).
-    #[arg(long, value_name = "JSON", requires = "entry", conflicts_with = "entry_args")]
+    #[arg(
+        long,
+        value_name = "JSON",
+        requires = "entry",
+        conflicts_with = "entry_args"
+    )]
     entry_json: Option<String>,
     /// Arguments of the entry function: integers, floats, `true`/`false`,
     /// or strings.

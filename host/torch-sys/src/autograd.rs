@@ -131,7 +131,11 @@ pub fn set_grad(tensor: &Tensor, grad: Option<&Tensor>) -> Result<(), OpError> {
     // implementation, which `tensor` keeps alive); `out` is writable; the
     // shim catches every exception.
     let status = unsafe {
-        ffi::wrs_tensor_set_grad(tensor.as_ptr().cast_mut().cast::<c_void>(), grad_ptr, &mut out)
+        ffi::wrs_tensor_set_grad(
+            tensor.as_ptr().cast_mut().cast::<c_void>(),
+            grad_ptr,
+            &mut out,
+        )
     };
     if status != ffi::STATUS_OK {
         return Err(engine_error("Tensor.grad", &out));

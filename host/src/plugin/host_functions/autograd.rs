@@ -116,11 +116,13 @@ impl GuestCall {
             AutogradCall::SetGrad(h, grad) => {
                 let (t, g) = {
                     let handles = self.handles();
-                    (handles.tensor(h)?, grad.map(|g| handles.tensor(g)).transpose()?)
+                    (
+                        handles.tensor(h)?,
+                        grad.map(|g| handles.tensor(g)).transpose()?,
+                    )
                 };
-                wasmrpc_torch_sys::set_grad(&t, g.as_ref()).map_err(|e| {
-                    RemoteError::new(ErrorKind::RuntimeError, e.to_string())
-                })?;
+                wasmrpc_torch_sys::set_grad(&t, g.as_ref())
+                    .map_err(|e| RemoteError::new(ErrorKind::RuntimeError, e.to_string()))?;
                 Value::None
             }
             AutogradCall::Backward(h) => {

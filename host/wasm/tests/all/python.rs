@@ -424,7 +424,10 @@ async fn python_sees_no_files_no_environment_and_no_time_of_day() {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_secs_f64();
-        assert!((t - now).abs() < 60.0, "the plugin's clock reads {t}, the host's {now}");
+        assert!(
+            (t - now).abs() < 60.0,
+            "the plugin's clock reads {t}, the host's {now}"
+        );
         assert_eq!(get("monotonic_advances"), Value::Bool(true));
     })
     .await;
