@@ -17,10 +17,14 @@
 //!   (`plugins/python/files-py`), and what a grant never gives.
 //! - [`torch_api`]: the kit's `torch`, `nn`, `optim` and indexing on the
 //!   wasm path (`plugins/python/torch-api-py`), against libtorch.
+//! - [`pytorch_parity`]: one model file (the parameter server tutorial's
+//!   CNN and loop, an LSTM) trained in a plugin and under PyTorch, to the
+//!   same losses (`plugins/python/digits-py`).
 
 mod deploy;
 mod dist_autograd_test;
 mod files;
 mod param_server;
+mod pytorch_parity;
 mod rpc_test;
 mod torch_api;

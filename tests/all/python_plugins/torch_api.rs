@@ -339,6 +339,9 @@ fn the_kits_unit_tests_pass_against_torch() {
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", python.display()));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "the kit's unit tests failed:\n{stderr}");
+    assert!(
+        out.status.success(),
+        "the kit's unit tests failed:\n{stderr}"
+    );
     assert!(stderr.contains("\nOK"), "{stderr}");
 }

@@ -19,6 +19,7 @@ from .modules import (
     Conv2d,
     CrossEntropyLoss,
     Dropout,
+    Dropout2d,
     ELU,
     Embedding,
     Flatten,

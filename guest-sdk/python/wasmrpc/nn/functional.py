@@ -134,6 +134,18 @@ def dropout(input, p=0.5, training=True, inplace=False):  # noqa: A002
     return op("aten::dropout_" if inplace else "aten::dropout", input, float(p), True)
 
 
+def dropout2d(input, p=0.5, training=True, inplace=False):  # noqa: A002
+    """Zeroes whole channels with probability `p` and scales the rest by
+    `1/(1-p)` when `training`; identity otherwise (`aten::feature_dropout`,
+    as torch's `dropout2d`)."""
+    if p < 0.0 or p > 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if not training or p == 0.0:
+        return input
+    name = "aten::feature_dropout_" if inplace else "aten::feature_dropout"
+    return op(name, input, float(p), True)
+
+
 # ---- linear, convolution, pooling --------------------------------------------
 
 

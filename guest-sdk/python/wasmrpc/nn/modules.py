@@ -701,6 +701,14 @@ class Dropout(Module):
         return f"p={self.p}, inplace={self.inplace}"
 
 
+class Dropout2d(Dropout):
+    """Zeroes whole channels with probability `p` in training; identity in
+    eval."""
+
+    def forward(self, input):  # noqa: A002
+        return F.dropout2d(input, self.p, self.training, self.inplace)
+
+
 class Embedding(Module):
     """A lookup table: `weight[(num_embeddings, embedding_dim)]` from N(0, 1),
     the `padding_idx` row zero."""
