@@ -133,6 +133,8 @@ fn worker_names(args: &LaunchArgs) -> Result<Vec<String>> {
 /// Runs the cluster to completion.
 pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
     super::check_plugin_paths(&args.plugins)?;
+    // Opened here too, so a missing folder fails once, before any worker.
+    args.grants.open()?;
     let names = worker_names(&args)?;
     let nproc = names.len() as u32;
     if let Some(json) = &args.entry_json {
@@ -157,8 +159,6 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
     // Checked here, so a bad rule fails once rather than in every worker.
     args.op_policy.policy()?;
     let op_policy = args.op_policy.child_args()?;
-    // Opened here too, so a missing folder fails once, before any worker.
-    args.grants.open()?;
     let grants = args.grants.child_args()?;
     let result_file = args
         .result
