@@ -426,6 +426,14 @@ fn launch_names_its_workers_and_takes_json_entry_arguments() {
             "--nproc 3 and --names with 2 names disagree",
         ),
         (
+            &["--grant-dir", "ps:/data=/nonexistent/wasmrpc"][..],
+            "cannot open the folder /nonexistent/wasmrpc",
+        ),
+        (
+            &["--grant-dir", "ps:/data"][..],
+            "no '=' between the guest path and the host folder",
+        ),
+        (
             &["--entry", "seed_fns::nested_udf", "--entry-json", "[1,"][..],
             "--entry-json \"[1,\" is not JSON",
         ),
