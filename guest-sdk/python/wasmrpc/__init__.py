@@ -17,8 +17,11 @@ def nested_rpc(dst):
   `@remote(async_execution=True)` one that returns a `rpc.Future`.
 - `@remote_class` registers a class whose objects live in RRefs on their
   owner (`rpc.remote(dst, "NAMESPACE::MyClass", args)`), methods called
-  through RRef proxies; `@async_execution` marks a method returning a
-  `Future`.
+  through RRef proxies; `@async_execution` (also
+  `rpc.functions.async_execution`) marks a method returning a `Future`.
+- A registered function (`@remote`, `MyClass.method` of a `@remote_class`,
+  a `wasmrpc.torch` op) can be an RPC argument: it travels as a reference
+  to its registered name (`rpc.FunctionRef`), never as code.
 - `Tensor` is a handle to a tensor of the worker; `a + b`, `a @ b`,
   `a.sum()` and every `aten::` op by name run there, under the worker's op
   policy. `wasmrpc.torch` speaks PyTorch: dtypes, factories, indexing,
