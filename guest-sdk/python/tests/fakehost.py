@@ -140,6 +140,8 @@ class FakeHost:
         self.allowed = _policy()
         self.ops = []  # every op name called, in order
         self.logs = []
+        self.rpcs = []  # every (to, function) of rpc_sync, in order
+        self.rrefs = {}
 
     # handles
     def _insert(self, t):
@@ -303,7 +305,60 @@ class FakeHost:
     def get_worker_info(self, name):
         return WorkerInfo(0, name or "worker0")
 
+    # rpc: the kit's own registered functions, called in this process. The
+    # arguments are decoded, and the result encoded, by the kit's own
+    # `_values`, so a value makes the round trip a real call makes (kit
+    # nodes out, kit nodes back), without a second plugin or worker.
+    def rpc_sync(self, to, function, args, timeout):
+        from wasmrpc import _registry, _values
+
+        self.rpcs.append((to, function))
+        if function.startswith("aten::"):
+            return self.op(function, args)
+        namespace, sep, local = function.rpartition("::")
+        entry = _registry.functions.get(local) if (not sep or namespace == _registry.namespace()) else None
+        if entry is None:
+            raise Err(RemoteError(T.ErrorKind.RUNTIME_ERROR, f"no function `{function}` on worker {to}"))
+        positional = [_values.from_nodes(a, T) for a in args.args]
+        keywords = {k: _values.from_nodes(v, T) for k, v in args.kwargs}
+        try:
+            out = entry[0](*positional, **keywords)
+        except Exception as e:  # noqa: BLE001 (the callee's error goes back as its class)
+            kind = {"ValueError": "VALUE_ERROR", "TypeError": "TYPE_ERROR", "KeyError": "KEY_ERROR",
+                    "AttributeError": "ATTRIBUTE_ERROR"}.get(type(e).__name__, "RUNTIME_ERROR")
+            raise Err(RemoteError(getattr(T.ErrorKind, kind), str(e))) from e
+        return _values.to_nodes(out, T, move=True)
+
+    # rrefs: enough for `is_owner`, `owner` and `local_value` / `to_here`
+    def rref_is_owner(self, h):
+        return self.rrefs[h]["owner"].name == self.get_worker_info(None).name
+
+    def rref_owner(self, h):
+        return self.rrefs[h]["owner"]
+
+    def rref_to_here(self, h):
+        r = self.rrefs[h]
+        if r["class"] is not None:
+            # The worker's `object_not_copyable` (host/src/rref/owner.rs).
+            raise Err(RemoteError(T.ErrorKind.TYPE_ERROR, (
+                f"to_here() of RRef {h}: it holds an object of class {r['class']} on worker "
+                f"{r['owner'].name}, and objects stay on their owner; call its methods through "
+                "rref.rpc_sync(), rref.rpc_async() or rref.remote(), or give the class a "
+                "__getstate__ method to copy its state")))
+        return self._to_nodes(r["value"])
+
     # test helpers
+    def make_rref(self, value=None, cls=None, owner="worker0"):
+        """A kit `RRef` owned by worker `owner` (rank 1 unless `worker0`,
+        this worker) holding `value`, or an object of plugin class `cls`."""
+        from wasmrpc.rpc import RRef
+
+        h = self.next
+        self.next += 1
+        self.rrefs[h] = {"owner": WorkerInfo(0 if owner == "worker0" else 1, owner), "value": value,
+                         "class": cls}
+        return RRef._own(h)
+
     def to_kit(self, t):
         """A kit `Tensor` for the torch tensor `t` (shared, not copied)."""
         from wasmrpc.tensor import Tensor
@@ -333,7 +388,7 @@ def install():
     imports = pytypes.ModuleType("wit_world.imports")
     host_mod = pytypes.ModuleType("wit_world.imports.host")
     for name in dir(HOST):
-        if not name.startswith("_") and name not in ("to_kit", "to_torch"):
+        if not name.startswith("_") and name not in ("to_kit", "to_torch", "make_rref"):
             setattr(host_mod, name, getattr(HOST, name))
     imports.host, imports.types, world.imports = host_mod, T, imports
     sys.modules.update({

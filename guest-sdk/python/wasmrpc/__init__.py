@@ -17,8 +17,11 @@ def nested_rpc(dst):
   `@remote(async_execution=True)` one that returns a `rpc.Future`.
 - `@remote_class` registers a class whose objects live in RRefs on their
   owner (`rpc.remote(dst, "NAMESPACE::MyClass", args)`), methods called
-  through RRef proxies; `@async_execution` marks a method returning a
-  `Future`.
+  through RRef proxies; `@async_execution` (also
+  `rpc.functions.async_execution`) marks a method returning a `Future`.
+- A registered function (`@remote`, `MyClass.method` of a `@remote_class`,
+  a `wasmrpc.torch` op) can be an RPC argument: it travels as a reference
+  to its registered name (`rpc.FunctionRef`), never as code.
 - `Tensor` is a handle to a tensor of the worker; `a + b`, `a @ b`,
   `a.sum()` and every `aten::` op by name run there, under the worker's op
   policy. `wasmrpc.torch` speaks PyTorch: dtypes, factories, indexing,
@@ -76,26 +79,29 @@ __all__ = [
     "write_file",
 ]
 
+from types import FunctionType as _FunctionType
+
 from . import _registry
+from .rpc.functions import async_execution
 
 
 def remote(fn=None, *, async_execution=False, name=None):
-    """Registers a function of the plugin, served as `NAMESPACE::name`."""
+    """Registers a function of the plugin, served as `NAMESPACE::name`.
+
+    It is async (returns a `Future`) with `async_execution=True` or when
+    `@rpc.functions.async_execution` marks it (above or below `@remote`)."""
 
     def register(f):
         key = name or f.__name__
-        _registry.functions[key] = (f, bool(async_execution), _registry.params_of(f))
+        is_async = bool(async_execution) or getattr(f, "__wasmrpc_async__", False)
+        _registry.functions[key] = (f, is_async, _registry.params_of(f))
         f.__wasmrpc_name__ = key
+        # Its name within the plugin, for passing it as an RPC argument
+        # (a function reference, see `_values`).
+        f.__wasmrpc_ref__ = key
         return f
 
     return register(fn) if fn is not None else register
-
-
-def async_execution(fn):
-    """Marks a `@remote_class` method that returns a `Future` (the call
-    completes when it does), as `@rpc.functions.async_execution`."""
-    fn.__wasmrpc_async__ = True
-    return fn
 
 
 def remote_class(cls=None, *, name=None):
@@ -112,14 +118,22 @@ def remote_class(cls=None, *, name=None):
                 continue
             if isinstance(member, (staticmethod, classmethod)):
                 # Served as a function `Class.method`, and through proxies
-                # like any method.
+                # like any method. `@staticmethod` over `@async_execution`
+                # marks the function inside (the other order is refused
+                # by `async_execution` itself).
                 f = member.__get__(None, c)
+                is_async = getattr(member.__func__, "__wasmrpc_async__", False)
                 params = _registry.params_of(f)
-                _registry.functions[f"{key}.{attr}"] = (f, False, params)
-                methods[attr] = (False, params)
+                _registry.functions[f"{key}.{attr}"] = (f, is_async, params)
+                methods[attr] = (is_async, params)
+                member.__func__.__wasmrpc_ref__ = f"{key}.{attr}"
             elif callable(member):
                 is_async = getattr(member, "__wasmrpc_async__", False)
                 methods[attr] = (is_async, _registry.params_of(member, skip_self=True))
+                if isinstance(member, _FunctionType):
+                    # `Class.method` can then be passed as an RPC argument,
+                    # by this name (a function reference, see `_values`).
+                    member.__wasmrpc_ref__ = f"{key}.{attr}"
         init = c.__init__ if "__init__" in vars(c) else None
         ctor = _registry.params_of(init, skip_self=True) if init else []
         _registry.classes[key] = (c, ctor, methods)

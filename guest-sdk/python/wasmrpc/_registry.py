@@ -20,6 +20,47 @@ def configure(name, version="0.1.0"):
     plugin["version"] = version
 
 
+def namespace():
+    """The namespace workers serve this plugin under (`None` before the
+    build names it): the host's `plugin_namespace` of its name, without a
+    `wasmrpc-plugin-` prefix and with `-` as `_` (`seed-fns-py` ->
+    `seed_fns_py`)."""
+    name = plugin["name"]
+    if not name:
+        return None
+    prefix = "wasmrpc-plugin-"
+    if name.startswith(prefix):
+        name = name[len(prefix):]
+    return name.replace("-", "_")
+
+
+def qualified(local):
+    """`NAMESPACE::local` for a name registered in this plugin (`f`,
+    `Class.method`)."""
+    ns = namespace()
+    if ns is None:
+        raise RuntimeError(
+            f"cannot name this plugin's `{local}` to another worker: the plugin has no name "
+            "(build it with `wasmrpc plugin build-py`)"
+        )
+    return f"{ns}::{local}"
+
+
+def local_callable(local):
+    """This plugin's function or class method registered as `local` (`f`,
+    `Class.method`: the plain function of an instance method, so
+    `method(obj, *args)` works), or `None`."""
+    entry = functions.get(local)
+    if entry is not None:
+        return entry[0]
+    cls_name, dot, method = local.rpartition(".")
+    if dot and cls_name in classes:
+        cls, _, methods = classes[cls_name]
+        if method in methods:
+            return getattr(cls, method)
+    return None
+
+
 def permissions(ops=(), calls=()):
     """Declares ops beyond the worker's families and other plugins'
     functions this plugin asks to call (as `wasmrpc_guest::permissions!`)."""

@@ -2,6 +2,18 @@
 first; containers name their children by index)."""
 
 import dataclasses
+import functools
+import inspect
+
+from . import _registry
+
+FUNCTION_REF = "wasmrpc.FunctionRef"
+"""The reserved record type name of a function reference: a record
+`wasmrpc.FunctionRef { name: str }` whose `name` is a registered name,
+qualified (`seed_fns_py::my_function`, `seed_fns_py::MyClass.method`,
+`aten::add`). A function itself never crosses RPC (no pickle): only the
+name it is served under, which the receiver resolves (`function_from_name`).
+A Rust plugin receives it as this record and can send one."""
 
 
 def to_nodes(obj, types, move=False):
@@ -15,7 +27,7 @@ def to_nodes(obj, types, move=False):
 def _push(obj, types, nodes, move, depth):
     from ._dtypes import device, dtype
     from .tensor import Tensor
-    from .rpc import Future, RRef, WorkerInfo
+    from .rpc import FunctionRef, Future, RRef, WorkerInfo
 
     if depth > 128:
         raise ValueError("a value nested deeper than 128 levels")
@@ -67,6 +79,16 @@ def _push(obj, types, nodes, move, depth):
     elif isinstance(obj, Record):
         fields = [(k, _push(v, types, nodes, move, depth + 1)) for k, v in obj._fields.items()]
         node = types.Node_Record(types.RecordNode(obj._name, fields))
+    elif isinstance(obj, FunctionRef) or inspect.isroutine(obj) or isinstance(obj, functools.partial):
+        name = function_ref_name(obj)
+        str_at = _push(name, types, nodes, move, depth + 1)
+        node = types.Node_Record(types.RecordNode(FUNCTION_REF, [("name", str_at)]))
+    elif isinstance(obj, type):
+        raise TypeError(
+            f"cannot send the class {obj.__qualname__} over RPC: a class is not a value "
+            "(make an object of a @remote_class on a worker with "
+            "rpc.remote(dst, \"NAMESPACE::Class\", args) and pass its RRef)"
+        )
     elif isinstance(obj, Future):
         # A future is a handle to a call in progress on this worker, not a
         # value: PyTorch refuses it with the same error, as an argument or
@@ -76,6 +98,95 @@ def _push(obj, types, nodes, move, depth):
         raise TypeError(f"cannot send a value of type {type(obj).__name__} over RPC")
     nodes[at] = node
     return at
+
+
+def _describe(fn):
+    """How an error names a function: its qualified name and module."""
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    if name is None:
+        return repr(fn)
+    module = getattr(fn, "__module__", None)
+    return f"{module}.{name}" if module else name
+
+
+_ONLY_REGISTERED = (
+    "only functions registered with @remote or @remote_class (a method as "
+    "Class.method), or wasmrpc.torch ops, can be passed, by their registered name; "
+    "a function is never pickled"
+)
+
+
+def function_ref_name(fn):
+    """The qualified registered name `fn` is sent as, or a `TypeError`.
+
+    - `FunctionRef`: its name (a bare one qualified as this plugin's);
+    - a `@remote` function: `NAMESPACE::name`;
+    - a method of a `@remote_class` taken from the class (`Class.method`,
+      instance, static or class method): `NAMESPACE::Class.method`;
+    - a `wasmrpc.torch` op: `aten::NAME`.
+
+    Anything else (a lambda, an unregistered function, a method bound to an
+    object, a `functools.partial`) is refused: it could only travel as
+    code, and nothing is pickled."""
+    from .rpc import FunctionRef
+
+    if isinstance(fn, FunctionRef):
+        name = fn.__wasmrpc_name__
+        return name if "::" in name else _registry.qualified(name)
+    if inspect.ismethod(fn) and not isinstance(fn.__self__, type):
+        # A bound method's attributes read through to its function, so it
+        # would look registered; but it carries its object, which is state,
+        # not a name.
+        owner = type(fn.__self__).__qualname__
+        raise TypeError(
+            f"cannot send the bound method {_describe(fn)} over RPC: it is bound to a "
+            f"{owner} object, which cannot be sent with it; pass the function from its "
+            f"class ({owner}.{fn.__name__}) and the object as an RRef; {_ONLY_REGISTERED}"
+        )
+    ref = getattr(fn, "__wasmrpc_ref__", None)
+    if isinstance(ref, str) and _registry.local_callable(ref) is not None:
+        return _registry.qualified(ref)
+    name = getattr(fn, "__wasmrpc_name__", None)
+    if isinstance(name, str) and "::" in name:
+        return name
+    raise TypeError(f"cannot send the function {_describe(fn)} over RPC: {_ONLY_REGISTERED}")
+
+
+def function_from_name(name):
+    """The callable a function reference `name` stands for on this worker:
+    this plugin's own function or class method when `name` is in its
+    namespace (or bare), the kit's `wasmrpc.torch` op for `aten::NAME`,
+    else a `FunctionRef` that calls it on this worker by `rpc_sync`."""
+    from .rpc import FunctionRef
+
+    namespace, sep, local = name.rpartition("::")
+    if not sep or namespace == _registry.namespace():
+        fn = _registry.local_callable(local)
+        if fn is not None:
+            return fn
+    elif namespace == "aten":
+        from . import torch as kit_torch
+
+        # The kit's own function for the op when it has one (factories
+        # take torch's arguments), else the op by name: either way the op
+        # runs here under the worker's policy, without an RPC round trip.
+        fn = None if "." in local else getattr(kit_torch, local, None)
+        if fn is not None and getattr(fn, "__wasmrpc_name__", None) == name:
+            return fn
+        return kit_torch._op_function(local)
+    return FunctionRef(name)
+
+
+def _function_from_record(record, child):
+    fields = dict(record.fields)
+    if set(fields) != {"name"}:
+        raise ValueError(
+            f"a {FUNCTION_REF} record has one field, `name`; got {sorted(fields)}"
+        )
+    name = child(fields["name"])
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"the name of a {FUNCTION_REF} is a non-empty string, not {name!r}")
+    return function_from_name(name)
 
 
 class Record:
@@ -129,6 +240,8 @@ def _build(nodes, at, types):
     if isinstance(n, types.Node_Dict):
         return {child(k): child(v) for k, v in n.value}
     if isinstance(n, types.Node_Record):
+        if n.value.name == FUNCTION_REF:
+            return _function_from_record(n.value, child)
         return Record(n.value.name, [(k, child(v)) for k, v in n.value.fields])
     if isinstance(n, types.Node_Worker):
         return WorkerInfo(n.value.id, n.value.name)

@@ -382,6 +382,71 @@ class TensorWrapper:
         return self.tensor.sum()
 
 
+# ---- functions as RPC arguments (issue 45) ----------------------------------
+#
+# A registered function (a `@remote` function, a method of a `@remote_class`
+# taken from its class, a `wasmrpc.torch` op) travels as a reference to its
+# registered name, the record `wasmrpc.FunctionRef { name }`, never as code.
+
+
+@remote
+def call_function(fn, *args):
+    """Calls the function reference `fn` here: this plugin's own function
+    or method (`seed_fns_py::my_function`, `seed_fns_py::MyClass.my_static_method`),
+    an op (`aten::add`), or another plugin's function (through `rpc_sync`
+    on this worker)."""
+    return fn(*args)
+
+
+@remote
+def my_function_ref():
+    """Returns `my_function` itself: the caller receives the reference
+    record (`seed_fns_py::my_function`)."""
+    return my_function
+
+
+@remote_class
+class Accumulator:
+    """A small class for the tutorial-style `_remote_method`."""
+
+    def __init__(self, start):
+        self.total = start
+
+    def add(self, x):
+        self.total = self.total + x
+        return self.total
+
+    def get(self):
+        return self.total
+
+    @staticmethod
+    def scale(x, k):
+        return x * k
+
+
+# The RPC tutorials' helpers (parameter server, RL), as written there:
+# `_remote_method(Net.forward, rref, x)` runs `Net.forward(rref.local_value(), x)`
+# on the RRef's owner. With an RRef to a value (a tensor) it works as in
+# PyTorch; with an RRef to a plugin object, `local_value()` raises (the
+# object stays in its plugin instance) and `_remote_method_proxy` is the
+# form that works.
+@remote
+def _call_method(method, rref, *args, **kwargs):
+    return method(rref.local_value(), *args, **kwargs)
+
+
+@remote
+def _remote_method(method, rref, *args, **kwargs):
+    return rpc.rpc_sync(rref.owner(), _call_method, args=[method, rref] + list(args), kwargs=kwargs)
+
+
+@remote
+def _remote_method_proxy(method, rref, *args, **kwargs):
+    """`_remote_method` for an RRef to a plugin object: the method, named by
+    its reference, runs on the owner through the RRef's proxy."""
+    return getattr(rref.rpc_sync(), method.__name__)(*args, **kwargs)
+
+
 __all__ = ["Tensor"]
 
 

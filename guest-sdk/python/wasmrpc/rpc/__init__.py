@@ -4,9 +4,13 @@
 `func` is a registered name: an aten op (`"aten::add"`, or `torch.add`
 from `wasmrpc.torch`), a function of another plugin (`"seed_fns::f"`), or
 a bare name for this plugin's own function (`"my_add"`, or the decorated
-function itself)."""
+function itself).
 
-from . import _host, _scope
+A registered function can also be an argument: it travels as a reference
+to its registered name (`FunctionRef`), never as code; `functions` has
+`async_execution`."""
+
+from .. import _host, _scope
 
 
 class WorkerInfo:
@@ -42,6 +46,42 @@ def _func(func):
             "of this plugin, or an op of wasmrpc.torch"
         )
     return name
+
+
+class FunctionRef:
+    """A function by its registered name (`"other_plugin::f"`,
+    `"aten::add"`, `"my_plugin::MyClass.static_method"`): what a function
+    reference that names no function of this plugin becomes when it
+    arrives, and what a plugin builds to pass a function it cannot import
+    (`FunctionRef("other_plugin::f")`). Calling it runs the function on
+    this worker by `rpc_sync`; passing it (as an argument, or as `func`
+    of `rpc_sync`) passes the name again."""
+
+    def __init__(self, name):
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"FunctionRef takes a registered name (a non-empty str), not {name!r}")
+        # `__wasmrpc_name__` is how `rpc_sync(dst, f)` names any function.
+        self.__wasmrpc_name__ = name
+        local = name.rpartition("::")[2]
+        self.__qualname__ = local
+        self.__name__ = local.rpartition(".")[2]
+
+    @property
+    def name(self):
+        """The registered name."""
+        return self.__wasmrpc_name__
+
+    def __call__(self, *args, **kwargs):
+        return rpc_sync(get_worker_info().name, self.__wasmrpc_name__, args=args, kwargs=kwargs)
+
+    def __eq__(self, other):
+        return isinstance(other, FunctionRef) and other.name == self.name
+
+    def __hash__(self):
+        return hash(("FunctionRef", self.name))
+
+    def __repr__(self):
+        return f"FunctionRef({self.name!r})"
 
 
 def _handle_kind(name):
@@ -134,10 +174,32 @@ class RRef(_Handle):
         return _host.from_value(_host.call("rref_to_here", self._handle()))
 
     def local_value(self):
-        """The value, on its owner."""
+        """The value, on its owner (PyTorch's `RuntimeError` elsewhere).
+
+        An RRef to an object of a plugin class (`rpc.remote(dst,
+        "ns::MyClass", args)`) has no local value a plugin can hold: the
+        object lives in the owner's plugin instance, not in this call, and
+        is never copied. Its methods run through `rref.rpc_sync().method(...)`
+        (or `rpc_async()` / `remote()`), on the owner, from any worker."""
         if not self.is_owner():
-            raise RuntimeError("Call it on owner")
-        return self.to_here()
+            me = get_worker_info()
+            raise RuntimeError(
+                f"can't call local_value() on user {me}. Call it on owner {self.owner()}"
+            )
+        try:
+            return self.to_here()
+        except TypeError as e:
+            # The worker refuses to copy an object out of its owner; say
+            # what a plugin can do instead (its `__getstate__` hint is for
+            # Rust classes: a Python class serves no `_` methods).
+            owner = self.owner()
+            raise TypeError(
+                f"rref.local_value() on worker {owner.name}, the RRef's owner: it holds an "
+                "object of a plugin class, which stays in its plugin and is never copied, so "
+                "a plugin cannot get it as a local value; call its methods through "
+                f"rref.rpc_sync().method(...) (or rpc_async() / remote()), which run on "
+                f"{owner.name}. The worker said: {e}"
+            ) from None
 
     def owner(self):
         """The owner's `WorkerInfo`."""
@@ -231,6 +293,10 @@ class Future(_Handle):
 
 def _remote_error(error):
     """The world `remote-error` of a Python exception."""
-    from ._guest import error_record
+    from .._guest import error_record
 
     return error_record(error)
+
+
+# `wasmrpc.rpc.functions`, as `torch.distributed.rpc.functions`.
+from . import functions  # noqa: E402 (after the names it does not need)
