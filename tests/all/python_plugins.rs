@@ -15,6 +15,8 @@
 //!   (`plugins/python/ps-trainer-py`) trains its model.
 //! - [`files`]: a Python plugin's files in its granted folders
 //!   (`plugins/python/files-py`), and what a grant never gives.
+//! - [`function_refs`]: registered functions passed as RPC arguments, by
+//!   reference to their names.
 //! - [`torch_api`]: the kit's `torch`, `nn`, `optim` and indexing on the
 //!   wasm path (`plugins/python/torch-api-py`), against libtorch.
 //! - [`pytorch_parity`]: one model file (the parameter server tutorial's
@@ -24,6 +26,7 @@
 mod deploy;
 mod dist_autograd_test;
 mod files;
+mod function_refs;
 mod param_server;
 mod pytorch_parity;
 mod rpc_test;
