@@ -251,8 +251,8 @@ fn sgd_with_momentum_and_adam_step_as_torch_optim_does() {
         for t in 1..=steps {
             m = &m * b1 + &g * (1.0 - b1);
             v = &v * b2 + (&g * &g) * (1.0 - b2);
-            let m_hat = &m / (1.0 - b1.powi(t as i32));
-            let v_hat = &v / (1.0 - b2.powi(t as i32));
+            let m_hat = &m / (1.0 - b1.powi(t));
+            let v_hat = &v / (1.0 - b2.powi(t));
             want = &want - m_hat * lr / (v_hat.sqrt() + eps);
         }
         close("adam", &out.items()?[0].as_tensor()?, &want)?;
