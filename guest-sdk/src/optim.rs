@@ -131,6 +131,36 @@ impl DistributedOptimizer {
     }
 }
 
+impl DistributedOptimizer {
+    /// Every owner's state (momentum buffers, Adam's step counts and
+    /// moments), as a dict of owner name to a list with one entry per
+    /// parameter: `None`, `("momentum", buffer)` or `("adam", step,
+    /// exp_avg, exp_avg_sq)`. Its tensors are copies: save them with the
+    /// parameters to resume a job (see [`crate::checkpoint`]).
+    ///
+    /// # Errors
+    /// An owner's failure, naming the worker.
+    pub fn state_dict(&self) -> Result<Value> {
+        request(AutogradCall::OptimizerState(self.id))
+    }
+
+    /// Replaces every owner's state with what `state` (from
+    /// [`state_dict`](Self::state_dict) of an optimizer of the same kind over
+    /// the same parameters) holds for it.
+    ///
+    /// # Errors
+    /// A `ValueError` for a state that does not fit an owner's optimizer
+    /// (its kind, the number of parameters, a shape); nothing changes on
+    /// that owner then.
+    pub fn load_state_dict(&self, state: &Value) -> Result<()> {
+        request(AutogradCall::OptimizerLoadState {
+            optimizer: self.id,
+            state: state.clone(),
+        })
+        .map(|_| ())
+    }
+}
+
 impl Drop for DistributedOptimizer {
     fn drop(&mut self) {
         // A failure means the host already released it.

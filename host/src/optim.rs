@@ -48,7 +48,9 @@
 //!   is closed or dropped (a delete request to every owner), and all of a
 //!   worker's at its graceful shutdown; nothing else keeps them.
 //! - OPT-5: nothing a peer sends panics: unknown ids, malformed
-//!   configurations and parameters not owned by the receiver are errors.
+//!   configurations and parameters not owned by the receiver are errors,
+//!   and so is a state to load that does not fit the local optimizer
+//!   (`state`: its kind, count, shapes), which then changes nothing.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -62,6 +64,7 @@ use crate::rref::RRef;
 use crate::value::{Args, Payload};
 
 mod config;
+mod state;
 
 pub use config::{Adam, OptimizerConfig, Sgd};
 
@@ -422,6 +425,7 @@ async fn wait_all_results(futures: Vec<crate::agent::Future>) -> Vec<Result<Payl
 
 /// Registers the owner side among the agent's internal functions.
 pub(crate) fn register(r: &FunctionRegistry) {
+    state::register(r);
     r.register_native(CREATE, |ctx, args: Args| async move {
         let agent = ctx.agent().clone();
         let id = args.get(0)?.as_int()?;

@@ -492,6 +492,18 @@ pub enum AutogradCall {
     /// `tensor.grad = grad` (the second handle), or `tensor.grad = None`;
     /// checked as PyTorch checks it (dtype, size, device).
     SetGrad(u32, Option<u32>),
+    /// An optimizer's state on every owner (momentum buffers, Adam's
+    /// moments), as a dict of owner name to its per-parameter list, with
+    /// new tensor handles (`DistributedOptimizer.state_dict()`).
+    OptimizerState(i64),
+    /// Replaces every owner's state with what `state` (from
+    /// [`OptimizerState`](Self::OptimizerState)) holds for it.
+    OptimizerLoadState {
+        /// The optimizer's id.
+        optimizer: i64,
+        /// The state, as `OptimizerState` gave it.
+        state: Value,
+    },
 }
 
 /// The host's answer to a [`HostCall`]; it travels as `Result<HostReply,

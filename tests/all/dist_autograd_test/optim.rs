@@ -56,7 +56,19 @@ async fn train_dist(
     params: &[RRef],
     iters: i64,
 ) -> anyhow::Result<()> {
-    for it in 0..iters {
+    train_dist_from(a, opt, params, 0, iters).await
+}
+
+/// Runs training steps `first..first + iters` (their inputs) through the
+/// distributed optimizer.
+async fn train_dist_from(
+    a: &RpcAgent,
+    opt: &DistributedOptimizer,
+    params: &[RRef],
+    first: i64,
+    iters: i64,
+) -> anyhow::Result<()> {
+    for it in first..first + iters {
         let a2 = a.clone();
         dist_autograd::context(a, |ctx| async move {
             let a = a2;
@@ -152,6 +164,104 @@ async fn matches_local(w: Worker, config: OptimizerConfig) -> anyhow::Result<()>
     }
     w.store_barrier().await?;
     Ok(())
+}
+
+/// The largest element-wise difference between two lists of tensors.
+fn max_diff(a: &[Tensor], b: &[Tensor]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs().max().double_value(&[]))
+        .fold(0.0, f64::max)
+}
+
+/// A job stopped after 2 steps and resumed with a new optimizer that loads
+/// the old one's state (`state_dict` / `load_state_dict`) continues as an
+/// uninterrupted job: 4 steps of libtorch's own optimizer. Without the
+/// state (momentum, Adam's moments and step counts start afresh) it does
+/// not.
+async fn resumes_from_state(w: Worker, config: OptimizerConfig) -> anyhow::Result<()> {
+    if w.rank == 0 {
+        let a = w.agent.clone();
+        let want = train_local(config, 4)?;
+        for load in [true, false] {
+            let params = make_params(&a).await?;
+            let first = DistributedOptimizer::new(&a, config, &params).await?;
+            train_dist(&a, &first, &params, 2).await?;
+            let state = first.state_dict().await?;
+            first.close().await?;
+            let second = DistributedOptimizer::new(&a, config, &params).await?;
+            if load {
+                second.load_state_dict(state).await?;
+            }
+            train_dist_from(&a, &second, &params, 2, 2).await?;
+            second.close().await?;
+            let mut got = Vec::new();
+            for p in &params {
+                got.push(p.to_here(&a, None).await?.as_tensor()?);
+            }
+            let diff = max_diff(&got, &want);
+            if load {
+                ensure!(diff < 1e-6, "resumed with the state, off by {diff}");
+            } else {
+                ensure!(
+                    diff > 1e-4,
+                    "resumed without the state, yet off by only {diff}"
+                );
+            }
+        }
+    }
+    w.store_barrier().await?;
+    Ok(())
+}
+
+#[test]
+fn sgd_momentum_resumes_from_its_state_dict() {
+    dist_with(cluster(), |w| {
+        resumes_from_state(w, Sgd::new(0.05).momentum(0.9).into())
+    });
+}
+
+#[test]
+fn adam_resumes_from_its_state_dict() {
+    dist_with(cluster(), |w| {
+        resumes_from_state(w, Adam::new(0.05).betas(0.8, 0.99).into())
+    });
+}
+
+/// A state that does not fit is refused by the owner, naming it, and the
+/// optimizer keeps its own.
+#[test]
+fn a_state_that_does_not_fit_is_refused() {
+    dist_with(cluster(), |w| async move {
+        if w.rank == 0 {
+            let a = w.agent.clone();
+            let params = make_params(&a).await?;
+            let adam = DistributedOptimizer::new(&a, Adam::new(0.05), &params).await?;
+            train_dist(&a, &adam, &params, 1).await?;
+            let adam_state = adam.state_dict().await?;
+            let sgd = DistributedOptimizer::new(&a, Sgd::new(0.05).momentum(0.9), &params).await?;
+            let e = sgd
+                .load_state_dict(adam_state)
+                .await
+                .err()
+                .context("an Adam state was loaded into SGD")?;
+            ensure!(
+                e.to_string()
+                    .contains("state with 4 fields, which a SGD optimizer cannot take"),
+                "{e}"
+            );
+            let e = sgd
+                .load_state_dict(wasmrpc::Payload::dict(Vec::new()))
+                .await
+                .err()
+                .context("an empty state was loaded")?;
+            ensure!(e.to_string().contains("has no entry for worker"), "{e}");
+            adam.close().await?;
+            sgd.close().await?;
+        }
+        w.store_barrier().await?;
+        Ok(())
+    });
 }
 
 #[test]

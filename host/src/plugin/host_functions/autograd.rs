@@ -224,6 +224,16 @@ impl GuestCall {
                 opt.step(context_id).await.map_err(remote)?;
                 Value::None
             }
+            AutogradCall::OptimizerState(id) => {
+                let state = ag.optimizer(id)?.state_dict().await.map_err(remote)?;
+                self.handles().import(state)?
+            }
+            AutogradCall::OptimizerLoadState { optimizer, state } => {
+                let opt = ag.optimizer(optimizer)?;
+                let state = self.handles().borrow_payload(state)?;
+                opt.load_state_dict(state).await.map_err(remote)?;
+                Value::None
+            }
             AutogradCall::OptimizerDrop(id) => {
                 ag.optimizers
                     .lock()
