@@ -6,7 +6,7 @@
 
 use wasmrpc_guest::dist_autograd;
 use wasmrpc_guest::optim::{DistributedOptimizer, Optimizer};
-use wasmrpc_guest::{Error, RRef, Result, Tensor, no_grad, remote, rpc_sync};
+use wasmrpc_guest::{Error, RRef, Result, Tensor, Value, no_grad, remote, rpc_sync};
 
 /// One SGD step of `w` on `sum(tanh(w @ x))` with local autograd; returns
 /// the updated weight (detached) and the gradient.
@@ -78,8 +78,33 @@ fn nested_context() -> Result<()> {
 /// backward, and one step of an SGD distributed optimizer.
 #[remote]
 fn train(params: Vec<RRef>, inputs: Vec<Tensor>, lr: f64, momentum: f64) -> Result<i64> {
+    let opt = sgd(&params, lr, momentum)?;
+    run_steps(&opt, &params, &inputs)
+}
+
+/// [`train`] resumed: the optimizer starts from `state` (what an earlier
+/// call returned; `None` for a fresh one) and the call returns the
+/// optimizer's state after its steps (`DistributedOptimizer::state_dict`),
+/// as a job's checkpoint keeps it.
+#[remote]
+fn train_resuming(
+    params: Vec<RRef>,
+    inputs: Vec<Tensor>,
+    lr: f64,
+    momentum: f64,
+    state: Value,
+) -> Result<Value> {
+    let opt = sgd(&params, lr, momentum)?;
+    if !matches!(state, Value::None) {
+        opt.load_state_dict(&state)?;
+    }
+    run_steps(&opt, &params, &inputs)?;
+    opt.state_dict()
+}
+
+fn sgd(params: &[RRef], lr: f64, momentum: f64) -> Result<DistributedOptimizer> {
     let refs: Vec<&RRef> = params.iter().collect();
-    let opt = DistributedOptimizer::new(
+    DistributedOptimizer::new(
         Optimizer::Sgd {
             lr,
             momentum,
@@ -88,12 +113,16 @@ fn train(params: Vec<RRef>, inputs: Vec<Tensor>, lr: f64, momentum: f64) -> Resu
             nesterov: false,
         },
         &refs,
-    )?;
+    )
+}
+
+/// One step of `opt` per input (see [`train`]); returns the steps taken.
+fn run_steps(opt: &DistributedOptimizer, params: &[RRef], inputs: &[Tensor]) -> Result<i64> {
     let mut steps = 0;
-    for x in &inputs {
+    for x in inputs {
         let ctx = dist_autograd::context()?;
         let mut loss: Option<Tensor> = None;
-        for p in &params {
+        for p in params {
             let owner = p.owner()?.name;
             let out: Tensor = rpc_sync(&owner, "optim::forward", (p, x))?;
             let s = out.sum()?;
