@@ -139,6 +139,26 @@ pub(crate) fn check_plugin_paths(paths: &[std::path::PathBuf]) -> Result<()> {
     Ok(())
 }
 
+/// The entry function's arguments, for `worker` and `launch` (which passes
+/// them to the worker that runs the entry).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub(crate) struct EntryArgs {
+    /// The entry function's arguments as JSON: an array of positional
+    /// arguments, or an object of keyword arguments, or `{"args": [...],
+    /// "kwargs": {...}}` (lists, dicts, numbers, strings, booleans, null).
+    #[arg(
+        long,
+        value_name = "JSON",
+        requires = "entry",
+        conflicts_with = "entry_args"
+    )]
+    pub(crate) entry_json: Option<String>,
+    /// Arguments of the entry function: integers, floats, `true`/`false`,
+    /// or strings.
+    #[arg(last = true)]
+    pub(crate) entry_args: Vec<String>,
+}
+
 /// The tensor memory budget flags, shared by `worker` and `launch`.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub(crate) struct TensorMemoryArgs {

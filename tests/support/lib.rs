@@ -197,3 +197,13 @@ pub fn require_gpus(n: usize) -> bool {
     }
     true
 }
+
+/// The torch venv's Python that `cargo xtask setup` made (torch, numpy,
+/// safetensors): `$WASMRPC_ENV/venv/bin/python`, else the checkout's
+/// `.wasmrpc-env`.
+pub fn venv_python() -> std::path::PathBuf {
+    std::env::var_os("WASMRPC_ENV")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.wasmrpc-env"))
+        .join("venv/bin/python")
+}

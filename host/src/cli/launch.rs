@@ -81,20 +81,9 @@ pub(crate) struct LaunchArgs {
     /// Every worker's folder grants (passed to each `wasmrpc worker`).
     #[command(flatten)]
     grants: super::grants::FolderGrantArgs,
-    /// The entry function's arguments as JSON: an array of positional
-    /// arguments, or an object of keyword arguments, or `{"args": [...],
-    /// "kwargs": {...}}` (lists, dicts, numbers, strings, booleans, null).
-    #[arg(
-        long,
-        value_name = "JSON",
-        requires = "entry",
-        conflicts_with = "entry_args"
-    )]
-    entry_json: Option<String>,
-    /// Arguments of the entry function: integers, floats, `true`/`false`,
-    /// or strings.
-    #[arg(last = true)]
-    entry_args: Vec<String>,
+    /// The entry function's arguments.
+    #[command(flatten)]
+    entry_call: super::EntryArgs,
 }
 
 /// The workers' names: `--names`, else `worker0 .. worker<N-1>`.
@@ -137,7 +126,7 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
     args.grants.open()?;
     let names = worker_names(&args)?;
     let nproc = names.len() as u32;
-    if let Some(json) = &args.entry_json {
+    if let Some(json) = &args.entry_call.entry_json {
         super::worker::json_entry_args(json)?;
     }
     let server = Arc::new(
@@ -234,10 +223,10 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
                     if let Some(file) = &result_file {
                         cmd.arg("--result").arg(file);
                     }
-                    if let Some(json) = &args.entry_json {
+                    if let Some(json) = &args.entry_call.entry_json {
                         cmd.args(["--entry-json", json]);
                     }
-                    cmd.arg("--").args(&args.entry_args);
+                    cmd.arg("--").args(&args.entry_call.entry_args);
                 }
                 None => {
                     cmd.arg("--ping-all");

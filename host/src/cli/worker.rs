@@ -109,20 +109,9 @@ pub(crate) struct WorkerArgs {
     /// Which host folders this worker's plugins may use.
     #[command(flatten)]
     grants: super::grants::FolderGrantArgs,
-    /// The entry function's arguments as JSON: an array of positional
-    /// arguments, or an object of keyword arguments, or `{"args": [...],
-    /// "kwargs": {...}}` (lists, dicts, numbers, strings, booleans, null).
-    #[arg(
-        long,
-        value_name = "JSON",
-        requires = "entry",
-        conflicts_with = "entry_args"
-    )]
-    entry_json: Option<String>,
-    /// Arguments of the entry function: integers, floats, `true`/`false`,
-    /// or strings.
-    #[arg(last = true)]
-    entry_args: Vec<String>,
+    /// The entry function's arguments.
+    #[command(flatten)]
+    entry_call: super::EntryArgs,
 }
 
 /// Runs one worker until the group shuts down.
@@ -240,9 +229,10 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         }
     }
     if let Some(entry) = &args.entry {
-        let call_args = match &args.entry_json {
+        let call_args = match &args.entry_call.entry_json {
             Some(json) => json_entry_args(json)?,
             None => args
+                .entry_call
                 .entry_args
                 .iter()
                 .fold(Args::new(), |a, s| a.arg(parse_arg(s))),

@@ -3,22 +3,14 @@
 //! `wasmrpc.save` and read back by Python's own `safetensors.torch`, and
 //! what a grant must never give, tried from Python.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, ensure};
 use wasmrpc::testing::{Cluster, worker_name};
 use wasmrpc::wasm::{FolderGrant, FolderGrants};
 use wasmrpc::{ErrorKind, Payload, PluginHost, RpcBackendOptions, Value, args};
-use wasmrpc_tests::{expect_err, timed};
-
-/// The torch venv `cargo xtask setup` made (with `safetensors`).
-fn venv_python() -> PathBuf {
-    std::env::var_os("WASMRPC_ENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.wasmrpc-env"))
-        .join("venv/bin/python")
-}
+use wasmrpc_tests::{expect_err, timed, venv_python};
 
 struct Folders {
     _dir: tempfile::TempDir,

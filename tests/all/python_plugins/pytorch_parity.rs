@@ -14,17 +14,10 @@ use anyhow::{Context, ensure};
 use wasmrpc::testing::{Cluster, worker_name};
 use wasmrpc::wasm::{FolderGrant, FolderGrants};
 use wasmrpc::{PluginHost, RpcBackendOptions, args};
-use wasmrpc_tests::timed;
+use wasmrpc_tests::{timed, venv_python};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn venv_python() -> PathBuf {
-    std::env::var_os("WASMRPC_ENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".wasmrpc-env"))
-        .join("venv/bin/python")
 }
 
 /// Runs `reference.py` under PyTorch: writes the data and the initial

@@ -328,10 +328,7 @@ fn wasmrpc_examples_floats(p: &Payload) -> anyhow::Result<Vec<f64>> {
 #[test]
 fn the_kits_unit_tests_pass_against_torch() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let python = std::env::var_os("WASMRPC_ENV")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| root.join(".wasmrpc-env"))
-        .join("venv/bin/python");
+    let python = wasmrpc_tests::venv_python();
     let out = std::process::Command::new(&python)
         .args(["-m", "unittest", "discover", "-s", "tests"])
         .current_dir(root.join("guest-sdk/python"))
