@@ -45,6 +45,21 @@ class DistributedOptimizer:
         """Applies the gradients of distributed autograd context `context_id`."""
         _autograd("OptimizerStep", (self._id, context_id))
 
+    def state_dict(self):
+        """Every owner's state (momentum buffers, Adam's step counts and
+        moments): a dict of owner name to a list with one entry per
+        parameter, `None`, `("momentum", buffer)` or `("adam", step,
+        exp_avg, exp_avg_sq)`; the tensors are copies, to save with the
+        parameters (`wasmrpc.save`) and resume a job."""
+        return _host.from_value(_host.call("optimizer_state", self._id))
+
+    def load_state_dict(self, state):
+        """Replaces every owner's state with what `state` (from
+        `state_dict()` of an optimizer of the same kind over the same
+        parameters) holds for it; a state that does not fit raises
+        `ValueError` and changes nothing on that owner."""
+        _host.call("optimizer_load_state", self._id, _host.value(state))
+
     def close(self):
         """Releases the owners' optimizer state (also done when the call ends)."""
         if self._id is not None:

@@ -168,3 +168,28 @@ def indexing(t, idx, mask):
     u[idx] = 0.0
     u[:, 0] = -1.0
     return t[0], t[:, 1], t[..., -1], list(t[None].shape), t[idx], t[mask], u
+
+
+@remote
+def dist_train_resuming(params, inputs, lr, momentum, state):
+    """Distributed training as `torch.distributed.optim` code writes it:
+    for each input, in a distributed autograd context, the loss
+    `sum_p sum(optim::forward(p, x))` (run by each parameter's owner), the
+    backward pass and a `DistributedOptimizer` step (SGD with `momentum`),
+    the optimizer first loading `state` (an earlier call's, or `None`).
+    Returns the optimizer's state after the steps."""
+    from wasmrpc import dist_autograd, rpc
+    from wasmrpc.optim import SGD, DistributedOptimizer
+
+    opt = DistributedOptimizer(SGD(lr, momentum=momentum), params)
+    if state is not None:
+        opt.load_state_dict(state)
+    for x in inputs:
+        with dist_autograd.context() as ctx:
+            loss = None
+            for p in params:
+                s = rpc.rpc_sync(p.owner(), "optim::forward", args=(p, x)).sum()
+                loss = s if loss is None else loss + s
+            dist_autograd.backward(ctx, [loss])
+            opt.step(ctx)
+    return opt.state_dict()

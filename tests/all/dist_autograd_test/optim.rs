@@ -568,6 +568,59 @@ fn guest_trainer_resumes_from_its_optimizer_state() {
     });
 }
 
+/// The same from a Python plugin (`torch_api_py::dist_train_resuming`):
+/// `DistributedOptimizer.state_dict()` / `load_state_dict()` in the kit.
+#[test]
+fn python_trainer_resumes_from_its_optimizer_state() {
+    let host = wasmrpc::PluginHost::shared().expect("the process's plugin host starts");
+    let plugin = host
+        .load_file(wasmrpc_plugins::TORCH_API_PY)
+        .expect("the torch-api-py plugin loads");
+    let cluster =
+        wasmrpc::testing::Cluster::builder(wasmrpc_tests::WORLD_SIZE).functions(move |r| {
+            super::fns::register(r);
+            host.register(&plugin, r);
+        });
+    dist_with(cluster, |w| async move {
+        if w.rank == 0 {
+            let a = w.agent.clone();
+            let params = make_params(&a).await?;
+            let list = || wasmrpc::Payload::list(params.iter().map(wasmrpc::Payload::from));
+            let inputs =
+                |its: std::ops::Range<i64>| wasmrpc::Payload::list(its.map(|it| input(it).into()));
+            let state = a
+                .rpc_sync(
+                    "worker0",
+                    "torch_api_py::dist_train_resuming",
+                    args![
+                        list(),
+                        inputs(0..2),
+                        0.1f64,
+                        0.9f64,
+                        wasmrpc::Payload::none()
+                    ],
+                )
+                .await?;
+            ensure!(!state.is_none(), "no optimizer state came back");
+            a.rpc_sync(
+                "worker0",
+                "torch_api_py::dist_train_resuming",
+                args![list(), inputs(2..4), 0.1f64, 0.9f64, state],
+            )
+            .await?;
+            let want = train_local(Sgd::new(0.1).momentum(0.9).into(), 4)?;
+            let mut got = Vec::new();
+            for p in &params {
+                got.push(p.to_here(&a, None).await?.as_tensor()?);
+            }
+            let diff = max_diff(&got, &want);
+            ensure!(diff < 1e-6, "resumed in a Python plugin, off by {diff}");
+        }
+        w.store_barrier().await?;
+        Ok(())
+    });
+}
+
 /// Local autograd in a plugin: `requires_grad_`, `backward`, `grad`,
 /// `no_grad` + `sub_`, `detach`, against the same step in the host.
 #[test]

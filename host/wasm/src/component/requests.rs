@@ -295,6 +295,17 @@ impl host::Host for StoreData {
         value_reply(self.request(call).await?).map(drop)
     }
 
+    async fn optimizer_state(&mut self, optimizer: i64) -> R<types::Value> {
+        let call = HostCall::Autograd(abi::AutogradCall::OptimizerState(optimizer));
+        value_reply(self.request(call).await?)
+    }
+
+    async fn optimizer_load_state(&mut self, optimizer: i64, state: types::Value) -> R<()> {
+        let state = value_from_wit(&state).map_err(bad_value)?;
+        let call = HostCall::Autograd(abi::AutogradCall::OptimizerLoadState { optimizer, state });
+        value_reply(self.request(call).await?).map(drop)
+    }
+
     async fn write_file(&mut self, path: String, data: Vec<u8>) -> R<()> {
         let call = HostCall::File(abi::FileCall::Write { path, data });
         value_reply(self.request(call).await?).map(drop)
