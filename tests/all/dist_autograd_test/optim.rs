@@ -523,53 +523,58 @@ fn guest_trainer_matches_host() {
     });
 }
 
-/// A plugin's trainer resumed with the optimizer state an earlier call
-/// returned (`state_dict` / `load_state_dict` through the guest SDK) ends
-/// where one uninterrupted run of libtorch's SGD with momentum does.
-#[test]
-fn guest_trainer_resumes_from_its_optimizer_state() {
-    dist_with(plugin_cluster(), |w| async move {
-        if w.rank == 0 {
-            let a = w.agent.clone();
-            let params = make_params(&a).await?;
-            let list = || wasmrpc::Payload::list(params.iter().map(wasmrpc::Payload::from));
-            let inputs =
-                |its: std::ops::Range<i64>| wasmrpc::Payload::list(its.map(|it| input(it).into()));
-            let state = a
-                .rpc_sync(
-                    "worker0",
-                    "autograd_fns::train_resuming",
-                    args![
-                        list(),
-                        inputs(0..2),
-                        0.1f64,
-                        0.9f64,
-                        wasmrpc::Payload::none()
-                    ],
-                )
-                .await?;
-            ensure!(!state.is_none(), "no optimizer state came back");
-            a.rpc_sync(
+/// A plugin's trainer, `function(params, inputs, lr, momentum, state)`,
+/// resumed with the optimizer state its earlier call returned
+/// (`state_dict` / `load_state_dict` through a guest SDK) ends where one
+/// uninterrupted run of libtorch's SGD with momentum does.
+async fn plugin_trainer_resumes(w: Worker, function: &'static str) -> anyhow::Result<()> {
+    if w.rank == 0 {
+        let a = w.agent.clone();
+        let params = make_params(&a).await?;
+        let list = || wasmrpc::Payload::list(params.iter().map(wasmrpc::Payload::from));
+        let inputs =
+            |its: std::ops::Range<i64>| wasmrpc::Payload::list(its.map(|it| input(it).into()));
+        let state = a
+            .rpc_sync(
                 "worker0",
-                "autograd_fns::train_resuming",
-                args![list(), inputs(2..4), 0.1f64, 0.9f64, state],
+                function,
+                args![
+                    list(),
+                    inputs(0..2),
+                    0.1f64,
+                    0.9f64,
+                    wasmrpc::Payload::none()
+                ],
             )
             .await?;
-            let want = train_local(Sgd::new(0.1).momentum(0.9).into(), 4)?;
-            let mut got = Vec::new();
-            for p in &params {
-                got.push(p.to_here(&a, None).await?.as_tensor()?);
-            }
-            let diff = max_diff(&got, &want);
-            ensure!(diff < 1e-6, "resumed in a plugin, off by {diff}");
+        ensure!(!state.is_none(), "{function}: no optimizer state came back");
+        a.rpc_sync(
+            "worker0",
+            function,
+            args![list(), inputs(2..4), 0.1f64, 0.9f64, state],
+        )
+        .await?;
+        let want = train_local(Sgd::new(0.1).momentum(0.9).into(), 4)?;
+        let mut got = Vec::new();
+        for p in &params {
+            got.push(p.to_here(&a, None).await?.as_tensor()?);
         }
-        w.store_barrier().await?;
-        Ok(())
+        let diff = max_diff(&got, &want);
+        ensure!(diff < 1e-6, "{function}: resumed, off by {diff}");
+    }
+    w.store_barrier().await?;
+    Ok(())
+}
+
+/// The Rust guest SDK (`autograd_fns::train_resuming`).
+#[test]
+fn guest_trainer_resumes_from_its_optimizer_state() {
+    dist_with(plugin_cluster(), |w| {
+        plugin_trainer_resumes(w, "autograd_fns::train_resuming")
     });
 }
 
-/// The same from a Python plugin (`torch_api_py::dist_train_resuming`):
-/// `DistributedOptimizer.state_dict()` / `load_state_dict()` in the kit.
+/// The Python kit (`torch_api_py::dist_train_resuming`).
 #[test]
 fn python_trainer_resumes_from_its_optimizer_state() {
     let host = wasmrpc::PluginHost::shared().expect("the process's plugin host starts");
@@ -581,43 +586,8 @@ fn python_trainer_resumes_from_its_optimizer_state() {
             super::fns::register(r);
             host.register(&plugin, r);
         });
-    dist_with(cluster, |w| async move {
-        if w.rank == 0 {
-            let a = w.agent.clone();
-            let params = make_params(&a).await?;
-            let list = || wasmrpc::Payload::list(params.iter().map(wasmrpc::Payload::from));
-            let inputs =
-                |its: std::ops::Range<i64>| wasmrpc::Payload::list(its.map(|it| input(it).into()));
-            let state = a
-                .rpc_sync(
-                    "worker0",
-                    "torch_api_py::dist_train_resuming",
-                    args![
-                        list(),
-                        inputs(0..2),
-                        0.1f64,
-                        0.9f64,
-                        wasmrpc::Payload::none()
-                    ],
-                )
-                .await?;
-            ensure!(!state.is_none(), "no optimizer state came back");
-            a.rpc_sync(
-                "worker0",
-                "torch_api_py::dist_train_resuming",
-                args![list(), inputs(2..4), 0.1f64, 0.9f64, state],
-            )
-            .await?;
-            let want = train_local(Sgd::new(0.1).momentum(0.9).into(), 4)?;
-            let mut got = Vec::new();
-            for p in &params {
-                got.push(p.to_here(&a, None).await?.as_tensor()?);
-            }
-            let diff = max_diff(&got, &want);
-            ensure!(diff < 1e-6, "resumed in a Python plugin, off by {diff}");
-        }
-        w.store_barrier().await?;
-        Ok(())
+    dist_with(cluster, |w| {
+        plugin_trainer_resumes(w, "torch_api_py::dist_train_resuming")
     });
 }
 
