@@ -207,3 +207,30 @@ pub fn venv_python() -> std::path::PathBuf {
         .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.wasmrpc-env"))
         .join("venv/bin/python")
 }
+
+/// Two workers serving the plugin in the `.wasm` file `wasm`, each granting
+/// it the folders `specs` name (`--grant-dir` specs).
+///
+/// # Errors
+/// A spec that is not one, a folder that cannot be opened, a plugin that
+/// does not load, a worker that does not start.
+pub async fn cluster_with_folders(wasm: &str, specs: &[String]) -> anyhow::Result<Cluster> {
+    use wasmrpc::wasm::{FolderGrant, FolderGrants};
+    let grants = specs
+        .iter()
+        .map(|spec| FolderGrant::parse(spec).map_err(|e| anyhow::anyhow!(e.message)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let folders = FolderGrants::open(grants).map_err(|e| anyhow::anyhow!(e.message))?;
+    let host = PluginHost::shared()?;
+    let plugin = host.load_file(wasm)?;
+    Ok(Cluster::builder(2)
+        .options(wasmrpc::RpcBackendOptions {
+            plugin_folders: Arc::new(folders),
+            ..wasmrpc::RpcBackendOptions::default()
+        })
+        .functions(move |r| {
+            host.register(&plugin, r);
+        })
+        .start()
+        .await?)
+}

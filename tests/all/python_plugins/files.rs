@@ -4,13 +4,11 @@
 //! what a grant must never give, tried from Python.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::{Context, ensure};
 use wasmrpc::testing::{Cluster, worker_name};
-use wasmrpc::wasm::{FolderGrant, FolderGrants};
-use wasmrpc::{ErrorKind, Payload, PluginHost, RpcBackendOptions, Value, args};
-use wasmrpc_tests::{expect_err, timed, venv_python};
+use wasmrpc::{ErrorKind, Payload, Value, args};
+use wasmrpc_tests::{cluster_with_folders, expect_err, timed, venv_python};
 
 struct Folders {
     _dir: tempfile::TempDir,
@@ -32,32 +30,16 @@ fn folders() -> anyhow::Result<Folders> {
 }
 
 async fn cluster(f: &Folders) -> anyhow::Result<Cluster> {
-    let grant = |spec: String| FolderGrant::parse(&spec).map_err(|e| anyhow::anyhow!(e.message));
-    let grants = vec![
-        grant(format!(
-            "files_py:/data={}:ro",
-            f.root.join("data").display()
-        ))?,
-        grant(format!("files_py:/out={}:rw", f.root.join("out").display()))?,
-        grant(format!(
-            "files_py:/quota={}:rw,quota=1K",
-            f.root.join("quota").display()
-        ))?,
-    ];
-    let host = PluginHost::shared()?;
-    let plugin = host.load_file(wasmrpc_plugins::FILES_PY)?;
-    Ok(Cluster::builder(2)
-        .options(RpcBackendOptions {
-            plugin_folders: Arc::new(
-                FolderGrants::open(grants).map_err(|e| anyhow::anyhow!(e.message))?,
-            ),
-            ..RpcBackendOptions::default()
-        })
-        .functions(move |r| {
-            host.register(&plugin, r);
-        })
-        .start()
-        .await?)
+    let folder = |sub: &str| f.root.join(sub).display().to_string();
+    cluster_with_folders(
+        wasmrpc_plugins::FILES_PY,
+        &[
+            format!("files_py:/data={}:ro", folder("data")),
+            format!("files_py:/out={}:rw", folder("out")),
+            format!("files_py:/quota={}:rw,quota=1K", folder("quota")),
+        ],
+    )
+    .await
 }
 
 async fn call(c: &Cluster, function: &str, args: wasmrpc::Args) -> wasmrpc::Result<Payload> {

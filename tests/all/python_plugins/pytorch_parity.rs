@@ -8,13 +8,11 @@
 //! batches in the same order; their per-epoch losses agree within 1e-3.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::{Context, ensure};
-use wasmrpc::testing::{Cluster, worker_name};
-use wasmrpc::wasm::{FolderGrant, FolderGrants};
-use wasmrpc::{PluginHost, RpcBackendOptions, args};
-use wasmrpc_tests::{timed, venv_python};
+use wasmrpc::args;
+use wasmrpc::testing::worker_name;
+use wasmrpc_tests::{cluster_with_folders, timed, venv_python};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -57,27 +55,15 @@ fn the_tutorials_cnn_and_an_lstm_train_in_a_plugin_as_under_pytorch() {
         for (model, epochs, lr) in runs {
             expected.push(reference(dir.path(), model, epochs, lr)?);
         }
-        let grant =
-            |spec: String| FolderGrant::parse(&spec).map_err(|e| anyhow::anyhow!(e.message));
         let folder = dir.path().display();
-        let grants = vec![
-            grant(format!("digits_py:/data={folder}:ro"))?,
-            grant(format!("digits_py:/init={folder}:ro"))?,
-        ];
-        let host = PluginHost::shared()?;
-        let plugin = host.load_file(wasmrpc_plugins::DIGITS_PY)?;
-        let c = Cluster::builder(2)
-            .options(RpcBackendOptions {
-                plugin_folders: Arc::new(
-                    FolderGrants::open(grants).map_err(|e| anyhow::anyhow!(e.message))?,
-                ),
-                ..RpcBackendOptions::default()
-            })
-            .functions(move |r| {
-                host.register(&plugin, r);
-            })
-            .start()
-            .await?;
+        let c = cluster_with_folders(
+            wasmrpc_plugins::DIGITS_PY,
+            &[
+                format!("digits_py:/data={folder}:ro"),
+                format!("digits_py:/init={folder}:ro"),
+            ],
+        )
+        .await?;
         for ((model, epochs, lr), (want, want_accuracy)) in runs.iter().zip(&expected) {
             let out = c
                 .agent(0)
