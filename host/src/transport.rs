@@ -27,6 +27,9 @@
 //!   socket that only the two authenticated workers share, and CUDA
 //!   storages in CUDA segments (device memory exported through CUDA IPC
 //!   handles, `shm::cuda`).
+//! - `tcp::liveness`: heartbeats on idle connections and the failure of a
+//!   connection whose peer went silent for the failure window
+//!   (`RpcBackendOptions::failure_timeout`, LIVE-1 to LIVE-3).
 //! - `fault`: make the first N sends of given message kinds fail, or delay
 //!   them, for the seeds' faulty-agent tests.
 //!
@@ -81,6 +84,10 @@
 //!   once the sending worker's ready tasks have run, or after at most 61 of
 //!   them (tokio's event interval). A lone call's frame, and a frame with
 //!   shared-memory storages, is written as TR-5 says.
+//! - TR-11: with a failure window, a connection whose peer sent nothing
+//!   (no frame, no heartbeat) for the window is closed, its handler told
+//!   why first (`tcp::liveness`, LIVE-2); idle connections carry heartbeats
+//!   and busy ones none (LIVE-1).
 
 mod fault;
 mod frame;
@@ -95,6 +102,7 @@ pub use kind::MessageKind;
 
 pub(crate) use frame::OutFrame;
 pub use handshake::generate_secret;
+pub use tcp::DEFAULT_FAILURE_TIMEOUT;
 pub(crate) use tcp::{Connection, Handler, Transport, TransportConfig, Work};
 pub(crate) use tls::TlsEndpoints;
 pub use tls::{

@@ -4,6 +4,10 @@
 //! `crate::agent::message`, encodes and decodes them) and the tensors its
 //! values refer to. This module knows how tensors travel, not what a
 //! message means.
+//!
+//! A frame whose length prefix is zero is a heartbeat ([`OutFrame::heartbeat`]):
+//! it carries nothing, and the reader skips it. No encoded header is empty,
+//! so the two never meet.
 
 use std::io::{self, IoSlice};
 use std::sync::Arc;
@@ -14,6 +18,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use wasmrpc_torch_sys::{BudgetRefusal, MemoryBudget};
 
 use super::MessageKind;
+
+/// The kind of a heartbeat frame ([`OutFrame::heartbeat`]).
+pub(crate) const HEARTBEAT: MessageKind = MessageKind::new("heartbeat");
 use super::shm::{Lent, PIPELINE_FROM, SHARE_THRESHOLD, ShmLink, ShmSlot};
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -161,6 +168,19 @@ impl OutFrame {
             self.head = encode_head(header)?;
         }
         Ok(fills)
+    }
+
+    /// A heartbeat: a zero length prefix and nothing else, sent on a
+    /// connection that has been idle for a while (LIVE-1). The reader skips
+    /// it; that bytes arrived at all is the news.
+    pub(crate) fn heartbeat() -> Self {
+        OutFrame {
+            header: None,
+            head: vec![0; 4],
+            blobs: Vec::new(),
+            placed: true,
+            kind: HEARTBEAT,
+        }
     }
 
     /// The frame's total size in bytes.
@@ -374,19 +394,25 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
     budget: Option<&MemoryBudget>,
     shm: Option<&ShmSlot>,
 ) -> std::result::Result<Option<(Vec<u8>, Vec<Tensor>)>, FrameError> {
-    let mut len = [0u8; 4];
-    let mut got = 0;
-    while got < 4 {
-        let n = r.read(&mut len[got..]).await?;
-        if n == 0 {
-            if got == 0 {
-                return Ok(None);
+    let head_len = loop {
+        let mut len = [0u8; 4];
+        let mut got = 0;
+        while got < 4 {
+            let n = r.read(&mut len[got..]).await?;
+            if n == 0 {
+                if got == 0 {
+                    return Ok(None);
+                }
+                return Err(FrameError::Io(io::ErrorKind::UnexpectedEof.into()));
             }
-            return Err(FrameError::Io(io::ErrorKind::UnexpectedEof.into()));
+            got += n;
         }
-        got += n;
-    }
-    let head_len = u64::from(u32::from_le_bytes(len));
+        // A heartbeat: nothing to deliver.
+        match u32::from_le_bytes(len) {
+            0 => continue,
+            n => break u64::from(n),
+        }
+    };
     if head_len + 4 > max {
         return Err(FrameError::TooLarge {
             size: head_len + 4,

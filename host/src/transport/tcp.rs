@@ -23,11 +23,13 @@ use crate::error::{Error, Result};
 mod admission;
 mod busy_poll;
 mod coalesce;
+mod liveness;
 mod refusals;
 mod tasks;
 mod write_half;
 
 pub(crate) use coalesce::Work;
+pub use liveness::DEFAULT_FAILURE_TIMEOUT;
 pub(crate) use refusals::{REFUSAL_LOG_INTERVAL, Refusal, RefusalLog};
 use tasks::{READ_BUFFER, accept_loop, reader_loop, writer_loop};
 use write_half::WriteHalf;
@@ -54,6 +56,10 @@ pub(crate) trait Handler: Send + Sync + 'static {
     );
     /// `conn` closed (TR-4: called once per connection).
     fn on_close(&self, conn: &Arc<Connection>, reason: &str);
+    /// Nothing came from `conn`'s peer for the failure window (LIVE-2,
+    /// `liveness`): called once, just before the connection closes, with
+    /// the cause ("no heartbeat for 2.0 s").
+    fn on_silent(&self, _conn: &Arc<Connection>, _cause: &str) {}
 }
 
 /// How a transport is set up.
@@ -73,6 +79,9 @@ pub(crate) struct TransportConfig {
     pub(crate) shared_memory: bool,
     /// How long a reader busy-polls between close frames (BUSY-2).
     pub(crate) busy_poll: std::time::Duration,
+    /// How long a peer may stay silent before its connection fails
+    /// (`liveness`, LIVE-1 to LIVE-3); `None`: no heartbeats.
+    pub(crate) failure_timeout: Option<std::time::Duration>,
 }
 
 use wasmrpc_credentials::TlsStream;
@@ -120,6 +129,10 @@ pub(crate) struct Connection {
     flush_scheduled: AtomicBool,
     /// Where flush tasks run: the runtime the connection's tasks run on.
     runtime: tokio::runtime::Handle,
+    /// Frames queued to send, and socket reads that brought bytes
+    /// (LIVE-3): what the liveness watchdog looks at.
+    sent: AtomicU64,
+    reads: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -147,6 +160,8 @@ pub(crate) struct Transport {
     all: Mutex<HashMap<u64, Arc<Connection>>>,
     dial_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     accept_task: Mutex<Option<JoinHandle<()>>>,
+    /// The liveness watchdog, with a failure window (`liveness`).
+    watchdog: Mutex<Option<JoinHandle<()>>>,
     next_id: AtomicU64,
     shut: AtomicBool,
     refusals: RefusalLog,
@@ -195,6 +210,7 @@ impl Transport {
             all: Mutex::default(),
             dial_locks: Mutex::default(),
             accept_task: Mutex::new(None),
+            watchdog: Mutex::new(None),
             next_id: AtomicU64::new(1),
             shut: AtomicBool::new(false),
             refusals: RefusalLog::default(),
@@ -203,6 +219,7 @@ impl Transport {
         let weak = Arc::downgrade(&t);
         let task = tokio::spawn(accept_loop(listener, weak));
         *lock(&t.accept_task) = Some(task);
+        *lock(&t.watchdog) = liveness::start(&t);
         Ok(t)
     }
 
@@ -391,15 +408,22 @@ impl Transport {
         who: handshake::Peer,
         shm: ShmSlot,
     ) -> Arc<Connection> {
+        let reads = Arc::new(AtomicU64::new(0));
         let (read, direct): (Box<dyn tokio::io::AsyncRead + Send + Unpin>, _) = match stream {
             Stream::Tcp(stream) => {
                 let (read, write) = stream.into_split();
                 let read = busy_poll::BusyPollRead::new(read, self.cfg.busy_poll);
-                (Box::new(read), WriteHalf::Tcp(write))
+                (
+                    Box::new(liveness::CountedRead::new(read, reads.clone())),
+                    WriteHalf::Tcp(write),
+                )
             }
             Stream::Tls(stream) => {
                 let (read, write) = stream.into_split();
-                (Box::new(read), WriteHalf::Tls(Box::new(write)))
+                (
+                    Box::new(liveness::CountedRead::new(read, reads.clone())),
+                    WriteHalf::Tls(Box::new(write)),
+                )
             }
         };
         let (tx, rx) = mpsc::unbounded_channel();
@@ -416,6 +440,8 @@ impl Transport {
             work: AtomicUsize::new(0),
             flush_scheduled: AtomicBool::new(false),
             runtime: tokio::runtime::Handle::current(),
+            sent: AtomicU64::new(0),
+            reads,
         });
         lock(&self.all).insert(conn.id, conn.clone());
         lock(&self.conns)
@@ -480,8 +506,10 @@ impl Transport {
     /// Stops accepting, flushes and closes every connection.
     pub(crate) async fn shutdown(&self) {
         self.shut.store(true, Ordering::Release);
-        if let Some(t) = lock(&self.accept_task).take() {
-            t.abort();
+        for t in [&self.accept_task, &self.watchdog] {
+            if let Some(t) = lock(t).take() {
+                t.abort();
+            }
         }
         let conns: Vec<Arc<Connection>> = lock(&self.all).values().cloned().collect();
         for c in &conns {
@@ -505,8 +533,10 @@ impl Transport {
     /// Aborts everything at once, without flushing: the worker vanishes.
     pub(crate) fn abort(&self) {
         self.shut.store(true, Ordering::Release);
-        if let Some(t) = lock(&self.accept_task).take() {
-            t.abort();
+        for t in [&self.accept_task, &self.watchdog] {
+            if let Some(t) = lock(t).take() {
+                t.abort();
+            }
         }
         let conns: Vec<Arc<Connection>> = lock(&self.all).values().cloned().collect();
         for c in &conns {
@@ -520,8 +550,10 @@ impl Transport {
 
 impl Drop for Transport {
     fn drop(&mut self) {
-        if let Some(t) = lock(&self.accept_task).take() {
-            t.abort();
+        for t in [&self.accept_task, &self.watchdog] {
+            if let Some(t) = lock(t).take() {
+                t.abort();
+            }
         }
         for c in lock(&self.all).values() {
             lock(&c.tasks).iter().for_each(|t| t.abort());

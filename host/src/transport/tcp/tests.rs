@@ -59,6 +59,7 @@ fn config(name: &str, rank: u32) -> TransportConfig {
         tls: None,
         shared_memory: true,
         busy_poll: crate::agent::DEFAULT_BUSY_POLL,
+        failure_timeout: None,
     }
 }
 
@@ -229,4 +230,123 @@ async fn a_frame_sent_with_no_other_work_in_progress_is_written_by_its_sender() 
     pair.send("alone".into(), &[]);
     assert!(lock(&pair.conn.backlog).is_empty());
     assert_eq!(pair.received(1).await, ["alone"]);
+}
+
+/// What a transport's handler heard of silences and closes.
+#[derive(Default)]
+struct Watcher {
+    silent: Mutex<Vec<(String, String)>>,
+    closed: Mutex<Vec<String>>,
+}
+
+impl Handler for Watcher {
+    fn on_frame(&self, _: &Arc<Connection>, _: Vec<u8>, _: Vec<Tensor>) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn on_over_budget(&self, _: &Arc<Connection>, _: Vec<u8>, _: wasmrpc_torch_sys::BudgetRefusal) {
+        panic!("no budget is set");
+    }
+
+    fn on_close(&self, _: &Arc<Connection>, reason: &str) {
+        lock(&self.closed).push(reason.to_string());
+    }
+
+    fn on_silent(&self, conn: &Arc<Connection>, cause: &str) {
+        lock(&self.silent).push((conn.peer.clone(), cause.to_string()));
+    }
+}
+
+fn with_window(name: &str, rank: u32, window_ms: u64) -> TransportConfig {
+    TransportConfig {
+        failure_timeout: Some(std::time::Duration::from_millis(window_ms)),
+        ..config(name, rank)
+    }
+}
+
+/// LIVE-2: a peer that proved itself and then sends nothing (a stopped
+/// process: its socket stays open) is failed once the window has passed,
+/// its handler told why before the close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_goes_silent_is_failed_after_the_window_with_the_cause() {
+    let watcher = Arc::new(Watcher::default());
+    let handler: Arc<dyn Handler> = watcher.clone();
+    let loopback = ([127, 0, 0, 1], 0).into();
+    let server = Transport::bind(
+        with_window("server", 0, 300),
+        loopback,
+        Arc::downgrade(&handler),
+    )
+    .await
+    .unwrap();
+    // A dialer that completes the handshake and is never heard from again.
+    let mut stalled =
+        crate::transport::probe::connect(server.local_addr(), b"backlog test", "stalled")
+            .await
+            .unwrap();
+    let started = std::time::Instant::now();
+    while lock(&watcher.closed).is_empty() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "the silent peer was never failed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(started.elapsed() >= std::time::Duration::from_millis(300));
+    assert_eq!(
+        *lock(&watcher.silent),
+        [("stalled".to_string(), "no heartbeat for 0.3 s".to_string())]
+    );
+    assert_eq!(
+        *lock(&watcher.closed),
+        ["worker stalled failed: no heartbeat for 0.3 s"]
+    );
+    // LIVE-1: before the close, the idle connection carried heartbeats
+    // (zero lengths) and nothing else; then the server closed it.
+    let mut got = Vec::new();
+    tokio::io::AsyncReadExt::read_to_end(&mut stalled, &mut got)
+        .await
+        .unwrap();
+    assert!(got.len() >= 4 && got.iter().all(|&b| b == 0), "{got:?}");
+    assert_eq!(server.num_connections(), 0);
+    server.abort();
+}
+
+/// LIVE-1: two live transports with nothing to say keep their connection
+/// over many windows: heartbeats carry it, and the reader skips them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_between_live_peers_stays_open_on_heartbeats() {
+    let (server_watch, client_watch) = (Arc::new(Watcher::default()), Arc::new(Watcher::default()));
+    let handlers: [Arc<dyn Handler>; 2] = [server_watch.clone(), client_watch.clone()];
+    let loopback = ([127, 0, 0, 1], 0).into();
+    let server = Transport::bind(
+        with_window("server", 0, 200),
+        loopback,
+        Arc::downgrade(&handlers[0]),
+    )
+    .await
+    .unwrap();
+    let client = Transport::bind(
+        with_window("client", 1, 200),
+        loopback,
+        Arc::downgrade(&handlers[1]),
+    )
+    .await
+    .unwrap();
+    let conn = client
+        .connection("server", server.local_addr())
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert!(!conn.is_closed());
+    for w in [&server_watch, &client_watch] {
+        assert!(lock(&w.silent).is_empty(), "{:?}", lock(&w.silent));
+        assert!(lock(&w.closed).is_empty(), "{:?}", lock(&w.closed));
+    }
+    assert!(
+        conn.sent.load(Ordering::Relaxed) >= 5,
+        "no heartbeats were sent"
+    );
+    client.abort();
+    server.abort();
 }
