@@ -56,6 +56,7 @@ mod call;
 mod current;
 mod deadlines;
 mod extension;
+mod failures;
 mod future;
 pub(crate) mod message;
 mod options;
@@ -80,6 +81,7 @@ pub use extension::{
     CallKind, CallScope, Extension, Extensions, HandleCodec, IncomingCall, IncomingReply,
     OutgoingCall, Request, Run, ServeScope,
 };
+pub use failures::{FAILED_WORKERS, NEXT_FAILURE, RESTART_COUNT, WorkerFailure};
 pub use future::{
     FUTURE_PICKLE, Future, collect_all, collected_futures, wait_all, wait_all_blocking,
     wait_all_scope,
@@ -117,8 +119,10 @@ pub const NOOP: &str = "wasmrpc::_noop";
 pub const DEBUG_INFO: &str = "wasmrpc::_debug_info";
 
 /// Registers the functions every agent serves its peers that belong to no
-/// feature: [`NOOP`] and [`DEBUG_INFO`].
+/// feature: [`NOOP`], [`DEBUG_INFO`], and the failures' ([`FAILED_WORKERS`],
+/// [`NEXT_FAILURE`], [`RESTART_COUNT`]).
 fn register_agent_functions(r: &FunctionRegistry) {
+    failures::register_functions(r);
     r.register_native(NOOP, |_ctx, _args| async move { Ok(Payload::none()) });
     r.register_native(DEBUG_INFO, |ctx, _args| async move {
         let info = ctx.agent().get_debug_info();
@@ -187,6 +191,8 @@ pub(crate) struct AgentInner {
     extensions: Extensions,
     /// How often each peer's calls may put a WARN line in the log.
     warn_limit: warn_limit::WarnLimiter,
+    /// The peers declared failed (`failures`).
+    failures: failures::Failures,
 }
 
 impl Drop for AgentInner {

@@ -118,11 +118,12 @@ pub use abi::{ErrorKind, RemoteError, Value, WorkerInfo};
 pub use agent::{
     Builtins, CLUSTER_SECRET_ENV, CallContext, CallKind, CallOptions, CallScope, DEBUG_INFO,
     DEFAULT_BUSY_POLL, DEFAULT_INIT_METHOD, DEFAULT_NUM_WORKER_THREADS, DEFAULT_RPC_TIMEOUT, Dest,
-    Extension, Extensions, FUTURE_PICKLE, Field, Fields, FunctionRegistry, FunctionResolver,
-    Future, HandleCodec, INTERNAL_PREFIX, IncomingCall, IncomingReply, Message, NOOP, OutgoingCall,
-    Request, RpcAgent, RpcBackendOptions, RpcFunction, Run, ServeScope, ShutdownHook, collect_all,
-    collected_futures, current_agent, init_rpc_with, reset_current_agent, set_current_agent,
-    validate_worker_name, wait_all, wait_all_blocking, wait_all_scope, worker_info,
+    Extension, Extensions, FAILED_WORKERS, FUTURE_PICKLE, Field, Fields, FunctionRegistry,
+    FunctionResolver, Future, HandleCodec, INTERNAL_PREFIX, IncomingCall, IncomingReply, Message,
+    NEXT_FAILURE, NOOP, OutgoingCall, RESTART_COUNT, Request, RpcAgent, RpcBackendOptions,
+    RpcFunction, Run, ServeScope, ShutdownHook, WorkerFailure, collect_all, collected_futures,
+    current_agent, init_rpc_with, reset_current_agent, set_current_agent, validate_worker_name,
+    wait_all, wait_all_blocking, wait_all_scope, worker_info,
 };
 pub use error::*;
 pub use ops::policy as op_policy;
@@ -140,7 +141,9 @@ pub use rref::{
     RRefProxy, RRefProxyMode, Remote, rref_debug_info_function,
 };
 pub use tensor::budget::{TensorMemoryBudget, machine_memory, parse_bytes};
-pub use transport::{CertificateAuthority, FaultInjection, MessageKind, TlsCredentials};
+pub use transport::{
+    CertificateAuthority, DEFAULT_FAILURE_TIMEOUT, FaultInjection, MessageKind, TlsCredentials,
+};
 pub use value::{Args, Handle, HandleObject, Payload, map_values};
 
 /// Every feature of this crate, as the agent's extensions, in the order

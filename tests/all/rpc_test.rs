@@ -18,7 +18,9 @@
 //! seeds' sparse builders (`seed::nested_rpc_sparse`, in
 //! `wasmrpc_tests::rref_fns`: a plugin cannot build a sparse tensor). Builtin ops
 //! (`aten::add`, ...) are the workers' own (`wasmrpc::BuiltinOps`), run under
-//! the default op policy; attacks on that policy are in [`sandbox`].
+//! the default op policy; attacks on that policy are in [`sandbox`]. The
+//! agent's failure detection, which PyTorch does not have, is tested in
+//! [`failures`].
 //! `[D]` tests run under `dist` (the seeds' `@dist_init`: 4 workers, body on
 //! every rank, graceful shutdown, leak check); `[M]` tests manage init and
 //! shutdown themselves.
@@ -34,6 +36,7 @@ mod autograd;
 mod backend_registry;
 mod cuda;
 mod extra;
+mod failures;
 mod memory_budget;
 mod profiling;
 mod rref;

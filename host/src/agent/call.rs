@@ -360,6 +360,11 @@ impl RpcAgent {
             future::collect(&fut);
         }
         let function = out.what;
+        // FAIL-1: nothing is sent to a worker declared failed.
+        if let Some(failure) = self.failure_of(&dest.name) {
+            let _ = fut.set_error(Error::runtime(failure.to_string()));
+            return fut;
+        }
         let timeout = timeout.unwrap_or_else(|| self.get_rpc_timeout());
         let inner = &self.inner;
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);

@@ -121,6 +121,20 @@ pub struct RpcBackendOptions {
     /// (`wasmrpc worker --grant-dir`; see [`wasmrpc_wasm::folders`]). Empty
     /// by default: a plugin reaches no file.
     pub plugin_folders: Arc<wasmrpc_wasm::FolderGrants>,
+    /// How long a peer may send nothing (no message, no heartbeat) before
+    /// this worker declares it failed ([`RpcAgent::failed_workers`](crate::RpcAgent::failed_workers)):
+    /// its pending calls fail at once with the cause, and so do new calls
+    /// to it. Idle connections carry a heartbeat every fifth of this.
+    /// `None`: no heartbeats, and a stalled peer is noticed only by each
+    /// call's own timeout. Default: [`DEFAULT_FAILURE_TIMEOUT`](crate::transport::DEFAULT_FAILURE_TIMEOUT) (2 s).
+    pub failure_timeout: Option<Duration>,
+    /// How many times this worker's group has been restarted after a
+    /// failure: 0 on a first start. `wasmrpc worker` reads it from
+    /// `TORCHELASTIC_RESTART_COUNT`, which torchrun's elastic agent and
+    /// `wasmrpc launch --max-restarts` set; entry functions read it
+    /// ([`RpcAgent::restart_count`](crate::RpcAgent::restart_count)) to
+    /// resume from a checkpoint instead of starting over.
+    pub restart_count: u32,
 }
 
 impl std::fmt::Debug for RpcBackendOptions {
@@ -148,6 +162,8 @@ impl std::fmt::Debug for RpcBackendOptions {
             .field("shared_memory", &self.shared_memory)
             .field("busy_poll", &self.busy_poll)
             .field("plugin_folders", &self.plugin_folders.grants())
+            .field("failure_timeout", &self.failure_timeout)
+            .field("restart_count", &self.restart_count)
             .finish()
     }
 }
@@ -174,6 +190,8 @@ impl Default for RpcBackendOptions {
             shared_memory: true,
             busy_poll: DEFAULT_BUSY_POLL,
             plugin_folders: Arc::default(),
+            failure_timeout: Some(crate::transport::DEFAULT_FAILURE_TIMEOUT),
+            restart_count: 0,
         }
     }
 }

@@ -230,6 +230,7 @@ async fn start(
         shutdown_hooks: Mutex::default(),
         tensor_budget: crate::tensor::budget::WorkerBudget::new(&info.name, options.tensor_memory),
         warn_limit: super::warn_limit::WarnLimiter::default(),
+        failures: Default::default(),
         options: options.clone(),
     });
     let agent = RpcAgent::from_inner(inner.clone());
@@ -261,6 +262,7 @@ async fn start(
         tls,
         shared_memory: options.shared_memory,
         busy_poll: options.busy_poll,
+        failure_timeout: options.failure_timeout,
     };
     let transport = Transport::bind(cfg, options.listen_addr, weak).await?;
     let _ = inner.transport.set(transport);

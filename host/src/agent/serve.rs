@@ -419,6 +419,12 @@ impl Handler for AgentHandler {
         }
     }
 
+    fn on_silent(&self, conn: &Arc<Connection>, cause: &str) {
+        if let Some(inner) = self.agent.upgrade() {
+            RpcAgent::from_inner(inner).declare_failed(&conn.peer, cause);
+        }
+    }
+
     fn on_close(&self, conn: &Arc<Connection>, reason: &str) {
         let Some(inner) = self.agent.upgrade() else {
             return;

@@ -88,20 +88,37 @@ impl RpcAgent {
             return Err(Error::not_initialized());
         }
         let r = if graceful {
-            if self.inner.static_group {
-                match self.wait_all_workers_inner(timeout).await {
-                    Ok(()) => match self.run_shutdown_steps().await {
-                        Ok(()) => self.join(timeout).await,
+            let steps = async {
+                if self.inner.static_group {
+                    match self.wait_all_workers_inner(timeout).await {
+                        Ok(()) => match self.run_shutdown_steps().await {
+                            Ok(()) => self.join(timeout).await,
+                            Err(e) => Err(e),
+                        },
                         Err(e) => Err(e),
-                    },
-                    Err(e) => Err(e),
+                    }
+                } else {
+                    rendezvous::leave(self, timeout).await
                 }
-            } else {
-                rendezvous::leave(self, timeout).await
+            };
+            // FAIL-3: a failed worker would never join the group's
+            // shutdown; waiting for it would never end.
+            let failed = async {
+                let failure = self.next_failure(&[]).await;
+                Err(Error::runtime(format!(
+                    "graceful shutdown of {} gave up: {failure}",
+                    self.name()
+                )))
+            };
+            tokio::select! {
+                biased;
+                r = failed => (r, false),
+                r = steps => (r, true),
             }
         } else {
-            Ok(())
+            (Ok(()), false)
         };
+        let (r, graceful) = r;
         self.finalize(graceful).await;
         // The features' last checks (RREF-5: the leak check) run after the
         // agent stopped.

@@ -2,7 +2,10 @@
 //! `torchrun --standalone`. The launcher hosts the store; each worker is a
 //! child process running `wasmrpc worker`, its output prefixed with its
 //! name; worker0 runs the entry function. When one worker fails, the others
-//! are stopped and the launcher exits non-zero.
+//! are stopped and the launcher exits non-zero, or, with `--max-restarts
+//! N`, the whole group starts again (torchrun's way: a new store, every
+//! worker anew, `TORCHELASTIC_RESTART_COUNT` in their environment) so the
+//! entry can resume from its last checkpoint.
 //!
 //! Progress reports of the workers' plugins ([`wasmrpc::progress`]) arrive
 //! as event lines on their stderr; [`Progress`] draws them as one bar per
@@ -66,6 +69,19 @@ pub(crate) struct LaunchArgs {
     /// The default timeout of calls, in seconds (0: none).
     #[arg(long, default_value = "60", value_parser = parse_seconds)]
     rpc_timeout: Duration,
+    /// How long a worker may send nothing before its peers declare it
+    /// failed, in seconds (each `wasmrpc worker --failure-timeout`; 0: no
+    /// heartbeats).
+    #[arg(long, default_value = "2", value_parser = parse_seconds)]
+    failure_timeout: Duration,
+    /// Restart the whole group up to N times when a worker fails, as
+    /// torchrun does: every worker is stopped, a new store is made, and
+    /// every worker starts again with TORCHELASTIC_RESTART_COUNT set to the
+    /// restart's number, so the entry can resume from its last checkpoint
+    /// (the demo's `param_server::run` does). 0: the first failure ends the
+    /// launch.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    max_restarts: u32,
     /// Write the entry function's result to this file as JSON.
     #[arg(long, value_name = "FILE", requires = "entry")]
     result: Option<PathBuf>,
@@ -129,14 +145,7 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
     if let Some(json) = &args.entry_call.entry_json {
         super::worker::json_entry_args(json)?;
     }
-    let server = Arc::new(
-        TcpStoreServer::bind(("127.0.0.1", args.master_port))
-            .await
-            .context("could not host the store")?,
-    );
-    let port = server.local_addr().port();
     let exe = std::env::current_exe().context("cannot find the wasmrpc executable")?;
-    info!("launching {} workers; store on 127.0.0.1:{port}", nproc);
 
     // Workers may run elsewhere than here one day; give them absolute paths.
     let plugins = args
@@ -176,86 +185,124 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
     let authority =
         wasmrpc::CertificateAuthority::generate().context("cannot make the cluster's CA")?;
 
-    let mut children: Vec<(String, Child)> = Vec::new();
-    let mut output = JoinSet::new();
-    for (rank, name) in (0..nproc).zip(names.iter().cloned()) {
-        let (cert_pem, key_pem) = authority
-            .issue(&name)
-            .with_context(|| format!("cannot issue {name}'s certificate"))?;
-        let mut cmd = Command::new(&exe);
-        cmd.arg("worker")
-            .args(["--name", &name])
-            .args(["--rank", &rank.to_string()])
-            .args(["--world-size", &nproc.to_string()])
-            .args(["--init-method", &format!("tcp://127.0.0.1:{port}")])
-            .args(["--rpc-timeout", &args.rpc_timeout.as_secs_f64().to_string()])
-            // The launcher hosts the store, as torchrun's agent does.
-            .env("TORCHELASTIC_USE_AGENT_STORE", "True")
-            .env(EVENTS_ENV, "1")
-            .env(wasmrpc::CLUSTER_SECRET_ENV, &secret)
-            .env(wasmrpc::transport::TLS_CA_PEM_ENV, authority.cert_pem())
-            .env(wasmrpc::transport::TLS_CERT_PEM_ENV, &cert_pem)
-            .env(wasmrpc::transport::TLS_KEY_PEM_ENV, &key_pem)
-            // The files an operator's environment may name would override
-            // the launcher's credentials.
-            .env_remove(wasmrpc::transport::TLS_CA_ENV)
-            .env_remove(wasmrpc::transport::TLS_CERT_ENV)
-            .env_remove(wasmrpc::transport::TLS_KEY_ENV)
-            .env_remove("WASMRPC_CLUSTER_SECRET_FILE")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        for dir in &plugins {
-            cmd.arg("--plugins").arg(dir);
+    let mut restart = 0;
+    loop {
+        // Each round has a store of its own, as torchrun's rendezvous
+        // rounds do: nothing of a failed round's keys is left.
+        let server = TcpStoreServer::bind(("127.0.0.1", args.master_port))
+            .await
+            .context("could not host the store")?;
+        let port = server.local_addr().port();
+        match restart {
+            0 => info!("launching {nproc} workers; store on 127.0.0.1:{port}"),
+            n => info!(
+                "restarting the group ({n} of {}): launching {nproc} workers; store on \
+                 127.0.0.1:{port}",
+                args.max_restarts
+            ),
         }
-        cmd.args(super::TensorMemoryArgs::child_args(budget));
-        cmd.args(["--intra-op-threads", &intra_op_threads.to_string()]);
-        cmd.args(&op_policy);
-        cmd.args(&grants);
-        if rank == 0 {
-            match &args.entry {
-                Some(entry) => {
-                    cmd.args(["--entry", entry]);
-                    if let Some(on) = &args.entry_on {
-                        cmd.args(["--entry-on", on]);
+        let mut children: Vec<(String, Child)> = Vec::new();
+        let mut output = JoinSet::new();
+        for (rank, name) in (0..nproc).zip(names.iter().cloned()) {
+            let (cert_pem, key_pem) = authority
+                .issue(&name)
+                .with_context(|| format!("cannot issue {name}'s certificate"))?;
+            let mut cmd = Command::new(&exe);
+            cmd.arg("worker")
+                .args(["--name", &name])
+                .args(["--rank", &rank.to_string()])
+                .args(["--world-size", &nproc.to_string()])
+                .args(["--init-method", &format!("tcp://127.0.0.1:{port}")])
+                .args(["--rpc-timeout", &args.rpc_timeout.as_secs_f64().to_string()])
+                .args([
+                    "--failure-timeout",
+                    &args.failure_timeout.as_secs_f64().to_string(),
+                ])
+                // The launcher hosts the store, as torchrun's agent does.
+                .env("TORCHELASTIC_USE_AGENT_STORE", "True")
+                .env(super::worker::RESTART_COUNT_ENV, restart.to_string())
+                .env("TORCHELASTIC_MAX_RESTARTS", args.max_restarts.to_string())
+                .env(EVENTS_ENV, "1")
+                .env(wasmrpc::CLUSTER_SECRET_ENV, &secret)
+                .env(wasmrpc::transport::TLS_CA_PEM_ENV, authority.cert_pem())
+                .env(wasmrpc::transport::TLS_CERT_PEM_ENV, &cert_pem)
+                .env(wasmrpc::transport::TLS_KEY_PEM_ENV, &key_pem)
+                // The files an operator's environment may name would
+                // override the launcher's credentials.
+                .env_remove(wasmrpc::transport::TLS_CA_ENV)
+                .env_remove(wasmrpc::transport::TLS_CERT_ENV)
+                .env_remove(wasmrpc::transport::TLS_KEY_ENV)
+                .env_remove("WASMRPC_CLUSTER_SECRET_FILE")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true);
+            for dir in &plugins {
+                cmd.arg("--plugins").arg(dir);
+            }
+            cmd.args(super::TensorMemoryArgs::child_args(budget));
+            cmd.args(["--intra-op-threads", &intra_op_threads.to_string()]);
+            cmd.args(&op_policy);
+            cmd.args(&grants);
+            if rank == 0 {
+                match &args.entry {
+                    Some(entry) => {
+                        cmd.args(["--entry", entry]);
+                        if let Some(on) = &args.entry_on {
+                            cmd.args(["--entry-on", on]);
+                        }
+                        if let Some(file) = &result_file {
+                            cmd.arg("--result").arg(file);
+                        }
+                        if let Some(json) = &args.entry_call.entry_json {
+                            cmd.args(["--entry-json", json]);
+                        }
+                        cmd.arg("--").args(&args.entry_call.entry_args);
                     }
-                    if let Some(file) = &result_file {
-                        cmd.arg("--result").arg(file);
+                    None => {
+                        cmd.arg("--ping-all");
                     }
-                    if let Some(json) = &args.entry_call.entry_json {
-                        cmd.args(["--entry-json", json]);
-                    }
-                    cmd.arg("--").args(&args.entry_call.entry_args);
-                }
-                None => {
-                    cmd.arg("--ping-all");
                 }
             }
+            let mut child = cmd
+                .spawn()
+                .with_context(|| format!("could not start {name}"))?;
+            if let Some(out) = child.stdout.take() {
+                output.spawn(prefix_lines(name.clone(), out, None));
+            }
+            if let Some(err) = child.stderr.take() {
+                output.spawn(prefix_lines(name.clone(), err, Some(progress.clone())));
+            }
+            children.push((name, child));
         }
-        let mut child = cmd
-            .spawn()
-            .with_context(|| format!("could not start {name}"))?;
-        if let Some(out) = child.stdout.take() {
-            output.spawn(prefix_lines(name.clone(), out, None));
-        }
-        if let Some(err) = child.stderr.take() {
-            output.spawn(prefix_lines(name.clone(), err, Some(progress.clone())));
-        }
-        children.push((name, child));
-    }
 
-    let result = supervise(children).await;
-    // Drain what the workers printed before reporting.
-    while output.join_next().await.is_some() {}
-    progress.finish();
-    drop(server);
-    match result {
-        Ok(()) => {
-            info!("all {} workers finished", nproc);
-            Ok(ExitCode::SUCCESS)
+        // With a restart to come, the others need not report at length.
+        let grace = match restart < args.max_restarts {
+            true => RESTART_GRACE,
+            false => GRACE,
+        };
+        let result = supervise(children, grace).await;
+        // Drain what the workers printed before reporting.
+        while output.join_next().await.is_some() {}
+        drop(server);
+        match result {
+            Ok(()) => {
+                progress.finish();
+                info!("all {} workers finished", nproc);
+                return Ok(ExitCode::SUCCESS);
+            }
+            Err(e) if restart < args.max_restarts => {
+                error!("the group failed: {e:#}");
+                restart += 1;
+            }
+            Err(e) => {
+                progress.finish();
+                return Err(match args.max_restarts {
+                    0 => e,
+                    n => e.context(format!("the group failed again after {n} restarts")),
+                });
+            }
         }
-        Err(e) => Err(e),
     }
 }
 
@@ -264,9 +311,13 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
 /// their own, before they are stopped.
 const GRACE: Duration = Duration::from_secs(3);
 
+/// [`GRACE`] when the group restarts next: what the others saw matters
+/// less than the time lost.
+const RESTART_GRACE: Duration = Duration::from_secs(1);
+
 /// Waits for every child; the first failure stops the rest (after
-/// [`GRACE`]).
-async fn supervise(children: Vec<(String, Child)>) -> Result<()> {
+/// `grace`).
+async fn supervise(children: Vec<(String, Child)>, grace: Duration) -> Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stop_tx = Arc::new(stop_tx);
     let mut waits = JoinSet::new();
@@ -290,12 +341,12 @@ async fn supervise(children: Vec<(String, Child)>) -> Result<()> {
         if !status.success() && failure.is_none() {
             error!(
                 "{name} failed ({status}); stopping the other workers in {} s unless they exit",
-                GRACE.as_secs()
+                grace.as_secs_f64()
             );
             failure = Some(format!("{name} failed ({status})"));
             let stop_tx = stop_tx.clone();
             tokio::spawn(async move {
-                tokio::time::sleep(GRACE).await;
+                tokio::time::sleep(grace).await;
                 let _ = stop_tx.send(true);
             });
         }

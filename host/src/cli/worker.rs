@@ -41,6 +41,14 @@ pub(crate) struct WorkerArgs {
     /// The default timeout of calls, in seconds (0: none).
     #[arg(long, default_value = "60", value_parser = parse_seconds)]
     rpc_timeout: Duration,
+    /// How long a peer may send nothing (no call, no reply, no heartbeat)
+    /// before this worker declares it failed, in seconds: its pending
+    /// calls then fail at once with the cause ("worker2 failed: no
+    /// heartbeat for 2.0 s"), and so do new ones. Idle connections carry a
+    /// heartbeat every fifth of this. 0: no heartbeats (a stalled peer is
+    /// noticed only by each call's timeout).
+    #[arg(long, default_value = "2", value_parser = parse_seconds)]
+    failure_timeout: Duration,
     /// How long to wait for the other workers to join, in seconds.
     #[arg(long, default_value = "300", value_parser = parse_seconds)]
     init_timeout: Duration,
@@ -181,6 +189,8 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         tensor_memory: args.tensor_memory.budget(1),
         op_policy: std::sync::Arc::new(args.op_policy.policy()?),
         plugin_folders,
+        failure_timeout: (!args.failure_timeout.is_zero()).then_some(args.failure_timeout),
+        restart_count: restart_count()?,
         ..RpcBackendOptions::default()
     };
     let agent = init_rpc(&name, Some(rank), world, store, options)
@@ -238,7 +248,14 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
                 .fold(Args::new(), |a, s| a.arg(parse_arg(s))),
         };
         let on = args.entry_on.as_deref().unwrap_or(name.as_str());
-        match agent.rpc_sync(on, entry, call_args).await {
+        // A worker of the group declared failed (FAIL-1) ends the entry at
+        // once, whatever it waits for: a trainer stuck behind the failed
+        // one would otherwise hold it forever.
+        let outcome = tokio::select! {
+            result = agent.rpc_sync(on, entry, call_args) => result,
+            failure = agent.next_failure(&[]) => Err(wasmrpc::Error::runtime(failure.to_string())),
+        };
+        match outcome {
             Ok(result) => {
                 println!("{entry} returned {}", describe(&result));
                 if let Some(file) = &args.result {
@@ -271,6 +288,21 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// How many times the group was restarted: `TORCHELASTIC_RESTART_COUNT`,
+/// as torchrun's elastic agent and `wasmrpc launch --max-restarts` set it.
+fn restart_count() -> Result<u32> {
+    match std::env::var(RESTART_COUNT_ENV) {
+        Err(_) => Ok(0),
+        Ok(n) => n
+            .trim()
+            .parse()
+            .with_context(|| format!("{RESTART_COUNT_ENV}={n:?} is not a number of restarts")),
+    }
+}
+
+/// The variable torchrun's elastic agent sets to the number of restarts.
+pub(crate) const RESTART_COUNT_ENV: &str = "TORCHELASTIC_RESTART_COUNT";
 
 /// Returns on Ctrl-C (SIGINT) or SIGTERM.
 async fn interrupted() -> Result<()> {

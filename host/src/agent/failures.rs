@@ -1,0 +1,196 @@
+//! Failed workers: the peers this worker declared failed, what that does
+//! to calls, and who is told.
+//!
+//! A peer is declared failed when its connection went silent for the
+//! failure window (`transport` TR-11, [`RpcBackendOptions::failure_timeout`](super::RpcBackendOptions::failure_timeout)):
+//! a stopped process, a machine off the network. A peer that dies outright
+//! closes its connections, and the calls pending on them fail with the
+//! close (TR-4) without any declaration.
+//!
+//! Invariants:
+//! - FAIL-1: a worker is declared failed at most once. From then on every
+//!   call pending to it fails at once with "worker2 failed: no heartbeat
+//!   for 2.0 s", and every new call to it fails with the same text before
+//!   anything is sent.
+//! - FAIL-2: watchers ([`RpcAgent::watch_failures`],
+//!   [`RpcAgent::next_failure`], the [`NEXT_FAILURE`] function plugins call)
+//!   see every failure, in the order declared.
+//! - FAIL-3: graceful shutdown does not wait for a failed worker: it ends
+//!   with an error naming the failure, and the agent stops at once, as a
+//!   shutdown that is not graceful does (its running functions, which may
+//!   wait on the failed worker, are not waited for), so a worker whose
+//!   peer stalled exits in bounded time.
+//! - FAIL-4: the cost to calls while nothing failed is one relaxed atomic
+//!   load.
+//!
+//! This module owns the record of failures and the functions that report
+//! them; detecting silence is the transport's.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::watch;
+
+use super::{FunctionRegistry, RpcAgent};
+use crate::error::Error;
+use crate::value::Payload;
+
+/// A function every agent serves: the workers it declared failed, as a
+/// list of `{"worker": name, "cause": text}`.
+pub const FAILED_WORKERS: &str = "wasmrpc::failed_workers";
+
+/// A function every agent serves: answers `{"worker": name, "cause": text}`
+/// once a worker other than those in its argument (a list of names, the
+/// failures the caller already knows of; none: any) is declared failed.
+/// Called with `rpc_async` and no timeout, it is a plugin's watch on the
+/// group.
+pub const NEXT_FAILURE: &str = "wasmrpc::next_worker_failure";
+
+/// A function every agent serves: how many times its group was restarted
+/// (`TORCHELASTIC_RESTART_COUNT`, [`RpcAgent::restart_count`]): 0 on a
+/// first start.
+pub const RESTART_COUNT: &str = "wasmrpc::restart_count";
+
+/// A worker this worker declared failed, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerFailure {
+    /// The failed worker's name.
+    pub worker: String,
+    /// Why, e.g. "no heartbeat for 2.0 s".
+    pub cause: String,
+}
+
+impl std::fmt::Display for WorkerFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} failed: {}", self.worker, self.cause)
+    }
+}
+
+impl WorkerFailure {
+    /// As a value: `{"worker": name, "cause": text}`.
+    fn payload(&self) -> Payload {
+        Payload::dict([
+            (Payload::from("worker"), Payload::from(self.worker.clone())),
+            (Payload::from("cause"), Payload::from(self.cause.clone())),
+        ])
+    }
+}
+
+/// The failures one agent declared (FAIL-1).
+pub(super) struct Failures {
+    /// Whether any worker failed (FAIL-4).
+    any: AtomicBool,
+    declared: watch::Sender<Vec<WorkerFailure>>,
+}
+
+impl Default for Failures {
+    fn default() -> Self {
+        Failures {
+            any: AtomicBool::new(false),
+            declared: watch::Sender::new(Vec::new()),
+        }
+    }
+}
+
+impl RpcAgent {
+    /// How many times this worker's group has been restarted
+    /// ([`RpcBackendOptions::restart_count`](super::RpcBackendOptions::restart_count)).
+    pub fn restart_count(&self) -> u32 {
+        self.inner.options.restart_count
+    }
+
+    /// The workers this worker declared failed, in order.
+    pub fn failed_workers(&self) -> Vec<WorkerFailure> {
+        self.inner.failures.declared.borrow().clone()
+    }
+
+    /// A watch on the failures declared (FAIL-2): its value is
+    /// [`failed_workers`](Self::failed_workers), and `changed()` wakes on
+    /// each new one.
+    pub fn watch_failures(&self) -> watch::Receiver<Vec<WorkerFailure>> {
+        self.inner.failures.declared.subscribe()
+    }
+
+    /// The first failure of a worker not in `known`, once there is one.
+    pub async fn next_failure(&self, known: &[String]) -> WorkerFailure {
+        let mut watch = self.watch_failures();
+        loop {
+            if let Some(f) = watch
+                .borrow_and_update()
+                .iter()
+                .find(|f| !known.contains(&f.worker))
+            {
+                return f.clone();
+            }
+            if watch.changed().await.is_err() {
+                // The agent is gone; nothing more will fail.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// The failure of `worker`, if it was declared failed (FAIL-1).
+    pub(crate) fn failure_of(&self, worker: &str) -> Option<WorkerFailure> {
+        if !self.inner.failures.any.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.inner
+            .failures
+            .declared
+            .borrow()
+            .iter()
+            .find(|f| f.worker == worker)
+            .cloned()
+    }
+
+    /// Declares `worker` failed with `cause` (FAIL-1): fails the calls
+    /// pending to it and tells the watchers. A second declaration of the
+    /// same worker does nothing.
+    pub(crate) fn declare_failed(&self, worker: &str, cause: &str) {
+        let failure = WorkerFailure {
+            worker: worker.to_string(),
+            cause: cause.to_string(),
+        };
+        let added = self.inner.failures.declared.send_if_modified(|all| {
+            if all.iter().any(|f| f.worker == worker) {
+                return false;
+            }
+            all.push(failure.clone());
+            true
+        });
+        if !added {
+            return;
+        }
+        self.inner.failures.any.store(true, Ordering::Relaxed);
+        tracing::error!(worker = %self.name(), "{failure}");
+        self.fail_pending_where(
+            |p| p.peer == worker,
+            |_| Error::runtime(failure.to_string()),
+        );
+    }
+}
+
+/// Registers [`FAILED_WORKERS`], [`NEXT_FAILURE`] and [`RESTART_COUNT`].
+pub(super) fn register_functions(r: &FunctionRegistry) {
+    r.register_native(FAILED_WORKERS, |ctx, _args| async move {
+        let failed = ctx.agent().failed_workers();
+        Ok(Payload::list(failed.iter().map(WorkerFailure::payload)))
+    });
+    r.register_native(NEXT_FAILURE, |ctx, args| async move {
+        let known = match args.get(0) {
+            Err(_) => Vec::new(),
+            Ok(p) if p.is_none() => Vec::new(),
+            Ok(p) => p
+                .items()
+                .and_then(|items| items.iter().map(|i| i.as_str().map(String::from)).collect())
+                .map_err(|_| {
+                    Error::type_error(format!(
+                        "{NEXT_FAILURE} takes a list of worker names (the failures already known)"
+                    ))
+                })?,
+        };
+        Ok(ctx.agent().next_failure(&known).await.payload())
+    });
+    r.register_native(RESTART_COUNT, |ctx, _args| async move {
+        Ok(Payload::from(i64::from(ctx.agent().restart_count())))
+    });
+}

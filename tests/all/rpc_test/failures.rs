@@ -1,0 +1,126 @@
+//! The agent's failure detection (not a seed test: PyTorch has none): a
+//! peer that proved itself and then went silent, as a stopped process or a
+//! machine off the network looks, is declared failed after the failure
+//! window, with the cause (FAIL-1 to FAIL-3 in `wasmrpc::agent`).
+
+use std::time::{Duration, Instant};
+
+use anyhow::ensure;
+use wasmrpc::testing::Cluster;
+use wasmrpc::transport::probe;
+use wasmrpc::{
+    ErrorKind, FAILED_WORKERS, NEXT_FAILURE, Payload, RESTART_COUNT, RpcBackendOptions,
+    WorkerFailure, args,
+};
+use wasmrpc_tests::{expect_err, register_all, timed};
+
+/// A call that outlasts the test: pending when its callee fails.
+const SLOW: &str = "failures::slow";
+
+#[test]
+fn a_silent_peer_is_declared_failed_and_calls_to_it_fail_at_once() {
+    timed(async {
+        let options = RpcBackendOptions {
+            failure_timeout: Some(Duration::from_millis(500)),
+            ..Default::default()
+        };
+        let builder = Cluster::builder(2).options(options).functions(|r| {
+            register_all(r);
+            r.register_native(SLOW, |_ctx, _args| async move {
+                tokio::time::sleep(Duration::from_secs(120)).await;
+                Ok(Payload::none())
+            });
+        });
+        let secret = builder.secret().to_vec();
+        let c = builder.start().await?;
+        let agent = c.agent(0).clone();
+        let mut watch = agent.watch_failures();
+        // worker0's connection to the real worker1 first: calls go on it.
+        agent.rpc_sync("worker1", wasmrpc::NOOP, args![]).await?;
+        let pending = agent.rpc_async("worker1", SLOW, args![]);
+        let addr = agent.local_addr().expect("worker0 listens");
+        // What a stopped worker1 looks like from worker0: a connection that
+        // passed the handshake as worker1 and then carries nothing.
+        let _silent = probe::connect(addr, &secret, "worker1").await?;
+        let started = Instant::now();
+        watch.changed().await?;
+        let failure = WorkerFailure {
+            worker: "worker1".into(),
+            cause: "no heartbeat for 0.5 s".into(),
+        };
+        ensure!(*watch.borrow() == std::slice::from_ref(&failure));
+        ensure!(started.elapsed() >= Duration::from_millis(500));
+        ensure!(failure.to_string() == "worker1 failed: no heartbeat for 0.5 s");
+
+        // FAIL-1: the pending call failed with the cause, and so does every
+        // new call, before anything is sent.
+        let text = "worker1 failed: no heartbeat for 0.5 s";
+        expect_err(pending.wait().await, ErrorKind::RuntimeError, text)?;
+        let call = agent.rpc_sync("worker1", "aten::add", args![1i64, 2i64]);
+        expect_err(call.await, ErrorKind::RuntimeError, text)?;
+        ensure!(agent.failed_workers() == std::slice::from_ref(&failure));
+        ensure!(agent.next_failure(&[]).await == failure);
+
+        // FAIL-2: what plugins ask the worker answers the same.
+        let listed = agent.rpc_sync("worker0", FAILED_WORKERS, args![]).await?;
+        let listed = listed.items()?;
+        ensure!(listed.len() == 1);
+        let entry = |p: &Payload, key: &str| -> anyhow::Result<String> {
+            let pairs = p.entries()?;
+            let value = pairs
+                .iter()
+                .find(|(k, _)| k.as_str().is_ok_and(|k| k == key))
+                .ok_or_else(|| anyhow::anyhow!("no {key}"))?;
+            Ok(value.1.as_str()?.to_string())
+        };
+        ensure!(entry(&listed[0], "worker")? == "worker1");
+        ensure!(entry(&listed[0], "cause")? == "no heartbeat for 0.5 s");
+        let next = agent.rpc_sync("worker0", NEXT_FAILURE, args![]).await?;
+        ensure!(entry(&next, "worker")? == "worker1");
+        // A watch past the failures it knows waits for the next one.
+        let known = Payload::list([Payload::from("worker1")]);
+        let later = agent.rpc_async("worker0", NEXT_FAILURE, args![known]);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        ensure!(!later.done(), "no second worker failed");
+        let bad = agent.rpc_sync("worker0", NEXT_FAILURE, args![3i64]).await;
+        expect_err(bad, ErrorKind::TypeError, "takes a list of worker names")?;
+        let restarts = agent.rpc_sync("worker0", RESTART_COUNT, args![]).await?;
+        ensure!(restarts.as_int()? == 0);
+        // The real worker1 heard from worker0 all along.
+        ensure!(c.agent(1).failed_workers().is_empty());
+
+        // FAIL-3: graceful shutdown does not wait for a failed worker.
+        let e = agent.shutdown(true, Duration::ZERO).await;
+        expect_err(
+            e,
+            ErrorKind::RuntimeError,
+            "graceful shutdown of worker0 gave up: worker1 failed: no heartbeat for 0.5 s",
+        )?;
+        let _ = c.agent(1).shutdown(false, Duration::ZERO).await;
+        Ok(())
+    });
+}
+
+/// No failure window: no heartbeats, and a silent peer is never declared
+/// failed (its calls end by their own timeouts, as in PyTorch).
+#[test]
+fn without_a_failure_window_a_silent_peer_is_not_declared_failed() {
+    timed(async {
+        let options = RpcBackendOptions {
+            failure_timeout: None,
+            ..Default::default()
+        };
+        let builder = Cluster::builder(2).options(options).functions(register_all);
+        let secret = builder.secret().to_vec();
+        let c = builder.start().await?;
+        let agent = c.agent(0).clone();
+        agent.rpc_sync("worker1", wasmrpc::NOOP, args![]).await?;
+        let addr = agent.local_addr().expect("worker0 listens");
+        let _silent = probe::connect(addr, &secret, "worker1").await?;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        ensure!(agent.failed_workers().is_empty());
+        agent.rpc_sync("worker1", wasmrpc::NOOP, args![]).await?;
+        c.shutdown().await?;
+        Ok(())
+    });
+}
