@@ -138,6 +138,7 @@ pub mod progress;
 mod rpc;
 mod rref;
 mod state;
+pub mod supervision;
 mod tensor;
 
 #[doc(hidden)]

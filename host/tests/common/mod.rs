@@ -115,6 +115,48 @@ impl ServingProcess {
         }
     }
 
+    /// Its process id.
+    #[allow(
+        dead_code,
+        reason = "for the chaos tests; not every test crate sharing these uses it"
+    )]
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether it has exited, and how.
+    #[allow(
+        dead_code,
+        reason = "for the chaos tests; not every test crate sharing these uses it"
+    )]
+    pub(crate) fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().expect("wait on the process")
+    }
+
+    /// Waits for it to exit, failing the test (with what it printed) if it
+    /// runs for more than `within`.
+    #[allow(
+        dead_code,
+        reason = "for the chaos tests; not every test crate sharing these uses it"
+    )]
+    pub(crate) fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.exited() {
+                // Its last lines, read by the threads after the exit.
+                std::thread::sleep(Duration::from_millis(200));
+                return status;
+            }
+            assert!(
+                started.elapsed() < within,
+                "{} ran for more than {within:?}:\n{}",
+                self.name,
+                self.output()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// SIGTERM, then waits for a clean exit (a graceful leave); returns
     /// everything it printed.
     pub(crate) fn stop(mut self) -> String {

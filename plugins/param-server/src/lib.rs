@@ -36,7 +36,10 @@
 //! checkpoint there after every epoch (`wasmrpc_guest::checkpoint`: the
 //! parameters as the parameter server's shard, the settings and the
 //! history so far in the manifest), and [`resume`] continues a run from
-//! the last one. The trainers keep no state between epochs (their shards
+//! the last one. [`run`] itself resumes when its group was restarted after
+//! a failure (`wasmrpc launch --max-restarts N`, torchrun:
+//! `wasmrpc_guest::supervision::restart_count` above 0) and a checkpoint
+//! is there. The trainers keep no state between epochs (their shards
 //! are fixed and the optimizer is plain SGD), so the parameters and the
 //! epoch are the whole state of the job.
 //!
@@ -46,6 +49,7 @@
 //! in the parameter server's globals `W1`, `b1`, `W2`, `b2`.
 
 use wasmrpc_guest::optim::{DistributedOptimizer, Optimizer};
+use wasmrpc_guest::supervision;
 use wasmrpc_guest::{
     Error, Future, RRef, Result, Tensor, Value, checkpoint, clear_global, dist_autograd, fs,
     get_worker_info, global, lock, progress, remote, rpc_async, rpc_sync, set_global,
@@ -520,6 +524,14 @@ fn run(
             "run needs trainers >= 1 and epochs >= 1, got trainers={trainers}, epochs={epochs}"
         )));
     }
+    // A group restarted after a failure (`wasmrpc launch --max-restarts`,
+    // torchrun) goes on from its last checkpoint.
+    if checkpoints_granted()
+        && supervision::restart_count()? > 0
+        && checkpoint::latest(CHECKPOINTS)?.is_some()
+    {
+        return resume_training(trainers, epochs);
+    }
     init(settings.hidden, settings.seed)?;
     train(&settings, epochs, History::default())
 }
@@ -530,6 +542,11 @@ fn run(
 /// [`run`] returns, the checkpointed epochs' results included.
 #[remote]
 fn resume(trainers: i64, epochs: i64) -> Result<Value> {
+    resume_training(trainers, epochs)
+}
+
+/// [`resume`]'s work, which [`run`] does too when its group was restarted.
+fn resume_training(trainers: i64, epochs: i64) -> Result<Value> {
     if !checkpoints_granted() {
         return Err(Error::runtime_error(format!(
             "param_server::resume needs the checkpoint folder: grant it with --grant-dir \

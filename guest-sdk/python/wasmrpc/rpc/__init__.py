@@ -126,6 +126,29 @@ def get_worker_info(worker_name=None):
     return WorkerInfo(w.id, w.name)
 
 
+def restart_count():
+    """How many times the group was restarted after a failure
+    (`TORCHELASTIC_RESTART_COUNT`, set by `wasmrpc launch --max-restarts`
+    and torchrun): 0 on a first start. An entry that checkpoints resumes
+    when it is above 0."""
+    return rpc_sync(get_worker_info().name, "wasmrpc::restart_count")
+
+
+def failed_workers():
+    """The workers this worker declared failed (silent for the failure
+    window), in order, as `{"worker": name, "cause": text}` dicts."""
+    return rpc_sync(get_worker_info().name, "wasmrpc::failed_workers")
+
+
+def next_worker_failure(known=()):
+    """A `Future` of the next failure of a worker not in `known` (names of
+    the failures already seen), as `{"worker": name, "cause": text}`; it has
+    no timeout."""
+    return rpc_async(
+        get_worker_info().name, "wasmrpc::next_worker_failure", args=(list(known),), timeout=0
+    )
+
+
 class _Handle:
     """A handle of the worker's tables, released when collected while the
     call that made it runs."""
