@@ -57,9 +57,12 @@ pub struct Dialed {
 
 /// Which MAC: the label differs per direction (and per protocol).
 #[derive(Clone, Copy)]
-enum Role {
+pub(crate) enum Role {
+    /// The acceptor's MAC in its welcome.
     Acceptor,
+    /// The dialer's proof.
     Dialer,
+    /// The acceptor's MAC over its extension.
     Admitted,
 }
 
@@ -74,12 +77,12 @@ impl Role {
 }
 
 /// What every MAC of one connection covers.
-struct Transcript<'a> {
-    binding: &'a Binding,
-    dialer: &'a Identity,
-    acceptor: &'a Identity,
-    nonce_d: &'a [u8; 32],
-    nonce_a: &'a [u8; 32],
+pub(crate) struct Transcript<'a> {
+    pub(crate) binding: &'a Binding,
+    pub(crate) dialer: &'a Identity,
+    pub(crate) acceptor: &'a Identity,
+    pub(crate) nonce_d: &'a [u8; 32],
+    pub(crate) nonce_a: &'a [u8; 32],
 }
 
 fn field(m: &mut Hmac<Sha256>, bytes: &[u8]) {
@@ -118,7 +121,7 @@ fn keyed(secret: &[u8], role: Role, t: &Transcript<'_>, extension: &[u8]) -> Hma
     m
 }
 
-fn mac(secret: Option<&[u8]>, role: Role, t: &Transcript<'_>, extension: &[u8]) -> [u8; 32] {
+pub(crate) fn mac(secret: Option<&[u8]>, role: Role, t: &Transcript<'_>, extension: &[u8]) -> [u8; 32] {
     secret.map_or([0; 32], |s| {
         keyed(s, role, t, extension)
             .finalize()
