@@ -121,20 +121,20 @@ fn keyed(secret: &[u8], role: Role, t: &Transcript<'_>, extension: &[u8]) -> Hma
     m
 }
 
-pub(crate) fn mac(secret: Option<&[u8]>, role: Role, t: &Transcript<'_>, extension: &[u8]) -> [u8; 32] {
+pub(crate) fn mac(
+    secret: Option<&[u8]>,
+    role: Role,
+    t: &Transcript<'_>,
+    extension: &[u8],
+) -> [u8; 32] {
     secret.map_or([0; 32], |s| {
-        keyed(s, role, t, extension)
-            .finalize()
-            .into_bytes()
-            .into()
+        keyed(s, role, t, extension).finalize().into_bytes().into()
     })
 }
 
 /// Constant-time (NET-2).
 fn checks(secret: &[u8], role: Role, t: &Transcript<'_>, extension: &[u8], got: &[u8; 32]) -> bool {
-    keyed(secret, role, t, extension)
-        .verify_slice(got)
-        .is_ok()
+    keyed(secret, role, t, extension).verify_slice(got).is_ok()
 }
 
 fn secret_mismatch(ours: bool) -> Refusal {
@@ -161,7 +161,10 @@ fn check_version(version: u32, binding: &Binding) -> Result<(), Refusal> {
     ))
 }
 
-async fn read_magic<S: AsyncRead + Unpin>(stream: &mut S, binding: &Binding) -> Result<(), Refusal> {
+async fn read_magic<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    binding: &Binding,
+) -> Result<(), Refusal> {
     let mut magic = [0u8; 4];
     stream
         .read_exact(&mut magic)

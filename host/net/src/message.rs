@@ -108,10 +108,7 @@ pub(crate) async fn write_all<W: AsyncWrite + Unpin>(
     what: &str,
 ) -> Result<(), Refusal> {
     let write = |e: std::io::Error| {
-        Refusal::new(
-            RefusalKind::Io,
-            format!("writing the {what} failed: {e}"),
-        )
+        Refusal::new(RefusalKind::Io, format!("writing the {what} failed: {e}"))
     };
     w.write_all(bytes).await.map_err(write)?;
     w.flush().await.map_err(write)

@@ -55,7 +55,10 @@ fn refused<T: std::fmt::Debug>(r: Result<T, Refusal>, kind: RefusalKind, says: &
 fn c10d_acceptor(
     secret: Option<&'static [u8]>,
     timeout: Duration,
-) -> (DuplexStream, tokio::task::JoinHandle<Result<Identity, Refusal>>) {
+) -> (
+    DuplexStream,
+    tokio::task::JoinHandle<Result<Identity, Refusal>>,
+) {
     let (ours, mut theirs) = duplex(1 << 16);
     let task = tokio::spawn(async move {
         let (binding, me) = (Binding::c10d("0"), Identity::of_rank(0));
@@ -77,12 +80,22 @@ async fn read_welcome(s: &mut DuplexStream) -> Welcome {
     let mut magic = [0u8; 4];
     s.read_exact(&mut magic).await.unwrap();
     assert_eq!(magic, Protocol::C10D.magic());
-    wire::decode(&read_message(s, Limits::HANDSHAKE).await.unwrap(), "welcome").unwrap()
+    wire::decode(
+        &read_message(s, Limits::HANDSHAKE).await.unwrap(),
+        "welcome",
+    )
+    .unwrap()
 }
 
 #[tokio::test]
 async fn the_same_secret_authenticates_both_sides_and_delivers_the_extension() {
-    let (d, a) = exchange(Binding::agent(), Some(SECRET), Binding::agent(), Some(SECRET)).await;
+    let (d, a) = exchange(
+        Binding::agent(),
+        Some(SECRET),
+        Binding::agent(),
+        Some(SECRET),
+    )
+    .await;
     let d = d.unwrap();
     assert_eq!(d.peer, acceptor());
     assert_eq!(d.extension, b"offer");
@@ -98,7 +111,13 @@ async fn without_a_secret_names_and_ranks_still_travel() {
 
 #[tokio::test]
 async fn a_wrong_secret_is_refused_by_the_dialer_and_then_the_acceptor() {
-    let (d, a) = exchange(Binding::agent(), Some(b"one"), Binding::agent(), Some(b"two")).await;
+    let (d, a) = exchange(
+        Binding::agent(),
+        Some(b"one"),
+        Binding::agent(),
+        Some(b"two"),
+    )
+    .await;
     refused(
         d,
         RefusalKind::BadProof,
@@ -115,22 +134,58 @@ async fn a_wrong_secret_is_refused_by_the_dialer_and_then_the_acceptor() {
 #[tokio::test]
 async fn a_secret_on_one_side_only_is_refused_by_both() {
     let (d, a) = exchange(Binding::agent(), None, Binding::agent(), Some(SECRET)).await;
-    refused(d, RefusalKind::SecretMismatch, "the peer has a cluster secret but this rank has none");
-    refused(a, RefusalKind::SecretMismatch, "the peer has no cluster secret but this rank has one");
+    refused(
+        d,
+        RefusalKind::SecretMismatch,
+        "the peer has a cluster secret but this rank has none",
+    );
+    refused(
+        a,
+        RefusalKind::SecretMismatch,
+        "the peer has no cluster secret but this rank has one",
+    );
     let (d, a) = exchange(Binding::agent(), Some(SECRET), Binding::agent(), None).await;
-    refused(d, RefusalKind::SecretMismatch, "the peer has no cluster secret but this rank has one");
-    refused(a, RefusalKind::SecretMismatch, "the peer has a cluster secret but this rank has none");
+    refused(
+        d,
+        RefusalKind::SecretMismatch,
+        "the peer has no cluster secret but this rank has one",
+    );
+    refused(
+        a,
+        RefusalKind::SecretMismatch,
+        "the peer has a cluster secret but this rank has none",
+    );
 }
 
 #[tokio::test]
 async fn another_group_or_protocol_with_the_same_secret_is_refused() {
-    let (d, a) = exchange(Binding::c10d("a"), Some(SECRET), Binding::c10d("b"), Some(SECRET)).await;
-    refused(d, RefusalKind::BadProof, "did not prove that it holds the cluster secret");
+    let (d, a) = exchange(
+        Binding::c10d("a"),
+        Some(SECRET),
+        Binding::c10d("b"),
+        Some(SECRET),
+    )
+    .await;
+    refused(
+        d,
+        RefusalKind::BadProof,
+        "did not prove that it holds the cluster secret",
+    );
     assert!(a.is_err());
-    let (d, a) = exchange(Binding::agent(), Some(SECRET), Binding::c10d(""), Some(SECRET)).await;
+    let (d, a) = exchange(
+        Binding::agent(),
+        Some(SECRET),
+        Binding::c10d(""),
+        Some(SECRET),
+    )
+    .await;
     // The acceptor refuses the agent's magic at once and hangs up.
     refused(a, RefusalKind::NotAPeer, "not a wasmrpc c10d peer");
-    refused(d, RefusalKind::Io, "the peer closed the connection before its whole handshake");
+    refused(
+        d,
+        RefusalKind::Io,
+        "the peer closed the connection before its whole handshake",
+    );
 }
 
 /// A dialer that holds the secret but proves for `binding` and `claim`
@@ -146,7 +201,9 @@ async fn proof_for(binding: Binding, claim: Identity) -> Result<Identity, Refusa
         identity: announced,
         nonce: nonce_d,
     };
-    s.write_all(&hello_bytes(Protocol::C10D, &hello)).await.unwrap();
+    s.write_all(&hello_bytes(Protocol::C10D, &hello))
+        .await
+        .unwrap();
     let welcome = read_welcome(&mut s).await;
     let t = Transcript {
         binding: &binding,
@@ -158,7 +215,9 @@ async fn proof_for(binding: Binding, claim: Identity) -> Result<Identity, Refusa
     let proof = Proof {
         mac: mac(Some(SECRET), Role::Dialer, &t, &[]),
     };
-    s.write_all(&wire::encode(&proof, "proof").unwrap()).await.unwrap();
+    s.write_all(&wire::encode(&proof, "proof").unwrap())
+        .await
+        .unwrap();
     acceptor.await.unwrap()
 }
 
@@ -167,7 +226,9 @@ async fn a_proof_made_for_another_binding_or_identity_serves_for_nothing() {
     // The honest proof passes: the attack below differs only in what it
     // is bound to.
     assert_eq!(
-        proof_for(Binding::c10d("0"), Identity::of_rank(1)).await.unwrap(),
+        proof_for(Binding::c10d("0"), Identity::of_rank(1))
+            .await
+            .unwrap(),
         Identity::of_rank(1)
     );
     for (binding, claim) in [
@@ -194,7 +255,9 @@ async fn a_proof_replayed_on_another_connection_is_refused() {
     };
     // The first connection: the proof is honest (the attacker observed it).
     let (mut s, first) = c10d_acceptor(Some(SECRET), SHORT * 4);
-    s.write_all(&hello_bytes(Protocol::C10D, &hello)).await.unwrap();
+    s.write_all(&hello_bytes(Protocol::C10D, &hello))
+        .await
+        .unwrap();
     let welcome = read_welcome(&mut s).await;
     let t = Transcript {
         binding: &Binding::c10d("0"),
@@ -214,7 +277,9 @@ async fn a_proof_replayed_on_another_connection_is_refused() {
     assert_eq!(first.await.unwrap().unwrap(), Identity::of_rank(1));
     // The replay: the same hello and proof on a new connection.
     let (mut s, second) = c10d_acceptor(Some(SECRET), SHORT * 4);
-    s.write_all(&hello_bytes(Protocol::C10D, &hello)).await.unwrap();
+    s.write_all(&hello_bytes(Protocol::C10D, &hello))
+        .await
+        .unwrap();
     let welcome2 = read_welcome(&mut s).await;
     assert_ne!(welcome.nonce, welcome2.nonce, "the acceptor reused a nonce");
     s.write_all(&proof).await.unwrap();
@@ -226,7 +291,10 @@ async fn a_proof_replayed_on_another_connection_is_refused() {
     // No admission (and no extension) reached the replaying peer.
     let mut rest = Vec::new();
     s.read_to_end(&mut rest).await.unwrap();
-    assert!(rest.is_empty(), "the acceptor sent {rest:?} after a bad proof");
+    assert!(
+        rest.is_empty(),
+        "the acceptor sent {rest:?} after a bad proof"
+    );
 }
 
 #[tokio::test]
@@ -241,9 +309,11 @@ async fn an_extension_altered_in_flight_is_refused_by_the_dialer() {
     // rewrote: the MAC covers the offer it made, the dialer gets another.
     let mut magic = [0u8; 4];
     theirs.read_exact(&mut magic).await.unwrap();
-    let hello: Hello =
-        wire::decode(&read_message(&mut theirs, Limits::HANDSHAKE).await.unwrap(), "hello")
-            .unwrap();
+    let hello: Hello = wire::decode(
+        &read_message(&mut theirs, Limits::HANDSHAKE).await.unwrap(),
+        "hello",
+    )
+    .unwrap();
     let me = acceptor();
     let nonce_a = [3; 32];
     let t = Transcript {
@@ -317,7 +387,9 @@ async fn an_oversized_message_is_refused_before_it_is_read() {
         RefusalKind::Oversized,
         "a message of 9 bytes is over the limit of 8 bytes",
     );
-    write_message(&mut a, &[1; 9], Limits::HANDSHAKE).await.unwrap();
+    write_message(&mut a, &[1; 9], Limits::HANDSHAKE)
+        .await
+        .unwrap();
     refused(
         read_message(&mut b, small).await,
         RefusalKind::Oversized,
@@ -343,7 +415,11 @@ async fn a_truncated_message_is_refused() {
     let mut bytes = Protocol::C10D.magic().to_vec();
     bytes.extend_from_slice(&[3, 0, 1, 1, 0xff]);
     s.write_all(&bytes).await.unwrap();
-    refused(acceptor.await.unwrap(), RefusalKind::Malformed, "malformed hello");
+    refused(
+        acceptor.await.unwrap(),
+        RefusalKind::Malformed,
+        "malformed hello",
+    );
 }
 
 #[tokio::test]
@@ -364,7 +440,14 @@ async fn a_stalled_peer_is_refused_when_the_timeout_ends() {
     // A plain message read times out the same way.
     let (_a, mut b) = duplex(64);
     refused(
-        read_message(&mut b, Limits { max_len: 8, timeout: SHORT }).await,
+        read_message(
+            &mut b,
+            Limits {
+                max_len: 8,
+                timeout: SHORT,
+            },
+        )
+        .await,
         RefusalKind::TimedOut,
         "no complete message within 300ms",
     );
@@ -372,7 +455,11 @@ async fn a_stalled_peer_is_refused_when_the_timeout_ends() {
     let (mut ours, _theirs) = duplex(1 << 16);
     let (binding, me) = (Binding::agent(), dialer());
     refused(
-        dial(&mut ours, &Handshake::new(&binding, None, &me).with_timeout(SHORT)).await,
+        dial(
+            &mut ours,
+            &Handshake::new(&binding, None, &me).with_timeout(SHORT),
+        )
+        .await,
         RefusalKind::TimedOut,
         "no complete agent handshake within 300ms",
     );
@@ -387,7 +474,9 @@ async fn another_version_is_refused() {
         identity: Identity::of_rank(1),
         nonce: [0; 32],
     };
-    s.write_all(&hello_bytes(Protocol::C10D, &hello)).await.unwrap();
+    s.write_all(&hello_bytes(Protocol::C10D, &hello))
+        .await
+        .unwrap();
     refused(
         acceptor.await.unwrap(),
         RefusalKind::Version,

@@ -75,10 +75,6 @@ pub fn encode<T: Serialize>(msg: &T, what: &str) -> Result<Vec<u8>, Refusal> {
 /// # Errors
 /// [`RefusalKind::Malformed`] if it does not decode.
 pub fn decode<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<T, Refusal> {
-    postcard::from_bytes(body).map_err(|e| {
-        Refusal::new(
-            RefusalKind::Malformed,
-            format!("malformed {what}: {e}"),
-        )
-    })
+    postcard::from_bytes(body)
+        .map_err(|e| Refusal::new(RefusalKind::Malformed, format!("malformed {what}: {e}")))
 }
