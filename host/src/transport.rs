@@ -10,10 +10,13 @@
 //!   into fresh tensor memory; nothing is copied through a buffer. A frame
 //!   may name storages that crossed in shared memory instead (TR-9).
 //! - `handshake`: mutual authentication with the cluster secret (HMAC-SHA256
-//!   over both sides' nonces) before any frame is accepted. The secret comes
-//!   from the operator only, never from the store (`agent::rendezvous`,
-//!   JOIN-3); a worker without one runs unauthenticated, which only loopback
-//!   addresses allow unless `--insecure`.
+//!   over both sides' nonces, bound to the agent protocol and both workers'
+//!   names and ranks) before any frame is accepted: the agent's adapter over
+//!   `wasmrpc-net`, which owns the exchange for the c10d mesh too (NET-1 to
+//!   NET-6). The secret comes from the operator only, never from the store
+//!   (`agent::rendezvous`, JOIN-3); a worker without one runs
+//!   unauthenticated, which only loopback addresses allow unless
+//!   `--insecure`.
 //! - `tcp`: one connection per pair of workers, opened lazily by whichever
 //!   side sends first and used in both directions; `TCP_NODELAY` on. Its
 //!   reader busy-polls the socket between messages that come close

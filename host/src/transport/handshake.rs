@@ -1,67 +1,35 @@
-//! Mutual authentication of a new connection with the cluster secret.
+//! Mutual authentication of a new connection with the cluster secret: the
+//! agent's thin adapter over `wasmrpc-net`'s handshake ([`wasmrpc_net::dial`],
+//! [`wasmrpc_net::accept`]; the exchange, its framing, its limits and its
+//! invariants NET-1 to NET-6 are there).
 //!
-//! 1. The dialer sends `Hello { name, rank, nonce_c }`.
-//! 2. The acceptor answers `Welcome { name, rank, nonce_s, mac_s }` with
-//!    `mac_s = HMAC(secret, "wasmrpc-server" | nonce_c | nonce_s | name_s)`.
-//! 3. The dialer checks `mac_s` and sends `Proof { mac_c }` with
-//!    `mac_c = HMAC(secret, "wasmrpc-client" | nonce_s | nonce_c | name_c)`.
-//! 4. The acceptor checks `mac_c` and answers `Admitted { shm }`: its
-//!    offer of a shared-memory link (`shm`, TR-9), made only for a peer
-//!    that proved itself. Only then are frames exchanged (TR-2).
+//! The agent binds the exchange to its protocol ([`Binding::agent`]) and to
+//! each side's worker name and rank. The acceptor's extension is its offer
+//! of a shared-memory link (`shm`, TR-9), which `wasmrpc-net` sends only to
+//! a dialer that proved itself (NET-5). Only then are frames exchanged
+//! (TR-2).
 //!
 //! An unauthenticated worker (no credentials, loopback or `--insecure`:
-//! `agent::rendezvous`) runs the same exchange with an empty secret: the
-//! MACs then prove nothing, but the names and ranks still travel, and a
-//! worker holding a secret refuses such a peer (and is refused by it).
+//! `agent::rendezvous`) has an empty secret, which this adapter passes as
+//! no secret: the names and ranks still travel, and a worker holding a
+//! secret refuses such a peer (and is refused by it, NET-3).
 //!
-//! Handshake messages are tiny and length-prefixed (u16); anything longer
-//! than [`MAX_HANDSHAKE`] bytes, or slower than the handshake timeout, fails.
+//! This module keeps what is the agent's: the `Peer` it hands the
+//! transport, the shared-memory offer's encoding, and the probes tests use
+//! to play a foreign peer.
 
-use std::io::Read;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use hmac::{Hmac, Mac};
-use serde::{Deserialize, Serialize, de::DeserializeOwned};
-use sha2::Sha256;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
+use wasmrpc_net::{Binding, Handshake, Identity};
 
 use super::shm::ShmOffer;
 use crate::error::{Error, Result};
 
-const MAGIC: u32 = 0x5752_5043; // "WRPC"
-const VERSION: u32 = 1;
-const MAX_HANDSHAKE: usize = 1024;
-/// How long a handshake may take.
-pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-#[derive(Serialize, Deserialize)]
-struct Hello {
-    magic: u32,
-    version: u32,
-    name: String,
-    rank: u32,
-    nonce: [u8; 32],
-}
-
-#[derive(Serialize, Deserialize)]
-struct Welcome {
-    name: String,
-    rank: u32,
-    nonce: [u8; 32],
-    mac: [u8; 32],
-}
-
-#[derive(Serialize, Deserialize)]
-struct Proof {
-    mac: [u8; 32],
-}
-
-#[derive(Serialize, Deserialize)]
-struct Admitted {
-    shm: Option<ShmOffer>,
-}
+pub(crate) use wasmrpc_net::HANDSHAKE_TIMEOUT;
+pub use wasmrpc_net::generate_secret;
+pub(crate) use wasmrpc_net::random_bytes;
 
 /// The peer a handshake authenticated.
 #[derive(Debug, Clone)]
@@ -72,152 +40,43 @@ pub(crate) struct Peer {
     pub(crate) shm: Option<ShmOffer>,
 }
 
-/// `N` random bytes from the OS (falling back to hashed clock and counter
-/// values if `/dev/urandom` cannot be read).
-pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
-    let mut out = [0u8; N];
-    if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut out))
-        .is_ok()
-    {
-        return out;
+/// The empty secret of an unauthenticated worker is no secret.
+fn secret(secret: &[u8]) -> Option<&[u8]> {
+    (!secret.is_empty()).then_some(secret)
+}
+
+/// The worker name and rank `who` claimed, as the agent knows them.
+fn worker(who: Identity, side: &str) -> Result<(String, u32)> {
+    match who.rank.map(u32::try_from) {
+        Some(Ok(rank)) if !who.name.is_empty() => Ok((who.name, rank)),
+        _ => Err(Error::runtime(format!(
+            "the {side} announced {who}, not a worker name and rank"
+        ))),
     }
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    use std::hash::{BuildHasher, Hasher};
-    for chunk in out.chunks_mut(8) {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-        h.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos()),
-        );
-        let bytes = h.finish().to_le_bytes();
-        chunk.copy_from_slice(&bytes[..chunk.len()]);
-    }
-    out
-}
-
-/// A fresh random cluster secret: 32 bytes from the OS as 64 hex digits
-/// (`wasmrpc launch` hands one to its workers; test clusters get one each).
-pub fn generate_secret() -> String {
-    random_bytes::<32>()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-fn mac(secret: &[u8], label: &[u8], a: &[u8; 32], b: &[u8; 32], name: &str) -> [u8; 32] {
-    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(secret).unwrap_or_else(|_| {
-        // HMAC accepts keys of any length; this branch cannot be taken.
-        <Hmac<Sha256> as Mac>::new_from_slice(&[0u8; 32]).unwrap_or_else(|_| unreachable_hmac())
-    });
-    m.update(label);
-    m.update(a);
-    m.update(b);
-    m.update(name.as_bytes());
-    m.finalize().into_bytes().into()
-}
-
-fn unreachable_hmac() -> ! {
-    // Invariant: `Hmac::new_from_slice` is infallible for every key length.
-    panic!("HMAC rejected a key")
-}
-
-fn verify(
-    secret: &[u8],
-    label: &[u8],
-    a: &[u8; 32],
-    b: &[u8; 32],
-    name: &str,
-    got: &[u8; 32],
-) -> bool {
-    let Ok(mut m) = <Hmac<Sha256> as Mac>::new_from_slice(secret) else {
-        return false;
-    };
-    m.update(label);
-    m.update(a);
-    m.update(b);
-    m.update(name.as_bytes());
-    m.verify_slice(got).is_ok()
-}
-
-async fn send<W: AsyncWrite + Unpin, T: Serialize>(w: &mut W, msg: &T) -> Result<()> {
-    let body = crate::abi::encode(msg)
-        .map_err(|e| Error::runtime(format!("handshake encoding failed: {e}")))?;
-    let len =
-        u16::try_from(body.len()).map_err(|_| Error::runtime("handshake message too long"))?;
-    let mut buf = len.to_le_bytes().to_vec();
-    buf.extend_from_slice(&body);
-    w.write_all(&buf)
-        .await
-        .map_err(|e| Error::runtime(format!("handshake write failed: {e}")))
-}
-
-async fn recv<R: AsyncRead + Unpin, T: DeserializeOwned>(r: &mut R) -> Result<T> {
-    let mut len = [0u8; 2];
-    r.read_exact(&mut len)
-        .await
-        .map_err(|e| Error::runtime(format!("handshake read failed: {e}")))?;
-    let len = u16::from_le_bytes(len) as usize;
-    if len > MAX_HANDSHAKE {
-        return Err(Error::runtime(format!(
-            "handshake message of {len} bytes is too long"
-        )));
-    }
-    let mut body = vec![0u8; len];
-    r.read_exact(&mut body)
-        .await
-        .map_err(|e| Error::runtime(format!("handshake read failed: {e}")))?;
-    crate::abi::decode(&body)
-        .map_err(|e| Error::runtime(format!("malformed handshake message: {e}")))
 }
 
 /// The dialer's side. Returns the authenticated acceptor.
 pub(crate) async fn client<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
-    secret: &[u8],
+    secret_: &[u8],
     name: &str,
     rank: u32,
 ) -> Result<Peer> {
-    let nonce_c = random_bytes::<32>();
-    send(
-        stream,
-        &Hello {
-            magic: MAGIC,
-            version: VERSION,
-            name: name.into(),
-            rank,
-            nonce: nonce_c,
-        },
-    )
-    .await?;
-    let w: Welcome = recv(stream).await?;
-    if !verify(
-        secret,
-        b"wasmrpc-server",
-        &nonce_c,
-        &w.nonce,
-        &w.name,
-        &w.mac,
-    ) {
-        return Err(Error::runtime(format!(
-            "worker {} failed to prove it knows the cluster secret",
-            w.name
-        )));
-    }
-    send(
-        stream,
-        &Proof {
-            mac: mac(secret, b"wasmrpc-client", &w.nonce, &nonce_c, name),
-        },
-    )
-    .await?;
-    let admitted: Admitted = recv(stream).await?;
+    let binding = Binding::agent();
+    let me = Identity::worker(name, u64::from(rank));
+    let dialed = wasmrpc_net::dial(stream, &Handshake::new(&binding, secret(secret_), &me))
+        .await
+        .map_err(|e| Error::runtime(format!("handshake of worker {name}: {e}")))?;
+    let (peer, peer_rank) = worker(dialed.peer, "acceptor")?;
+    let shm: Option<ShmOffer> = crate::abi::decode(&dialed.extension).map_err(|e| {
+        Error::runtime(format!(
+            "worker {peer} sent a malformed shared-memory offer: {e}"
+        ))
+    })?;
     Ok(Peer {
-        name: w.name,
-        rank: w.rank,
-        shm: admitted.shm,
+        name: peer,
+        rank: peer_rank,
+        shm,
     })
 }
 
@@ -225,48 +84,26 @@ pub(crate) async fn client<S: AsyncRead + AsyncWrite + Unpin>(
 /// `shm` after the dialer's proof (never before).
 pub(crate) async fn server<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
-    secret: &[u8],
+    secret_: &[u8],
     name: &str,
     rank: u32,
     shm: Option<ShmOffer>,
 ) -> Result<Peer> {
-    let h: Hello = recv(stream).await?;
-    if h.magic != MAGIC || h.version != VERSION {
-        return Err(Error::runtime(format!(
-            "peer speaks protocol {:#x} version {}, expected {MAGIC:#x} version {VERSION}",
-            h.magic, h.version
-        )));
-    }
-    let nonce_s = random_bytes::<32>();
-    let mac_s = mac(secret, b"wasmrpc-server", &h.nonce, &nonce_s, name);
-    send(
+    let binding = Binding::agent();
+    let me = Identity::worker(name, u64::from(rank));
+    let offer = crate::abi::encode(&shm)
+        .map_err(|e| Error::runtime(format!("cannot encode the shared-memory offer: {e}")))?;
+    let who = wasmrpc_net::accept(
         stream,
-        &Welcome {
-            name: name.into(),
-            rank,
-            nonce: nonce_s,
-            mac: mac_s,
-        },
+        &Handshake::new(&binding, secret(secret_), &me),
+        &offer,
     )
-    .await?;
-    let p: Proof = recv(stream).await?;
-    if !verify(
-        secret,
-        b"wasmrpc-client",
-        &nonce_s,
-        &h.nonce,
-        &h.name,
-        &p.mac,
-    ) {
-        return Err(Error::runtime(format!(
-            "peer claiming to be {} failed to prove it knows the cluster secret",
-            h.name
-        )));
-    }
-    send(stream, &Admitted { shm }).await?;
+    .await
+    .map_err(|e| Error::runtime(e.into_message()))?;
+    let (peer, peer_rank) = worker(who, "dialer")?;
     Ok(Peer {
-        name: h.name,
-        rank: h.rank,
+        name: peer,
+        rank: peer_rank,
         shm: None,
     })
 }
@@ -321,37 +158,50 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    use tokio::io::AsyncWriteExt;
+    use wasmrpc_net::wire::{self, Hello, Proof, VERSION, Welcome};
+
     const SECRET: &[u8] = b"property secret";
 
-    /// A handshake message as `send` writes it.
-    fn framed<T: Serialize>(msg: &T) -> Vec<u8> {
+    /// A handshake message as `wasmrpc_net` writes it, after the agent's
+    /// magic when `magic`.
+    fn framed<T: serde::Serialize>(msg: &T, magic: bool) -> Vec<u8> {
         let mut out = Vec::new();
-        futures::executor::block_on(send(&mut out, msg)).unwrap();
+        if magic {
+            out.extend(wasmrpc_net::Protocol::AGENT.magic());
+        }
+        out.extend(wire::encode(msg, "message").unwrap());
         out
     }
 
     /// What an honest dialer sends (its proof cannot match a fresh nonce of
     /// the acceptor, but it decodes).
     fn dialer_bytes(name: &str) -> Vec<u8> {
-        let mut bytes = framed(&Hello {
-            magic: MAGIC,
-            version: VERSION,
-            name: name.into(),
-            rank: 3,
-            nonce: [7; 32],
-        });
-        bytes.extend(framed(&Proof { mac: [9; 32] }));
+        let mut bytes = framed(
+            &Hello {
+                version: VERSION,
+                has_secret: true,
+                identity: Identity::worker(name, 3),
+                nonce: [7; 32],
+            },
+            true,
+        );
+        bytes.extend(framed(&Proof { mac: [9; 32] }, false));
         bytes
     }
 
     /// What an acceptor sends.
     fn acceptor_bytes(name: &str) -> Vec<u8> {
-        framed(&Welcome {
-            name: name.into(),
-            rank: 0,
-            nonce: [5; 32],
-            mac: [1; 32],
-        })
+        framed(
+            &Welcome {
+                version: VERSION,
+                has_secret: true,
+                identity: Identity::worker(name, 0),
+                nonce: [5; 32],
+                mac: [1; 32],
+            },
+            true,
+        )
     }
 
     use wasmrpc_mutation::mutate;

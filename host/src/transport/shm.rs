@@ -4,7 +4,8 @@
 //!
 //! How it is set up: every transport listens on an abstract Unix socket
 //! (`SOCK_SEQPACKET`) with a random name. An acceptor offers that name and
-//! a fresh token in its handshake (`handshake::Welcome`), so the offer only
+//! a fresh token in its handshake (its extension, sent after the dialer's
+//! proof: `handshake`, NET-5), so the offer only
 //! ever reaches a peer that proved itself (and, with TLS, travels
 //! encrypted). The dialer connects to the name (which only succeeds on the
 //! same host, in the same network namespace), sends the token, and waits

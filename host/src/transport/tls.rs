@@ -2,7 +2,7 @@
 //! configuration are `wasmrpc-credentials`' (shared with the `tcp`
 //! process-group backend); the rules TLS-1 to TLS-3 are stated there. What
 //! this module adds is the agent's side of TLS-3: after TLS, the name a
-//! dialer announces in the agent's handshake (`handshake::Hello`) must be
+//! dialer announces in the agent's handshake (`wasmrpc_net::wire::Hello`) must be
 //! one its certificate names (the accept task calls [`check_peer_names`]),
 //! otherwise the connection is refused. And the probes tests use to play a
 //! foreign TLS peer.
