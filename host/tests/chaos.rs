@@ -8,6 +8,9 @@
 //!   `wasmrpc launch --max-restarts 3`: each time the group restarts,
 //!   resumes from its last checkpoint, and the job ends with the held-out
 //!   accuracy of a run nobody disturbed.
+//! - The same under torchrun's own elastic agent (`torchrun --max-restarts
+//!   3 --no-python wasmrpc worker ...`): a killed trainer, a restarted
+//!   group on the agent's store, and a resumed job.
 //!
 //! Every run here is bounded: a hang fails the test.
 
@@ -172,9 +175,12 @@ impl Chaos {
     }
 }
 
+/// What the demo reports when it goes on from a checkpoint.
+const RESUMED: &str = "resumed from the checkpoint of epoch";
+
 #[test]
 fn the_demo_survives_three_killed_trainers_with_the_same_accuracy() {
-    const EPOCHS: usize = 5;
+    const EPOCHS: usize = 8;
     let dir = tempfile::tempdir().expect("a temporary folder");
     let (calm, chaos) = (dir.path().join("calm"), dir.path().join("chaos"));
     for d in [&calm, &chaos] {
@@ -202,7 +208,20 @@ fn the_demo_survives_three_killed_trainers_with_the_same_accuracy() {
     let args = launch_args(EPOCHS, &chaos, &chaos_result, &["--max-restarts", "3"]);
     let mut launch = start_launch("launch --max-restarts 3", &args);
     for kill in 1..=3 {
-        wait_for_step(&mut launch, &chaos, kill);
+        // After a restart: once the new group resumed, one more epoch of
+        // its own, so each kill hits a group that is training.
+        let started = Instant::now();
+        while launch.output().matches(RESUMED).count() < kill - 1 {
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "restart {} did not resume (seed {seed}):\n{}",
+                kill - 1,
+                launch.output()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let resumed_at = checkpointed_step(&chaos).unwrap_or(0);
+        wait_for_step(&mut launch, &chaos, resumed_at + 1);
         std::thread::sleep(Duration::from_millis(rng.next(400)));
         let name = format!("worker{}", 1 + rng.next(TRAINERS as u64));
         // A restarted group may still be starting its workers.
@@ -219,7 +238,7 @@ fn the_demo_survives_three_killed_trainers_with_the_same_accuracy() {
             std::thread::sleep(Duration::from_millis(5));
         };
         signal("-KILL", pid);
-        eprintln!("killed {name} after epoch {kill}'s checkpoint");
+        eprintln!("killed {name} after epoch {}'s checkpoint", resumed_at + 1);
         // The next kill is for the restarted group.
         let started = Instant::now();
         while worker_pid(launch.pid(), &name) == Some(pid) {
@@ -239,6 +258,15 @@ fn the_demo_survives_three_killed_trainers_with_the_same_accuracy() {
             "no restart {n} (seed {seed}):\n{output}"
         );
     }
+    // Each restarted group went on from its checkpoint, not from scratch
+    // (which would end at the same accuracy, only later).
+    let resumed = output
+        .matches("resumed from the checkpoint of epoch")
+        .count();
+    assert!(
+        resumed >= 3,
+        "{resumed} resumptions (seed {seed}):\n{output}"
+    );
     let survived = accuracy(&chaos_result);
     assert_eq!(survived.len(), EPOCHS, "{survived:?}");
     let (last, expected) = (survived[EPOCHS - 1], reference[EPOCHS - 1]);
@@ -246,4 +274,74 @@ fn the_demo_survives_three_killed_trainers_with_the_same_accuracy() {
         (last - expected).abs() <= 0.01,
         "after three kills the run reached {last:.4}, undisturbed {expected:.4} (seed {seed})"
     );
+}
+
+#[test]
+fn under_torchrun_a_killed_trainer_restarts_the_group_which_resumes() {
+    const EPOCHS: usize = 5;
+    let Some(env) = std::env::var_os("WASMRPC_ENV") else {
+        println!("wasmrpc-skip: WASMRPC_ENV is not set (run `cargo xtask setup`)");
+        return;
+    };
+    let torchrun = Path::new(&env).join("venv/bin/torchrun");
+    if !torchrun.exists() {
+        println!("wasmrpc-skip: torchrun not found at {}", torchrun.display());
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let checkpoints = dir.path().join("ckpt");
+    std::fs::create_dir_all(&checkpoints).expect("a checkpoint folder");
+    let result = dir.path().join("result.json");
+    let mut cmd = Command::new(&torchrun);
+    cmd.args(["--no-python", "--standalone", "--max-restarts", "3"])
+        .args(["--nproc-per-node", &(TRAINERS + 1).to_string()])
+        .arg(env!("CARGO_BIN_EXE_wasmrpc"))
+        .args(["worker", "--plugins", wasmrpc_plugins::PARAM_SERVER])
+        .arg("--grant-dir")
+        .arg(format!("param_server:/data={}:ro", data_dir().display()))
+        .arg("--grant-dir")
+        .arg(format!("param_server:/ckpt={}:rw", checkpoints.display()))
+        // torchrun gives every worker the same command line.
+        .args(["--entry", "param_server::run", "--entry-rank", "0"])
+        .arg("--result")
+        .arg(&result)
+        .args(["--", &TRAINERS.to_string(), &EPOCHS.to_string()])
+        .env("RUST_LOG", "info");
+    for var in CREDENTIAL_ENV {
+        cmd.env_remove(var);
+    }
+    let mut run = ServingProcess::start("torchrun", cmd);
+    wait_for_step(&mut run, &checkpoints, 1);
+    // torchrun's workers are its children; its agent's own process is the
+    // one this test started.
+    let trainer = worker_pid_by_rank(run.pid(), 2).expect("rank 2 runs under torchrun");
+    signal("-KILL", trainer);
+    let status = run.wait_exit(Duration::from_secs(240));
+    let output = run.output();
+    assert!(status.success(), "{output}");
+    assert!(
+        output.contains(RESUMED),
+        "the restarted group did not resume:\n{output}"
+    );
+    assert_eq!(accuracy(&result).len(), EPOCHS, "{output}");
+}
+
+/// The pid of the worker of rank `rank` among `agent`'s children (torchrun
+/// names none: it tells them their rank in `RANK`).
+fn worker_pid_by_rank(agent: u32, rank: u32) -> Option<u32> {
+    let tasks = std::fs::read_dir(format!("/proc/{agent}/task")).ok()?;
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("children")).ok())
+        .flat_map(|children| {
+            children
+                .split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok())
+                .collect::<Vec<_>>()
+        })
+        .find(|pid| {
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            environ
+                .split(|&b| b == 0)
+                .any(|v| v == format!("RANK={rank}").as_bytes())
+        })
 }

@@ -170,9 +170,6 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
         || wasmrpc::intra_op_threads_per_worker(nproc as usize),
         |n| n as usize,
     );
-    let progress = Arc::new(Progress::new(std::io::IsTerminal::is_terminal(
-        &std::io::stderr(),
-    )));
 
     // The cluster's credentials: the operator's if the environment gives
     // them, else a fresh secret. Each child gets it in its environment,
@@ -201,6 +198,11 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
                 args.max_restarts
             ),
         }
+        // Each round draws its own bars: a restarted group's first report
+        // (a resumption) is news, whatever the last round's bars showed.
+        let progress = Arc::new(Progress::new(std::io::IsTerminal::is_terminal(
+            &std::io::stderr(),
+        )));
         let mut children: Vec<(String, Child)> = Vec::new();
         let mut output = JoinSet::new();
         for (rank, name) in (0..nproc).zip(names.iter().cloned()) {
@@ -292,6 +294,7 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
             Err(e) if restart < args.max_restarts => {
+                progress.finish();
                 error!("the group failed: {e:#}");
                 restart += 1;
             }

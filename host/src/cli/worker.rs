@@ -67,6 +67,11 @@ pub(crate) struct WorkerArgs {
     /// [default: this worker].
     #[arg(long, value_name = "WORKER", requires = "entry")]
     entry_on: Option<String>,
+    /// Only the worker of this rank calls the entry; the others serve. For
+    /// torchrun, which gives every worker the same command line
+    /// [default: every worker given `--entry` calls it].
+    #[arg(long, value_name = "RANK", requires = "entry")]
+    entry_rank: Option<u32>,
     /// Write the entry function's result to this file as JSON (tensors as
     /// `{"shape": [...], "data": [...]}`).
     #[arg(long, value_name = "FILE", requires = "entry")]
@@ -238,7 +243,11 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
             }
         }
     }
-    if let Some(entry) = &args.entry {
+    let entry = args
+        .entry
+        .as_ref()
+        .filter(|_| args.entry_rank.is_none_or(|r| r == rank));
+    if let Some(entry) = entry {
         let call_args = match &args.entry_call.entry_json {
             Some(json) => json_entry_args(json)?,
             None => args

@@ -11,6 +11,12 @@
 //!   included, is a client of the store `torchrun`'s agent hosts.
 //! - RDV-2: the returned store's timeout is the rendezvous timeout (PyTorch's
 //!   `init_process_group` sets it on the store it got).
+//! - RDV-4: under torchrun's agent store, a group restarted after a
+//!   failure (`TORCHELASTIC_RESTART_COUNT` above 0) keys everything under
+//!   `/worker/attempt_{N}` (as PyTorch's `_create_c10d_store` did before
+//!   torchrun made a new store per attempt, which its `--standalone` agent
+//!   does not): the keys of a failed round, left in the agent's store,
+//!   never meet the next round's.
 //! - RDV-3: the barrier's key is `store_based_barrier_key:{group_name}`; the
 //!   worker that completes the count sets `{key}:last_worker` and everyone
 //!   waits for that key.
@@ -20,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use crate::env::{EnvLookup, parse_int, process_env};
 use crate::file::FileStore;
+use crate::prefix::PrefixStore;
 use crate::store::{Error, Result, Store};
 use crate::tcp::{TcpStore, TcpStoreOptions};
 
@@ -196,7 +203,21 @@ async fn create_c10d_store(
         world_size: usize::try_from(world_size).ok(),
         wait_for_workers: true,
     };
-    let store = if use_agent_store(env) || rank != 0 {
+    if use_agent_store(env) {
+        let store: Arc<dyn Store> = Arc::new(TcpStore::connect(host, port, options).await?);
+        // RDV-4.
+        return Ok(
+            match env("TORCHELASTIC_RESTART_COUNT").map(|n| parse_int(&n)) {
+                Some(Ok(attempt)) if attempt > 0 => Arc::new(PrefixStore::new(
+                    format!("/worker/attempt_{attempt}"),
+                    store,
+                )),
+                Some(Err(e)) => return Err(e),
+                _ => store,
+            },
+        );
+    }
+    let store = if rank != 0 {
         TcpStore::connect(host, port, options).await?
     } else {
         TcpStore::start_master(host, port, options).await?

@@ -378,7 +378,7 @@ fn test_a_flood_of_refused_connections_logs_a_few_warn_lines() {
             .map(|_| {
                 tokio::spawn(async move {
                     let mut s = tokio::net::TcpStream::connect(addr).await?;
-                    // A handshake length over the limit: refused at once.
+                    // Not a handshake (no protocol magic): refused at once.
                     s.write_all(&[0xff, 0xff, 0, 0]).await?;
                     let mut buf = [0u8; 16];
                     // Wait for the worker to close it.
