@@ -249,4 +249,9 @@ impl Extension for DistAutograd {
     fn debug_info(&self, agent: &RpcAgent) -> BTreeMap<String, String> {
         get_debug_info(agent)
     }
+
+    fn worker_failed(&self, agent: &RpcAgent, failed: &crate::abi::WorkerInfo, cause: &str) {
+        let failure = format!("{} failed: {cause}", failed.name);
+        context::worker_failed(agent, failed.id, &failure);
+    }
 }

@@ -233,6 +233,11 @@ pub trait Extension: Send + Sync + 'static {
         None
     }
 
+    /// Worker `failed` (its rank and name) was declared failed (FAIL-5 in
+    /// `agent::failures`): the feature releases what it holds for it (the
+    /// forks it held, the contexts it made) and fails what waits on it.
+    fn worker_failed(&self, _agent: &RpcAgent, _failed: &crate::abi::WorkerInfo, _cause: &str) {}
+
     /// The agent has stopped: a last check (leaks), whose error
     /// `shutdown` returns.
     fn stopped(&self, _agent: &RpcAgent) -> Result<()> {

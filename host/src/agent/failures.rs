@@ -3,9 +3,12 @@
 //!
 //! A peer is declared failed when its connection went silent for the
 //! failure window (`transport` TR-11, [`RpcBackendOptions::failure_timeout`](super::RpcBackendOptions::failure_timeout)):
-//! a stopped process, a machine off the network. A peer that dies outright
-//! closes its connections, and the calls pending on them fail with the
-//! close (TR-4) without any declaration.
+//! a stopped process, a machine off the network; or when a connection to it
+//! closed, while this worker runs, with calls still waiting on it (a killed
+//! process: the calls fail with the close, TR-4, and the worker is declared
+//! failed with the close's cause). A connection that closes with nothing
+//! pending on it declares nothing: peers leaving a dynamic group, or
+//! shutting down, close theirs that way.
 //!
 //! Invariants:
 //! - FAIL-1: a worker is declared failed at most once. From then on every
@@ -22,6 +25,11 @@
 //!   peer stalled exits in bounded time.
 //! - FAIL-4: the cost to calls while nothing failed is one relaxed atomic
 //!   load.
+//! - FAIL-5: every feature hears of the failure once
+//!   ([`Extension::worker_failed`](super::Extension::worker_failed)) and
+//!   releases what it holds for the failed worker: RRefs forget the forks
+//!   it held, distributed autograd releases the contexts it made and fails
+//!   the backward passes that reach it.
 //!
 //! This module owns the record of failures and the functions that report
 //! them; detecting silence is the transport's.
@@ -79,15 +87,26 @@ impl WorkerFailure {
 pub(super) struct Failures {
     /// Whether any worker failed (FAIL-4).
     any: AtomicBool,
-    declared: watch::Sender<Vec<WorkerFailure>>,
+    /// Every failure, from its declaration on (FAIL-1).
+    failed: std::sync::Mutex<Vec<WorkerFailure>>,
+    /// What watchers see: a failure once the features released what they
+    /// held for it (FAIL-2, FAIL-5).
+    announced: watch::Sender<Vec<WorkerFailure>>,
 }
 
 impl Default for Failures {
     fn default() -> Self {
         Failures {
             any: AtomicBool::new(false),
-            declared: watch::Sender::new(Vec::new()),
+            failed: std::sync::Mutex::default(),
+            announced: watch::Sender::new(Vec::new()),
         }
+    }
+}
+
+impl Failures {
+    fn failed(&self) -> std::sync::MutexGuard<'_, Vec<WorkerFailure>> {
+        self.failed.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -100,14 +119,14 @@ impl RpcAgent {
 
     /// The workers this worker declared failed, in order.
     pub fn failed_workers(&self) -> Vec<WorkerFailure> {
-        self.inner.failures.declared.borrow().clone()
+        self.inner.failures.announced.borrow().clone()
     }
 
     /// A watch on the failures declared (FAIL-2): its value is
     /// [`failed_workers`](Self::failed_workers), and `changed()` wakes on
     /// each new one.
     pub fn watch_failures(&self) -> watch::Receiver<Vec<WorkerFailure>> {
-        self.inner.failures.declared.subscribe()
+        self.inner.failures.announced.subscribe()
     }
 
     /// The first failure of a worker not in `known`, once there is one.
@@ -135,8 +154,7 @@ impl RpcAgent {
         }
         self.inner
             .failures
-            .declared
-            .borrow()
+            .failed()
             .iter()
             .find(|f| f.worker == worker)
             .cloned()
@@ -150,15 +168,12 @@ impl RpcAgent {
             worker: worker.to_string(),
             cause: cause.to_string(),
         };
-        let added = self.inner.failures.declared.send_if_modified(|all| {
-            if all.iter().any(|f| f.worker == worker) {
-                return false;
+        {
+            let mut failed = self.inner.failures.failed();
+            if failed.iter().any(|f| f.worker == worker) {
+                return;
             }
-            all.push(failure.clone());
-            true
-        });
-        if !added {
-            return;
+            failed.push(failure.clone());
         }
         self.inner.failures.any.store(true, Ordering::Relaxed);
         tracing::error!(worker = %self.name(), "{failure}");
@@ -166,6 +181,16 @@ impl RpcAgent {
             |p| p.peer == worker,
             |_| Error::runtime(failure.to_string()),
         );
+        // FAIL-5.
+        if let Ok(info) = self.member_by_name(worker).map(|m| m.info) {
+            for extension in self.inner.extensions.iter() {
+                extension.worker_failed(self, &info, cause);
+            }
+        }
+        self.inner
+            .failures
+            .announced
+            .send_modify(|all| all.push(failure));
     }
 }
 

@@ -432,14 +432,37 @@ impl Handler for AgentHandler {
         let agent = RpcAgent::from_inner(inner);
         let id = conn.id;
         let peer = conn.peer.clone();
+        let waiting = std::sync::atomic::AtomicUsize::new(0);
         agent.fail_pending_where(
             |p| p.conn == id,
             |p| {
+                waiting.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 Error::runtime(format!(
                     "connection to worker {peer} closed while a call of {} was pending: {reason}",
                     p.function
                 ))
             },
         );
+        // A peer gone with calls waiting on it failed (`failures`); one
+        // that closes an idle connection is leaving or shutting down. Once
+        // this worker's own shutdown began, peers that finished theirs
+        // close connections too: no failure.
+        let running =
+            agent.inner.state.load(std::sync::atomic::Ordering::Acquire) == super::RUNNING;
+        if waiting.into_inner() > 0 && running {
+            agent.declare_failed(&peer, &close_cause(&peer, reason));
+        }
+    }
+}
+
+/// The cause a close gives a failure: the transport's reason without the
+/// worker's name, which the failure's text puts first.
+fn close_cause(peer: &str, reason: &str) -> String {
+    if reason == format!("worker {peer} closed the connection") {
+        return "it closed the connection".to_string();
+    }
+    match reason.strip_prefix(&format!("connection to worker {peer} failed: ")) {
+        Some(error) => format!("connection lost: {error}"),
+        None => reason.to_string(),
     }
 }

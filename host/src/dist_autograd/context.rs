@@ -381,6 +381,33 @@ pub(crate) fn release_if_present(agent: &RpcAgent, id: i64) -> bool {
     true
 }
 
+/// FAIL-5 for distributed autograd: worker `rank` was declared failed with
+/// `failure`. The contexts it made are released here (it will never release
+/// them, DA-8), and the backward passes of other contexts that reach it
+/// fail with the failure instead of waiting for gradients it will not send.
+pub(crate) fn worker_failed(agent: &RpcAgent, rank: u32, failure: &str) {
+    if rank == agent.rank() {
+        return;
+    }
+    for ctx in container(agent).contexts() {
+        let id = ctx.context_id();
+        if id >> COUNTER_BITS == i64::from(rank) {
+            release_if_present(agent, id);
+            continue;
+        }
+        let pass = {
+            let st = ctx.state();
+            st.known_workers
+                .contains(&rank)
+                .then(|| st.pass.clone())
+                .flatten()
+        };
+        if let Some(pass) = pass {
+            pass.fail(Error::runtime(failure.to_string()));
+        }
+    }
+}
+
 fn requires_grad(tensors: &[Tensor]) -> Vec<Tensor> {
     tensors
         .iter()

@@ -155,6 +155,26 @@ impl RRefContext {
         self.touch();
     }
 
+    /// FAIL-5 for RRefs: worker `rank` was declared failed, so the forks
+    /// it held will never be deleted by it; the owner forgets them as if
+    /// they were (RREF-3: a value whose last fork goes is forgotten).
+    pub(crate) fn forget_forks_of(&self, agent: &RpcAgent, rank: u32) {
+        let held: Vec<(RRefId, RRefId)> = self
+            .tables()
+            .forks
+            .iter()
+            .flat_map(|(rref, forks)| {
+                forks
+                    .iter()
+                    .filter(move |f| f.created_on == rank && *f != rref)
+                    .map(move |f| (*rref, *f))
+            })
+            .collect();
+        for (rref_id, fork_id) in held {
+            self.del_fork(agent, rref_id, fork_id);
+        }
+    }
+
     pub(crate) fn add_pending_user(&self, fork_id: RRefId, user: Arc<UserState>) {
         self.tables().pending_users.insert(fork_id, user);
         self.touch();

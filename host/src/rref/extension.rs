@@ -48,6 +48,10 @@ impl Extension for RRefs {
         Some(self)
     }
 
+    fn worker_failed(&self, agent: &RpcAgent, failed: &WorkerInfo, _cause: &str) {
+        context(agent).forget_forks_of(agent, failed.id);
+    }
+
     fn shutdown(&self, agent: &RpcAgent) -> Option<BoxFuture<'static, Result<()>>> {
         let agent = agent.clone();
         Some(Box::pin(async move {

@@ -237,6 +237,7 @@ impl Transport {
                     if let Some(n) = t.refusals.flush(std::time::Instant::now()) {
                         tracing::warn!(
                             worker = %t.cfg.name,
+                            listen = %t.addr,
                             "refused {n} more connections in the last second"
                         );
                     }
@@ -244,11 +245,13 @@ impl Transport {
                 return;
             }
         };
+        let listen = self.addr;
         if suppressed == 0 {
-            tracing::warn!(worker = %name, %from, "refused connection: {why}");
+            tracing::warn!(worker = %name, %listen, %from, "refused connection: {why}");
         } else {
             tracing::warn!(
                 worker = %name,
+                %listen,
                 %from,
                 "refused connection: {why} ({suppressed} more refused since the last such line)"
             );

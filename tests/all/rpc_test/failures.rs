@@ -6,13 +6,14 @@
 use std::time::{Duration, Instant};
 
 use anyhow::ensure;
+use wasmrpc::prelude::*;
 use wasmrpc::testing::Cluster;
 use wasmrpc::transport::probe;
 use wasmrpc::{
     ErrorKind, FAILED_WORKERS, NEXT_FAILURE, Payload, RESTART_COUNT, RpcBackendOptions,
-    WorkerFailure, args,
+    WorkerFailure, args, dist_autograd,
 };
-use wasmrpc_tests::{expect_err, register_all, timed};
+use wasmrpc_tests::{expect_err, ones, register_all, timed};
 
 /// A call that outlasts the test: pending when its callee fails.
 const SLOW: &str = "failures::slow";
@@ -121,6 +122,105 @@ fn without_a_failure_window_a_silent_peer_is_not_declared_failed() {
         ensure!(agent.failed_workers().is_empty());
         agent.rpc_sync("worker1", wasmrpc::NOOP, args![]).await?;
         c.shutdown().await?;
+        Ok(())
+    });
+}
+
+/// FAIL-5: what the survivors held for a failed worker is released: the
+/// forks of RRefs it held (its owner forgets the values they kept), the
+/// distributed autograd contexts it made.
+#[test]
+fn a_failed_workers_forks_and_autograd_contexts_are_released() {
+    timed(async {
+        let options = RpcBackendOptions {
+            failure_timeout: Some(Duration::from_millis(500)),
+            ..Default::default()
+        };
+        let builder = Cluster::builder(2).options(options).functions(register_all);
+        let secret = builder.secret().to_vec();
+        let c = builder.start().await?;
+        let (a0, a1) = (c.agent(0).clone(), c.agent(1).clone());
+        let info = |key: &str| -> anyhow::Result<usize> {
+            let all = a0.get_debug_info();
+            let value = all.get(key).ok_or_else(|| anyhow::anyhow!("no {key}"))?;
+            Ok(value.parse()?)
+        };
+        // worker1 holds an RRef whose value worker0 owns...
+        let rref = a1.remote("worker0", "aten::add", args![ones(&[2]), 1])?;
+        rref.to_here(&a1, None).await?;
+        // ... and made an autograd context that reached worker0.
+        let ctx = dist_autograd::new_context(&a1)?;
+        let x = ones(&[2]).set_requires_grad(true);
+        dist_autograd::with_context(ctx.context_id(), async {
+            a1.rpc_sync("worker0", "aten::mul", args![x, 2]).await
+        })
+        .await??;
+        ensure!(info("num_owner_rrefs")? == 1 && info("num_forks")? == 1);
+        ensure!(info("num_autograd_contexts")? == 1);
+
+        // worker1 as worker0 sees a stopped worker1: silent.
+        let addr = a0.local_addr().expect("worker0 listens");
+        let _silent = probe::connect(addr, &secret, "worker1").await?;
+        a0.next_failure(&[]).await;
+        ensure!(info("num_forks")? == 0, "{:?}", a0.get_debug_info());
+        ensure!(info("num_owner_rrefs")? == 0, "{:?}", a0.get_debug_info());
+        ensure!(
+            info("num_autograd_contexts")? == 0,
+            "{:?}",
+            a0.get_debug_info()
+        );
+        drop(rref);
+        for a in [&a0, &a1] {
+            let _ = a.shutdown(false, Duration::ZERO).await;
+        }
+        Ok(())
+    });
+}
+
+/// A worker that dies with calls waiting on it (its connection closes
+/// under them) is declared failed with the close's cause; a worker that
+/// closes an idle connection is not (peers leaving or shutting down do).
+#[test]
+fn a_worker_gone_with_calls_waiting_on_it_is_declared_failed() {
+    timed(async {
+        let builder = Cluster::builder(3).functions(|r| {
+            register_all(r);
+            r.register_native(SLOW, |_ctx, _args| async move {
+                tokio::time::sleep(Duration::from_secs(120)).await;
+                Ok(Payload::none())
+            });
+        });
+        let c = builder.start().await?;
+        let a0 = c.agent(0).clone();
+        // worker1 closes an idle connection: no failure.
+        a0.rpc_sync("worker1", wasmrpc::NOOP, args![]).await?;
+        c.agent(1).abort();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        ensure!(a0.failed_workers().is_empty(), "{:?}", a0.failed_workers());
+        // worker2 dies under a call.
+        let pending = a0.rpc_async("worker2", SLOW, args![]);
+        let started = Instant::now();
+        while c
+            .agent(2)
+            .get_debug_info()
+            .get("agent.server_active_calls")
+            .map(String::as_str)
+            != Some("1")
+        {
+            ensure!(
+                started.elapsed() < Duration::from_secs(10),
+                "the call never ran"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        c.agent(2).abort();
+        expect_err(pending.wait().await, ErrorKind::RuntimeError, "closed")?;
+        let failure = tokio::time::timeout(Duration::from_secs(10), a0.next_failure(&[])).await?;
+        ensure!(failure.worker == "worker2", "{failure:?}");
+        ensure!(a0.failed_workers() == std::slice::from_ref(&failure));
+        let call = a0.rpc_sync("worker2", wasmrpc::NOOP, args![]).await;
+        expect_err(call, ErrorKind::RuntimeError, "worker2 failed: ")?;
+        let _ = a0.shutdown(false, Duration::ZERO).await;
         Ok(())
     });
 }
