@@ -21,6 +21,8 @@ struct TwoHosts {
     a: String,
     b: String,
     subnet: u32,
+    /// What names its namespaces and veth ends.
+    id: String,
 }
 
 fn ip(args: &[&str]) -> Result<(), String> {
@@ -41,14 +43,19 @@ fn ip(args: &[&str]) -> Result<(), String> {
 
 impl TwoHosts {
     fn create() -> Result<TwoHosts, String> {
-        let pid = std::process::id();
-        let subnet = pid % 250 + 1;
+        // The tests of this file run at once: each pair of hosts gets its
+        // own names and subnet.
+        static PAIRS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let pair = PAIRS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = format!("{}{pair}", std::process::id());
+        let subnet = (std::process::id() * 4 + pair) % 250 + 1;
         let hosts = TwoHosts {
-            a: format!("wrpc-{pid}-a"),
-            b: format!("wrpc-{pid}-b"),
+            a: format!("wrpc-{id}-a"),
+            b: format!("wrpc-{id}-b"),
             subnet,
+            id: id.clone(),
         };
-        let (veth_a, veth_b) = (format!("wra{pid}"), format!("wrb{pid}"));
+        let (veth_a, veth_b) = (format!("wra{id}"), format!("wrb{id}"));
         ip(&["netns", "add", &hosts.a])?;
         ip(&["netns", "add", &hosts.b])?;
         ip(&[
@@ -228,4 +235,60 @@ fn two_network_namespaces_run_a_tls_group_that_refuses_intruders() {
     // The refusals were logged as warnings by the members they reached.
     let refusals = format!("{w0_log}\n{w1_log}");
     assert!(refusals.contains("WARN"), "{refusals}");
+}
+
+/// The link between the two "machines" drops (the veth goes down: no
+/// reset, no close, packets just stop): each side declares the other
+/// failed within the failure window, with the cause.
+#[test]
+fn a_dropped_link_is_reported_by_both_sides_within_the_window() {
+    let hosts = match TwoHosts::create() {
+        Ok(hosts) => hosts,
+        Err(why) => {
+            println!("wasmrpc-skip: needs root and `ip netns` to make two hosts ({why})");
+            return;
+        }
+    };
+    let store = format!("tcp://{}:29500", hosts.addr(1));
+    let worker = |ns: &str, rank: u32, host: u32, extra: &[&str]| {
+        let rank = rank.to_string();
+        let listen = format!("{}:0", hosts.addr(host));
+        let mut args = vec![
+            "worker",
+            "--rank",
+            &rank,
+            "--init-method",
+            &store,
+            "--listen",
+            &listen,
+            "--init-timeout",
+            "20",
+            "--serve",
+        ];
+        args.extend_from_slice(extra);
+        let mut cmd = hosts.wasmrpc(ns, &args);
+        cmd.env("WASMRPC_CLUSTER_SECRET", "two-machines-link-drop");
+        cmd
+    };
+    let mut w0 = ServingProcess::start("worker0", worker(&hosts.a, 0, 1, &[]));
+    w0.wait_for("serving until interrupted");
+    // worker1 calls worker0 once: the two share a connection, idle after.
+    let mut w1 = ServingProcess::start("worker1", worker(&hosts.b, 1, 2, &["--ping-all"]));
+    w1.wait_for("worker1 -> worker0: answered");
+    w1.wait_for("serving until interrupted");
+    // Idle for longer than the window: heartbeats keep it alive.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!w0.output().contains("failed:"), "{}", w0.output());
+    assert!(!w1.output().contains("failed:"), "{}", w1.output());
+
+    let veth_a = format!("wra{}", hosts.id);
+    ip(&["-n", &hosts.a, "link", "set", &veth_a, "down"]).expect("the link goes down");
+    let dropped = std::time::Instant::now();
+    // Both sides, within the 2 s window and some slack for the test's own
+    // polling and a loaded machine; far below any call timeout.
+    w0.wait_for("worker1 failed: no heartbeat for 2.0 s");
+    w1.wait_for("worker0 failed: no heartbeat for 2.0 s");
+    let took = dropped.elapsed();
+    assert!(took < Duration::from_secs(15), "reported after {took:?}");
+    eprintln!("both sides reported the dropped link {took:.1?} after it went down");
 }
