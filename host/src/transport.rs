@@ -30,9 +30,10 @@
 //!   socket that only the two authenticated workers share, and CUDA
 //!   storages in CUDA segments (device memory exported through CUDA IPC
 //!   handles, `shm::cuda`).
-//! - `tcp::liveness`: heartbeats on idle connections and the failure of a
-//!   connection whose peer went silent for the failure window
-//!   (`RpcBackendOptions::failure_timeout`, LIVE-1 to LIVE-3).
+//! - `tcp::liveness`: the watchdog that sends heartbeats on idle
+//!   connections and fails a connection whose peer went silent for the
+//!   failure window (`RpcBackendOptions::failure_timeout`), by the network
+//!   layer's rules (`wasmrpc_net::liveness`, LIVE-1 to LIVE-3).
 //! - `fault`: make the first N sends of given message kinds fail, or delay
 //!   them, for the seeds' faulty-agent tests.
 //!

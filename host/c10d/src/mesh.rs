@@ -20,6 +20,13 @@
 //! receiving yet, and a receiver waits only for its own frame (or the
 //! timeout, or the peer's connection closing).
 //!
+//! Liveness ([`Mesh::watch_liveness`], the network layer's rules LIVE-1 to
+//! LIVE-3 in `wasmrpc_net::liveness`): a connection that carried nothing
+//! for a tick gets a heartbeat frame, and a peer silent for the failure
+//! window (a stopped process, a dropped link) is failed like a closed
+//! connection: every `recv` from it fails at once with "no heartbeat for
+//! 2.0 s" instead of waiting for the collective's timeout.
+//!
 //! Frame: `kind u8, op u8, seq u64, sub u32, step u32, len u64`, then `len`
 //! bytes (little endian). A frame's buffer grows with the bytes that
 //! arrive, so a header announcing a huge length allocates nothing until the
@@ -38,6 +45,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use wasmrpc_credentials::{TlsEndpoints, TlsStream};
+use wasmrpc_net::liveness::{Activity, Watch, silence_cause, tick_interval};
 use wasmrpc_store::Store;
 
 use crate::error::{Error, Result};
@@ -50,6 +58,8 @@ pub(crate) enum Kind {
     Collective = 0,
     /// A point-to-point message, tagged by the user's tag.
     P2p = 1,
+    /// A heartbeat (LIVE-1): no tag, no payload, never delivered.
+    Heartbeat = 2,
 }
 
 /// A frame's tag: which message of which operation.
@@ -264,8 +274,12 @@ pub(crate) struct Mesh {
     rank: usize,
     size: usize,
     group: String,
-    writers: Vec<Option<tokio::sync::Mutex<WriteHalf>>>,
+    writers: Vec<Option<Arc<tokio::sync::Mutex<WriteHalf>>>>,
+    /// What each connection sent and read (LIVE-3), by peer.
+    activity: Vec<Option<Arc<Activity>>>,
     readers: Vec<JoinHandle<()>>,
+    /// The liveness watchdog, once started.
+    watchdog: Option<JoinHandle<()>>,
     mailbox: Arc<Mailbox>,
 }
 
@@ -281,7 +295,7 @@ impl std::fmt::Debug for Mesh {
 
 impl Drop for Mesh {
     fn drop(&mut self) {
-        for r in &self.readers {
+        for r in self.readers.iter().chain(&self.watchdog) {
             r.abort();
         }
     }
@@ -397,15 +411,22 @@ impl Mesh {
 
         let mailbox = Arc::new(Mailbox::default());
         let mut writers = Vec::with_capacity(size);
+        let mut activities = Vec::with_capacity(size);
         let mut readers = Vec::new();
         for (peer, conn) in conns.into_iter().enumerate() {
             match conn {
                 Some(conn) => {
                     let (read, write) = conn.split();
-                    writers.push(Some(tokio::sync::Mutex::new(write)));
+                    let activity = Arc::new(Activity::default());
+                    let read: ReadHalf = Box::new(activity.counting(read));
+                    writers.push(Some(Arc::new(tokio::sync::Mutex::new(write))));
+                    activities.push(Some(activity));
                     readers.push(tokio::spawn(read_frames(peer, read, Arc::clone(&mailbox))));
                 }
-                None => writers.push(None),
+                None => {
+                    writers.push(None);
+                    activities.push(None);
+                }
             }
         }
         Ok(Mesh {
@@ -413,9 +434,68 @@ impl Mesh {
             size,
             group: group.to_owned(),
             writers,
+            activity: activities,
             readers,
+            watchdog: None,
             mailbox,
         })
+    }
+
+    /// Starts the liveness watchdog with failure window `window` (LIVE-1,
+    /// LIVE-2): heartbeats on idle connections, and a silent peer failed
+    /// like a closed connection, so a `recv` from it fails at once.
+    pub(crate) fn watch_liveness(&mut self, window: Duration) {
+        let peers: Vec<(usize, Arc<Activity>, Arc<tokio::sync::Mutex<WriteHalf>>)> = self
+            .activity
+            .iter()
+            .zip(&self.writers)
+            .enumerate()
+            .filter_map(|(peer, (a, w))| {
+                Some((peer, Arc::clone(a.as_ref()?), Arc::clone(w.as_ref()?)))
+            })
+            .collect();
+        let mailbox = Arc::clone(&self.mailbox);
+        let (rank, group) = (self.rank, self.group.clone());
+        let watchdog = async move {
+            let mut ticks = tokio::time::interval(tick_interval(window));
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let now = std::time::Instant::now();
+            let mut watches: Vec<Watch> = peers
+                .iter()
+                .map(|(_, activity, _)| Watch::new(activity, window, now))
+                .collect();
+            let mut failed = vec![false; peers.len()];
+            loop {
+                ticks.tick().await;
+                let now = std::time::Instant::now();
+                for (i, (peer, activity, writer)) in peers.iter().enumerate() {
+                    if failed[i] {
+                        continue;
+                    }
+                    let seen = watches[i].tick(activity, now);
+                    if seen.heartbeat_due {
+                        activity.sent();
+                        // A writer in use is sending a frame: proof enough.
+                        if let Ok(mut w) = Arc::clone(writer).try_lock_owned() {
+                            tokio::spawn(async move {
+                                let mut header = [0u8; HEADER];
+                                header[0] = Kind::Heartbeat as u8;
+                                if w.write_all(&header).await.is_ok() {
+                                    let _ = w.flush().await;
+                                }
+                            });
+                        }
+                    }
+                    if seen.silent {
+                        failed[i] = true;
+                        let cause = silence_cause(window);
+                        tracing::warn!(rank, group = %group, peer, "c10d tcp: rank {peer} failed: {cause}");
+                        mailbox.close(*peer, format!("rank {peer} failed: {cause}"));
+                    }
+                }
+            }
+        };
+        self.watchdog = Some(tokio::spawn(watchdog));
     }
 
     /// Sends one frame to `peer`, failing after `timeout` if the peer
@@ -429,6 +509,9 @@ impl Mesh {
         timeout: Duration,
     ) -> Result<()> {
         let writer = self.writer(op, peer)?;
+        if let Some(activity) = self.activity.get(peer).and_then(Option::as_ref) {
+            activity.sent();
+        }
         let mut header = [0u8; HEADER];
         header[0] = tag.kind as u8;
         header[1] = op_code(op);
@@ -526,7 +609,7 @@ impl Mesh {
     fn writer(&self, op: &str, peer: usize) -> Result<&tokio::sync::Mutex<WriteHalf>> {
         self.writers
             .get(peer)
-            .and_then(Option::as_ref)
+            .and_then(Option::as_deref)
             .ok_or_else(|| {
                 Error::InvalidArgument(format!(
                     "rank {} of group {}: {op} with rank {peer}: not a peer in a group of size {}",
@@ -569,12 +652,15 @@ async fn read_frames(peer: usize, mut read: ReadHalf, mailbox: Arc<Mailbox>) {
                 format!("receive failed: {e}")
             };
         }
+        let u64_at = |i: usize| u64::from_le_bytes(header[i..i + 8].try_into().unwrap_or([0; 8]));
         let kind = match header[0] {
             0 => Kind::Collective,
             1 => Kind::P2p,
+            // LIVE-1: that it came is the news; it carries nothing.
+            2 if u64_at(18) == 0 => continue,
+            2 => break "protocol error: a heartbeat with a payload".to_owned(),
             other => break format!("protocol error: unknown frame kind {other}"),
         };
-        let u64_at = |i: usize| u64::from_le_bytes(header[i..i + 8].try_into().unwrap_or([0; 8]));
         let u32_at = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().unwrap_or([0; 4]));
         let op = header[1];
         let tag = Tag {

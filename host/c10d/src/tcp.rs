@@ -70,6 +70,11 @@ pub struct TcpOptions {
     pub tls: Option<TlsCredentials>,
     /// Allow a non-loopback address without credentials.
     pub insecure: bool,
+    /// How long a member may send nothing (no frame, no heartbeat) before
+    /// the others fail its collectives at once, with "rank 2 failed: no
+    /// heartbeat for 2.0 s", instead of waiting for the group's timeout
+    /// (`wasmrpc_net::liveness`). `None`: no heartbeats.
+    pub failure_timeout: Option<std::time::Duration>,
 }
 
 impl std::fmt::Debug for TcpOptions {
@@ -79,6 +84,7 @@ impl std::fmt::Debug for TcpOptions {
             .field("secret", &self.secret.as_ref().map(|_| "<set>"))
             .field("tls", &self.tls.as_ref().map(|_| "<set>"))
             .field("insecure", &self.insecure)
+            .field("failure_timeout", &self.failure_timeout)
             .finish()
     }
 }
@@ -87,7 +93,8 @@ impl TcpOptions {
     /// From the environment, as the agent takes its credentials:
     /// [`HOST_ENV`], the TLS variables of
     /// [`TlsCredentials::from_env`], [`SECRET_ENV`] (else
-    /// [`SECRET_FILE_ENV`]) and [`INSECURE_ENV`].
+    /// [`SECRET_FILE_ENV`]), [`INSECURE_ENV`], and [`FAILURE_TIMEOUT_ENV`]
+    /// (seconds; 0 for no heartbeats; 2 s when unset).
     ///
     /// # Errors
     /// [`Error::Runtime`] for credentials that cannot be read or used (a
@@ -101,8 +108,30 @@ impl TcpOptions {
                 .map(Arc::from),
             tls: TlsCredentials::from_env().map_err(credentials)?,
             insecure: std::env::var(INSECURE_ENV).is_ok_and(|v| v == "1"),
+            failure_timeout: failure_timeout_from_env()?,
         })
     }
+}
+
+/// The variable that sets the `tcp` backend's failure window, in seconds
+/// ([`TcpOptions::failure_timeout`]).
+pub const FAILURE_TIMEOUT_ENV: &str = "WASMRPC_C10D_FAILURE_TIMEOUT";
+
+fn failure_timeout_from_env() -> Result<Option<std::time::Duration>> {
+    let Ok(text) = std::env::var(FAILURE_TIMEOUT_ENV) else {
+        return Ok(Some(wasmrpc_net::liveness::DEFAULT_FAILURE_TIMEOUT));
+    };
+    let window = text
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
+        .ok_or_else(|| {
+            Error::Runtime(format!(
+                "{FAILURE_TIMEOUT_ENV}={text:?} is not a number of seconds"
+            ))
+        })?;
+    Ok((!window.is_zero()).then_some(window))
 }
 
 /// The tcp backend of one group member.
@@ -168,7 +197,7 @@ pub async fn create_with(
         }
         None => None,
     };
-    let mesh = Mesh::connect(
+    let mut mesh = Mesh::connect(
         &args.store,
         &host,
         MeshAuth {
@@ -181,6 +210,9 @@ pub async fn create_with(
         args.timeout,
     )
     .await?;
+    if let Some(window) = opts.failure_timeout {
+        mesh.watch_liveness(window);
+    }
     Ok(Arc::new(Tcp {
         rank: args.group_rank,
         size: args.group_size,

@@ -652,3 +652,37 @@ async fn a_member_with_a_certificate_of_another_ca_is_refused() {
     })
     .await;
 }
+
+/// With a failure window far shorter than its delay, a rank that is slow
+/// to join a collective but alive is waited for, not failed: its
+/// heartbeats keep its connections alive (LIVE-1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_but_live_rank_is_waited_for_not_failed() {
+    register_tcp_with("tcp_short_window", |_| TcpOptions {
+        failure_timeout: Some(Duration::from_millis(200)),
+        ..Default::default()
+    });
+    run_ranks(2, |rank, file| async move {
+        let world = common::init(
+            Some("tcp_short_window"),
+            rank,
+            2,
+            &file,
+            Duration::from_secs(15),
+        )
+        .await;
+        if rank == 1 {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+        }
+        let t = vals(&[1.0 + rank as f32]);
+        world
+            .all_reduce(&t, ReduceOp::SUM, None)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        assert!(t.equal(&vals(&[3.])));
+        world.destroy_process_group(None).unwrap();
+    })
+    .await;
+}

@@ -15,7 +15,10 @@
 //!   offer);
 //! - length-prefixed messages with a size limit and a timeout
 //!   ([`read_message`], [`write_message`], [`Limits`]) and the handshake's
-//!   wire messages ([`wire`]), which tests use to play a hostile peer.
+//!   wire messages ([`wire`]), which tests use to play a hostile peer;
+//! - the liveness rules of a connection once it is open ([`liveness`]:
+//!   when a heartbeat is due, when a peer is silent), which the agent's
+//!   transport and the mesh both follow with heartbeat frames of their own.
 //!
 //! It must not touch: what runs over a connection once the handshake is
 //! done (the agent's frames, tensor storages, vectored writes, busy-poll
@@ -78,6 +81,7 @@
 mod auth;
 mod binding;
 mod error;
+pub mod liveness;
 mod message;
 mod random;
 pub mod wire;

@@ -29,9 +29,9 @@ mod tasks;
 mod write_half;
 
 pub(crate) use coalesce::Work;
-pub use liveness::DEFAULT_FAILURE_TIMEOUT;
 pub(crate) use refusals::{REFUSAL_LOG_INTERVAL, Refusal, RefusalLog};
 use tasks::{READ_BUFFER, accept_loop, reader_loop, writer_loop};
+pub use wasmrpc_net::liveness::DEFAULT_FAILURE_TIMEOUT;
 use write_half::WriteHalf;
 
 /// What the transport tells its owner (the agent).
@@ -131,8 +131,7 @@ pub(crate) struct Connection {
     runtime: tokio::runtime::Handle,
     /// Frames queued to send, and socket reads that brought bytes
     /// (LIVE-3): what the liveness watchdog looks at.
-    sent: AtomicU64,
-    reads: Arc<AtomicU64>,
+    activity: wasmrpc_net::liveness::Activity,
 }
 
 impl std::fmt::Debug for Connection {
@@ -411,20 +410,17 @@ impl Transport {
         who: handshake::Peer,
         shm: ShmSlot,
     ) -> Arc<Connection> {
-        let reads = Arc::new(AtomicU64::new(0));
+        let activity = wasmrpc_net::liveness::Activity::default();
         let (read, direct): (Box<dyn tokio::io::AsyncRead + Send + Unpin>, _) = match stream {
             Stream::Tcp(stream) => {
                 let (read, write) = stream.into_split();
                 let read = busy_poll::BusyPollRead::new(read, self.cfg.busy_poll);
-                (
-                    Box::new(liveness::CountedRead::new(read, reads.clone())),
-                    WriteHalf::Tcp(write),
-                )
+                (Box::new(activity.counting(read)), WriteHalf::Tcp(write))
             }
             Stream::Tls(stream) => {
                 let (read, write) = stream.into_split();
                 (
-                    Box::new(liveness::CountedRead::new(read, reads.clone())),
+                    Box::new(activity.counting(read)),
                     WriteHalf::Tls(Box::new(write)),
                 )
             }
@@ -443,8 +439,7 @@ impl Transport {
             work: AtomicUsize::new(0),
             flush_scheduled: AtomicBool::new(false),
             runtime: tokio::runtime::Handle::current(),
-            sent: AtomicU64::new(0),
-            reads,
+            activity,
         });
         lock(&self.all).insert(conn.id, conn.clone());
         lock(&self.conns)

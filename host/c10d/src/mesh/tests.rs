@@ -271,3 +271,78 @@ mod decoders {
         }
     }
 }
+
+fn p2p(seq: u64) -> Tag {
+    Tag {
+        kind: Kind::P2p,
+        seq,
+        sub: 0,
+        step: 0,
+    }
+}
+
+/// LIVE-2 on the mesh: rank 1 passes the handshake and then sends nothing
+/// (a stopped process): rank 0's `recv` from it fails once the window has
+/// passed, naming the cause, long before the collective's timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_rank_fails_a_waiting_recv_within_the_window() {
+    let store: Arc<dyn Store> = Arc::new(HashStore::new());
+    let plain = || MeshAuth {
+        secret: None,
+        tls: None,
+    };
+    let (rank0, addr) = start_rank0(&store, plain()).await;
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    crate::handshake::dial(&mut silent, None, GROUP, 1, 0)
+        .await
+        .unwrap();
+    let mut rank0 = rank0.await.unwrap().unwrap();
+    rank0.watch_liveness(Duration::from_millis(300));
+    let started = std::time::Instant::now();
+    let e = rank0.recv("recv", 1, p2p(1), LIMIT).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(
+        e.to_string()
+            .contains("rank 1 failed: no heartbeat for 0.3 s"),
+        "{e}"
+    );
+    assert!(
+        took >= Duration::from_millis(300) && took < LIMIT / 2,
+        "{took:?}"
+    );
+    // Rank 0 sent heartbeats (a header of kind 2, nothing else) meanwhile.
+    let mut header = [0u8; HEADER];
+    silent.read_exact(&mut header).await.unwrap();
+    assert_eq!(header[0], Kind::Heartbeat as u8);
+    assert!(header[1..].iter().all(|&b| b == 0));
+}
+
+/// LIVE-1 on the mesh: two members with nothing to say keep their
+/// connection over many windows, and frames still arrive after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_members_stay_connected_on_heartbeats() {
+    let store: Arc<dyn Store> = Arc::new(HashStore::new());
+    let plain = || MeshAuth {
+        secret: None,
+        tls: None,
+    };
+    let (rank0, _) = start_rank0(&store, plain()).await;
+    let mut rank1 = Mesh::connect(&store, "127.0.0.1", plain(), 1, 2, GROUP, LIMIT)
+        .await
+        .unwrap();
+    let mut rank0 = rank0.await.unwrap().unwrap();
+    for mesh in [&mut rank0, &mut rank1] {
+        mesh.watch_liveness(Duration::from_millis(200));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    rank1
+        .send("send", 0, p2p(2), b"still here", LIMIT)
+        .await
+        .unwrap();
+    assert_eq!(
+        rank0.recv("recv", 1, p2p(2), LIMIT).await.unwrap(),
+        b"still here"
+    );
+    let heartbeats = rank0.activity[1].as_ref().unwrap().frames_sent();
+    assert!(heartbeats >= 5, "{heartbeats} frames sent while idle");
+}

@@ -4,7 +4,6 @@
 //! task.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use wasmrpc_credentials::TlsWriteHalf;
 
@@ -127,7 +126,7 @@ impl Connection {
             return Err(closed());
         }
         // LIVE-3: the watchdog sends no heartbeat after this frame.
-        self.sent.fetch_add(1, Ordering::Relaxed);
+        self.activity.sent();
         let fills = frame.place(self.shm.get())?;
         // Shared storages are filled right after queueing (SHM-5): their
         // frames never wait.
