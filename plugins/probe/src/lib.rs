@@ -116,3 +116,25 @@ fn save_tensors(path: String, tensors: Vec<(String, Tensor)>) -> Result<()> {
 fn load_tensors(path: String) -> Result<Vec<(String, Tensor)>> {
     fs::load_tensors(&path)
 }
+
+/// The group's health as a plugin sees it (`wasmrpc_guest::supervision`):
+/// waits for the next failure of a worker not in `known`, then answers
+/// `(restart count, [(worker, cause), ...] declared so far, (worker, cause)
+/// of that failure)`.
+#[remote]
+fn supervision(known: Vec<String>) -> Result<Value> {
+    use wasmrpc_guest::supervision::{self, WorkerFailure};
+    let next: WorkerFailure = supervision::next_worker_failure(&known)?.wait()?;
+    let pair = |f: &WorkerFailure| {
+        Value::Tuple(vec![
+            Value::Str(f.worker.clone()),
+            Value::Str(f.cause.clone()),
+        ])
+    };
+    let failed = supervision::failed_workers()?;
+    Ok(Value::Tuple(vec![
+        Value::Int(i64::from(supervision::restart_count()?)),
+        Value::List(failed.iter().map(pair).collect()),
+        pair(&next),
+    ]))
+}

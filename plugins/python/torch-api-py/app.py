@@ -6,10 +6,11 @@ compares with torch on the same weights: outputs and gradients.
 
 The same cases run in pure Python against a fake host in
 `guest-sdk/python/tests/test_torch_api.py`; this plugin is for the Rust
-tests that will run them through a worker.
+tests that will run them through a worker. `supervision` is the kit's
+view of the group's failures (`wasmrpc.rpc`).
 """
 
-from wasmrpc import remote, torch
+from wasmrpc import remote, rpc, torch
 
 nn = torch.nn
 F = torch.nn.functional
@@ -193,3 +194,11 @@ def dist_train_resuming(params, inputs, lr, momentum, state):
             dist_autograd.backward(ctx, [loss])
             opt.step(ctx)
     return opt.state_dict()
+
+
+@remote
+def supervision(known):
+    """Waits for the next failure of a worker not in `known`, then answers
+    `[restart count, failures declared so far, that failure]`."""
+    nxt = rpc.next_worker_failure(known).wait()
+    return [rpc.restart_count(), rpc.failed_workers(), nxt]

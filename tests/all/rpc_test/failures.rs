@@ -224,3 +224,74 @@ fn a_worker_gone_with_calls_waiting_on_it_is_declared_failed() {
         Ok(())
     });
 }
+
+/// FAIL-2 from plugins: a Rust plugin (`wasmrpc_guest::supervision`) and a
+/// Python one (`wasmrpc.rpc`) waiting for the next failure are told of it,
+/// with the failures declared so far and the restart count.
+#[test]
+fn plugins_in_rust_and_python_are_told_of_a_failure() {
+    timed(async {
+        let host = wasmrpc::PluginHost::shared()?;
+        let probe = host.load_file(wasmrpc_plugins::PROBE)?;
+        let python = host.load_file(wasmrpc_plugins::TORCH_API_PY)?;
+        let options = RpcBackendOptions {
+            failure_timeout: Some(Duration::from_millis(500)),
+            ..Default::default()
+        };
+        let builder = Cluster::builder(2).options(options).functions(move |r| {
+            host.register(&probe, r);
+            host.register(&python, r);
+        });
+        let secret = builder.secret().to_vec();
+        let c = builder.start().await?;
+        let agent = c.agent(0).clone();
+        agent.rpc_sync("worker1", wasmrpc::NOOP, args![]).await?;
+        let none = Payload::list(Vec::<Payload>::new());
+        let rust = agent.rpc_async("worker0", "probe::supervision", args![none.clone()]);
+        let python = agent.rpc_async("worker0", "torch_api_py::supervision", args![none]);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        ensure!(!rust.done() && !python.done(), "nothing failed yet");
+        let addr = agent.local_addr().expect("worker0 listens");
+        let _silent = probe::connect(addr, &secret, "worker1").await?;
+        let cause = "no heartbeat for 0.5 s";
+        for (who, told) in [("rust", rust), ("python", python)] {
+            let told = told.wait().await?;
+            let parts = told.items()?;
+            ensure!(parts.len() == 3, "{who}: {told:?}");
+            ensure!(
+                parts[0].as_int()? == 0,
+                "{who}: restart count {:?}",
+                parts[0]
+            );
+            let failed = parts[1].items()?;
+            ensure!(failed.len() == 1, "{who}: {failed:?}");
+            let text = |p: &Payload| -> anyhow::Result<Vec<String>> {
+                match p.items() {
+                    Ok(items) => items.iter().map(|i| Ok(i.as_str()?.to_string())).collect(),
+                    // The Python kit answers dicts.
+                    Err(_) => {
+                        let entries = p.entries()?;
+                        let field = |key: &str| -> anyhow::Result<String> {
+                            let (_, v) = entries
+                                .iter()
+                                .find(|(k, _)| k.as_str().is_ok_and(|k| k == key))
+                                .ok_or_else(|| anyhow::anyhow!("no {key}"))?;
+                            Ok(v.as_str()?.to_string())
+                        };
+                        Ok(vec![field("worker")?, field("cause")?])
+                    }
+                }
+            };
+            ensure!(text(&failed[0])? == ["worker1", cause], "{who}: {failed:?}");
+            ensure!(
+                text(&parts[2])? == ["worker1", cause],
+                "{who}: {:?}",
+                parts[2]
+            );
+        }
+        for a in [&agent, c.agent(1)] {
+            let _ = a.shutdown(false, Duration::ZERO).await;
+        }
+        Ok(())
+    });
+}
