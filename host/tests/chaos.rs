@@ -14,20 +14,17 @@
 //!
 //! Every run here is bounded: a hang fails the test.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 #[allow(dead_code, reason = "helpers shared with the CLI tests")]
 mod common;
 
+use common::demo::{accuracy, checkpointed_step, children, data_dir};
 use common::{CREDENTIAL_ENV, ServingProcess, text, wasmrpc};
 
 const TRAINERS: usize = 3;
-
-fn data_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/data")
-}
 
 /// `wasmrpc launch` of the demo: `epochs` epochs on [`TRAINERS`] trainers,
 /// checkpoints in `checkpoints`, then `extra` flags.
@@ -61,42 +58,14 @@ fn start_launch(name: &str, args: &[String]) -> ServingProcess {
     ServingProcess::start(name, cmd)
 }
 
-/// The per-epoch held-out accuracy in a `--result` file.
-fn accuracy(result: &Path) -> Vec<f64> {
-    let text = std::fs::read_to_string(result).expect("the launcher wrote the result");
-    let json: serde_json::Value = serde_json::from_str(&text).expect("the result is JSON");
-    json["accuracy"]
-        .as_array()
-        .expect("a list of accuracies")
-        .iter()
-        .map(|v| v.as_f64().expect("a number"))
-        .collect()
-}
-
-/// The step of the folder's checkpoint, if it has one yet.
-fn checkpointed_step(checkpoints: &Path) -> Option<i64> {
-    let text = std::fs::read_to_string(checkpoints.join("checkpoint.json")).ok()?;
-    let json: serde_json::Value = serde_json::from_str(&text).ok()?;
-    json["step"].as_i64()
-}
-
 /// The pid of the live worker `name` among `launcher`'s children.
 fn worker_pid(launcher: u32, name: &str) -> Option<u32> {
-    let tasks = std::fs::read_dir(format!("/proc/{launcher}/task")).ok()?;
-    tasks
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("children")).ok())
-        .flat_map(|children| {
-            children
-                .split_whitespace()
-                .filter_map(|p| p.parse::<u32>().ok())
-                .collect::<Vec<_>>()
-        })
-        .find(|pid| {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-            args.windows(2)
-                .any(|w| w[0] == b"--name" && w[1] == name.as_bytes())
-        })
+    children(launcher).into_iter().find(|pid| {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        args.windows(2)
+            .any(|w| w[0] == b"--name" && w[1] == name.as_bytes())
+    })
 }
 
 fn signal(signal: &str, pid: u32) {
@@ -329,19 +298,10 @@ fn under_torchrun_a_killed_trainer_restarts_the_group_which_resumes() {
 /// The pid of the worker of rank `rank` among `agent`'s children (torchrun
 /// names none: it tells them their rank in `RANK`).
 fn worker_pid_by_rank(agent: u32, rank: u32) -> Option<u32> {
-    let tasks = std::fs::read_dir(format!("/proc/{agent}/task")).ok()?;
-    tasks
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("children")).ok())
-        .flat_map(|children| {
-            children
-                .split_whitespace()
-                .filter_map(|p| p.parse::<u32>().ok())
-                .collect::<Vec<_>>()
-        })
-        .find(|pid| {
-            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-            environ
-                .split(|&b| b == 0)
-                .any(|v| v == format!("RANK={rank}").as_bytes())
-        })
+    children(agent).into_iter().find(|pid| {
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        environ
+            .split(|&b| b == 0)
+            .any(|v| v == format!("RANK={rank}").as_bytes())
+    })
 }

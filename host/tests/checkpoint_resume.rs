@@ -4,7 +4,7 @@
 //! last checkpoint (`param_server::resume`) to the same held-out accuracy
 //! as a run that was never interrupted.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -13,16 +13,13 @@ use std::time::{Duration, Instant};
 #[allow(dead_code, reason = "helpers shared with the CLI tests")]
 mod common;
 
+use common::demo::{accuracy, checkpointed_step, data_dir};
 use common::{CREDENTIAL_ENV, text, wasmrpc};
 
 /// Trainers and epochs of these runs: small enough to be quick, long
 /// enough to interrupt.
 const TRAINERS: &str = "3";
 const EPOCHS: usize = 5;
-
-fn data_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/data")
-}
 
 fn launch_args(entry: &str, checkpoints: &Path, result: &Path) -> Vec<String> {
     vec![
@@ -48,25 +45,6 @@ fn launch_args(entry: &str, checkpoints: &Path, result: &Path) -> Vec<String> {
 fn run(args: &[String]) -> std::process::Output {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     wasmrpc(&args, Duration::from_secs(180))
-}
-
-/// The per-epoch held-out accuracy in a `--result` file.
-fn accuracy(result: &Path) -> Vec<f64> {
-    let text = std::fs::read_to_string(result).expect("the launcher wrote the result");
-    let json: serde_json::Value = serde_json::from_str(&text).expect("the result is JSON");
-    json["accuracy"]
-        .as_array()
-        .expect("a list of accuracies")
-        .iter()
-        .map(|v| v.as_f64().expect("a number"))
-        .collect()
-}
-
-/// The step of the folder's checkpoint, if it has one yet.
-fn checkpointed_step(checkpoints: &Path) -> Option<i64> {
-    let text = std::fs::read_to_string(checkpoints.join("checkpoint.json")).ok()?;
-    let json: serde_json::Value = serde_json::from_str(&text).ok()?;
-    json["step"].as_i64()
 }
 
 #[test]

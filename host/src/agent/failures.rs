@@ -3,12 +3,14 @@
 //!
 //! A peer is declared failed when its connection went silent for the
 //! failure window (`transport` TR-11, [`RpcBackendOptions::failure_timeout`](super::RpcBackendOptions::failure_timeout)):
-//! a stopped process, a machine off the network; or when a connection to it
-//! closed, while this worker runs, with calls still waiting on it (a killed
-//! process: the calls fail with the close, TR-4, and the worker is declared
-//! failed with the close's cause). A connection that closes with nothing
-//! pending on it declares nothing: peers leaving a dynamic group, or
-//! shutting down, close theirs that way.
+//! a stopped process, a machine off the network; or when its side closed or
+//! broke a connection, while this worker runs, with calls still waiting on
+//! it (a killed process: the calls fail with the close, TR-4, and the
+//! worker is declared failed with the close's cause). A connection that
+//! closes with nothing pending on it declares nothing (peers leaving a
+//! dynamic group, or shutting down, close theirs that way), and neither
+//! does a close this worker decided (a frame it could not read: the peer
+//! is alive, and the next call dials it again).
 //!
 //! Invariants:
 //! - FAIL-1: a worker is declared failed at most once. From then on every

@@ -449,20 +449,25 @@ impl Handler for AgentHandler {
         // close connections too: no failure.
         let running =
             agent.inner.state.load(std::sync::atomic::Ordering::Acquire) == super::RUNNING;
-        if waiting.into_inner() > 0 && running {
-            agent.declare_failed(&peer, &close_cause(&peer, reason));
+        if waiting.into_inner() > 0
+            && running
+            && let Some(cause) = peer_gone(&peer, reason)
+        {
+            agent.declare_failed(&peer, &cause);
         }
     }
 }
 
-/// The cause a close gives a failure: the transport's reason without the
-/// worker's name, which the failure's text puts first.
-fn close_cause(peer: &str, reason: &str) -> String {
+/// The cause of a failure, when the connection's close came from the
+/// peer's side (it closed the connection, or the connection broke under
+/// it), without the worker's name, which the failure's text puts first.
+/// A close this worker decided (a bad frame from the peer, its own
+/// shutdown) is no sign that the peer is gone: `None`.
+fn peer_gone(peer: &str, reason: &str) -> Option<String> {
     if reason == format!("worker {peer} closed the connection") {
-        return "it closed the connection".to_string();
+        return Some("it closed the connection".to_string());
     }
-    match reason.strip_prefix(&format!("connection to worker {peer} failed: ")) {
-        Some(error) => format!("connection lost: {error}"),
-        None => reason.to_string(),
-    }
+    reason
+        .strip_prefix(&format!("connection to worker {peer} failed: "))
+        .map(|error| format!("connection lost: {error}"))
 }

@@ -261,6 +261,10 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         // once, whatever it waits for: a trainer stuck behind the failed
         // one would otherwise hold it forever.
         let outcome = tokio::select! {
+            // A call that failed with its own cause (its connection closed
+            // under it) reports that, though its worker is declared failed
+            // at the same moment.
+            biased;
             result = agent.rpc_sync(on, entry, call_args) => result,
             failure = agent.next_failure(&[]) => Err(wasmrpc::Error::runtime(failure.to_string())),
         };

@@ -1,5 +1,8 @@
 //! What the tests that run the `wasmrpc` binary share.
 
+#[allow(dead_code, reason = "for the tests that run the demo's job")]
+pub(crate) mod demo;
+
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
