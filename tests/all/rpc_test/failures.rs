@@ -18,6 +18,27 @@ use wasmrpc_tests::{expect_err, ones, register_all, timed};
 /// A call that outlasts the test: pending when its callee fails.
 const SLOW: &str = "failures::slow";
 
+/// A connection to worker0 at `addr` that passes the handshake as worker1
+/// and then carries nothing: what a stopped worker1 looks like from
+/// worker0. Over TLS when the cluster runs TLS (`ca`, its CA).
+async fn silent_worker1(
+    ca: Option<&std::sync::Arc<wasmrpc::CertificateAuthority>>,
+    addr: std::net::SocketAddr,
+    secret: &[u8],
+) -> anyhow::Result<Box<dyn std::any::Any + Send>> {
+    Ok(match ca {
+        None => Box::new(probe::connect(addr, secret, "worker1").await?),
+        Some(ca) => {
+            let tls = probe::TlsProbe {
+                ca_pem: ca.cert_pem().to_string(),
+                client: Some(ca.credentials_for("worker1")?),
+                server: "worker0".to_string(),
+            };
+            Box::new(probe::connect_tls(addr, &tls, secret, "worker1").await?)
+        }
+    })
+}
+
 #[test]
 fn a_silent_peer_is_declared_failed_and_calls_to_it_fail_at_once() {
     timed(async {
@@ -33,6 +54,7 @@ fn a_silent_peer_is_declared_failed_and_calls_to_it_fail_at_once() {
             });
         });
         let secret = builder.secret().to_vec();
+        let ca = builder.authority().cloned();
         let c = builder.start().await?;
         let agent = c.agent(0).clone();
         let mut watch = agent.watch_failures();
@@ -42,7 +64,7 @@ fn a_silent_peer_is_declared_failed_and_calls_to_it_fail_at_once() {
         let addr = agent.local_addr().expect("worker0 listens");
         // What a stopped worker1 looks like from worker0: a connection that
         // passed the handshake as worker1 and then carries nothing.
-        let _silent = probe::connect(addr, &secret, "worker1").await?;
+        let _silent = silent_worker1(ca.as_ref(), addr, &secret).await?;
         let started = Instant::now();
         watch.changed().await?;
         let failure = WorkerFailure {
@@ -113,11 +135,12 @@ fn without_a_failure_window_a_silent_peer_is_not_declared_failed() {
         };
         let builder = Cluster::builder(2).options(options).functions(register_all);
         let secret = builder.secret().to_vec();
+        let ca = builder.authority().cloned();
         let c = builder.start().await?;
         let agent = c.agent(0).clone();
         agent.rpc_sync("worker1", wasmrpc::NOOP, args![]).await?;
         let addr = agent.local_addr().expect("worker0 listens");
-        let _silent = probe::connect(addr, &secret, "worker1").await?;
+        let _silent = silent_worker1(ca.as_ref(), addr, &secret).await?;
         tokio::time::sleep(Duration::from_millis(1500)).await;
         ensure!(agent.failed_workers().is_empty());
         agent.rpc_sync("worker1", wasmrpc::NOOP, args![]).await?;
@@ -138,6 +161,7 @@ fn a_failed_workers_forks_and_autograd_contexts_are_released() {
         };
         let builder = Cluster::builder(2).options(options).functions(register_all);
         let secret = builder.secret().to_vec();
+        let ca = builder.authority().cloned();
         let c = builder.start().await?;
         let (a0, a1) = (c.agent(0).clone(), c.agent(1).clone());
         let info = |key: &str| -> anyhow::Result<usize> {
@@ -160,7 +184,7 @@ fn a_failed_workers_forks_and_autograd_contexts_are_released() {
 
         // worker1 as worker0 sees a stopped worker1: silent.
         let addr = a0.local_addr().expect("worker0 listens");
-        let _silent = probe::connect(addr, &secret, "worker1").await?;
+        let _silent = silent_worker1(ca.as_ref(), addr, &secret).await?;
         a0.next_failure(&[]).await;
         ensure!(info("num_forks")? == 0, "{:?}", a0.get_debug_info());
         ensure!(info("num_owner_rrefs")? == 0, "{:?}", a0.get_debug_info());
@@ -243,6 +267,7 @@ fn plugins_in_rust_and_python_are_told_of_a_failure() {
             host.register(&python, r);
         });
         let secret = builder.secret().to_vec();
+        let ca = builder.authority().cloned();
         let c = builder.start().await?;
         let agent = c.agent(0).clone();
         agent.rpc_sync("worker1", wasmrpc::NOOP, args![]).await?;
@@ -252,7 +277,7 @@ fn plugins_in_rust_and_python_are_told_of_a_failure() {
         tokio::time::sleep(Duration::from_millis(200)).await;
         ensure!(!rust.done() && !python.done(), "nothing failed yet");
         let addr = agent.local_addr().expect("worker0 listens");
-        let _silent = probe::connect(addr, &secret, "worker1").await?;
+        let _silent = silent_worker1(ca.as_ref(), addr, &secret).await?;
         let cause = "no heartbeat for 0.5 s";
         for (who, told) in [("rust", rust), ("python", python)] {
             let told = told.wait().await?;

@@ -304,7 +304,7 @@ fn check_sparse(size: &[i64], indices: &Tensor, values: &Tensor) -> Result<()> {
             "sparse values' dense dimensions do not match the size",
         ));
     }
-    if nnz > 0 {
+    if nnz > 0 && sparse_dim > 0 {
         let min = indices.f_min()?.f_int64_value(&[])?;
         let max_per_dim = indices.f_amax([1i64].as_slice(), false)?;
         let mut in_range = min >= 0;

@@ -231,3 +231,25 @@ fn only_a_storage_every_user_reads_densely_on_one_cuda_device_lands_there() {
         "no device map: all on the CPU"
     );
 }
+
+/// A sparse tensor with no sparse dimension (indices of shape `(0, nnz)`,
+/// which ops make of a sparse input reduced to its dense part) has no
+/// index to check: it travels, where the bounds check once took the
+/// minimum of an empty tensor and refused the whole frame (found by the op
+/// fuzzer: the receiver then closed the connection).
+#[test]
+fn a_sparse_tensor_without_sparse_dimensions_round_trips() {
+    let dense = Tensor::from_slice(&[1.0f32, 2.0, 3.0]);
+    let indices = Tensor::zeros([0, 1], (Kind::Int64, Device::Cpu));
+    let sparse = Tensor::sparse_coo_tensor_indices_size(
+        &indices,
+        &dense.unsqueeze(0),
+        [3],
+        (Kind::Float, Device::Cpu),
+        false,
+    );
+    assert_eq!(sparse.sparse_dim(), 0);
+    let got = round_trip(&[sparse]);
+    assert!(got[0].is_sparse());
+    assert!(got[0].to_dense(None, false).equal(&dense));
+}
