@@ -346,3 +346,32 @@ async fn idle_members_stay_connected_on_heartbeats() {
     let heartbeats = rank0.activity[1].as_ref().unwrap().frames_sent();
     assert!(heartbeats >= 5, "{heartbeats} frames sent while idle");
 }
+
+/// A hostile peer's heartbeat that claims a payload is a protocol error:
+/// the connection is failed (a `recv` from it says why), not read as if the
+/// payload were the next frame.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_with_a_payload_is_a_protocol_error() {
+    let store: Arc<dyn Store> = Arc::new(HashStore::new());
+    let plain = MeshAuth {
+        secret: None,
+        tls: None,
+    };
+    let (rank0, addr) = start_rank0(&store, plain).await;
+    let mut hostile = TcpStream::connect(addr).await.unwrap();
+    crate::handshake::dial(&mut hostile, None, GROUP, 1, 0)
+        .await
+        .unwrap();
+    let rank0 = rank0.await.unwrap().unwrap();
+    let mut header = [0u8; HEADER];
+    header[0] = Kind::Heartbeat as u8;
+    header[18..26].copy_from_slice(&5u64.to_le_bytes());
+    hostile.write_all(&header).await.unwrap();
+    hostile.write_all(b"hello").await.unwrap();
+    let e = rank0.recv("recv", 1, p2p(3), LIMIT).await.unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("protocol error: a heartbeat with a payload"),
+        "{e}"
+    );
+}
