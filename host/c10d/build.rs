@@ -14,7 +14,8 @@
 //! CUDA wheels of PyPI) together with CUDA's `crt/` and CCCL headers (the
 //! `nvidia-cuda-crt` and `nvidia-cuda-cccl` wheels, which `cargo xtask
 //! setup` installs into a CUDA build's venv); `WASMRPC_C10D_NCCL=0` leaves
-//! it out.
+//! it out, and so does `WASMRPC_CUDA=0` (a host that links no CUDA
+//! library: the release bundle's `cpu` flavour).
 
 use std::path::{Path, PathBuf};
 
@@ -25,6 +26,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=WASMRPC_GLOO_INCLUDE");
     println!("cargo:rerun-if-env-changed=WASMRPC_ENV");
     println!("cargo:rerun-if-env-changed=WASMRPC_C10D_NCCL");
+    println!("cargo:rerun-if-env-changed=WASMRPC_CUDA");
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
 
     // torch-sys (links = "tch") publishes the folder it linked against.
@@ -72,7 +74,8 @@ fn main() {
     }
     // Tells the tests whether this libtorch is a CUDA build (where NCCL
     // must be available).
-    let cuda_build = lib.join("libtorch_cuda.so").exists();
+    let cuda_build = lib.join("libtorch_cuda.so").exists()
+        && std::env::var("WASMRPC_CUDA").map_or(true, |v| v != "0");
     println!(
         "cargo:rustc-env=WASMRPC_C10D_CUDA_BUILD={}",
         u8::from(cuda_build)
@@ -111,7 +114,9 @@ fn gloo_include() -> PathBuf {
 /// The include folders NCCL's c10d headers need, if this libtorch is a CUDA
 /// build whose wheel ships them.
 fn nccl_includes(lib: &Path) -> Option<Vec<PathBuf>> {
-    if std::env::var("WASMRPC_C10D_NCCL").is_ok_and(|v| v == "0") {
+    if std::env::var("WASMRPC_C10D_NCCL").is_ok_and(|v| v == "0")
+        || std::env::var("WASMRPC_CUDA").is_ok_and(|v| v == "0")
+    {
         return None;
     }
     if !lib.join("libtorch_cuda.so").exists() {

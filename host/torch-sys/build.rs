@@ -35,7 +35,11 @@ fn main() -> Result<()> {
     // libtorch_cuda.so directly; without it loaded, libtorch registers no
     // CUDA hooks and sees no device on a GPU machine
     // (`torch::cuda::device_count()` is 0), as the first GPU run showed.
-    let cuda = lib.join("libtorch_cuda.so").exists();
+    // `WASMRPC_CUDA=0` builds a host that links no CUDA library even
+    // against a CUDA libtorch (the release bundle's `cpu` flavour).
+    println!("cargo:rerun-if-env-changed=WASMRPC_CUDA");
+    let cuda = lib.join("libtorch_cuda.so").exists()
+        && std::env::var("WASMRPC_CUDA").map_or(true, |v| v != "0");
 
     let mut build = cc::Build::new();
     if cuda {

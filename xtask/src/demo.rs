@@ -112,7 +112,7 @@ pub(crate) fn run(root: &Path, resume: bool) -> Result<()> {
 /// or out of date: `wasmrpc-plugins` (`plugins/artifacts`) prints it, and
 /// building that binary runs the build script that builds every plugin, the
 /// one mechanism the tests use too.
-fn built_plugin(root: &Path, name: &str) -> Result<PathBuf> {
+pub(crate) fn built_plugin(root: &Path, name: &str) -> Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let path = process::stdout(
         std::process::Command::new(cargo)

@@ -11,6 +11,10 @@
 //! - `bench`: set-up, then the benchmark suite beside torch.distributed.rpc;
 //!   `bench collectives`: the c10d collectives beside torch.distributed's
 //!   Gloo.
+//! - `build`: the `wasmrpc` binary built against another PyTorch release
+//!   (`--torch X.Y.Z`) or the torch of a Python (`--torch-from-python`).
+//! - `dist`: the release bundle, a tarball that runs on a machine with
+//!   nothing installed.
 //! - `gpu-bundle`: the GPU-relevant tests built against another PyTorch's
 //!   libtorch (that of the GPU machines' image), packed to run there
 //!   without a Rust toolchain.
@@ -21,9 +25,11 @@
 mod bench;
 mod coverage;
 mod demo;
+mod dist;
 mod gpu_bundle;
 mod process;
 mod setup;
+mod torch_release;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -54,9 +60,57 @@ enum Command {
     /// Set up, then run `cargo fmt --check`, clippy, every test, and
     /// regenerate `tests/SEED_COVERAGE.md`.
     Test {
+        /// Build and run the tests against this PyTorch release's libtorch
+        /// (fetched from PyPI into the cache folder) in a target folder of
+        /// its own, without the lints and the TLS pass.
+        #[arg(long, value_name = "X.Y.Z")]
+        torch: Option<String>,
         /// Extra arguments passed to `cargo nextest run` (e.g. a filter).
         #[arg(trailing_var_arg = true)]
         nextest_args: Vec<String>,
+    },
+    /// Build the `wasmrpc` binary against another PyTorch than the
+    /// set-up's 2.13.0: a release's libtorch (its wheel from PyPI, into the
+    /// cache folder) or the torch a Python imports, into
+    /// `target/torch-VERSION/`. tch 0.26's C API must compile against its
+    /// headers (with `xtask/gpu-bundle/tch-compat.h`): 2.11 and 2.13 do.
+    Build {
+        /// The PyTorch release to build against (e.g. 2.11.0).
+        #[arg(long, value_name = "X.Y.Z", conflicts_with = "torch_from_python")]
+        torch: Option<String>,
+        /// Build against the torch this Python imports [default: python3].
+        #[arg(long, value_name = "PYTHON", num_args = 0..=1, default_missing_value = "python3")]
+        torch_from_python: Option<String>,
+        /// An optimized build (`--release`).
+        #[arg(long)]
+        release: bool,
+    },
+    /// Build the release bundle: `target/dist/wasmrpc-VERSION-x86_64-linux-FLAVOUR.tar.zst`,
+    /// the binary with the libraries it loads (found relative to it), the
+    /// example plugins, the demo's data, the deployment recipes and the
+    /// plugin SDK. Unpacked anywhere, `bin/wasmrpc` runs with no Rust, no
+    /// Python and no cache folder.
+    Dist {
+        /// cuda: libtorch and CUDA's libraries (runs on CPU-only machines
+        /// too); cpu: a build that links no CUDA, libtorch's CPU libraries
+        /// only; system-torch: no libtorch inside, the machine's Python's
+        /// torch (which must be the release it was built against).
+        /// [default: cuda when the torch is a CUDA build, else cpu]
+        #[arg(long, value_enum)]
+        flavour: Option<dist::Flavour>,
+        /// Build against this PyTorch release instead of the set-up's.
+        #[arg(long, value_name = "X.Y.Z")]
+        torch: Option<String>,
+        /// Pack this built binary instead of building one (the tests pack
+        /// their debug build).
+        #[arg(long, value_name = "BINARY", hide = true)]
+        from_build: Option<PathBuf>,
+        /// Where the bundle folder and the tarball go [default: target/dist].
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// zstd's compression level (1-19).
+        #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=19))]
+        level: u32,
     },
     /// Regenerate `tests/SEED_COVERAGE.md` from the last `cargo xtask test`
     /// and the newest GPU run record (`tests/gpu-runs/`).
@@ -107,9 +161,52 @@ fn main() -> Result<()> {
             setup::run(&root)?;
             demo::run(&root, resume)?;
         }
-        Command::Test { nextest_args } => {
+        Command::Test {
+            torch: Some(version),
+            nextest_args,
+        } => {
+            torch_release::test(
+                &root,
+                &torch_release::TorchChoice::Release(version),
+                &nextest_args,
+            )?;
+        }
+        Command::Test {
+            torch: None,
+            nextest_args,
+        } => {
             setup::run(&root)?;
             run_tests(&root, &nextest_args)?;
+        }
+        Command::Build {
+            torch,
+            torch_from_python,
+            release,
+        } => {
+            let choice = match (torch, torch_from_python) {
+                (_, Some(python)) => torch_release::TorchChoice::Python(python),
+                (Some(version), None) => torch_release::TorchChoice::Release(version),
+                (None, None) => torch_release::TorchChoice::Release(setup::TORCH_VERSION.into()),
+            };
+            torch_release::build(&root, &choice, release)?;
+        }
+        Command::Dist {
+            flavour,
+            torch,
+            from_build,
+            out,
+            level,
+        } => {
+            dist::run(
+                &root,
+                &dist::DistOptions {
+                    flavour,
+                    torch,
+                    from_build,
+                    out,
+                    level,
+                },
+            )?;
         }
         Command::Coverage { gpu_run } => {
             if let Some(dir) = gpu_run {

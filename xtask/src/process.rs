@@ -56,3 +56,22 @@ pub(crate) fn stdout(cmd: &mut Command) -> Result<String> {
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
+
+/// Sets `path`'s mode to 0755.
+pub(crate) fn make_executable(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+        .with_context(|| format!("could not make {} executable", path.display()))
+}
+
+/// `HEAD`'s commit, marked `-dirty` when the work tree has changes.
+pub(crate) fn commit(root: &Path) -> String {
+    let git = |args: &[&str]| {
+        output(Command::new("git").args(args).current_dir(root)).unwrap_or_default()
+    };
+    let head = git(&["rev-parse", "--short=12", "HEAD"]);
+    let dirty = !git(&["status", "--porcelain", "--untracked-files=no"])
+        .trim()
+        .is_empty();
+    format!("{}{}", head.trim(), if dirty { "-dirty" } else { "" })
+}

