@@ -187,9 +187,14 @@ pub(crate) fn run(root: &Path, opts: &DistOptions) -> Result<PathBuf> {
             std::fs::create_dir_all(&libexec)?;
             let real = libexec.join("wasmrpc");
             copy_binary(&binary, &real, None)?;
+            // The libraries the launcher must find in the machine's
+            // `torch/lib` (ldd's paths run through `..`: compare resolved).
+            let torch_lib = std::fs::canonicalize(torch.join("lib"))?;
             let torch_libs: Vec<&str> = needs
                 .iter()
-                .filter(|(_, path)| path.starts_with(torch.join("lib")))
+                .filter(|(_, path)| {
+                    std::fs::canonicalize(path).is_ok_and(|p| p.parent() == Some(&torch_lib))
+                })
                 .map(|(name, _)| name.as_str())
                 .collect();
             write_launcher(root, &stage, &info.version, &torch_libs)?;
@@ -408,7 +413,9 @@ fn copy_share(root: &Path, share: &Path) -> Result<()> {
     std::fs::create_dir_all(&plugins)?;
     for name in EXAMPLE_PLUGINS {
         let wasm = crate::demo::built_plugin(root, name)?;
-        let file = wasm.file_name().context("a plugin path without a name")?;
+        // Named by the plugin's namespace (`param_server.wasm`), as users
+        // call its functions.
+        let file = format!("{}.wasm", name.replace('-', "_"));
         std::fs::copy(&wasm, plugins.join(file))?;
     }
     copy_tree(&root.join("examples/data"), &share.join("examples/data"))?;

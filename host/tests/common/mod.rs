@@ -2,6 +2,8 @@
 
 #[allow(dead_code, reason = "for the tests that run the demo's job")]
 pub(crate) mod demo;
+#[allow(dead_code, reason = "for the tests that run two hosts")]
+pub(crate) mod netns;
 
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -21,6 +23,7 @@ pub(crate) const CREDENTIAL_ENV: [&str; 8] = [
 
 /// Runs the binary with `args`, failing the test if it outlives `deadline`
 /// (a hang must fail, not stall the run).
+#[allow(dead_code, reason = "not every test crate sharing these uses it")]
 pub(crate) fn wasmrpc(args: &[&str], deadline: Duration) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmrpc"));
     cmd.args(args).env("RUST_LOG", "info");
@@ -106,6 +109,7 @@ impl ServingProcess {
 
     /// Waits until it printed `what`, failing the test if it exits first or
     /// takes more than a minute.
+    #[allow(dead_code, reason = "not every test crate sharing these uses it")]
     pub(crate) fn wait_for(&mut self, what: &str) {
         let started = Instant::now();
         while !self.output().contains(what) {
@@ -162,6 +166,7 @@ impl ServingProcess {
 
     /// SIGTERM, then waits for a clean exit (a graceful leave); returns
     /// everything it printed.
+    #[allow(dead_code, reason = "not every test crate sharing these uses it")]
     pub(crate) fn stop(mut self) -> String {
         let pid = self.child.id().to_string();
         let sent = Command::new("kill").args(["-TERM", &pid]).status();
