@@ -3,14 +3,17 @@
 //! - `setup`: installs what the build needs and links it into `.wasmrpc-env/`
 //!   (the wasm32 target, the torch wheel in a cache folder outside the repo).
 //! - `demo`: set-up, then the README's main job on a local cluster.
-//! - `test`: set-up, then format check, lints, every test, the ported
-//!   suites again with every test cluster over TLS, and the seed coverage
-//!   table.
+//! - `test`: set-up, then format check, the guide and its links, lints,
+//!   every test, the ported suites again with every test cluster over TLS,
+//!   and the seed coverage table.
+//! - `docs`: builds the guide (`docs/`, an mdBook) into `target/book/` and
+//!   checks the links of every markdown file.
 //! - `coverage`: regenerates `tests/SEED_COVERAGE.md` from the last test run
 //!   and the newest GPU run record (`--gpu-run DIR` imports one first).
 //! - `bench`: set-up, then the benchmark suite beside torch.distributed.rpc;
 //!   `bench collectives`: the c10d collectives beside torch.distributed's
-//!   Gloo.
+//!   Gloo. A full run of either writes its table into the guide
+//!   (`docs/src/benchmarks/results.md`).
 //! - `gpu-bundle`: the GPU-relevant tests built against another PyTorch's
 //!   libtorch (that of the GPU machines' image), packed to run there
 //!   without a Rust toolchain.
@@ -21,6 +24,7 @@
 mod bench;
 mod coverage;
 mod demo;
+mod docs;
 mod gpu_bundle;
 mod process;
 mod setup;
@@ -51,13 +55,17 @@ enum Command {
         #[arg(long)]
         resume: bool,
     },
-    /// Set up, then run `cargo fmt --check`, clippy, every test, and
-    /// regenerate `tests/SEED_COVERAGE.md`.
+    /// Set up, then run `cargo fmt --check`, build the guide and check its
+    /// links, clippy, every test, and regenerate `tests/SEED_COVERAGE.md`.
     Test {
         /// Extra arguments passed to `cargo nextest run` (e.g. a filter).
         #[arg(trailing_var_arg = true)]
         nextest_args: Vec<String>,
     },
+    /// Build the guide (`docs/`, an mdBook; mdbook is installed into the
+    /// cache folder on first use) into `target/book/`, and check every
+    /// relative link and anchor of the repository's markdown files.
+    Docs,
     /// Regenerate `tests/SEED_COVERAGE.md` from the last `cargo xtask test`
     /// and the newest GPU run record (`tests/gpu-runs/`).
     Coverage {
@@ -70,6 +78,8 @@ enum Command {
     /// torch.distributed.rpc and the machine's raw limits, one table of ratios.
     /// `bench collectives [--quick] [--rounds N]`: the c10d collectives
     /// (libtorch's Gloo behind wasmrpc-c10d) beside torch.distributed's Gloo.
+    /// A full run (no `--quick`, `--only`, `--no-torch`) writes its table
+    /// into the guide, `docs/src/benchmarks/results.md`.
     Bench {
         /// Arguments passed to `wasmrpc-bench` (e.g. `--quick`, `--only
         /// echo`, `--baseline FILE`; `-- --help` lists them), or
@@ -111,6 +121,9 @@ fn main() -> Result<()> {
             setup::run(&root)?;
             run_tests(&root, &nextest_args)?;
         }
+        Command::Docs => {
+            docs::run(&root)?;
+        }
         Command::Coverage { gpu_run } => {
             if let Some(dir) = gpu_run {
                 let record = coverage::import_gpu_run(&root, &dir)?;
@@ -134,6 +147,9 @@ fn main() -> Result<()> {
 fn run_tests(root: &Path, nextest_args: &[String]) -> Result<()> {
     process::step("format check (cargo fmt --check)");
     process::cargo(root, &["fmt", "--all", "--check"])?;
+
+    process::step("the guide: mdbook build (docs/ into target/book/) and the markdown links");
+    docs::run(root)?;
 
     process::step("lints, host crates (cargo clippy --all-targets -D warnings)");
     process::cargo(root, &["clippy", "--all-targets", "--", "-D", "warnings"])?;
