@@ -95,7 +95,7 @@ pub(crate) struct Broken {
 /// A folder or file that cannot be read.
 pub(crate) fn check_links(root: &Path) -> Result<Report> {
     let mut files = Vec::new();
-    markdown_files(root, root, &mut files)?;
+    markdown_files(root, &mut files)?;
     files.sort();
     let mut checker = Checker {
         root,
@@ -110,9 +110,9 @@ pub(crate) fn check_links(root: &Path) -> Result<Report> {
     Ok(checker.report)
 }
 
-/// Every `.md` file under `dir`, skipping hidden folders, `target/` and
-/// symbolic links (`.wasmrpc-env/` links to whole Python environments).
-fn markdown_files(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+/// Every `.md` file under `dir`, skipping hidden folders, `target/` folders
+/// and symbolic links (`.wasmrpc-env/` links to whole Python environments).
+fn markdown_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     let entries = std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))?;
     for entry in entries {
         let entry = entry?;
@@ -121,12 +121,14 @@ fn markdown_files(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) -> Result<()>
         let name = name.to_string_lossy();
         let kind = entry.file_type()?;
         if kind.is_dir() {
+            // Build outputs (`target/` at the root, and in a plugin crate
+            // built on its own) hold no markdown of the repository's.
             let skipped = name.starts_with('.')
                 || name == "__pycache__"
                 || name == "node_modules"
-                || (dir == root && name == "target");
+                || name == "target";
             if !skipped {
-                markdown_files(root, &path, out)?;
+                markdown_files(&path, out)?;
             }
         } else if kind.is_file() && name.ends_with(".md") {
             out.push(path);
