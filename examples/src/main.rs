@@ -1,6 +1,6 @@
 //! `wasmrpc-examples`: runs one of the examples on a local cluster in this
-//! process and prints what it measured (see the crate docs and the README's
-//! "Examples" section).
+//! process and prints what it measured (see the crate docs and the guide's
+//! "Examples" chapter, `docs/src/using/examples.md`).
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

@@ -1,6 +1,6 @@
 //! Round trip of a native no-op taking an int, against a raw TCP ping-pong
-//! of 8 bytes on the same machine, in the same run (DESIGN.md's "round trip,
-//! small call" anchor). Prints the ratio, since only ratios measured in one
+//! of 8 bytes on the same machine, in the same run (the design's "round trip,
+//! small call" performance anchor). Prints the ratio, since only ratios measured in one
 //! run are comparable.
 
 use std::sync::Arc;

@@ -1191,7 +1191,8 @@ fn launch_passes_the_op_policy_to_every_worker() {
     assert!(out.status.success(), "{stdout}\n{stderr}");
 }
 
-/// The README's Python steps end to end: an `app.py` built with `wasmrpc
+/// The guide's Python plugin steps (`docs/src/using/python-plugins.md`)
+/// end to end: an `app.py` built with `wasmrpc
 /// plugin build-py` (componentize-py from the cache folder, as `cargo
 /// xtask setup` installs it) is served by a `wasmrpc launch` cluster, whose
 /// entry is the Python function, making a nested RPC.

@@ -14,8 +14,8 @@
 //!
 //! CI runs a bounded sample (a fixed seed, a few values per parameter);
 //! `WASMRPC_OP_FUZZ=full` runs every boundary value of every parameter and
-//! `WASMRPC_OP_FUZZ_SEED=N` other random combinations (see the README's
-//! security section).
+//! `WASMRPC_OP_FUZZ_SEED=N` other random combinations (see the guide's
+//! op policy chapter, `docs/src/using/op-policy.md`).
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;

@@ -3,8 +3,9 @@
 //! `tests/support/not_applicable.tsv` (no port by decision: python-only,
 //! ruled out by Rust's types, one backend) and the test rows of
 //! `tests/support/not_yet_ported.tsv` (planned work). `rpc_test::seed_coverage`
-//! checks them against `../shared/seed-tests.tsv`: every seed test of the
-//! checked areas is either a test of the same name or listed, never both.
+//! checks them against the list of seed tests (`seed-tests.tsv`): every
+//! seed test of the checked areas is either a test of the same name or
+//! listed, never both.
 
 /// The tests of seed file `seed_file` listed in either table, with their
 /// reasons (a test listed under several suites appears once per suite).

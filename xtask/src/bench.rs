@@ -5,6 +5,11 @@
 //! `cargo xtask bench collectives`: the c10d section instead
 //! (`host/c10d/benches/collectives.rs` beside
 //! `bench/torch_collectives_bench.py`, torch.distributed with its Gloo).
+//!
+//! A full run of either writes its table into the guide
+//! (`docs/src/benchmarks/results.md`, see `results`).
+
+mod results;
 
 use crate::process::{self, step};
 use anyhow::Result;
@@ -14,14 +19,28 @@ use std::path::Path;
 /// echo`, `--baseline target/bench/latest.jsonl`); see `--help`.
 pub(crate) fn run(root: &Path, args: &[String]) -> Result<()> {
     if args.first().map(String::as_str) == Some("collectives") {
-        return collectives(root, &args[1..]);
+        collectives(root, &args[1..])?;
+        return match results::records_collectives(&args[1..]) {
+            Ok(()) => results::record_collectives(root),
+            Err(why) => {
+                println!("bench: the guide's table is left as it is ({why})");
+                Ok(())
+            }
+        };
     }
     step(
         "bench: wasmrpc beside torch.distributed.rpc and the raw limits (cargo run --release -p wasmrpc-bench)",
     );
     let mut cargo_args = vec!["run", "--release", "--quiet", "-p", "wasmrpc-bench", "--"];
     cargo_args.extend(args.iter().map(String::as_str));
-    process::cargo(root, &cargo_args)
+    process::cargo(root, &cargo_args)?;
+    match results::records_suite(args) {
+        Ok(()) => results::record_suite(root),
+        Err(why) => {
+            println!("bench: the guide's table is left as it is ({why})");
+            Ok(())
+        }
+    }
 }
 
 /// Builds and runs the collectives bench with `args` (`--quick`, `--rounds

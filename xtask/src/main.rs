@@ -3,14 +3,17 @@
 //! - `setup`: installs what the build needs and links it into `.wasmrpc-env/`
 //!   (the wasm32 target, the torch wheel in a cache folder outside the repo).
 //! - `demo`: set-up, then the README's main job on a local cluster.
-//! - `test`: set-up, then format check, lints, every test, the ported
-//!   suites again with every test cluster over TLS, and the seed coverage
-//!   table.
+//! - `test`: set-up, then format check, the guide and its links, lints,
+//!   every test, the ported suites again with every test cluster over TLS,
+//!   and the seed coverage table.
+//! - `docs`: builds the guide (`docs/`, an mdBook) into `target/book/` and
+//!   checks the links of every markdown file.
 //! - `coverage`: regenerates `tests/SEED_COVERAGE.md` from the last test run
 //!   and the newest GPU run record (`--gpu-run DIR` imports one first).
 //! - `bench`: set-up, then the benchmark suite beside torch.distributed.rpc;
 //!   `bench collectives`: the c10d collectives beside torch.distributed's
-//!   Gloo.
+//!   Gloo. A full run of either writes its table into the guide
+//!   (`docs/src/benchmarks/results.md`).
 //! - `build`: the `wasmrpc` binary built against another PyTorch release
 //!   (`--torch X.Y.Z`) or the torch of a Python (`--torch-from-python`).
 //! - `dist`: the release bundle, a tarball that runs on a machine with
@@ -26,6 +29,7 @@ mod bench;
 mod coverage;
 mod demo;
 mod dist;
+mod docs;
 mod gpu_bundle;
 mod process;
 mod setup;
@@ -57,8 +61,8 @@ enum Command {
         #[arg(long)]
         resume: bool,
     },
-    /// Set up, then run `cargo fmt --check`, clippy, every test, and
-    /// regenerate `tests/SEED_COVERAGE.md`.
+    /// Set up, then run `cargo fmt --check`, build the guide and check its
+    /// links, clippy, every test, and regenerate `tests/SEED_COVERAGE.md`.
     Test {
         /// Build and run the tests against this PyTorch release's libtorch
         /// (fetched from PyPI into the cache folder) in a target folder of
@@ -112,6 +116,10 @@ enum Command {
         #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=19))]
         level: u32,
     },
+    /// Build the guide (`docs/`, an mdBook; mdbook is installed into the
+    /// cache folder on first use) into `target/book/`, and check every
+    /// relative link and anchor of the repository's markdown files.
+    Docs,
     /// Regenerate `tests/SEED_COVERAGE.md` from the last `cargo xtask test`
     /// and the newest GPU run record (`tests/gpu-runs/`).
     Coverage {
@@ -124,6 +132,8 @@ enum Command {
     /// torch.distributed.rpc and the machine's raw limits, one table of ratios.
     /// `bench collectives [--quick] [--rounds N]`: the c10d collectives
     /// (libtorch's Gloo behind wasmrpc-c10d) beside torch.distributed's Gloo.
+    /// A full run (no `--quick`, `--only`, `--no-torch`) writes its table
+    /// into the guide, `docs/src/benchmarks/results.md`.
     Bench {
         /// Arguments passed to `wasmrpc-bench` (e.g. `--quick`, `--only
         /// echo`, `--baseline FILE`; `-- --help` lists them), or
@@ -208,6 +218,9 @@ fn main() -> Result<()> {
                 },
             )?;
         }
+        Command::Docs => {
+            docs::run(&root)?;
+        }
         Command::Coverage { gpu_run } => {
             if let Some(dir) = gpu_run {
                 let record = coverage::import_gpu_run(&root, &dir)?;
@@ -231,6 +244,9 @@ fn main() -> Result<()> {
 fn run_tests(root: &Path, nextest_args: &[String]) -> Result<()> {
     process::step("format check (cargo fmt --check)");
     process::cargo(root, &["fmt", "--all", "--check"])?;
+
+    process::step("the guide: mdbook build (docs/ into target/book/) and the markdown links");
+    docs::run(root)?;
 
     process::step("lints, host crates (cargo clippy --all-targets -D warnings)");
     process::cargo(root, &["clippy", "--all-targets", "--", "-D", "warnings"])?;

@@ -383,6 +383,61 @@ pub(crate) fn relink(link: &Path, target: &Path) -> Result<()> {
         .with_context(|| format!("could not link {} to {}", link.display(), target.display()))
 }
 
+/// The mdbook that builds the guide (`docs/`, `cargo xtask docs`).
+const MDBOOK_VERSION: &str = "0.5.4";
+
+/// Returns `mdbook` [`MDBOOK_VERSION`] in the cache folder
+/// (`mdbook-VERSION/bin/mdbook`), installing it from crates.io first when
+/// it is missing or another version. `mdbook build` needs none of mdbook's
+/// features: without them (no `serve`, `watch` or `search`) it compiles in
+/// a few minutes and the guide has no search box.
+pub(crate) fn ensure_mdbook() -> Result<PathBuf> {
+    let root = cache_dir()?.join(format!("mdbook-{MDBOOK_VERSION}"));
+    let bin = root.join("bin").join("mdbook");
+    if mdbook_version(&bin).as_deref() == Some(MDBOOK_VERSION) {
+        return Ok(bin);
+    }
+    let started = Instant::now();
+    step(&format!(
+        "setup: installing mdbook {MDBOOK_VERSION} from crates.io into {} \
+         (cargo install --locked --no-default-features; a few minutes, once)",
+        root.display()
+    ));
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    process::run(
+        Command::new(&cargo)
+            .args(["install", "mdbook", "--version", MDBOOK_VERSION])
+            .args(["--locked", "--no-default-features", "--root"])
+            .arg(&root),
+    )
+    .context("the guide needs mdbook")?;
+    match mdbook_version(&bin) {
+        Some(v) if v == MDBOOK_VERSION => {}
+        other => bail!(
+            "{} reports version {}, expected {MDBOOK_VERSION}",
+            bin.display(),
+            other.as_deref().unwrap_or("nothing")
+        ),
+    }
+    println!(
+        "setup: mdbook installed in {:.0}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(bin)
+}
+
+/// The version `mdbook --version` reports (`mdbook v0.5.4` gives `0.5.4`),
+/// or `None` when `bin` does not run.
+fn mdbook_version(bin: &Path) -> Option<String> {
+    let out = Command::new(bin).arg("--version").output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let version = text.trim().strip_prefix("mdbook")?.trim();
+    Some(version.strip_prefix('v').unwrap_or(version).to_string())
+}
+
 /// Makes sure `cargo nextest` exists, installing it from crates.io if not.
 pub(crate) fn ensure_nextest() -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());

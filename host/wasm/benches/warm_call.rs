@@ -1,7 +1,7 @@
 //! Warm calls into the seed-fns plugin: a 16-byte echo, a call with no
 //! arguments, a call that makes one host request, and 1 MiB in and out.
 //!
-//! DESIGN.md's anchors (same machine kind): raw wasmtime warm call
+//! The design's performance anchors (same machine kind): raw wasmtime warm call
 //! 0.08–0.11 µs, Extism 7.4–8.0 µs, 1 MiB in and out 12–14 GB/s raw,
 //! 0.5 GB/s Extism. Only ratios measured in one run are comparable.
 //!

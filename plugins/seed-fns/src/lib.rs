@@ -1,5 +1,5 @@
 //! The seed suites' user functions and classes (`rpc_test.py`, Appendix A of
-//! `seed-inventory/rpc_test.md`), written with the guest SDK.
+//! its seed inventory), written with the guest SDK.
 //!
 //! Names and error texts are the seeds' own, so a ported test reads like the
 //! original. The last section holds functions that misbehave on purpose
