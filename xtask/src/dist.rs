@@ -428,7 +428,7 @@ fn copy_share(root: &Path, share: &Path) -> Result<()> {
     copy_tree(&root.join("guest-sdk/wit"), &sdk.join("wit"))?;
     for krate in ["guest-sdk", "guest-sdk/abi", "guest-sdk/macros"] {
         let to = sdk.join("rust").join(krate);
-        for part in ["src", "Cargo.toml", "README.md"] {
+        for part in ["src", "README.md"] {
             let from = root.join(krate).join(part);
             if from.is_dir() {
                 copy_tree(&from, &to.join(part))?;
@@ -437,6 +437,13 @@ fn copy_share(root: &Path, share: &Path) -> Result<()> {
                 std::fs::copy(&from, to.join(part))?;
             }
         }
+        // The tests stay in the repository, and so do their dependencies
+        // (crates of this repository the bundle does not ship).
+        let manifest = std::fs::read_to_string(root.join(krate).join("Cargo.toml"))?;
+        std::fs::write(
+            to.join("Cargo.toml"),
+            without_section(&manifest, "[dev-dependencies]"),
+        )?;
     }
     std::fs::write(
         sdk.join("rust/Cargo.toml"),
@@ -492,6 +499,22 @@ fn sdk_workspace_manifest(root: &Path, members: &[&str]) -> Result<String> {
         out.push('\n');
     }
     Ok(out)
+}
+
+/// `manifest` without the TOML table `header` (up to the next table).
+fn without_section(manifest: &str, header: &str) -> String {
+    let mut out = String::new();
+    let mut skipping = false;
+    for line in manifest.lines() {
+        if line.trim_start().starts_with('[') {
+            skipping = line.trim() == header;
+        }
+        if !skipping {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// The `path = "..."` of a dependency line, if it has one.
@@ -685,6 +708,16 @@ mod tests {
         assert_eq!(cuda_tag(Some("13.0")), "cu130");
         assert_eq!(base_version("2.13.0+cu130"), "2.13.0");
         assert_eq!(base_version("2.11.0"), "2.11.0");
+    }
+
+    #[test]
+    fn a_section_is_left_out_up_to_the_next_table() {
+        let manifest =
+            "[package]\nname = \"a\"\n[dev-dependencies]\nx = \"1\"\n[lints]\nworkspace = true\n";
+        assert_eq!(
+            without_section(manifest, "[dev-dependencies]"),
+            "[package]\nname = \"a\"\n[lints]\nworkspace = true\n"
+        );
     }
 
     #[test]

@@ -214,7 +214,8 @@ fn inspect(file: &PathBuf) -> Result<String> {
         out.push_str("this host speaks another protocol version and cannot load it\n");
     }
     out.push_str(&format!(
-        "namespace: {namespace} (functions are served as {namespace}::<fn>; classes need RRefs and are not served yet)\n"
+        "namespace: {namespace} (functions are served as {namespace}::<fn>; a class's objects are \
+         made with remote(worker, \"{namespace}::<Class>\", args) and called through the RRef)\n"
     ));
     out.push_str(&format!("sha256:    {sha256}\n"));
     Ok(out)
