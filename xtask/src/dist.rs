@@ -41,11 +41,17 @@
 //! (`--from-build`) and run the bundle in an empty root
 //! (`host/tests/bundle.rs`).
 
+mod libraries;
+mod share;
+#[cfg(test)]
+mod tests;
+
 use crate::process::{self, commit, make_executable, output, step};
+use libraries::{copy_binary, copy_libraries, glibc_needed, is_system, linked_libraries};
+use share::{EXAMPLE_PLUGINS, copy_share};
 use crate::setup;
 use crate::torch_release::{TorchInfo, cargo_against, check_tch_api_compiles, ensure_libtorch};
 use anyhow::{Context, Result, bail};
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -76,27 +82,8 @@ pub(crate) struct DistOptions {
     pub(crate) level: u32,
 }
 
-/// The plugins the bundle ships: the examples' (the demo's among them).
-const EXAMPLE_PLUGINS: &[&str] = &["param-server", "hello", "pipeline", "rl"];
 /// The launcher of the `system-torch` flavour.
 const SYSTEM_TORCH_LAUNCHER: &str = "xtask/dist/system-torch.sh";
-/// Folders whose libraries are the system's and stay out of the bundle.
-const SYSTEM_LIB_DIRS: &[&str] = &["/lib/", "/lib64/", "/usr/lib/", "/usr/lib64/"];
-/// System libraries the bundle carries anyway: the C++ runtime the shims
-/// were compiled against (newer than an older distribution's).
-const SHIPPED_SYSTEM_LIBS: &[&str] = &["libstdc++.so.6", "libgcc_s.so.1"];
-/// Libraries CUDA's packages open at run time (by name prefix), shipped in
-/// a CUDA flavour from the folders the linked CUDA libraries came from.
-const CUDA_RUNTIME_LIBS: &[&str] = &[
-    "libcudnn",
-    "libnvrtc-builtins",
-    "libcusolver",
-    "libnvJitLink",
-];
-/// Libraries libtorch opens at run time (not in `ldd`'s list) that a CUDA
-/// flavour ships: its CUDA linear algebra and its NVRTC wrapper.
-const TORCH_RUNTIME_LIBS: &[&str] = &["libtorch_cuda_linalg.so", "libcaffe2_nvrtc.so"];
-
 /// Builds (or takes) the binary, lays out the bundle, checks it and packs
 /// it; returns the tarball.
 pub(crate) fn run(root: &Path, opts: &DistOptions) -> Result<PathBuf> {
@@ -287,113 +274,6 @@ fn build(root: &Path, torch: &Path, release: Option<&str>, flavour: Flavour) -> 
     Ok(target_dir.join("release/wasmrpc"))
 }
 
-/// The shared libraries `binary` loads, by file name, with the path `ldd`
-/// resolved each to.
-fn linked_libraries(binary: &Path) -> Result<BTreeMap<String, PathBuf>> {
-    let text = output(
-        Command::new("ldd")
-            .arg(binary)
-            .env_remove("LD_LIBRARY_PATH"),
-    )?;
-    let mut libs = BTreeMap::new();
-    let mut missing = Vec::new();
-    for line in text.lines() {
-        // `libc10.so => /path/libc10.so (0x...)`, or `=> not found`.
-        let Some((name, rest)) = line.trim().split_once(" => ") else {
-            continue;
-        };
-        if rest.starts_with("not found") {
-            missing.push(name.to_owned());
-            continue;
-        }
-        if let Some(path) = rest.split(" (").next().filter(|p| p.starts_with('/')) {
-            libs.insert(name.to_owned(), PathBuf::from(path));
-        }
-    }
-    if !missing.is_empty() {
-        bail!(
-            "{} needs libraries ldd cannot find: {}",
-            binary.display(),
-            missing.join(", ")
-        );
-    }
-    Ok(libs)
-}
-
-fn is_system(path: &Path) -> bool {
-    let p = path.to_string_lossy();
-    SYSTEM_LIB_DIRS.iter().any(|d| p.starts_with(d))
-}
-
-/// Copies `from` to `to` without debug info, with `rpath` as its run path
-/// (or none).
-fn copy_binary(from: &Path, to: &Path, rpath: Option<&str>) -> Result<()> {
-    // `strip -o` writes the copy: debug info is most of a debug build.
-    process::run(
-        Command::new("strip")
-            .arg("--strip-debug")
-            .arg("-o")
-            .arg(to)
-            .arg(from),
-    )
-    .context("stripping the binary's debug info (binutils' strip)")?;
-    let patchelf = setup::patchelf()?;
-    let mut cmd = Command::new(patchelf);
-    match rpath {
-        Some(r) => cmd.args(["--set-rpath", r]),
-        None => cmd.arg("--remove-rpath"),
-    };
-    process::run(cmd.arg(to))?;
-    make_executable(to)
-}
-
-/// Copies the libraries the bundle ships into `lib`; returns their names.
-fn copy_libraries(
-    needs: &BTreeMap<String, PathBuf>,
-    torch: &Path,
-    flavour: Flavour,
-    lib: &Path,
-) -> Result<Vec<String>> {
-    let mut files: BTreeMap<String, PathBuf> = BTreeMap::new();
-    for (name, path) in needs {
-        if !is_system(path) || SHIPPED_SYSTEM_LIBS.contains(&name.as_str()) {
-            files.insert(name.clone(), path.clone());
-        }
-    }
-    if flavour == Flavour::Cuda {
-        // CUDA's packages open more of their own libraries at run time
-        // (cuDNN's engines, NVRTC's builtins, cuSOLVER for libtorch's
-        // CUDA linear algebra): ship those from the folders the linked
-        // libraries came from.
-        let dirs: std::collections::BTreeSet<PathBuf> = files
-            .values()
-            .filter(|p| p.to_string_lossy().contains("/nvidia/"))
-            .filter_map(|p| p.parent().map(Path::to_path_buf))
-            .collect();
-        for dir in dirs {
-            for entry in std::fs::read_dir(&dir)? {
-                let path = entry?.path();
-                let name = path.file_name().unwrap_or_default().to_string_lossy();
-                if name.contains(".so") && CUDA_RUNTIME_LIBS.iter().any(|p| name.starts_with(p)) {
-                    files.entry(name.into_owned()).or_insert(path);
-                }
-            }
-        }
-        for name in TORCH_RUNTIME_LIBS {
-            let path = torch.join("lib").join(name);
-            if path.is_file() {
-                files.insert((*name).to_owned(), path);
-            }
-        }
-    }
-    for (name, from) in &files {
-        // `copy` follows links: the bundle holds plain files.
-        std::fs::copy(from, lib.join(name))
-            .with_context(|| format!("copying {} into the bundle", from.display()))?;
-    }
-    Ok(files.into_keys().collect())
-}
-
 /// The `system-torch` launcher, with the torch release and the libraries
 /// it must find filled in.
 fn write_launcher(root: &Path, stage: &Path, version: &str, torch_libs: &[&str]) -> Result<()> {
@@ -405,168 +285,6 @@ fn write_launcher(root: &Path, stage: &Path, version: &str, torch_libs: &[&str])
     let path = stage.join("bin/wasmrpc");
     std::fs::write(&path, script)?;
     make_executable(&path)
-}
-
-/// The plugins, the demo's data, the deployment recipes and the SDK.
-fn copy_share(root: &Path, share: &Path) -> Result<()> {
-    let plugins = share.join("plugins");
-    std::fs::create_dir_all(&plugins)?;
-    for name in EXAMPLE_PLUGINS {
-        let wasm = crate::demo::built_plugin(root, name)?;
-        // Named by the plugin's namespace (`param_server.wasm`), as users
-        // call its functions.
-        let file = format!("{}.wasm", name.replace('-', "_"));
-        std::fs::copy(&wasm, plugins.join(file))?;
-    }
-    copy_tree(&root.join("examples/data"), &share.join("examples/data"))?;
-    let deploy = root.join("examples/deploy");
-    if deploy.is_dir() {
-        copy_tree(&deploy, &share.join("deploy"))?;
-    }
-    let sdk = share.join("sdk");
-    copy_tree(&root.join("guest-sdk/python"), &sdk.join("python"))?;
-    copy_tree(&root.join("guest-sdk/wit"), &sdk.join("wit"))?;
-    for krate in ["guest-sdk", "guest-sdk/abi", "guest-sdk/macros"] {
-        let to = sdk.join("rust").join(krate);
-        for part in ["src", "README.md"] {
-            let from = root.join(krate).join(part);
-            if from.is_dir() {
-                copy_tree(&from, &to.join(part))?;
-            } else if from.is_file() {
-                std::fs::create_dir_all(&to)?;
-                std::fs::copy(&from, to.join(part))?;
-            }
-        }
-        // The tests stay in the repository, and so do their dependencies
-        // (crates of this repository the bundle does not ship).
-        let manifest = std::fs::read_to_string(root.join(krate).join("Cargo.toml"))?;
-        std::fs::write(
-            to.join("Cargo.toml"),
-            without_section(&manifest, "[dev-dependencies]"),
-        )?;
-    }
-    std::fs::write(
-        sdk.join("rust/Cargo.toml"),
-        sdk_workspace_manifest(root, &["guest-sdk", "guest-sdk/abi", "guest-sdk/macros"])?,
-    )?;
-    Ok(())
-}
-
-/// A workspace manifest for the SDK's crates outside this repository: the
-/// root manifest's `[workspace.package]`, `[workspace.lints]` and those
-/// `[workspace.dependencies]` that are not other crates of this repository.
-fn sdk_workspace_manifest(root: &Path, members: &[&str]) -> Result<String> {
-    let text = std::fs::read_to_string(root.join("Cargo.toml"))?;
-    let mut out = String::from(
-        "# The wasmrpc guest SDK's crates, as a workspace of their own: a plugin\n\
-         # depends on them by path (`wasmrpc-guest = { path = \".../sdk/rust/guest-sdk\" }`).\n\
-         [workspace]\nresolver = \"3\"\nmembers = [",
-    );
-    out.push_str(
-        &members
-            .iter()
-            .map(|m| format!("\"{m}\""))
-            .collect::<Vec<_>>()
-            .join(", "),
-    );
-    out.push_str("]\n");
-    let mut section = String::new();
-    for line in text.lines() {
-        let trimmed = line.trim();
-        if trimmed.starts_with('[') {
-            section = trimmed.to_owned();
-            if section.starts_with("[workspace.") {
-                out.push('\n');
-                out.push_str(line);
-                out.push('\n');
-            }
-            continue;
-        }
-        if !section.starts_with("[workspace.") {
-            continue;
-        }
-        if section == "[workspace.dependencies]"
-            && let Some(path) = dependency_path(trimmed)
-        {
-            // Only the SDK's own crates: the host's are not in the bundle.
-            if members.contains(&path) {
-                out.push_str(line);
-                out.push('\n');
-            }
-            continue;
-        }
-        out.push_str(line);
-        out.push('\n');
-    }
-    Ok(out)
-}
-
-/// `manifest` without the TOML table `header` (up to the next table).
-fn without_section(manifest: &str, header: &str) -> String {
-    let mut out = String::new();
-    let mut skipping = false;
-    for line in manifest.lines() {
-        if line.trim_start().starts_with('[') {
-            skipping = line.trim() == header;
-        }
-        if !skipping {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    out
-}
-
-/// The `path = "..."` of a dependency line, if it has one.
-fn dependency_path(line: &str) -> Option<&str> {
-    let rest = &line[line.find("path = \"")? + 8..];
-    rest.split('"').next()
-}
-
-/// Copies the tree `from` into `to` (files and folders; no caches).
-fn copy_tree(from: &Path, to: &Path) -> Result<()> {
-    std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from).with_context(|| format!("listing {}", from.display()))? {
-        let entry = entry?;
-        let name = entry.file_name();
-        if name == "__pycache__" || name == "target" {
-            continue;
-        }
-        let path = entry.path();
-        if path.is_dir() {
-            copy_tree(&path, &to.join(&name))?;
-        } else {
-            std::fs::copy(&path, to.join(&name))
-                .with_context(|| format!("copying {}", path.display()))?;
-        }
-    }
-    Ok(())
-}
-
-/// The newest `GLIBC_2.N` symbol version any executable file of the bundle
-/// needs.
-fn glibc_needed(stage: &Path) -> Result<String> {
-    let mut newest = (2u32, 17u32);
-    for dir in ["bin", "lib", "libexec"] {
-        let dir = stage.join(dir);
-        if !dir.is_dir() {
-            continue;
-        }
-        for entry in std::fs::read_dir(&dir)? {
-            let path = entry?.path();
-            let Ok(text) = output(Command::new("objdump").arg("-T").arg(&path)) else {
-                continue; // a script
-            };
-            for word in text.split_whitespace() {
-                let Some(v) = word.trim_matches(['(', ')']).strip_prefix("GLIBC_2.") else {
-                    continue;
-                };
-                let minor: u32 = v.split('.').next().unwrap_or("").parse().unwrap_or(0);
-                newest = newest.max((2, minor));
-            }
-        }
-    }
-    Ok(format!("{}.{}", newest.0, newest.1))
 }
 
 /// `BUNDLE.txt`: what the bundle is, what is inside, how to run it.
@@ -697,59 +415,4 @@ fn folder_bytes(dir: &Path) -> Result<u64> {
         };
     }
     Ok(total)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_and_versions() {
-        assert_eq!(cuda_tag(Some("13.0")), "cu130");
-        assert_eq!(base_version("2.13.0+cu130"), "2.13.0");
-        assert_eq!(base_version("2.11.0"), "2.11.0");
-    }
-
-    #[test]
-    fn a_section_is_left_out_up_to_the_next_table() {
-        let manifest =
-            "[package]\nname = \"a\"\n[dev-dependencies]\nx = \"1\"\n[lints]\nworkspace = true\n";
-        assert_eq!(
-            without_section(manifest, "[dev-dependencies]"),
-            "[package]\nname = \"a\"\n[lints]\nworkspace = true\n"
-        );
-    }
-
-    #[test]
-    fn dependency_paths() {
-        assert_eq!(
-            dependency_path(r#"wasmrpc-abi = { path = "guest-sdk/abi", version = "0.1" }"#),
-            Some("guest-sdk/abi")
-        );
-        assert_eq!(dependency_path(r#"serde = { version = "1" }"#), None);
-    }
-
-    #[test]
-    fn the_sdk_workspace_keeps_only_its_own_path_dependencies() {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-        let manifest =
-            sdk_workspace_manifest(&root, &["guest-sdk", "guest-sdk/abi", "guest-sdk/macros"])
-                .unwrap();
-        assert!(manifest.contains("[workspace.dependencies]"), "{manifest}");
-        assert!(manifest.contains("[workspace.package]"), "{manifest}");
-        for line in manifest
-            .lines()
-            .filter(|l| !l.starts_with('#') && l.contains("path = \""))
-        {
-            let path = dependency_path(line).unwrap();
-            assert!(
-                path.starts_with("guest-sdk"),
-                "a dependency outside the SDK kept: {line}"
-            );
-        }
-        assert!(
-            !manifest.contains("wasmrpc-store = {"),
-            "a host crate kept: {manifest}"
-        );
-    }
 }
