@@ -4,7 +4,9 @@
 //! shim needs them to declare `c10d::ProcessGroupGloo`), all linked into
 //! `.wasmrpc-env/` where `.cargo/config.toml` and the build scripts look;
 //! and componentize-py in a virtual environment of its own in the cache
-//! folder (`wasmrpc-pybuild` builds the Python plugins with it).
+//! folder (`wasmrpc-pybuild` builds the Python plugins with it); and
+//! kubernetes-validate in the torch venv, with which
+//! `host/tests/launchers.rs` checks the Kubernetes recipe offline.
 
 use crate::process::{self, output, step};
 use anyhow::{Context, Result, bail};
@@ -45,6 +47,7 @@ pub(crate) fn run(root: &Path) -> Result<PathBuf> {
     ensure_wasm_target()?;
     let venv = ensure_torch_venv()?;
     ensure_python_modules(&venv)?;
+    ensure_kubernetes_validate(&venv)?;
     ensure_cuda_headers(&venv)?;
     let gloo = ensure_gloo_headers()?;
     link_env(root, &venv, &gloo)?;
@@ -203,6 +206,40 @@ fn ensure_python_modules(venv: &Path) -> Result<()> {
             ]))?;
         }
     }
+    Ok(())
+}
+
+/// kubernetes-validate (PyPI), which bundles the Kubernetes API's JSON
+/// schemas: `host/tests/launchers.rs` validates
+/// `examples/deploy/kubernetes/*.yaml` with it, offline.
+const KUBERNETES_VALIDATE: &str = "kubernetes-validate==1.37.0";
+/// Written into the venv once [`KUBERNETES_VALIDATE`] is installed; holds
+/// the requirement, so a change of version installs again.
+const KUBERNETES_VALIDATE_STAMP: &str = ".wasmrpc-kubernetes-validate";
+
+/// Installs [`KUBERNETES_VALIDATE`] into the venv unless its stamp says it
+/// is there (and its command still is).
+fn ensure_kubernetes_validate(venv: &Path) -> Result<()> {
+    let stamp = venv.join(KUBERNETES_VALIDATE_STAMP);
+    let command = venv.join("bin").join("kubernetes-validate");
+    let stamped = std::fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == KUBERNETES_VALIDATE);
+    if stamped && command.exists() {
+        return Ok(());
+    }
+    step(&format!(
+        "setup: installing {KUBERNETES_VALIDATE} from PyPI into {}",
+        venv.display()
+    ));
+    process::run(Command::new(venv.join("bin").join("pip")).args([
+        "install",
+        "--disable-pip-version-check",
+        "--quiet",
+        KUBERNETES_VALIDATE,
+    ]))?;
+    if !command.exists() {
+        bail!("{KUBERNETES_VALIDATE} installed no {}", command.display());
+    }
+    std::fs::write(&stamp, format!("{KUBERNETES_VALIDATE}\n"))?;
     Ok(())
 }
 
