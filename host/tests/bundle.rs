@@ -146,6 +146,21 @@ fn the_bundle_runs_the_demo_and_a_tls_group_on_machines_that_have_nothing() {
     ] {
         assert!(bundle.join(inside).exists(), "the bundle has no {inside}");
     }
+    // The container recipe the bundle carries copies what the bundle has.
+    let containerfile = std::fs::read_to_string(share.join("deploy/Containerfile"))
+        .expect("the bundle carries the container recipe");
+    let copied: Vec<&str> = containerfile
+        .lines()
+        .filter_map(|l| l.strip_prefix("COPY ${BUNDLE}/"))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(copied.contains(&"bin"), "{containerfile}");
+    for path in copied {
+        assert!(
+            bundle.join(path).exists(),
+            "the Containerfile copies {path}, which the bundle lacks"
+        );
+    }
     let work = root.path().join("work");
     std::fs::create_dir_all(work.join("home")).expect("home");
     let home = work.join("home");

@@ -47,11 +47,11 @@ mod share;
 mod tests;
 
 use crate::process::{self, commit, make_executable, output, step};
-use libraries::{copy_binary, copy_libraries, glibc_needed, is_system, linked_libraries};
-use share::{EXAMPLE_PLUGINS, copy_share};
 use crate::setup;
 use crate::torch_release::{TorchInfo, cargo_against, check_tch_api_compiles, ensure_libtorch};
 use anyhow::{Context, Result, bail};
+use libraries::{copy_binary, copy_libraries, glibc_needed, is_system, linked_libraries};
+use share::{EXAMPLE_PLUGINS, copy_share};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
