@@ -418,6 +418,43 @@ fn the_system_torch_bundle_runs_only_with_the_torch_it_was_built_against() {
             .expect("python");
         PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("lib")
     };
+    // A Python plugin built with the bundle's binary uses the guest kit the
+    // bundle carries (not the checkout's), and the bundle's binary serves it.
+    let plugin_dir = dir.path().join("adder");
+    std::fs::create_dir_all(&plugin_dir).expect("mkdir");
+    std::fs::write(
+        plugin_dir.join("app.py"),
+        "from wasmrpc import remote\n\n\n@remote\ndef add(a, b):\n    return a + b\n",
+    )
+    .expect("write app.py");
+    let wasm = dir.path().join("adder.wasm");
+    let mut build = Command::new(&bin);
+    build
+        .args(["plugin", "build-py"])
+        .arg(&plugin_dir)
+        .arg("-o")
+        .arg(&wasm)
+        .env("WASMRPC_PYTHON", &python)
+        .env_remove("WASMRPC_SDK_DIR");
+    let out = run_with_deadline(&mut build, Duration::from_secs(240));
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let kit = bundle.join("share/wasmrpc/sdk/python");
+    assert!(
+        stdout.contains(&format!("(guest kit: {})", kit.display())),
+        "built against another kit than the bundle's: {stdout}"
+    );
+    let mut serve = Command::new(&bin);
+    serve
+        .args(["launch", "--nproc", "1", "--plugins"])
+        .arg(&wasm)
+        .args(["--entry", "adder::add", "--", "2", "3"])
+        .env("WASMRPC_PYTHON", &python);
+    let out = run_with_deadline(&mut serve, Duration::from_secs(120));
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("adder::add returned Int(5)"), "{stdout}");
+
     // Another release: refused before the binary is loaded.
     let out = run(&fake_python(dir.path(), "2.11.0+cu130", &real_lib));
     let (_, stderr) = text(&out);

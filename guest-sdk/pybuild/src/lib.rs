@@ -36,14 +36,36 @@ use wasmrpc_abi::protocol::{ABI_VERSION, ExportKind, MANIFEST_SECTION};
 /// The componentize-py release plugins are built with.
 pub const COMPONENTIZE_PY_VERSION: &str = "0.25.1";
 
-/// The guest kit's Python package folder (`guest-sdk/python`).
-pub fn kit_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../python")
+/// The folder holding the guest kit (`python/`) and the WIT world
+/// (`wit/`): `WASMRPC_SDK_DIR` if set; else the release bundle's
+/// `share/wasmrpc/sdk`, beside the running binary's folder (`bin/` or
+/// `libexec/`), when it has the kit; else this checkout's `guest-sdk`.
+/// A binary copied out of the checkout thus builds plugins against the
+/// kit that travels with it, not against a path of the machine that
+/// built it.
+pub fn sdk_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("WASMRPC_SDK_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    let bundled = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("share/wasmrpc/sdk")));
+    if let Some(dir) = bundled.filter(|d| d.join("python/wasmrpc").is_dir()) {
+        return dir;
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The WIT folder of the plugin world (`guest-sdk/wit`).
+/// The guest kit's Python package folder (`guest-sdk/python`, or the
+/// bundle's `share/wasmrpc/sdk/python`: see [`sdk_dir`]).
+pub fn kit_dir() -> PathBuf {
+    sdk_dir().join("python")
+}
+
+/// The WIT folder of the plugin world (`guest-sdk/wit`, or the bundle's
+/// `share/wasmrpc/sdk/wit`: see [`sdk_dir`]).
 pub fn wit_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../wit")
+    sdk_dir().join("wit")
 }
 
 /// The WIT world Python plugins target.
@@ -112,7 +134,8 @@ impl Toolchain {
         if !venv.join(READY_STAMP).exists() {
             return Err(err(format!(
                 "componentize-py {COMPONENTIZE_PY_VERSION} is not installed in {}: run \
-                 `cargo xtask setup`",
+                 `cargo xtask setup` in a checkout, or `wasmrpc plugin build-py \
+                 --install-toolchain`",
                 venv.display()
             )));
         }

@@ -57,7 +57,9 @@ enum PluginCommand {
     /// `@remote`, classes `@remote_class`, from the guest kit's `wasmrpc`
     /// package) becomes one `.wasm` component that workers load like a
     /// Rust plugin. Needs componentize-py in the cache folder (`cargo xtask
-    /// setup` installs it).
+    /// setup` installs it, and so does `--install-toolchain`). The guest kit
+    /// and the WIT world come from the release bundle the binary runs from
+    /// (`share/wasmrpc/sdk`), or `WASMRPC_SDK_DIR`, or the checkout.
     BuildPy {
         /// The plugin's folder; its name is the plugin's (`seed-fns-py`
         /// serves `seed_fns_py::NAME`) unless `--name` says otherwise.
@@ -74,6 +76,11 @@ enum PluginCommand {
         /// The module holding the plugin's functions.
         #[arg(long, default_value = "app")]
         module: String,
+        /// Install componentize-py first if it is missing (from PyPI, with
+        /// the machine's `python3` or `$WASMRPC_PYTHON`, into the cache
+        /// folder), as `cargo xtask setup` does in a checkout.
+        #[arg(long)]
+        install_toolchain: bool,
     },
 }
 
@@ -117,6 +124,7 @@ pub(crate) fn run(args: PluginArgs) -> Result<ExitCode> {
             name,
             version,
             module,
+            install_toolchain,
         } => {
             let mut plugin = wasmrpc_pybuild::Plugin::in_dir(&dir).map_err(anyhow::Error::msg)?;
             plugin.version = version;
@@ -126,11 +134,28 @@ pub(crate) fn run(args: PluginArgs) -> Result<ExitCode> {
             }
             let out =
                 output.unwrap_or_else(|| dir.join("..").join(format!("{}.wasm", plugin.name)));
-            let toolchain = wasmrpc_pybuild::Toolchain::find().map_err(anyhow::Error::msg)?;
+            let toolchain = match wasmrpc_pybuild::Toolchain::find() {
+                Ok(found) => found,
+                Err(_) if install_toolchain => {
+                    eprintln!(
+                        "installing componentize-py {} from PyPI into {} (once)",
+                        wasmrpc_pybuild::COMPONENTIZE_PY_VERSION,
+                        wasmrpc_pybuild::Toolchain::default_dir()
+                            .map_err(anyhow::Error::msg)?
+                            .display()
+                    );
+                    wasmrpc_pybuild::Toolchain::install().map_err(anyhow::Error::msg)?
+                }
+                Err(missing) => return Err(anyhow::Error::msg(missing)),
+            };
             let manifest = wasmrpc_pybuild::build(&toolchain, &plugin, &out)
                 .map_err(anyhow::Error::msg)
                 .with_context(|| format!("building the Python plugin in {}", dir.display()))?;
-            println!("wrote {}", out.display());
+            println!(
+                "wrote {} (guest kit: {})",
+                out.display(),
+                wasmrpc_pybuild::kit_dir().display()
+            );
             print!("{}", manifest::describe(&manifest));
             Ok(ExitCode::SUCCESS)
         }
