@@ -401,23 +401,22 @@ fn the_system_torch_bundle_runs_only_with_the_torch_it_was_built_against() {
         run_with_deadline(&mut cmd, Duration::from_secs(60))
     };
 
-    // The set-up's Python has the torch the binary was built against.
-    let python = home_cache().join("torch-2.13.0/bin/python");
+    // The torch the binary was linked against (the set-up's, or another
+    // release under `cargo xtask test --torch`), and a stand-in Python that
+    // reports it; the set-up's own Python too when it is that release.
+    let (built_version, built_lib) = linked_torch();
+    let python = fake_python(dir.path(), &built_version, &built_lib);
     let out = run(&python);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.starts_with("wasmrpc "), "{stdout}");
-
-    let real_lib = {
-        let out = Command::new(&python)
-            .args([
-                "-c",
-                "import os, torch; print(os.path.dirname(torch.__file__))",
-            ])
-            .output()
-            .expect("python");
-        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("lib")
-    };
+    let setup_python = home_cache().join("torch-2.13.0/bin/python");
+    if built_version.split('+').next() == Some("2.13.0") {
+        let out = run(&setup_python);
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+    }
+    let real_lib = built_lib.clone();
     // A Python plugin built with the bundle's binary uses the guest kit the
     // bundle carries (not the checkout's), and the bundle's binary serves it.
     let plugin_dir = dir.path().join("adder");
@@ -456,12 +455,13 @@ fn the_system_torch_bundle_runs_only_with_the_torch_it_was_built_against() {
     assert!(stdout.contains("adder::add returned Int(5)"), "{stdout}");
 
     // Another release: refused before the binary is loaded.
-    let out = run(&fake_python(dir.path(), "2.11.0+cu130", &real_lib));
+    let base = built_version.split('+').next().unwrap_or(&built_version);
+    let out = run(&fake_python(dir.path(), "2.10.0+cu130", &real_lib));
     let (_, stderr) = text(&out);
     assert!(!out.status.success());
     assert!(
-        stderr.contains("this bundle was built against torch 2.13.0, but")
-            && stderr.contains("has torch 2.11.0+cu130"),
+        stderr.contains(&format!("this bundle was built against torch {base}, but"))
+            && stderr.contains("has torch 2.10.0+cu130"),
         "{stderr}"
     );
     // No torch at all.
@@ -473,13 +473,45 @@ fn the_system_torch_bundle_runs_only_with_the_torch_it_was_built_against() {
     // (a CPU-only torch for a CUDA build).
     let empty = dir.path().join("empty-lib");
     std::fs::create_dir_all(&empty).expect("mkdir");
-    let out = run(&fake_python(dir.path(), "2.13.0", &empty));
+    let out = run(&fake_python(dir.path(), base, &empty));
     let (_, stderr) = text(&out);
     assert!(!out.status.success());
     assert!(
         stderr.contains("this bundle needs lib") && stderr.contains("has none"),
         "{stderr}"
     );
+}
+
+/// The version (`torch/version.py`'s `__version__`) and the `lib` folder
+/// of the libtorch this test suite's binary is linked against.
+fn linked_torch() -> (String, PathBuf) {
+    let out = Command::new("ldd")
+        .arg(env!("CARGO_BIN_EXE_wasmrpc"))
+        .output()
+        .expect("ldd");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let path = text
+        .lines()
+        .find_map(|l| {
+            let (name, rest) = l.trim().split_once(" => ")?;
+            (name == "libtorch_cpu.so").then(|| rest.split(" (").next().unwrap_or(rest).to_owned())
+        })
+        .unwrap_or_else(|| panic!("the binary links no libtorch_cpu.so:\n{text}"));
+    let lib = std::fs::canonicalize(path)
+        .expect("libtorch_cpu.so resolves")
+        .parent()
+        .expect("its folder")
+        .to_path_buf();
+    let version_py = std::fs::read_to_string(lib.join("../version.py")).expect("torch/version.py");
+    let version = version_py
+        .lines()
+        .find_map(|l| {
+            let (lhs, rhs) = l.split_once('=')?;
+            (lhs.split(':').next()?.trim() == "__version__")
+                .then(|| rhs.trim().trim_matches(['\'', '"']).to_owned())
+        })
+        .expect("a __version__ line");
+    (version, lib)
 }
 
 /// The cache folder the set-up installs torch into.

@@ -118,6 +118,23 @@ pub(crate) fn run(root: &Path, opts: &DistOptions) -> Result<PathBuf> {
         }
     };
     let needs = linked_libraries(&binary)?;
+    // A built binary says itself which libtorch it was linked against (a
+    // build against another release, `cargo xtask build --torch`).
+    let (torch, info) = match &opts.from_build {
+        Some(_) => {
+            let linked = needs
+                .get("libtorch_cpu.so")
+                .context("the binary does not link libtorch_cpu.so")?;
+            let torch = std::fs::canonicalize(linked)?
+                .parent()
+                .and_then(Path::parent)
+                .context("libtorch_cpu.so outside a torch folder")?
+                .to_path_buf();
+            let info = TorchInfo::read(&torch)?;
+            (torch, info)
+        }
+        None => (torch, info),
+    };
     let links_cuda = needs.contains_key("libtorch_cuda.so");
     let flavour = opts.flavour.unwrap_or(if links_cuda {
         Flavour::Cuda

@@ -107,7 +107,7 @@ enum Command {
         torch: Option<String>,
         /// Pack this built binary instead of building one (the tests pack
         /// their debug build).
-        #[arg(long, value_name = "BINARY", hide = true)]
+        #[arg(long, value_name = "BINARY", hide = true, conflicts_with = "torch")]
         from_build: Option<PathBuf>,
         /// Where the bundle folder and the tarball go [default: target/dist].
         #[arg(long, value_name = "DIR")]

@@ -88,6 +88,17 @@ const REVIEWED_WITHHELD: &[&str] = &[
     "aten::values.str",
 ];
 
+/// Withheld overloads that only older libtorch releases register (the
+/// named-tensor overloads of the random factories, gone in 2.13), reviewed
+/// like the rest: a build against such a release (`cargo xtask test
+/// --torch 2.11.0`) sees them, the set-up's does not.
+const REVIEWED_WITHHELD_OLDER_RELEASES: &[&str] = &[
+    "aten::rand.generator_with_names",
+    "aten::rand.generator_with_names_out",
+    "aten::randn.generator_with_names",
+    "aten::randn.generator_with_names_out",
+];
+
 /// The walk the issue asks for: every operator libtorch registers, and
 /// for each the default policy serves, every overload's schema.
 #[test]
@@ -176,7 +187,14 @@ fn the_registry_walk_finds_no_unsafe_overload_a_caller_can_reach() {
         reachable_hazards.join("\n")
     );
     let reviewed: BTreeSet<String> = REVIEWED_WITHHELD.iter().map(|s| (*s).to_owned()).collect();
-    let new: Vec<&String> = withheld_seen.difference(&reviewed).collect();
+    let older: BTreeSet<String> = REVIEWED_WITHHELD_OLDER_RELEASES
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    let new: Vec<&String> = withheld_seen
+        .difference(&reviewed)
+        .filter(|o| !older.contains(*o))
+        .collect();
     let gone: Vec<&String> = reviewed.difference(&withheld_seen).collect();
     assert!(
         new.is_empty() && gone.is_empty(),
