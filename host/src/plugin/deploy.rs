@@ -372,7 +372,7 @@ pub(crate) async fn deploy_plugin_to(
         })
         .collect();
     if committed_anywhere && !agent.is_static_group() {
-        publish(agent, &namespace, &sha256, Some(&bytes))
+        publish(agent, &namespace, &sha256, Some(&bytes[..]))
             .await
             .map_err(|e| {
                 e.context_line(format!(
@@ -411,16 +411,17 @@ pub(crate) async fn rollback_plugin(
                 let prev = held
                     .into_iter()
                     .find(|v| v.namespace == namespace && v.role == "previous");
-                match (prev, &previous) {
+                let first = previous.as_ref().map(|p| p.sha256.clone());
+                match (prev, first) {
                     (None, _) => refusals.push(format!(
                         "worker {} holds no previous version of plugin {namespace}",
                         w.name
                     )),
-                    (Some(p), Some(first)) if p.sha256 != first.sha256 => refusals.push(format!(
+                    (Some(p), Some(first)) if p.sha256 != first => refusals.push(format!(
                         "worker {} would roll plugin {namespace} back to {}, others to {}",
                         w.name,
                         &p.sha256[..SHORT],
-                        &first.sha256[..SHORT]
+                        &first[..SHORT]
                     )),
                     (Some(p), None) => previous = Some(p),
                     (Some(_), Some(_)) => {}
@@ -508,129 +509,6 @@ pub(crate) async fn plugin_versions(
         .iter()
         .map(|v| super::PluginVersion::from_value(v).ok_or_else(bad))
         .collect()
-}
-
-/// Installs every plugin deployed to this worker's dynamic group before
-    /// it joined (see the module docs), in deployment order, as if each
-    /// deployment had reached it; returns the names it now serves from
-    /// them. Plugins it already serves are skipped.
-    ///
-    /// # Errors
-    /// "worker X does not accept plugin deployment" if its options refuse
-    /// deployments and a plugin was deployed; store errors; the first plugin
-    /// it cannot install (as a deployment would fail).
-    fn install_deployed_plugins(&self) -> impl Future<Output = Result<Vec<String>>> + Send;
-}
-
-impl Deploy for RpcAgent {
-    fn deploy_plugin(&self, wasm: &[u8]) -> impl Future<Output = Result<DeployReport>> + Send {
-        deploy_plugin(self, wasm)
-    }
-
-    fn deploy_plugin_to(
-        &self,
-        wasm: &[u8],
-        workers: &[WorkerInfo],
-    ) -> impl Future<Output = Result<DeployReport>> + Send {
-        deploy_plugin_to(self, wasm, workers)
-    }
-
-    fn install_deployed_plugins(&self) -> impl Future<Output = Result<Vec<String>>> + Send {
-        install_deployed_plugins(self)
-    }
-}
-
-/// Deploys a plugin to every worker of the group, this one included
-/// (`deploy_plugin`): validates `wasm` here, then sends it to every
-/// worker at once, each under the call timeout. A worker registers the
-/// plugin's functions as `namespace::function` and serves them to every
-/// peer and plugin; it answers at once if it already serves these exact
-/// bytes (same sha256); it refuses if it was started without
-/// [`accept_plugin_deployment`](crate::RpcBackendOptions::accept_plugin_deployment),
-/// or if it has another version of the plugin or functions of the same
-/// names (versions are not replaced at run time). Workers that refuse
-/// or fail are in the report ([`DeployReport::check`] turns them into
-/// an error).
-///
-/// # Errors
-/// Before anything is sent: "RPC has not been initialized" if the agent
-/// stopped; a `RuntimeError` if `wasm` is not a plugin this host can
-/// load (or another plugin of its name is loaded in this process).
-pub(crate) async fn deploy_plugin(agent: &RpcAgent, wasm: &[u8]) -> Result<DeployReport> {
-    let workers = agent.get_worker_infos();
-    deploy_plugin_to(agent, wasm, &workers).await
-}
-
-/// [`deploy_plugin`](Deploy::deploy_plugin) to the given workers only
-/// (e.g. every worker but a deploying tool's own).
-///
-/// # Errors
-/// As [`deploy_plugin`](Deploy::deploy_plugin).
-pub(crate) async fn deploy_plugin_to(
-    agent: &RpcAgent,
-    wasm: &[u8],
-    workers: &[WorkerInfo],
-) -> Result<DeployReport> {
-    if !agent.is_running() {
-        return Err(Error::not_initialized());
-    }
-    let host = PluginHost::shared()?;
-    let bytes: Arc<[u8]> = Arc::from(wasm);
-    let plugin = {
-        let (host, bytes) = (host.clone(), bytes.clone());
-        tokio::task::spawn_blocking(move || host.load(&bytes))
-            .await
-            .map_err(|e| Error::runtime(format!("the plugin loader stopped: {e}")))?
-            .map_err(|e| e.context_line("validating a plugin before deploying it"))?
-    };
-    let name = plugin.name().to_string();
-    let sha256 = plugin.sha256();
-    let futures: Vec<_> = workers
-        .iter()
-        .map(|w| {
-            let (name, bytes) = (name.clone(), bytes.clone());
-            let message = DeployPlugin {
-                name,
-                sha256,
-                wasm: bytes.to_vec(),
-            };
-            match message.encode() {
-                Ok(body) => agent.request(w, DEPLOY_PLUGIN, body, &[], None),
-                Err(e) => crate::agent::Future::ready(Err(e)),
-            }
-        })
-        .collect();
-    let results = collect_all(&futures).await;
-    let accepted = results.iter().any(Result::is_ok);
-    if accepted && !agent.is_static_group() {
-        publish(agent, &sha256, &bytes).await.map_err(|e| {
-            e.context_line(format!(
-                "plugin {name} was deployed, but not published for workers that join later"
-            ))
-        })?;
-    }
-    let workers = workers
-        .iter()
-        .zip(results)
-        .map(|(w, r)| {
-            let r = r.and_then(|p| decode_reply(&p.value)).map_err(|e| {
-                e.context_line(format!("deploying plugin {name} to worker {}", w.name))
-            });
-            let already_served = matches!(r, Ok((true, _)));
-            WorkerDeployment {
-                worker: w.clone(),
-                result: r.map(|(_, names)| names),
-                already_served,
-            }
-        })
-        .collect();
-    Ok(DeployReport {
-        namespace: super::plugin_namespace(&name),
-        version: plugin.manifest().version.clone(),
-        sha256: hex(&sha256),
-        plugin: name,
-        workers,
-    })
 }
 
 /// [`Deploy::install_deployed_plugins`].
@@ -736,7 +614,8 @@ pub(crate) async fn install_deployed_plugins(agent: &RpcAgent) -> Result<Vec<Str
                 agent.name()
             )));
         }
-        let _serial = agent.state::<Deployed>().by_sha256.lock().await;
+        let deployed = agent.state::<Deployed>();
+        let _serial = deployed.by_sha256.lock().await;
         versions::commit(agent, &namespace, &sha256).map_err(|e| {
             e.context_line(format!(
                 "worker {} switching plugin {namespace} to the group's current version",
@@ -1072,22 +951,27 @@ async fn stage_version(
         }
     }
     let mut groups = versions.lock();
-    let group = groups.entry(namespace.clone()).or_default();
-    if let Some(other) = group.versions.iter().find(|v| v.plugin.name() != name) {
-        return Err(Error::runtime(format!(
-            "worker {me} serves namespace {namespace} from plugin {}, which plugin {name} \
-             would replace: deploy it under a new name",
-            other.plugin.name()
-        )));
-    }
-    if let Some(v) = group.get(&sha256) {
-        // Loaded at start-up with these very bytes.
-        let mut names: Vec<String> = v.functions.keys().cloned().collect();
-        names.sort();
-        return Ok((group.current == Some(sha256), namespace, names));
-    }
+    let first = match groups.get(&namespace) {
+        None => true,
+        Some(group) => {
+            if let Some(other) = group.versions.iter().find(|v| v.plugin.name() != name) {
+                return Err(Error::runtime(format!(
+                    "worker {me} serves namespace {namespace} from plugin {}, which plugin \
+                     {name} would replace: deploy it under a new name",
+                    other.plugin.name()
+                )));
+            }
+            if let Some(v) = group.get(&sha256) {
+                // Loaded at start-up with these very bytes.
+                let mut names: Vec<String> = v.functions.keys().cloned().collect();
+                names.sort();
+                return Ok((group.current == Some(sha256), namespace, names));
+            }
+            group.versions.is_empty()
+        }
+    };
     let scope = VersionScope {
-        state: if group.versions.is_empty() {
+        state: if first {
             namespace.clone()
         } else {
             format!("{namespace}@{short}")
@@ -1113,7 +997,7 @@ async fn stage_version(
         plugin.manifest().version,
         names.join(", ")
     );
-    group.versions.push(Version {
+    groups.entry(namespace.clone()).or_default().versions.push(Version {
         plugin,
         scope: scope.state,
         functions,
