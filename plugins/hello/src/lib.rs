@@ -8,7 +8,7 @@
 //! the module stays valid): other bytes, same plugin, other behaviour.
 
 use wasmrpc_guest::{
-    Result, Tensor, get_worker_info, global, remote, remote_class, rpc_sync, set_global, sleep,
+    Result, Tensor, get_worker_info, global, lock, remote, remote_class, rpc_sync, set_global, sleep,
 };
 
 /// This build's version marker, 32 bytes, the only place it is written.
@@ -41,8 +41,11 @@ fn version() -> Result<String> {
 #[remote]
 fn version_chain(on: String, seconds: f64) -> Result<String> {
     let here = VERSION.to_string();
-    let calls = global::<i64>("calls")?.unwrap_or(0);
-    set_global("calls", calls + 1)?;
+    {
+        let _counting = lock("calls")?;
+        let calls = global::<i64>("calls")?.unwrap_or(0);
+        set_global("calls", calls + 1)?;
+    }
     sleep(seconds)?;
     let there: String = rpc_sync(&on, "version", ())?;
     Ok(format!("{here} {there}"))

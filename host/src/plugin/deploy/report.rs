@@ -76,7 +76,8 @@ impl DeployReport {
             )))
         } else {
             Err(Error::runtime(format!(
-                "plugin {} (sha256 {short}) was not deployed: {} of {} workers refused it, so                  none made it current (the group stays on its current version): {}",
+                "plugin {} (sha256 {short}) was not deployed: {} of {} workers refused it, so \
+                 none made it current (the group stays on its current version): {}",
                 self.plugin,
                 failed.len(),
                 self.workers.len(),
