@@ -270,14 +270,12 @@ impl RpcAgent {
         if name.starts_with(INTERNAL_PREFIX) {
             self.inner.internal.get(name)
         } else {
-            self.registry()
-                .get(name)
-                .or_else(|| {
-                    <crate::plugin::versions::PinnedNames as FunctionResolver>::resolve(
-                        &crate::plugin::versions::PinnedNames,
-                        name,
-                    )
-                })
+            self.registry().get(name).or_else(|| {
+                <crate::plugin::versions::PinnedNames as FunctionResolver>::resolve(
+                    &crate::plugin::versions::PinnedNames,
+                    name,
+                )
+            })
         }
     }
 

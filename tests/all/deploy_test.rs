@@ -295,7 +295,10 @@ fn another_version_of_a_served_plugin_is_an_upgrade() {
         let report = agents[0].deploy_plugin(&v2).await?;
         report.check()?;
         ensure!(
-            report.workers.iter().all(|w| w.committed && !w.already_served),
+            report
+                .workers
+                .iter()
+                .all(|w| w.committed && !w.already_served),
             "{report:?}"
         );
         ensure!(greet(&agents[2], "worker1", "v2").await? == "hello v2 from worker1");

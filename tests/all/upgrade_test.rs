@@ -16,8 +16,7 @@ use anyhow::{Context, ensure};
 use wasmrpc::prelude::*;
 use wasmrpc::testing::{fresh_store, worker_name};
 use wasmrpc::{
-    DEPLOY_PLUGIN, DeployPlugin, ErrorKind, PluginHost, RpcAgent, RpcBackendOptions, args,
-    init_rpc,
+    DEPLOY_PLUGIN, DeployPlugin, ErrorKind, PluginHost, RpcAgent, RpcBackendOptions, args, init_rpc,
 };
 use wasmrpc_tests::{expect_err, register_all, timed};
 
@@ -89,13 +88,20 @@ fn calls_running_through_an_upgrade_and_a_rollback_are_all_answered_each_by_one_
         let load: Vec<_> = (0..6usize)
             .map(|i| {
                 let from = agents[i % 3].clone();
-                let (dst, on) = (worker_name((i as u32 + 1) % 3), worker_name((i as u32 + 2) % 3));
+                let (dst, on) = (
+                    worker_name((i as u32 + 1) % 3),
+                    worker_name((i as u32 + 2) % 3),
+                );
                 let stopping = stopping.clone();
                 tokio::spawn(async move {
                     let mut answers = Vec::new();
                     while !stopping.load(Ordering::SeqCst) {
                         let r = from
-                            .rpc_sync(dst.as_str(), "hello::version_chain", args![on.clone(), 0.003f64])
+                            .rpc_sync(
+                                dst.as_str(),
+                                "hello::version_chain",
+                                args![on.clone(), 0.003f64],
+                            )
                             .await
                             .and_then(|p| p.as_str().map(str::to_string));
                         answers.push(r);
@@ -107,7 +113,10 @@ fn calls_running_through_an_upgrade_and_a_rollback_are_all_answered_each_by_one_
         tokio::time::sleep(Duration::from_millis(200)).await;
         let up = agents[1].deploy_plugin(&b).await?;
         up.check()?;
-        ensure!(up.committed && up.workers.iter().all(|w| w.committed), "{up:?}");
+        ensure!(
+            up.committed && up.workers.iter().all(|w| w.committed),
+            "{up:?}"
+        );
         // A call that starts after the deployer's commit returned runs the
         // new version on every worker.
         all_run(&agents, b'B').await?;
@@ -136,27 +145,43 @@ fn calls_running_through_an_upgrade_and_a_rollback_are_all_answered_each_by_one_
                 }
             }
         }
-        ensure!(seen_a > 0 && seen_b > 0, "{total} calls: {seen_a} A, {seen_b} B");
+        ensure!(
+            seen_a > 0 && seen_b > 0,
+            "{total} calls: {seen_a} A, {seen_b} B"
+        );
         // Each version counted its own calls in its own globals.
         let (sha_a, sha_b) = (sha_of(&a), sha_of(&b));
         let mut counted = 0;
         for to in 0..WORLD {
             for sha in [&sha_a, &sha_b] {
                 counted += agents[0]
-                    .rpc_sync(worker_name(to), &format!("hello@{}::calls", &sha[..8]), args![])
+                    .rpc_sync(
+                        worker_name(to),
+                        &format!("hello@{}::calls", &sha[..8]),
+                        args![],
+                    )
                     .await?
                     .as_int()?;
             }
         }
         ensure!(counted == total, "{counted} calls counted, {total} made");
         // Pinned names: the version whose sha256 starts with the prefix.
-        let pinned = version_on(&agents[0], "worker1", &format!("hello@{}::version", &sha_b[..8]))
-            .await?;
+        let pinned = version_on(
+            &agents[0],
+            "worker1",
+            &format!("hello@{}::version", &sha_b[..8]),
+        )
+        .await?;
         ensure!(pinned == marked(b'B'), "{pinned}");
         let pinned = version_on(&agents[0], "worker1", &format!("hello@{sha_a}::version")).await?;
         ensure!(pinned == marked(b'A'), "{pinned}");
         expect_err(
-            version_on(&agents[0], "worker1", &format!("hello@{}::version", &sha_b[..7])).await,
+            version_on(
+                &agents[0],
+                "worker1",
+                &format!("hello@{}::version", &sha_b[..7]),
+            )
+            .await,
             ErrorKind::ValueError,
             "at least 8 hex digits",
         )?;
@@ -181,7 +206,8 @@ fn calls_running_through_an_upgrade_and_a_rollback_are_all_answered_each_by_one_
             ensure!(role(&sha_a).as_deref() == Some("current"), "{held:?}");
             ensure!(role(&sha_b).as_deref() == Some("previous"), "{held:?}");
             ensure!(
-                held.iter().all(|v| v.in_flight == 0 && v.namespace == "hello"),
+                held.iter()
+                    .all(|v| v.in_flight == 0 && v.namespace == "hello"),
                 "{held:?}"
             );
             ensure!(
@@ -230,9 +256,12 @@ fn a_deployer_that_dies_between_the_phases_leaves_the_group_on_the_old_version()
             "{held:?}"
         );
         // A staged version answers only its pinned names.
-        let pinned =
-            version_on(&agents[0], "worker1", &format!("hello@{}::version", &sha_of(&b)[..8]))
-                .await?;
+        let pinned = version_on(
+            &agents[0],
+            "worker1",
+            &format!("hello@{}::version", &sha_of(&b)[..8]),
+        )
+        .await?;
         ensure!(pinned == marked(b'B'), "{pinned}");
         // The stage expires.
         tokio::time::sleep(Duration::from_millis(1200)).await;

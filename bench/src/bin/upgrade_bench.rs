@@ -111,7 +111,11 @@ async fn main() -> Result<()> {
                 while !stopping.load(Ordering::SeqCst) {
                     let start = began.elapsed();
                     let answer = from
-                        .rpc_sync(dst.as_str(), "hello::version_chain", args![on.clone(), 0.0f64])
+                        .rpc_sync(
+                            dst.as_str(),
+                            "hello::version_chain",
+                            args![on.clone(), 0.0f64],
+                        )
                         .await
                         .and_then(|p| p.as_str().map(str::to_string));
                     calls.push(Call {
@@ -157,12 +161,15 @@ async fn main() -> Result<()> {
     if let Some(e) = calls.iter().find_map(|c| c.answer.as_ref().err()) {
         eprintln!("a lost call: {e}");
     }
-    let near = |c: &Call, from: Duration, to: Duration| {
-        c.end + WINDOW >= from && c.start <= to + WINDOW
-    };
+    let near =
+        |c: &Call, from: Duration, to: Duration| c.end + WINDOW >= from && c.start <= to + WINDOW;
     let baseline = latencies_ms(calls.iter().filter(|c| c.end < deploy_at));
     let upgrade = latencies_ms(calls.iter().filter(|c| near(c, deploy_at, committed_at)));
-    let rollback = latencies_ms(calls.iter().filter(|c| near(c, rollback_at, rolled_back_at)));
+    let rollback = latencies_ms(
+        calls
+            .iter()
+            .filter(|c| near(c, rollback_at, rolled_back_at)),
+    );
     let (b50, b99) = (percentile(&baseline, 0.5), percentile(&baseline, 0.99));
     println!(
         "{} calls by {CALLERS} callers over {:.1} s: {lost} lost, {mixed} saw two versions",

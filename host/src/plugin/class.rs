@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use wasmrpc_wasm::{GuestHost, Object, Plugin, Runtime};
 
-use super::function::{PluginFunction, wasm_error};
 use super::VersionScope;
+use super::function::{PluginFunction, wasm_error};
 use super::grant::PluginGrant;
 use super::host_functions::GuestCall;
 use crate::abi::{ErrorKind, WorkerInfo};

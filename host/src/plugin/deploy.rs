@@ -469,12 +469,14 @@ pub(crate) async fn rollback_plugin(
         })
         .collect();
     if workers.iter().any(|w| w.committed) && !agent.is_static_group() {
-        publish(agent, namespace, &sha256, None).await.map_err(|e| {
-            e.context_line(format!(
-                "plugin {namespace} was rolled back, but not published for workers that join \
+        publish(agent, namespace, &sha256, None)
+            .await
+            .map_err(|e| {
+                e.context_line(format!(
+                    "plugin {namespace} was rolled back, but not published for workers that join \
                  later"
-            ))
-        })?;
+                ))
+            })?;
     }
     Ok(DeployReport {
         plugin: previous.plugin,
@@ -997,16 +999,20 @@ async fn stage_version(
         plugin.manifest().version,
         names.join(", ")
     );
-    groups.entry(namespace.clone()).or_default().versions.push(Version {
-        plugin,
-        scope: scope.state,
-        functions,
-        usage: scope.usage,
-        deployed_by: from.to_owned(),
-        deployed_at: SystemTime::now(),
-        staged: Some(Instant::now()),
-        draining: None,
-    });
+    groups
+        .entry(namespace.clone())
+        .or_default()
+        .versions
+        .push(Version {
+            plugin,
+            scope: scope.state,
+            functions,
+            usage: scope.usage,
+            deployed_by: from.to_owned(),
+            deployed_at: SystemTime::now(),
+            staged: Some(Instant::now()),
+            draining: None,
+        });
     Ok((false, namespace, names))
 }
 

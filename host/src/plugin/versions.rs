@@ -428,10 +428,11 @@ pub(crate) struct CurrentFunction {
 impl RpcFunction for CurrentFunction {
     async fn call(&self, ctx: CallContext, args: Args) -> Result<Payload> {
         let agent = ctx.agent();
-        let f =
-            agent
-                .state::<Versions>()
-                .current_function(agent.name(), &self.namespace, &self.name)?;
+        let f = agent.state::<Versions>().current_function(
+            agent.name(),
+            &self.namespace,
+            &self.name,
+        )?;
         f.call(ctx, args).await
     }
 }
@@ -622,10 +623,7 @@ fn spawn_drain(agent: &RpcAgent) {
                     });
                 }
                 if !left {
-                    agent
-                        .state::<Draining>()
-                        .0
-                        .store(false, Ordering::SeqCst);
+                    agent.state::<Draining>().0.store(false, Ordering::SeqCst);
                 }
                 (unloaded, left)
             };
@@ -652,9 +650,6 @@ mod tests {
         );
         assert_eq!(parse_pinned("hello::greet"), None);
         assert_eq!(parse_pinned("@x::f"), None);
-        assert_eq!(
-            parse_pinned("hello@ab::C.m"),
-            Some(("hello", "ab", "C.m"))
-        );
+        assert_eq!(parse_pinned("hello@ab::C.m"), Some(("hello", "ab", "C.m")));
     }
 }

@@ -8,7 +8,8 @@
 //! the module stays valid): other bytes, same plugin, other behaviour.
 
 use wasmrpc_guest::{
-    Result, Tensor, get_worker_info, global, lock, remote, remote_class, rpc_sync, set_global, sleep,
+    Result, Tensor, get_worker_info, global, lock, remote, remote_class, rpc_sync, set_global,
+    sleep,
 };
 
 /// This build's version marker, 32 bytes, the only place it is written.

@@ -242,14 +242,23 @@ async fn versions_of_one_plugin_load_side_by_side_and_unload() {
         assert!(Arc::ptr_eq(&rt.plugin("wasmrpc-plugin-hello").unwrap(), &a));
         let host = crate::fake::FakeHost::new();
         for (p, marker) in [(&a, "A"), (&b, "B")] {
-            let r = rt.call(p, "version", args(vec![]), host.arc()).await.unwrap();
-            assert_eq!(r, Value::Str(format!("hello-version-{}", marker.repeat(18))));
+            let r = rt
+                .call(p, "version", args(vec![]), host.arc())
+                .await
+                .unwrap();
+            assert_eq!(
+                r,
+                Value::Str(format!("hello-version-{}", marker.repeat(18)))
+            );
         }
         assert!(rt.unload(&a));
         assert!(!rt.unload(&a));
         assert!(Arc::ptr_eq(&rt.plugin("wasmrpc-plugin-hello").unwrap(), &b));
         // Unloaded, it still runs for whoever holds it.
-        let r = rt.call(&a, "version", args(vec![]), host.arc()).await.unwrap();
+        let r = rt
+            .call(&a, "version", args(vec![]), host.arc())
+            .await
+            .unwrap();
         assert!(matches!(r, Value::Str(s) if s.ends_with('A')));
     })
     .await;
