@@ -213,8 +213,13 @@ async fn main() -> Result<()> {
         let lines: Vec<String> = rows.iter().map(ToString::to_string).collect();
         let _ = std::fs::write(dir.join("upgrade.jsonl"), lines.join("\n") + "\n");
     }
-    for a in agents {
-        a.shutdown(true, Duration::ZERO).await?;
+    // A static group's graceful shutdown waits for every member: all at once.
+    let stopping: Vec<_> = agents
+        .into_iter()
+        .map(|a| tokio::spawn(async move { a.shutdown(true, Duration::ZERO).await }))
+        .collect();
+    for s in stopping {
+        s.await??;
     }
     ensure!(lost == 0 && mixed == 0, "{lost} calls lost, {mixed} mixed");
     Ok(())
