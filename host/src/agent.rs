@@ -264,12 +264,18 @@ impl RpcAgent {
     }
 
     /// The function a call of `name` runs: the agent's own functions
-    /// (`INTERNAL_PREFIX`) or the registry's.
+    /// (`INTERNAL_PREFIX`) or the registry's, else a pinned version of a
+    /// plugin's (`hello@<sha256 prefix>::greet`, `crate::plugin::versions`).
     pub(crate) fn lookup_function(&self, name: &str) -> Option<Arc<dyn RpcFunction>> {
         if name.starts_with(INTERNAL_PREFIX) {
             self.inner.internal.get(name)
         } else {
-            self.registry().get(name)
+            self.registry().get(name).or_else(|| {
+                <crate::plugin::versions::PinnedNames as FunctionResolver>::resolve(
+                    &crate::plugin::versions::PinnedNames,
+                    name,
+                )
+            })
         }
     }
 

@@ -132,8 +132,9 @@ pub use ops::{
     set_intra_op_threads,
 };
 pub use plugin::{
-    CACHE_DIR_ENV, DEPLOY_PLUGIN, Deploy, DeployPlugin, DeployReport, PACKAGE_PREFIX, PluginHost,
-    PluginTrust, WorkerDeployment, plugin_global, plugin_namespace,
+    CACHE_DIR_ENV, DEPLOY_PLUGIN, Deploy, DeployPlugin, DeployReport, MIN_PREFIX, PACKAGE_PREFIX,
+    PLUGIN_SWITCH, PluginHost, PluginSwitch, PluginTrust, PluginVersion, WorkerDeployment,
+    plugin_global, plugin_namespace,
 };
 pub use remote_module::RemoteModule;
 pub use rref::{
@@ -198,6 +199,6 @@ pub mod prelude {
 pub mod message_kinds {
     pub use crate::agent::{CALL, RESPONSE};
     pub use crate::dist_autograd::{CLEANUP_AUTOGRAD_CONTEXT, PROPAGATE_GRADIENTS};
-    pub use crate::plugin::DEPLOY_PLUGIN;
+    pub use crate::plugin::{DEPLOY_PLUGIN, PLUGIN_SWITCH};
     pub use crate::rref::{RREF_CHILD_ACCEPT, RREF_FORK, RREF_USER_DELETE};
 }

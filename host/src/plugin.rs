@@ -61,6 +61,7 @@ mod grant;
 mod handles;
 mod host_functions;
 mod state;
+pub(crate) mod versions;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -71,10 +72,14 @@ use wasmrpc_wasm::{Config, Plugin, Runtime};
 use crate::agent::FunctionRegistry;
 use crate::error::{Error, Result};
 use class::PluginClass;
-pub use deploy::{DEPLOY_PLUGIN, Deploy, DeployPlugin, DeployReport, WorkerDeployment};
+pub use deploy::{
+    DEPLOY_PLUGIN, Deploy, DeployPlugin, DeployReport, PLUGIN_SWITCH, PluginSwitch,
+    WorkerDeployment,
+};
 use function::{PluginFunction, wasm_error};
 use grant::PluginGrant;
 pub use grant::PluginTrust;
+pub use versions::{MIN_PREFIX, PluginVersion};
 
 /// The environment variable that overrides where compiled plugins are
 /// cached on disk ([`PluginHost::default_config`]).
@@ -97,7 +102,8 @@ pub fn plugin_namespace(manifest_name: &str) -> String {
 
 /// The per-worker global `key` that the plugin `namespace` set on `agent`
 /// (`set_global` in the guest SDKs, a Python module-level variable in the
-/// seeds), or `None` if unset. Tensors in it are the worker's own, by
+/// seeds), or `None` if unset: the current version's, when the worker holds
+/// several versions of the plugin (each has its own globals). Tensors in it are the worker's own, by
 /// reference: autograd and gradient maps see the same tensors the plugin's
 /// calls use.
 pub fn plugin_global(
@@ -105,7 +111,36 @@ pub fn plugin_global(
     namespace: &str,
     key: &str,
 ) -> Option<crate::value::Payload> {
-    agent.state::<state::Globals>().get(namespace, key)
+    let scope = agent
+        .state::<versions::Versions>()
+        .current_scope(namespace)
+        .unwrap_or_else(|| namespace.to_owned());
+    agent.state::<state::Globals>().get(&scope, key)
+}
+
+/// Where one registered version of a plugin keeps its state and counts its
+/// use (`versions`).
+#[derive(Clone, Debug)]
+pub(crate) struct VersionScope {
+    /// The scope of its globals, locks and named futures.
+    pub(crate) state: String,
+    /// What its calls name its own functions by (`hello@<sha>` for a
+    /// deployed version: a call chain stays on the version it started on),
+    /// else the namespace.
+    pub(crate) calls: String,
+    /// Its calls in flight and objects alive.
+    pub(crate) usage: Arc<versions::Usage>,
+}
+
+impl VersionScope {
+    /// A plugin registered outside the version table: its namespace.
+    pub(crate) fn unversioned(namespace: &str) -> VersionScope {
+        VersionScope {
+            state: namespace.to_owned(),
+            calls: namespace.to_owned(),
+            usage: Arc::default(),
+        }
+    }
 }
 
 /// Loads wasm plugins and registers their functions in agents' registries.
@@ -202,6 +237,18 @@ impl PluginHost {
             .map_err(|e| wasm_error(&e).context_line("loading a plugin"))
     }
 
+    /// [`load`](Self::load), but another version of the plugin (other
+    /// bytes, same name) may be loaded already: the two are held side by
+    /// side (what deploying an upgrade needs).
+    ///
+    /// # Errors
+    /// As [`load`](Self::load), never for another version.
+    pub fn load_version(&self, bytes: &[u8]) -> Result<Arc<Plugin>> {
+        self.runtime
+            .load_version(bytes)
+            .map_err(|e| wasm_error(&e).context_line("loading a plugin"))
+    }
+
     /// Loads the plugin in a `.wasm` file.
     ///
     /// # Errors
@@ -260,7 +307,12 @@ impl PluginHost {
     /// ([`PluginTrust::Operator`]); see [`register_with`](Self::register_with).
     pub fn register(&self, plugin: &Arc<Plugin>, registry: &FunctionRegistry) -> Vec<String> {
         let namespace = plugin_namespace(plugin.name());
-        self.register_granted(plugin, registry, PluginGrant::operator(&namespace))
+        self.register_granted(
+            plugin,
+            registry,
+            PluginGrant::operator(&namespace),
+            &VersionScope::unversioned(&namespace),
+        )
     }
 
     /// [`register`](Self::register) with the rights `trust` gives
@@ -285,7 +337,34 @@ impl PluginHost {
             PluginTrust::Operator => PluginGrant::operator(&namespace),
             PluginTrust::Deployed => PluginGrant::deployed(&namespace, plugin.manifest())?,
         };
-        Ok(self.register_granted(plugin, registry, grant))
+        Ok(self.register_granted(
+            plugin,
+            registry,
+            grant,
+            &VersionScope::unversioned(&namespace),
+        ))
+    }
+
+    /// A version of `plugin` for a worker's version table: its functions
+    /// (in a registry of their own, not the agent's) with `trust`'s rights,
+    /// its state in `scope`, counted in `usage`.
+    pub(crate) fn register_version(
+        &self,
+        plugin: &Arc<Plugin>,
+        trust: PluginTrust,
+        scope: &VersionScope,
+    ) -> Result<std::collections::HashMap<String, Arc<dyn crate::agent::RpcFunction>>> {
+        let namespace = plugin_namespace(plugin.name());
+        let grant = match trust {
+            PluginTrust::Operator => PluginGrant::operator(&namespace),
+            PluginTrust::Deployed => PluginGrant::deployed(&namespace, plugin.manifest())?,
+        };
+        let scratch = FunctionRegistry::without_builtins();
+        let names = self.register_granted(plugin, &scratch, grant, scope);
+        Ok(names
+            .into_iter()
+            .filter_map(|n| scratch.get(&n).map(|f| (n, f)))
+            .collect())
     }
 
     fn register_granted(
@@ -293,6 +372,7 @@ impl PluginHost {
         plugin: &Arc<Plugin>,
         registry: &FunctionRegistry,
         grant: PluginGrant,
+        scope: &VersionScope,
     ) -> Vec<String> {
         let namespace = plugin_namespace(plugin.name());
         let grant = Arc::new(grant);
@@ -306,6 +386,7 @@ impl PluginHost {
                         namespace.clone(),
                         export.name.clone(),
                         grant.clone(),
+                        scope.clone(),
                     ))
                 }
                 (ExportKind::Constructor, Some(class)) => Arc::new(PluginClass::new(
@@ -314,6 +395,7 @@ impl PluginHost {
                     namespace.clone(),
                     class.clone(),
                     grant.clone(),
+                    scope.clone(),
                 )),
                 // Methods are served through their objects.
                 _ => continue,

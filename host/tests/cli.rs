@@ -926,15 +926,16 @@ fn plugin_deploy_ships_a_plugin_to_a_running_group_that_then_serves_it() {
         (out.status.success(), stdout, stderr)
     };
     let (ok, stdout, stderr) = deploy(hello);
-    assert!(!ok, "worker2 refuses, so the deployment is incomplete");
+    assert!(!ok, "worker2 refuses, so nobody switches");
     assert!(
         stdout.contains("plugin wasmrpc-plugin-hello") && stdout.contains("to 3 workers"),
         "{stdout}\n{stderr}"
     );
     for w in ["worker0", "worker1"] {
         assert!(
-            stdout.contains(&format!("{w}: serving hello::greet, hello::double_on"))
-                || stdout.contains(&format!("{w}: serving hello::double_on, hello::greet")),
+            stdout.contains(&format!(
+                "{w}: staged, then dropped (another worker refused)"
+            )),
             "{stdout}\n{stderr}"
         );
     }
@@ -943,9 +944,21 @@ fn plugin_deploy_ships_a_plugin_to_a_running_group_that_then_serves_it() {
         "{stdout}\n{stderr}"
     );
     assert!(
-        stderr.contains("was not deployed to 1 of 3 workers"),
+        stderr.contains("was not deployed: 1 of 3 workers refused it"),
         "{stdout}\n{stderr}"
     );
+    // Without worker2 (it leaves), the deployment goes through.
+    drop(w2.stop());
+    let (ok, stdout, stderr) = deploy(hello);
+    assert!(ok, "{stdout}\n{stderr}");
+    for w in ["worker0", "worker1"] {
+        assert!(
+            stdout.contains(&format!("{w}: serving hello::"))
+                && stdout.contains("hello::greet")
+                && stdout.contains("hello::double_on"),
+            "{stdout}\n{stderr}"
+        );
+    }
 
     // Another worker joins, calls the deployed function on worker1 by
     // name, and leaves; then seed-fns on worker0 calls it on worker1.
@@ -980,16 +993,36 @@ fn plugin_deploy_ships_a_plugin_to_a_running_group_that_then_serves_it() {
         stdout.contains("worker0: already served") && stdout.contains("worker1: already served"),
         "{stdout}\n{stderr}"
     );
-    // Another version (one more custom section) is refused by the workers.
+    // Another version (one more custom section) is an upgrade; `plugin
+    // list` shows both versions, `plugin rollback` switches back.
     let dir = tempfile::tempdir().expect("a temporary folder");
     let v2 = dir.path().join("hello-v2.wasm");
     let mut bytes = std::fs::read(hello).expect("the hello plugin was built");
     bytes.extend_from_slice(&[0, 7, 4, b'n', b'o', b't', b'e', b'v', b'2']);
     std::fs::write(&v2, bytes).expect("write the new version");
     let (ok, stdout, stderr) = deploy(v2.to_str().expect("a UTF-8 path"));
-    assert!(!ok, "{stdout}\n{stderr}");
+    assert!(ok, "{stdout}\n{stderr}");
+    let tool = |command: &[&str]| {
+        let mut a = vec!["plugin"];
+        a.extend(command);
+        a.extend(["--init-method", &init, "--cluster-secret-file", secret]);
+        let out = wasmrpc(&a, Duration::from_secs(60));
+        let (stdout, stderr) = text(&out);
+        (out.status.success(), stdout, stderr)
+    };
+    let (ok, stdout, stderr) = tool(&["list"]);
+    assert!(ok, "{stdout}\n{stderr}");
     assert!(
-        stdout.contains("worker1: FAILED: worker worker1 already serves another version of plugin wasmrpc-plugin-hello"),
+        stdout.contains("worker1:")
+            && stdout.contains("wasmrpc-plugin-hello")
+            && stdout.contains(" current: 0 calls in flight, 0 objects; deployed by deploy-")
+            && stdout.contains(" previous: "),
+        "{stdout}\n{stderr}"
+    );
+    let (ok, stdout, stderr) = tool(&["rollback", "hello"]);
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("plugin hello rolled back to") && stdout.contains("worker1: switched"),
         "{stdout}\n{stderr}"
     );
     // Not a plugin: refused before joining the group's work.
@@ -998,7 +1031,7 @@ fn plugin_deploy_ships_a_plugin_to_a_running_group_that_then_serves_it() {
     let (ok, _, stderr) = deploy(junk.to_str().expect("a UTF-8 path"));
     assert!(!ok && stderr.contains("was not deployed"), "{stderr}");
 
-    assert!(w1.output().contains("deployed plugin wasmrpc-plugin-hello"));
+    assert!(w1.output().contains("staged plugin wasmrpc-plugin-hello"));
     // A worker that joins now installs what was deployed before it.
     let mut w3 = serving_worker(
         3,
@@ -1021,7 +1054,6 @@ fn plugin_deploy_ships_a_plugin_to_a_running_group_that_then_serves_it() {
         "{stdout}"
     );
     drop(w3.stop());
-    drop(w2.stop());
     drop(w1.stop());
     drop(w0.stop());
 }

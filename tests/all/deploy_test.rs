@@ -28,7 +28,7 @@ use wasmrpc::{
 use wasmrpc_tests::seed_fns::TimedOutRpcEvent;
 use wasmrpc_tests::{expect_err, register_all, timed};
 
-const WORLD: u32 = 3;
+pub(crate) const WORLD: u32 = 3;
 
 fn hello_wasm() -> Vec<u8> {
     std::fs::read(wasmrpc_plugins::HELLO).expect("the hello plugin was built")
@@ -36,7 +36,7 @@ fn hello_wasm() -> Vec<u8> {
 
 /// Starts a static group of [`WORLD`] workers serving seed-fns;
 /// `options(rank)` adjusts each worker's options.
-async fn start(
+pub(crate) async fn start(
     options: impl Fn(u32, RpcBackendOptions) -> RpcBackendOptions,
 ) -> anyhow::Result<Vec<RpcAgent>> {
     let store = fresh_store();
@@ -66,7 +66,7 @@ async fn start(
 }
 
 /// Graceful shutdown of every worker at once.
-async fn stop(agents: Vec<RpcAgent>) -> anyhow::Result<()> {
+pub(crate) async fn stop(agents: Vec<RpcAgent>) -> anyhow::Result<()> {
     let tasks: Vec<_> = agents
         .into_iter()
         .map(|a| tokio::spawn(async move { a.shutdown(true, std::time::Duration::ZERO).await }))
@@ -211,7 +211,7 @@ fn invalid_bytes_are_rejected_before_anything_is_sent() {
 }
 
 #[test]
-fn a_worker_with_deployment_off_refuses_and_the_others_get_it() {
+fn a_worker_with_deployment_off_refuses_and_nobody_switches() {
     timed(async {
         let agents = start(|rank, o| RpcBackendOptions {
             accept_plugin_deployment: rank != 1,
@@ -219,7 +219,7 @@ fn a_worker_with_deployment_off_refuses_and_the_others_get_it() {
         })
         .await?;
         let report = agents[0].deploy_plugin(&hello_wasm()).await?;
-        ensure!(!report.is_complete(), "{report:?}");
+        ensure!(!report.is_complete() && !report.committed, "{report:?}");
         for w in &report.workers {
             if w.worker.name == "worker1" {
                 let e = w.result.as_ref().err().context("worker1 accepted")?;
@@ -228,20 +228,23 @@ fn a_worker_with_deployment_off_refuses_and_the_others_get_it() {
                     "{e}"
                 );
             } else {
-                ensure!(w.result.is_ok(), "{w:?}");
+                // Staged, then dropped: the deployment is all or nothing.
+                ensure!(w.result.is_ok() && !w.committed, "{w:?}");
             }
         }
         let e = report.check().err().context("check passed")?;
         ensure!(
-            e.contains("was not deployed to 1 of 3 workers: worker1"),
+            e.contains("was not deployed: 1 of 3 workers refused it, so none made it current")
+                && e.contains("worker1: worker worker1 does not accept plugin deployment"),
             "{e}"
         );
-        ensure!(greet(&agents[1], "worker2", "a").await? == "hello a from worker2");
-        expect_err(
-            greet(&agents[0], "worker1", "b").await,
-            ErrorKind::RuntimeError,
-            "hello::greet",
-        )?;
+        for to in 0..WORLD {
+            expect_err(
+                greet(&agents[0], &worker_name(to), "b").await,
+                ErrorKind::RuntimeError,
+                "hello::greet",
+            )?;
+        }
         stop(agents).await
     });
 }
@@ -279,25 +282,33 @@ fn deploying_while_calls_are_running() {
 }
 
 #[test]
-fn another_version_of_a_served_plugin_is_refused() {
+fn another_version_of_a_served_plugin_is_an_upgrade() {
     timed(async {
         let agents = start(|_, o| o).await?;
         let wasm = hello_wasm();
         agents[0].deploy_plugin(&wasm).await?.check()?;
         // The same module with one more custom section: other bytes, same
-        // plugin name.
+        // plugin name: a new version, which becomes current everywhere
+        // (`upgrade_test` tests upgrades further).
         let mut v2 = wasm.clone();
         v2.extend_from_slice(&[0, 7, 4, b'n', b'o', b't', b'e', b'v', b'2']);
-        let e = agents[0]
-            .deploy_plugin(&v2)
-            .await
-            .err()
-            .context("another version was deployed")?;
+        let report = agents[0].deploy_plugin(&v2).await?;
+        report.check()?;
         ensure!(
-            e.contains("a different plugin named `wasmrpc-plugin-hello` is already loaded"),
-            "{e}"
+            report
+                .workers
+                .iter()
+                .all(|w| w.committed && !w.already_served),
+            "{report:?}"
         );
-        ensure!(greet(&agents[2], "worker1", "v1").await? == "hello v1 from worker1");
+        ensure!(greet(&agents[2], "worker1", "v2").await? == "hello v2 from worker1");
+        let held = agents[2].plugin_versions("worker1").await?;
+        ensure!(
+            held.iter()
+                .any(|v| v.sha256 == report.sha256 && v.role == "current"),
+            "{held:?}"
+        );
+        ensure!(held.iter().any(|v| v.role == "previous"), "{held:?}");
         stop(agents).await
     });
 }

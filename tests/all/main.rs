@@ -23,3 +23,4 @@ mod plugin_test;
 mod python_plugins;
 mod remote_module_test;
 mod rpc_test;
+mod upgrade_test;

@@ -93,6 +93,17 @@ pub struct RpcBackendOptions {
     /// deployment". Deployments only ever arrive over authenticated
     /// connections (every peer proved the cluster secret).
     pub accept_plugin_deployment: bool,
+    /// How long an old version of a deployed plugin stays loaded after an
+    /// upgrade or a rollback replaced it, while calls still run on it or
+    /// objects of it live (it is unloaded as soon as none do); the version
+    /// just replaced stays regardless, for a rollback. 60 s by default
+    /// (`wasmrpc worker --plugin-drain-timeout`).
+    pub plugin_drain_timeout: Duration,
+    /// How long a version staged by a deployment's first phase waits for
+    /// its commit before this worker drops it (a deployer that died between
+    /// the phases). 600 s by default (`wasmrpc worker
+    /// --plugin-stage-timeout`).
+    pub plugin_stage_timeout: Duration,
     /// How much CPU tensor memory the work this worker does for its peers
     /// and plugins may hold, in all and per call (`crate::tensor::budget`);
     /// by default half and a quarter of the machine's memory. An allocation
@@ -157,6 +168,8 @@ impl std::fmt::Debug for RpcBackendOptions {
             .field("devices", &self.devices)
             .field("init_timeout", &self.init_timeout)
             .field("accept_plugin_deployment", &self.accept_plugin_deployment)
+            .field("plugin_drain_timeout", &self.plugin_drain_timeout)
+            .field("plugin_stage_timeout", &self.plugin_stage_timeout)
             .field("tensor_memory", &self.tensor_memory)
             .field("op_policy", &self.op_policy)
             .field("shared_memory", &self.shared_memory)
@@ -185,6 +198,8 @@ impl Default for RpcBackendOptions {
             devices: Vec::new(),
             init_timeout: Duration::from_secs(300),
             accept_plugin_deployment: false,
+            plugin_drain_timeout: Duration::from_secs(60),
+            plugin_stage_timeout: Duration::from_secs(600),
             tensor_memory: TensorMemoryBudget::default(),
             op_policy: OpPolicy::shared_default(),
             shared_memory: true,

@@ -87,6 +87,17 @@ pub(crate) struct WorkerArgs {
     /// (those holding the cluster secret).
     #[arg(long)]
     accept_plugin_deployment: bool,
+    /// How long, in seconds, an old version of a deployed plugin stays
+    /// loaded after an upgrade or rollback replaced it while calls still
+    /// run on it or objects of it live (it is unloaded as soon as none do;
+    /// the version just replaced stays, for a rollback).
+    #[arg(long, default_value = "60", value_parser = parse_seconds)]
+    plugin_drain_timeout: std::time::Duration,
+    /// How long, in seconds, a plugin version staged by a deployment waits
+    /// for its commit before this worker drops it (a deployer that died
+    /// between the two phases).
+    #[arg(long, default_value = "600", value_parser = parse_seconds)]
+    plugin_stage_timeout: std::time::Duration,
     /// Send tensor storages of 1 MiB and more to workers on this host over
     /// the socket, not through shared memory (which is on by default, and
     /// falls back to the socket by itself for workers on other hosts).
@@ -189,6 +200,8 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         listen_addr: args.listen,
         init_timeout: args.init_timeout,
         accept_plugin_deployment: args.accept_plugin_deployment,
+        plugin_drain_timeout: args.plugin_drain_timeout,
+        plugin_stage_timeout: args.plugin_stage_timeout,
         shared_memory: !args.no_shared_memory,
         busy_poll: std::time::Duration::from_micros(args.busy_poll_us),
         tensor_memory: args.tensor_memory.budget(1),

@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use wasmrpc_wasm::{GuestHost, Object, Plugin, Runtime};
 
+use super::VersionScope;
 use super::function::{PluginFunction, wasm_error};
 use super::grant::PluginGrant;
 use super::host_functions::GuestCall;
@@ -33,6 +34,8 @@ pub(crate) struct PluginClass {
     class: String,
     /// What the plugin may do on this worker.
     grant: Arc<PluginGrant>,
+    /// The version's state scope and use counts.
+    scope: VersionScope,
 }
 
 impl PluginClass {
@@ -42,6 +45,7 @@ impl PluginClass {
         namespace: String,
         class: String,
         grant: Arc<PluginGrant>,
+        scope: VersionScope,
     ) -> Self {
         PluginClass {
             runtime,
@@ -49,6 +53,7 @@ impl PluginClass {
             namespace,
             class,
             grant,
+            scope,
         }
     }
 }
@@ -80,11 +85,13 @@ impl RpcFunction for PluginClass {
                 ctx.caller().name
             )
         };
+        let _in_flight = self.scope.usage.call();
         let host = Arc::new(GuestCall::new(
             agent.clone(),
             self.plugin.clone(),
             self.namespace.clone(),
             self.grant.clone(),
+            self.scope.clone(),
         ));
         let call_args = host
             .handles()
@@ -104,6 +111,8 @@ impl RpcFunction for PluginClass {
             type_name: name.clone(),
             host,
             object: Some(object),
+            _alive: self.scope.usage.object(),
+            scope: self.scope.clone(),
         };
         keep_object(Arc::new(object))
             .map_err(|_| Error::runtime(format!("{}: no RRef to keep it", where_())))?;
@@ -124,6 +133,10 @@ pub(crate) struct PluginObject {
     host: Arc<GuestCall>,
     /// `Some` until dropped.
     object: Option<Object>,
+    /// Counts the object on its version while it lives.
+    _alive: super::versions::InUse,
+    /// Its version's scope: static methods called through it run there.
+    scope: VersionScope,
 }
 
 impl PluginObject {
@@ -202,6 +215,7 @@ impl RRefObject for PluginObject {
                     self.namespace.clone(),
                     function.clone(),
                     self.host.grant(),
+                    self.scope.clone(),
                 );
                 let ctx = CallContext::new(
                     agent.clone(),

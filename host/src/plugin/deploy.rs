@@ -1,40 +1,78 @@
-//! Plugin deployment at run time: shipping a wasm plugin to every worker of
-//! a running group, which loads it and serves its functions by name.
+//! Plugin deployment at run time: shipping a wasm plugin, or a new version
+//! of one, to every worker of a running group, and switching the group to
+//! it (or back) while it serves.
 //!
-//! The deployer ([`Deploy::deploy_plugin`](crate::Deploy::deploy_plugin), or `wasmrpc plugin deploy`,
-//! which joins the group as a dynamic member to do it) first loads the bytes
-//! itself, so bytes that are not a plugin are refused before anything is
-//! sent; then it sends one [`DEPLOY_PLUGIN`] to every worker at
-//! once, each under the agent's call timeout, and gathers one
-//! [`WorkerDeployment`] per worker into a [`DeployReport`]. A failure on one
-//! worker does not stop the others.
+//! **Versions.** A worker holds versions of a plugin side by side, each
+//! content-addressed by its sha256 (`super::versions` keeps them): the
+//! *current* one, which `hello::greet` calls; the *previous* one (what a
+//! rollback goes back to); versions *staged* by a deployment in progress;
+//! older ones *draining* until no call runs on them and no object of them
+//! lives, or for at most
+//! [`plugin_drain_timeout`](crate::RpcBackendOptions::plugin_drain_timeout).
+//! `hello@<prefix>::greet` calls the version whose sha256 starts with
+//! `<prefix>` (at least [`MIN_PREFIX`](super::MIN_PREFIX) hex digits,
+//! matching exactly one version the worker holds, staged ones included,
+//! else an error naming what it holds or the candidates). Each version has its
+//! own globals, locks and named futures; an object (an RRef's) runs the
+//! version that constructed it for its whole life; a call runs to its end
+//! on the version it started on.
 //!
-//! A worker receiving a deployment ([`handle_request`], dispatched by the
-//! agent like every reserved message kind):
-//! 1. refuses it unless its options allow deployment
-//!    ([`RpcBackendOptions::accept_plugin_deployment`], off by default;
-//!    `wasmrpc worker --accept-plugin-deployment`):
-//!    "worker X does not accept plugin deployment";
-//! 2. checks the bytes against the sha256 the message carries;
-//! 3. answers at once if it already serves that exact plugin (same sha256,
-//!    deployed before or loaded at start-up with `--plugins`): redeploying
-//!    is a no-op;
-//! 4. loads it into the process's [`PluginHost::shared`] (compiling off the
-//!    async threads) and registers its functions in the agent's registry as
-//!    `namespace::function`, as `--plugins` does but with a deployed
-//!    plugin's rights ([`PluginTrust::Deployed`](super::PluginTrust): the
-//!    worker's op families, calls to its own functions and builtin ops,
-//!    plus what its manifest declares); it replies with the registered
-//!    names.
+//! **Deploying: two phases.** The deployer
+//! ([`Deploy::deploy_plugin`](crate::Deploy::deploy_plugin), or `wasmrpc
+//! plugin deploy`, which joins the group as a dynamic member to do it)
+//! loads the bytes itself (bytes that are not a plugin are refused before
+//! anything is sent), then:
+//! 1. *stage*: one [`DEPLOY_PLUGIN`] to every worker at once, each under
+//!    the call timeout. A worker refuses unless its options allow
+//!    deployment ([`RpcBackendOptions::accept_plugin_deployment`], off by
+//!    default; `wasmrpc worker --accept-plugin-deployment`: "worker X does
+//!    not accept plugin deployment"), checks the bytes against the sha256
+//!    the message carries, loads and compiles them (off the async threads)
+//!    beside the versions it holds, and prepares the functions with a
+//!    deployed plugin's rights ([`PluginTrust::Deployed`](super::PluginTrust));
+//!    nothing changes for callers. A version it already holds is staged
+//!    again without loading; the current one is a no-op ("already
+//!    served"). A plugin loaded at start-up (`--plugins`) becomes its
+//!    group's first version (with its operator rights). Functions of the
+//!    namespace that another plugin serves are a refusal.
+//! 2. *commit* if every worker staged it, else *abort*: one
+//!    [`PLUGIN_SWITCH`] to every worker. A commit makes the version current
+//!    (the version it replaces becomes previous; older ones drain); an
+//!    abort drops the staged copy, so a refusal anywhere leaves the whole
+//!    group on its current version.
 //!
-//! Versions are **not replaced**: a plugin whose name is already loaded in
-//! the process with other bytes, or whose functions would replace functions
-//! this worker already serves from another plugin, is refused with an error
-//! naming the worker and the plugin. Replacing would need the runtime to
-//! hold two modules under one plugin name (its per-worker globals and
-//! locks are scoped by that name) and would silently change what a name
-//! means for callers in flight; deploy a new version under a new package
-//! name (so a new namespace) or restart the group with it instead.
+//! The deployer gathers one [`WorkerDeployment`] per worker into a
+//! [`DeployReport`]. A deployer that dies between the phases leaves every
+//! worker on its current version: a staged version is never current by
+//! itself, and a worker drops it after
+//! [`plugin_stage_timeout`](crate::RpcBackendOptions::plugin_stage_timeout)
+//! (when it next handles a deployment or a listing); a later deployment
+//! stages and commits as usual. **Rollback**
+//! ([`Deploy::rollback_plugin`](crate::Deploy::rollback_plugin), `wasmrpc
+//! plugin rollback NAME`) asks every worker for its previous version and,
+//! if they all name the same one, commits it everywhere (the same switch).
+//! `wasmrpc plugin list` ([`Deploy::plugin_versions`](crate::Deploy::plugin_versions))
+//! prints what each worker holds.
+//!
+//! **What "atomic" means here.** On one worker, a commit is one
+//! assignment under the lock of its version table: a call that starts
+//! before it runs the old version, one that starts after runs the new one,
+//! and no call runs both (it holds its version's code from its start). The
+//! commit reaches the workers one message each, at once but not at one
+//! instant: while it is under way, a call may find the new version on one
+//! worker and the old one on another. Once the deployer's commit has
+//! returned (every worker answered), every call that starts runs the new
+//! version everywhere. A call chain is pinned: a deployed version names its
+//! own functions (called by their short name, `rpc_sync(dst, "greet", ...)`)
+//! as `namespace@<its sha256>::function`, so the nested calls of a call
+//! started on version 1 run version 1 on every worker, before, during and
+//! after the switch, as long as the workers hold it (staged, current and
+//! previous versions always are; older ones while they drain). A chain that names functions
+//! fully (`hello::greet`) is not pinned and sees the current version of
+//! each worker when each nested call starts. If a commit fails on some
+//! workers (a worker unreachable after it staged), the report says which;
+//! the others switched, and a redeployment or a rollback brings them
+//! together.
 //!
 //! Security: deployment messages only arrive over the agent's connections,
 //! and every connection is authenticated by the HMAC handshake on the
@@ -50,23 +88,27 @@
 //! `super::grant`).
 //!
 //! Late joiners of a dynamic group: a deployment that at least one worker
-//! accepted is also published in the group's store (`rpc/plugins/count`,
+//! committed is also published in the group's store (`rpc/plugins/count`,
 //! `rpc/plugins/{i}` → sha256 and its HMAC-SHA256 under the cluster secret
 //! (a MAC: it reveals nothing of the secret),
-//! `rpc/plugins/sha256/{hex}` → bytes; static groups, which nobody joins
-//! later, publish nothing). The HMAC keeps the store (unauthenticated, as
-//! PyTorch's TCPStore is) from being a way around the handshake: a joiner
-//! installs only what a holder of the cluster secret published. A group
-//! without a cluster secret (TLS only, or unauthenticated) publishes the
-//! entries unsigned; a joiner then installs only the entries whose sha256 a
-//! live member lists as deployed when asked over its authenticated
-//! connection (`wasmrpc::_deployed_plugins`), so the store is only a cache
-//! of bytes checked against their sha256. A worker that joins
-//! later installs them with [`Deploy::install_deployed_plugins`](crate::Deploy::install_deployed_plugins) (the
-//! `wasmrpc worker` binary does so right after joining when it accepts
-//! deployment), through the same steps as a deployment message. Until it
-//! has, it does not serve them: a peer calling it in that window gets the
-//! unknown-function error.
+//! `rpc/plugins/sha256/{hex}` → bytes), and so is every switch
+//! (`rpc/plugins/current/{namespace}` → the current version's sha256 and
+//! its HMAC; static groups, which nobody joins later, publish nothing).
+//! The HMAC keeps the store (unauthenticated, as PyTorch's TCPStore is)
+//! from being a way around the handshake: a joiner installs only what a
+//! holder of the cluster secret published. A group without a cluster
+//! secret (TLS only, or unauthenticated) publishes the entries unsigned; a
+//! joiner then installs only the entries whose sha256 a live member lists
+//! as deployed when asked over its authenticated connection
+//! (`wasmrpc::_deployed_plugins`), so the store is only a cache of bytes
+//! checked against their sha256 (a switch entry is then trusted to name
+//! one of those versions, not to be the latest). A worker that joins later
+//! installs them with [`Deploy::install_deployed_plugins`](crate::Deploy::install_deployed_plugins)
+//! (the `wasmrpc worker` binary does so right after joining when it
+//! accepts deployment), each as a one-phase deployment (stage and commit),
+//! in publication order, then switches each plugin to its published
+//! current version. Until it has, it does not serve them: a peer calling
+//! it in that window gets the unknown-function error.
 //!
 //! What this module leaves to others: loading and registering are
 //! [`PluginHost`]'s, sending and timeouts the agent's.
@@ -76,10 +118,12 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::{Instant, SystemTime};
 
 use sha2::{Digest, Sha256};
 
-use super::PluginHost;
+use super::versions::{self, SHORT, Version, Versions};
+use super::{PluginHost, PluginTrust, VersionScope, plugin_namespace};
 use crate::abi::{Value, WorkerInfo};
 
 use crate::agent::{Extension, FunctionRegistry, Request, RpcAgent, Run, collect_all};
@@ -90,28 +134,27 @@ use crate::value::Payload;
 mod message;
 mod report;
 
-pub use message::{DEPLOY_PLUGIN, DeployPlugin};
+pub use message::{DEPLOY_PLUGIN, DeployPlugin, PLUGIN_SWITCH, PluginSwitch};
 pub use report::{DeployReport, WorkerDeployment};
 
 /// What plugin deployment adds to an agent. In scope with
 /// `use wasmrpc::prelude::*`.
 pub trait Deploy {
     /// Deploys a plugin to every worker of the group, this one included
-    /// (`deploy_plugin`): validates `wasm` here, then sends it to every
-    /// worker at once, each under the call timeout. A worker registers the
-    /// plugin's functions as `namespace::function` and serves them to every
-    /// peer and plugin; it answers at once if it already serves these exact
-    /// bytes (same sha256); it refuses if it was started without
-    /// [`accept_plugin_deployment`](crate::RpcBackendOptions::accept_plugin_deployment),
-    /// or if it has another version of the plugin or functions of the same
-    /// names (versions are not replaced at run time). Workers that refuse
-    /// or fail are in the report ([`DeployReport::check`] turns them into
-    /// an error).
+    /// (`deploy_plugin`), in two phases (see the module docs): validates
+    /// `wasm` here; stages it on every worker at once, each under the call
+    /// timeout; then, if every worker staged it, commits it everywhere (it
+    /// becomes what `namespace::function` calls), else aborts (nobody
+    /// switches, staged copies are dropped). A worker that serves another
+    /// version of the plugin keeps it as *previous* (for
+    /// [`rollback_plugin`](Deploy::rollback_plugin)). The same bytes
+    /// deployed again are a no-op. Workers that refuse or fail are in the
+    /// report ([`DeployReport::check`] turns them into an error).
     ///
     /// # Errors
     /// Before anything is sent: "RPC has not been initialized" if the agent
     /// stopped; a `RuntimeError` if `wasm` is not a plugin this host can
-    /// load (or another plugin of its name is loaded in this process).
+    /// load.
     fn deploy_plugin(&self, wasm: &[u8]) -> impl Future<Output = Result<DeployReport>> + Send;
 
     /// [`deploy_plugin`](Deploy::deploy_plugin) to the given workers only
@@ -122,10 +165,34 @@ pub trait Deploy {
         workers: &[WorkerInfo],
     ) -> impl Future<Output = Result<DeployReport>> + Send;
 
+    /// Switches plugin `namespace` back to its previous version on the
+    /// given workers: asks each which version is its previous, and commits
+    /// that version everywhere when they all agree (else switches nobody).
+    ///
+    /// # Errors
+    /// A `RuntimeError` naming the workers that hold no previous version
+    /// or another one, or that cannot be asked.
+    fn rollback_plugin(
+        &self,
+        namespace: &str,
+        workers: &[WorkerInfo],
+    ) -> impl Future<Output = Result<DeployReport>> + Send;
+
+    /// The plugin versions worker `worker` holds, with their roles, calls
+    /// in flight and live objects, and who deployed them when.
+    ///
+    /// # Errors
+    /// As a call of the worker.
+    fn plugin_versions(
+        &self,
+        worker: &str,
+    ) -> impl Future<Output = Result<Vec<super::PluginVersion>>> + Send;
+
     /// Installs every plugin deployed to this worker's dynamic group before
     /// it joined (see the module docs), in deployment order, as if each
-    /// deployment had reached it; returns the names it now serves from
-    /// them. Plugins it already serves are skipped.
+    /// deployment had reached it, then makes current the version the group
+    /// last switched to; returns the names it now serves from them. Plugins
+    /// it already serves are skipped.
     ///
     /// # Errors
     /// "worker X does not accept plugin deployment" if its options refuse
@@ -147,37 +214,56 @@ impl Deploy for RpcAgent {
         deploy_plugin_to(self, wasm, workers)
     }
 
+    fn rollback_plugin(
+        &self,
+        namespace: &str,
+        workers: &[WorkerInfo],
+    ) -> impl Future<Output = Result<DeployReport>> + Send {
+        rollback_plugin(self, namespace, workers)
+    }
+
+    fn plugin_versions(
+        &self,
+        worker: &str,
+    ) -> impl Future<Output = Result<Vec<super::PluginVersion>>> + Send {
+        plugin_versions(self, worker)
+    }
+
     fn install_deployed_plugins(&self) -> impl Future<Output = Result<Vec<String>>> + Send {
         install_deployed_plugins(self)
     }
 }
 
-/// Deploys a plugin to every worker of the group, this one included
-/// (`deploy_plugin`): validates `wasm` here, then sends it to every
-/// worker at once, each under the call timeout. A worker registers the
-/// plugin's functions as `namespace::function` and serves them to every
-/// peer and plugin; it answers at once if it already serves these exact
-/// bytes (same sha256); it refuses if it was started without
-/// [`accept_plugin_deployment`](crate::RpcBackendOptions::accept_plugin_deployment),
-/// or if it has another version of the plugin or functions of the same
-/// names (versions are not replaced at run time). Workers that refuse
-/// or fail are in the report ([`DeployReport::check`] turns them into
-/// an error).
+/// [`Deploy::deploy_plugin`] to every worker of the group.
 ///
 /// # Errors
-/// Before anything is sent: "RPC has not been initialized" if the agent
-/// stopped; a `RuntimeError` if `wasm` is not a plugin this host can
-/// load (or another plugin of its name is loaded in this process).
+/// As [`Deploy::deploy_plugin`].
 pub(crate) async fn deploy_plugin(agent: &RpcAgent, wasm: &[u8]) -> Result<DeployReport> {
     let workers = agent.get_worker_infos();
     deploy_plugin_to(agent, wasm, &workers).await
 }
 
-/// [`deploy_plugin`](Deploy::deploy_plugin) to the given workers only
-/// (e.g. every worker but a deploying tool's own).
+/// Sends one request to every worker at once; one result per worker.
+async fn to_all(
+    agent: &RpcAgent,
+    workers: &[WorkerInfo],
+    kind: MessageKind,
+    body: &Result<Vec<u8>>,
+) -> Vec<Result<Payload>> {
+    let futures: Vec<_> = workers
+        .iter()
+        .map(|w| match body {
+            Ok(body) => agent.request(w, kind, body.clone(), &[], None),
+            Err(e) => crate::agent::Future::ready(Err(e.clone())),
+        })
+        .collect();
+    collect_all(&futures).await
+}
+
+/// [`Deploy::deploy_plugin_to`]: stage everywhere, then commit or abort.
 ///
 /// # Errors
-/// As [`deploy_plugin`](Deploy::deploy_plugin).
+/// As [`Deploy::deploy_plugin`].
 pub(crate) async fn deploy_plugin_to(
     agent: &RpcAgent,
     wasm: &[u8],
@@ -190,70 +276,247 @@ pub(crate) async fn deploy_plugin_to(
     let bytes: Arc<[u8]> = Arc::from(wasm);
     let plugin = {
         let (host, bytes) = (host.clone(), bytes.clone());
-        tokio::task::spawn_blocking(move || host.load(&bytes))
+        tokio::task::spawn_blocking(move || host.load_version(&bytes))
             .await
             .map_err(|e| Error::runtime(format!("the plugin loader stopped: {e}")))?
             .map_err(|e| e.context_line("validating a plugin before deploying it"))?
     };
     let name = plugin.name().to_string();
+    let namespace = plugin_namespace(&name);
     let sha256 = plugin.sha256();
-    let futures: Vec<_> = workers
-        .iter()
-        .map(|w| {
-            let (name, bytes) = (name.clone(), bytes.clone());
-            let message = DeployPlugin {
-                name,
-                sha256,
-                wasm: bytes.to_vec(),
-            };
-            match message.encode() {
-                Ok(body) => agent.request(w, DEPLOY_PLUGIN, body, &[], None),
-                Err(e) => crate::agent::Future::ready(Err(e)),
-            }
+    let short = &hex(&sha256)[..SHORT];
+    // Phase 1: every worker stages the version; nothing changes for callers.
+    let stage = DeployPlugin {
+        name: name.clone(),
+        sha256,
+        wasm: bytes.to_vec(),
+        stage: true,
+    }
+    .encode();
+    let staged: Vec<Result<(bool, Vec<String>)>> = to_all(agent, workers, DEPLOY_PLUGIN, &stage)
+        .await
+        .into_iter()
+        .zip(workers)
+        .map(|(r, w)| {
+            r.and_then(|p| decode_reply(&p.value)).map_err(|e| {
+                e.context_line(format!(
+                    "staging plugin {name} (sha256 {short}) on worker {}",
+                    w.name
+                ))
+            })
         })
         .collect();
-    let results = collect_all(&futures).await;
-    let accepted = results.iter().any(Result::is_ok);
-    if accepted && !agent.is_static_group() {
-        publish(agent, &sha256, &bytes).await.map_err(|e| {
-            e.context_line(format!(
-                "plugin {name} was deployed, but not published for workers that join later"
-            ))
-        })?;
+    let all_staged = staged.iter().all(Result::is_ok);
+    // Phase 2: commit everywhere, or abort everywhere.
+    let switch = PluginSwitch {
+        namespace: namespace.clone(),
+        sha256,
+        commit: all_staged,
     }
-    let workers = workers
+    .encode();
+    let switched = if all_staged {
+        to_all(agent, workers, PLUGIN_SWITCH, &switch).await
+    } else {
+        // Only those that staged it; their answers do not matter (a worker
+        // that misses the abort drops the version when its stage expires).
+        let staged_on: Vec<WorkerInfo> = workers
+            .iter()
+            .zip(&staged)
+            .filter(|(_, r)| r.is_ok())
+            .map(|(w, _)| w.clone())
+            .collect();
+        let _ = to_all(agent, &staged_on, PLUGIN_SWITCH, &switch).await;
+        tracing::warn!(
+            "plugin {name} (sha256 {short}) was refused by {} worker(s): aborted, nobody switched",
+            staged.iter().filter(|r| r.is_err()).count()
+        );
+        workers.iter().map(|_| Ok(Payload::none())).collect()
+    };
+    let mut committed_anywhere = false;
+    let workers: Vec<WorkerDeployment> = workers
         .iter()
-        .zip(results)
-        .map(|(w, r)| {
-            let r = r.and_then(|p| decode_reply(&p.value)).map_err(|e| {
-                e.context_line(format!("deploying plugin {name} to worker {}", w.name))
+        .zip(staged.into_iter().zip(switched))
+        .map(|(w, (staged, switched))| {
+            let (already_served, names) = match staged {
+                Ok(s) => s,
+                Err(e) => {
+                    return WorkerDeployment {
+                        worker: w.clone(),
+                        result: Err(e),
+                        already_served: false,
+                        committed: false,
+                    };
+                }
+            };
+            if !all_staged {
+                return WorkerDeployment {
+                    worker: w.clone(),
+                    result: Ok(names),
+                    already_served,
+                    committed: false,
+                };
+            }
+            let result = switched.map(|_| names).map_err(|e| {
+                e.context_line(format!(
+                    "committing plugin {name} (sha256 {short}) on worker {}",
+                    w.name
+                ))
             });
-            let already_served = matches!(r, Ok((true, _)));
+            committed_anywhere |= result.is_ok();
             WorkerDeployment {
                 worker: w.clone(),
-                result: r.map(|(_, names)| names),
+                committed: result.is_ok(),
+                result,
                 already_served,
             }
         })
         .collect();
+    if committed_anywhere && !agent.is_static_group() {
+        publish(agent, &namespace, &sha256, Some(&bytes[..]))
+            .await
+            .map_err(|e| {
+                e.context_line(format!(
+                    "plugin {name} was deployed, but not published for workers that join later"
+                ))
+            })?;
+    }
     Ok(DeployReport {
-        namespace: super::plugin_namespace(&name),
+        namespace,
         version: plugin.manifest().version.clone(),
         sha256: hex(&sha256),
         plugin: name,
+        committed: all_staged,
         workers,
     })
 }
 
-/// Installs every plugin deployed to this worker's dynamic group before
-/// it joined (see the module docs), in deployment order, as if each
-/// deployment had reached it; returns the names it now serves from
-/// them. Plugins it already serves are skipped.
+/// [`Deploy::rollback_plugin`].
 ///
 /// # Errors
-/// "worker X does not accept plugin deployment" if its options refuse
-/// deployments and a plugin was deployed; store errors; the first plugin
-/// it cannot install (as a deployment would fail).
+/// As [`Deploy::rollback_plugin`].
+pub(crate) async fn rollback_plugin(
+    agent: &RpcAgent,
+    namespace: &str,
+    workers: &[WorkerInfo],
+) -> Result<DeployReport> {
+    if !agent.is_running() {
+        return Err(Error::not_initialized());
+    }
+    // Which version each worker would go back to.
+    let mut previous: Option<super::PluginVersion> = None;
+    let mut refusals = Vec::new();
+    for w in workers {
+        match plugin_versions(agent, &w.name).await {
+            Ok(held) => {
+                let prev = held
+                    .into_iter()
+                    .find(|v| v.namespace == namespace && v.role == "previous");
+                let first = previous.as_ref().map(|p| p.sha256.clone());
+                match (prev, first) {
+                    (None, _) => refusals.push(format!(
+                        "worker {} holds no previous version of plugin {namespace}",
+                        w.name
+                    )),
+                    (Some(p), Some(first)) if p.sha256 != first => refusals.push(format!(
+                        "worker {} would roll plugin {namespace} back to {}, others to {}",
+                        w.name,
+                        &p.sha256[..SHORT],
+                        &first[..SHORT]
+                    )),
+                    (Some(p), None) => previous = Some(p),
+                    (Some(_), Some(_)) => {}
+                }
+            }
+            Err(e) => refusals.push(format!("worker {}: {}", w.name, e.message())),
+        }
+    }
+    let Some(previous) = previous.filter(|_| refusals.is_empty()) else {
+        return Err(Error::runtime(format!(
+            "plugin {namespace} was not rolled back (no worker switched): {}",
+            if refusals.is_empty() {
+                "no workers".to_string()
+            } else {
+                refusals.join("; ")
+            }
+        )));
+    };
+    let sha256 = unhex(&previous.sha256)
+        .ok_or_else(|| Error::runtime(format!("bad sha256 {}", previous.sha256)))?;
+    let switch = PluginSwitch {
+        namespace: namespace.to_owned(),
+        sha256,
+        commit: true,
+    }
+    .encode();
+    let results = to_all(agent, workers, PLUGIN_SWITCH, &switch).await;
+    let short = &previous.sha256[..SHORT];
+    let workers: Vec<WorkerDeployment> = workers
+        .iter()
+        .zip(results)
+        .map(|(w, r)| {
+            let result = r.map(|_| Vec::new()).map_err(|e| {
+                e.context_line(format!(
+                    "rolling plugin {namespace} back to {short} on worker {}",
+                    w.name
+                ))
+            });
+            WorkerDeployment {
+                worker: w.clone(),
+                committed: result.is_ok(),
+                result,
+                already_served: false,
+            }
+        })
+        .collect();
+    if workers.iter().any(|w| w.committed) && !agent.is_static_group() {
+        publish(agent, namespace, &sha256, None)
+            .await
+            .map_err(|e| {
+                e.context_line(format!(
+                    "plugin {namespace} was rolled back, but not published for workers that join \
+                 later"
+                ))
+            })?;
+    }
+    Ok(DeployReport {
+        plugin: previous.plugin,
+        namespace: namespace.to_owned(),
+        version: previous.version,
+        sha256: previous.sha256,
+        committed: true,
+        workers,
+    })
+}
+
+/// [`Deploy::plugin_versions`].
+///
+/// # Errors
+/// As a call of the worker; a reply of another shape.
+pub(crate) async fn plugin_versions(
+    agent: &RpcAgent,
+    worker: &str,
+) -> Result<Vec<super::PluginVersion>> {
+    let reply = agent
+        .rpc_sync(worker, PLUGIN_VERSIONS, crate::Args::new())
+        .await?;
+    let bad = || {
+        Error::runtime(format!(
+            "unexpected reply from worker {worker} listing its plugin versions"
+        ))
+    };
+    let Value::List(items) = &reply.value else {
+        return Err(bad());
+    };
+    items
+        .iter()
+        .map(|v| super::PluginVersion::from_value(v).ok_or_else(bad))
+        .collect()
+}
+
+/// [`Deploy::install_deployed_plugins`].
+///
+/// # Errors
+/// As [`Deploy::install_deployed_plugins`].
 pub(crate) async fn install_deployed_plugins(agent: &RpcAgent) -> Result<Vec<String>> {
     let store = agent.store();
     let secret = agent.cluster_secret()?;
@@ -274,6 +537,7 @@ pub(crate) async fn install_deployed_plugins(agent: &RpcAgent) -> Result<Vec<Str
         None
     };
     let mut names = Vec::new();
+    let mut namespaces: Vec<String> = Vec::new();
     for i in 0..count {
         let read = async |k: String| {
             store
@@ -308,11 +572,58 @@ pub(crate) async fn install_deployed_plugins(agent: &RpcAgent) -> Result<Vec<Str
         let name = wasmrpc_wasm::manifest::read(&wasm)
             .map(|m| m.name)
             .unwrap_or_else(|_| format!("sha256 {sha_hex}"));
-        let reply = handle_request(agent, DeployPlugin { name, sha256, wasm }).await?;
+        let namespace = plugin_namespace(&name);
+        if !namespaces.contains(&namespace) {
+            namespaces.push(namespace);
+        }
+        let message = DeployPlugin {
+            name,
+            sha256,
+            wasm,
+            stage: false,
+        };
+        let reply = handle_request(agent, "the group's store", message).await?;
         let (already, registered) = decode_reply(&reply.value)?;
         if !already {
-            names.extend(registered);
+            for n in registered {
+                if !names.contains(&n) {
+                    names.push(n);
+                }
+            }
         }
+    }
+    // The version each plugin was last switched to (by a deployment or a
+    // rollback), when it is not the last one published.
+    for namespace in namespaces {
+        let pointer = key(&format!("current/{namespace}"));
+        let err = |e: crate::store::Error| Error::runtime(format!("store: {e}"));
+        if !store.check(&[&pointer]).await.map_err(err)? {
+            continue;
+        }
+        let entry = String::from_utf8_lossy(&store.get(&pointer).await.map_err(err)?).into_owned();
+        let (sha_hex, mac_hex) = entry.split_once(' ').unwrap_or((&entry, ""));
+        let Some(sha256) = unhex(sha_hex) else {
+            continue;
+        };
+        let vouched = match &attested {
+            Some((_, hashes)) => hashes.iter().any(|h| h == sha_hex),
+            None => hex(&sign_current(&secret, &namespace, &sha256)) == mac_hex,
+        };
+        if !vouched {
+            return Err(Error::runtime(format!(
+                "worker {} did not switch plugin {namespace} to version {sha_hex}: the store's \
+                 entry is not signed with the cluster secret",
+                agent.name()
+            )));
+        }
+        let deployed = agent.state::<Deployed>();
+        let _serial = deployed.by_sha256.lock().await;
+        versions::commit(agent, &namespace, &sha256).map_err(|e| {
+            e.context_line(format!(
+                "worker {} switching plugin {namespace} to the group's current version",
+                agent.name()
+            ))
+        })?;
     }
     Ok(names)
 }
@@ -359,7 +670,12 @@ async fn attested_deployments(agent: &RpcAgent) -> Result<(String, Vec<String>)>
 /// installs from the store.
 pub(crate) const DEPLOYED_PLUGINS: &str = "wasmrpc::_deployed_plugins";
 
-/// Registers [`DEPLOYED_PLUGINS`] among the agent's internal functions.
+/// The internal function that lists the plugin versions a worker holds
+/// ([`Deploy::plugin_versions`], `wasmrpc plugin list`).
+pub(crate) const PLUGIN_VERSIONS: &str = "wasmrpc::_plugin_versions";
+
+/// Registers [`DEPLOYED_PLUGINS`] and [`PLUGIN_VERSIONS`] among the agent's
+/// internal functions.
 pub(crate) fn register(r: &FunctionRegistry) {
     r.register_native(DEPLOYED_PLUGINS, |ctx, _args| async move {
         let deployed = ctx.agent().state::<Deployed>();
@@ -372,39 +688,70 @@ pub(crate) fn register(r: &FunctionRegistry) {
             .collect();
         Ok(Payload::from_value(Value::List(hashes)))
     });
+    r.register_native(PLUGIN_VERSIONS, |ctx, _args| async move {
+        let agent = ctx.agent();
+        Versions::expire_staged(agent);
+        let held = agent
+            .state::<Versions>()
+            .list()
+            .iter()
+            .map(super::PluginVersion::to_value)
+            .collect();
+        Ok(Payload::from_value(Value::List(held)))
+    });
 }
 
 /// The store prefix deployments are published under for late joiners.
 const PUBLISHED: &str = "rpc/plugins";
 
-/// Publishes a deployment in the group's store: the bytes first, then the
-/// next index, so a reader that sees the index finds the bytes.
-async fn publish(agent: &RpcAgent, sha256: &[u8; 32], wasm: &[u8]) -> Result<()> {
+/// Publishes a deployment in the group's store: the bytes first (when
+/// given and not there yet), then the next index, so a reader that sees
+/// the index finds the bytes; then the namespace's current version.
+async fn publish(
+    agent: &RpcAgent,
+    namespace: &str,
+    sha256: &[u8; 32],
+    wasm: Option<&[u8]>,
+) -> Result<()> {
     let store = agent.store();
     let sha_hex = hex(sha256);
     let bytes_key = format!("{PUBLISHED}/sha256/{sha_hex}");
     let err = |e: crate::store::Error| Error::runtime(format!("store: {e}"));
-    if store.check(&[&bytes_key]).await.map_err(err)? {
-        return Ok(());
-    }
-    store.set(&bytes_key, wasm).await.map_err(err)?;
-    let i = store
-        .add(&format!("{PUBLISHED}/count"), 1)
-        .await
-        .map_err(err)?
-        - 1;
     let secret = agent.cluster_secret()?;
     // Without a secret there is nothing to sign with: joiners ask a member
     // instead (`attested_deployments`).
-    let mac_hex = if secret.is_empty() {
-        "unsigned".to_string()
-    } else {
-        hex(&sign(&secret, sha256))
+    let signed = |mac: [u8; 32]| {
+        if secret.is_empty() {
+            "unsigned".to_string()
+        } else {
+            hex(&mac)
+        }
     };
+    if let Some(wasm) = wasm
+        && !store.check(&[&bytes_key]).await.map_err(err)?
+    {
+        store.set(&bytes_key, wasm).await.map_err(err)?;
+        let i = store
+            .add(&format!("{PUBLISHED}/count"), 1)
+            .await
+            .map_err(err)?
+            - 1;
+        store
+            .set(
+                &format!("{PUBLISHED}/{i}"),
+                format!("{sha_hex} {}", signed(sign(&secret, sha256))).as_bytes(),
+            )
+            .await
+            .map_err(err)?;
+    }
     store
         .set(
-            &format!("{PUBLISHED}/{i}"),
-            format!("{sha_hex} {mac_hex}").as_bytes(),
+            &format!("{PUBLISHED}/current/{namespace}"),
+            format!(
+                "{sha_hex} {}",
+                signed(sign_current(&secret, namespace, sha256))
+            )
+            .as_bytes(),
         )
         .await
         .map_err(err)
@@ -412,11 +759,29 @@ async fn publish(agent: &RpcAgent, sha256: &[u8; 32], wasm: &[u8]) -> Result<()>
 
 /// HMAC-SHA256 of a published plugin's sha256 under the cluster secret.
 fn sign(secret: &[u8], sha256: &[u8; 32]) -> [u8; 32] {
+    mac(secret, &[b"wasmrpc published plugin v1\0", sha256])
+}
+
+/// HMAC-SHA256 of a namespace's current version under the cluster secret.
+fn sign_current(secret: &[u8], namespace: &str, sha256: &[u8; 32]) -> [u8; 32] {
+    mac(
+        secret,
+        &[
+            b"wasmrpc current plugin v1\0",
+            namespace.as_bytes(),
+            b"\0",
+            sha256,
+        ],
+    )
+}
+
+fn mac(secret: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     use hmac::{Hmac, Mac};
     match <Hmac<Sha256> as Mac>::new_from_slice(secret) {
         Ok(mut m) => {
-            m.update(b"wasmrpc published plugin v1\0");
-            m.update(sha256);
+            for p in parts {
+                m.update(p);
+            }
             m.finalize().into_bytes().into()
         }
         // HMAC takes keys of any length; were it to refuse one, no entry
@@ -425,15 +790,15 @@ fn sign(secret: &[u8], sha256: &[u8; 32]) -> [u8; 32] {
     }
 }
 
-/// The plugins deployed to one agent, by sha256, with the names each
-/// registered. The mutex also makes one worker's deployments run one at a
-/// time, so two deployers of the same bytes load and register them once.
+/// The plugins deployed to one agent (committed at least once), by
+/// sha256, with the names each registered. The mutex also makes one
+/// worker's deployments and switches run one at a time.
 #[derive(Default)]
 struct Deployed {
     by_sha256: tokio::sync::Mutex<HashMap<[u8; 32], Vec<String>>>,
 }
 
-/// Plugin deployment on the agent: its functions and its request.
+/// Plugin deployment on the agent: its functions and its requests.
 pub(crate) struct Deployment;
 
 impl Extension for Deployment {
@@ -446,29 +811,49 @@ impl Extension for Deployment {
     }
 
     fn message_kinds(&self) -> &'static [MessageKind] {
-        &[DEPLOY_PLUGIN]
+        &[DEPLOY_PLUGIN, PLUGIN_SWITCH]
     }
 
     fn serve_request(&self, agent: &RpcAgent, request: Request) -> Run {
         let agent = agent.clone();
         Box::pin(async move {
+            if request.kind == PLUGIN_SWITCH {
+                let message: PluginSwitch = request.decode(|_: &PluginSwitch| PLUGIN_SWITCH)?;
+                return handle_switch(&agent, &request.from.name, message).await;
+            }
             let message: DeployPlugin = request.decode(|_: &DeployPlugin| DEPLOY_PLUGIN)?;
-            handle_request(&agent, message).await
+            handle_request(&agent, &request.from.name, message).await
         })
     }
 }
 
-/// The worker's side of [`DEPLOY_PLUGIN`] (steps 1-4 of the module docs).
-/// The reply is `(already_served: bool, names: [str])`.
-pub(crate) async fn handle_request(agent: &RpcAgent, message: DeployPlugin) -> Result<Payload> {
-    let DeployPlugin { name, sha256, wasm } = message;
-    let me = agent.name().to_string();
-    if !agent.options().accept_plugin_deployment {
-        return Err(Error::runtime(format!(
-            "worker {me} does not accept plugin deployment (plugin {name}); start it with \
-             --accept-plugin-deployment (RpcBackendOptions::accept_plugin_deployment)"
-        )));
+fn refuse_unless_accepting(agent: &RpcAgent, plugin: &str) -> Result<()> {
+    if agent.options().accept_plugin_deployment {
+        return Ok(());
     }
+    Err(Error::runtime(format!(
+        "worker {} does not accept plugin deployment (plugin {plugin}); start it with \
+         --accept-plugin-deployment (RpcBackendOptions::accept_plugin_deployment)",
+        agent.name()
+    )))
+}
+
+/// The worker's side of [`DEPLOY_PLUGIN`] from worker `from`: stages the
+/// version (steps of the module docs), and with `stage` false commits it
+/// at once. The reply is `(already_served: bool, names: [str])`.
+pub(crate) async fn handle_request(
+    agent: &RpcAgent,
+    from: &str,
+    message: DeployPlugin,
+) -> Result<Payload> {
+    let DeployPlugin {
+        name,
+        sha256,
+        wasm,
+        stage,
+    } = message;
+    let me = agent.name().to_string();
+    refuse_unless_accepting(agent, &name)?;
     let actual: [u8; 32] = Sha256::digest(&wasm).into();
     if actual != sha256 {
         return Err(Error::value(format!(
@@ -479,69 +864,236 @@ pub(crate) async fn handle_request(agent: &RpcAgent, message: DeployPlugin) -> R
     }
     let deployed = agent.state::<Deployed>();
     let mut by_sha256 = deployed.by_sha256.lock().await;
-    if let Some(names) = by_sha256.get(&sha256) {
-        return Ok(reply(true, names));
+    Versions::expire_staged(agent);
+    let (already, namespace, names) = stage_version(agent, from, &name, sha256, wasm).await?;
+    if !stage {
+        versions::commit(agent, &namespace, &sha256)?;
+        by_sha256.insert(sha256, names.clone());
+    }
+    Ok(reply(already, &names))
+}
+
+/// Stages a version on this worker (the caller holds [`Deployed`]'s lock):
+/// `(already current, namespace, names)`.
+async fn stage_version(
+    agent: &RpcAgent,
+    from: &str,
+    name: &str,
+    sha256: [u8; 32],
+    wasm: Vec<u8>,
+) -> Result<(bool, String, Vec<String>)> {
+    let me = agent.name().to_string();
+    let short = &hex(&sha256)[..SHORT];
+    let versions = agent.state::<Versions>();
+    // Held already: current (a no-op), or staged again.
+    {
+        let mut groups = versions.lock();
+        for (ns, g) in groups.iter_mut() {
+            let current = g.current == Some(sha256);
+            if let Some(v) = g.versions.iter_mut().find(|v| v.plugin.sha256() == sha256) {
+                let mut names: Vec<String> = v.functions.keys().cloned().collect();
+                names.sort();
+                if !current {
+                    v.staged = Some(Instant::now());
+                    v.draining = None;
+                }
+                return Ok((current, ns.clone(), names));
+            }
+        }
     }
     let host = PluginHost::shared()?;
-    let loaded_before = host.runtime().loaded();
-    if let Some(other) = loaded_before
-        .iter()
-        .find(|p| p.name() == name && p.sha256() != sha256)
-    {
-        return Err(Error::runtime(format!(
-            "worker {me} already serves another version of plugin {name} (sha256 {}, deploying \
-             {}); a running worker does not replace a plugin: deploy it under a new name or \
-             restart the group with it",
-            hex(&other.sha256()),
-            hex(&sha256)
-        )));
-    }
-    let was_loaded = loaded_before.iter().any(|p| p.sha256() == sha256);
     let plugin = {
         let host = host.clone();
-        tokio::task::spawn_blocking(move || host.load(&wasm))
+        tokio::task::spawn_blocking(move || host.load_version(&wasm))
             .await
             .map_err(|e| Error::runtime(format!("the plugin loader stopped: {e}")))?
             .map_err(|e| {
                 Error::new(
                     e.kind(),
-                    format!("worker {me} cannot load plugin {name}: {e}"),
+                    format!(
+                        "worker {me} cannot load plugin {name} (sha256 {short}): {}",
+                        e.message()
+                    ),
                 )
             })?
     };
-    // The names the plugin would register, without touching the agent's
-    // registry yet: a scratch registry gets them from the one place that
-    // decides them (`PluginHost::register`).
-    let names = host.register(&plugin, &FunctionRegistry::without_builtins());
+    let name = plugin.name().to_owned();
+    let namespace = plugin_namespace(&name);
     let registry = agent.registry();
-    let served: Vec<&String> = names.iter().filter(|n| registry.get(n).is_some()).collect();
-    if was_loaded && served.len() == names.len() {
-        // Loaded at start-up (`--plugins`) with these very bytes.
-        by_sha256.insert(sha256, names.clone());
-        return Ok(reply(true, &names));
+    let has_group = versions.lock().contains_key(&namespace);
+    if !has_group {
+        // Names of this namespace served from outside the version table:
+        // a plugin loaded at start-up (`--plugins`), which becomes the
+        // group's first, current version, or another plugin's.
+        let prefix = format!("{namespace}::");
+        let served: Vec<String> = registry
+            .names()
+            .into_iter()
+            .filter(|n| n.starts_with(&prefix))
+            .collect();
+        if let Some(clash) = served.first() {
+            let operator = host
+                .runtime()
+                .loaded()
+                .into_iter()
+                .filter(|p| p.name() == name)
+                .find(|p| {
+                    p.manifest()
+                        .exports
+                        .iter()
+                        .any(|e| format!("{namespace}::{}", e.name) == *clash)
+                });
+            let Some(operator) = operator else {
+                return Err(Error::runtime(format!(
+                    "worker {me} already serves {clash}, which plugin {name} would replace; it \
+                     is another plugin's: deploy this one under a new name"
+                )));
+            };
+            adopt(agent, &host, &namespace, operator)?;
+        }
     }
-    if let Some(clash) = served.first() {
-        return Err(Error::runtime(format!(
-            "worker {me} already serves {clash}, which plugin {name} would replace; a running \
-             worker does not replace functions: deploy it under a new name"
-        )));
-    }
-    let names = host
-        .register_with(&plugin, registry, super::PluginTrust::Deployed)
+    let mut groups = versions.lock();
+    let first = match groups.get(&namespace) {
+        None => true,
+        Some(group) => {
+            if let Some(other) = group.versions.iter().find(|v| v.plugin.name() != name) {
+                return Err(Error::runtime(format!(
+                    "worker {me} serves namespace {namespace} from plugin {}, which plugin \
+                     {name} would replace: deploy it under a new name",
+                    other.plugin.name()
+                )));
+            }
+            if let Some(v) = group.get(&sha256) {
+                // Loaded at start-up with these very bytes.
+                let mut names: Vec<String> = v.functions.keys().cloned().collect();
+                names.sort();
+                return Ok((group.current == Some(sha256), namespace, names));
+            }
+            group.versions.is_empty()
+        }
+    };
+    let scope = VersionScope {
+        state: if first {
+            namespace.clone()
+        } else {
+            format!("{namespace}@{short}")
+        },
+        calls: format!("{namespace}@{short}"),
+        usage: Arc::default(),
+    };
+    let functions = host
+        .register_version(&plugin, PluginTrust::Deployed, &scope)
         .map_err(|e| {
             Error::new(
                 e.kind(),
-                format!("worker {me} cannot serve plugin {name}: {}", e.message()),
+                format!(
+                    "worker {me} cannot serve plugin {name} (sha256 {short}): {}",
+                    e.message()
+                ),
             )
         })?;
+    let mut names: Vec<String> = functions.keys().cloned().collect();
+    names.sort();
     tracing::info!(
-        "{me}: deployed plugin {name} {} (sha256 {}): serving {}",
+        "{me}: staged plugin {name} {} (sha256 {short}) from {from}: {}",
         plugin.manifest().version,
-        hex(&sha256),
         names.join(", ")
     );
-    by_sha256.insert(sha256, names.clone());
-    Ok(reply(false, &names))
+    groups
+        .entry(namespace.clone())
+        .or_default()
+        .versions
+        .push(Version {
+            plugin,
+            scope: scope.state,
+            functions,
+            usage: scope.usage,
+            deployed_by: from.to_owned(),
+            deployed_at: SystemTime::now(),
+            staged: Some(Instant::now()),
+            draining: None,
+        });
+    Ok((false, namespace, names))
+}
+
+/// Makes a plugin loaded at start-up the first, current version of its
+/// group: its names then stand for the group's current version.
+fn adopt(
+    agent: &RpcAgent,
+    host: &PluginHost,
+    namespace: &str,
+    plugin: Arc<wasmrpc_wasm::Plugin>,
+) -> Result<()> {
+    let scope = VersionScope::unversioned(namespace);
+    let functions = host.register_version(&plugin, PluginTrust::Operator, &scope)?;
+    let sha256 = plugin.sha256();
+    agent.state::<Versions>().lock().insert(
+        namespace.to_owned(),
+        versions::Group {
+            versions: vec![Version {
+                plugin,
+                scope: scope.state,
+                functions,
+                usage: scope.usage,
+                deployed_by: "operator".into(),
+                deployed_at: SystemTime::now(),
+                staged: Some(Instant::now()),
+                draining: None,
+            }],
+            current: None,
+            previous: None,
+        },
+    );
+    versions::commit(agent, namespace, &sha256).map(|_| ())
+}
+
+/// The worker's side of [`PLUGIN_SWITCH`] from worker `from`: commits (the
+/// reply is the replaced version's sha256 in hex, or `None`) or aborts
+/// (the reply says whether a staged version was dropped).
+pub(crate) async fn handle_switch(
+    agent: &RpcAgent,
+    from: &str,
+    message: PluginSwitch,
+) -> Result<Payload> {
+    let PluginSwitch {
+        namespace,
+        sha256,
+        commit,
+    } = message;
+    refuse_unless_accepting(agent, &namespace)?;
+    let deployed = agent.state::<Deployed>();
+    let mut by_sha256 = deployed.by_sha256.lock().await;
+    let short = &hex(&sha256)[..SHORT];
+    if !commit {
+        let dropped = versions::abort(agent, &namespace, &sha256);
+        tracing::info!(
+            "{}: {from} aborted version {short} of plugin {namespace} (dropped: {dropped})",
+            agent.name()
+        );
+        return Ok(Payload::from_value(Value::Bool(dropped)));
+    }
+    Versions::expire_staged(agent);
+    let replaced = versions::commit(agent, &namespace, &sha256)?;
+    let names = {
+        let groups = agent.state::<Versions>();
+        let groups = groups.lock();
+        let mut names: Vec<String> = groups
+            .get(&namespace)
+            .and_then(|g| g.get(&sha256))
+            .map(|v| v.functions.keys().cloned().collect())
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    by_sha256.entry(sha256).or_insert(names);
+    tracing::info!(
+        "{}: {from} made version {short} of plugin {namespace} current (was {})",
+        agent.name(),
+        replaced.map_or("none".into(), |r| hex(&r)[..SHORT].to_owned())
+    );
+    Ok(Payload::from_value(
+        replaced.map_or(Value::None, |r| Value::Str(hex(&r))),
+    ))
 }
 
 fn reply(already_served: bool, names: &[String]) -> Payload {
@@ -576,6 +1128,18 @@ fn decode_reply(value: &Value) -> Result<(bool, Vec<String>)> {
 /// Lowercase hex, as `sha256sum` and `wasmrpc plugin inspect` print it.
 pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A sha256 from its 64 hex digits.
+pub(crate) fn unhex(s: &str) -> Option<[u8; 32]> {
+    if s.len() != 64 {
+        return None;
+    }
+    let mut out = [0; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use wasmrpc_wasm::{GuestHost, Plugin, Runtime};
 
+use super::VersionScope;
 use super::grant::PluginGrant;
 use super::host_functions::GuestCall;
 use crate::agent::{CallContext, RpcFunction};
@@ -22,6 +23,8 @@ pub(crate) struct PluginFunction {
     function: String,
     /// What the plugin may do on this worker.
     grant: Arc<PluginGrant>,
+    /// The version's state scope and use counts.
+    scope: VersionScope,
 }
 
 impl PluginFunction {
@@ -31,6 +34,7 @@ impl PluginFunction {
         namespace: String,
         function: String,
         grant: Arc<PluginGrant>,
+        scope: VersionScope,
     ) -> Self {
         PluginFunction {
             runtime,
@@ -38,6 +42,7 @@ impl PluginFunction {
             namespace,
             function,
             grant,
+            scope,
         }
     }
 }
@@ -61,6 +66,8 @@ impl RpcFunction for PluginFunction {
                 ctx.caller().name
             )
         };
+        // Counted on its version until it ends (what draining waits for).
+        let _in_flight = self.scope.usage.call();
         // The call records into the scope it is served in, if any, from
         // wherever its requests run (`crate::profiler`).
         let host = Arc::new(
@@ -69,6 +76,7 @@ impl RpcFunction for PluginFunction {
                 self.plugin.clone(),
                 self.namespace.clone(),
                 self.grant.clone(),
+                self.scope.clone(),
             )
             .profiled_by(crate::profiler::Recording::active()),
         );

@@ -104,7 +104,7 @@ impl PluginGrant {
         if self.trust == PluginTrust::Operator
             || function
                 .strip_prefix(self.namespace.as_str())
-                .is_some_and(|rest| rest.starts_with("::"))
+                .is_some_and(|rest| rest.starts_with("::") || rest.starts_with('@'))
             || self.calls.iter().any(|p| glob_match(p, function))
             || BuiltinOps::knows(function)
         {

@@ -68,6 +68,8 @@ pub(crate) struct GuestCall {
     namespace: String,
     /// What the plugin may do on this worker (its ops and RPC targets).
     grant: Arc<PluginGrant>,
+    /// Its version's state scope, and what it calls its own functions by.
+    scope: super::VersionScope,
     handles: Mutex<Handles>,
     held_locks: Mutex<Vec<String>>,
     autograd: autograd::GuestAutograd,
@@ -88,7 +90,7 @@ impl Drop for GuestCall {
         if !held.is_empty() {
             let locks = self.agent.state::<Locks>();
             for name in held {
-                locks.release(&self.namespace, &name);
+                locks.release(&self.scope.state, &name);
             }
         }
     }
@@ -117,6 +119,7 @@ impl GuestCall {
         plugin: Arc<Plugin>,
         namespace: String,
         grant: Arc<PluginGrant>,
+        scope: super::VersionScope,
     ) -> GuestCall {
         GuestCall {
             budget: agent.tensor_budget().call(),
@@ -124,6 +127,7 @@ impl GuestCall {
             plugin,
             namespace,
             grant,
+            scope,
             handles: Mutex::new(Handles::default()),
             held_locks: Mutex::new(Vec::new()),
             autograd: autograd::GuestAutograd::default(),
@@ -172,14 +176,16 @@ impl GuestCall {
     /// The registered name a guest means by `function`: a name of one of
     /// its own plugin's functions or classes without a namespace
     /// (`my_function`, `MyClass.my_static_method`, `MyClass`) is
-    /// `namespace::function`; anything else
+    /// `namespace::function`, or for a deployed version
+    /// `namespace@<sha256 prefix>::function` (a call chain stays on the
+    /// version it started on, on every worker); anything else
     /// (`aten::add`, `other_plugin::f`, `builtins.min`) is as given.
     pub(crate) fn qualify(&self, function: &str) -> String {
         let manifest = self.plugin.manifest();
         if !function.contains("::")
             && (manifest.function(function).is_some() || manifest.constructor(function).is_some())
         {
-            format!("{}::{function}", self.namespace)
+            format!("{}::{function}", self.scope.calls)
         } else {
             function.to_owned()
         }
@@ -427,7 +433,7 @@ impl GuestHost for GuestCall {
         let fut = self
             .agent
             .state::<SharedFutures>()
-            .get(&self.namespace, key, take);
+            .get(&self.scope.state, key, take);
         Ok(self.handles().insert_future(fut))
     }
     // --- end of worker-wide named futures ---
@@ -437,7 +443,7 @@ impl GuestHost for GuestCall {
     }
 
     async fn global_get(&self, key: &str) -> HostResult<Value> {
-        match self.agent.state::<Globals>().get(&self.namespace, key) {
+        match self.agent.state::<Globals>().get(&self.scope.state, key) {
             Some(p) => self.handles().import(p),
             None => Ok(Value::None),
         }
@@ -450,14 +456,14 @@ impl GuestHost for GuestCall {
         };
         self.agent
             .state::<Globals>()
-            .set(&self.namespace, key, value);
+            .set(&self.scope.state, key, value);
         Ok(())
     }
 
     async fn lock(&self, key: &str) -> HostResult<()> {
         self.agent
             .state::<Locks>()
-            .acquire(&self.namespace, key)
+            .acquire(&self.scope.state, key)
             .await;
         self.held_locks
             .lock()
@@ -473,7 +479,7 @@ impl GuestHost for GuestCall {
         };
         match held {
             Some(_) => {
-                self.agent.state::<Locks>().release(&self.namespace, key);
+                self.agent.state::<Locks>().release(&self.scope.state, key);
                 Ok(())
             }
             None => Err(RemoteError::new(

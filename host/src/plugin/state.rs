@@ -4,7 +4,8 @@
 //! Both live in the agent ([`crate::RpcAgent::state`]), so every instance
 //! and every call of a plugin on that worker sees the same values, and two
 //! agents of one process (the test harness) never share them. Keys are
-//! scoped by plugin namespace, as Python's globals are by module.
+//! scoped by plugin namespace, as Python's globals are by module, and by
+//! version when a worker holds several (`versions`: a version's *scope*).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -35,6 +36,14 @@ impl Globals {
             .unwrap_or_else(|p| p.into_inner())
             .get(&key(namespace, name))
             .cloned()
+    }
+
+    /// Clears every global of `namespace` (a scope: an unloaded version's).
+    pub(crate) fn clear_scope(&self, namespace: &str) {
+        self.values
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(ns, _), _| ns != namespace);
     }
 
     /// Sets `name`; `None` clears it.

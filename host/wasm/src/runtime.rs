@@ -93,7 +93,9 @@ struct Inner {
     /// The linker of component plugins (WASI granting nothing, the
     /// world's host interface).
     component_linker: wasmtime::component::Linker<StoreData>,
-    plugins: Mutex<HashMap<String, Arc<Plugin>>>,
+    /// Loaded plugins by name: one version, unless versions were loaded
+    /// side by side ([`Runtime::load_version`]), oldest first.
+    plugins: Mutex<HashMap<String, Vec<Arc<Plugin>>>>,
     stop_ticker: Arc<AtomicBool>,
 }
 
@@ -179,7 +181,7 @@ impl Runtime {
         &self.inner.shared.config
     }
 
-    fn plugins(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Plugin>>> {
+    fn plugins(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Arc<Plugin>>>> {
         self.inner.plugins.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -196,6 +198,39 @@ impl Runtime {
     /// exports missing), [`Error::DuplicatePlugin`] if another module of the
     /// same name is loaded.
     pub fn load(&self, bytes: &[u8]) -> Result<Arc<Plugin>> {
+        self.load_inner(bytes, false)
+    }
+
+    /// [`load`](Runtime::load), but another version of a plugin of the same
+    /// name (other bytes) may already be loaded: the two are held side by
+    /// side, each with its own code, pool and instances (what a worker
+    /// upgrading a plugin while it serves needs). Loading the same bytes
+    /// again returns the same plugin.
+    ///
+    /// # Errors
+    /// As [`load`](Runtime::load), never [`Error::DuplicatePlugin`].
+    pub fn load_version(&self, bytes: &[u8]) -> Result<Arc<Plugin>> {
+        self.load_inner(bytes, true)
+    }
+
+    /// Forgets `plugin` (one version of its name): later loads of its bytes
+    /// compile or read the disk cache again. Calls and objects that hold it
+    /// keep it alive until they end. Returns whether it was loaded.
+    pub fn unload(&self, plugin: &Arc<Plugin>) -> bool {
+        let mut plugins = self.plugins();
+        let Some(versions) = plugins.get_mut(plugin.name()) else {
+            return false;
+        };
+        let before = versions.len();
+        versions.retain(|p| !Arc::ptr_eq(p, plugin));
+        let removed = versions.len() < before;
+        if versions.is_empty() {
+            plugins.remove(plugin.name());
+        }
+        removed
+    }
+
+    fn load_inner(&self, bytes: &[u8], side_by_side: bool) -> Result<Arc<Plugin>> {
         let manifest = manifest::read(bytes)?;
         if !manifest.abi_matches() {
             return Err(Error::InvalidModule(format!(
@@ -206,12 +241,13 @@ impl Runtime {
             )));
         }
         let sha256: [u8; 32] = Sha256::digest(bytes).into();
-        if let Some(existing) = self.plugins().get(&manifest.name) {
-            return if existing.sha256() == sha256 {
-                Ok(existing.clone())
-            } else {
-                Err(Error::DuplicatePlugin(manifest.name))
-            };
+        if let Some(versions) = self.plugins().get(&manifest.name) {
+            if let Some(same) = versions.iter().find(|p| p.sha256() == sha256) {
+                return Ok(same.clone());
+            }
+            if !side_by_side && !versions.is_empty() {
+                return Err(Error::DuplicatePlugin(manifest.name));
+            }
         }
         let mut entries = HashMap::new();
         for e in &manifest.exports {
@@ -272,10 +308,16 @@ impl Runtime {
             .unwrap_or_else(|p| p.into_inner())
             .push(Arc::downgrade(&plugin));
         let mut plugins = self.plugins();
-        let plugin = plugins
-            .entry(plugin.name().to_owned())
-            .or_insert(plugin)
-            .clone();
+        let versions = plugins.entry(plugin.name().to_owned()).or_default();
+        // Two loads of the same bytes may have compiled at once: the first
+        // registered wins.
+        if let Some(same) = versions.iter().find(|p| p.sha256() == sha256) {
+            return Ok(same.clone());
+        }
+        if !side_by_side && !versions.is_empty() {
+            return Err(Error::DuplicatePlugin(plugin.name().to_owned()));
+        }
+        versions.push(plugin.clone());
         Ok(plugin)
     }
 
@@ -313,14 +355,14 @@ impl Runtime {
         files.iter().map(|f| self.load_file(f)).collect()
     }
 
-    /// The loaded plugin named `name`.
+    /// The loaded plugin named `name` (the first loaded of its versions).
     pub fn plugin(&self, name: &str) -> Option<Arc<Plugin>> {
-        self.plugins().get(name).cloned()
+        self.plugins().get(name).and_then(|v| v.first()).cloned()
     }
 
-    /// Every loaded plugin.
+    /// Every loaded plugin, every version.
     pub fn loaded(&self) -> Vec<Arc<Plugin>> {
-        self.plugins().values().cloned().collect()
+        self.plugins().values().flatten().cloned().collect()
     }
 
     fn cache_path(&self, sha256: &[u8; 32]) -> Option<PathBuf> {

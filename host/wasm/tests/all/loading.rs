@@ -205,3 +205,61 @@ fn manifest_payload_len(module: &[u8], name_at: usize) -> usize {
     }
     size - 1 - 16
 }
+
+/// The hello plugin with its version marker replaced (same length: the
+/// module stays valid): other bytes and behaviour, same plugin name.
+fn hello_version(marker: u8) -> Vec<u8> {
+    let bytes = std::fs::read(wasmrpc_plugins::HELLO).unwrap();
+    let old = b"hello-version-AAAAAAAAAAAAAAAAAA";
+    let mut new = *old;
+    new[14..].fill(marker);
+    let mut out = bytes.clone();
+    let mut found = 0;
+    for i in 0..=out.len() - old.len() {
+        if &bytes[i..i + old.len()] == old {
+            out[i..i + old.len()].copy_from_slice(&new);
+            found += 1;
+        }
+    }
+    assert!(found > 0, "the version marker is in the module");
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_of_one_plugin_load_side_by_side_and_unload() {
+    timed(async {
+        let rt = Runtime::new(config()).unwrap();
+        let (v1, v2) = (hello_version(b'A'), hello_version(b'B'));
+        let a = rt.load(&v1).unwrap();
+        assert!(
+            matches!(rt.load(&v2), Err(Error::DuplicatePlugin(_))),
+            "load keeps refusing another version"
+        );
+        let b = rt.load_version(&v2).unwrap();
+        assert!(!Arc::ptr_eq(&a, &b));
+        assert!(Arc::ptr_eq(&rt.load_version(&v2).unwrap(), &b));
+        assert_eq!(rt.loaded().len(), 2);
+        assert!(Arc::ptr_eq(&rt.plugin("wasmrpc-plugin-hello").unwrap(), &a));
+        let host = crate::fake::FakeHost::new();
+        for (p, marker) in [(&a, "A"), (&b, "B")] {
+            let r = rt
+                .call(p, "version", args(vec![]), host.arc())
+                .await
+                .unwrap();
+            assert_eq!(
+                r,
+                Value::Str(format!("hello-version-{}", marker.repeat(18)))
+            );
+        }
+        assert!(rt.unload(&a));
+        assert!(!rt.unload(&a));
+        assert!(Arc::ptr_eq(&rt.plugin("wasmrpc-plugin-hello").unwrap(), &b));
+        // Unloaded, it still runs for whoever holds it.
+        let r = rt
+            .call(&a, "version", args(vec![]), host.arc())
+            .await
+            .unwrap();
+        assert!(matches!(r, Value::Str(s) if s.ends_with('A')));
+    })
+    .await;
+}
