@@ -6,8 +6,9 @@
 //! This module owns the FFI to the shim (`ffi`), the bridge that serves the
 //! engine's rendezvous from the group's Rust [`Store`](wasmrpc_store::Store)
 //! (`store_bridge`; any store: file, hash, TCP, prefixed; the engine calls
-//! back into Rust for every store operation), and the mapping of each collective onto the engine's `c10d::Backend` virtual
-//! call and `Work::wait`. Tensors cross as the `at::Tensor*` tch holds, so
+//! back into Rust for every store operation), and the mapping of each
+//! collective onto the engine's `c10d::Backend` virtual call and
+//! `Work::wait` (`collectives`). Tensors cross as the `at::Tensor*` tch holds, so
 //! the engine reads and writes the caller's memory directly.
 //!
 //! Ordering: a c10d engine tags collectives by the order they are issued, so
