@@ -196,8 +196,8 @@ fn code_of(source: &str) -> String {
 /// it starts with one rather than a lifetime.
 fn char_literal(rest: &str) -> Option<usize> {
     let after = rest.strip_prefix('\'')?;
-    if after.starts_with('\\') {
-        return after[1..].find('\'').map(|i| i + 3);
+    if let Some(escaped) = after.strip_prefix('\\') {
+        return escaped.find('\'').map(|i| i + 3);
     }
     let c = after.chars().next()?;
     after[c.len_utf8()..]
