@@ -5,18 +5,27 @@
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::ChildStdin;
 use std::time::{Duration, Instant};
 use wasmrpc::prelude::*;
 
 use anyhow::{Context, Result, bail};
 use tch::{Device, Kind, Tensor};
-use wasmrpc::{CertificateAuthority, Payload, RpcAgent, args};
+use wasmrpc::{Payload, RpcAgent, args};
 
 use crate::progress::Progress;
 use crate::rows::{Results, Side, wanted};
 use crate::stats::Stat;
 use crate::worker::{self, ECHO, LOAD, NOOP};
+
+mod autograd;
+mod processes;
+mod tls;
+
+use autograd::{StepPhases, autograd_step};
+
+pub(crate) use processes::{Children, free_port, plain_worker_args, rss_mib, worker_args};
+pub(crate) use tls::{TLS_ROWS, tls_rows};
 
 /// What our side needs to know.
 pub(crate) struct Config {
@@ -40,139 +49,6 @@ impl Config {
     pub(crate) fn n(&self, quick: usize, full: usize) -> usize {
         if self.quick { quick } else { full }
     }
-}
-
-/// A free loopback port (bound, then released).
-pub(crate) fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-/// Worker processes of one group; killed if still running when dropped.
-pub(crate) struct Children(Vec<Child>);
-
-impl Children {
-    pub(crate) fn spawn(
-        cfg: &Config,
-        args: impl Fn(u32) -> Vec<String>,
-        ranks: std::ops::Range<u32>,
-        piped: bool,
-    ) -> Result<Self> {
-        Self::spawn_with_env(cfg, args, ranks, piped, |_| Ok(Vec::new()))
-    }
-
-    /// As [`spawn`](Self::spawn), each rank's process with the environment
-    /// variables `env(rank)` (and without TLS credentials from this
-    /// process's environment unless `env` sets them).
-    fn spawn_with_env(
-        cfg: &Config,
-        args: impl Fn(u32) -> Vec<String>,
-        ranks: std::ops::Range<u32>,
-        piped: bool,
-        env: impl Fn(u32) -> Result<Vec<(&'static str, String)>>,
-    ) -> Result<Self> {
-        let exe = std::env::current_exe()?;
-        let mut children = Vec::new();
-        for rank in ranks {
-            let log = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&cfg.log)
-                .with_context(|| format!("cannot open {}", cfg.log.display()))?;
-            let mut cmd = Command::new(&exe);
-            cmd.args(args(rank)).stderr(log);
-            if let Some(window) = crate::worker::busy_poll() {
-                cmd.arg("--busy-poll-us")
-                    .arg(window.as_micros().to_string());
-            }
-            if let Some(threads) = crate::worker::intra_op_threads() {
-                cmd.arg("--intra-op-threads").arg(threads.to_string());
-            }
-            for var in TLS_ENV {
-                cmd.env_remove(var);
-            }
-            cmd.envs(env(rank)?);
-            if piped {
-                cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
-            } else {
-                cmd.stdin(Stdio::null()).stdout(Stdio::null());
-            }
-            children.push(cmd.spawn().context("could not start a worker process")?);
-        }
-        Ok(Children(children))
-    }
-
-    /// Waits for every child to exit, up to `timeout`.
-    pub(crate) async fn wait(mut self, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        for c in &mut self.0 {
-            loop {
-                if let Some(status) = c.try_wait()? {
-                    if !status.success() {
-                        bail!("a worker process exited with {status}");
-                    }
-                    break;
-                }
-                if Instant::now() > deadline {
-                    bail!("a worker process did not exit within {timeout:?}");
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            if matches!(c.try_wait(), Ok(None)) {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-    }
-}
-
-pub(crate) fn worker_args(cfg: &Config, method: &str, rank: u32, world: u32) -> Vec<String> {
-    let mut args = plain_worker_args(cfg, method, rank, world);
-    if world == 2 {
-        // The group of the per-call rows serves the seed functions'
-        // plugins, in Rust and in Python.
-        for plugin in [wasmrpc_plugins::SEED_FNS, wasmrpc_plugins::SEED_FNS_PY] {
-            args.push("--plugin".into());
-            args.push(plugin.into());
-        }
-    }
-    args
-}
-
-/// A worker's arguments with no plugin: it serves the bench functions only.
-pub(crate) fn plain_worker_args(cfg: &Config, method: &str, rank: u32, world: u32) -> Vec<String> {
-    vec![
-        "worker".into(),
-        "--init-method".into(),
-        method.into(),
-        "--rank".into(),
-        rank.to_string(),
-        "--world-size".into(),
-        world.to_string(),
-        "--threads".into(),
-        cfg.threads.to_string(),
-    ]
-}
-
-/// Resident memory of process `pid`, in MiB.
-pub(crate) fn rss_mib(pid: u32) -> Result<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .context("no VmRSS line")?;
-    Ok(kib / 1024.0)
 }
 
 pub(crate) async fn timed<F, Fut>(n: usize, warmup: usize, mut call: F) -> Result<Vec<Duration>>
@@ -427,14 +303,14 @@ async fn plugin_round_trips(
 }
 
 /// Round trips of a no-op to `worker1`.
-async fn rtt_noop(cfg: &Config, agent: &RpcAgent) -> Result<Stat> {
+pub(super) async fn rtt_noop(cfg: &Config, agent: &RpcAgent) -> Result<Stat> {
     let n = cfg.n(500, 5000);
     let s = timed(n, n / 10, || agent.rpc_sync("worker1", NOOP, args![1])).await?;
     Ok(Stat::latencies(&s))
 }
 
 /// No-op calls to `worker1` with 128 in flight, in calls per second.
-async fn async_128(cfg: &Config, agent: &RpcAgent) -> Result<Stat> {
+pub(super) async fn async_128(cfg: &Config, agent: &RpcAgent) -> Result<Stat> {
     // Five blocks; the median block's rate, so a burst of other work on
     // the machine moves one block, not the result.
     let n = cfg.n(30_000, 200_000) as u64;
@@ -480,247 +356,6 @@ pub(crate) async fn echo(
     let n = cfg.n(nq, nf);
     let s = timed(n, (n / 10).max(1), call).await?;
     Ok(Stat::latencies(&s))
-}
-
-/// The environment variables that give a worker process TLS credentials:
-/// removed from the bench's worker processes unless a row sets them.
-const TLS_ENV: [&str; 6] = [
-    wasmrpc::transport::TLS_CA_ENV,
-    wasmrpc::transport::TLS_CERT_ENV,
-    wasmrpc::transport::TLS_KEY_ENV,
-    wasmrpc::transport::TLS_CA_PEM_ENV,
-    wasmrpc::transport::TLS_CERT_PEM_ENV,
-    wasmrpc::transport::TLS_KEY_PEM_ENV,
-];
-
-/// The TLS rows: each TLS row, the plain row it is compared with, and the
-/// most TLS may cost (issue 20: 10% on small calls, 25% on the 64 MiB
-/// echo; the async row is small calls).
-pub(crate) const TLS_ROWS: &[(&str, &str, f64)] = &[
-    ("rtt_noop_native_tls", "rtt_noop_native", 0.10),
-    ("async_128_tls", "async_128", 0.10),
-    ("echo_64m_tls", "echo_64m", 0.25),
-];
-
-/// The three measurements of the TLS rows, in one group.
-struct TlsSample {
-    rtt: Option<Stat>,
-    rate: Option<Stat>,
-    echo: Option<Stat>,
-}
-
-/// Starts a group of 2 (rank 0 here, rank 1 a process), with TLS 1.3 and
-/// mutual authentication when `ca` is given (certificates for `worker0` and
-/// `worker1` issued by it, the process's passed in its environment), and
-/// takes the TLS rows' measurements in it.
-async fn tls_sample(
-    cfg: &Config,
-    ca: Option<&CertificateAuthority>,
-    progress: &Progress,
-) -> Result<TlsSample> {
-    let what = if ca.is_some() {
-        "over TLS"
-    } else {
-        "plain TCP"
-    };
-    progress.set(&format!("wasmrpc: starting a group of 2 workers, {what}"));
-    let method = format!("tcp://127.0.0.1:{}", free_port()?);
-    let children = Children::spawn_with_env(
-        cfg,
-        |r| worker_args(cfg, &method, r, 2),
-        1..2,
-        false,
-        |rank| {
-            let Some(ca) = ca else {
-                return Ok(Vec::new());
-            };
-            let (cert, key) = ca
-                .issue(&format!("worker{rank}"))
-                .with_context(|| format!("issuing worker{rank}'s certificate"))?;
-            Ok(vec![
-                (
-                    wasmrpc::transport::TLS_CA_PEM_ENV,
-                    ca.cert_pem().to_string(),
-                ),
-                (wasmrpc::transport::TLS_CERT_PEM_ENV, cert),
-                (wasmrpc::transport::TLS_KEY_PEM_ENV, key),
-            ])
-        },
-    )?;
-    let tls = ca
-        .map(|ca| ca.credentials_for("worker0"))
-        .transpose()
-        .context("issuing worker0's certificate")?;
-    let agent = worker::join(&method, 0, 2, &[], tls, false).await?;
-    let r = async {
-        for i in 0..50 {
-            agent.rpc_sync("worker1", NOOP, args![i]).await?;
-        }
-        let mut sample = TlsSample {
-            rtt: None,
-            rate: None,
-            echo: None,
-        };
-        if cfg.wanted("rtt_noop_native_tls") {
-            progress.set(&format!("wasmrpc: round trip of a no-op, {what}"));
-            sample.rtt = Some(rtt_noop(cfg, &agent).await?);
-        }
-        if cfg.wanted("async_128_tls") {
-            progress.set(&format!("wasmrpc: async calls with 128 in flight, {what}"));
-            sample.rate = Some(async_128(cfg, &agent).await?);
-        }
-        if cfg.wanted("echo_64m_tls") {
-            progress.set(&format!("wasmrpc: echo of a 64 MiB tensor, {what}"));
-            let (_, size, nq, nf) = crate::limit::ECHO[2];
-            sample.echo = Some(echo(cfg, &agent, Device::Cpu, size, nq, nf).await?);
-        }
-        anyhow::Ok(sample)
-    }
-    .await;
-    progress.set(&format!(
-        "wasmrpc: graceful shutdown of the group of 2, {what}"
-    ));
-    let s = agent.shutdown(true, Duration::ZERO).await;
-    children.wait(Duration::from_secs(30)).await?;
-    let sample = r?;
-    s?;
-    Ok(sample)
-}
-
-/// Rounds of the TLS rows: each a plain group, then a TLS group.
-const TLS_ROUNDS: usize = 3;
-
-/// The TLS rows (`*_tls`): the same calls in a plain group and in a TLS
-/// group, in [`TLS_ROUNDS`] alternating rounds of this run, so that a
-/// loaded machine's slow and quick phases fall on both sides alike. Each
-/// row shows the round whose cost of TLS is the median; its note gives the
-/// plain number of that round, the cost, and whether it is within the
-/// issue's target (ok/MISS).
-pub(crate) async fn tls_rows(cfg: &Config, res: &mut Results, progress: &Progress) -> Result<()> {
-    let ca = CertificateAuthority::generate().context("generating an ephemeral CA")?;
-    let mut rounds = Vec::with_capacity(TLS_ROUNDS);
-    for _ in 0..TLS_ROUNDS {
-        let plain = tls_sample(cfg, None, progress).await?;
-        let tls = tls_sample(cfg, Some(&ca), progress).await?;
-        rounds.push([
-            (plain.rtt, tls.rtt),
-            (plain.rate, tls.rate),
-            (plain.echo, tls.echo),
-        ]);
-    }
-    for (i, &(row, plain_row, target)) in TLS_ROWS.iter().enumerate() {
-        let is_rate = row == "async_128_tls";
-        // The cost: how much longer a call takes, or how much lower the
-        // rate is, over TLS.
-        let mut costs: Vec<(f64, Stat, Stat)> = rounds
-            .iter_mut()
-            .filter_map(|round| {
-                let (p, t) = (round[i].0.take()?, round[i].1.take()?);
-                let cost = if is_rate {
-                    p.median / t.median - 1.0
-                } else {
-                    t.median / p.median - 1.0
-                };
-                Some((cost, p, t))
-            })
-            .collect();
-        if costs.is_empty() {
-            continue;
-        }
-        costs.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let all: Vec<String> = costs
-            .iter()
-            .map(|c| format!("{:+.1}%", c.0 * 100.0))
-            .collect();
-        let (cost, p, t) = costs.swap_remove(costs.len() / 2);
-        res.set(Side::Ours, row, t);
-        let verdict = if cost <= target { "ok" } else { "MISS" };
-        let plain_cell = if is_rate {
-            format!("{:.0} calls/s", p.median)
-        } else {
-            format!("{:.1} us", p.median)
-        };
-        res.note(
-            Side::Ours,
-            row,
-            format!(
-                "(median of {} alternating rounds, costs {}; plain {plain_row} in that round: \
-                 {plain_cell}; TLS costs {:+.1}%, target <= {:.0}%: {verdict})",
-                all.len(),
-                all.join(" "),
-                cost * 100.0,
-                target * 100.0
-            ),
-        );
-    }
-    Ok(())
-}
-
-/// Where one distributed autograd step's time went, as its row's note:
-/// the remote matmul (the forward call), the local sum, and the backward
-/// pass across both workers. A profile of the step starts here.
-struct StepPhases {
-    forward: Duration,
-    loss: Duration,
-    backward: Duration,
-}
-
-impl StepPhases {
-    /// The median of each phase over `steps`.
-    fn medians(steps: &[StepPhases]) -> String {
-        let median = |phase: fn(&StepPhases) -> Duration| {
-            let samples: Vec<Duration> = steps.iter().map(phase).collect();
-            crate::report::fmt_micros(Stat::latencies(&samples).median)
-        };
-        format!(
-            "(phase medians: remote matmul {}, local sum {}, backward {})",
-            median(|p| p.forward),
-            median(|p| p.loss),
-            median(|p| p.backward)
-        )
-    }
-}
-
-/// One step as the torch side does it: in a fresh context, a remote matmul,
-/// a local sum, backward across both workers, and the context's gradients
-/// (both leaves must have one). Its phases go to `phases`.
-async fn autograd_step(
-    agent: &RpcAgent,
-    dst: &str,
-    a: &Tensor,
-    b: &Tensor,
-    phases: &std::cell::RefCell<Vec<StepPhases>>,
-) -> wasmrpc::Result<Payload> {
-    let (a, b) = (a.shallow_clone(), b.shallow_clone());
-    wasmrpc::dist_autograd::context(agent, |ctx| async move {
-        let started = Instant::now();
-        let product = agent
-            .rpc_sync(
-                dst,
-                "aten::matmul",
-                args![a.shallow_clone(), b.shallow_clone()],
-            )
-            .await?
-            .as_tensor()?;
-        let returned = Instant::now();
-        let loss = product.sum(None);
-        let summed = Instant::now();
-        wasmrpc::dist_autograd::backward(agent, ctx, &[loss], false).await?;
-        phases.borrow_mut().push(StepPhases {
-            forward: returned - started,
-            loss: summed - returned,
-            backward: summed.elapsed(),
-        });
-        let grads = wasmrpc::dist_autograd::get_gradients(agent, ctx)?;
-        if !(grads.contains(&a) && grads.contains(&b)) {
-            return Err(wasmrpc::Error::runtime(format!(
-                "context {ctx} has gradients for {} of the 2 leaves",
-                grads.len()
-            )));
-        }
-        Ok(Payload::none())
-    })
-    .await?
 }
 
 /// All-to-all: every worker of a group of `world` calls every other, 64

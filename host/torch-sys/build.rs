@@ -1,4 +1,5 @@
-//! Compiles the C++ shim (`shim/ops.cpp`, `budget.cpp`, `guards.cpp`) against the libtorch that
+//! Compiles the C++ shim (`shim/ops.cpp`, `autograd.cpp`, `profile.cpp`,
+//! `budget.cpp`, `guards.cpp`) against the libtorch that
 //! torch-sys links, links it with `torch_cpu` and `c10`, and embeds an rpath
 //! to libtorch's folder so this package's test and bench binaries find it at
 //! run time.
@@ -9,6 +10,9 @@ use std::path::PathBuf;
 fn main() -> Result<()> {
     println!("cargo:rerun-if-changed=shim/ops.cpp");
     println!("cargo:rerun-if-changed=shim/ops.h");
+    println!("cargo:rerun-if-changed=shim/autograd.cpp");
+    println!("cargo:rerun-if-changed=shim/profile.cpp");
+    println!("cargo:rerun-if-changed=shim/common.h");
     println!("cargo:rerun-if-changed=shim/budget.cpp");
     println!("cargo:rerun-if-changed=shim/budget.h");
     println!("cargo:rerun-if-changed=shim/guards.cpp");
@@ -65,6 +69,8 @@ fn main() -> Result<()> {
         // the shim includes, or no layout.
         .define("NDEBUG", None)
         .file("shim/ops.cpp")
+        .file("shim/autograd.cpp")
+        .file("shim/profile.cpp")
         .file("shim/budget.cpp")
         .file("shim/guards.cpp")
         .compile("wasmrpc_torch_shim");

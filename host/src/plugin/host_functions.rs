@@ -37,22 +37,18 @@ mod tensors;
 use tensors::{dtype_kind, elements, meta};
 
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use tch::{Device, Kind, Tensor};
-use wasmrpc_torch_sys::{
-    OpError, call_method_gated, call_op_gated, op_value_from_abi, op_value_into_abi,
-};
+use tch::Tensor;
 
-use crate::ops::in_budget;
 use crate::tensor::budget::CallBudget;
 use wasmrpc_wasm::{
     AutogradCall, CallArgs, DType, ErrorKind, GuestHost, HandleKind, HostResult, LogLevel, Plugin,
     Progress, RemoteError, TensorMeta, Value, WorkerInfo,
 };
 
-use super::grant::{PluginGate, PluginGrant};
+use super::grant::PluginGrant;
 use super::handles::Handles;
 use super::state::{Globals, Locks, SharedFutures};
 use crate::agent::{Future, RpcAgent};

@@ -34,14 +34,17 @@
 //! - FG-5: a write is atomic: readers see the old file or the whole new
 //!   one (a temporary file in the same folder, then a rename).
 
-use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use cap_std::fs::{Dir, MetadataExt, OpenOptions};
 use wasmrpc_abi::{ErrorKind, RemoteError};
+
+mod grants;
+
+pub use grants::FolderGrants;
 
 /// How a plugin may use a granted folder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -576,126 +579,5 @@ impl Folders {
     }
 }
 
-/// A worker's folder grants, by plugin namespace: each namespace's
-/// [`Folders`] are opened once and shared.
-#[derive(Debug, Default, Clone)]
-pub struct FolderGrants {
-    by_namespace: HashMap<String, (Arc<Folders>, Arc<Folders>)>,
-    specs: Vec<FolderGrant>,
-}
-
-impl FolderGrants {
-    /// Opens every granted folder.
-    ///
-    /// # Errors
-    /// `ValueError` for a host folder that does not exist or is not a
-    /// folder, or two grants of one plugin under the same guest path.
-    pub fn open(grants: Vec<FolderGrant>) -> Result<FolderGrants, RemoteError> {
-        let mut operator: HashMap<String, Vec<OpenFolder>> = HashMap::new();
-        let mut deployed: HashMap<String, Vec<OpenFolder>> = HashMap::new();
-        for grant in &grants {
-            let open = || -> Result<OpenFolder, RemoteError> {
-                let dir = Dir::open_ambient_dir(&grant.host, cap_std::ambient_authority())
-                    .map_err(|e| {
-                        value_error(format!(
-                            "--grant-dir {}: cannot open the folder {}: {e}",
-                            grant.to_spec(),
-                            grant.host.display()
-                        ))
-                    })?;
-                Ok(OpenFolder {
-                    grant: grant.clone(),
-                    dir,
-                    used: Mutex::new(None),
-                })
-            };
-            let list = operator.entry(grant.namespace.clone()).or_default();
-            if list.iter().any(|f| f.grant.guest == grant.guest) {
-                return Err(value_error(format!(
-                    "--grant-dir {}: plugin {} already has a folder at {}",
-                    grant.to_spec(),
-                    grant.namespace,
-                    grant.guest
-                )));
-            }
-            list.push(open()?);
-            if grant.deployed {
-                deployed
-                    .entry(grant.namespace.clone())
-                    .or_default()
-                    .push(open()?);
-            }
-        }
-        let mut by_namespace = HashMap::new();
-        for (namespace, folders) in operator {
-            let for_deployed = deployed.remove(&namespace).unwrap_or_default();
-            by_namespace.insert(
-                namespace,
-                (
-                    Arc::new(Folders { folders }),
-                    Arc::new(Folders {
-                        folders: for_deployed,
-                    }),
-                ),
-            );
-        }
-        Ok(FolderGrants {
-            by_namespace,
-            specs: grants,
-        })
-    }
-
-    /// The folders of plugin `namespace`: all its grants for a plugin the
-    /// operator loaded, those marked `deployed` for one deployed at run
-    /// time (FG-1); `None` when it has none.
-    pub fn for_plugin(&self, namespace: &str, deployed: bool) -> Option<Arc<Folders>> {
-        let (operator, for_deployed) = self.by_namespace.get(namespace)?;
-        let folders = if deployed { for_deployed } else { operator };
-        (!folders.is_empty()).then(|| folders.clone())
-    }
-
-    /// The grants, as given.
-    pub fn grants(&self) -> &[FolderGrant] {
-        &self.specs
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn grants_parse_and_print_back() {
-        let g = FolderGrant::parse("param_server:/ckpt/=/srv/ckpt:rw,quota=10M,deployed").unwrap();
-        assert_eq!(g.namespace, "param_server");
-        assert_eq!(g.guest, "/ckpt");
-        assert_eq!(g.host, PathBuf::from("/srv/ckpt"));
-        assert_eq!(g.access, Access::ReadWrite);
-        assert_eq!(g.quota, Some(10 << 20));
-        assert!(g.deployed);
-        assert_eq!(FolderGrant::parse(&g.to_spec()).unwrap(), g);
-        let ro = FolderGrant::parse("ps:/data=/srv/digits").unwrap();
-        assert_eq!(ro.access, Access::ReadOnly);
-        assert!(!ro.deployed);
-    }
-
-    #[test]
-    fn bad_grants_say_what_is_wrong() {
-        for (spec, why) in [
-            ("/data=/srv", "no plugin namespace"),
-            ("ps:data=/srv", "not an absolute path"),
-            ("ps:/=/srv", "cannot be '/'"),
-            ("ps:/a/../b=/srv", "holds '..'"),
-            ("ps:/data", "no '='"),
-            ("ps:/data=/srv:rw,quota=lots", "is not a size"),
-            ("ps:/data=/srv,quota=1G", "needs a read-write grant"),
-            ("ps:/data=/srv:rw,exec", "unknown option"),
-            ("p-s:/data=/srv", "is not a plugin namespace"),
-        ] {
-            let e = FolderGrant::parse(spec).unwrap_err();
-            assert_eq!(e.kind, ErrorKind::ValueError);
-            assert!(e.message.contains(why), "{spec}: {}", e.message);
-            assert!(e.message.contains("the form is"), "{}", e.message);
-        }
-    }
-}
+mod tests;

@@ -8,11 +8,14 @@
 //! call's tensor memory budget before the file is read, makes tensors in
 //! that budget, and does the blocking work off the async threads.
 
-use super::*;
-
 use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tch::Tensor;
 use wasmrpc_tensor_files::TensorBytes;
-use wasmrpc_wasm::{FileCall, Folders};
+use wasmrpc_wasm::{ErrorKind, FileCall, Folders, HostResult, RemoteError, Value};
+
+use super::{GuestCall, dtype_kind, elements, meta, remote, tch_error};
 
 /// Runs blocking file work off the async threads.
 async fn blocking<T: Send + 'static>(

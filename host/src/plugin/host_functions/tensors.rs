@@ -1,7 +1,17 @@
 //! A guest's tensors: the ops it runs on them, and their dtypes and bytes
 //! as the guest SDK sees them.
 
-use super::*;
+use std::time::Instant;
+
+use tch::{Device, Kind, Tensor};
+use wasmrpc_torch_sys::{
+    OpError, call_method_gated, call_op_gated, op_value_from_abi, op_value_into_abi,
+};
+use wasmrpc_wasm::{CallArgs, DType, ErrorKind, HostResult, RemoteError, TensorMeta, Value};
+
+use super::super::grant::PluginGate;
+use super::{GuestCall, remote, tch_error};
+use crate::ops::{in_budget, run_blocking};
 
 impl GuestCall {
     /// A tensor op a guest names, under the worker's op policy and the

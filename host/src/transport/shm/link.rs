@@ -2,8 +2,21 @@
 //! peer, the peer's segments this side has mapped, and the task reading
 //! the link's records.
 
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+
 use super::cuda::{DeviceSegment, PeerDeviceSegment};
-use super::*;
+use super::{
+    FILL_CHUNK, IDLE_BYTES, IDLE_LIFE, LINK_TIMEOUT, LinkState, MAX_OWN_SEGMENTS,
+    MAX_PEER_SEGMENTS, Mapping, Record, SEGMENT_HEADER, SHARE_THRESHOLD, SPIN, lock,
+    map_peer_segment, new_segment, recv, register, try_send,
+};
 
 mod cuda_segments;
 

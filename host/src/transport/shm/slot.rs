@@ -2,7 +2,14 @@
 //! acceptor waits for its dialer to join), or up, with the tasks that read
 //! the link's records and trim its idle segments.
 
-use super::*;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{Notify, oneshot};
+
+use super::{LINK_TIMEOUT, ShmLink, lock};
 
 /// A connection's link, as far as it is set up: none, being set up (the
 /// acceptor waits for its dialer to join), or up.

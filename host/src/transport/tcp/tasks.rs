@@ -13,7 +13,8 @@ use crate::transport::handshake::{self, HANDSHAKE_TIMEOUT};
 use crate::transport::tls::check_peer_names;
 
 use super::admission::{Admission, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_ADDRESS};
-use super::*;
+use super::write_half::WriteHalf;
+use super::{Connection, ShmSlot, Stream, Transport, WriterCmd, lock};
 
 pub(super) async fn accept_loop(listener: TcpListener, t: Weak<Transport>) {
     let admission = Admission::new();

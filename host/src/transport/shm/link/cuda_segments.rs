@@ -4,7 +4,12 @@
 //! shared with host segments (lending, giving back, giving up) is the
 //! link's.
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::super::cuda::DeviceSegment;
+use super::super::{Record, lock};
+use super::{OwnMemory, PeerSegment, ShmLink};
 
 /// A CUDA segment lent for one storage: filled at once, before the frame
 /// naming it is queued.
