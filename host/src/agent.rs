@@ -264,18 +264,18 @@ impl RpcAgent {
     }
 
     /// The function a call of `name` runs: the agent's own functions
-    /// (`INTERNAL_PREFIX`) or the registry's, else a pinned version of a
-    /// plugin's (`hello@<sha256 prefix>::greet`, `crate::plugin::versions`).
+    /// (`INTERNAL_PREFIX`) or the registry's, else what the features'
+    /// resolvers answer for a name nobody registered (a plugin's pinned
+    /// versions, `hello@<sha256 prefix>::greet`), resolvers that the
+    /// features add with their internal functions
+    /// ([`Extension::register`]).
     pub(crate) fn lookup_function(&self, name: &str) -> Option<Arc<dyn RpcFunction>> {
         if name.starts_with(INTERNAL_PREFIX) {
             self.inner.internal.get(name)
         } else {
-            self.registry().get(name).or_else(|| {
-                <crate::plugin::versions::PinnedNames as FunctionResolver>::resolve(
-                    &crate::plugin::versions::PinnedNames,
-                    name,
-                )
-            })
+            self.registry()
+                .get(name)
+                .or_else(|| self.inner.internal.resolve(name))
         }
     }
 

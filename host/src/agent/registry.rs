@@ -210,14 +210,18 @@ impl FunctionRegistry {
             .unwrap_or_else(|p| p.into_inner())
             .get(name)
             .cloned();
-        registered.or_else(|| {
-            let resolvers = self
-                .resolvers
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone();
-            resolvers.iter().find_map(|r| r.resolve(name))
-        })
+        registered.or_else(|| self.resolve(name))
+    }
+
+    /// The first resolver's answer for `name`, leaving the registered
+    /// functions aside.
+    pub fn resolve(&self, name: &str) -> Option<Arc<dyn RpcFunction>> {
+        let resolvers = self
+            .resolvers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        resolvers.iter().find_map(|r| r.resolve(name))
     }
 
     /// Every registered name, sorted (names a resolver serves are not

@@ -677,6 +677,9 @@ pub(crate) const PLUGIN_VERSIONS: &str = "wasmrpc::_plugin_versions";
 /// Registers [`DEPLOYED_PLUGINS`] and [`PLUGIN_VERSIONS`] among the agent's
 /// internal functions.
 pub(crate) fn register(r: &FunctionRegistry) {
+    // Pinned names (`hello@<sha256 prefix>::greet`) are nobody's registered
+    // name: the agent asks this resolver for them.
+    r.add_resolver(std::sync::Arc::new(super::versions::PinnedNames));
     r.register_native(DEPLOYED_PLUGINS, |ctx, _args| async move {
         let deployed = ctx.agent().state::<Deployed>();
         let hashes = deployed

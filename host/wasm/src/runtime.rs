@@ -4,18 +4,19 @@
 
 use crate::instance::{CallCtx, Fault, StoreData};
 use crate::object::Object;
-use crate::plugin::{Code, Entry, LoadSource, Plugin, Target};
+use crate::plugin::{Code, Entry, Plugin, Target};
 use crate::{Error, GuestHost, Result, manifest};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use wasmrpc_abi::protocol::{CallArgs, ExportKind, HandleKind, Outcome};
 use wasmrpc_abi::{ErrorKind, RemoteError, Value};
-use wasmtime::{Engine, InstanceAllocationStrategy, Linker, Module, PoolingAllocationConfig};
+use wasmtime::{Engine, InstanceAllocationStrategy, Linker, PoolingAllocationConfig};
+
+mod cache;
 
 /// How the runtime runs guests. `Config::default()` suits a worker.
 #[derive(Debug, Clone)]
@@ -365,107 +366,6 @@ impl Runtime {
         self.plugins().values().flatten().cloned().collect()
     }
 
-    fn cache_path(&self, sha256: &[u8; 32]) -> Option<PathBuf> {
-        let dir = self.inner.shared.config.cache_dir.as_ref()?;
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        self.inner
-            .shared
-            .engine
-            .precompile_compatibility_hash()
-            .hash(&mut hasher);
-        Some(dir.join(format!("{}-{:016x}.cwasm", hex(sha256), hasher.finish())))
-    }
-
-    fn compile(&self, bytes: &[u8], sha256: &[u8; 32], name: &str) -> Result<(Module, LoadSource)> {
-        let engine = &self.inner.shared.engine;
-        self.compile_cached(
-            sha256,
-            &format!("plugin `{name}`"),
-            // SAFETY: the file is named by the sha256 of the wasm bytes and by
-            // this engine's compatibility hash, and only `compile_cached`
-            // writes it (through `Module::serialize` and an atomic rename), so
-            // it holds code wasmtime compiled from these bytes for an engine
-            // like this one; wasmtime checks the header and refuses others.
-            |compiled| unsafe { Module::deserialize(engine, compiled) },
-            || Module::new(engine, bytes),
-            Module::serialize,
-        )
-    }
-
-    fn compile_component(
-        &self,
-        bytes: &[u8],
-        sha256: &[u8; 32],
-        name: &str,
-    ) -> Result<(wasmtime::component::Component, LoadSource)> {
-        use wasmtime::component::Component;
-        let engine = &self.inner.shared.engine;
-        self.compile_cached(
-            sha256,
-            &format!("component plugin `{name}`"),
-            // SAFETY: as for core modules in `compile`.
-            |compiled| unsafe { Component::deserialize(engine, compiled) },
-            || Component::new(engine, bytes),
-            Component::serialize,
-        )
-    }
-
-    /// Compiled code from the disk cache, or compiled once per machine:
-    /// while one process compiles, it holds an exclusive lock on the cache
-    /// entry's lock file, so workers of one machine that start together
-    /// (a `launch` group: a Python component takes 10-30 s to compile)
-    /// wait for that compile and read its result instead of each compiling
-    /// the same code. Without a cache folder every load compiles.
-    fn compile_cached<T>(
-        &self,
-        sha256: &[u8; 32],
-        what: &str,
-        deserialize: impl Fn(&[u8]) -> wasmtime::Result<T>,
-        compile: impl FnOnce() -> wasmtime::Result<T>,
-        serialize: impl Fn(&T) -> wasmtime::Result<Vec<u8>>,
-    ) -> Result<(T, LoadSource)> {
-        let compile = || compile().map_err(|e| Error::InvalidModule(format!("{e:#}")));
-        let Some(path) = self.cache_path(sha256) else {
-            return Ok((compile()?, LoadSource::Compiled));
-        };
-        // Read into memory, not mapped: a file truncated under a mapping
-        // would fault the process.
-        let cached = |path: &Path| {
-            let compiled = std::fs::read(path).ok()?;
-            deserialize(&compiled)
-                .inspect_err(|e| tracing::warn!("ignoring cached code {}: {e:#}", path.display()))
-                .ok()
-        };
-        if let Some(code) = cached(&path) {
-            return Ok((code, LoadSource::DiskCache));
-        }
-        // Held until this function returns; a failure to lock only costs
-        // a compile of our own.
-        let _lock = lock_file(&path.with_extension("lock"))
-            .inspect_err(|e| tracing::debug!("compiling without the cache lock: {e}"))
-            .ok();
-        if let Some(code) = cached(&path) {
-            return Ok((code, LoadSource::DiskCache));
-        }
-        tracing::info!(
-            "compiling {what} (its first load on this machine; cached in {} for the next)",
-            path.display()
-        );
-        let started = std::time::Instant::now();
-        let code = compile()?;
-        tracing::info!(
-            "compiled {what} in {:.1} s",
-            started.elapsed().as_secs_f64()
-        );
-        let written = serialize(&code)
-            .map_err(|e| std::io::Error::other(format!("{e:#}")))
-            .and_then(|compiled| write_atomically(&compiled, &path));
-        if let Err(e) = written {
-            tracing::warn!("cannot cache the compiled code at {}: {e}", path.display());
-        }
-        Ok((code, LoadSource::Compiled))
-    }
-
     /// Calls the plugin function `function` (plain or `async_execution`)
     /// and returns its result. The call runs on a warm pooled instance that
     /// it holds only while guest code runs; an async function's future is
@@ -553,36 +453,6 @@ impl Runtime {
             Err(fault) => Err(fault.into_error(plugin.name(), class)),
         }
     }
-}
-
-/// An exclusive advisory lock on `path` (made if missing), held until the
-/// file is dropped.
-fn lock_file(path: &Path) -> std::io::Result<std::fs::File> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)?;
-    file.lock()?;
-    Ok(file)
-}
-
-/// Writes `bytes` to `path` through a temporary file and a rename, so a
-/// reader never sees half a file.
-fn write_atomically(bytes: &[u8], path: &Path) -> std::io::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The core-module export names a manifest lists.
