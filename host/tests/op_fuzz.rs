@@ -143,6 +143,16 @@ impl Session {
     }
 }
 
+/// A failing run must not leave its worker behind: a `--serve` worker whose
+/// peer is gone spins on (two did, after the run against torch 2.11), so it
+/// dies with its session, ended or not.
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// How a case reaches the worker.
 #[derive(Clone, Copy, Debug)]
 enum Path {
