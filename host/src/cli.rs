@@ -218,8 +218,9 @@ pub(crate) fn parse_seconds(s: &str) -> Result<Duration, String> {
 /// The store of a dynamic group (no world size), as PyTorch's
 /// `_create_store_from_options` makes it for `init_rpc(world_size=None)`:
 /// `rendezvous` requires a world size, so for `tcp://HOST:PORT` rank 0
-/// hosts the store and the others connect to it, and `file:///PATH` is a
-/// FileStore on that file. Other init methods go through `rendezvous`.
+/// hosts the store and the others connect to it (every rank connects when
+/// a launcher hosts it, `TORCHELASTIC_USE_AGENT_STORE=True`, as
+/// `wasmrpc launch` does), and `file:///PATH` is a FileStore on that file. Other init methods go through `rendezvous`.
 ///
 /// # Errors
 /// A malformed URL, or the store cannot be hosted or reached in `timeout`.
@@ -241,7 +242,8 @@ pub(crate) async fn dynamic_store(
             world_size: None,
             wait_for_workers: false,
         };
-        let store = if rank == 0 {
+        let agent_store = std::env::var("TORCHELASTIC_USE_AGENT_STORE").as_deref() == Ok("True");
+        let store = if rank == 0 && !agent_store {
             TcpStore::start_master(host, port, options).await
         } else {
             TcpStore::connect(host, port, options).await

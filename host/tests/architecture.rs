@@ -66,11 +66,6 @@ const ALLOWED: &[(&str, &str)] = &[
          side (stage, switch) and the store publication are to move to files of their own",
     ),
     (
-        "host/src/plugin/versions.rs",
-        "grew with plugin upgrades (issue 48, landed 11-28): the pinned-name resolver is to \
-         move to a file of its own",
-    ),
-    (
         "host/torch-sys/shim/ops.cpp",
         "half split (autograd.cpp, profile.cpp, common.h); argument conversion, schema matching \
      and output emission are still to move to files of their own",

@@ -1274,3 +1274,155 @@ fn a_python_plugin_built_with_build_py_runs_on_a_launch_cluster() {
         "unexpected result:\n{stdout}\n{stderr}"
     );
 }
+
+/// A launch group that accepts deployments: `wasmrpc plugin deploy`,
+/// `list` and `rollback` reach it with a certificate of its CA; nothing
+/// else gets in; the group then leaves gracefully on SIGTERM. With an
+/// entry, the serving workers leave once the entry's worker is done.
+#[test]
+fn launch_accepts_plugin_deployment_from_holders_of_its_ca() {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let path = |p: &str| dir.path().join(p).to_str().expect("a UTF-8 path").to_owned();
+    let (ca, other_ca) = (path("ca"), path("other-ca"));
+    for command in [
+        ["cert", "init", "--out", &ca].as_slice(),
+        &["cert", "init", "--out", &other_ca],
+        &["cert", "issue", "deployer", "--ca", &ca, "--out", &ca],
+        &["cert", "issue", "deployer", "--ca", &other_ca, "--out", &other_ca],
+    ] {
+        let out = wasmrpc(command, Duration::from_secs(30));
+        assert!(out.status.success(), "{command:?}: {:?}", text(&out));
+    }
+
+    // Without a CA a deployer could hold: refused before any worker starts.
+    let out = wasmrpc(
+        &["launch", "--nproc", "2", "--accept-plugin-deployment"],
+        Duration::from_secs(30),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("--accept-plugin-deployment needs --cluster-ca DIR")
+            && !format!("{stdout}{stderr}").contains("[worker0]"),
+        "{stdout}\n{stderr}"
+    );
+
+    let launcher = |extra: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmrpc"));
+        for var in CREDENTIAL_ENV {
+            cmd.env_remove(var);
+        }
+        cmd.args(["launch", "--nproc", "2", "--accept-plugin-deployment"])
+            .args(["--cluster-ca", &ca])
+            .args(extra)
+            .env("RUST_LOG", "info");
+        cmd
+    };
+    let mut group = ServingProcess::start("launch", launcher(&[]));
+    group.wait_for("[worker0] worker0 -> worker1: answered");
+    let port = group
+        .output()
+        .split("store on 127.0.0.1:")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .expect("the launcher prints its store's port")
+        .to_owned();
+    let init = format!("tcp://127.0.0.1:{port}");
+    let ca_pem = format!("{ca}/ca.pem");
+    // A tool run as `deployer`, with the certificate and key in `cert_dir`
+    // (None: no credentials at all).
+    let tool = |command: &[&str], cert_dir: Option<&str>| {
+        let (cert, key) = cert_dir.map_or_else(Default::default, |d| {
+            (format!("{d}/deployer.pem"), format!("{d}/deployer.key"))
+        });
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmrpc"));
+        for var in CREDENTIAL_ENV {
+            cmd.env_remove(var);
+        }
+        cmd.arg("plugin")
+            .args(command)
+            .args(["--init-method", &init, "--init-timeout", "30"]);
+        if cert_dir.is_some() {
+            cmd.args(["--name", "deployer", "--tls-ca", &ca_pem])
+                .args(["--tls-cert", &cert, "--tls-key", &key]);
+        }
+        let out = run_with_deadline(&mut cmd, Duration::from_secs(90));
+        let (stdout, stderr) = text(&out);
+        (out.status.success(), stdout, stderr)
+    };
+    let hello = wasmrpc_plugins::HELLO;
+    // Hostile deployers: one with no credentials, one whose certificate
+    // another CA issued (it trusts the group's CA: that part is public).
+    for cert_dir in [None, Some(other_ca.as_str())] {
+        let (ok, stdout, stderr) = tool(&["deploy", hello], cert_dir);
+        assert!(
+            !ok && !stdout.contains("serving hello::"),
+            "{cert_dir:?} deployed:\n{stdout}\n{stderr}"
+        );
+    }
+    assert!(
+        !group.output().contains("staged plugin"),
+        "{}",
+        group.output()
+    );
+
+    // The holder of a certificate of the group's CA deploys, upgrades,
+    // lists and rolls back.
+    let (ok, stdout, stderr) = tool(&["deploy", hello], Some(&ca));
+    assert!(ok, "{stdout}\n{stderr}");
+    for w in ["worker0", "worker1"] {
+        assert!(
+            stdout.contains(&format!("{w}: serving hello::")),
+            "{stdout}\n{stderr}"
+        );
+    }
+    let v2 = path("hello-v2.wasm");
+    let mut bytes = std::fs::read(hello).expect("the hello plugin was built");
+    bytes.extend_from_slice(&[0, 7, 4, b'n', b'o', b't', b'e', b'v', b'2']);
+    std::fs::write(&v2, bytes).expect("write the new version");
+    let (ok, stdout, stderr) = tool(&["deploy", &v2], Some(&ca));
+    assert!(ok, "{stdout}\n{stderr}");
+    let (ok, stdout, stderr) = tool(&["list"], Some(&ca));
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("worker0:")
+            && stdout.contains("worker1:")
+            && stdout.matches(" current: ").count() == 2
+            && stdout.matches(" previous: ").count() == 2
+            && stdout.contains("deployed by deployer"),
+        "{stdout}\n{stderr}"
+    );
+    let (ok, stdout, stderr) = tool(&["rollback", "hello"], Some(&ca));
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("worker0: switched") && stdout.contains("worker1: switched"),
+        "{stdout}\n{stderr}"
+    );
+
+    // SIGTERM: every worker leaves gracefully, and so does the launcher.
+    let output = group.stop();
+    for needle in [
+        "interrupted: asking every worker to leave",
+        "[worker0]",
+        "worker0: shut down",
+        "worker1: shut down",
+        "all 2 workers finished",
+    ] {
+        assert!(output.contains(needle), "{needle} missing from:\n{output}");
+    }
+
+    // With an entry: it runs once both workers joined; then the other
+    // worker, which serves until told, is asked to leave.
+    let out = run_with_deadline(
+        &mut launcher(&["--plugins", hello, "--entry", "hello::greet", "--", "you"]),
+        Duration::from_secs(90),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(r#"hello::greet returned Str("hello you from worker0")"#)
+            && stderr.contains("worker1: shut down")
+            && stderr.contains("all 2 workers finished"),
+        "{stdout}\n{stderr}"
+    );
+}

@@ -70,13 +70,8 @@ pub(crate) fn run(args: CertArgs) -> Result<ExitCode> {
         CertCommand::Issue { name, ca, out } => {
             wasmrpc::validate_worker_name(&name)
                 .with_context(|| format!("cannot issue a certificate for {name:?}"))?;
-            let (ca_cert, ca_key) = (ca.join("ca.pem"), ca.join("ca.key"));
-            super::credentials::check_private(&ca_key)?;
-            let read = |p: &Path| {
-                std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))
-            };
-            let authority = CertificateAuthority::from_pem(&read(&ca_cert)?, &read(&ca_key)?)
-                .with_context(|| format!("{} and {}", ca_cert.display(), ca_key.display()))?;
+            let authority = read_authority(&ca)?;
+            let ca_cert = ca.join("ca.pem");
             let (cert_pem, key_pem) = authority.issue(&name)?;
             create_dir(&out)?;
             let (cert, key) = (
@@ -97,6 +92,17 @@ pub(crate) fn run(args: CertArgs) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The cluster CA `cert init` wrote to `dir` (`ca.pem`, and `ca.key`,
+/// which must be readable by its owner only).
+pub(crate) fn read_authority(dir: &Path) -> Result<CertificateAuthority> {
+    let (ca_cert, ca_key) = (dir.join("ca.pem"), dir.join("ca.key"));
+    super::credentials::check_private(&ca_key)?;
+    let read =
+        |p: &Path| std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()));
+    CertificateAuthority::from_pem(&read(&ca_cert)?, &read(&ca_key)?)
+        .with_context(|| format!("{} and {}", ca_cert.display(), ca_key.display()))
 }
 
 fn create_dir(dir: &Path) -> Result<()> {

@@ -20,6 +20,18 @@
 //! which only this user can read: never on the command line (every local
 //! user can read it in /proc), never in a file, never in the store. A local
 //! cluster thus runs TLS with mutual authentication with no configuration.
+//! With `--cluster-ca DIR` the certificates come from the operator's CA
+//! instead (and the secret only from WASMRPC_CLUSTER_SECRET), so that tools
+//! holding a certificate of that CA can join the group.
+//!
+//! Deployments (`--accept-plugin-deployment`, which needs `--cluster-ca`):
+//! the workers form a dynamic group instead of a static one, since only a
+//! dynamic group takes a member that was not counted at the start (`wasmrpc
+//! plugin deploy` joins as one). Each waits until all have joined
+//! (`wasmrpc worker --wait-for-workers`) before the entry; once the entry's
+//! worker has finished, the launcher asks the others to stop (SIGTERM, a
+//! graceful leave). Without an entry, every worker serves until the
+//! launcher is interrupted.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -97,6 +109,25 @@ pub(crate) struct LaunchArgs {
     /// Every worker's folder grants (passed to each `wasmrpc worker`).
     #[command(flatten)]
     grants: super::grants::FolderGrantArgs,
+    /// Let `wasmrpc plugin deploy`, `rollback` and `list` reach the group
+    /// while it runs: its workers accept plugin deployments and form a
+    /// dynamic group (they wait for each other before the entry). Without
+    /// `--entry` they serve until the launcher is interrupted (Ctrl-C,
+    /// SIGTERM). Needs `--cluster-ca`: a deployer joins with a certificate
+    /// of that CA (`wasmrpc cert issue deployer --ca DIR --out ...`), and
+    /// with WASMRPC_CLUSTER_SECRET too if the launcher was given it.
+    /// Deployments last for the round: a restarted group (`--max-restarts`)
+    /// starts again from `--plugins`.
+    #[arg(long)]
+    accept_plugin_deployment: bool,
+    /// Issue the workers' certificates from this cluster CA (the folder
+    /// `wasmrpc cert init` wrote ca.pem and ca.key to) instead of a CA made
+    /// in memory, so tools given a certificate of the same CA can join the
+    /// group. The workers then use a cluster secret only if
+    /// WASMRPC_CLUSTER_SECRET gives one: mutual TLS authenticates every
+    /// peer.
+    #[arg(long, value_name = "DIR")]
+    cluster_ca: Option<PathBuf>,
     /// The entry function's arguments.
     #[command(flatten)]
     entry_call: super::EntryArgs,
@@ -175,12 +206,34 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
     // them, else a fresh secret. Each child gets it in its environment,
     // which only this user can read (never argv, which every local user
     // can read in /proc, never a file, never the store).
-    let secret = std::env::var(wasmrpc::CLUSTER_SECRET_ENV)
+    if args.accept_plugin_deployment && args.cluster_ca.is_none() {
+        bail!(
+            "--accept-plugin-deployment needs --cluster-ca DIR: a deployer must hold a \
+             certificate of the group's CA, and the CA the launcher makes by default never leaves \
+             its memory (make one with `wasmrpc cert init --out DIR`, and the deployer's with \
+             `wasmrpc cert issue deployer --ca DIR --out DIR`)"
+        );
+    }
+    let operator_secret = std::env::var(wasmrpc::CLUSTER_SECRET_ENV)
         .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(wasmrpc::transport::generate_secret);
-    let authority =
-        wasmrpc::CertificateAuthority::generate().context("cannot make the cluster's CA")?;
+        .filter(|s| !s.is_empty());
+    let (authority, secret) = match &args.cluster_ca {
+        Some(dir) => (
+            super::cert::read_authority(dir)
+                .with_context(|| format!("--cluster-ca {}", dir.display()))?,
+            operator_secret,
+        ),
+        None => (
+            wasmrpc::CertificateAuthority::generate().context("cannot make the cluster's CA")?,
+            Some(operator_secret.unwrap_or_else(wasmrpc::transport::generate_secret)),
+        ),
+    };
+    let dynamic = args.accept_plugin_deployment;
+    let finish = match (dynamic, args.entry.is_some()) {
+        (false, _) => Finish::ByThemselves,
+        (true, true) => Finish::AfterFirst,
+        (true, false) => Finish::OnInterrupt,
+    };
 
     let mut restart = 0;
     loop {
@@ -191,6 +244,11 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
             .context("could not host the store")?;
         let port = server.local_addr().port();
         match restart {
+            0 if dynamic => info!(
+                "launching {nproc} workers that accept plugin deployments; store on \
+                 127.0.0.1:{port} (`wasmrpc plugin deploy FILE --init-method \
+                 tcp://127.0.0.1:{port} --name deployer --tls-ca ... --tls-cert ... --tls-key ...`)"
+            ),
             0 => info!("launching {nproc} workers; store on 127.0.0.1:{port}"),
             n => info!(
                 "restarting the group ({n} of {}): launching {nproc} workers; store on \
@@ -213,7 +271,6 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
             cmd.arg("worker")
                 .args(["--name", &name])
                 .args(["--rank", &rank.to_string()])
-                .args(["--world-size", &nproc.to_string()])
                 .args(["--init-method", &format!("tcp://127.0.0.1:{port}")])
                 .args(["--rpc-timeout", &args.rpc_timeout.as_secs_f64().to_string()])
                 .args([
@@ -225,7 +282,7 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
                 .env(super::worker::RESTART_COUNT_ENV, restart.to_string())
                 .env("TORCHELASTIC_MAX_RESTARTS", args.max_restarts.to_string())
                 .env(EVENTS_ENV, "1")
-                .env(wasmrpc::CLUSTER_SECRET_ENV, &secret)
+                .env_remove(wasmrpc::CLUSTER_SECRET_ENV)
                 .env(wasmrpc::transport::TLS_CA_PEM_ENV, authority.cert_pem())
                 .env(wasmrpc::transport::TLS_CERT_PEM_ENV, &cert_pem)
                 .env(wasmrpc::transport::TLS_KEY_PEM_ENV, &key_pem)
@@ -239,6 +296,19 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .kill_on_drop(true);
+            if let Some(secret) = &secret {
+                cmd.env(wasmrpc::CLUSTER_SECRET_ENV, secret);
+            }
+            match dynamic {
+                false => cmd.args(["--world-size", &nproc.to_string()]),
+                true => cmd
+                    .arg("--accept-plugin-deployment")
+                    .args(["--wait-for-workers", &nproc.to_string()]),
+            };
+            // Only the entry's worker ends by itself in a dynamic group.
+            if dynamic && (rank != 0 || args.entry.is_none()) {
+                cmd.arg("--serve");
+            }
             for dir in &plugins {
                 cmd.arg("--plugins").arg(dir);
             }
@@ -283,7 +353,7 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
             true => RESTART_GRACE,
             false => GRACE,
         };
-        let result = supervise(children, grace).await;
+        let result = supervise(children, grace, finish).await;
         // Drain what the workers printed before reporting.
         while output.join_next().await.is_some() {}
         drop(server);
@@ -318,14 +388,32 @@ const GRACE: Duration = Duration::from_secs(3);
 /// less than the time lost.
 const RESTART_GRACE: Duration = Duration::from_secs(1);
 
+/// How a group's workers come to their end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Finish {
+    /// Each ends by itself (a static group's shutdown is collective).
+    ByThemselves,
+    /// The first worker (the entry's) ends by itself; then the others,
+    /// which serve until told, are asked to leave (SIGTERM).
+    AfterFirst,
+    /// Every worker serves until the launcher is interrupted (Ctrl-C,
+    /// SIGTERM), then is asked to leave.
+    OnInterrupt,
+}
+
 /// Waits for every child; the first failure stops the rest (after
-/// `grace`).
-async fn supervise(children: Vec<(String, Child)>, grace: Duration) -> Result<()> {
+/// `grace`). `finish` says when the launcher asks the workers still
+/// running to leave gracefully.
+async fn supervise(children: Vec<(String, Child)>, grace: Duration, finish: Finish) -> Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stop_tx = Arc::new(stop_tx);
+    let (leave_tx, leave_rx) = tokio::sync::watch::channel(false);
+    let leave_tx = Arc::new(leave_tx);
+    let first = children.first().map(|(name, _)| name.clone());
     let mut waits = JoinSet::new();
     for (name, mut child) in children {
         let mut stop = stop_rx.clone();
+        let mut leave = leave_rx.clone();
         waits.spawn(async move {
             let status = tokio::select! {
                 status = child.wait() => status,
@@ -333,14 +421,36 @@ async fn supervise(children: Vec<(String, Child)>, grace: Duration) -> Result<()
                     let _ = child.start_kill();
                     child.wait().await
                 }
+                _ = async { let _ = leave.wait_for(|leave| *leave).await; } => {
+                    ask_to_leave(&child);
+                    tokio::select! {
+                        status = child.wait() => status,
+                        _ = async { let _ = stop.wait_for(|stop| *stop).await; } => {
+                            let _ = child.start_kill();
+                            child.wait().await
+                        }
+                    }
+                }
             };
             (name, status)
+        });
+    }
+    if finish == Finish::OnInterrupt {
+        let leave_tx = leave_tx.clone();
+        tokio::spawn(async move {
+            if super::worker::interrupted().await.is_ok() {
+                info!("interrupted: asking every worker to leave");
+                let _ = leave_tx.send(true);
+            }
         });
     }
     let mut failure = None;
     while let Some(joined) = waits.join_next().await {
         let (name, status) = joined.context("a worker's supervisor task failed")?;
         let status = status.with_context(|| format!("could not wait for {name}"))?;
+        if status.success() && finish == Finish::AfterFirst && first.as_ref() == Some(&name) {
+            let _ = leave_tx.send(true);
+        }
         if !status.success() && failure.is_none() {
             error!(
                 "{name} failed ({status}); stopping the other workers in {} s unless they exit",
@@ -357,6 +467,18 @@ async fn supervise(children: Vec<(String, Child)>, grace: Duration) -> Result<()
     match failure {
         Some(failure) => bail!(failure),
         None => Ok(()),
+    }
+}
+
+/// Sends a worker SIGTERM: a worker serving until interrupted leaves its
+/// group gracefully.
+fn ask_to_leave(child: &Child) {
+    let pid = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .and_then(rustix::process::Pid::from_raw);
+    if let Some(pid) = pid {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
     }
 }
 

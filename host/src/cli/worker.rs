@@ -52,6 +52,13 @@ pub(crate) struct WorkerArgs {
     /// How long to wait for the other workers to join, in seconds.
     #[arg(long, default_value = "300", value_parser = parse_seconds)]
     init_timeout: Duration,
+    /// In a dynamic group (no world size), wait until N workers, this one
+    /// included, have joined before `--ping-all` and `--entry`, for at most
+    /// `--init-timeout` (`wasmrpc launch --accept-plugin-deployment` starts
+    /// its workers this way). A static group waits for its world size by
+    /// itself.
+    #[arg(long, value_name = "N", conflicts_with = "world_size")]
+    wait_for_workers: Option<u32>,
     /// Threads that run calls on this worker.
     #[arg(long, default_value_t = wasmrpc::DEFAULT_NUM_WORKER_THREADS)]
     pub(crate) num_worker_threads: usize,
@@ -233,6 +240,9 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
             info!("{name}: serving deployed plugins: {}", names.join(", "));
         }
     }
+    if let Some(n) = args.wait_for_workers {
+        wait_for_members(&agent, &name, n as usize, args.init_timeout).await?;
+    }
     let mut failed = false;
     if args.ping_all {
         for peer in agent.get_worker_infos() {
@@ -315,6 +325,33 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Waits until the dynamic group `agent` belongs to has `n` members, for
+/// at most `timeout`.
+async fn wait_for_members(
+    agent: &wasmrpc::RpcAgent,
+    name: &str,
+    n: usize,
+    timeout: Duration,
+) -> Result<()> {
+    let started = std::time::Instant::now();
+    loop {
+        let members = agent.get_worker_infos();
+        if members.len() >= n {
+            return Ok(());
+        }
+        if started.elapsed() >= timeout {
+            let names: Vec<_> = members.iter().map(|m| m.name.as_str()).collect();
+            bail!(
+                "{name}: {} of the {n} workers awaited joined in {:.0} s (--init-timeout): {}",
+                members.len(),
+                timeout.as_secs_f64(),
+                names.join(", ")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// How many times the group was restarted: `TORCHELASTIC_RESTART_COUNT`,
 /// as torchrun's elastic agent and `wasmrpc launch --max-restarts` set it.
 fn restart_count() -> Result<u32> {
@@ -331,7 +368,7 @@ fn restart_count() -> Result<u32> {
 pub(crate) const RESTART_COUNT_ENV: &str = "TORCHELASTIC_RESTART_COUNT";
 
 /// Returns on Ctrl-C (SIGINT) or SIGTERM.
-async fn interrupted() -> Result<()> {
+pub(crate) async fn interrupted() -> Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("cannot listen for SIGTERM")?;
     tokio::select! {

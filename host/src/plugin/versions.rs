@@ -47,9 +47,13 @@ use wasmrpc_wasm::Plugin;
 
 use super::deploy::hex;
 use crate::abi::Value;
-use crate::agent::{CallContext, FunctionResolver, RpcAgent, RpcFunction};
+use crate::agent::{CallContext, RpcAgent, RpcFunction};
 use crate::error::{Error, Result};
 use crate::value::{Args, Payload};
+
+mod pinned;
+
+pub(crate) use pinned::PinnedNames;
 
 /// The fewest hex digits of a sha256 that pin a version.
 pub const MIN_PREFIX: usize = 8;
@@ -282,63 +286,6 @@ impl Versions {
         })
     }
 
-    /// The function `function` of the version of `namespace` whose sha256
-    /// starts with `prefix`.
-    fn pinned_function(
-        &self,
-        worker: &str,
-        namespace: &str,
-        prefix: &str,
-        function: &str,
-    ) -> Result<Arc<dyn RpcFunction>> {
-        let pinned = format!("{namespace}@{prefix}::{function}");
-        let prefix = prefix.to_ascii_lowercase();
-        if prefix.len() < MIN_PREFIX || !prefix.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(Error::value(format!(
-                "{pinned}: a version of a plugin is pinned by at least {MIN_PREFIX} hex digits \
-                 of its sha256 (`{namespace}@<sha256 prefix>::{function}`), not `{prefix}`"
-            )));
-        }
-        let groups = self.lock();
-        let Some(group) = groups.get(namespace) else {
-            return Err(Error::runtime(format!(
-                "unknown function {pinned} on worker {worker}: it holds no versions of plugin \
-                 {namespace}"
-            )));
-        };
-        let matching: Vec<&Version> = group
-            .versions
-            .iter()
-            .filter(|v| hex(&v.sha256()).starts_with(&prefix))
-            .collect();
-        let version = match matching.as_slice() {
-            [one] => *one,
-            [] => {
-                return Err(Error::runtime(format!(
-                    "unknown function {pinned} on worker {worker}: no version of plugin \
-                     {namespace} has a sha256 starting with {prefix}; it holds {}",
-                    group.describe_held()
-                )));
-            }
-            many => {
-                let candidates: Vec<String> = many.iter().map(|v| hex(&v.sha256())).collect();
-                return Err(Error::value(format!(
-                    "{pinned}: version prefix {prefix} of plugin {namespace} is ambiguous on \
-                     worker {worker}: it matches {}; give more digits",
-                    candidates.join(", ")
-                )));
-            }
-        };
-        let name = format!("{namespace}::{function}");
-        version.functions.get(&name).cloned().ok_or_else(|| {
-            Error::runtime(format!(
-                "unknown function {pinned} on worker {worker}: version {} of plugin {namespace} \
-                 does not serve {function}",
-                &hex(&version.sha256())[..SHORT]
-            ))
-        })
-    }
-
     /// The scope of the current version of `namespace`, if it has one.
     pub(crate) fn current_scope(&self, namespace: &str) -> Option<String> {
         let groups = self.lock();
@@ -432,48 +379,6 @@ impl RpcFunction for CurrentFunction {
             agent.name(),
             &self.namespace,
             &self.name,
-        )?;
-        f.call(ctx, args).await
-    }
-}
-
-/// Serves pinned names, `namespace@<sha256 prefix>::function` (asked by the
-/// agent after its registry).
-pub(crate) struct PinnedNames;
-
-/// `(namespace, prefix, function)` of a pinned name.
-pub(crate) fn parse_pinned(name: &str) -> Option<(&str, &str, &str)> {
-    let (left, function) = name.split_once("::")?;
-    let (namespace, prefix) = left.split_once('@')?;
-    (!namespace.is_empty() && !function.is_empty()).then_some((namespace, prefix, function))
-}
-
-impl FunctionResolver for PinnedNames {
-    fn resolve(&self, name: &str) -> Option<Arc<dyn RpcFunction>> {
-        let (namespace, prefix, function) = parse_pinned(name)?;
-        Some(Arc::new(PinnedFunction {
-            namespace: namespace.to_owned(),
-            prefix: prefix.to_owned(),
-            function: function.to_owned(),
-        }))
-    }
-}
-
-struct PinnedFunction {
-    namespace: String,
-    prefix: String,
-    function: String,
-}
-
-#[async_trait::async_trait]
-impl RpcFunction for PinnedFunction {
-    async fn call(&self, ctx: CallContext, args: Args) -> Result<Payload> {
-        let agent = ctx.agent();
-        let f = agent.state::<Versions>().pinned_function(
-            agent.name(),
-            &self.namespace,
-            &self.prefix,
-            &self.function,
         )?;
         f.call(ctx, args).await
     }
@@ -636,20 +541,4 @@ fn spawn_drain(agent: &RpcAgent) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }));
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pinned_names_parse() {
-        assert_eq!(
-            parse_pinned("hello@0123abcd::greet"),
-            Some(("hello", "0123abcd", "greet"))
-        );
-        assert_eq!(parse_pinned("hello::greet"), None);
-        assert_eq!(parse_pinned("@x::f"), None);
-        assert_eq!(parse_pinned("hello@ab::C.m"), Some(("hello", "ab", "C.m")));
-    }
 }

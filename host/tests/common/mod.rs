@@ -188,6 +188,8 @@ impl ServingProcess {
             );
             std::thread::sleep(Duration::from_millis(20));
         };
+        // Its last lines, read by the threads after the exit.
+        std::thread::sleep(Duration::from_millis(200));
         assert!(status.success(), "{}:\n{}", self.name, self.output());
         self.output()
     }
