@@ -6,6 +6,10 @@
 //! (`host/c10d/benches/collectives.rs` beside
 //! `bench/torch_collectives_bench.py`, torch.distributed with its Gloo).
 //!
+//! `cargo xtask bench upgrade`: what a plugin upgrade and a rollback cost
+//! the calls around the switch (`wasmrpc-upgrade-bench`; PyTorch has no
+//! counterpart, so it has no torch column).
+//!
 //! A full run of either writes its table into the guide
 //! (`docs/src/benchmarks/results.md`, see `results`).
 
@@ -18,6 +22,25 @@ use std::path::Path;
 /// Builds and runs `wasmrpc-bench` with `args` (e.g. `--quick`, `--only
 /// echo`, `--baseline target/bench/latest.jsonl`); see `--help`.
 pub(crate) fn run(root: &Path, args: &[String]) -> Result<()> {
+    if args.first().map(String::as_str) == Some("upgrade") {
+        step(
+            "bench upgrade: calls through a plugin upgrade and a rollback (cargo run --release -p \
+             wasmrpc-bench --bin wasmrpc-upgrade-bench)",
+        );
+        process::cargo(
+            root,
+            &[
+                "run",
+                "--release",
+                "--quiet",
+                "-p",
+                "wasmrpc-bench",
+                "--bin",
+                "wasmrpc-upgrade-bench",
+            ],
+        )?;
+        return results::record_upgrade(root);
+    }
     if args.first().map(String::as_str) == Some("collectives") {
         collectives(root, &args[1..])?;
         return match results::records_collectives(&args[1..]) {

@@ -9,7 +9,9 @@
 //!   writes), after a full `cargo xtask bench`;
 //! - `collectives`, from `target/bench/collectives.md` (the table the
 //!   collectives bench writes), after a full `cargo xtask bench
-//!   collectives`.
+//!   collectives`;
+//! - `upgrade`, from `target/bench/upgrade.jsonl` (the JSON lines
+//!   `wasmrpc-upgrade-bench` writes), after `cargo xtask bench upgrade`.
 //!
 //! A full run measures every row with the default settings. A run that
 //! leaves rows out or changes what is measured (`--quick`, `--only`,
@@ -84,6 +86,68 @@ pub(crate) fn record_collectives(root: &Path) -> Result<()> {
         text.trim()
     );
     write_section(root, "collectives", &body)
+}
+
+/// Writes the latest run of the upgrade bench into the guide's `upgrade`
+/// section.
+pub(crate) fn record_upgrade(root: &Path) -> Result<()> {
+    let jsonl = root.join("target").join("bench").join("upgrade.jsonl");
+    let text = std::fs::read_to_string(&jsonl)
+        .with_context(|| format!("reading the run's results, {}", jsonl.display()))?;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let body = render_upgrade(&text, &format!("{}: {}", utc_date(now), machine()))?;
+    write_section(root, "upgrade", &body)
+}
+
+/// The upgrade bench's table from its JSON lines; `when` is the caption's
+/// date and machine.
+pub(crate) fn render_upgrade(jsonl: &str, when: &str) -> Result<String> {
+    let rows: Vec<Json> = jsonl
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(serde_json::from_str)
+        .collect::<std::result::Result<_, _>>()
+        .context("the upgrade bench's results are not JSON lines")?;
+    let row = |name: &str| {
+        rows.iter()
+            .find(|r| r.get("row").and_then(Json::as_str) == Some(name))
+            .with_context(|| format!("the upgrade bench's results have no `{name}` row"))
+    };
+    let num = |row: &Json, key: &str| -> Result<f64> {
+        row.get(key)
+            .and_then(Json::as_f64)
+            .with_context(|| format!("the upgrade bench's row has no `{key}`"))
+    };
+    let calls = row("upgrade_calls")?;
+    let mut out = format!(
+        "Measured on {when}, by `cargo xtask bench upgrade`: {:.0} calls of a two-worker call \
+         chain, {:.0} lost, {:.0} that saw two versions; before any switch median {:.3} ms, p99 \
+         {:.3} ms.\n\n\
+         | switch | took | calls within 100 ms of it | median | p99 | max | added p99 | added max |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|\n",
+        num(calls, "calls")?,
+        num(calls, "lost")?,
+        num(calls, "mixed")?,
+        num(calls, "baseline_median_ms")?,
+        num(calls, "baseline_p99_ms")?,
+    );
+    for name in ["upgrade", "rollback"] {
+        let r = row(&format!("{name}_switch"))?;
+        let _ = writeln!(
+            out,
+            "| {name} | {:.1} ms | {:.0} | {:.3} ms | {:.3} ms | {:.3} ms | {:+.3} ms | {:+.3} ms |",
+            num(r, "took_ms")?,
+            num(r, "calls_around")?,
+            num(r, "median_ms")?,
+            num(r, "p99_ms")?,
+            num(r, "max_ms")?,
+            num(r, "added_p99_ms")?,
+            num(r, "added_max_ms")?,
+        );
+    }
+    Ok(out)
 }
 
 fn write_section(root: &Path, name: &str, body: &str) -> Result<()> {
@@ -358,5 +422,24 @@ mod tests {
         assert_eq!(utc_date(0), "1970-01-01 00:00 UTC");
         assert_eq!(utc_date(951_782_400), "2000-02-29 00:00 UTC");
         assert_eq!(utc_date(1_795_694_400), "2026-11-26 12:00 UTC");
+    }
+
+    #[test]
+    fn the_upgrade_table_shows_both_switches_and_refuses_a_partial_run() {
+        let jsonl = r#"{"row":"upgrade_calls","calls":900,"lost":0,"mixed":0,"baseline_median_ms":1.5,"baseline_p99_ms":4.0}
+{"row":"upgrade_switch","took_ms":30.5,"calls_around":80,"median_ms":1.6,"p99_ms":6.0,"max_ms":7.0,"added_p99_ms":2.0,"added_max_ms":3.0}
+{"row":"rollback_switch","took_ms":12.0,"calls_around":70,"median_ms":1.5,"p99_ms":4.5,"max_ms":5.0,"added_p99_ms":0.5,"added_max_ms":1.0}
+"#;
+        let table = render_upgrade(jsonl, "today").expect("a table");
+        assert!(table.contains("900 calls"), "{table}");
+        assert!(table.contains("0 lost"), "{table}");
+        assert!(
+            table.contains("| upgrade | 30.5 ms | 80 | 1.600 ms | 6.000 ms | 7.000 ms | +2.000 ms | +3.000 ms |"),
+            "{table}"
+        );
+        assert!(table.contains("| rollback | 12.0 ms |"), "{table}");
+        let partial: String = jsonl.lines().take(2).collect::<Vec<_>>().join("\n");
+        let err = render_upgrade(&partial, "today").expect_err("no rollback row");
+        assert!(err.to_string().contains("rollback_switch"), "{err}");
     }
 }
