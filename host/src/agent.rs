@@ -173,6 +173,8 @@ pub(crate) struct AgentInner {
     state: AtomicU8,
     user_sent: AtomicU64,
     user_received: AtomicU64,
+    /// Calls refused because this worker has no function of their name.
+    unknown_function_calls: AtomicU64,
     user_pending: AtomicUsize,
     user_active: AtomicUsize,
     active: AtomicUsize,
@@ -484,12 +486,23 @@ impl RpcAgent {
             "agent.user_calls_received".into(),
             i.user_received.load(Ordering::Acquire).to_string(),
         );
+        m.insert(
+            "agent.unknown_function_calls".into(),
+            i.unknown_function_calls.load(Ordering::Acquire).to_string(),
+        );
         m.insert("agent.num_workers".into(), self.workers().len().to_string());
         m.insert(
             "agent.num_connections".into(),
             i.transport
                 .get()
                 .map_or(0, |t| t.num_connections())
+                .to_string(),
+        );
+        m.insert(
+            "agent.refused_connections".into(),
+            i.transport
+                .get()
+                .map_or(0, |t| t.refused_connections())
                 .to_string(),
         );
         let (links, shared, cuda) = i.transport.get().map_or((0, 0, 0), |t| t.shared_memory());

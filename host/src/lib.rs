@@ -95,6 +95,7 @@ pub mod backend_registry;
 pub mod device;
 pub mod dist_autograd;
 mod error;
+pub mod metrics;
 mod ops;
 pub mod optim;
 mod plugin;
@@ -184,7 +185,20 @@ pub async fn init_rpc(
     store: std::sync::Arc<dyn store::Store>,
     options: RpcBackendOptions,
 ) -> Result<RpcAgent> {
-    init_rpc_with(name, rank, world_size, store, options, extensions()).await
+    // Metrics cost calls nothing unless asked for (MET-3).
+    let metrics = options.metrics_addr.map(|a| (a, options.metrics_public));
+    let features = match metrics {
+        Some(_) => extensions().with(std::sync::Arc::new(metrics::Metrics)),
+        None => extensions(),
+    };
+    let agent = init_rpc_with(name, rank, world_size, store, options, features).await?;
+    if let Some((addr, public)) = metrics
+        && let Err(e) = metrics::serve(&agent, addr, public).await
+    {
+        let _ = agent.shutdown(false, std::time::Duration::ZERO).await;
+        return Err(e);
+    }
+    Ok(agent)
 }
 
 /// The traits that add the features' methods to an agent

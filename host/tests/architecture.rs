@@ -48,6 +48,7 @@ const FEATURES: &[&str] = &[
     "plugin",
     "optim",
     "remote_module",
+    "metrics",
     // The test harness puts core and features together, like the root.
     "testing",
 ];

@@ -1282,13 +1282,21 @@ fn a_python_plugin_built_with_build_py_runs_on_a_launch_cluster() {
 #[test]
 fn launch_accepts_plugin_deployment_from_holders_of_its_ca() {
     let dir = tempfile::tempdir().expect("a temporary folder");
-    let path = |p: &str| dir.path().join(p).to_str().expect("a UTF-8 path").to_owned();
+    let path = |p: &str| {
+        dir.path()
+            .join(p)
+            .to_str()
+            .expect("a UTF-8 path")
+            .to_owned()
+    };
     let (ca, other_ca) = (path("ca"), path("other-ca"));
     for command in [
         ["cert", "init", "--out", &ca].as_slice(),
         &["cert", "init", "--out", &other_ca],
         &["cert", "issue", "deployer", "--ca", &ca, "--out", &ca],
-        &["cert", "issue", "deployer", "--ca", &other_ca, "--out", &other_ca],
+        &[
+            "cert", "issue", "deployer", "--ca", &other_ca, "--out", &other_ca,
+        ],
     ] {
         let out = wasmrpc(command, Duration::from_secs(30));
         assert!(out.status.success(), "{command:?}: {:?}", text(&out));
@@ -1343,8 +1351,12 @@ fn launch_accepts_plugin_deployment_from_holders_of_its_ca() {
             .args(command)
             .args(["--init-method", &init, "--init-timeout", "30"]);
         if cert_dir.is_some() {
-            cmd.args(["--name", "deployer", "--tls-ca", &ca_pem])
-                .args(["--tls-cert", &cert, "--tls-key", &key]);
+            cmd.args(["--name", "deployer", "--tls-ca", &ca_pem]).args([
+                "--tls-cert",
+                &cert,
+                "--tls-key",
+                &key,
+            ]);
         }
         let out = run_with_deadline(&mut cmd, Duration::from_secs(90));
         let (stdout, stderr) = text(&out);

@@ -19,6 +19,7 @@
 mod deploy_test;
 mod dist_autograd_test;
 mod folder_grants_test;
+mod metrics_test;
 mod plugin_test;
 mod python_plugins;
 mod remote_module_test;

@@ -222,6 +222,15 @@ impl Future {
         lock(&self.inner.state).result.is_some()
     }
 
+    /// How it completed, if it has: `Ok` or the error's kind (without
+    /// copying the value).
+    pub fn outcome(&self) -> Option<std::result::Result<(), crate::abi::ErrorKind>> {
+        lock(&self.inner.state)
+            .result
+            .as_ref()
+            .map(|r| r.as_ref().map(|_| ()).map_err(Error::kind))
+    }
+
     /// The result, if completed.
     pub fn try_value(&self) -> Option<Result<Payload>> {
         lock(&self.inner.state).result.as_ref().map(clone_result)

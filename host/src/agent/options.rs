@@ -146,6 +146,17 @@ pub struct RpcBackendOptions {
     /// ([`RpcAgent::restart_count`](crate::RpcAgent::restart_count)) to
     /// resume from a checkpoint instead of starting over.
     pub restart_count: u32,
+    /// Where to serve this worker's metrics in Prometheus' text format
+    /// (`http://ADDR/metrics`, `crate::metrics`); `None` (the default):
+    /// no metrics are kept or served (`wasmrpc worker --metrics-addr`).
+    /// A non-loopback address is refused unless
+    /// [`metrics_public`](Self::metrics_public) says the operator means it.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Allow [`metrics_addr`](Self::metrics_addr) to be an address other
+    /// machines reach. The metrics name functions and workers and count
+    /// calls, never argument values, but anyone who reaches the address
+    /// reads them (plain HTTP, no authentication).
+    pub metrics_public: bool,
 }
 
 impl std::fmt::Debug for RpcBackendOptions {
@@ -177,6 +188,8 @@ impl std::fmt::Debug for RpcBackendOptions {
             .field("plugin_folders", &self.plugin_folders.grants())
             .field("failure_timeout", &self.failure_timeout)
             .field("restart_count", &self.restart_count)
+            .field("metrics_addr", &self.metrics_addr)
+            .field("metrics_public", &self.metrics_public)
             .finish()
     }
 }
@@ -207,6 +220,8 @@ impl Default for RpcBackendOptions {
             plugin_folders: Arc::default(),
             failure_timeout: Some(crate::transport::DEFAULT_FAILURE_TIMEOUT),
             restart_count: 0,
+            metrics_addr: None,
+            metrics_public: false,
         }
     }
 }

@@ -216,6 +216,7 @@ async fn start(
         state: AtomicU8::new(RUNNING),
         user_sent: AtomicU64::new(0),
         user_received: AtomicU64::new(0),
+        unknown_function_calls: AtomicU64::new(0),
         user_pending: AtomicUsize::new(0),
         user_active: AtomicUsize::new(0),
         active: AtomicUsize::new(0),

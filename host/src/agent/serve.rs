@@ -108,6 +108,9 @@ impl RpcAgent {
             ready.await;
         }
         let Some(f) = self.lookup_function(function) else {
+            self.inner
+                .unknown_function_calls
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             let e = Error::runtime(unknown_function_message(function, self.name()));
             return (Err(e), Vec::new());
         };

@@ -99,8 +99,9 @@ pub(crate) fn run(args: CertArgs) -> Result<ExitCode> {
 pub(crate) fn read_authority(dir: &Path) -> Result<CertificateAuthority> {
     let (ca_cert, ca_key) = (dir.join("ca.pem"), dir.join("ca.key"));
     super::credentials::check_private(&ca_key)?;
-    let read =
-        |p: &Path| std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()));
+    let read = |p: &Path| {
+        std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))
+    };
     CertificateAuthority::from_pem(&read(&ca_cert)?, &read(&ca_key)?)
         .with_context(|| format!("{} and {}", ca_cert.display(), ca_key.display()))
 }

@@ -78,6 +78,11 @@ pub(crate) struct LaunchArgs {
     /// The port of the store the launcher hosts (0: any free port).
     #[arg(long, default_value_t = 0)]
     master_port: u16,
+    /// Serve each worker's metrics (Prometheus' text format) on
+    /// `http://127.0.0.1:PORT+RANK/metrics`; 0 gives each worker a free
+    /// port, which it logs ("metrics on http://...").
+    #[arg(long, value_name = "PORT")]
+    metrics_port: Option<u16>,
     /// The default timeout of calls, in seconds (0: none).
     #[arg(long, default_value = "60", value_parser = parse_seconds)]
     rpc_timeout: Duration,
@@ -311,6 +316,16 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
             }
             for dir in &plugins {
                 cmd.arg("--plugins").arg(dir);
+            }
+            if let Some(base) = args.metrics_port {
+                let port = match base {
+                    0 => 0,
+                    base => u32::from(base) + rank,
+                };
+                let port = u16::try_from(port).with_context(|| {
+                    format!("--metrics-port {base}: worker {name}'s port {port} is past 65535")
+                })?;
+                cmd.args(["--metrics-addr", &format!("127.0.0.1:{port}")]);
             }
             cmd.args(super::TensorMemoryArgs::child_args(budget));
             cmd.args(["--intra-op-threads", &intra_op_threads.to_string()]);

@@ -110,6 +110,18 @@ pub(crate) struct WorkerArgs {
     /// falls back to the socket by itself for workers on other hosts).
     #[arg(long)]
     no_shared_memory: bool,
+    /// Serve this worker's metrics in Prometheus' text format at
+    /// `http://ADDR/metrics` (calls served and made per function and peer,
+    /// their latencies and errors, connections, tensor memory, RRefs,
+    /// autograd contexts, peer failures; never argument values). Off by
+    /// default. Port 0 picks a free port (the worker logs it).
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<SocketAddr>,
+    /// Allow `--metrics-addr` to be an address other machines reach
+    /// (anyone who reaches it reads the metrics: plain HTTP, no
+    /// authentication). Without it only a loopback address is taken.
+    #[arg(long, requires = "metrics_addr")]
+    metrics_public: bool,
     /// How long, in microseconds, a connection keeps polling its socket for
     /// the next message when messages have been arriving close together,
     /// before it sleeps. Polling saves the tens of microseconds a wake-up
@@ -216,6 +228,8 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         plugin_folders,
         failure_timeout: (!args.failure_timeout.is_zero()).then_some(args.failure_timeout),
         restart_count: restart_count()?,
+        metrics_addr: args.metrics_addr,
+        metrics_public: args.metrics_public,
         ..RpcBackendOptions::default()
     };
     let agent = init_rpc(&name, Some(rank), world, store, options)

@@ -164,6 +164,8 @@ pub(crate) struct Transport {
     next_id: AtomicU64,
     shut: AtomicBool,
     refusals: RefusalLog,
+    /// Connections refused since the start, logged or not (TR-6).
+    refused_total: std::sync::atomic::AtomicU64,
     /// Where same-host dialers join their shared-memory link (TR-9).
     shm: Option<Arc<ShmListener>>,
 }
@@ -213,6 +215,7 @@ impl Transport {
             next_id: AtomicU64::new(1),
             shut: AtomicBool::new(false),
             refusals: RefusalLog::default(),
+            refused_total: std::sync::atomic::AtomicU64::new(0),
             shm,
         });
         let weak = Arc::downgrade(&t);
@@ -224,6 +227,8 @@ impl Transport {
 
     /// Logs a refused connection from `from` (TR-6).
     fn refused(self: &Arc<Self>, from: SocketAddr, why: &str) {
+        self.refused_total
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = &self.cfg.name;
         let suppressed = match self.refusals.note(std::time::Instant::now()) {
             Refusal::Log(n) => n,
@@ -260,6 +265,12 @@ impl Transport {
     /// The address peers dial.
     pub(crate) fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// How many connections were refused since the start (TR-6).
+    pub(crate) fn refused_connections(&self) -> u64 {
+        self.refused_total
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The number of live connections.

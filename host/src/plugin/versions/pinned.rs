@@ -150,7 +150,12 @@ mod tests {
         // this function's, so it is tested over the hex strings.
         let held = ["abcdef01aa", "abcdef01bb", "1234567890"];
         let pick = |prefix: &str| {
-            by_prefix(held.iter(), |s| s.to_string(), prefix, || "3 versions".into())
+            by_prefix(
+                held.iter(),
+                |s| s.to_string(),
+                prefix,
+                || "3 versions".into(),
+            )
         };
         assert_eq!(pick("abcdef01a"), Ok(&"abcdef01aa"));
         assert_eq!(pick("12345678"), Ok(&"1234567890"));

@@ -1,0 +1,327 @@
+//! Metrics: what a worker does, in Prometheus' text format, for the
+//! operator's dashboards and alerts.
+//!
+//! Off by default. With [`RpcBackendOptions::metrics_addr`](crate::RpcBackendOptions::metrics_addr)
+//! (`wasmrpc worker --metrics-addr HOST:PORT`) the agent gets the
+//! [`Metrics`] extension, which counts every call this worker serves and
+//! makes, and [`http`] serves `GET /metrics` on that address. What is
+//! exported:
+//!
+//! | metric | type | labels | what |
+//! |---|---|---|---|
+//! | `wasmrpc_calls_served_total` | counter | `caller`, `function`, `outcome` | calls this worker ran for peers (and itself); `outcome` is `ok` or the error's Python kind (`RuntimeError`, `TimeoutError`, ...) |
+//! | `wasmrpc_call_serve_seconds` | histogram | `caller`, `function` | how long serving them took, from the function's start to its result |
+//! | `wasmrpc_calls_made_total` | counter | `peer`, `function`, `kind`, `outcome` | calls this worker made (`kind`: `sync`, `async`, `remote`, `internal`) |
+//! | `wasmrpc_call_seconds` | histogram | `peer`, `function` | their round trips, from leaving to the response |
+//! | `wasmrpc_peer_failures_total` | counter | `peer` | peers this worker declared failed |
+//! | `wasmrpc_<debug info key>` | gauge | | every number of `get_debug_info` (the agent's and each feature's): `wasmrpc_agent_num_pending_requests`, `wasmrpc_agent_num_connections`, `wasmrpc_agent_tensor_memory_bytes`, `wasmrpc_agent_tensor_memory_limit_bytes`, `wasmrpc_rref_num_owner_rrefs`, `wasmrpc_num_autograd_contexts`, ... |
+//!
+//! Invariants:
+//! - MET-1: no argument value, result or error message is ever exported:
+//!   labels are worker names, function names, call kinds and error kinds.
+//! - MET-2: label sets stay bounded whatever peers send: only calls of
+//!   names this worker resolves are served (registered functions and
+//!   libtorch's ops; a name it cannot resolve is refused before serving
+//!   and counted in `wasmrpc_agent_unknown_function_calls`), and a pinned
+//!   name (`hello@<sha256 prefix>::greet`) counts under its plugin's name
+//!   with `@` (`hello@::greet`), so made-up names add no series.
+//! - MET-3: with metrics off, no extension is installed: calls pay nothing.
+//!
+//! What it leaves to others: the numbers of `get_debug_info` are the
+//! agent's and the features' own ([`crate::RpcAgent::get_debug_info`]);
+//! this module only exports them.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::agent::{
+    CallKind, CallScope, Extension, Future, IncomingCall, OutgoingCall, Run, ServeScope,
+};
+use crate::{RpcAgent, abi};
+
+pub mod http;
+
+pub use http::{Endpoint, MetricsServer, serve};
+
+/// The feature: counts calls served and made, and peer failures, into the
+/// agent's [`CallMetrics`].
+pub struct Metrics;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServedLabels {
+    caller: String,
+    function: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServedTimeLabels {
+    caller: String,
+    function: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MadeLabels {
+    peer: String,
+    function: String,
+    kind: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MadeTimeLabels {
+    peer: String,
+    function: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PeerLabels {
+    peer: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 10 µs to about 84 s, doubling.
+    Histogram::new(exponential_buckets(1e-5, 2.0, 24))
+}
+
+/// One agent's counters (agent state, made on first use).
+pub struct CallMetrics {
+    served: Family<ServedLabels, Counter>,
+    serve_seconds: Family<ServedTimeLabels, Histogram, fn() -> Histogram>,
+    made: Family<MadeLabels, Counter>,
+    call_seconds: Family<MadeTimeLabels, Histogram, fn() -> Histogram>,
+    peer_failures: Family<PeerLabels, Counter>,
+}
+
+impl Default for CallMetrics {
+    fn default() -> Self {
+        CallMetrics {
+            served: Family::default(),
+            serve_seconds: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            made: Family::default(),
+            call_seconds: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            peer_failures: Family::default(),
+        }
+    }
+}
+
+/// `hello@<prefix>::greet` as `hello@::greet`; other names as they are.
+fn pinned_label(name: &str) -> String {
+    match name.split_once("::") {
+        Some((left, function)) => match left.split_once('@') {
+            Some((namespace, _)) => format!("{namespace}@::{function}"),
+            None => name.to_owned(),
+        },
+        None => name.to_owned(),
+    }
+}
+
+fn outcome_label(outcome: Option<std::result::Result<(), abi::ErrorKind>>) -> String {
+    match outcome {
+        Some(Ok(())) => "ok".into(),
+        Some(Err(kind)) => kind.python_name().into(),
+        None => "unfinished".into(),
+    }
+}
+
+fn kind_label(kind: CallKind) -> &'static str {
+    match kind {
+        CallKind::Sync => "sync",
+        CallKind::Async => "async",
+        CallKind::Remote => "remote",
+        CallKind::Internal => "internal",
+    }
+}
+
+struct MadeCall {
+    metrics: Arc<CallMetrics>,
+    peer: String,
+    function: String,
+    kind: CallKind,
+    started: Instant,
+}
+
+impl CallScope for MadeCall {
+    fn field(&mut self, _id: u64) -> Option<Vec<u8>> {
+        None
+    }
+
+    fn sent(self: Box<Self>, call: &Future) {
+        call.add_done_callback(move |done| {
+            let MadeCall {
+                metrics,
+                peer,
+                function,
+                kind,
+                started,
+            } = *self;
+            let seconds = started.elapsed().as_secs_f64();
+            metrics
+                .call_seconds
+                .get_or_create(&MadeTimeLabels {
+                    peer: peer.clone(),
+                    function: function.clone(),
+                })
+                .observe(seconds);
+            metrics
+                .made
+                .get_or_create(&MadeLabels {
+                    peer,
+                    function,
+                    kind: kind_label(kind).into(),
+                    outcome: outcome_label(done.outcome()),
+                })
+                .inc();
+        });
+    }
+}
+
+struct ServedCall {
+    metrics: Arc<CallMetrics>,
+    caller: String,
+    function: String,
+}
+
+impl ServeScope for ServedCall {
+    fn wrap(&mut self, run: Run) -> Run {
+        let metrics = self.metrics.clone();
+        let (caller, function) = (self.caller.clone(), self.function.clone());
+        Box::pin(async move {
+            let started = Instant::now();
+            let result = run.await;
+            metrics
+                .serve_seconds
+                .get_or_create(&ServedTimeLabels {
+                    caller: caller.clone(),
+                    function: function.clone(),
+                })
+                .observe(started.elapsed().as_secs_f64());
+            let outcome = result.as_ref().map(|_| ()).map_err(crate::Error::kind);
+            metrics
+                .served
+                .get_or_create(&ServedLabels {
+                    caller,
+                    function,
+                    outcome: outcome_label(Some(outcome)),
+                })
+                .inc();
+            result
+        })
+    }
+}
+
+impl Extension for Metrics {
+    fn name(&self) -> &'static str {
+        "metrics"
+    }
+
+    fn on_call(&self, call: &OutgoingCall<'_>) -> Option<Box<dyn CallScope>> {
+        Some(Box::new(MadeCall {
+            metrics: call.agent.state::<CallMetrics>(),
+            peer: call.to.name.clone(),
+            function: pinned_label(call.function),
+            kind: call.kind,
+            started: Instant::now(),
+        }))
+    }
+
+    fn on_serve(&self, call: &IncomingCall<'_>) -> Option<Box<dyn ServeScope>> {
+        Some(Box::new(ServedCall {
+            metrics: call.agent.state::<CallMetrics>(),
+            caller: call.caller.name.clone(),
+            function: pinned_label(call.function),
+        }))
+    }
+
+    fn worker_failed(&self, agent: &RpcAgent, failed: &abi::WorkerInfo, _cause: &str) {
+        agent
+            .state::<CallMetrics>()
+            .peer_failures
+            .get_or_create(&PeerLabels {
+                peer: failed.name.clone(),
+            })
+            .inc();
+    }
+
+    fn stopped(&self, agent: &RpcAgent) -> crate::Result<()> {
+        agent.state::<http::Endpoint>().stop();
+        Ok(())
+    }
+}
+
+/// `agent`'s metrics in Prometheus' text format (what `GET /metrics`
+/// answers): the call counters, then every number of `get_debug_info` as
+/// a gauge.
+pub fn render(agent: &RpcAgent) -> String {
+    let metrics = agent.state::<CallMetrics>();
+    let mut registry = Registry::with_prefix("wasmrpc");
+    registry.register(
+        "calls_served",
+        "Calls this worker served, by caller, function and outcome (ok or the error's kind)",
+        metrics.served.clone(),
+    );
+    registry.register(
+        "call_serve_seconds",
+        "How long serving a call took, by caller and function",
+        metrics.serve_seconds.clone(),
+    );
+    registry.register(
+        "calls_made",
+        "Calls this worker made, by peer, function, kind and outcome",
+        metrics.made.clone(),
+    );
+    registry.register(
+        "call_seconds",
+        "Round trips of the calls this worker made, by peer and function",
+        metrics.call_seconds.clone(),
+    );
+    registry.register(
+        "peer_failures",
+        "Peers this worker declared failed",
+        metrics.peer_failures.clone(),
+    );
+    for (key, value) in agent.get_debug_info() {
+        let Ok(number) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        let gauge = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        gauge.set(number);
+        registry.register(metric_name(&key), format!("get_debug_info's {key}"), gauge);
+    }
+    let mut text = String::new();
+    // Writing to a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
+    text
+}
+
+/// A `get_debug_info` key as a metric name (after the `wasmrpc_` prefix):
+/// anything but ASCII letters and digits becomes `_`.
+fn metric_name(key: &str) -> String {
+    key.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pinned_names_and_debug_keys_become_bounded_labels_and_valid_names() {
+        assert_eq!(pinned_label("hello@0123abcd::greet"), "hello@::greet");
+        assert_eq!(pinned_label("hello::greet"), "hello::greet");
+        assert_eq!(pinned_label("aten::add"), "aten::add");
+        assert_eq!(
+            metric_name("agent.num_pending_requests"),
+            "agent_num_pending_requests"
+        );
+        assert_eq!(metric_name("rref.num-owner rrefs"), "rref_num_owner_rrefs");
+    }
+}

@@ -1,0 +1,269 @@
+//! Metrics (`wasmrpc::metrics`, issue 50): what `/metrics` says after a
+//! known load, checked against the calls the test made; what it never
+//! says (argument values, names peers made up); and the endpoint against
+//! hostile HTTP clients.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, ensure};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use wasmrpc::{Error, Payload, RpcAgent, RpcBackendOptions, args};
+use wasmrpc_tests::{cluster, timed};
+
+/// An argument no metric may ever show (MET-1).
+const SECRET_ARGUMENT: &str = "SECRET-ARGUMENT-VALUE-7f3a";
+
+fn with_metrics() -> RpcBackendOptions {
+    RpcBackendOptions {
+        metrics_addr: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+        ..RpcBackendOptions::default()
+    }
+}
+
+fn address(agent: &RpcAgent) -> anyhow::Result<SocketAddr> {
+    agent
+        .state::<wasmrpc::metrics::Endpoint>()
+        .address()
+        .context("the worker serves no metrics")
+}
+
+/// Sends `request` as is and returns everything the endpoint answered
+/// before closing the connection.
+async fn raw(addr: SocketAddr, request: &[u8]) -> anyhow::Result<String> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.write_all(request).await?;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut answer))
+        .await
+        .context("the endpoint kept the connection open")??;
+    Ok(String::from_utf8_lossy(&answer).into_owned())
+}
+
+async fn scrape(agent: &RpcAgent) -> anyhow::Result<String> {
+    let answer = raw(
+        address(agent)?,
+        b"GET /metrics HTTP/1.1\r\nHost: test\r\nAccept: */*\r\n\r\n",
+    )
+    .await?;
+    ensure!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+    ensure!(
+        answer.contains("content-type: text/plain; version=0.0.4"),
+        "{answer}"
+    );
+    Ok(answer)
+}
+
+/// The value of the sample `series` (name and labels, exactly as
+/// exported).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn metrics_count_every_call_served_and_made_by_function_peer_and_outcome() {
+    timed(async {
+        let c = cluster(2)
+            .options(with_metrics())
+            .functions(|r| {
+                r.register_native("demo::echo", |_ctx, args| async move {
+                    Ok(Payload::from(args.get(0)?.as_str()?.to_owned()))
+                });
+                r.register_native("demo::fail", |_ctx, _args| async move {
+                    Err::<Payload, _>(Error::value("demo::fail fails"))
+                });
+            })
+            .start()
+            .await?;
+        let a = c.agent(0);
+        for _ in 0..25 {
+            a.rpc_sync("worker1", "demo::echo", args![SECRET_ARGUMENT])
+                .await?;
+        }
+        for _ in 0..5 {
+            ensure!(a.rpc_sync("worker1", "demo::fail", args![]).await.is_err());
+        }
+        let futures: Vec<_> = (0..4)
+            .map(|_| a.rpc_async("worker1", "demo::echo", args!["async"]))
+            .collect();
+        for f in futures {
+            f.wait().await?;
+        }
+        // Names a peer made up: counted, but under one label (MET-2).
+        for i in 0..7 {
+            let name = format!("made_up::function_{i}");
+            ensure!(a.rpc_sync("worker1", &name, args![]).await.is_err());
+        }
+
+        let served = scrape(c.agent(1)).await?;
+        let echo = r#"{caller="worker0",function="demo::echo""#;
+        for (series, want) in [
+            (format!(r#"wasmrpc_calls_served_total{echo},outcome="ok"}}"#), 29.0),
+            (
+                r#"wasmrpc_calls_served_total{caller="worker0",function="demo::fail",outcome="ValueError"}"#.into(),
+                5.0,
+            ),
+            ("wasmrpc_agent_unknown_function_calls".into(), 7.0),
+            (format!("wasmrpc_call_serve_seconds_count{echo}}}"), 29.0),
+            (
+                format!(r#"wasmrpc_call_serve_seconds_bucket{{le="+Inf",{}}}"#, &echo[1..]),
+                29.0,
+            ),
+            ("wasmrpc_agent_num_workers".into(), 2.0),
+        ] {
+            ensure!(
+                sample(&served, &series) == Some(want),
+                "{series} is not {want} in:\n{served}"
+            );
+        }
+        ensure!(
+            !served.contains(SECRET_ARGUMENT),
+            "an argument leaked:\n{served}"
+        );
+        ensure!(
+            !served.contains("made_up::"),
+            "a made-up name is a label:\n{served}"
+        );
+
+        let made = scrape(a).await?;
+        let to = r#"{peer="worker1",function="demo::echo""#;
+        for (series, want) in [
+            (format!(r#"wasmrpc_calls_made_total{to},kind="sync",outcome="ok"}}"#), 25.0),
+            (format!(r#"wasmrpc_calls_made_total{to},kind="async",outcome="ok"}}"#), 4.0),
+            (
+                r#"wasmrpc_calls_made_total{peer="worker1",function="demo::fail",kind="sync",outcome="ValueError"}"#.into(),
+                5.0,
+            ),
+            (format!("wasmrpc_call_seconds_count{to}}}"), 29.0),
+        ] {
+            ensure!(
+                sample(&made, &series) == Some(want),
+                "{series} is not {want} in:\n{made}"
+            );
+        }
+        ensure!(
+            !made.contains(SECRET_ARGUMENT),
+            "an argument leaked:\n{made}"
+        );
+
+        // The endpoint stops with its agent (MET-6).
+        let addr = address(a)?;
+        c.shutdown().await?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(addr).await.is_ok() {
+            ensure!(
+                Instant::now() < deadline,
+                "{addr} still serves after shutdown"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn the_metrics_endpoint_answers_hostile_clients_and_serves_on() {
+    timed(async {
+        let c = cluster(1).options(with_metrics()).start().await?;
+        let agent = c.agent(0);
+        let addr = address(agent)?;
+        for (request, status) in [
+            (
+                b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n".to_vec(),
+                "405",
+            ),
+            (
+                b"GET /metrics/../../etc/passwd HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+                "404",
+            ),
+            (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), "404"),
+            (
+                b"\x16\x03\x01\x02\x00garbage that is no HTTP\r\n\r\n".to_vec(),
+                "400",
+            ),
+            (
+                [
+                    b"GET /metrics HTTP/1.1\r\nX-Big: ".as_slice(),
+                    &[b'a'; 64 * 1024],
+                    b"\r\n\r\n",
+                ]
+                .concat(),
+                "431",
+            ),
+        ] {
+            let answer = raw(addr, &request).await?;
+            ensure!(
+                answer.starts_with(&format!("HTTP/1.1 {status}")),
+                "{status} expected for {:?}, got:\n{answer}",
+                String::from_utf8_lossy(&request[..request.len().min(40)])
+            );
+            ensure!(
+                !answer.contains("wasmrpc_"),
+                "metrics answered a bad request:\n{answer}"
+            );
+        }
+        // HEAD: the headers, no body.
+        let answer = raw(addr, b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await?;
+        ensure!(
+            answer.starts_with("HTTP/1.1 200") && !answer.contains("wasmrpc_"),
+            "{answer}"
+        );
+        // A client that sends half a request and stalls is dropped after the
+        // header timeout, and holds nothing meanwhile: scrapes go on.
+        let started = Instant::now();
+        let stalled = tokio::spawn(raw(addr, b"GET /metr"));
+        scrape(agent).await?;
+        let answer = stalled.await??;
+        let waited = started.elapsed();
+        ensure!(
+            waited >= wasmrpc::metrics::http::HEADER_TIMEOUT.mul_f64(0.9)
+                && waited < Duration::from_secs(15),
+            "the stalled client was dropped after {waited:?}: {answer}"
+        );
+        // More clients than it serves at once, all stalled: a scrape still
+        // gets its answer once the stalled ones time out.
+        let stalled: Vec<_> = (0..wasmrpc::metrics::http::MAX_CLIENTS + 4)
+            .map(|_| tokio::spawn(raw(addr, b"GET")))
+            .collect();
+        scrape(agent).await?;
+        for s in stalled {
+            let _ = s.await?;
+        }
+        scrape(agent).await?;
+        c.shutdown().await?;
+        Ok(())
+    });
+}
+
+#[test]
+fn metrics_are_off_by_default_and_refuse_a_public_address_unless_told() {
+    timed(async {
+        let c = cluster(2).start().await?;
+        let a = c.agent(0);
+        a.rpc_sync("worker1", wasmrpc::NOOP, args![]).await?;
+        ensure!(a.state::<wasmrpc::metrics::Endpoint>().address().is_none());
+        // No extension counted the call (MET-3).
+        let text = wasmrpc::metrics::render(a);
+        ensure!(!text.contains("wasmrpc_calls_made_total{"), "{text}");
+        ensure!(text.contains("wasmrpc_agent_num_workers 2"), "{text}");
+
+        let public = SocketAddr::from(([0, 0, 0, 0], 0));
+        let refused = wasmrpc::metrics::serve(a, public, false)
+            .await
+            .expect_err("a public address without metrics_public");
+        ensure!(
+            refused
+                .message()
+                .contains("worker worker0: metrics on 0.0.0.0:0")
+                && refused.message().contains("not a loopback address")
+                && refused.message().contains("--metrics-public"),
+            "{refused}"
+        );
+        let served = wasmrpc::metrics::serve(a, public, true).await?;
+        ensure!(served.addr.port() != 0);
+        c.shutdown().await?;
+        Ok(())
+    });
+}
