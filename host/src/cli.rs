@@ -7,6 +7,7 @@ mod grants;
 mod launch;
 mod ops;
 mod plugin;
+mod top;
 mod worker;
 
 use std::process::ExitCode;
@@ -54,6 +55,12 @@ enum Command {
     /// flags runs for peers and plugins (`--denied`: what it refuses, and
     /// why); `wasmrpc ops families` the default families.
     Ops(ops::OpsArgs),
+    /// A live view of a running group: one row per worker (calls served
+    /// and made per second, errors, serve-time p50/p99, tensor memory,
+    /// connections, pending calls) and the busiest functions, refreshed
+    /// from the workers' metrics endpoints (`wasmrpc worker --metrics-addr`,
+    /// `wasmrpc launch --metrics-port`).
+    Top(top::TopArgs),
 }
 
 /// Sets up `tracing` output on stderr, filtered by `RUST_LOG` (default: info).
@@ -88,6 +95,12 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode> {
         Command::Plugin(args) => plugin::run(args),
         Command::Cert(args) => cert::run(args),
         Command::Ops(args) => ops::run(args),
+        Command::Top(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(top::run(args))
+        }
     }
 }
 

@@ -14,6 +14,7 @@
 //! | `wasmrpc_calls_made_total` | counter | `peer`, `function`, `kind`, `outcome` | calls this worker made (`kind`: `sync`, `async`, `remote`, `internal`) |
 //! | `wasmrpc_call_seconds` | histogram | `peer`, `function` | their round trips, from leaving to the response |
 //! | `wasmrpc_peer_failures_total` | counter | `peer` | peers this worker declared failed |
+//! | `wasmrpc_worker_info` | info | `name`, `rank` | which worker this is |
 //! | `wasmrpc_<debug info key>` | gauge | | every number of `get_debug_info` (the agent's and each feature's): `wasmrpc_agent_num_pending_requests`, `wasmrpc_agent_num_connections`, `wasmrpc_agent_tensor_memory_bytes`, `wasmrpc_agent_tensor_memory_limit_bytes`, `wasmrpc_rref_num_owner_rrefs`, `wasmrpc_num_autograd_contexts`, ... |
 //!
 //! Invariants:
@@ -49,6 +50,17 @@ use crate::{RpcAgent, abi};
 pub mod http;
 
 pub use http::{Endpoint, MetricsServer, serve};
+
+/// The families of call metrics [`render`] exports (a family with no
+/// sample yet, e.g. no peer failed, is left out of a scrape).
+pub const CALL_FAMILIES: &[&str] = &[
+    "wasmrpc_calls_served",
+    "wasmrpc_call_serve_seconds",
+    "wasmrpc_calls_made",
+    "wasmrpc_call_seconds",
+    "wasmrpc_peer_failures",
+    "wasmrpc_worker",
+];
 
 /// The feature: counts calls served and made, and peer failures, into the
 /// agent's [`CallMetrics`].
@@ -286,6 +298,15 @@ pub fn render(agent: &RpcAgent) -> String {
         "peer_failures",
         "Peers this worker declared failed",
         metrics.peer_failures.clone(),
+    );
+    let me = agent.get_worker_info(None).ok();
+    registry.register(
+        "worker",
+        "This worker's name and rank",
+        prometheus_client::metrics::info::Info::new(vec![
+            ("name", agent.name().to_owned()),
+            ("rank", me.map_or_else(|| "?".into(), |w| w.id.to_string())),
+        ]),
     );
     for (key, value) in agent.get_debug_info() {
         let Ok(number) = value.trim().parse::<f64>() else {

@@ -1438,3 +1438,107 @@ fn launch_accepts_plugin_deployment_from_holders_of_its_ca() {
         "{stdout}\n{stderr}"
     );
 }
+
+/// `wasmrpc top` against the demo's group while it trains, read from a
+/// tmux screen as an operator would see it.
+#[test]
+fn top_shows_a_training_group_in_tmux() {
+    if !Command::new("tmux")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        println!("wasmrpc-skip: tmux is not installed; `wasmrpc top` was not tried on a screen");
+        return;
+    }
+    // Four consecutive free ports for the workers' metrics.
+    let base = (0..200)
+        .map(|i| 21000 + (std::process::id() % 1000) as u16 * 20 + i * 7)
+        .find(|&p| (p..p + 4).all(|q| std::net::TcpListener::bind(("127.0.0.1", q)).is_ok()))
+        .expect("four free ports");
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/data");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmrpc"));
+    for var in CREDENTIAL_ENV {
+        cmd.env_remove(var);
+    }
+    cmd.args([
+        "launch",
+        "--nproc",
+        "4",
+        "--metrics-port",
+        &base.to_string(),
+    ])
+    .args(["--plugins", wasmrpc_plugins::PARAM_SERVER, "--grant-dir"])
+    .arg(format!("param_server:/data={}:ro", data.display()))
+    .arg("--grant-dir")
+    .arg(format!("param_server:/ckpt={}:rw", dir.path().display()))
+    .args(["--entry", "param_server::run", "--", "3", "25"])
+    .env("RUST_LOG", "warn");
+    let mut group = ServingProcess::start("launch", cmd);
+    group.wait_for("[worker0] epoch 1/25");
+
+    let session = format!("wasmrpc-top-{}", std::process::id());
+    let endpoints: Vec<String> = (0..4).map(|i| format!("127.0.0.1:{}", base + i)).collect();
+    let top = format!(
+        "{} top {} --interval 0.5",
+        env!("CARGO_BIN_EXE_wasmrpc"),
+        endpoints.join(" ")
+    );
+    let started = Command::new("tmux")
+        .args([
+            "new-session",
+            "-d",
+            "-s",
+            &session,
+            "-x",
+            "150",
+            "-y",
+            "40",
+            &top,
+        ])
+        .status()
+        .expect("tmux runs");
+    assert!(started.success(), "tmux new-session failed");
+    let screen = || {
+        let out = Command::new("tmux")
+            .args(["capture-pane", "-p", "-t", &session])
+            .output()
+            .expect("tmux capture-pane runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut shown = screen();
+    while !(shown.contains("worker3") && shown.contains("param_server::forward"))
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(250));
+        shown = screen();
+    }
+    let _ = Command::new("tmux")
+        .args(["kill-session", "-t", &session])
+        .status();
+    for needle in [
+        "WORKER", "SERVED/s", "P99", "worker0", "worker1", "worker2", "worker3",
+    ] {
+        assert!(
+            shown.contains(needle),
+            "{needle} not on the screen:\n{shown}"
+        );
+    }
+    // The parameter server serves every trainer's calls: its row shows a
+    // rate, and the busiest functions are the training's.
+    let ps = shown
+        .lines()
+        .find(|l| l.starts_with("worker0 "))
+        .expect("a row for worker0");
+    let served: f64 = ps
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no rate in {ps:?}"));
+    assert!(served > 0.0, "{shown}");
+    assert!(shown.contains("param_server::forward"), "{shown}");
+    let status = group.wait_exit(Duration::from_secs(180));
+    assert!(status.success(), "{}", group.output());
+}

@@ -143,6 +143,7 @@ fn metrics_count_every_call_served_and_made_by_function_peer_and_outcome() {
                 "{series} is not {want} in:\n{made}"
             );
         }
+        dashboard_queries_only_exported_metrics(&format!("{served}{made}"))?;
         ensure!(
             !made.contains(SECRET_ARGUMENT),
             "an argument leaked:\n{made}"
@@ -266,4 +267,50 @@ fn metrics_are_off_by_default_and_refuse_a_public_address_unless_told() {
         c.shutdown().await?;
         Ok(())
     });
+}
+
+/// The Grafana dashboard shipped in `examples/deploy/grafana` queries only
+/// metrics a worker exports (the families `scrape` declares, and the call
+/// metrics' families, which a scrape shows once they have a sample).
+fn dashboard_queries_only_exported_metrics(scrape: &str) -> anyhow::Result<()> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/deploy/grafana/wasmrpc-workers.json"
+    );
+    let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path)?)
+        .with_context(|| format!("{path} is not JSON"))?;
+    let families: Vec<&str> = scrape
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.split_whitespace().next())
+        .chain(wasmrpc::metrics::CALL_FAMILIES.iter().copied())
+        .collect();
+    let exported = |metric: &str| {
+        families.iter().any(|f| {
+            ["", "_total", "_bucket", "_sum", "_count", "_info"]
+                .iter()
+                .any(|suffix| metric == format!("{f}{suffix}"))
+        })
+    };
+    let mut queried = 0;
+    for panel in dashboard["panels"].as_array().context("no panels")? {
+        for target in panel["targets"]
+            .as_array()
+            .context("a panel without targets")?
+        {
+            let expr = target["expr"].as_str().context("a target without expr")?;
+            for metric in expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("wasmrpc_"))
+            {
+                ensure!(
+                    exported(metric),
+                    "{path}: panel {:?} queries {metric}, which no worker exports",
+                    panel["title"]
+                );
+                queried += 1;
+            }
+        }
+    }
+    ensure!(queried >= 10, "{path} queries only {queried} metrics");
+    Ok(())
 }
