@@ -5,6 +5,7 @@
 
 mod cuda;
 pub(crate) mod fns;
+mod grad_copy;
 mod optim;
 
 use std::time::Duration;
