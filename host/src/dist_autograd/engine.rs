@@ -360,7 +360,8 @@ impl Pass {
                 st.cut_grads.insert(id, accumulate::add_grad(acc, g)?);
             } else {
                 // The leaf's hooks ran in `grad` (libtorch applies them
-                // before it returns a leaf's gradient).
+                // before it returns a leaf's gradient); its node's now.
+                super::post_hook::run(&leaf, &g)?;
                 let g = match st.local.remove(&id) {
                     Some((_, acc)) => acc.f_add(&g)?,
                     None => {
