@@ -99,6 +99,7 @@ mod context;
 mod engine;
 mod graph;
 mod hook;
+mod post_hook;
 mod rref;
 mod wire;
 
@@ -114,6 +115,7 @@ pub use graph::{
 
 pub(crate) use context::{release_if_present, scope, sync_scope};
 pub use hook::{HookHandle, register_hook};
+pub use post_hook::{PostHookFn, PostHookHandle};
 pub use rref::{RREF_BACKWARD_NOT_TENSOR, USER_RREF_BACKWARD_NEEDS_CONTEXT};
 pub use wire::{AutogradEnvelope, AutogradMessage, CLEANUP_AUTOGRAD_CONTEXT, PROPAGATE_GRADIENTS};
 

@@ -73,9 +73,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 mod profile;
+mod range;
 mod rpc;
 
 pub use profile::Profile;
+pub use range::{END_CALLBACKS_ONCE, RecordFunction};
 use serde::{Deserialize, Serialize};
 
 use crate::abi::Value;

@@ -489,7 +489,9 @@ impl RRef {
     /// a `str` payload (`Tensor`, a plugin class name, `int`, ...). On a
     /// user, the first call asks the owner (with `timeout`: `None` for the
     /// default, zero for none) and every later call returns the same
-    /// future; the owner answers once the value exists.
+    /// future; the owner answers once the value exists. The question is an
+    /// `rpc_async` of the owner's `_rref_typeof_on_owner`, as PyTorch's:
+    /// a profiling scope records it (`rpc_async#..._rref_typeof_on_owner`).
     pub fn get_type_future(&self, agent: &RpcAgent, timeout: Option<Duration>) -> Future {
         match &*self.inner {
             Kind::Owner(o) => {
@@ -524,7 +526,7 @@ impl RRef {
                     crate::args![id_value(u.rref_id)],
                     crate::agent::CallOptions {
                         timeout,
-                        ..crate::agent::CallOptions::new(crate::agent::CallKind::Internal)
+                        ..crate::agent::CallOptions::new(crate::agent::CallKind::Async)
                     },
                 );
                 *slot = Some(f.clone());

@@ -5,7 +5,9 @@
 
 mod cuda;
 pub(crate) mod fns;
+mod grad_copy;
 mod optim;
+mod post_hooks;
 
 use std::time::Duration;
 use wasmrpc::prelude::*;

@@ -59,19 +59,17 @@ fn expect_forward_result(p: &Payload) -> anyhow::Result<()> {
 
 /// The seed's RPC handler functions, run on the callee.
 fn register_handlers(r: &wasmrpc::FunctionRegistry) {
-    // `remote_module.__dict__` of the handle rebuilt from what arrived: its
-    // wire attributes in order, then the generated methods, and the plain
+    // `remote_module.__dict__` on the receiver: the attributes that arrived
+    // on the wire, in the order they arrived (read from the payload itself,
+    // not from a handle rebuilt from it, which would keep only the fields it
+    // knows), then the generated methods unpickling installs, and the plain
     // attributes' values.
     r.register_native(
         "remote_module_test::remote_module_attributes",
         |_ctx, args: Args| async move {
-            let m = RemoteModule::from_payload(&args.get(0)?)?;
-            let mut keys: Vec<Payload> = m
-                .to_payload()
-                .entries()?
-                .into_iter()
-                .map(|(k, _)| k)
-                .collect();
+            let arrived = args.get(0)?;
+            let mut keys: Vec<Payload> = arrived.entries()?.into_iter().map(|(k, _)| k).collect();
+            let m = RemoteModule::from_payload(&arrived)?;
             // The methods the rebuilt handle serves, as unpickling
             // installs them in the receiver's `__dict__`.
             keys.extend(

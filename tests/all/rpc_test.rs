@@ -58,7 +58,8 @@ use wasmrpc::{
 };
 use wasmrpc_tests::seed_fns::{BarrierCount, TimedOutRpcEvent, ValueFuture};
 use wasmrpc_tests::{
-    cluster, dist, dist_with, expect_err, expect_tensor, ones, rand, register_all, timed,
+    WORLD_SIZE, cluster, dist, dist_with, expect_err, expect_tensor, ones, python_cluster, rand,
+    register_all, timed,
 };
 
 const ADD: &str = "aten::add";
@@ -472,37 +473,26 @@ fn test_send_to_rank() {
     dist(|w| async move {
         let dst = (w.rank + 1) % w.world_size;
         let want = ones(&[2, 2]) + 1;
-        expect_tensor(
-            &w.agent.rpc_sync(dst, ADD, args![ones(&[2, 2]), 1]).await?,
-            &want,
-        )?;
-        expect_tensor(
-            &w.agent.rpc_async(dst, ADD, args![ones(&[2, 2]), 1]).await?,
-            &want,
-        )?;
-        for bad in [i64::from(w.world_size) + 1, -1] {
-            expect_err(
-                w.agent.rpc_sync(bad, ADD, args![ones(&[2, 2]), 1]).await,
-                ErrorKind::RuntimeError,
-                "",
-            )?;
-            expect_err(
-                w.agent.rpc_async(bad, ADD, args![ones(&[2, 2]), 1]).await,
-                ErrorKind::RuntimeError,
-                "",
-            )?;
+        let modes = [ExecMode::Sync, ExecMode::Async, ExecMode::Remote];
+        for mode in modes {
+            let r = run_func_in_mode(&w, dst, ADD, mode, args![ones(&[2, 2]), 1]).await?;
+            expect_tensor(&r, &want).map_err(|e| e.context(format!("{mode:?}")))?;
         }
+        // Invalid ranks: past the world, then negative.
+        for bad in [i64::from(w.world_size) + 1, -1] {
+            for mode in modes {
+                let r = run_func_in_mode(&w, bad, ADD, mode, args![ones(&[2, 2]), 1]).await;
+                expect_err(r, ErrorKind::RuntimeError, "")
+                    .map_err(|e| e.context(format!("rank {bad}, {mode:?}")))?;
+            }
+        }
+        // Non-integer ranks.
         for bad in [f64::from(dst) + 0.5, f64::from(dst) - 0.5] {
-            expect_err(
-                w.agent.rpc_sync(bad, ADD, args![ones(&[2, 2]), 1]).await,
-                ErrorKind::ValueError,
-                "",
-            )?;
-            expect_err(
-                w.agent.rpc_async(bad, ADD, args![ones(&[2, 2]), 1]).await,
-                ErrorKind::ValueError,
-                "",
-            )?;
+            for mode in modes {
+                let r = run_func_in_mode(&w, bad, ADD, mode, args![ones(&[2, 2]), 1]).await;
+                expect_err(r, ErrorKind::ValueError, "")
+                    .map_err(|e| e.context(format!("rank {bad}, {mode:?}")))?;
+            }
         }
         Ok(())
     });
@@ -518,16 +508,16 @@ enum ExecMode {
 
 async fn run_func_in_mode(
     w: &Worker,
-    to: u32,
+    to: impl Into<wasmrpc::Dest>,
     f: &str,
     mode: ExecMode,
     args: Args,
-) -> anyhow::Result<Payload> {
-    Ok(match mode {
-        ExecMode::Sync => w.agent.rpc_sync(to, f, args).await?,
-        ExecMode::Async => w.agent.rpc_async(to, f, args).wait().await?,
-        ExecMode::Remote => w.agent.remote(to, f, args)?.to_here(&w.agent, None).await?,
-    })
+) -> wasmrpc::Result<Payload> {
+    match mode {
+        ExecMode::Sync => w.agent.rpc_sync(to, f, args).await,
+        ExecMode::Async => w.agent.rpc_async(to, f, args).wait().await,
+        ExecMode::Remote => w.agent.remote(to, f, args)?.to_here(&w.agent, None).await,
+    }
 }
 
 #[test]
@@ -1412,18 +1402,24 @@ fn test_callback_simple() {
     });
 }
 
+/// The seed's `fut.then(my_function)`: `then` hands its callback one
+/// argument, and `my_function(a, b, c)` takes three. The callback is the
+/// Python plugin's `my_function` (`seed_fns_py`), called through the
+/// worker's registry with the one argument `then` has, so the error is
+/// CPython's own for the call.
 #[test]
 fn test_callback_wrong_arg_num() {
-    // The callback passes one argument to a three-argument function.
-    dist(|w| async move {
+    dist_with(python_cluster(WORLD_SIZE), |w| async move {
         let k = n(&w);
         let fut = w
             .agent
             .rpc_async(w.dst(), ADD, args![ones(&[k, k]), ones(&[k, k])]);
-        let cb_fut = fut.then(|f| {
-            let call = args![f.clone().wait_blocking()?];
-            call.check_arity("my_function", 3, 3, &["a", "b", "c"])?;
-            Ok(Payload::none())
+        let agent = w.agent.clone();
+        let cb_fut = fut.then_async(move |f| async move {
+            let value = f.wait().await?;
+            agent
+                .call_local("seed_fns_py::my_function", args![value])
+                .await
         });
         expect_tensor(&fut.wait().await?, &(ones(&[k, k]) * 2))?;
         expect_err(

@@ -11,10 +11,12 @@
 //! This module owns the reduction arithmetic the CPU backend applies; it does
 //! not move data.
 
+use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
-/// A plain reduction member (`ReduceOp.RedOpType`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// A plain reduction member (`ReduceOp.RedOpType`). Serde is its
+/// `pickle` (a member round-trips to itself).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum RedOpType {
     /// Element-wise sum.
     Sum,
@@ -37,8 +39,9 @@ pub enum RedOpType {
     PremulSum,
 }
 
-/// A reduction: a [`RedOpType`], or `PREMUL_SUM` with its scale.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// A reduction: a [`RedOpType`], or `PREMUL_SUM` with its scale. Serde is
+/// its `pickle` (the scale travels with a `PREMUL_SUM`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub enum ReduceOp {
     /// Element-wise sum.
     Sum,

@@ -285,6 +285,39 @@ mod reduce_op_test {
         assert_ne!(from_tensor, from_float);
     }
 
+    /// `pickle.loads(pickle.dumps(op))`: serde (JSON, as the suite's
+    /// `torch.save` counterpart) round-trips every member, `ReduceOp(op)`
+    /// and `PREMUL_SUM` made from a tensor and from a float scale.
+    #[test]
+    fn test_reduceop_pickle() {
+        fn round_trip<T: serde::Serialize + serde::de::DeserializeOwned>(v: &T) -> T {
+            let text = serde_json::to_string(v).expect("serializes");
+            serde_json::from_str(&text).expect("deserializes")
+        }
+        let consts = [
+            ReduceOp::SUM,
+            ReduceOp::AVG,
+            ReduceOp::PRODUCT,
+            ReduceOp::MIN,
+            ReduceOp::MAX,
+            ReduceOp::BAND,
+            ReduceOp::BOR,
+            ReduceOp::BXOR,
+        ];
+        for (reduce_op, member) in consts.into_iter().zip(MEMBERS) {
+            assert_eq!(round_trip(&reduce_op), reduce_op);
+            assert_eq!(round_trip(&member), member);
+            let orig = ReduceOp::from(member);
+            assert_eq!(round_trip(&orig), orig);
+        }
+        for reduce_op in [
+            make_nccl_premul_sum(&Tensor::from(1.0f64)),
+            make_nccl_premul_sum(&2.0),
+        ] {
+            assert_eq!(round_trip(&reduce_op), reduce_op);
+        }
+    }
+
     /// `ReduceOp(op) == ReduceOp(op)` and `== op`. Rust equality is
     /// symmetric, so `op == ReduceOp(op)` holds too (PyTorch's asymmetry is
     /// not reproduced); comparing with a string does not type-check, and

@@ -217,6 +217,11 @@ impl Future {
         f
     }
 
+    /// Whether two handles are the same future object (Python's `is`).
+    pub fn ptr_eq(&self, other: &Future) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// Whether the future has a value or an error.
     pub fn done(&self) -> bool {
         lock(&self.inner.state).result.is_some()

@@ -20,6 +20,7 @@ use crate::profiler::Recording;
 use crate::tensor::impl_id;
 use crate::value::Payload;
 
+mod accumulate;
 mod requests;
 
 use requests::fire;
@@ -83,13 +84,6 @@ pub(crate) struct Pass {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn add_grad(acc: Option<Tensor>, g: Tensor) -> Result<Tensor> {
-    match acc {
-        None => Ok(g),
-        Some(a) => Ok(a.f_add(&g)?),
-    }
 }
 
 impl Pass {
@@ -358,16 +352,24 @@ impl Pass {
                 .map(|(leaf, _)| cst.cut_leaves.contains_key(&impl_id(leaf)))
                 .collect()
         };
+        let held = accumulate::holders(results.iter().map(|(_, g)| g));
         for ((leaf, g), is_cut) in results.into_iter().zip(is_cut) {
             let id = impl_id(&leaf);
             if is_cut {
                 let acc = st.cut_grads.remove(&id);
-                st.cut_grads.insert(id, add_grad(acc, g)?);
+                st.cut_grads.insert(id, accumulate::add_grad(acc, g)?);
             } else {
                 // The leaf's hooks ran in `grad` (libtorch applies them
-                // before it returns a leaf's gradient).
-                let acc = st.local.remove(&id).map(|(_, g)| g);
-                st.local.insert(id, (leaf, add_grad(acc, g)?));
+                // before it returns a leaf's gradient); its node's now.
+                super::post_hook::run(&leaf, &g)?;
+                let g = match st.local.remove(&id) {
+                    Some((_, acc)) => acc.f_add(&g)?,
+                    None => {
+                        let shared = held.get(&impl_id(&g)).is_some_and(|&n| n > 1);
+                        accumulate::first_grad(&leaf, g, shared)?
+                    }
+                };
+                st.local.insert(id, (leaf, g));
             }
         }
         Ok(())

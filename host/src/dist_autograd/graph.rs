@@ -402,6 +402,30 @@ impl Node {
             .collect()
     }
 
+    /// `t.grad_fn`: the node that produced `t`, none for a leaf.
+    pub fn grad_fn(t: &Tensor) -> Option<Node> {
+        GradFn::of(t).map(|g| Node::autograd(g, Weak::new()))
+    }
+
+    /// `node.register_hook(f)` on an `AccumulateGrad` (a post hook,
+    /// `f(output_grads, input_grads)`; see `post_hook`): it runs each time a
+    /// distributed backward pass computes the leaf's gradient.
+    ///
+    /// # Errors
+    /// `RuntimeError` for any other node.
+    pub fn register_hook(
+        &self,
+        f: impl Fn(&[Option<Tensor>], &[Option<Tensor>]) -> crate::Result<()> + Send + Sync + 'static,
+    ) -> crate::Result<super::PostHookHandle> {
+        let Some(leaf) = self.variable() else {
+            return Err(crate::Error::runtime(format!(
+                "post hooks run on {ACCUMULATE_GRAD_NAME} nodes only, not on {}",
+                self.name()
+            )));
+        };
+        Ok(super::post_hook::register(leaf, Arc::new(f)))
+    }
+
     /// For an `AccumulateGrad`, the leaf it accumulates into (`.variable`).
     pub fn variable(&self) -> Option<Tensor> {
         match &self.repr {

@@ -68,10 +68,11 @@ pub fn register_hook(
     Ok(HookHandle { hook: Some(hook) })
 }
 
-/// Whether any hook is registered: hooks are user code, which may block, so
-/// a pass with hooks around never runs on a runtime thread.
+/// Whether any hook (a tensor's, or a node's post hook) is registered:
+/// hooks are user code, which may block, so a pass with hooks around never
+/// runs on a runtime thread.
 pub(crate) fn any_registered() -> bool {
-    LIVE.load(Ordering::Relaxed) > 0
+    LIVE.load(Ordering::Relaxed) > 0 || super::post_hook::any_registered()
 }
 
 /// The gradients of leaves that were sent themselves, after their hooks:

@@ -156,6 +156,13 @@ def raise_func():
 
 
 @remote
+def callback_none(dst):
+    """The seed's `rpc.rpc_async(dst, raise_func).then(None)`
+    (`test_callback_none`): `then` refuses `None` with a `TypeError`."""
+    return rpc.rpc_async(dst, raise_func).then(None)
+
+
+@remote
 def custom_raise_func():
     raise CustomException(True, "foo")
 

@@ -726,3 +726,16 @@ fn test_return_future_async() {
 fn test_return_future_remote() {
     dist(|w| async move { return_future_in_mode(&w, "remote").await });
 }
+
+#[test]
+fn test_callback_none() {
+    dist(|w| async move {
+        let me = worker_name(w.rank);
+        let r = w
+            .agent
+            .rpc_sync(me, "seed_fns_py::callback_none", args![w.dst()])
+            .await;
+        expect_err(r, ErrorKind::TypeError, "incompatible function arguments.")?;
+        Ok(())
+    });
+}

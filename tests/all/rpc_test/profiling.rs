@@ -14,8 +14,8 @@ use tch::Tensor;
 use wasmrpc::dist_autograd;
 use wasmrpc::prelude::*;
 use wasmrpc::profiler::{
-    Event, Profile, ProfilerConfig, REMOTE_OP_STR, RpcExecMode, build_rpc_profiling_key, profile,
-    profile_with, record_function,
+    Event, Profile, ProfilerConfig, REMOTE_OP_STR, RecordFunction, RpcExecMode,
+    build_rpc_profiling_key, profile, profile_with, record_function,
 };
 use wasmrpc::testing::{Worker, worker_name};
 use wasmrpc::{Args, Payload, args};
@@ -926,6 +926,36 @@ fn test_profiler_remote_cuda() {
             remote_event_names == expected,
             "{remote_event_names:?} vs {expected:?}"
         );
+        Ok(())
+    });
+}
+
+#[test]
+fn test_async_record_function_double_end_callbacks() {
+    dist(|w| async move {
+        if w.rank != 1 {
+            return Ok(());
+        }
+        let (r, p) = profile(&w.agent, async {
+            let mut rf = RecordFunction::enter("foo");
+            let fut = w.agent.rpc_async(worker_name(0), SLEEP, sleep_args());
+            let ended = rf.call_end_callbacks_on_future(&fut)?;
+            let again = rf.call_end_callbacks_on_future(&fut);
+            drop(rf);
+            let e = again
+                .err()
+                .context("a second _call_end_callbacks_on_future was accepted")?;
+            ensure!(e.kind() == wasmrpc::ErrorKind::RuntimeError, "{e}");
+            ensure!(e.message().contains("can only be called once."), "{e}");
+            fut.wait().await?;
+            ended.wait().await?;
+            anyhow::Ok(())
+        })
+        .await;
+        r?;
+        // The range ended with the future, once.
+        let foo: Vec<&Event> = p.events.iter().filter(|e| e.name == "foo").collect();
+        ensure!(foo.len() == 1 && foo[0].end_us.is_some(), "{p:?}");
         Ok(())
     });
 }

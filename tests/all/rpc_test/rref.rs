@@ -544,25 +544,66 @@ fn test_return_local_rrefs() {
     });
 }
 
+/// The seed's `launched_rpc`: whether the profile holds the `rpc_async`
+/// of the owner's `_rref_typeof_on_owner`.
+fn launched_rpc(p: &wasmrpc::profiler::Profile) -> bool {
+    let prefix = format!("rpc_{}#", wasmrpc::profiler::RpcExecMode::Async.value());
+    p.events
+        .iter()
+        .any(|e| e.name.starts_with(&prefix) && e.name.contains("_rref_typeof_on_owner"))
+}
+
 async fn rref_type(w: Worker, blocking: bool) -> anyhow::Result<()> {
+    use wasmrpc::profiler::profile;
     let r = w.agent.remote(w.dst(), ADD, args![ones(&[2]), 1])?;
-    let first = r.get_type_future(&w.agent, None);
-    let sent = w.agent.get_debug_info()["agent.num_pending_requests"].clone();
-    let ty = if blocking {
-        r.get_type(&w.agent, None).await?
-    } else {
-        first.wait().await?.as_str()?.to_string()
+    let get_type = || async {
+        if blocking {
+            r.get_type(&w.agent, None).await
+        } else {
+            let f = r.get_type_future(&w.agent, None);
+            Ok(f.wait().await?.as_str()?.to_string())
+        }
     };
-    ensure!(ty == "Tensor", "type {ty}");
-    let _ = sent;
-    for _ in 0..10 {
-        // Cached: the same future, already done, without another call.
-        let f = r.get_type_future(&w.agent, None);
-        ensure!(f.done(), "cached type future not done");
-        ensure!(f.wait().await?.as_str()? == "Tensor");
+    let (ty, p) = profile(&w.agent, get_type()).await;
+    ensure!(launched_rpc(&p), "the first _get_type sent no RPC: {p:?}");
+    ensure!(ty? == "Tensor");
+    let (cached, p) = profile(&w.agent, async {
+        let mut futs = Vec::new();
+        for _ in 0..10 {
+            let ty = if blocking {
+                r.get_type(&w.agent, None).await?
+            } else {
+                let f = r.get_type_future(&w.agent, None);
+                futs.push(f.clone());
+                f.wait().await?.as_str()?.to_string()
+            };
+            ensure!(ty == "Tensor", "type {ty}");
+        }
+        Ok(futs)
+    })
+    .await;
+    let futs = cached?;
+    // Cached calls with blocking=False return the same original future.
+    if let Some((first, rest)) = futs.split_first() {
+        for f in rest {
+            ensure!(
+                f.ptr_eq(first),
+                "a cached _get_type returned another future"
+            );
+        }
     }
+    ensure!(!launched_rpc(&p), "a cached _get_type sent an RPC: {p:?}");
     let c = w.agent.remote(w.dst(), "seed::MyClass", args![0])?;
-    ensure!(c.get_type(&w.agent, None).await? == "MyClass");
+    let ty = if blocking {
+        c.get_type(&w.agent, None).await?
+    } else {
+        c.get_type_future(&w.agent, None)
+            .wait()
+            .await?
+            .as_str()?
+            .to_string()
+    };
+    ensure!(ty == "MyClass", "type {ty}");
     Ok(())
 }
 

@@ -308,7 +308,14 @@ class Future(_Handle):
         """A future of `callback(value, *extra)`, where `callback` is a
         `@remote` function of this plugin (or its name). An exception the
         callback raises fails the returned future as a `RuntimeError` with
-        its message."""
+        its message. Anything but a function or a name is refused as
+        torch's binding refuses it (`then(None)`)."""
+        if not (isinstance(callback, str) or callable(callback)):
+            raise TypeError(
+                "then(): incompatible function arguments. The following argument types are "
+                "supported:\n    1. (self: torch._C.Future, arg0: Callable) -> torch._C.Future"
+                f"\n\nInvoked with: {self!r}, {callback!r}"
+            )
         name = _func(callback).rsplit("::", 1)[-1]
         values = [_host.value(v) for v in extra]
         return Future._own(_host.call("future_then", self._handle(), name, values))
