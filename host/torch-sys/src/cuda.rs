@@ -169,7 +169,7 @@ fn decide_and_load() -> Result<CudaStatus, CudaLoadError> {
     // process already runs (the ones in its folder, which it links); they
     // start no threads and touch no device.
     let library = unsafe { Library::open(Some(&path), RTLD_NOW | RTLD_GLOBAL) }
-        .map_err(|e| fail(format!("{}: {e}", path.display())))?;
+        .map_err(|e| fail(format!("{}: {}", path.display(), loader_error(&e))))?;
     // Never unloaded: libtorch keeps pointers into it (the hooks, the
     // allocator) for the life of the process.
     std::mem::forget(library);
@@ -241,13 +241,18 @@ fn probe_devices() -> Result<u32, String> {
     // documented signatures.
     unsafe {
         let driver = Library::open(Some("libcuda.so.1"), RTLD_NOW | RTLD_LOCAL)
-            .map_err(|e| format!("the CUDA driver does not load ({e})"))?;
+            .map_err(|e| format!("the CUDA driver does not load ({})", loader_error(&e)))?;
         let init = driver
             .get::<CuInit>(b"cuInit\0")
-            .map_err(|e| format!("the CUDA driver has no cuInit ({e})"))?;
+            .map_err(|e| format!("the CUDA driver has no cuInit ({})", loader_error(&e)))?;
         let get_count = driver
             .get::<CuDeviceGetCount>(b"cuDeviceGetCount\0")
-            .map_err(|e| format!("the CUDA driver has no cuDeviceGetCount ({e})"))?;
+            .map_err(|e| {
+                format!(
+                    "the CUDA driver has no cuDeviceGetCount ({})",
+                    loader_error(&e)
+                )
+            })?;
         let status = init(0);
         if status != 0 {
             return Err(format!("cuInit failed with {}", cuda_error_name(status)));
@@ -266,6 +271,15 @@ fn probe_devices() -> Result<u32, String> {
         // Kept open: libtorch's runtime opens the same driver next.
         std::mem::forget(driver);
         Ok(count)
+    }
+}
+
+/// The loader's own words (`dlerror`), which libloading keeps as the
+/// error's source behind "dlopen failed".
+pub fn loader_error(e: &libloading::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(source) => format!("{e}: {source}"),
+        None => e.to_string(),
     }
 }
 

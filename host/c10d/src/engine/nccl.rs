@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
+use wasmrpc_torch_sys::cuda::loader_error;
 
 /// The library's file name.
 pub const LIBRARY: &str = "libwasmrpc_c10d_nccl.so";
@@ -88,12 +89,18 @@ fn open() -> Result<Factory, String> {
     // SAFETY: the library's initialisers are libtorch's and NCCL's static
     // ones; the libtorch_cuda.so it links is the one already loaded.
     let library = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) }
-        .map_err(|e| format!("opening {}: {e}", path.display()))?;
+        .map_err(|e| format!("opening {}: {}", path.display(), loader_error(&e)))?;
     // SAFETY: `wrc_nccl_construct` has the signature `Factory` declares
     // (shim/c10d_shim.h).
     let factory = unsafe { library.get::<Factory>(b"wrc_nccl_construct\0") }
         .map(|symbol| *symbol)
-        .map_err(|e| format!("{} has no wrc_nccl_construct: {e}", path.display()))?;
+        .map_err(|e| {
+            format!(
+                "{} has no wrc_nccl_construct: {}",
+                path.display(),
+                loader_error(&e)
+            )
+        })?;
     // Never closed: the groups it makes run its code for the life of the
     // process.
     std::mem::forget(library);
