@@ -179,6 +179,12 @@ enum Internal {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // libtorch's CUDA side is loaded at run time, where a device is
+    // present: before the first tensor, or the CUDA rows never see a GPU.
+    if let Err(e) = wasmrpc::device::load_cuda() {
+        eprintln!("bench: {e}");
+        return ExitCode::FAILURE;
+    }
     if let Some(us) = cli.busy_poll_us {
         worker::set_busy_poll(Duration::from_micros(us));
     }

@@ -245,6 +245,9 @@ pub async fn init_rpc_with(
     options: RpcBackendOptions,
     extensions: Extensions,
 ) -> Result<RpcAgent> {
+    // Before the first device query (the device maps' checks): libtorch
+    // settles on CUDA or none the first time it is asked.
+    crate::device::load_cuda()?;
     rendezvous::init(name, rank, world_size, store, options, extensions).await
 }
 

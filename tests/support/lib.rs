@@ -189,7 +189,14 @@ pub async fn sleep_ms(ms: u64) {
 /// Whether this machine has at least `n` CUDA devices. When it has not,
 /// prints the skip line the coverage tool counts (`wasmrpc-skip: needs N
 /// GPUs (found K)`) and returns false; the test then returns.
+///
+/// Loads libtorch's CUDA side first where a device is present (it is loaded
+/// at run time, `wasmrpc_torch_sys::cuda`), and panics if a device is
+/// present but CUDA cannot be loaded.
 pub fn require_gpus(n: usize) -> bool {
+    if let Err(e) = wasmrpc_torch_sys::cuda::load() {
+        panic!("CUDA: {e}");
+    }
     let found = usize::try_from(tch::Cuda::device_count()).unwrap_or(0);
     if found < n {
         println!("wasmrpc-skip: needs {n} GPUs (found {found})");
