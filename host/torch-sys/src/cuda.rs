@@ -36,6 +36,11 @@
 //! hooks are registered but libtorch still uses its placeholder) and
 //! reported as an error rather than a GPU that silently goes unseen.
 //!
+//! The probe initialises the CUDA driver (`cuInit`), as libtorch's own first
+//! device query does (which `init_rpc` makes anyway): as in PyTorch, a
+//! process that forks after that cannot use CUDA in the child (`exec` is
+//! fine; `wasmrpc launch` starts its workers so, and loads nothing itself).
+//!
 //! On a GPU machine the path is: probe (driver opens, a device counted) →
 //! `libtorch_cuda.so` opened → hooks registered → [`CudaStatus::loaded`],
 //! with the CUDA runtime version the hooks report. The probe's driver

@@ -10,7 +10,9 @@
 //! Where the library is looked for, in order: `<exe dir>/../lib/` (the
 //! release bundle, whose `lib/` ships it in the `cuda` flavour),
 //! `<exe dir>/` (a build's `target/<profile>/`, where the build script
-//! copies it), and the path the build script built it at.
+//! copies it), `<exe dir>/../` (a test binary in `target/<profile>/deps/`,
+//! also as `cargo xtask gpu-bundle`'s nextest archive carries it), and the
+//! path the build script built it at.
 
 use std::ffi::{c_char, c_void};
 use std::path::PathBuf;
@@ -115,6 +117,9 @@ fn candidates() -> Vec<PathBuf> {
     {
         paths.push(dir.join("../lib").join(LIBRARY));
         paths.push(dir.join(LIBRARY));
+        // A test binary in `target/<profile>/deps/`, built here or
+        // extracted from a nextest archive (`cargo xtask gpu-bundle`).
+        paths.push(dir.join("..").join(LIBRARY));
     }
     paths.push(PathBuf::from(BUILT_AT));
     paths
