@@ -179,8 +179,8 @@ enum Internal {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // libtorch's CUDA side is loaded at run time, where a device is
-    // present: before the first tensor, or the CUDA rows never see a GPU.
+    // libtorch's CUDA side is loaded at start where a device is present;
+    // a GPU machine where it failed would run no CUDA row: say why.
     if let Err(e) = wasmrpc::device::load_cuda() {
         eprintln!("bench: {e}");
         return ExitCode::FAILURE;

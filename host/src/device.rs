@@ -296,12 +296,12 @@ impl DeviceInfo {
     }
 }
 
-/// Loads libtorch's CUDA side where this process can use it (a CUDA build
-/// on a machine with a CUDA device, or `WASMRPC_LOAD_CUDA=1`), once per
-/// process, and logs what it decided. `wasmrpc worker` calls it first
-/// thing and `init_rpc` again (a no-op then); a program that makes tensors
-/// before `init_rpc` should call it first, since libtorch settles on CUDA
-/// or none at its first device query.
+/// Whether libtorch's CUDA side was loaded where this process can use it (a
+/// CUDA build on a machine with a CUDA device, or `WASMRPC_LOAD_CUDA=1`):
+/// the decision `wasmrpc_torch_sys::cuda` made when the process started,
+/// logged once here. `wasmrpc worker` calls it first thing and `init_rpc`
+/// again (a no-op then), so that a worker that should see a GPU and cannot
+/// fails at start.
 ///
 /// # Errors
 /// `RuntimeError` when CUDA should be loaded (forced, or a device is
@@ -325,7 +325,7 @@ pub fn load_cuda() -> Result<()> {
 }
 
 /// `torch.cuda.device_count()`: 0 with a CPU libtorch, or where CUDA was
-/// not loaded ([`load_cuda`], which this calls).
+/// not loaded (see [`load_cuda`]).
 pub fn cuda_device_count() -> u32 {
     if !wasmrpc_torch_sys::libtorch_has_cuda() {
         return 0;

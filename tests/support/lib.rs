@@ -190,9 +190,9 @@ pub async fn sleep_ms(ms: u64) {
 /// prints the skip line the coverage tool counts (`wasmrpc-skip: needs N
 /// GPUs (found K)`) and returns false; the test then returns.
 ///
-/// Loads libtorch's CUDA side first where a device is present (it is loaded
-/// at run time, `wasmrpc_torch_sys::cuda`), and panics if a device is
-/// present but CUDA cannot be loaded.
+/// Panics if a device is present but libtorch's CUDA side, which the
+/// process loads at start where one is (`wasmrpc_torch_sys::cuda`), did
+/// not load.
 pub fn require_gpus(n: usize) -> bool {
     if let Err(e) = wasmrpc_torch_sys::cuda::load() {
         panic!("CUDA: {e}");

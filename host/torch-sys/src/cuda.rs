@@ -26,15 +26,25 @@
 //! which `torch::cuda::device_count()` and CUDA tensors work as in a
 //! process that linked it.
 //!
-//! Ordering: libtorch settles on its hooks the first time anything asks for
+//! When: libtorch settles on its hooks the first time anything asks for
 //! them (`at::detail::getCUDAHooks()` caches its answer in a static), and
-//! some tensor and device queries ask. So [`load`] must run before the
-//! first tensor or device query of the process: `wasmrpc worker` calls it
-//! first thing, `init_rpc` and the host's device count call it too (a
-//! no-op after the first call), and a program using this crate directly
-//! should call it at start. A load that comes too late is detected (the
-//! hooks are registered but libtorch still uses its placeholder) and
-//! reported as an error rather than a GPU that silently goes unseen.
+//! almost everything asks: creating a CPU tensor does, as does
+//! `manual_seed`. So the decision runs when the process starts, before
+//! `main` (a constructor in `.init_array`, which runs after libtorch's own
+//! initialisers): in every process that links this crate (the `wasmrpc`
+//! binary, the tests, the bench, programs using the library), whatever it
+//! does first. [`load`] returns that outcome (`wasmrpc worker` and
+//! `init_rpc` call it to log it, and to fail when CUDA should be there and
+//! is not). A load that came too late anyway (a library whose own
+//! initialiser made a tensor) is detected (the hooks are registered but
+//! libtorch still uses its placeholder) and reported as an error rather
+//! than a GPU that silently goes unseen.
+//!
+//! On a GPU machine every such process therefore loads CUDA at start, as
+//! when it was linked (`wasmrpc launch`'s own process too, which uses
+//! none; `WASMRPC_LOAD_CUDA=0` in its environment spares it, and its
+//! workers if they inherit it). Without a device nothing of CUDA's is
+//! mapped.
 //!
 //! The probe initialises the CUDA driver (`cuInit`), as libtorch's own first
 //! device query does (which `init_rpc` makes anyway): as in PyTorch, a
@@ -108,8 +118,8 @@ fn policy() -> Result<Policy, CudaLoadError> {
 
 /// Decides whether to load libtorch's CUDA side, loads it if so, and
 /// returns the outcome; once per process (later calls return the first
-/// outcome). See the module documentation for the rules and for why it
-/// must run before any tensor or device query.
+/// outcome, which the process's start made: see the module
+/// documentation).
 ///
 /// # Errors
 /// [`CudaLoadError`] when CUDA is forced (`WASMRPC_LOAD_CUDA=1`) or a
@@ -122,6 +132,23 @@ pub fn load() -> Result<&'static CudaStatus, CudaLoadError> {
         .get_or_init(decide_and_load)
         .as_ref()
         .map_err(Clone::clone)
+}
+
+/// Makes the decision when the process starts, before `main` and before
+/// anything can make a tensor: an `.init_array` entry, which the loader
+/// runs after the initialisers of the libraries the binary links
+/// (libtorch's among them). `#[used]` keeps it in every binary that links
+/// this crate.
+#[used]
+#[unsafe(link_section = ".init_array")]
+static LOAD_AT_START: extern "C" fn() = load_at_start;
+
+extern "C" fn load_at_start() {
+    // Nothing may unwind out of a constructor; `load` keeps its outcome
+    // (an error included) for the process's first caller to report.
+    let _ = std::panic::catch_unwind(|| {
+        let _ = load();
+    });
 }
 
 /// Whether libtorch's CUDA side is loaded and in effect (calling [`load`]
@@ -193,10 +220,13 @@ fn decide_and_load() -> Result<CudaStatus, CudaLoadError> {
         .to_string_lossy()
         .into_owned();
     if !in_effect {
+        // The placeholder's first sentence; the rest is its advice on
+        // linking, which does not apply here.
+        let text = text.split(". ").next().unwrap_or(&text);
         return Err(fail(format!(
             "libtorch had already settled on no CUDA before the library was loaded ({text}): \
-             wasmrpc_torch_sys::cuda::load() must run before the process's first tensor or \
-             device query"
+             something asked for libtorch's CUDA hooks before this process's start-up \
+             decision"
         )));
     }
     let version = text

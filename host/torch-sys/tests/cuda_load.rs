@@ -7,7 +7,9 @@
 //! a CUDA build forced to load maps `libtorch_cuda.so` and libtorch answers
 //! through CUDA's hooks even without a GPU; left to decide, it loads CUDA
 //! exactly where a device is present (and then sees it), and maps nothing
-//! of CUDA's where none is.
+//! of CUDA's where none is. The decision is made when the process starts,
+//! so what the program does first (a tensor, a seed, a device query) does
+//! not matter.
 
 use std::process::Command;
 
@@ -68,15 +70,23 @@ fn child() {
         "forced" => forced(),
         "auto" => auto(),
         "never" => never(),
-        "too_late" => too_late(),
+        "query_first" => query_first(),
         "bad_value" => bad_value(),
+        "cpu_work_first" => cpu_work_first(),
+        "seed_first" => seed_first(),
         other => panic!("no case {other}"),
     }
     println!("case {case}: passed");
 }
 
 fn forced() {
-    assert!(!maps_cuda(), "CUDA mapped before loading:\n{}", maps());
+    // Loaded when the process started, before this test's first line.
+    assert_eq!(
+        maps().contains("/libtorch_cuda.so"),
+        BUILT_WITH_CUDA,
+        "{}",
+        maps()
+    );
     let result = cuda::load();
     if !BUILT_WITH_CUDA {
         let err = result.expect_err("a CPU build cannot load CUDA");
@@ -134,22 +144,51 @@ fn never() {
     assert!(!maps_cuda(), "{}", maps());
 }
 
-fn too_late() {
-    // A device query before loading settles libtorch on its placeholder
-    // hooks for good: the forced load then says so instead of leaving a
-    // GPU unseen.
-    assert_eq!(tch::Cuda::device_count(), 0);
-    let err = cuda::load().expect_err("a load after libtorch settled");
-    let text = err.to_string();
+fn query_first() {
+    // libtorch's device query settles its hooks for good; CUDA was loaded
+    // at start, so it answers through CUDA's (0 devices without a GPU).
+    assert!(tch::Cuda::device_count() >= 0);
+    let status = cuda::load();
     if BUILT_WITH_CUDA {
+        let status = status.unwrap_or_else(|e| panic!("{e}"));
         assert!(
-            text.contains("already settled on no CUDA")
-                && text.contains("without ATen_cuda library")
-                && text.contains("WASMRPC_LOAD_CUDA=0"),
-            "{text}"
+            status.loaded && status.cudart_version.is_some(),
+            "{status:?}"
         );
     } else {
-        assert!(text.contains("built without CUDA"), "{text}");
+        let err = status.expect_err("a CPU build cannot load CUDA");
+        assert!(err.to_string().contains("built without CUDA"), "{err}");
+    }
+}
+
+fn cpu_work_first() {
+    // A CPU tensor asks libtorch for its CUDA hooks and settles them: CUDA
+    // loaded at start is in effect all the same.
+    let x = tch::Tensor::from_slice(&[1.0_f32, 2.0]).set_requires_grad(true);
+    let y = (&x * &x).sum(tch::Kind::Float);
+    y.backward();
+    assert_eq!(x.grad().double_value(&[1]), 4.0);
+    let _ = tch::Tensor::zeros([4, 4], (tch::Kind::Float, tch::Device::Cpu)).matmul(
+        &tch::Tensor::ones([4, 4], (tch::Kind::Float, tch::Device::Cpu)),
+    );
+    if BUILT_WITH_CUDA {
+        let status = cuda::load().unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            status.loaded && status.cudart_version.is_some(),
+            "{status:?}"
+        );
+    }
+}
+
+fn seed_first() {
+    // `torch.manual_seed` seeds every CUDA generator too, through the hooks.
+    tch::manual_seed(0);
+    if BUILT_WITH_CUDA {
+        let status = cuda::load().unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            status.loaded && status.cudart_version.is_some(),
+            "{status:?}"
+        );
     }
 }
 
@@ -180,8 +219,10 @@ fn never_loading_cuda_maps_none_of_it() {
 }
 
 #[test]
-fn a_load_after_the_first_device_query_is_an_error_not_an_unseen_gpu() {
-    in_child("too_late", Some("1"));
+fn cuda_is_in_effect_whatever_the_program_does_first() {
+    in_child("query_first", Some("1"));
+    in_child("cpu_work_first", Some("1"));
+    in_child("seed_first", Some("1"));
 }
 
 #[test]
