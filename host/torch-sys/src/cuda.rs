@@ -7,8 +7,8 @@
 //! Why at run time: libtorch's CPU library finds its CUDA half through a
 //! registry of "hooks" that `libtorch_cuda.so`'s static initialisers fill
 //! when the library is loaded. Linking it into every process (as the host
-//! once did) costs an idle worker about 590 MiB resident more than a CPU
-//! build, GPU or not. Instead [`load`] decides, once per process:
+//! once did) costs an idle worker about 270 MiB resident more than a CPU
+//! build, GPU or not (405 MiB against 132 MiB where this was measured). Instead [`load`] decides, once per process:
 //!
 //! - [`LOAD_ENV`] (`WASMRPC_LOAD_CUDA`) `=1`: load, GPU or not (an error if
 //!   it cannot be loaded); `=0`: never load, even on a GPU machine; unset
@@ -46,10 +46,11 @@
 //! workers if they inherit it). Without a device nothing of CUDA's is
 //! mapped.
 //!
-//! The probe initialises the CUDA driver (`cuInit`), as libtorch's own first
-//! device query does (which `init_rpc` makes anyway): as in PyTorch, a
-//! process that forks after that cannot use CUDA in the child (`exec` is
-//! fine; `wasmrpc launch` starts its workers so, and loads nothing itself).
+//! On a machine with a CUDA driver the probe initialises it (`cuInit`) at
+//! start, as libtorch's own first device query would (which `init_rpc`
+//! makes anyway): as in PyTorch, a process that then forks without `exec`
+//! cannot use CUDA in the child (`wasmrpc launch` starts its workers with
+//! `exec`).
 //!
 //! On a GPU machine the path is: probe (driver opens, a device counted) →
 //! `libtorch_cuda.so` opened → hooks registered → [`CudaStatus::loaded`],
