@@ -179,6 +179,12 @@ enum Internal {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // libtorch's CUDA side is loaded at start where a device is present;
+    // a GPU machine where it failed would run no CUDA row: say why.
+    if let Err(e) = wasmrpc::device::load_cuda() {
+        eprintln!("bench: {e}");
+        return ExitCode::FAILURE;
+    }
     if let Some(us) = cli.busy_poll_us {
         worker::set_busy_poll(Duration::from_micros(us));
     }

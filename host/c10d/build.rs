@@ -4,6 +4,15 @@
 //! to libtorch's folder in every binary of this package, so they find
 //! `libtorch_cpu.so` at run time without `LD_LIBRARY_PATH`.
 //!
+//! `ProcessGroupNCCL`'s construction (`shim/nccl.cpp`) is a shared library
+//! of its own, `libwasmrpc_c10d_nccl.so`, linked with `torch_cuda` and
+//! `c10_cuda`; nothing links it: the engine opens it when an NCCL group is
+//! asked for (`src/engine/nccl.rs`), so no other process maps CUDA. It is
+//! built into `OUT_DIR` (its path reaches the crate as
+//! `WASMRPC_C10D_NCCL_LIB`, empty without NCCL) and copied next to the
+//! profile's binaries (`target/<profile>/`), where `cargo xtask dist` finds
+//! it for the bundle's `lib/`.
+//!
 //! Gloo's headers are not in the torch wheel: `cargo xtask setup` extracts
 //! Debian's `libgloo-dev` into the cache folder and links it as
 //! `.wasmrpc-env/gloo`; `WASMRPC_GLOO_INCLUDE` may name another folder
@@ -22,6 +31,7 @@ use std::path::{Path, PathBuf};
 fn main() {
     println!("cargo:rerun-if-changed=shim/c10d_shim.cpp");
     println!("cargo:rerun-if-changed=shim/c10d_shim.h");
+    println!("cargo:rerun-if-changed=shim/nccl.cpp");
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     println!("cargo:rerun-if-env-changed=WASMRPC_GLOO_INCLUDE");
     println!("cargo:rerun-if-env-changed=WASMRPC_ENV");
@@ -55,23 +65,17 @@ fn main() {
         .flag("-DUSE_C10D_GLOO")
         .file("shim/c10d_shim.cpp");
 
-    let nccl = nccl_includes(&lib);
-    if let Some(dirs) = &nccl {
-        for d in dirs {
-            build.include(d);
-        }
-        build
-            .flag("-DUSE_C10D_NCCL")
-            .flag("-DUSE_CUDA")
-            .flag("-DWRC_WITH_NCCL");
-    }
     build.compile("wasmrpc_c10d_shim");
 
     println!("cargo:rustc-link-search=native={}", lib.display());
-    if nccl.is_some() {
-        println!("cargo:rustc-link-lib=torch_cuda");
-        println!("cargo:rustc-link-lib=c10_cuda");
-    }
+    let nccl_library = match nccl_includes(&lib) {
+        Some(dirs) => nccl_library(&lib, &include, &dirs, &cxx11_abi),
+        None => {
+            remove_stale_copy();
+            String::new()
+        }
+    };
+    println!("cargo:rustc-env=WASMRPC_C10D_NCCL_LIB={nccl_library}");
     // Tells the tests whether this libtorch is a CUDA build (where NCCL
     // must be available).
     let cuda_build = lib.join("libtorch_cuda.so").exists()
@@ -83,6 +87,77 @@ fn main() {
     println!("cargo:rustc-link-lib=torch_cpu");
     println!("cargo:rustc-link-lib=c10");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+}
+
+/// The NCCL library's file name.
+const NCCL_LIBRARY: &str = "libwasmrpc_c10d_nccl.so";
+
+/// Compiles and links `libwasmrpc_c10d_nccl.so` into `OUT_DIR`, copies it
+/// next to the profile's binaries, and returns its path in `OUT_DIR`.
+fn nccl_library(lib: &Path, include: &Path, nccl_dirs: &[PathBuf], cxx11_abi: &str) -> String {
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let out = out_dir.join(NCCL_LIBRARY);
+    let compiler = cc::Build::new()
+        .cpp(true)
+        .pic(true)
+        .warnings(false)
+        .get_compiler();
+    let mut cmd = compiler.to_command();
+    cmd.arg("-shared")
+        .arg("-std=c++20")
+        .arg(format!("-D_GLIBCXX_USE_CXX11_ABI={cxx11_abi}"))
+        .args(["-DGLOG_USE_GLOG_EXPORT", "-DUSE_C10D_NCCL", "-DUSE_CUDA"])
+        .arg(format!("-I{}", include.display()))
+        .arg(format!(
+            "-I{}",
+            include.join("torch/csrc/api/include").display()
+        ))
+        .arg("-Ishim");
+    for d in nccl_dirs {
+        cmd.arg(format!("-I{}", d.display()));
+    }
+    cmd.arg("shim/nccl.cpp")
+        .arg("-o")
+        .arg(&out)
+        .arg(format!("-L{}", lib.display()))
+        // Needed although only ProcessGroupNCCL's constructor is named:
+        // loading the library must load CUDA's half of libtorch.
+        .arg("-Wl,--no-as-needed")
+        .args(["-ltorch_cuda", "-lc10_cuda", "-ltorch_cpu", "-lc10"])
+        .arg("-Wl,--as-needed")
+        // The bundle's lib/ holds libtorch next to it; a build finds it in
+        // the set-up's libtorch.
+        .arg("-Wl,-rpath,$ORIGIN")
+        .arg(format!("-Wl,-rpath,{}", lib.display()));
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run the C++ compiler ({cmd:?}): {e}"));
+    assert!(
+        status.success(),
+        "compiling {NCCL_LIBRARY} failed ({status}): {cmd:?}"
+    );
+    if let Some(profile) = profile_dir(&out_dir) {
+        let copy = profile.join(NCCL_LIBRARY);
+        // Replaced, not overwritten: a running process may map the old one.
+        let _ = std::fs::remove_file(&copy);
+        std::fs::copy(&out, &copy)
+            .unwrap_or_else(|e| panic!("copying {NCCL_LIBRARY} to {}: {e}", copy.display()));
+    }
+    out.display().to_string()
+}
+
+/// `target/<profile>/` of `target/<profile>/build/<pkg>-<hash>/out`.
+fn profile_dir(out_dir: &Path) -> Option<PathBuf> {
+    let profile = out_dir.parent()?.parent()?.parent()?;
+    (profile.join("build").is_dir()).then(|| profile.to_path_buf())
+}
+
+/// A build without NCCL leaves no NCCL library of an earlier build next to
+/// the binaries (where `cargo xtask dist` would take it for a CUDA build).
+fn remove_stale_copy() {
+    if let Some(profile) = std::env::var_os("OUT_DIR").and_then(|o| profile_dir(Path::new(&o))) {
+        let _ = std::fs::remove_file(profile.join(NCCL_LIBRARY));
+    }
 }
 
 /// The folder holding `gloo/rendezvous/store.h`.

@@ -247,6 +247,9 @@ pub async fn init_rpc_with(
     options: RpcBackendOptions,
     extensions: Extensions,
 ) -> Result<RpcAgent> {
+    // A worker that should see a GPU and cannot (CUDA forced or a device
+    // present, but libtorch's CUDA library did not load) fails here.
+    crate::device::load_cuda()?;
     rendezvous::init(name, rank, world_size, store, options, extensions).await
 }
 

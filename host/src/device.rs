@@ -9,9 +9,11 @@
 //! tensors to the devices chosen here, rendezvous publishes and gathers the
 //! maps, and the agent asks for a message's devices before it encodes it.
 //!
-//! CUDA here is only as real as libtorch's build: on a machine without GPUs
-//! `tch::Cuda::device_count()` is 0, every `cuda:N` is an invalid index, and
-//! init refuses any map that names one.
+//! CUDA here is only as real as libtorch's build and what this process
+//! loaded: libtorch's CUDA library is loaded at run time where a device is
+//! present ([`load_cuda`], `wasmrpc_torch_sys::cuda`); without it, or on a
+//! machine without GPUs, the device count is 0, every `cuda:N` is an
+//! invalid index, and init refuses any map that names one.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -294,7 +296,36 @@ impl DeviceInfo {
     }
 }
 
-/// `torch.cuda.device_count()`: 0 with a CPU libtorch.
+/// Whether libtorch's CUDA side was loaded where this process can use it (a
+/// CUDA build on a machine with a CUDA device, or `WASMRPC_LOAD_CUDA=1`):
+/// the decision `wasmrpc_torch_sys::cuda` made when the process started,
+/// logged once here. `wasmrpc worker` calls it first thing and `init_rpc`
+/// again (a no-op then), so that a worker that should see a GPU and cannot
+/// fails at start.
+///
+/// # Errors
+/// `RuntimeError` when CUDA should be loaded (forced, or a device is
+/// present) but cannot be, with why and how to run without it.
+pub fn load_cuda() -> Result<()> {
+    static LOGGED: std::sync::Once = std::sync::Once::new();
+    let status =
+        wasmrpc_torch_sys::cuda::load().map_err(|e| Error::runtime(format!("CUDA: {e}")))?;
+    LOGGED.call_once(|| {
+        if status.loaded {
+            tracing::info!(
+                "CUDA loaded ({}; CUDA runtime {})",
+                status.why,
+                status.cudart_version.unwrap_or_default()
+            );
+        } else {
+            tracing::info!("CUDA not loaded: {}", status.why);
+        }
+    });
+    Ok(())
+}
+
+/// `torch.cuda.device_count()`: 0 with a CPU libtorch, or where CUDA was
+/// not loaded (see [`load_cuda`]).
 pub fn cuda_device_count() -> u32 {
     if !wasmrpc_torch_sys::libtorch_has_cuda() {
         return 0;

@@ -146,6 +146,20 @@ fn the_bundle_runs_the_demo_and_a_tls_group_on_machines_that_have_nothing() {
     ] {
         assert!(bundle.join(inside).exists(), "the bundle has no {inside}");
     }
+    // A CUDA build's binary links no CUDA library (it loads libtorch_cuda.so
+    // at run time where a GPU is); its bundle carries CUDA's side through
+    // c10d's NCCL library, which links it.
+    let nccl_beside_binary = Path::new(env!("CARGO_BIN_EXE_wasmrpc"))
+        .with_file_name("libwasmrpc_c10d_nccl.so")
+        .is_file();
+    if nccl_beside_binary {
+        for inside in ["lib/libwasmrpc_c10d_nccl.so", "lib/libtorch_cuda.so"] {
+            assert!(
+                bundle.join(inside).exists(),
+                "the CUDA bundle has no {inside}"
+            );
+        }
+    }
     // The container recipe the bundle carries copies what the bundle has.
     let containerfile = std::fs::read_to_string(share.join("deploy/Containerfile"))
         .expect("the bundle carries the container recipe");

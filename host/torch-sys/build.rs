@@ -1,8 +1,12 @@
 //! Compiles the C++ shim (`shim/ops.cpp`, `autograd.cpp`, `profile.cpp`,
-//! `budget.cpp`, `guards.cpp`) against the libtorch that
+//! `budget.cpp`, `guards.cpp`, `cuda.cpp`) against the libtorch that
 //! torch-sys links, links it with `torch_cpu` and `c10`, and embeds an rpath
 //! to libtorch's folder so this package's test and bench binaries find it at
 //! run time.
+//!
+//! No CUDA library is linked, even against a CUDA libtorch: `src/cuda.rs`
+//! loads `libtorch_cuda.so` at run time where a GPU can use it. This script
+//! only tells it whether the build is a CUDA one (`WASMRPC_TORCH_CUDA_BUILD`).
 
 use anyhow::{Context, Result};
 use std::path::PathBuf;
@@ -17,6 +21,7 @@ fn main() -> Result<()> {
     println!("cargo:rerun-if-changed=shim/budget.h");
     println!("cargo:rerun-if-changed=shim/guards.cpp");
     println!("cargo:rerun-if-changed=shim/guards.h");
+    println!("cargo:rerun-if-changed=shim/cuda.cpp");
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
 
     // torch-sys (links = "tch") publishes the folder it linked against.
@@ -33,23 +38,17 @@ fn main() -> Result<()> {
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     let cxx11_abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".to_owned());
 
-    // A CUDA libtorch: the shim links `torch_cuda` and references one of its
-    // symbols (`wrs_cuda_linked` in ops.cpp). The linker drops a shared
-    // library no object uses (`--as-needed`), and nothing in tch uses
-    // libtorch_cuda.so directly; without it loaded, libtorch registers no
-    // CUDA hooks and sees no device on a GPU machine
-    // (`torch::cuda::device_count()` is 0), as the first GPU run showed.
-    // `WASMRPC_CUDA=0` builds a host that links no CUDA library even
-    // against a CUDA libtorch (the release bundle's `cpu` flavour).
+    // A CUDA libtorch: `libtorch_cuda.so` sits next to `libtorch_cpu.so`.
+    // Nothing links it (an idle worker without a GPU would map 500 MiB of
+    // CUDA libraries for nothing); `cuda::load` opens it at run time, and
+    // only a CUDA build may. `WASMRPC_CUDA=0` builds a host that never does,
+    // even against a CUDA libtorch (the release bundle's `cpu` flavour,
+    // which ships no CUDA library).
     println!("cargo:rerun-if-env-changed=WASMRPC_CUDA");
     let cuda = lib.join("libtorch_cuda.so").exists()
         && std::env::var("WASMRPC_CUDA").map_or(true, |v| v != "0");
 
-    let mut build = cc::Build::new();
-    if cuda {
-        build.define("WRS_WITH_CUDA", None);
-    }
-    build
+    cc::Build::new()
         .cpp(true)
         .pic(true)
         .warnings(false)
@@ -73,13 +72,12 @@ fn main() -> Result<()> {
         .file("shim/profile.cpp")
         .file("shim/budget.cpp")
         .file("shim/guards.cpp")
+        .file("shim/cuda.cpp")
         .compile("wasmrpc_torch_shim");
 
     println!("cargo:rustc-link-search=native={}", lib.display());
-    if cuda {
-        println!("cargo:rustc-link-lib=torch_cuda");
-    }
-    // Tells the tests whether libtorch_cuda.so must be loaded.
+    // Tells `cuda::load` (and the tests) whether this build may load
+    // libtorch_cuda.so.
     println!(
         "cargo:rustc-env=WASMRPC_TORCH_CUDA_BUILD={}",
         u8::from(cuda)

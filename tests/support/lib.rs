@@ -189,7 +189,14 @@ pub async fn sleep_ms(ms: u64) {
 /// Whether this machine has at least `n` CUDA devices. When it has not,
 /// prints the skip line the coverage tool counts (`wasmrpc-skip: needs N
 /// GPUs (found K)`) and returns false; the test then returns.
+///
+/// Panics if a device is present but libtorch's CUDA side, which the
+/// process loads at start where one is (`wasmrpc_torch_sys::cuda`), did
+/// not load.
 pub fn require_gpus(n: usize) -> bool {
+    if let Err(e) = wasmrpc_torch_sys::cuda::load() {
+        panic!("CUDA: {e}");
+    }
     let found = usize::try_from(tch::Cuda::device_count()).unwrap_or(0);
     if found < n {
         println!("wasmrpc-skip: needs {n} GPUs (found {found})");

@@ -18,7 +18,10 @@
 //!   runtime is not the one that loads. Which libraries: those `ldd` lists
 //!   for the binary, plus (CUDA flavour) the libraries libtorch and CUDA's
 //!   packages open at run time (cuDNN's engines, NVRTC's builtins,
-//!   cuSOLVER, libtorch's CUDA linear algebra). The C library and the dynamic loader stay the system's:
+//!   cuSOLVER, libtorch's CUDA linear algebra). A CUDA build's binary links
+//!   no CUDA library (it loads `libtorch_cuda.so` where a GPU is); c10d's
+//!   `libwasmrpc_c10d_nccl.so`, shipped in `lib/`, links them, and its
+//!   `ldd` list joins the binary's. The C library and the dynamic loader stay the system's:
 //!   `BUNDLE.txt` says which glibc the binary needs.
 //! - `share/wasmrpc/plugins/`: the example plugins (the demo's
 //!   `param_server.wasm` among them); `share/wasmrpc/examples/data/`: the
@@ -69,7 +72,7 @@ pub(crate) enum Flavour {
 /// What `cargo xtask dist` was asked for.
 pub(crate) struct DistOptions {
     /// [default: `cuda` for a CUDA torch, else `cpu`; for `--from-build`,
-    /// what the binary links]
+    /// `cuda` where c10d's NCCL library lies beside the binary]
     pub(crate) flavour: Option<Flavour>,
     /// Build against this PyTorch release instead of the set-up's.
     pub(crate) torch: Option<String>,
@@ -81,6 +84,10 @@ pub(crate) struct DistOptions {
     /// zstd's compression level.
     pub(crate) level: u32,
 }
+
+/// c10d's NCCL library (`host/c10d/build.rs`), beside a CUDA build's
+/// binary and in a CUDA bundle's `lib/`.
+const NCCL_LIBRARY: &str = "libwasmrpc_c10d_nccl.so";
 
 /// The launcher of the `system-torch` flavour.
 const SYSTEM_TORCH_LAUNCHER: &str = "xtask/dist/system-torch.sh";
@@ -135,23 +142,38 @@ pub(crate) fn run(root: &Path, opts: &DistOptions) -> Result<PathBuf> {
         }
         None => (torch, info),
     };
-    let links_cuda = needs.contains_key("libtorch_cuda.so");
-    let flavour = opts.flavour.unwrap_or(if links_cuda {
+    // A CUDA build links no CUDA library: it loads libtorch_cuda.so at run
+    // time where a GPU is (host/torch-sys/src/cuda.rs), and c10d's NCCL
+    // library, which its build script leaves beside the binary, is what
+    // links CUDA. That library says the build is a CUDA one, and its own
+    // libraries are what a CUDA flavour ships.
+    let nccl = binary
+        .parent()
+        .map(|dir| dir.join(NCCL_LIBRARY))
+        .filter(|p| p.is_file());
+    let cuda_build = nccl.is_some();
+    let flavour = opts.flavour.unwrap_or(if cuda_build {
         Flavour::Cuda
     } else {
         Flavour::Cpu
     });
     match flavour {
-        Flavour::Cpu if links_cuda => bail!(
-            "{} links libtorch_cuda.so: a cpu bundle needs a build without CUDA \
-             (`cargo xtask dist --flavour cpu` makes one)",
+        Flavour::Cpu if cuda_build => bail!(
+            "{} is a CUDA build ({NCCL_LIBRARY} beside it): a cpu bundle needs a build \
+             without CUDA (`cargo xtask dist --flavour cpu` makes one)",
             binary.display()
         ),
-        Flavour::Cuda if !links_cuda => bail!(
-            "{} links no CUDA library: pack it as --flavour cpu",
+        Flavour::Cuda if !cuda_build => bail!(
+            "{} is not a CUDA build (no {NCCL_LIBRARY} beside it): pack it as --flavour cpu",
             binary.display()
         ),
         _ => {}
+    }
+    // What the NCCL library links (libtorch_cuda.so, CUDA's runtime, NCCL,
+    // cuDNN, ...) joins the binary's own.
+    let mut needs = needs;
+    if let Some(nccl) = &nccl {
+        needs.extend(linked_libraries(nccl)?);
     }
 
     let flavour_name = match flavour {
@@ -160,7 +182,7 @@ pub(crate) fn run(root: &Path, opts: &DistOptions) -> Result<PathBuf> {
         Flavour::SystemTorch => format!(
             "system-torch{}-{}",
             base_version(&info.version),
-            if links_cuda {
+            if cuda_build {
                 cuda_tag(info.cuda.as_deref())
             } else {
                 "cpu".into()
@@ -191,6 +213,10 @@ pub(crate) fn run(root: &Path, opts: &DistOptions) -> Result<PathBuf> {
             std::fs::create_dir_all(&libexec)?;
             let real = libexec.join("wasmrpc");
             copy_binary(&binary, &real, None)?;
+            if let Some(nccl) = &nccl {
+                // Found beside the binary; what it links is loaded by then.
+                copy_binary(nccl, &libexec.join(NCCL_LIBRARY), None)?;
+            }
             // The libraries the launcher must find in the machine's
             // `torch/lib` (ldd's paths run through `..`: compare resolved).
             let torch_lib = std::fs::canonicalize(torch.join("lib"))?;
@@ -207,7 +233,12 @@ pub(crate) fn run(root: &Path, opts: &DistOptions) -> Result<PathBuf> {
         }
         Flavour::Cpu | Flavour::Cuda => {
             copy_binary(&binary, &stage.join("bin/wasmrpc"), Some("$ORIGIN/../lib"))?;
-            copy_libraries(&needs, &torch, flavour, &stage.join("lib"))?
+            let mut shipped = copy_libraries(&needs, &torch, flavour, &stage.join("lib"))?;
+            if let Some(nccl) = &nccl {
+                copy_binary(nccl, &stage.join("lib").join(NCCL_LIBRARY), Some("$ORIGIN"))?;
+                shipped.push(NCCL_LIBRARY.to_owned());
+            }
+            shipped
         }
     };
     copy_share(root, &stage.join("share/wasmrpc"))?;
@@ -378,13 +409,26 @@ fn check_bundle(stage: &Path, flavour: Flavour) -> Result<()> {
         _ => stage.join("bin/wasmrpc"),
     };
     let stage = std::fs::canonicalize(stage)?;
-    for (name, path) in linked_libraries(&binary)? {
-        let path = std::fs::canonicalize(&path).unwrap_or(path);
-        if !path.starts_with(&stage) && !is_system(&path) {
-            bail!(
-                "the bundle's binary loads {name} from {}, outside the bundle",
-                path.display()
-            );
+    // The NCCL library (CUDA flavour) is opened at run time: it must
+    // resolve inside the bundle too.
+    let nccl = stage.join("lib").join(NCCL_LIBRARY);
+    if flavour == Flavour::Cuda && !nccl.is_file() {
+        bail!("a cuda bundle without lib/{NCCL_LIBRARY}");
+    }
+    let mut objects = vec![binary.clone()];
+    if nccl.is_file() {
+        objects.push(nccl);
+    }
+    for object in &objects {
+        for (name, path) in linked_libraries(object)? {
+            let path = std::fs::canonicalize(&path).unwrap_or(path);
+            if !path.starts_with(&stage) && !is_system(&path) {
+                bail!(
+                    "the bundle's {} loads {name} from {}, outside the bundle",
+                    object.display(),
+                    path.display()
+                );
+            }
         }
     }
     let version = output(

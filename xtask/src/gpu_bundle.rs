@@ -23,11 +23,13 @@ use std::process::Command;
 /// The PyTorch release the GPU machines' image ships.
 pub(crate) const DEFAULT_TORCH: &str = "2.11.0";
 /// The test binaries in the bundle: `(package, test target)`. The ported
-/// seed suites (their GPU tests among them), the c10d engines, and the
-/// shim's ops (whose `a_cuda_build_loads_libtorch_cuda` guards CUDA itself).
+/// seed suites (their GPU tests among them), the c10d engines, the shim's
+/// ops, and the run-time loading of libtorch's CUDA side (`cuda_load`,
+/// whose automatic case must load CUDA and see the GPU there).
 const TESTS: &[(&str, &str)] = &[
     ("wasmrpc-tests", "all"),
     ("wasmrpc-torch-sys", "ops"),
+    ("wasmrpc-torch-sys", "cuda_load"),
     ("wasmrpc-c10d", "nccl_engine"),
     ("wasmrpc-c10d", "ddp_backends"),
     ("wasmrpc-c10d", "gloo_engine"),

@@ -1,8 +1,9 @@
 // libtorch's c10d engines behind the C interface of `c10d_shim.h`:
 // `RustStore` (a `c10d::Store` whose operations call back into Rust),
-// construction of `c10d::ProcessGroupGloo` (and `ProcessGroupNCCL` when
-// `WRC_WITH_NCCL` is defined), and the collectives through the virtual
-// `c10d::Backend` interface.
+// construction of `c10d::ProcessGroupGloo` (and of `ProcessGroupNCCL`
+// through the factory of libwasmrpc_c10d_nccl.so, nccl.cpp, which only this
+// shim's callers load), and the collectives through the virtual
+// `c10d::Backend` interface: this file needs no NCCL or CUDA symbol.
 //
 // The Gloo headers come from outside the torch wheel (see build.rs); the
 // shim instantiates no Gloo type itself: it calls libtorch's exported
@@ -19,10 +20,6 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/csrc/distributed/c10d/exception.h>
-
-#ifdef WRC_WITH_NCCL
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-#endif
 
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
@@ -300,18 +297,9 @@ wrc_backend* wrc_gloo_new(
   }
 }
 
-int32_t wrc_nccl_compiled(void) {
-#ifdef WRC_WITH_NCCL
-  return 1;
-#else
-  return 0;
-#endif
-}
-
 wrc_backend* wrc_nccl_new(
     void* ctx, wrc_store_call call, wrc_store_drop drop, int32_t rank,
-    int32_t size, int64_t timeout_ms, wrc_out* err) {
-#ifdef WRC_WITH_NCCL
+    int32_t size, int64_t timeout_ms, wrc_nccl_factory factory, wrc_out* err) {
   c10::intrusive_ptr<c10d::Store> store;
   try {
     store = make_store(ctx, call, drop, Millis(timeout_ms));
@@ -321,23 +309,22 @@ wrc_backend* wrc_nccl_new(
     return nullptr;
   }
   try {
-    auto options = c10d::ProcessGroupNCCL::Options::create();
-    options->timeout = Millis(timeout_ms);
-    auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+    c10::intrusive_ptr<c10d::Backend> pg;
+    std::string message(4096, '\0');
+    if (factory(&store, rank, size, timeout_ms, &pg, message.data(), message.size()) == 0) {
+      message.resize(std::strlen(message.c_str()));
+      set_error(err, message.empty() ? "ProcessGroupNCCL construction failed" : message);
+      return nullptr;
+    }
+    if (!pg) {
+      set_error(err, "the NCCL library returned no ProcessGroupNCCL");
+      return nullptr;
+    }
     return new wrc_backend{std::move(pg)};
   } catch (...) {
     set_error(err, current_message());
     return nullptr;
   }
-#else
-  (void)rank;
-  (void)size;
-  (void)timeout_ms;
-  (void)call;
-  drop(ctx);
-  set_error(err, "ProcessGroupNCCL is not compiled into this build (no CUDA libtorch)");
-  return nullptr;
-#endif
 }
 
 void wrc_backend_name(wrc_backend* b, wrc_out* out) {

@@ -1,5 +1,6 @@
 // The C interface between wasmrpc-c10d (Rust) and libtorch's c10d engines
-// (`c10d::ProcessGroupGloo`, and `c10d::ProcessGroupNCCL` in a CUDA build).
+// (`c10d::ProcessGroupGloo`, and `c10d::ProcessGroupNCCL` in a CUDA build,
+// constructed by a library of its own: nccl.cpp).
 //
 // Tensors cross as `at::Tensor*` (the pointers tch's `C_tensor` wraps),
 // borrowed for the duration of the call; the engine keeps its own
@@ -87,13 +88,24 @@ wrc_backend* wrc_gloo_new(
     void* ctx, wrc_store_call call, wrc_store_drop drop, int32_t rank,
     int32_t size, int64_t timeout_ms, const char* hostname, wrc_out* err);
 
-// Whether this shim was compiled with ProcessGroupNCCL (a CUDA build).
-int32_t wrc_nccl_compiled(void);
-// Constructs `c10d::ProcessGroupNCCL(store, rank, size, options)`; null and
-// `err[0]` when NCCL is not compiled in or construction fails.
+// `wrc_nccl_construct` of libwasmrpc_c10d_nccl.so (nccl.cpp): constructs
+// `c10d::ProcessGroupNCCL(*store, rank, size, options)` into `*backend`
+// (`store` points at a `c10::intrusive_ptr<c10d::Store>`, `backend` at a
+// `c10::intrusive_ptr<c10d::Backend>`); 1, or 0 with a NUL-terminated
+// message of at most `cap` bytes in `err`.
+typedef int32_t (*wrc_nccl_factory)(
+    const void* store, int32_t rank, int32_t size, int64_t timeout_ms,
+    void* backend, char* err, size_t cap);
+int32_t wrc_nccl_construct(
+    const void* store, int32_t rank, int32_t size, int64_t timeout_ms,
+    void* backend, char* err, size_t cap);
+
+// Constructs `c10d::ProcessGroupNCCL` on a Rust store through `factory`
+// (`wrc_nccl_construct`, which the caller found in the NCCL library); null
+// and `err[0]` when construction fails.
 wrc_backend* wrc_nccl_new(
     void* ctx, wrc_store_call call, wrc_store_drop drop, int32_t rank,
-    int32_t size, int64_t timeout_ms, wrc_out* err);
+    int32_t size, int64_t timeout_ms, wrc_nccl_factory factory, wrc_out* err);
 
 // The engine's `getBackendName()` into `out[0]`.
 void wrc_backend_name(wrc_backend* b, wrc_out* out);

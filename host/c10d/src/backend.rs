@@ -519,7 +519,12 @@ impl BackendConfig {
             // As PyTorch, which picks the accelerator's backend only when
             // there is an accelerator: ProcessGroupNCCL refuses to be
             // constructed without a GPU.
-            let cuda = if is_nccl_available() && tch::Cuda::is_available() {
+            // Asking whether CUDA is loaded loads it where a device is
+            // present: before libtorch's own device query.
+            let cuda = if is_nccl_available()
+                && wasmrpc_torch_sys::cuda::is_loaded()
+                && tch::Cuda::is_available()
+            {
                 Backend::NCCL
             } else {
                 Backend::GLOO

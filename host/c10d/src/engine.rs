@@ -1,7 +1,9 @@
 //! libtorch's own c10d engines behind [`CollectiveBackend`]: `gloo` is
 //! `c10d::ProcessGroupGloo` and `nccl` is `c10d::ProcessGroupNCCL` (in a
 //! CUDA build), both compiled into the libtorch this crate links and reached
-//! through the C++ shim (`shim/c10d_shim.cpp`).
+//! through the C++ shim (`shim/c10d_shim.cpp`); `ProcessGroupNCCL` is
+//! constructed by a library of its own that only an NCCL group loads
+//! ([`nccl`]), so a process without one maps no CUDA library.
 //!
 //! This module owns the FFI to the shim (`ffi`), the bridge that serves the
 //! engine's rendezvous from the group's Rust [`Store`](wasmrpc_store::Store)
@@ -48,6 +50,7 @@ pub const GLOO_HOST_ENV: &str = "WASMRPC_GLOO_HOST";
 
 mod collectives;
 mod ffi;
+pub mod nccl;
 mod store_bridge;
 
 use ffi::Out;
@@ -66,10 +69,10 @@ pub fn gloo_sizeof_process_group() -> usize {
     unsafe { ffi::wrc_gloo_sizeof_process_group() }
 }
 
-/// Whether `ProcessGroupNCCL` is compiled into this build.
+/// Whether `ProcessGroupNCCL` is compiled into this build (its library,
+/// [`nccl`], was built).
 pub fn nccl_compiled() -> bool {
-    // SAFETY: no arguments.
-    unsafe { ffi::wrc_nccl_compiled() != 0 }
+    nccl::compiled()
 }
 
 /// What a work's completion callback sends: the status and the message.
@@ -185,11 +188,26 @@ pub async fn create_gloo(args: BackendArgs) -> Result<Arc<dyn CollectiveBackend>
 /// `c10d::ProcessGroupNCCL` on the group's store (CUDA tensors).
 ///
 /// # Errors
-/// [`Error::Backend`] when NCCL is not compiled in or construction fails.
+/// [`Error::Backend`] when NCCL is not compiled in, its library cannot be
+/// loaded (no CUDA in this process: no GPU, or `WASMRPC_LOAD_CUDA=0`), or
+/// construction fails.
 pub async fn create_nccl(args: BackendArgs) -> Result<Arc<dyn CollectiveBackend>> {
-    create(args, "nccl", |ctx, rank, size, ms, err| {
-        // SAFETY: ctx is a fresh bridge the shim takes over.
-        unsafe { ffi::wrc_nccl_new(ctx, store_call, store_drop, rank, size, ms, err) }
+    // The library (and CUDA) first, on the blocking pool: loading maps
+    // hundreds of MiB.
+    let factory = tokio::task::spawn_blocking(nccl::factory)
+        .await
+        .map_err(|e| Error::Runtime(format!("loading NCCL's library panicked: {e}")))?
+        .map_err(|detail| Error::Backend {
+            backend: "nccl".to_owned(),
+            rank: args.group_rank,
+            group: args.group_name.clone(),
+            op: "init".to_owned(),
+            detail,
+        })?;
+    create(args, "nccl", move |ctx, rank, size, ms, err| {
+        // SAFETY: ctx is a fresh bridge the shim takes over; `factory` is
+        // the NCCL library's `wrc_nccl_construct`, kept loaded.
+        unsafe { ffi::wrc_nccl_new(ctx, store_call, store_drop, rank, size, ms, factory, err) }
     })
     .await
 }

@@ -558,7 +558,9 @@ mod process_group_with_dispatched_collectives_tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn test_init_process_group_optional_backend() {
         run_ranks(1, |rank, file| async move {
-            let nccl = wasmrpc_c10d::is_nccl_available() && tch::Cuda::is_available();
+            let nccl = wasmrpc_c10d::is_nccl_available()
+                && wasmrpc_torch_sys::cuda::is_loaded()
+                && tch::Cuda::is_available();
             let world = init(None, rank, 1, &file).await;
             let (config, name) = if nccl {
                 ("cpu:gloo,cuda:nccl", "cpu:gloo,cuda:nccl")
@@ -583,7 +585,11 @@ mod process_group_with_dispatched_collectives_tests {
                 let available = match backend.as_str() {
                     Backend::UNDEFINED => false,
                     Backend::GLOO => wasmrpc_c10d::is_gloo_available(),
-                    Backend::NCCL => wasmrpc_c10d::is_nccl_available() && tch::Cuda::is_available(),
+                    Backend::NCCL => {
+                        wasmrpc_c10d::is_nccl_available()
+                            && wasmrpc_torch_sys::cuda::is_loaded()
+                            && tch::Cuda::is_available()
+                    }
                     Backend::MPI => wasmrpc_c10d::is_mpi_available(),
                     Backend::UCC => wasmrpc_c10d::is_ucc_available(),
                     _ => false,
@@ -601,7 +607,10 @@ mod process_group_with_dispatched_collectives_tests {
                 tried.push(backend);
             }
             let mut expected = vec!["gloo"];
-            if wasmrpc_c10d::is_nccl_available() && tch::Cuda::is_available() {
+            if wasmrpc_c10d::is_nccl_available()
+                && wasmrpc_torch_sys::cuda::is_loaded()
+                && tch::Cuda::is_available()
+            {
                 expected.push("nccl");
             }
             assert_eq!(tried, expected);

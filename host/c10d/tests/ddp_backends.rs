@@ -100,7 +100,7 @@ async fn reducer_on_tcp() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reducer_on_nccl() {
-    let gpus = if tch::Cuda::is_available() {
+    let gpus = if wasmrpc_torch_sys::cuda::is_loaded() && tch::Cuda::is_available() {
         tch::Cuda::device_count().max(0) as usize
     } else {
         0

@@ -19,7 +19,9 @@ const CUDA_BUILD: bool = matches!(env!("WASMRPC_C10D_CUDA_BUILD").as_bytes(), b"
 
 /// The GPUs the multi-rank tests may use: one rank per GPU, as NCCL wants.
 fn gpus() -> usize {
-    if tch::Cuda::is_available() {
+    // CUDA is loaded at run time, where a device is present: before
+    // libtorch's first device query.
+    if wasmrpc_torch_sys::cuda::is_loaded() && tch::Cuda::is_available() {
         tch::Cuda::device_count().max(0) as usize
     } else {
         0
@@ -56,6 +58,24 @@ async fn without_a_gpu_nccl_refuses_with_pytorchs_text() {
             && text.contains("rank 0 of group 0"),
         "{text}"
     );
+    // Refused before anything of CUDA's was loaded, unless the process was
+    // told to load CUDA (then libtorch's own constructor refuses).
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    if forced_cuda() {
+        assert!(
+            maps.contains(wasmrpc_c10d::engine::nccl::LIBRARY) && maps.contains("/libnccl"),
+            "{maps}"
+        );
+    } else {
+        assert!(text.contains("this process did not load CUDA: "), "{text}");
+        for lib in [
+            "/libtorch_cuda.so",
+            "/libnccl",
+            wasmrpc_c10d::engine::nccl::LIBRARY,
+        ] {
+            assert!(!maps.contains(lib), "{lib} is mapped:\n{maps}");
+        }
+    }
     assert!(!world.is_initialized());
     // Without a GPU the default backend string keeps CUDA on gloo.
     assert_eq!(
@@ -64,6 +84,43 @@ async fn without_a_gpu_nccl_refuses_with_pytorchs_text() {
             .to_string(),
         "cpu:gloo,cuda:gloo"
     );
+}
+
+/// Whether this process was told to load CUDA (`WASMRPC_LOAD_CUDA=1`).
+fn forced_cuda() -> bool {
+    std::env::var(wasmrpc_torch_sys::cuda::LOAD_ENV).is_ok_and(|v| v == "1")
+}
+
+/// NCCL's library is a shared object of its own that only an NCCL group
+/// loads, after CUDA: with CUDA forced on a machine without a GPU, it
+/// loads (its libraries resolve, its factory is found) and libtorch's own
+/// constructor refuses; run in a child process, since CUDA is loaded once
+/// per process.
+#[test]
+fn with_cuda_forced_the_nccl_library_loads_and_libtorch_refuses_without_a_gpu() {
+    if !is_nccl_available() || forced_cuda() {
+        println!("wasmrpc-skip: needs a CUDA build (NCCL)");
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .args([
+            "without_a_gpu_nccl_refuses_with_pytorchs_text",
+            "--exact",
+            "--nocapture",
+        ])
+        .env(wasmrpc_torch_sys::cuda::LOAD_ENV, "1")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    if !text.contains("wasmrpc-skip") {
+        assert!(text.contains("1 passed"), "{text}");
+    }
 }
 
 async fn init(backend: &str, rank: usize, n: usize, file: &std::path::Path) -> World {

@@ -159,6 +159,9 @@ pub(crate) struct WorkerArgs {
 
 /// Runs one worker until the group shuts down.
 pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
+    // CUDA where a device can use it (decided at start): logged, and an
+    // error if it should be there and is not.
+    wasmrpc::device::load_cuda()?;
     if let Some(threads) = args.intra_op_threads {
         wasmrpc::set_intra_op_threads(threads as usize);
     }

@@ -199,9 +199,20 @@ typedef struct wrs_op_event {
   int64_t cpu_memory_bytes;
 } wrs_op_event;
 
-// 1 if the shim was built against a CUDA libtorch and links libtorch_cuda.so
-// (whose loading registers libtorch's CUDA hooks), 0 otherwise.
-int32_t wrs_cuda_linked(void);
+// libtorch's CUDA side (cuda.cpp), which src/cuda.rs loads at run time.
+// Each writes a NUL-terminated text of at most `cap` bytes into `buf`.
+//
+// The path of the libtorch_cpu.so this process runs (1), or why it is not
+// known (0).
+int32_t wrs_libtorch_cpu_path(char* buf, size_t cap);
+// 1 if a CUDA hooks implementation is registered (libtorch_cuda.so's static
+// initialisers ran), 0 if not. Does not settle libtorch's choice of hooks.
+int32_t wrs_cuda_hooks_registered(void);
+// 1 if the hooks libtorch uses are CUDA's (`buf`: the CUDA runtime version
+// they were built with), 0 if they are the placeholder that says "without
+// ATen_cuda library" (`buf`: its message). The first call settles libtorch's
+// choice for the life of the process: call it only after loading.
+int32_t wrs_cuda_hooks_in_effect(char* buf, size_t cap);
 
 // Starts recording on this thread (clearing what an earlier window kept),
 // with the WRS_PROFILE_* bits of `options`. Returns 0, or a negative value

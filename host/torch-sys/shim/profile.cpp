@@ -1,7 +1,6 @@
 // Op profiling (see ops.h): a window per thread in which libtorch's
 // RecordFunction callbacks record every op that runs, with its shapes and
-// the CPU memory it allocates when asked; and whether the CUDA library is
-// linked in.
+// the CPU memory it allocates when asked.
 //
 // Every entry point catches every exception: nothing propagates into Rust.
 
@@ -19,14 +18,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
-#ifdef WRS_WITH_CUDA
-// Defined in libtorch_cuda.so; declared here so that the shim needs no CUDA
-// header (its signature is the same from libtorch 2.11 to 2.13).
-namespace at::cuda::detail {
-void set_magma_init_fn(void (*fn)());
-}  // namespace at::cuda::detail
-#endif
 
 namespace {
 
@@ -128,18 +119,6 @@ void on_op_end(const at::RecordFunction&, at::ObserverContext* ctx) {
 }  // namespace
 
 extern "C" {
-
-int32_t wrs_cuda_linked(void) {
-#ifdef WRS_WITH_CUDA
-  // A reference the linker resolves against libtorch_cuda.so, which keeps
-  // that library among the binary's needed ones (see build.rs): loading it
-  // registers libtorch's CUDA hooks.
-  static void (*volatile anchor)(void (*)()) = &at::cuda::detail::set_magma_init_fn;
-  return anchor != nullptr ? 1 : 0;
-#else
-  return 0;
-#endif
-}
 
 int32_t wrs_profile_start(uint32_t options) {
   if (tl_profile.handle.has_value()) {

@@ -115,7 +115,9 @@ pub(crate) const WRS_PROFILE_SHAPES: u32 = 1;
 pub(crate) const WRS_PROFILE_MEMORY: u32 = 2;
 
 unsafe extern "C" {
-    pub(crate) fn wrs_cuda_linked() -> i32;
+    pub(crate) fn wrs_libtorch_cpu_path(buf: *mut std::ffi::c_char, cap: usize) -> i32;
+    pub(crate) fn wrs_cuda_hooks_registered() -> i32;
+    pub(crate) fn wrs_cuda_hooks_in_effect(buf: *mut std::ffi::c_char, cap: usize) -> i32;
     pub(crate) fn wrs_profile_start(options: u32) -> i32;
     pub(crate) fn wrs_profile_stop(events: *mut *const RawOpEvent) -> usize;
     pub(crate) fn wrs_op_resolve(

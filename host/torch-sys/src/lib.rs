@@ -95,6 +95,7 @@ mod autograd;
 mod budget;
 mod builtin;
 mod convert;
+pub mod cuda;
 mod error;
 mod ffi;
 mod op;
@@ -121,10 +122,9 @@ pub use profile::{OpEvent, RecordOptions, record_ops};
 pub use value::{MAX_NESTING, OpValue, kind_code, kind_of_code};
 pub use wasmrpc_abi::ErrorKind;
 
-/// Whether this build links a CUDA libtorch (`libtorch_cuda.so`). Without
-/// it no CUDA device is ever seen, GPU or not. Calling this also keeps that
-/// library linked into every binary that asks (see the build script).
+/// Whether libtorch's CUDA side (`libtorch_cuda.so`) is loaded in this
+/// process and in effect, loading it first where [`cuda::load`] decides to.
+/// Without it no CUDA device is ever seen, GPU or not.
 pub fn libtorch_has_cuda() -> bool {
-    // SAFETY: no arguments, no state.
-    unsafe { ffi::wrs_cuda_linked() != 0 }
+    cuda::is_loaded()
 }

@@ -82,7 +82,6 @@ unsafe extern "C" {
         hostname: *const c_char,
         err: *mut wrc_out,
     ) -> *mut wrc_backend;
-    pub(super) fn wrc_nccl_compiled() -> i32;
     pub(super) fn wrc_nccl_new(
         ctx: *mut c_void,
         call: StoreCall,
@@ -90,6 +89,7 @@ unsafe extern "C" {
         rank: i32,
         size: i32,
         timeout_ms: i64,
+        factory: super::nccl::Factory,
         err: *mut wrc_out,
     ) -> *mut wrc_backend;
     pub(super) fn wrc_backend_name(b: *mut wrc_backend, out: *mut wrc_out);

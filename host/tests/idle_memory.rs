@@ -1,0 +1,118 @@
+//! What an idle `wasmrpc worker` process costs (issue 52): on a machine
+//! without a GPU it maps none of CUDA's libraries and stays within
+//! [`IDLE_RSS_LIMIT_KIB`] resident, in a CUDA build too, because libtorch's
+//! CUDA side is loaded only where a device can use it
+//! (`wasmrpc_torch_sys::cuda`); forced with `WASMRPC_LOAD_CUDA=1`, the
+//! worker loads it and says so. On a GPU machine the worker loads CUDA by
+//! itself, which the first test then checks instead of the limit.
+
+use std::process::Command;
+
+mod common;
+
+use common::{CREDENTIAL_ENV, ServingProcess};
+
+/// The most an idle worker without CUDA may hold resident: a CPU-only
+/// build idles at about 128 MiB; a CUDA build that linked libtorch_cuda.so
+/// into every process idled at 715 MiB.
+const IDLE_RSS_LIMIT_KIB: u64 = 150 * 1024;
+
+/// What a worker prints once it has joined and serves.
+const SERVING: &str = "serving until interrupted";
+
+/// CUDA's libraries, any of which an idle worker without a GPU must not map.
+const CUDA_LIBRARIES: [&str; 4] = [
+    "/libtorch_cuda.so",
+    "/libc10_cuda.so",
+    "/libcudnn",
+    "/libnccl",
+];
+
+/// Starts a one-worker dynamic group that serves until dropped, with
+/// `WASMRPC_LOAD_CUDA` set to `load` (or unset), and waits until it serves.
+fn idle_worker(dir: &std::path::Path, load: Option<&str>) -> ServingProcess {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmrpc"));
+    for var in CREDENTIAL_ENV {
+        cmd.env_remove(var);
+    }
+    match load {
+        Some(v) => cmd.env("WASMRPC_LOAD_CUDA", v),
+        None => cmd.env_remove("WASMRPC_LOAD_CUDA"),
+    };
+    let url = format!("file://{}", dir.join("store").display());
+    cmd.args(["worker", "--rank", "0", "--init-method", &url, "--serve"])
+        .env("RUST_LOG", "info");
+    let mut worker = ServingProcess::start("worker0", cmd);
+    worker.wait_for(SERVING);
+    worker
+}
+
+/// `VmRSS` of process `pid`, in KiB.
+fn resident_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in:\n{status}"))
+}
+
+fn maps(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("its mappings")
+}
+
+#[test]
+fn an_idle_worker_without_a_gpu_maps_no_cuda_and_stays_small() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let worker = idle_worker(dir.path(), None);
+    // A moment for the start-up's transient allocations to be given back.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let output = worker.output();
+    let (rss, maps) = (resident_kib(worker.pid()), maps(worker.pid()));
+    if output.contains("CUDA loaded (") {
+        // A GPU machine: the worker must see its devices, so CUDA is in.
+        assert!(output.contains("CUDA device(s) present"), "{output}");
+        assert!(maps.contains("/libtorch_cuda.so"), "{maps}");
+        println!("wasmrpc-skip: the idle-memory limit holds on machines without a GPU");
+        return;
+    }
+    assert!(output.contains("CUDA not loaded: "), "{output}");
+    for lib in CUDA_LIBRARIES {
+        assert!(!maps.contains(lib), "an idle worker maps {lib}:\n{maps}");
+    }
+    println!("idle worker: VmRSS {rss} KiB");
+    assert!(
+        rss <= IDLE_RSS_LIMIT_KIB,
+        "an idle worker holds {rss} KiB resident, more than {IDLE_RSS_LIMIT_KIB} KiB"
+    );
+}
+
+#[test]
+fn a_worker_told_to_load_cuda_loads_it_without_a_gpu() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    if !cuda_build() {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmrpc"));
+        let url = format!("file://{}", dir.path().join("store").display());
+        cmd.args(["worker", "--rank", "0", "--world-size", "1"])
+            .args(["--init-method", &url])
+            .env("WASMRPC_LOAD_CUDA", "1");
+        let out = common::run_with_deadline(&mut cmd, std::time::Duration::from_secs(60));
+        let (_, stderr) = common::text(&out);
+        assert!(!out.status.success());
+        assert!(stderr.contains("built without CUDA"), "{stderr}");
+        return;
+    }
+    let worker = idle_worker(dir.path(), Some("1"));
+    let output = worker.output();
+    assert!(
+        output.contains("CUDA loaded (WASMRPC_LOAD_CUDA=1; CUDA runtime "),
+        "{output}"
+    );
+    assert!(maps(worker.pid()).contains("/libtorch_cuda.so"));
+}
+
+/// Whether the binary under test is a CUDA build: the same test as its
+/// build script's (a libtorch with `libtorch_cuda.so`, no `WASMRPC_CUDA=0`).
+fn cuda_build() -> bool {
+    wasmrpc_torch_sys::cuda::BUILT_WITH_CUDA
+}
