@@ -27,7 +27,7 @@
 //! Deployments (`--accept-plugin-deployment`, which needs `--cluster-ca`):
 //! the workers form a dynamic group instead of a static one, since only a
 //! dynamic group takes a member that was not counted at the start (`wasmrpc
-//! plugin deploy` joins as one). Each waits until all have joined
+//! plugin deploy` joins as one). The first waits until all have joined
 //! (`wasmrpc worker --wait-for-workers`) before the entry; once the entry's
 //! worker has finished, the launcher asks the others to stop (SIGTERM, a
 //! graceful leave). Without an entry, every worker serves until the
@@ -268,6 +268,12 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
         let progress = Arc::new(Progress::new(std::io::IsTerminal::is_terminal(
             &std::io::stderr(),
         )));
+        // Listened for before any worker starts, so that an interruption
+        // in the meantime is not lost (nor kills the launcher).
+        let mut interruptions = match finish {
+            Finish::OnInterrupt => Some(super::worker::Interruptions::listen()?),
+            _ => None,
+        };
         let mut children: Vec<(String, Child)> = Vec::new();
         let mut output = JoinSet::new();
         for (rank, name) in (0..nproc).zip(names.iter().cloned()) {
@@ -308,10 +314,14 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
             }
             match dynamic {
                 false => cmd.args(["--world-size", &nproc.to_string()]),
-                true => cmd
-                    .arg("--accept-plugin-deployment")
-                    .args(["--wait-for-workers", &nproc.to_string()]),
+                true => cmd.arg("--accept-plugin-deployment"),
             };
+            // Only the first worker, which runs the entry (or the health
+            // check), waits for the others: one that waited too could miss
+            // a group whose entry was already done and left.
+            if dynamic && rank == 0 {
+                cmd.args(["--wait-for-workers", &nproc.to_string()]);
+            }
             // Only the entry's worker ends by itself in a dynamic group.
             if dynamic && (rank != 0 || args.entry.is_none()) {
                 cmd.arg("--serve");
@@ -370,7 +380,7 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
             true => RESTART_GRACE,
             false => GRACE,
         };
-        let result = supervise(children, grace, finish).await;
+        let result = supervise(children, grace, finish, interruptions.take()).await;
         // Drain what the workers printed before reporting.
         while output.join_next().await.is_some() {}
         drop(server);
@@ -421,7 +431,12 @@ enum Finish {
 /// Waits for every child; the first failure stops the rest (after
 /// `grace`). `finish` says when the launcher asks the workers still
 /// running to leave gracefully.
-async fn supervise(children: Vec<(String, Child)>, grace: Duration, finish: Finish) -> Result<()> {
+async fn supervise(
+    children: Vec<(String, Child)>,
+    grace: Duration,
+    finish: Finish,
+    interruptions: Option<super::worker::Interruptions>,
+) -> Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stop_tx = Arc::new(stop_tx);
     let (leave_tx, leave_rx) = tokio::sync::watch::channel(false);
@@ -452,13 +467,12 @@ async fn supervise(children: Vec<(String, Child)>, grace: Duration, finish: Fini
             (name, status)
         });
     }
-    if finish == Finish::OnInterrupt {
+    if let Some(mut interruptions) = interruptions {
         let leave_tx = leave_tx.clone();
         tokio::spawn(async move {
-            if super::worker::interrupted().await.is_ok() {
-                info!("interrupted: asking every worker to leave");
-                let _ = leave_tx.send(true);
-            }
+            interruptions.next().await;
+            info!("interrupted: asking every worker to leave");
+            let _ = leave_tx.send(true);
         });
     }
     let mut failure = None;

@@ -162,6 +162,10 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
     // CUDA where a device can use it (decided at start): logged, and an
     // error if it should be there and is not.
     wasmrpc::device::load_cuda()?;
+    let mut interruptions = match args.serve {
+        true => Some(Interruptions::listen()?),
+        false => None,
+    };
     if let Some(threads) = args.intra_op_threads {
         wasmrpc::set_intra_op_threads(threads as usize);
     }
@@ -328,7 +332,9 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
     }
     if args.serve {
         info!("{name}: serving until interrupted");
-        interrupted().await?;
+        if let Some(interruptions) = &mut interruptions {
+            interruptions.next().await;
+        }
         info!("{name}: interrupted, shutting down");
     }
     agent
@@ -384,13 +390,30 @@ fn restart_count() -> Result<u32> {
 /// The variable torchrun's elastic agent sets to the number of restarts.
 pub(crate) const RESTART_COUNT_ENV: &str = "TORCHELASTIC_RESTART_COUNT";
 
-/// Returns on Ctrl-C (SIGINT) or SIGTERM.
-pub(crate) async fn interrupted() -> Result<()> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("cannot listen for SIGTERM")?;
-    tokio::select! {
-        r = tokio::signal::ctrl_c() => r.context("cannot listen for Ctrl-C"),
-        _ = term.recv() => Ok(()),
+/// Ctrl-C (SIGINT) and SIGTERM, listened for from the moment this is
+/// made: one that arrives while the process still starts is kept for
+/// [`next`](Self::next) instead of killing it (a launcher may ask a
+/// worker to leave before it has finished joining).
+pub(crate) struct Interruptions {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Interruptions {
+    pub(crate) fn listen() -> Result<Interruptions> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Interruptions {
+            interrupt: signal(SignalKind::interrupt()).context("cannot listen for Ctrl-C")?,
+            terminate: signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?,
+        })
+    }
+
+    /// Returns at the next Ctrl-C or SIGTERM (or one that came before).
+    pub(crate) async fn next(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
     }
 }
 
