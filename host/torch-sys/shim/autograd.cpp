@@ -65,17 +65,25 @@ int32_t run_engine_call(wrs_out* out, F&& body) {
   }
 }
 
+// The node that made `tensor` (a `const at::Tensor*`), or null for a
+// leaf, an undefined tensor or a null pointer (the pointer type
+// grad_fn() returns, which differs between libtorch releases).
+auto grad_fn_of(const void* tensor)
+    -> std::remove_cvref_t<decltype(std::declval<const at::Tensor&>().grad_fn())> {
+  const auto* t = static_cast<const at::Tensor*>(tensor);
+  if (t == nullptr || !t->defined()) {
+    return {};
+  }
+  return t->grad_fn();
+}
+
 }  // namespace
 
 extern "C" {
 
 int32_t wrs_grad_fn_name(const void* tensor, wrs_str* name) {
   try {
-    const auto* t = static_cast<const at::Tensor*>(tensor);
-    if (t == nullptr || !t->defined()) {
-      return 0;
-    }
-    const auto& fn = t->grad_fn();
+    const auto fn = grad_fn_of(tensor);
     if (!fn) {
       return 0;
     }
@@ -91,11 +99,7 @@ int32_t wrs_grad_fn_name(const void* tensor, wrs_str* name) {
 
 int32_t wrs_tensor_grad_fn(const void* tensor, wrs_node** node) {
   try {
-    const auto* t = static_cast<const at::Tensor*>(tensor);
-    if (t == nullptr || !t->defined()) {
-      return 0;
-    }
-    const auto& fn = t->grad_fn();
+    const auto fn = grad_fn_of(tensor);
     if (!fn) {
       return 0;
     }
