@@ -389,11 +389,21 @@ impl RpcAgent {
             .transport()
             .ok()
             .and_then(|t| t.open_connection(&dest.name).map(|c| (t, c)));
-        inner
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(
+        {
+            let mut pending = inner.pending.lock().unwrap_or_else(|p| p.into_inner());
+            // AG-3: the stop marks the agent stopped before it fails what is
+            // pending, under this lock; a call that got past
+            // `require_running` while the agent was stopping and comes here
+            // after that sweep would otherwise stay pending forever.
+            if !self.is_running() {
+                drop(pending);
+                let _ = fut.set_error(
+                    Error::not_initialized()
+                        .context_line(format!("calling {function} on worker {}", dest.name)),
+                );
+                return fut;
+            }
+            pending.insert(
                 id,
                 Pending {
                     future: fut.clone(),
@@ -405,6 +415,7 @@ impl RpcAgent {
                     deadline,
                 },
             );
+        }
         if let Some((at, _)) = deadline {
             inner.deadlines.insert(at, id);
         }
