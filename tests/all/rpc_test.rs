@@ -1431,31 +1431,6 @@ fn test_callback_wrong_arg_num() {
     });
 }
 
-/// The seed's `fut0.then(lambda x: x + 1)` adds to a future; a wasm
-/// callback is a function resolved by name and called with dynamic values,
-/// so the mismatch is found when it runs: the callback is given a `str` to
-/// add (`seed_fns::callback_wrong_arg_type`), and its `TypeError` reaches
-/// the caller as the child future's `RuntimeError`.
-#[test]
-fn test_callback_wrong_arg_type() {
-    dist(|w| async move {
-        let r = w
-            .agent
-            .rpc_sync(
-                w.peer(1),
-                "seed_fns::callback_wrong_arg_type",
-                args![w.peer(2)],
-            )
-            .await;
-        expect_err(
-            r,
-            ErrorKind::RuntimeError,
-            "unsupported operand type(s) for +",
-        )?;
-        Ok(())
-    });
-}
-
 #[test]
 fn test_callback_multi() {
     dist(|w| async move {

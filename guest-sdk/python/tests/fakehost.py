@@ -299,6 +299,29 @@ class FakeHost:
             raise outcome
         return outcome.value
 
+    def future_then(self, fut, function, extra):
+        """The worker's `future_then`, for a future already set: calls the
+        plugin's own `function` with the value and `extra` now (a callback's
+        error becomes a `RuntimeError`, a failed future's error passes)."""
+        from wasmrpc import _registry, _values
+
+        outcome = self.futures.get(fut)
+        if outcome is None:
+            raise Err(RemoteError(T.ErrorKind.RUNTIME_ERROR, "the fake host chains only completed futures"))
+        entry = _registry.functions.get(function)
+        if entry is None:
+            raise Err(RemoteError(T.ErrorKind.ATTRIBUTE_ERROR, f"plugin has no function `{function}`"))
+        out = self.future_new()
+        if isinstance(outcome, Err):
+            self.futures[out] = outcome
+            return out
+        args = [_values.from_nodes(n, T) for n in [outcome.value, *extra]]
+        try:
+            self.futures[out] = Ok(_values.to_nodes(entry[0](*args), T, move=True))
+        except Exception as e:  # noqa: BLE001 (the callback's error fails the chained future)
+            self.futures[out] = Err(RemoteError(T.ErrorKind.RUNTIME_ERROR, str(e)))
+        return out
+
     def future_done(self, fut):
         return self.futures.get(fut) is not None
 

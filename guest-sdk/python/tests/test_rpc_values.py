@@ -359,6 +359,61 @@ class AsyncExecution(unittest.TestCase):
         self.assertNotIn("TWrong", _registry.classes)
 
 
+class Then(unittest.TestCase):
+    """`Future.then` as torch's: the callback is given the future."""
+
+    def setUp(self):
+        configure()
+
+    def test_the_callback_is_given_the_completed_future(self):
+        @remote
+        def t_then_plus(fut, k):
+            self.assertIsInstance(fut, rpc.Future)
+            self.assertTrue(fut.done())
+            return fut.wait() + k
+
+        parent = rpc.Future()
+        parent.set_result(2)
+        self.assertEqual(parent.then(t_then_plus, 3).wait(), 5)
+        self.assertEqual(parent.then("t_then_plus", 4).value(), 6)
+
+    def test_a_callback_that_adds_to_the_future_fails_as_torchs(self):
+        @remote
+        def t_then_add_one(x):
+            return x + 1
+
+        parent = rpc.Future()
+        parent.set_result(1)
+        with self.assertRaisesRegex(RuntimeError, r"unsupported operand type\(s\) for \+: 'Future' and 'int'"):
+            parent.then(t_then_add_one).wait()
+
+    def test_a_failed_future_fails_the_chained_one_with_its_error(self):
+        @remote
+        def t_then_never(fut):
+            raise AssertionError("the callback of a failed future ran")
+
+        parent = rpc.Future()
+        parent.set_exception(ValueError("parent failed"))
+        with self.assertRaisesRegex(ValueError, "parent failed"):
+            parent.then(t_then_never).wait()
+
+    def test_refusals(self):
+        parent = rpc.Future()
+        parent.set_result(1)
+        with self.assertRaisesRegex(TypeError, "incompatible function arguments"):
+            parent.then(None)
+        with self.assertRaisesRegex(AttributeError, "not a @remote function of this plugin"):
+            parent.then("no_such_callback")
+        with self.assertRaisesRegex(TypeError, "is not a registered function"):
+            parent.then(lambda fut: fut)
+        with self.assertRaisesRegex(ValueError, "names starting with `_wasmrpc` are the kit's own"):
+            remote(name="_wasmrpc_then")(lambda v, c: v)
+        # The trampoline itself, called as a remote caller could: it runs
+        # only this plugin's own functions.
+        with self.assertRaisesRegex(AttributeError, "no @remote function 'os.system'"):
+            _registry.functions["_wasmrpc_then"][0](1, "os.system")
+
+
 class LocalValue(unittest.TestCase):
     def test_value_on_owner(self):
         rref = HOST.make_rref(value=3)

@@ -93,6 +93,8 @@ def remote(fn=None, *, async_execution=False, name=None):
 
     def register(f):
         key = name or f.__name__
+        if key.startswith("_wasmrpc"):
+            raise ValueError(f"@remote name {key!r}: names starting with `_wasmrpc` are the kit's own")
         is_async = bool(async_execution) or getattr(f, "__wasmrpc_async__", False)
         _registry.functions[key] = (f, is_async, _registry.params_of(f))
         f.__wasmrpc_name__ = key

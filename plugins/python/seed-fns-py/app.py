@@ -163,6 +163,22 @@ def callback_none(dst):
 
 
 @remote
+def _add_one(x):
+    """The seed's `lambda x: x + 1`, given the future as torch gives it."""
+    return x + 1
+
+
+@remote
+def callback_wrong_arg_type(dst):
+    """`test_callback_wrong_arg_type`: the callback adds 1 to what `then`
+    hands it, the future itself, so its own `+` raises the `TypeError`
+    that fails the chained future as a `RuntimeError`."""
+    fut0 = rpc.rpc_async(dst, torch.add, args=(torch.ones(2, 2), 1))
+    fut1 = fut0.then(_add_one)
+    return fut1.wait()
+
+
+@remote
 def custom_raise_func():
     raise CustomException(True, "foo")
 

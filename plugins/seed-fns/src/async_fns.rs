@@ -63,15 +63,6 @@ fn _add_then(value: AnyValue, z: AnyValue) -> Result<Num> {
     a.add(&Num::from_value(z.into_inner())?)
 }
 
-/// `test_callback_wrong_arg_type`'s `fut0.then(lambda x: x + 1)` on
-/// `rpc_async(to, torch.add, (ones(2, 2), 1))`, where the callback is given
-/// what it cannot add to (a `str`; in the seed, the future itself): the
-/// returned future fails with the callback's error as a `RuntimeError`.
-#[remote(async_execution)]
-fn callback_wrong_arg_type(to: String) -> Result<Future> {
-    rpc_async(&to, "aten::add", (Tensor::ones(&[2, 2])?, 1i64))?.then("_add_then", ("1",))
-}
-
 /// `async_add_nested(to, x, y, z)`: an async function calling another one,
 /// `rpc_async(to, async_add, (to, x, y)).then(+ z)`.
 #[remote(async_execution)]

@@ -728,6 +728,24 @@ fn test_return_future_remote() {
 }
 
 #[test]
+fn test_callback_wrong_arg_type() {
+    dist(|w| async move {
+        let me = worker_name(w.rank);
+        let r = w
+            .agent
+            .rpc_sync(me, "seed_fns_py::callback_wrong_arg_type", args![w.dst()])
+            .await;
+        // Python's own `Future + int` error, raised in the callback.
+        expect_err(
+            r,
+            ErrorKind::RuntimeError,
+            "unsupported operand type(s) for +: 'Future' and 'int'",
+        )?;
+        Ok(())
+    });
+}
+
+#[test]
 fn test_callback_none() {
     dist(|w| async move {
         let me = worker_name(w.rank);

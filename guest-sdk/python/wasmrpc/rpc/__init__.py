@@ -10,7 +10,7 @@ A registered function can also be an argument: it travels as a reference
 to its registered name (`FunctionRef`), never as code; `functions` has
 `async_execution`."""
 
-from .. import _host, _scope
+from .. import _host, _registry, _scope
 
 
 class WorkerInfo:
@@ -304,12 +304,20 @@ class Future(_Handle):
         """Completes it with `error`."""
         _host.call("future_set", self._handle(), _host.Err(_remote_error(error)))
 
+    def value(self):
+        """The result of a completed future (`torch.futures.Future.value`):
+        as `wait`, which answers at once once it is done."""
+        return self.wait()
+
     def then(self, callback, *extra):
-        """A future of `callback(value, *extra)`, where `callback` is a
-        `@remote` function of this plugin (or its name). An exception the
-        callback raises fails the returned future as a `RuntimeError` with
-        its message. Anything but a function or a name is refused as
-        torch's binding refuses it (`then(None)`)."""
+        """A future of `callback(fut, *extra)`, as `torch.futures.Future.then`:
+        once this future completes, `callback`, a `@remote` function of this
+        plugin (or its name), is given it, completed, and calls
+        `fut.wait()` for the value. An exception the callback raises fails
+        the returned future as a `RuntimeError` with its message. Unlike
+        torch, a future that fails does not call the callback: the returned
+        future fails with the same error. Anything but a function or a name
+        is refused as torch's binding refuses it (`then(None)`)."""
         if not (isinstance(callback, str) or callable(callback)):
             raise TypeError(
                 "then(): incompatible function arguments. The following argument types are "
@@ -317,8 +325,32 @@ class Future(_Handle):
                 f"\n\nInvoked with: {self!r}, {callback!r}"
             )
         name = _func(callback).rsplit("::", 1)[-1]
-        values = [_host.value(v) for v in extra]
-        return Future._own(_host.call("future_then", self._handle(), name, values))
+        if _registry.local_callable(name) is None:
+            raise AttributeError(
+                f"then(): {name!r} is not a @remote function of this plugin (a callback runs "
+                "here, later, in a call of its own)"
+            )
+        values = [_host.value(v) for v in [name, *extra]]
+        return Future._own(_host.call("future_then", self._handle(), THEN_TRAMPOLINE, values))
+
+
+THEN_TRAMPOLINE = "_wasmrpc_then"
+"""The function `Future.then` chains through. The host calls a plugin's own
+function with the value once a future completes; this one gives the
+callback a completed `Future` instead, as torch does. Every Python plugin
+exports it; names starting with `_wasmrpc` are the kit's own."""
+
+
+def _then_trampoline(value, callback, *extra):
+    fn = _registry.local_callable(callback)
+    if fn is None:
+        raise AttributeError(f"then(): this plugin has no @remote function {callback!r}")
+    fut = Future()
+    fut.set_result(value)
+    return fn(fut, *extra)
+
+
+_registry.functions[THEN_TRAMPOLINE] = (_then_trampoline, False, ["value", "callback"])
 
 
 def _remote_error(error):
