@@ -125,8 +125,8 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use crate::agent::{
-    CallScope, Extension, FunctionRegistry, INTERNAL_PREFIX, IncomingCall, IncomingReply,
-    OutgoingCall, Request, RpcAgent, Run, ServeScope,
+    CallScope, Extension, FunctionRegistry, IncomingCall, IncomingReply, Inherit, OutgoingCall,
+    Request, RpcAgent, Run, ServeScope,
 };
 use crate::error::Result;
 use crate::transport::MessageKind;
@@ -138,18 +138,6 @@ use crate::value::Payload;
 /// and the `num_autograd_contexts` / `num_current_backward_passes` debug
 /// info.
 pub(crate) struct DistAutograd;
-
-/// The agent's internal functions that still carry the envelope: those
-/// behind `remote`, `to_here` and the RRef proxies (DA-3).
-fn carries_envelope(function: &str) -> bool {
-    !function.starts_with(INTERNAL_PREFIX)
-        || [
-            crate::rref::REMOTE,
-            crate::rref::FETCH,
-            crate::rref::LOCAL_INVOKE,
-        ]
-        .contains(&function)
-}
 
 /// An envelope decided before the call's request id is known.
 struct Envelope(Vec<u8>);
@@ -190,11 +178,18 @@ impl Extension for DistAutograd {
     }
 
     fn on_call(&self, call: &OutgoingCall<'_>) -> Option<Box<dyn CallScope>> {
-        if !carries_envelope(call.function) {
+        // DA-3: user calls, and the features' calls that carry user values
+        // (those behind `remote`, `to_here` and the RRef proxies).
+        if !call.user_values {
             return None;
         }
         context::outgoing_call(call.agent, call.to.id, call.function, call.tensors)
             .map(|e| Box::new(Envelope(e.encode())) as Box<dyn CallScope>)
+    }
+
+    fn inherit(&self) -> Option<Inherit> {
+        let context = current_context_id()?;
+        Some(Box::new(move |task| scope(Some(context), task).boxed()))
     }
 
     fn on_serve(&self, call: &IncomingCall<'_>) -> Option<Box<dyn ServeScope>> {

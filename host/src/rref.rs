@@ -468,7 +468,8 @@ impl RRef {
             crate::agent::CallOptions {
                 timeout,
                 ..crate::agent::CallOptions::new(crate::agent::CallKind::Internal)
-            },
+            }
+            .carrying_user_values(),
         );
         let value = fut.wait().await.map_err(|e| {
             e.context_line(format!(

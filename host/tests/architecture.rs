@@ -16,12 +16,13 @@
 //! builtin ops, devices, tensors, errors, worker names) names no feature.
 //! Features (RRefs, distributed autograd, the profiler, plugins, the
 //! optimizer, RemoteModule) plug into the agent as extensions
-//! (`wasmrpc::Extension`) and may use the core and each other; the crate
-//! root (`lib.rs`) and the harness (`testing.rs`) put them together. The
-//! top-level modules are read from `lib.rs`; only which of them are core is
-//! kept here.
+//! (`wasmrpc::Extension`) and may use the core and the features in layers
+//! below them ([`FEATURES`] is their order); the crate root (`lib.rs`) and
+//! the harness (`testing.rs`) put them together. The top-level modules are
+//! read from `lib.rs`; only which of them are core, and the features'
+//! order, are kept here.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Top-level modules of the host library's core.
@@ -40,14 +41,22 @@ const CORE: &[&str] = &[
 ];
 
 /// Top-level modules of the host library's features: everything the core
-/// must not name.
+/// must not name. In layers, the lowest first: a feature names the core and
+/// the features before it, never one after it (what a lower feature needs
+/// from a higher one goes through the agent: a call option, a hook of
+/// `Extension`).
 const FEATURES: &[&str] = &[
-    "rref",
-    "dist_autograd",
+    // Times calls and ops; knows no other feature.
     "profiler",
-    "plugin",
+    // RRefs: `remote()`'s creation is profiled.
+    "rref",
+    // Contexts follow calls, RRefs' `backward` and `to_here`.
+    "dist_autograd",
+    // Steps with the gradients of a context, over parameter RRefs.
     "optim",
     "remote_module",
+    // Plugins reach every feature through their host functions.
+    "plugin",
     "metrics",
     // The test harness puts core and features together, like the root.
     "testing",
@@ -322,8 +331,8 @@ fn declared_modules(lib: &str) -> Vec<String> {
 /// The names the crate root re-exports from the features
 /// (`pub use rref::{RRef, ...}` in `lib.rs`): a core file naming
 /// `crate::RRef` names the feature as surely as `crate::rref::RRef`.
-fn feature_reexports(lib: &str) -> BTreeSet<String> {
-    let mut names = BTreeSet::new();
+fn feature_reexports(lib: &str) -> BTreeMap<String, &'static str> {
+    let mut names = BTreeMap::new();
     for statement in lib.split(';') {
         let statement = statement.trim();
         let Some(path) = statement.strip_prefix("pub use ") else {
@@ -341,7 +350,7 @@ fn feature_reexports(lib: &str) -> BTreeSet<String> {
             let name = item.split(" as ").last().unwrap_or(item).trim();
             let name = name.rsplit("::").next().unwrap_or(name).trim();
             if !name.is_empty() && name != "self" {
-                names.insert(name.to_string());
+                names.insert(name.to_string(), *feature);
             }
         }
     }
@@ -391,7 +400,7 @@ fn the_core_names_no_feature() {
     let lib = code_of(&std::fs::read_to_string(src().join("lib.rs")).expect("reads lib.rs"));
     let reexports = feature_reexports(&lib);
     assert!(
-        reexports.contains("RRef"),
+        reexports.contains_key("RRef"),
         "the root's feature re-exports were not found: {reexports:?}"
     );
     let mut violations = Vec::new();
@@ -408,7 +417,7 @@ fn the_core_names_no_feature() {
             for name in &named {
                 if FEATURES.contains(&name.as_str()) {
                     violations.push(format!("{} names feature {name}", rel.display()));
-                } else if reexports.contains(name) {
+                } else if reexports.contains_key(name) {
                     violations.push(format!("{} names {name} (a feature's)", rel.display()));
                 }
             }
@@ -417,6 +426,41 @@ fn the_core_names_no_feature() {
     assert!(
         violations.is_empty(),
         "the core must not name a feature (plug it in as an Extension instead):\n{}",
+        violations.join("\n")
+    );
+}
+
+#[test]
+fn a_feature_names_only_the_features_below_it() {
+    let lib = code_of(&std::fs::read_to_string(src().join("lib.rs")).expect("reads lib.rs"));
+    let reexports = feature_reexports(&lib);
+    let mut violations = Vec::new();
+    for (layer, feature) in FEATURES.iter().enumerate() {
+        let above = &FEATURES[layer + 1..];
+        let module = module_files(feature);
+        assert!(!module.is_empty(), "feature {feature} has no files");
+        for file in module {
+            let rel = file.strip_prefix(src()).unwrap_or(&file);
+            if is_test_file(&rel.display().to_string()) {
+                continue;
+            }
+            let text = std::fs::read_to_string(&file).expect("reads a source file");
+            let code = without_test_modules(&code_of(&text));
+            for name in root_names(&code, depth_of(rel)) {
+                let named = reexports.get(&name).copied().unwrap_or(name.as_str());
+                if above.contains(&named) {
+                    violations.push(format!(
+                        "{} ({feature}) names {name}, of {named}, a layer above",
+                        rel.display()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        violations.is_empty(),
+        "a feature must not name a feature above it in FEATURES (go through the agent: a \
+         call option, an Extension hook):\n{}",
         violations.join("\n")
     );
 }

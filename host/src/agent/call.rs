@@ -30,6 +30,11 @@ pub struct CallOptions {
     /// Fields sent with the call as given, instead of what the features
     /// named by them would add (a feature forwarding a call it serves).
     pub fields: Fields,
+    /// A feature's own call that carries a user's values (`remote()`'s
+    /// creation, `to_here`, an RRef proxy's method): features that follow
+    /// user values from call to call treat it as a user call
+    /// ([`OutgoingCall::user_values`](super::OutgoingCall)).
+    pub user_values: bool,
 }
 
 impl CallOptions {
@@ -45,6 +50,14 @@ impl CallOptions {
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
+        self
+    }
+
+    /// Marks a feature's own call as carrying a user's values
+    /// ([`user_values`](Self::user_values)).
+    #[must_use]
+    pub fn carrying_user_values(mut self) -> Self {
+        self.user_values = true;
         self
     }
 }
@@ -217,6 +230,7 @@ impl RpcAgent {
             to: &dest,
             function,
             kind: options.kind,
+            user_values: options.user_values || !function.starts_with(INTERNAL_PREFIX),
             tensors: &tensors,
             fields: &options.fields,
         };

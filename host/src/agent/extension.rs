@@ -16,6 +16,7 @@
 //! | [`handles`](Extension::handles) | values with RRefs cross the wire | fork records |
 //! | [`shutdown`](Extension::shutdown), [`stopped`](Extension::stopped) | graceful shutdown, after stop | deleting users, the leak check |
 //! | [`debug_info`](Extension::debug_info) | `get_debug_info` | `rref.*`, `num_autograd_contexts` |
+//! | [`inherit`](Extension::inherit) | a feature spawns a task for the current one ([`RpcAgent::spawn_inheriting`]) | the current autograd context |
 //!
 //! Every hook has a default that does nothing, so an agent with no
 //! extension is a plain RPC agent: it calls and serves functions.
@@ -64,6 +65,9 @@ pub struct OutgoingCall<'a> {
     pub function: &'a str,
     /// How the call was made.
     pub kind: CallKind,
+    /// Whether it carries a user's values: a call to a user's function, or
+    /// a feature's own call marked so ([`CallOptions::user_values`](super::CallOptions)).
+    pub user_values: bool,
     /// The call's tensors.
     pub tensors: &'a [Tensor],
     /// Fields given explicitly with the call ([`CallOptions::fields`](super::CallOptions)).
@@ -86,6 +90,10 @@ pub struct IncomingCall<'a> {
     pub caller: &'a WorkerInfo,
     /// The function called.
     pub function: &'a str,
+    /// The function the call runs: `function`, or the one a carrier of
+    /// another names ([`RpcFunction::runs`](super::RpcFunction::runs):
+    /// `remote()` runs the function its arguments name).
+    pub runs: &'a str,
     /// Its arguments.
     pub args: &'a Args,
     /// The field this extension's peer sent with the call, if any.
@@ -247,6 +255,36 @@ pub trait Extension: Send + Sync + 'static {
     /// Entries the feature adds to `get_debug_info`.
     fn debug_info(&self, _agent: &RpcAgent) -> BTreeMap<String, String> {
         BTreeMap::new()
+    }
+
+    /// The current task's ambient state this feature keeps (distributed
+    /// autograd's current context), for a task spawned on its behalf to
+    /// run in ([`RpcAgent::spawn_inheriting`]); called on the spawning
+    /// task.
+    fn inherit(&self) -> Option<Inherit> {
+        None
+    }
+}
+
+/// A task's ambient state, taken along by a task spawned for it: wraps the
+/// new task's future so it runs in that state ([`Extension::inherit`]).
+pub type Inherit = Box<dyn FnOnce(BoxFuture<'static, ()>) -> BoxFuture<'static, ()> + Send>;
+
+impl RpcAgent {
+    /// Spawns `task` on the agent's runtime in the current task's ambient
+    /// state, as every feature keeps it ([`Extension::inherit`]): a call a
+    /// feature makes later, for the current task, is made as if the task
+    /// made it (in its distributed autograd context), without the feature
+    /// naming the others.
+    pub fn spawn_inheriting(
+        &self,
+        task: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> tokio::task::JoinHandle<()> {
+        let mut task: BoxFuture<'static, ()> = Box::pin(task);
+        for inherit in self.inner.extensions.iter().filter_map(|e| e.inherit()) {
+            task = inherit(task);
+        }
+        self.inner.runtime.spawn(task)
     }
 }
 

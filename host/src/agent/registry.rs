@@ -18,7 +18,7 @@ use futures::FutureExt;
 
 use super::RpcAgent;
 use super::message::{Fields, field};
-use crate::abi::WorkerInfo;
+use crate::abi::{Value, WorkerInfo};
 use crate::error::{Error, Result};
 use crate::value::{Args, Payload};
 
@@ -90,9 +90,42 @@ pub trait RpcFunction: Send + Sync + 'static {
     fn profiled_as_ops(&self) -> bool {
         false
     }
+
+    /// The function this one runs for its caller, when it carries another
+    /// (the RRef feature's `remote()` runs the one its arguments name):
+    /// what a served call is reported as
+    /// ([`IncomingCall::runs`](super::IncomingCall)).
+    fn runs<'a>(&self, _args: &'a Args) -> Option<&'a str> {
+        None
+    }
 }
 
 struct Native<F>(F);
+
+/// A native function that runs, for its caller, the function named by its
+/// positional argument `at` ([`FunctionRegistry::register_carrier`]).
+struct Carrier<F> {
+    at: usize,
+    native: Native<F>,
+}
+
+#[async_trait::async_trait]
+impl<F, Fut> RpcFunction for Carrier<F>
+where
+    F: Fn(CallContext, Args) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Payload>> + Send + 'static,
+{
+    async fn call(&self, ctx: CallContext, args: Args) -> Result<Payload> {
+        self.native.call(ctx, args).await
+    }
+
+    fn runs<'a>(&self, args: &'a Args) -> Option<&'a str> {
+        match args.positional.get(self.at) {
+            Some(Value::Str(name)) => Some(name),
+            _ => None,
+        }
+    }
+}
 
 #[async_trait::async_trait]
 impl<F, Fut> RpcFunction for Native<F>
@@ -191,6 +224,28 @@ impl FunctionRegistry {
         Fut: std::future::Future<Output = Result<Payload>> + Send + 'static,
     {
         self.register(name, Arc::new(Native(f)))
+    }
+
+    /// Registers an async closure as a native function that runs, for its
+    /// caller, the function its positional argument `at` names
+    /// ([`RpcFunction::runs`]).
+    pub fn register_carrier<F, Fut>(
+        &self,
+        name: impl Into<String>,
+        at: usize,
+        f: F,
+    ) -> Option<Arc<dyn RpcFunction>>
+    where
+        F: Fn(CallContext, Args) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<Payload>> + Send + 'static,
+    {
+        self.register(
+            name,
+            Arc::new(Carrier {
+                at,
+                native: Native(f),
+            }),
+        )
     }
 
     /// Removes `name`; returns the function it named.

@@ -114,6 +114,7 @@ impl RpcAgent {
             let e = Error::runtime(unknown_function_message(function, self.name()));
             return (Err(e), Vec::new());
         };
+        let runs = f.runs(&args).unwrap_or(function);
         let mut scopes: Vec<(&'static str, Box<dyn ServeScope>)> = self
             .inner
             .extensions
@@ -123,6 +124,7 @@ impl RpcAgent {
                     agent: self,
                     caller,
                     function,
+                    runs,
                     args: &args,
                     field: field(fields, e.name()),
                 };

@@ -224,17 +224,6 @@ fn incoming(agent: &RpcAgent, id: u64, events: Vec<ProfiledEvent>) {
     out.request_done();
 }
 
-/// The name the callee's event for a call gets: the function, or for a
-/// `remote()` the function it runs.
-fn served_name(function: &str, args: &crate::Args) -> String {
-    if function == crate::rref::REMOTE
-        && let Some(crate::Value::Str(f)) = args.positional.get(2)
-    {
-        return f.clone();
-    }
-    function.to_string()
-}
-
 /// How the caller profiles a served call.
 #[derive(Clone, Copy)]
 struct ServedProfile {
@@ -245,7 +234,7 @@ struct ServedProfile {
     ops_stand_for_call: bool,
 }
 
-/// Serves a call named `name` (see [`served_name`]): when the caller
+/// Serves a call named `name` ([`IncomingCall::runs`]): when the caller
 /// profiles it (`profiled`), in a scope of its own with the caller's
 /// config and one event for the call itself (for a builtin op, the ops it
 /// ran instead), returning every event recorded, for the response; and
@@ -418,7 +407,9 @@ impl Extension for Profiler {
         if call.field.is_none() && GLOBAL_ENABLED.load(Ordering::Acquire) == 0 {
             return None;
         }
-        let name = served_name(call.function, call.args);
+        // The callee's event is named after what the call runs: for a
+        // `remote()`, the function it runs.
+        let name = call.runs.to_string();
         let profiled = call.field.map(|field| {
             // A field this version cannot read still means "profiled": the
             // call is then profiled with the default config.

@@ -37,7 +37,8 @@ pub(crate) fn register(r: &FunctionRegistry) {
                 .map(|(k, v)| (Payload::from(k), Payload::from(v))),
         ))
     });
-    r.register_native(REMOTE, |ctx, args: Args| async move {
+    // Positional 2 is the function it runs (`remote_inner`'s header).
+    r.register_carrier(REMOTE, 2, |ctx, args: Args| async move {
         let agent = ctx.agent().clone();
         let rref_id = header_id(&args, 0)?;
         let fork_id = header_id(&args, 1)?;

@@ -103,9 +103,6 @@ impl RRefProxy {
         let this = self.clone();
         let method = method.to_string();
         let o = out.clone();
-        // The call is made inside the caller's distributed autograd context,
-        // if any, as `rpc_async` would be (DA-3): the task carries it.
-        let context = crate::dist_autograd::current_context_id();
         let call = async move {
             let r = match this.ready().await {
                 Ok(()) => {
@@ -116,7 +113,7 @@ impl RRefProxy {
                             owner,
                             LOCAL_INVOKE,
                             call,
-                            super::remote::internal(this.timeout),
+                            super::remote::running_user_code(this.timeout),
                         )
                         .wait()
                         .await
@@ -130,9 +127,9 @@ impl RRefProxy {
                 ))
             }));
         };
-        self.agent
-            .runtime_handle()
-            .spawn(crate::dist_autograd::scope(context, call));
+        // The call is made in the caller's ambient state (its distributed
+        // autograd context, if any), as `rpc_async` would be (DA-3).
+        self.agent.spawn_inheriting(call);
         out
     }
 

@@ -144,7 +144,7 @@ pub(super) fn remote_inner(
             tensors,
             rrefs,
         };
-        let fut = agent.call(Dest::Info(dst), REMOTE, call, internal(timeout));
+        let fut = agent.call(Dest::Info(dst), REMOTE, call, running_user_code(timeout));
         let value = state.value.clone();
         fut.add_done_callback(move |f| {
             if let Some(Err(e)) = f.try_value() {
@@ -184,7 +184,7 @@ pub(super) fn remote_inner(
         creation.clone(),
     );
     ctx.add_pending_user(fork_id, user);
-    let fut = agent.call(Dest::Info(dst), REMOTE, call, internal(timeout));
+    let fut = agent.call(Dest::Info(dst), REMOTE, call, running_user_code(timeout));
     let this = agent.downgrade();
     fut.add_done_callback(move |f| {
         let result = f
@@ -201,10 +201,13 @@ pub(super) fn remote_inner(
     Ok(rref)
 }
 
-/// The options of RRef protocol calls: internal, with `timeout` if given.
-pub(super) fn internal(timeout: Option<Duration>) -> CallOptions {
+/// The options of the RRef protocol's calls that run a user's function
+/// (`remote()`, a proxy's method): internal, carrying user values, with
+/// `timeout` if given.
+pub(super) fn running_user_code(timeout: Option<Duration>) -> CallOptions {
     CallOptions {
         timeout,
         ..CallOptions::new(CallKind::Internal)
     }
+    .carrying_user_values()
 }
