@@ -78,7 +78,7 @@ use tokio::sync::Notify;
 pub use call::CallOptions;
 pub use current::{current_agent, reset_current_agent, set_current_agent};
 pub use extension::{
-    CallKind, CallScope, Extension, Extensions, HandleCodec, IncomingCall, IncomingReply,
+    CallKind, CallScope, Extension, Extensions, HandleCodec, IncomingCall, IncomingReply, Inherit,
     OutgoingCall, Request, Run, ServeScope,
 };
 pub use failures::{FAILED_WORKERS, NEXT_FAILURE, RESTART_COUNT, WorkerFailure};
@@ -464,6 +464,24 @@ impl RpcAgent {
             .get()
             .cloned()
             .ok_or_else(Error::not_initialized)
+    }
+
+    /// What this worker exchanged with each peer since it started, by
+    /// channel (`crate::transport`'s TRAFFIC-1: totals never go down).
+    pub fn traffic(&self) -> Vec<crate::transport::PeerTraffic> {
+        self.inner
+            .transport
+            .get()
+            .map_or_else(Vec::new, |t| t.traffic())
+    }
+
+    /// Connections this worker refused since it started, by reason (every
+    /// reason, zeros included).
+    pub fn refused_connections(&self) -> Vec<(crate::transport::RefusalReason, u64)> {
+        self.inner
+            .transport
+            .get()
+            .map_or_else(Vec::new, |t| t.refusals())
     }
 
     /// Debug information (`get_debug_info`): `agent.*` keys.

@@ -14,6 +14,9 @@
 //! | `wasmrpc_calls_made_total` | counter | `peer`, `function`, `kind`, `outcome` | calls this worker made (`kind`: `sync`, `async`, `remote`, `internal`) |
 //! | `wasmrpc_call_seconds` | histogram | `peer`, `function` | their round trips, from leaving to the response |
 //! | `wasmrpc_peer_failures_total` | counter | `peer` | peers this worker declared failed |
+//! | `wasmrpc_bytes_sent_total`, `wasmrpc_bytes_received_total` | counter | `peer`, `channel` | bytes of frames to and from each peer, by channel (`tcp`, `tls`; `shm`: storages sent in shared memory), from `RpcAgent::traffic` |
+//! | `wasmrpc_frames_sent_total`, `wasmrpc_frames_received_total` | counter | `peer`, `channel` | frames (messages and heartbeats) to and from each peer |
+//! | `wasmrpc_connections_refused_total` | counter | `reason` | connections refused before their first frame: `tls`, `handshake`, `certificate_name`, `timeout`, `displaced` |
 //! | `wasmrpc_worker_info` | info | `name`, `rank` | which worker this is |
 //! | `wasmrpc_<debug info key>` | gauge | | every number of `get_debug_info` (the agent's and each feature's): `wasmrpc_agent_num_pending_requests`, `wasmrpc_agent_num_connections`, `wasmrpc_agent_tensor_memory_bytes`, `wasmrpc_agent_tensor_memory_limit_bytes`, `wasmrpc_rref_num_owner_rrefs`, `wasmrpc_num_autograd_contexts`, ... |
 //!
@@ -60,6 +63,11 @@ pub const CALL_FAMILIES: &[&str] = &[
     "wasmrpc_call_seconds",
     "wasmrpc_peer_failures",
     "wasmrpc_worker",
+    "wasmrpc_bytes_sent",
+    "wasmrpc_bytes_received",
+    "wasmrpc_frames_sent",
+    "wasmrpc_frames_received",
+    "wasmrpc_connections_refused",
 ];
 
 /// The feature: counts calls served and made, and peer failures, into the
@@ -299,6 +307,7 @@ pub fn render(agent: &RpcAgent) -> String {
         "Peers this worker declared failed",
         metrics.peer_failures.clone(),
     );
+    register_traffic(&mut registry, agent);
     let me = agent.get_worker_info(None).ok();
     registry.register(
         "worker",
@@ -320,6 +329,78 @@ pub fn render(agent: &RpcAgent) -> String {
     // Writing to a String cannot fail.
     let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
     text
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TrafficLabels {
+    peer: String,
+    channel: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabels {
+    reason: &'static str,
+}
+
+/// The transport's totals (`RpcAgent::traffic`, `refused_connections`) as
+/// counters, read at the scrape.
+fn register_traffic(registry: &mut Registry, agent: &RpcAgent) {
+    let family = Family::<TrafficLabels, Counter>::default;
+    let (bytes_sent, bytes_received, frames_sent, frames_received) =
+        (family(), family(), family(), family());
+    for t in agent.traffic() {
+        let labels = TrafficLabels {
+            peer: t.peer.clone(),
+            channel: t.channel.as_str(),
+        };
+        bytes_sent.get_or_create(&labels).inc_by(t.bytes_sent);
+        frames_sent.get_or_create(&labels).inc_by(t.frames_sent);
+        if t.channel != crate::transport::Channel::SharedMemory {
+            bytes_received
+                .get_or_create(&labels)
+                .inc_by(t.bytes_received);
+            frames_received
+                .get_or_create(&labels)
+                .inc_by(t.frames_received);
+        }
+    }
+    for (name, help, metric) in [
+        (
+            "bytes_sent",
+            "Bytes sent to each peer, by channel",
+            bytes_sent,
+        ),
+        (
+            "bytes_received",
+            "Bytes received from each peer, by channel",
+            bytes_received,
+        ),
+        (
+            "frames_sent",
+            "Frames sent to each peer, by channel",
+            frames_sent,
+        ),
+        (
+            "frames_received",
+            "Frames received from each peer, by channel",
+            frames_received,
+        ),
+    ] {
+        registry.register(name, help, metric);
+    }
+    let refused = Family::<RefusalLabels, Counter>::default();
+    for (reason, n) in agent.refused_connections() {
+        refused
+            .get_or_create(&RefusalLabels {
+                reason: reason.as_str(),
+            })
+            .inc_by(n);
+    }
+    registry.register(
+        "connections_refused",
+        "Connections refused before their first frame, by reason",
+        refused,
+    );
 }
 
 /// A `get_debug_info` key as a metric name (after the `wasmrpc_` prefix):

@@ -34,6 +34,8 @@
 //!   connections and fails a connection whose peer went silent for the
 //!   failure window (`RpcBackendOptions::failure_timeout`), by the network
 //!   layer's rules (`wasmrpc_net::liveness`, LIVE-1 to LIVE-3).
+//! - `traffic`: the bytes and frames each peer's connections carried, by
+//!   channel, and the connections refused, by reason (TRAFFIC-1, TRAFFIC-2).
 //! - `fault`: make the first N sends of given message kinds fail, or delay
 //!   them, for the seeds' faulty-agent tests.
 //!
@@ -100,6 +102,7 @@ mod kind;
 mod shm;
 mod tcp;
 mod tls;
+mod traffic;
 
 pub use fault::FaultInjection;
 pub use kind::MessageKind;
@@ -113,6 +116,7 @@ pub use tls::{
     CertificateAuthority, TLS_CA_ENV, TLS_CA_PEM_ENV, TLS_CERT_ENV, TLS_CERT_PEM_ENV, TLS_KEY_ENV,
     TLS_KEY_PEM_ENV, TlsCredentials, worker_dns_name,
 };
+pub use traffic::{Channel, PeerTraffic, RefusalReason};
 
 /// Handshake helpers for tests that play a foreign peer.
 pub mod probe {

@@ -143,6 +143,70 @@ fn metrics_count_every_call_served_and_made_by_function_peer_and_outcome() {
                 "{series} is not {want} in:\n{made}"
             );
         }
+        // Traffic: worker1 was scraped first, and counts only what worker0
+        // had sent by then; in between, at most heartbeats (4 bytes each).
+        // `tcp`, or `tls` when the suite runs over TLS.
+        let channel = a
+            .traffic()
+            .into_iter()
+            .find(|t| t.peer == "worker1" && t.channel != wasmrpc::transport::Channel::SharedMemory)
+            .context("worker0 counted no traffic to worker1")?
+            .channel
+            .as_str();
+        let w0_to_w1 = format!(r#"{{peer="worker1",channel="{channel}"}}"#);
+        let w1_from_w0 = format!(r#"{{peer="worker0",channel="{channel}"}}"#);
+        let count = |text: &str, family: &str, labels: &str| {
+            sample(text, &format!("wasmrpc_{family}_total{labels}")).unwrap_or(-1.0)
+        };
+        let (sent, received) = (
+            count(&made, "bytes_sent", &w0_to_w1),
+            count(&served, "bytes_received", &w1_from_w0),
+        );
+        ensure!(
+            received > 25.0 * SECRET_ARGUMENT.len() as f64
+                && received <= sent
+                && sent <= received + 1024.0,
+            "worker0 sent {sent} bytes to worker1, which received {received}:\n{made}\n{served}"
+        );
+        let (frames_sent, frames_received) = (
+            count(&made, "frames_sent", &w0_to_w1),
+            count(&served, "frames_received", &w1_from_w0),
+        );
+        // 41 calls, and their 41 responses.
+        ensure!(
+            (41.0..=frames_sent).contains(&frames_received)
+                && count(&made, "frames_received", &w0_to_w1) >= 41.0
+                && count(&served, "frames_sent", &w1_from_w0) >= 41.0,
+            "frames: worker0 sent {frames_sent}, worker1 received {frames_received}"
+        );
+        // A connection that is no handshake is refused, and counted by
+        // its reason only (over TLS, TLS refuses it first): nothing it
+        // sent becomes a label (TRAFFIC-2).
+        let rpc_port = c.agent(1).local_addr().context("no address")?;
+        let mut garbage = tokio::net::TcpStream::connect(rpc_port).await?;
+        garbage.write_all(SECRET_ARGUMENT.as_bytes()).await?;
+        let mut rest = Vec::new();
+        let _ = garbage.read_to_end(&mut rest).await;
+        let (reason, other) = match channel {
+            "tls" => ("tls", "handshake"),
+            _ => ("handshake", "tls"),
+        };
+        let refused = format!(r#"wasmrpc_connections_refused_total{{reason="{reason}"}}"#);
+        let not_refused = format!(r#"wasmrpc_connections_refused_total{{reason="{other}"}}"#);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let after = loop {
+            let text = scrape(c.agent(1)).await?;
+            if sample(&text, &refused) == Some(1.0) || Instant::now() > deadline {
+                break text;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        ensure!(
+            sample(&after, &refused) == Some(1.0)
+                && sample(&after, &not_refused) == Some(0.0)
+                && !after.contains(SECRET_ARGUMENT),
+            "the refused connection is not counted as one {reason} refusal:\n{after}"
+        );
         dashboard_queries_only_exported_metrics(&format!("{served}{made}"))?;
         ensure!(
             !made.contains(SECRET_ARGUMENT),

@@ -48,12 +48,22 @@ pub fn silence_cause(window: Duration) -> String {
 }
 
 /// What one connection did: frames queued to send, and socket reads that
-/// brought bytes (LIVE-3). Cheap to share between the data path and the
-/// watchdog.
+/// brought bytes (LIVE-3), with the bytes of both and the frames received,
+/// for the operator's traffic counters. Cheap to share between the data
+/// path and the watchdog.
 #[derive(Debug, Default)]
 pub struct Activity {
     sent: AtomicU64,
-    reads: Arc<AtomicU64>,
+    bytes_sent: AtomicU64,
+    received: AtomicU64,
+    reads: Arc<ReadCounts>,
+}
+
+/// What a [`CountedRead`] counted.
+#[derive(Debug, Default)]
+struct ReadCounts {
+    reads: AtomicU64,
+    bytes: AtomicU64,
 }
 
 impl Activity {
@@ -62,9 +72,35 @@ impl Activity {
         self.sent.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts `bytes` queued to send, on top of [`sent`](Self::sent)'s
+    /// frames (a sender that knows its frame's size).
+    pub fn sent_bytes(&self, bytes: u64) {
+        self.bytes_sent.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Counts a whole frame received.
+    pub fn received(&self) {
+        self.received.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// How many frames were counted as sent.
     pub fn frames_sent(&self) -> u64 {
         self.sent.load(Ordering::Relaxed)
+    }
+
+    /// How many bytes were counted as sent.
+    pub fn bytes_sent(&self) -> u64 {
+        self.bytes_sent.load(Ordering::Relaxed)
+    }
+
+    /// How many frames were counted as received.
+    pub fn frames_received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    /// How many bytes the counting read half read.
+    pub fn bytes_read(&self) -> u64 {
+        self.reads.bytes.load(Ordering::Relaxed)
     }
 
     /// Wraps the connection's read half so that its reads count.
@@ -81,7 +117,7 @@ impl Activity {
 #[derive(Debug)]
 pub struct CountedRead<R> {
     inner: R,
-    reads: Arc<AtomicU64>,
+    reads: Arc<ReadCounts>,
 }
 
 impl<R: AsyncRead + Unpin> AsyncRead for CountedRead<R> {
@@ -93,8 +129,10 @@ impl<R: AsyncRead + Unpin> AsyncRead for CountedRead<R> {
         let this = self.get_mut();
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            this.reads.fetch_add(1, Ordering::Relaxed);
+        let read = buf.filled().len() - before;
+        if read > 0 {
+            this.reads.reads.fetch_add(1, Ordering::Relaxed);
+            this.reads.bytes.fetch_add(read as u64, Ordering::Relaxed);
         }
         polled
     }
@@ -129,7 +167,7 @@ impl Watch {
         Watch {
             window,
             sent: None,
-            reads: activity.reads.load(Ordering::Relaxed),
+            reads: activity.reads.reads.load(Ordering::Relaxed),
             since: now,
             quiet_ticks: 0,
         }
@@ -143,7 +181,7 @@ impl Watch {
         let heartbeat_due = self.sent == Some(sent);
         // After a heartbeat, the next tick sees it as this tick's send.
         self.sent = Some(sent + u64::from(heartbeat_due));
-        let reads = activity.reads.load(Ordering::Relaxed);
+        let reads = activity.reads.reads.load(Ordering::Relaxed);
         if reads != self.reads {
             (self.reads, self.since, self.quiet_ticks) = (reads, now, 0);
             return Observation {
@@ -195,6 +233,36 @@ mod tests {
         for _ in 0..TICKS * 3 {
             assert!(!watch.tick(&activity, t0 + window / 2).silent);
         }
+    }
+
+    #[tokio::test]
+    async fn the_bytes_and_frames_of_both_directions_are_counted() {
+        let activity = Activity::default();
+        activity.sent();
+        activity.sent_bytes(40);
+        activity.received();
+        let mut read = activity.counting(&b"twelve bytes"[..]);
+        let mut buf = [0u8; 5];
+        let mut total = 0;
+        loop {
+            let n = tokio::io::AsyncReadExt::read(&mut read, &mut buf)
+                .await
+                .unwrap();
+            if n == 0 {
+                break;
+            }
+            total += n;
+        }
+        assert_eq!(total, 12);
+        assert_eq!(
+            (
+                activity.frames_sent(),
+                activity.bytes_sent(),
+                activity.frames_received(),
+                activity.bytes_read()
+            ),
+            (1, 40, 1, 12)
+        );
     }
 
     #[tokio::test]

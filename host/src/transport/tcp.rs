@@ -18,6 +18,7 @@ use super::frame::OutFrame;
 use super::handshake::{self, HANDSHAKE_TIMEOUT};
 use super::shm::{ShmListener, ShmSlot};
 use super::tls::TlsEndpoints;
+use super::traffic::{Channel, Ledger, PeerTraffic, RefusalReason};
 use crate::error::{Error, Result};
 
 mod admission;
@@ -29,7 +30,7 @@ mod tasks;
 mod write_half;
 
 pub(crate) use coalesce::Work;
-pub(crate) use refusals::{REFUSAL_LOG_INTERVAL, Refusal, RefusalLog};
+pub(crate) use refusals::RefusalLog;
 use tasks::{READ_BUFFER, accept_loop, reader_loop, writer_loop};
 pub use wasmrpc_net::liveness::DEFAULT_FAILURE_TIMEOUT;
 use write_half::WriteHalf;
@@ -130,8 +131,11 @@ pub(crate) struct Connection {
     /// Where flush tasks run: the runtime the connection's tasks run on.
     runtime: tokio::runtime::Handle,
     /// Frames queued to send, and socket reads that brought bytes
-    /// (LIVE-3): what the liveness watchdog looks at.
+    /// (LIVE-3): what the liveness watchdog looks at, and the traffic
+    /// counters.
     activity: wasmrpc_net::liveness::Activity,
+    /// TCP or TLS, for the traffic counters.
+    channel: Channel,
 }
 
 impl std::fmt::Debug for Connection {
@@ -147,6 +151,23 @@ impl Connection {
     /// Whether the connection has closed.
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
+    }
+
+    /// What it carried so far: on its channel, and in shared memory.
+    fn traffic(&self) -> impl Iterator<Item = PeerTraffic> {
+        let a = &self.activity;
+        let own = PeerTraffic {
+            frames_sent: a.frames_sent(),
+            bytes_sent: a.bytes_sent(),
+            frames_received: a.frames_received(),
+            bytes_received: a.bytes_read(),
+            ..PeerTraffic::new(&self.peer, self.channel)
+        };
+        let shm = self.shm.get().map(|link| PeerTraffic {
+            bytes_sent: link.sent_bytes(),
+            ..PeerTraffic::new(&self.peer, Channel::SharedMemory)
+        });
+        std::iter::once(own).chain(shm)
     }
 }
 
@@ -164,8 +185,8 @@ pub(crate) struct Transport {
     next_id: AtomicU64,
     shut: AtomicBool,
     refusals: RefusalLog,
-    /// Connections refused since the start, logged or not (TR-6).
-    refused_total: std::sync::atomic::AtomicU64,
+    /// Closed connections' traffic, and refusals by reason (TRAFFIC-1).
+    ledger: Ledger,
     /// Where same-host dialers join their shared-memory link (TR-9).
     shm: Option<Arc<ShmListener>>,
 }
@@ -215,7 +236,7 @@ impl Transport {
             next_id: AtomicU64::new(1),
             shut: AtomicBool::new(false),
             refusals: RefusalLog::default(),
-            refused_total: std::sync::atomic::AtomicU64::new(0),
+            ledger: Ledger::default(),
             shm,
         });
         let weak = Arc::downgrade(&t);
@@ -225,43 +246,6 @@ impl Transport {
         Ok(t)
     }
 
-    /// Logs a refused connection from `from` (TR-6).
-    fn refused(self: &Arc<Self>, from: SocketAddr, why: &str) {
-        self.refused_total
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let name = &self.cfg.name;
-        let suppressed = match self.refusals.note(std::time::Instant::now()) {
-            Refusal::Log(n) => n,
-            Refusal::Suppressed => return,
-            Refusal::FirstSuppressed => {
-                let t = Arc::downgrade(self);
-                tokio::spawn(async move {
-                    tokio::time::sleep(REFUSAL_LOG_INTERVAL).await;
-                    let Some(t) = t.upgrade() else { return };
-                    if let Some(n) = t.refusals.flush(std::time::Instant::now()) {
-                        tracing::warn!(
-                            worker = %t.cfg.name,
-                            listen = %t.addr,
-                            "refused {n} more connections in the last second"
-                        );
-                    }
-                });
-                return;
-            }
-        };
-        let listen = self.addr;
-        if suppressed == 0 {
-            tracing::warn!(worker = %name, %listen, %from, "refused connection: {why}");
-        } else {
-            tracing::warn!(
-                worker = %name,
-                %listen,
-                %from,
-                "refused connection: {why} ({suppressed} more refused since the last such line)"
-            );
-        }
-    }
-
     /// The address peers dial.
     pub(crate) fn local_addr(&self) -> SocketAddr {
         self.addr
@@ -269,8 +253,20 @@ impl Transport {
 
     /// How many connections were refused since the start (TR-6).
     pub(crate) fn refused_connections(&self) -> u64 {
-        self.refused_total
-            .load(std::sync::atomic::Ordering::Relaxed)
+        self.ledger.refused_total()
+    }
+
+    /// Connections refused since the start, by reason.
+    pub(crate) fn refusals(&self) -> Vec<(RefusalReason, u64)> {
+        self.ledger.refusals()
+    }
+
+    /// What every connection carried since the start, by peer and channel
+    /// (TRAFFIC-1: the open ones' counts are read under the lock a closing
+    /// one retires under).
+    pub(crate) fn traffic(&self) -> Vec<PeerTraffic> {
+        let all = lock(&self.all);
+        self.ledger.totals(all.values().flat_map(|c| c.traffic()))
     }
 
     /// The number of live connections.
@@ -422,6 +418,10 @@ impl Transport {
         shm: ShmSlot,
     ) -> Arc<Connection> {
         let activity = wasmrpc_net::liveness::Activity::default();
+        let channel = match stream {
+            Stream::Tcp(_) => Channel::Tcp,
+            Stream::Tls(_) => Channel::Tls,
+        };
         let (read, direct): (Box<dyn tokio::io::AsyncRead + Send + Unpin>, _) = match stream {
             Stream::Tcp(stream) => {
                 let (read, write) = stream.into_split();
@@ -451,6 +451,7 @@ impl Transport {
             flush_scheduled: AtomicBool::new(false),
             runtime: tokio::runtime::Handle::current(),
             activity,
+            channel,
         });
         lock(&self.all).insert(conn.id, conn.clone());
         lock(&self.conns)
@@ -500,7 +501,13 @@ impl Transport {
             drop(direct.take());
         }
         conn.shm.close();
-        lock(&self.all).remove(&conn.id);
+        {
+            // TRAFFIC-1: retired and forgotten under one lock, so that a
+            // reader of `traffic` sees it in one place or the other.
+            let mut all = lock(&self.all);
+            self.ledger.retire(conn.traffic());
+            all.remove(&conn.id);
+        }
         {
             let mut conns = lock(&self.conns);
             if conns.get(&conn.peer).is_some_and(|c| c.id == conn.id) {

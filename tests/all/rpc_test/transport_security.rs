@@ -33,6 +33,30 @@ fn assert_no_secret(store: &HashStore, secret: &[u8]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Waits until `agent` has refused the connections `want` says, by reason
+/// (reasons not named: none). A worker counts a refusal when its side of
+/// the handshake ends, which may be after the probe heard of it.
+async fn refusals_become(agent: &RpcAgent, want: &[(&str, u64)]) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now: Vec<(&str, u64)> = agent
+            .refused_connections()
+            .into_iter()
+            .map(|(reason, n)| (reason.as_str(), n))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        if now == want {
+            return Ok(());
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "{} refused {now:?} by reason, not {want:?}",
+            agent.name()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A call from `from` to `to` that must succeed.
 async fn still_serves(from: &RpcAgent, to: &str) -> anyhow::Result<()> {
     let r = from.rpc_sync(to, "aten::add", args![ones(&[2]), 1]).await?;
@@ -162,6 +186,7 @@ fn test_tls_refuses_peers_without_a_valid_certificate_for_their_name() {
         // Refused by TLS itself (an alert), before the agent's handshake.
         ensure!(e.message().contains("CertificateRequired"), "{e}");
         still_serves(c.agent(0), "worker1").await?;
+        refusals_become(c.agent(1), &[("tls", 1)]).await?;
 
         // A certificate naming worker0, from another CA (and the secret).
         let other = wasmrpc::CertificateAuthority::generate()?;
@@ -172,6 +197,7 @@ fn test_tls_refuses_peers_without_a_valid_certificate_for_their_name() {
             .context("a certificate of another CA got in")?;
         ensure!(e.message().contains("alert"), "{e}");
         still_serves(c.agent(0), "worker1").await?;
+        refusals_become(c.agent(1), &[("tls", 2)]).await?;
 
         // A valid certificate of the cluster's CA, for mallory, claiming to
         // be worker0 (even with the secret).
@@ -183,6 +209,8 @@ fn test_tls_refuses_peers_without_a_valid_certificate_for_their_name() {
             "a certificate for mallory passed as worker0"
         );
         still_serves(c.agent(0), "worker1").await?;
+        // Past TLS and the secret's handshake, refused for its name (TLS-3).
+        refusals_become(c.agent(1), &[("tls", 2), ("certificate_name", 1)]).await?;
 
         // The dialer checks the acceptor's name too: worker1's port is not
         // worker0's, whatever the certificate chain.
@@ -205,6 +233,9 @@ fn test_tls_refuses_peers_without_a_valid_certificate_for_their_name() {
         );
         still_serves(c.agent(0), "worker1").await?;
         still_serves(c.agent(1), "worker0").await?;
+        // The dialer that refused worker1's certificate, and the plaintext
+        // client, both ended worker1's TLS handshake.
+        refusals_become(c.agent(1), &[("tls", 4), ("certificate_name", 1)]).await?;
         c.shutdown().await?;
         Ok(())
     });
@@ -399,6 +430,20 @@ fn test_a_flood_of_refused_connections_logs_a_few_warn_lines() {
         still_serves(c.agent(0), "worker1").await?;
         // The refusals not logged are counted in one line a second later.
         tokio::time::sleep(Duration::from_millis(1500)).await;
+        // And every one is counted, under its reason: no handshake, a
+        // handshake that never ends, or one ended for newer sockets (TR-8)
+        // when the flood outran them.
+        let refused = c.agent(1).refused_connections();
+        let total: u64 = refused.iter().map(|(_, n)| n).sum();
+        ensure!(
+            (connected..=200).contains(&total)
+                && refused.iter().all(|(reason, n)| {
+                    // Over TLS, TLS waits for the fifth byte of a record
+                    // header that never comes.
+                    *n == 0 || matches!(reason.as_str(), "handshake" | "timeout" | "displaced")
+                }),
+            "{connected} connections reached the worker, refused by reason: {refused:?}"
+        );
         c.shutdown().await?;
         // Only this worker's lines: tests running beside this one refuse
         // connections too (each line names the address it listens on).

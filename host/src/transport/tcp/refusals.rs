@@ -1,9 +1,49 @@
 //! TR-6: the log of refused connections, which a flood of bad connections
 //! cannot flood.
 
-use std::sync::Mutex;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 
-use super::lock;
+use super::{Transport, lock};
+use crate::transport::traffic::RefusalReason;
+
+impl Transport {
+    /// Counts and logs a refused connection from `from` (TR-6).
+    pub(super) fn refused(self: &Arc<Self>, from: SocketAddr, reason: RefusalReason, why: &str) {
+        self.ledger.refused(reason);
+        let name = &self.cfg.name;
+        let suppressed = match self.refusals.note(std::time::Instant::now()) {
+            Refusal::Log(n) => n,
+            Refusal::Suppressed => return,
+            Refusal::FirstSuppressed => {
+                let t = Arc::downgrade(self);
+                tokio::spawn(async move {
+                    tokio::time::sleep(REFUSAL_LOG_INTERVAL).await;
+                    let Some(t) = t.upgrade() else { return };
+                    if let Some(n) = t.refusals.flush(std::time::Instant::now()) {
+                        tracing::warn!(
+                            worker = %t.cfg.name,
+                            listen = %t.addr,
+                            "refused {n} more connections in the last second"
+                        );
+                    }
+                });
+                return;
+            }
+        };
+        let listen = self.addr;
+        if suppressed == 0 {
+            tracing::warn!(worker = %name, %listen, %from, "refused connection: {why}");
+        } else {
+            tracing::warn!(
+                worker = %name,
+                %listen,
+                %from,
+                "refused connection: {why} ({suppressed} more refused since the last such line)"
+            );
+        }
+    }
+}
 
 /// TR-6: refused connections are logged as WARN lines, at most one per
 /// [`REFUSAL_LOG_INTERVAL`]; refusals in between are counted, and the count

@@ -11,10 +11,16 @@ use crate::error::Error;
 use crate::transport::frame::{FrameError, read_frame, write_frame};
 use crate::transport::handshake::{self, HANDSHAKE_TIMEOUT};
 use crate::transport::tls::check_peer_names;
+use crate::transport::traffic::RefusalReason;
 
 use super::admission::{Admission, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_ADDRESS};
 use super::write_half::WriteHalf;
 use super::{Connection, ShmSlot, Stream, Transport, WriterCmd, lock};
+
+/// Tags a handshake stage's error with the reason it is refused for.
+fn refused_for<E: Into<Error>>(reason: RefusalReason) -> impl FnOnce(E) -> (RefusalReason, Error) {
+    move |e| (reason, e.into())
+}
 
 pub(super) async fn accept_loop(listener: TcpListener, t: Weak<Transport>) {
     let admission = Admission::new();
@@ -37,6 +43,7 @@ pub(super) async fn accept_loop(listener: TcpListener, t: Weak<Transport>) {
             }
             tr.refused(
                 old.from,
+                RefusalReason::Displaced,
                 &format!(
                     "still in its handshake when newer connections needed its place \
                      ({MAX_HANDSHAKES_PER_ADDRESS} per address, {MAX_HANDSHAKES} in all)"
@@ -49,22 +56,29 @@ pub(super) async fn accept_loop(listener: TcpListener, t: Weak<Transport>) {
             let (secret, name, rank) = (tr.cfg.secret.clone(), tr.cfg.name.clone(), tr.cfg.rank);
             // TR-9: the offer reaches the dialer only after its proof.
             let (offer, joined) = tr.shm.as_ref().map(|l| l.offer()).unzip();
+            // Each stage's error is counted under its own reason (TRAFFIC-2).
             let accept = async {
                 match &tr.cfg.tls {
                     None => {
-                        let who =
-                            handshake::server(&mut stream, &secret, &name, rank, offer).await?;
+                        let who = handshake::server(&mut stream, &secret, &name, rank, offer)
+                            .await
+                            .map_err(refused_for(RefusalReason::Handshake))?;
                         Ok((Stream::Tcp(stream), who))
                     }
                     Some(tls) => {
                         // TLS-1: a certificate of the cluster CA, or no byte
                         // of the agent's protocol is read.
-                        let mut stream = tls.accept(stream).await?;
-                        let who =
-                            handshake::server(&mut stream, &secret, &name, rank, offer).await?;
+                        let mut stream = tls
+                            .accept(stream)
+                            .await
+                            .map_err(refused_for(RefusalReason::Tls))?;
+                        let who = handshake::server(&mut stream, &secret, &name, rank, offer)
+                            .await
+                            .map_err(refused_for(RefusalReason::Handshake))?;
                         // TLS-3: the announced name is the certificate's.
-                        check_peer_names(&stream, &who.name)?;
-                        Ok::<_, Error>((Stream::Tls(Box::new(stream)), who))
+                        check_peer_names(&stream, &who.name)
+                            .map_err(refused_for(RefusalReason::CertificateName))?;
+                        Ok::<_, (RefusalReason, Error)>((Stream::Tls(Box::new(stream)), who))
                     }
                 }
             };
@@ -75,8 +89,8 @@ pub(super) async fn accept_loop(listener: TcpListener, t: Weak<Transport>) {
                         tr.start(stream, who, shm);
                     }
                 }
-                Ok(Err(e)) => tr.refused(from, &e.to_string()),
-                Err(_) => tr.refused(from, "handshake timed out"),
+                Ok(Err((reason, e))) => tr.refused(from, reason, &e.to_string()),
+                Err(_) => tr.refused(from, RefusalReason::Timeout, "handshake timed out"),
             }
         });
         if !admission.started(id, handshake.abort_handle()) {
@@ -156,6 +170,7 @@ pub(super) async fn reader_loop(
     let reason = loop {
         match read_frame(&mut read, max, budget.as_ref(), Some(&conn.shm)).await {
             Ok(Some((message, tensors))) => {
+                conn.activity.received();
                 let Some(tr) = t.upgrade() else { return };
                 let Some(h) = tr.handler.upgrade() else {
                     return;

@@ -1,5 +1,6 @@
 //! Tests of `tcp`.
 
+use super::refusals::{REFUSAL_LOG_INTERVAL, Refusal};
 use super::*;
 use crate::transport::MessageKind;
 

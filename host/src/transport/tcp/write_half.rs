@@ -128,6 +128,8 @@ impl Connection {
         // LIVE-3: the watchdog sends no heartbeat after this frame.
         self.activity.sent();
         let fills = frame.place(self.shm.get())?;
+        // What goes over the socket, shared storages left out (TRAFFIC).
+        self.activity.sent_bytes(frame.len());
         // Shared storages are filled right after queueing (SHM-5): their
         // frames never wait.
         if fills.is_empty() && self.coalesces() {
