@@ -1,4 +1,5 @@
-//! Compiles the C++ shim (`shim/ops.cpp`, `autograd.cpp`, `profile.cpp`,
+//! Compiles the C++ shim (`shim/ops.cpp` with `op_args.cpp`, `op_match.cpp`
+//! and `op_emit.cpp`, `autograd.cpp`, `profile.cpp`,
 //! `budget.cpp`, `guards.cpp`, `cuda.cpp`) against the libtorch that
 //! torch-sys links, links it with `torch_cpu` and `c10`, and embeds an rpath
 //! to libtorch's folder so this package's test and bench binaries find it at
@@ -13,6 +14,11 @@ use std::path::PathBuf;
 
 fn main() -> Result<()> {
     println!("cargo:rerun-if-changed=shim/ops.cpp");
+    println!("cargo:rerun-if-changed=shim/op_args.cpp");
+    println!("cargo:rerun-if-changed=shim/op_args.h");
+    println!("cargo:rerun-if-changed=shim/op_match.cpp");
+    println!("cargo:rerun-if-changed=shim/op_match.h");
+    println!("cargo:rerun-if-changed=shim/op_emit.cpp");
     println!("cargo:rerun-if-changed=shim/ops.h");
     println!("cargo:rerun-if-changed=shim/autograd.cpp");
     println!("cargo:rerun-if-changed=shim/profile.cpp");
@@ -68,6 +74,9 @@ fn main() -> Result<()> {
         // the shim includes, or no layout.
         .define("NDEBUG", None)
         .file("shim/ops.cpp")
+        .file("shim/op_args.cpp")
+        .file("shim/op_match.cpp")
+        .file("shim/op_emit.cpp")
         .file("shim/autograd.cpp")
         .file("shim/profile.cpp")
         .file("shim/budget.cpp")
