@@ -85,8 +85,8 @@
 //!
 //! # Safety
 //!
-//! The C++ shim (`shim/ops.cpp`) is reached only through the private `ffi`
-//! module; every `unsafe` block states its contract. Arguments that a peer
+//! The C++ shim (`shim/`, its C API in `ops.h`) is reached only through
+//! the private `ffi` module; every `unsafe` block states its contract. Arguments that a peer
 //! or a guest controls are bounded before they reach C++: names are checked
 //! for plausibility (the registry interns every name it looks up) and lists
 //! nest at most [`MAX_NESTING`] deep.
