@@ -144,6 +144,9 @@ enum Internal {
         /// Let large storages cross in shared memory (the `shm_*` rows).
         #[arg(long)]
         shared_memory: bool,
+        /// Serve metrics on this address (the `*_metrics` rows).
+        #[arg(long)]
+        metrics_addr: Option<std::net::SocketAddr>,
     },
     /// On cue from stdin, run init_rpc + graceful shutdown once per init method.
     #[command(hide = true)]
@@ -197,6 +200,7 @@ fn main() -> ExitCode {
             threads,
             plugin,
             shared_memory,
+            metrics_addr,
         }) => worker::serve(
             init_method,
             *rank,
@@ -204,6 +208,7 @@ fn main() -> ExitCode {
             *threads,
             plugin,
             *shared_memory,
+            *metrics_addr,
         ),
         Some(Internal::InitWorker {
             init_methods,
@@ -332,12 +337,19 @@ fn suite(cli: &Cli) -> Result<()> {
         let why = format!("n/a (failed: {e:#})");
         shm::ROWS.iter().for_each(|r| res.na(Side::Ours, r.0, &why));
     }
-    let tls_rows: Vec<&str> = ours::TLS_ROWS.iter().map(|r| r.0).collect();
+    let tls_rows: Vec<&str> = ours::TLS_ROWS.iter().map(|r| r.id).collect();
     if tls_rows.iter().any(|r| wanted(only, r))
         && let Err(e) = rt.block_on(ours::tls_rows(&cfg, &mut res, &progress))
     {
         let why = format!("n/a (failed: {e:#})");
         tls_rows.iter().for_each(|r| res.na(Side::Ours, r, &why));
+    }
+    let metrics_rows: Vec<&str> = ours::METRICS_ROWS.iter().map(|r| r.id).collect();
+    if metrics_rows.iter().any(|r| wanted(only, r))
+        && let Err(e) = rt.block_on(ours::metrics_rows(&cfg, &mut res, &progress))
+    {
+        let why = format!("n/a (failed: {e:#})");
+        metrics_rows.iter().for_each(|r| res.na(Side::Ours, r, &why));
     }
     rt.block_on(cuda::cuda_rows(&cfg, &mut res, &progress));
     for world in [2, 4, 8] {

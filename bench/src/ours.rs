@@ -20,12 +20,12 @@ use crate::worker::{self, ECHO, LOAD, NOOP};
 
 mod autograd;
 mod processes;
-mod tls;
+mod variants;
 
 use autograd::{StepPhases, autograd_step};
 
 pub(crate) use processes::{Children, free_port, plain_worker_args, rss_mib, worker_args};
-pub(crate) use tls::{TLS_ROWS, tls_rows};
+pub(crate) use variants::{METRICS_ROWS, TLS_ROWS, metrics_rows, tls_rows};
 
 /// What our side needs to know.
 pub(crate) struct Config {

@@ -96,6 +96,8 @@ pub(crate) const ROWS: &[Row] = &[
     row("rtt_noop_native_tls", "round trip, no-op(int), native fn, TLS", Unit::Micros, None, None, None),
     row("async_128_tls", "async calls/s, 128 in flight, TLS", Unit::Rate, None, None, None),
     row("echo_64m_tls", "echo a 64 MiB tensor, TLS", Unit::Micros, None, None, Some(64 << 20)),
+    row("rtt_noop_native_metrics", "round trip, no-op(int), native fn, metrics on", Unit::Micros, None, None, None),
+    row("async_128_metrics", "async calls/s, 128 in flight, metrics on", Unit::Rate, None, None, None),
     row("cuda_echo_64m", "echo a 64 MiB CUDA tensor, device map cuda:0 -> cuda:0, same host, shared memory on", Unit::Micros, Some("cuda_echo_64m"), None, Some(64 << 20)),
     row("cuda_echo_64m_host", "echo a 64 MiB CUDA tensor, device map cuda:0 -> cuda:0, through host memory", Unit::Micros, Some("cuda_echo_64m"), None, Some(64 << 20)),
     row("remote_to_here", "remote() + to_here(), no-op(int)", Unit::Micros, Some("remote_to_here"), None, None),

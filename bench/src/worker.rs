@@ -221,9 +221,14 @@ pub(crate) fn serve(
     threads: usize,
     plugins: &[std::path::PathBuf],
     shared_memory: bool,
+    metrics_addr: Option<std::net::SocketAddr>,
 ) -> Result<()> {
     runtime(threads)?.block_on(async {
-        let agent = join(init_method, rank, world_size, plugins, None, shared_memory).await?;
+        let options = RpcBackendOptions {
+            metrics_addr,
+            ..options(None, shared_memory)
+        };
+        let agent = join_with(init_method, rank, world_size, plugins, options).await?;
         // As `wasmrpc worker` does: a graceful shutdown serves calls until
         // every worker of the group has called it.
         agent.shutdown(true, Duration::ZERO).await?;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use super::Config;
-use super::tls::TLS_ENV;
+use super::variants::TLS_ENV;
 
 /// A free loopback port (bound, then released).
 pub(crate) fn free_port() -> Result<u16> {

@@ -1,0 +1,272 @@
+//! Rows that price a variant of the group of 2: mutual TLS (issue 20) and
+//! metrics on (issue 50), each measured against the same calls in a plain
+//! group, in alternating rounds of one run.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use tch::Device;
+use wasmrpc::{CertificateAuthority, args};
+
+use super::{Children, Config, async_128, echo, free_port, rtt_noop, worker_args};
+use crate::progress::Progress;
+use crate::rows::{Results, Side};
+use crate::stats::Stat;
+use crate::worker::{self, NOOP};
+
+/// The environment variables that give a worker process TLS credentials:
+/// removed from the bench's worker processes unless a row sets them.
+pub(super) const TLS_ENV: [&str; 6] = [
+    wasmrpc::transport::TLS_CA_ENV,
+    wasmrpc::transport::TLS_CERT_ENV,
+    wasmrpc::transport::TLS_KEY_ENV,
+    wasmrpc::transport::TLS_CA_PEM_ENV,
+    wasmrpc::transport::TLS_CERT_PEM_ENV,
+    wasmrpc::transport::TLS_KEY_PEM_ENV,
+];
+
+/// What a variant row measures.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Measure {
+    /// The round trip of a no-op (`rtt_noop_native`).
+    RoundTrip,
+    /// Async calls per second with 128 in flight (`async_128`).
+    Rate,
+    /// The echo of a 64 MiB tensor (`echo_64m`).
+    Echo64m,
+}
+
+/// A row that prices a variant: its id, the plain row it is compared with,
+/// the most the variant may cost, and what it measures.
+pub(crate) struct VariantRow {
+    /// The row's id.
+    pub(crate) id: &'static str,
+    plain: &'static str,
+    target: f64,
+    measure: Measure,
+}
+
+const fn row(id: &'static str, plain: &'static str, target: f64, measure: Measure) -> VariantRow {
+    VariantRow {
+        id,
+        plain,
+        target,
+        measure,
+    }
+}
+
+/// The TLS rows (issue 20: at most 10% on small calls, 25% on the 64 MiB
+/// echo; the async row is small calls).
+pub(crate) const TLS_ROWS: &[VariantRow] = &[
+    row("rtt_noop_native_tls", "rtt_noop_native", 0.10, Measure::RoundTrip),
+    row("async_128_tls", "async_128", 0.10, Measure::Rate),
+    row("echo_64m_tls", "echo_64m", 0.25, Measure::Echo64m),
+];
+
+/// The metrics rows: both workers count every call and serve `/metrics`
+/// (issue 50: at most 5% on the small-call and async rows).
+pub(crate) const METRICS_ROWS: &[VariantRow] = &[
+    row("rtt_noop_native_metrics", "rtt_noop_native", 0.05, Measure::RoundTrip),
+    row("async_128_metrics", "async_128", 0.05, Measure::Rate),
+];
+
+/// A group of 2 as a variant row runs it.
+#[derive(Clone, Copy)]
+enum Variant<'a> {
+    /// No TLS, no metrics.
+    Plain,
+    /// TLS 1.3 with mutual authentication, certificates issued by the CA.
+    Tls(&'a CertificateAuthority),
+    /// Metrics on, served on a loopback port of each worker.
+    Metrics,
+}
+
+impl Variant<'_> {
+    fn describe(self) -> &'static str {
+        match self {
+            Variant::Plain => "plain TCP",
+            Variant::Tls(_) => "over TLS",
+            Variant::Metrics => "metrics on",
+        }
+    }
+}
+
+/// Starts a group of 2 (rank 0 here, rank 1 a process) as `variant` says,
+/// and takes `rows`' measurements in it, in their order.
+async fn group_sample(
+    cfg: &Config,
+    variant: Variant<'_>,
+    rows: &[VariantRow],
+    progress: &Progress,
+) -> Result<Vec<Option<Stat>>> {
+    let what = variant.describe();
+    progress.set(&format!("wasmrpc: starting a group of 2 workers, {what}"));
+    let method = format!("tcp://127.0.0.1:{}", free_port()?);
+    let loopback_any_port = SocketAddr::from(([127, 0, 0, 1], 0));
+    let children = Children::spawn_with_env(
+        cfg,
+        |r| {
+            let mut args = worker_args(cfg, &method, r, 2);
+            if matches!(variant, Variant::Metrics) {
+                args.extend(["--metrics-addr".into(), loopback_any_port.to_string()]);
+            }
+            args
+        },
+        1..2,
+        false,
+        |rank| {
+            let Variant::Tls(ca) = variant else {
+                return Ok(Vec::new());
+            };
+            let (cert, key) = ca
+                .issue(&format!("worker{rank}"))
+                .with_context(|| format!("issuing worker{rank}'s certificate"))?;
+            Ok(vec![
+                (
+                    wasmrpc::transport::TLS_CA_PEM_ENV,
+                    ca.cert_pem().to_string(),
+                ),
+                (wasmrpc::transport::TLS_CERT_PEM_ENV, cert),
+                (wasmrpc::transport::TLS_KEY_PEM_ENV, key),
+            ])
+        },
+    )?;
+    let tls = match variant {
+        Variant::Tls(ca) => Some(
+            ca.credentials_for("worker0")
+                .context("issuing worker0's certificate")?,
+        ),
+        _ => None,
+    };
+    let mut options = worker::options(tls, false);
+    if matches!(variant, Variant::Metrics) {
+        options.metrics_addr = Some(loopback_any_port);
+    }
+    let agent = worker::join_with(&method, 0, 2, &[], options).await?;
+    let r = async {
+        for i in 0..50 {
+            agent.rpc_sync("worker1", NOOP, args![i]).await?;
+        }
+        let mut sample = Vec::with_capacity(rows.len());
+        for row in rows {
+            if !cfg.wanted(row.id) {
+                sample.push(None);
+                continue;
+            }
+            let stat = match row.measure {
+                Measure::RoundTrip => {
+                    progress.set(&format!("wasmrpc: round trip of a no-op, {what}"));
+                    rtt_noop(cfg, &agent).await?
+                }
+                Measure::Rate => {
+                    progress.set(&format!("wasmrpc: async calls with 128 in flight, {what}"));
+                    async_128(cfg, &agent).await?
+                }
+                Measure::Echo64m => {
+                    progress.set(&format!("wasmrpc: echo of a 64 MiB tensor, {what}"));
+                    let (_, size, nq, nf) = crate::limit::ECHO[2];
+                    echo(cfg, &agent, Device::Cpu, size, nq, nf).await?
+                }
+            };
+            sample.push(Some(stat));
+        }
+        anyhow::Ok(sample)
+    }
+    .await;
+    progress.set(&format!(
+        "wasmrpc: graceful shutdown of the group of 2, {what}"
+    ));
+    let s = agent.shutdown(true, Duration::ZERO).await;
+    children.wait(Duration::from_secs(30)).await?;
+    let sample = r?;
+    s?;
+    Ok(sample)
+}
+
+/// Rounds of the variant rows: each a plain group, then the variant's.
+const ROUNDS: usize = 3;
+
+/// The TLS rows (`*_tls`), see [`variant_rows`].
+pub(crate) async fn tls_rows(cfg: &Config, res: &mut Results, progress: &Progress) -> Result<()> {
+    let ca = CertificateAuthority::generate().context("generating an ephemeral CA")?;
+    variant_rows(cfg, res, progress, TLS_ROWS, Variant::Tls(&ca), "TLS").await
+}
+
+/// The metrics rows (`*_metrics`), see [`variant_rows`].
+pub(crate) async fn metrics_rows(
+    cfg: &Config,
+    res: &mut Results,
+    progress: &Progress,
+) -> Result<()> {
+    variant_rows(cfg, res, progress, METRICS_ROWS, Variant::Metrics, "metrics").await
+}
+
+/// `rows`: the same calls in a plain group and in `variant`'s, in
+/// [`ROUNDS`] alternating rounds of this run, so that a loaded machine's
+/// slow and quick phases fall on both sides alike. Each row shows the
+/// round whose cost of the variant is the median; its note gives the plain
+/// number of that round, the cost, and whether it is within the target
+/// (ok/MISS).
+async fn variant_rows(
+    cfg: &Config,
+    res: &mut Results,
+    progress: &Progress,
+    rows: &[VariantRow],
+    variant: Variant<'_>,
+    name: &str,
+) -> Result<()> {
+    let mut rounds = Vec::with_capacity(ROUNDS);
+    for _ in 0..ROUNDS {
+        let plain = group_sample(cfg, Variant::Plain, rows, progress).await?;
+        let varied = group_sample(cfg, variant, rows, progress).await?;
+        rounds.push(plain.into_iter().zip(varied).collect::<Vec<_>>());
+    }
+    for (i, row) in rows.iter().enumerate() {
+        let is_rate = row.measure == Measure::Rate;
+        // The cost: how much longer a call takes, or how much lower the
+        // rate is, in the variant.
+        let mut costs: Vec<(f64, Stat, Stat)> = rounds
+            .iter_mut()
+            .filter_map(|round| {
+                let (p, v) = (round[i].0.take()?, round[i].1.take()?);
+                let cost = if is_rate {
+                    p.median / v.median - 1.0
+                } else {
+                    v.median / p.median - 1.0
+                };
+                Some((cost, p, v))
+            })
+            .collect();
+        if costs.is_empty() {
+            continue;
+        }
+        costs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let all: Vec<String> = costs
+            .iter()
+            .map(|c| format!("{:+.1}%", c.0 * 100.0))
+            .collect();
+        let (cost, p, v) = costs.swap_remove(costs.len() / 2);
+        res.set(Side::Ours, row.id, v);
+        let verdict = if cost <= row.target { "ok" } else { "MISS" };
+        let plain_cell = if is_rate {
+            format!("{:.0} calls/s", p.median)
+        } else {
+            format!("{:.1} us", p.median)
+        };
+        res.note(
+            Side::Ours,
+            row.id,
+            format!(
+                "(median of {} alternating rounds, costs {}; plain {} in that round: \
+                 {plain_cell}; {name} costs {:+.1}%, target <= {:.0}%: {verdict})",
+                all.len(),
+                all.join(" "),
+                row.plain,
+                cost * 100.0,
+                row.target * 100.0
+            ),
+        );
+    }
+    Ok(())
+}
