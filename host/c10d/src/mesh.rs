@@ -40,10 +40,11 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
+use wasmrpc_net::frame;
 use wasmrpc_net::liveness::{Activity, Watch, silence_cause, tick_interval};
 use wasmrpc_store::Store;
 
@@ -522,19 +523,27 @@ impl<T> Drop for AbortOnDrop<T> {
     }
 }
 
-/// The most a frame's buffer reserves before its bytes arrive.
-const RESERVE_AHEAD: usize = 64 << 20;
+/// The largest payload a frame may announce: what this machine can
+/// address (a larger one is a protocol error, as it always was); what a
+/// payload reserves before its bytes arrive is capped by the network layer
+/// (FRAME-2).
+const MAX_PAYLOAD: u64 = usize::MAX as u64;
 
 async fn read_frames(peer: usize, mut read: ReadHalf, mailbox: Arc<Mailbox>) {
     let why = loop {
-        let mut header = [0u8; HEADER];
-        if let Err(e) = read.read_exact(&mut header).await {
-            break if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                "connection closed by the peer".to_owned()
-            } else {
-                format!("receive failed: {e}")
-            };
-        }
+        // Prefix and payload are read by the network layer's rules
+        // (`wasmrpc_net::frame`, FRAME-1 to FRAME-3), as the agent reads
+        // its frames.
+        let header = match frame::read_prefix::<_, HEADER>(&mut read).await {
+            Ok(Some(header)) => header,
+            Ok(None) => break "connection closed by the peer".to_owned(),
+            Err(frame::FrameError::Truncated { got, len }) => {
+                break format!(
+                    "connection closed by the peer inside a frame header ({got} of {len} bytes)"
+                );
+            }
+            Err(e) => break format!("receive failed: {e}"),
+        };
         let u64_at = |i: usize| u64::from_le_bytes(header[i..i + 8].try_into().unwrap_or([0; 8]));
         let kind = match header[0] {
             0 => Kind::Collective,
@@ -552,15 +561,17 @@ async fn read_frames(peer: usize, mut read: ReadHalf, mailbox: Arc<Mailbox>) {
             sub: u32_at(10),
             step: u32_at(14),
         };
-        let Ok(len) = usize::try_from(u64_at(18)) else {
-            break "protocol error: frame too large".to_owned();
-        };
-        let mut payload = Vec::with_capacity(len.min(RESERVE_AHEAD));
-        match (&mut read).take(len as u64).read_to_end(&mut payload).await {
-            Ok(n) if n == len => {}
-            Ok(n) => break format!("receive failed mid-frame: {n} of {len} bytes, then the end"),
+        let len = u64_at(18);
+        let payload = match frame::read_body(&mut read, len, MAX_PAYLOAD).await {
+            Ok(payload) => payload,
+            Err(frame::FrameError::Truncated { got, len }) => {
+                break format!("receive failed mid-frame: {got} of {len} bytes, then the end");
+            }
+            Err(frame::FrameError::TooLarge { .. }) => {
+                break "protocol error: frame too large".to_owned();
+            }
             Err(e) => break format!("receive failed mid-frame: {e}"),
-        }
+        };
         mailbox.push(peer, tag, op, payload);
     };
     mailbox.close(peer, why);

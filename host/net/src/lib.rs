@@ -16,13 +16,17 @@
 //! - length-prefixed messages with a size limit and a timeout
 //!   ([`read_message`], [`write_message`], [`Limits`]) and the handshake's
 //!   wire messages ([`wire`]), which tests use to play a hostile peer;
+//! - reading the frames of an open connection ([`frame`]: a prefix of the
+//!   protocol's own, then the body it announces, with one set of rules for
+//!   the end of the stream, the limit and the memory a declared length may
+//!   reserve, FRAME-1 to FRAME-3);
 //! - the liveness rules of a connection once it is open ([`liveness`]:
 //!   when a heartbeat is due, when a peer is silent), which the agent's
 //!   transport and the mesh both follow with heartbeat frames of their own.
 //!
-//! It must not touch: what runs over a connection once the handshake is
-//! done (the agent's frames, tensor storages, vectored writes, busy-poll
-//! and shared memory; the mesh's frames and mailbox), admission control
+//! It must not touch: what a frame means once it is read (the agent's
+//! headers, tensor storages, vectored writes, busy-poll and shared memory;
+//! the mesh's tags and mailbox), admission control
 //! and refusal logging (the agent's), which identity a caller expects of
 //! its peer (the caller checks the [`Identity`] it gets back), and TLS and
 //! the secret's source (`wasmrpc-credentials`). The plain-or-TLS stream
@@ -81,6 +85,7 @@
 mod auth;
 mod binding;
 mod error;
+pub mod frame;
 pub mod liveness;
 mod message;
 mod random;

@@ -362,6 +362,10 @@ pub(crate) enum FrameError {
     /// The socket failed or closed in the middle of a frame.
     #[error("connection failed: {0}")]
     Io(#[from] io::Error),
+    /// The stream ended inside the prefix or the head (FRAME-1), or the
+    /// head is over the limit (FRAME-3).
+    #[error("connection failed: {0}")]
+    Frame(#[from] wasmrpc_net::frame::FrameError),
     /// The frame is larger than the configured maximum.
     #[error("frame of {size} bytes exceeds the maximum frame size of {max} bytes")]
     TooLarge {
@@ -394,19 +398,13 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
     budget: Option<&MemoryBudget>,
     shm: Option<&ShmSlot>,
 ) -> std::result::Result<Option<(Vec<u8>, Vec<Tensor>)>, FrameError> {
+    // The prefix and the head are read by the network layer's rules
+    // (`wasmrpc_net::frame`, FRAME-1 to FRAME-3), as the c10d mesh reads
+    // its frames.
     let head_len = loop {
-        let mut len = [0u8; 4];
-        let mut got = 0;
-        while got < 4 {
-            let n = r.read(&mut len[got..]).await?;
-            if n == 0 {
-                if got == 0 {
-                    return Ok(None);
-                }
-                return Err(FrameError::Io(io::ErrorKind::UnexpectedEof.into()));
-            }
-            got += n;
-        }
+        let Some(len) = wasmrpc_net::frame::read_prefix::<_, 4>(r).await? else {
+            return Ok(None);
+        };
         // A heartbeat: nothing to deliver.
         match u32::from_le_bytes(len) {
             0 => continue,
@@ -419,8 +417,7 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
             max,
         });
     }
-    let mut head = vec![0u8; head_len as usize];
-    r.read_exact(&mut head).await?;
+    let head = wasmrpc_net::frame::read_body(r, head_len, max - 4).await?;
     let header: Header =
         crate::abi::decode(&head).map_err(|e| FrameError::Malformed(e.to_string()))?;
     let total = header

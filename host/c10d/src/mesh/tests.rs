@@ -4,6 +4,7 @@
 //! waiting for its real peer, with which the mesh then forms.
 
 use super::*;
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use wasmrpc_credentials::{
     CertificateAuthority, TlsCredentials, probe_client_config, worker_server_name,
