@@ -349,7 +349,9 @@ fn suite(cli: &Cli) -> Result<()> {
         && let Err(e) = rt.block_on(ours::metrics_rows(&cfg, &mut res, &progress))
     {
         let why = format!("n/a (failed: {e:#})");
-        metrics_rows.iter().for_each(|r| res.na(Side::Ours, r, &why));
+        metrics_rows
+            .iter()
+            .for_each(|r| res.na(Side::Ours, r, &why));
     }
     rt.block_on(cuda::cuda_rows(&cfg, &mut res, &progress));
     for world in [2, 4, 8] {

@@ -59,7 +59,12 @@ const fn row(id: &'static str, plain: &'static str, target: f64, measure: Measur
 /// The TLS rows (issue 20: at most 10% on small calls, 25% on the 64 MiB
 /// echo; the async row is small calls).
 pub(crate) const TLS_ROWS: &[VariantRow] = &[
-    row("rtt_noop_native_tls", "rtt_noop_native", 0.10, Measure::RoundTrip),
+    row(
+        "rtt_noop_native_tls",
+        "rtt_noop_native",
+        0.10,
+        Measure::RoundTrip,
+    ),
     row("async_128_tls", "async_128", 0.10, Measure::Rate),
     row("echo_64m_tls", "echo_64m", 0.25, Measure::Echo64m),
 ];
@@ -67,7 +72,12 @@ pub(crate) const TLS_ROWS: &[VariantRow] = &[
 /// The metrics rows: both workers count every call and serve `/metrics`
 /// (issue 50: at most 5% on the small-call and async rows).
 pub(crate) const METRICS_ROWS: &[VariantRow] = &[
-    row("rtt_noop_native_metrics", "rtt_noop_native", 0.05, Measure::RoundTrip),
+    row(
+        "rtt_noop_native_metrics",
+        "rtt_noop_native",
+        0.05,
+        Measure::RoundTrip,
+    ),
     row("async_128_metrics", "async_128", 0.05, Measure::Rate),
 ];
 
@@ -199,7 +209,15 @@ pub(crate) async fn metrics_rows(
     res: &mut Results,
     progress: &Progress,
 ) -> Result<()> {
-    variant_rows(cfg, res, progress, METRICS_ROWS, Variant::Metrics, "metrics").await
+    variant_rows(
+        cfg,
+        res,
+        progress,
+        METRICS_ROWS,
+        Variant::Metrics,
+        "metrics",
+    )
+    .await
 }
 
 /// `rows`: the same calls in a plain group and in `variant`'s, in
