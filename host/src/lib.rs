@@ -188,7 +188,7 @@ pub async fn init_rpc(
     // Metrics cost calls nothing unless asked for (MET-3).
     let metrics = options.metrics_addr.map(|a| (a, options.metrics_public));
     let features = match metrics {
-        Some(_) => extensions().with(std::sync::Arc::new(metrics::Metrics)),
+        Some(_) => extensions().with(std::sync::Arc::new(metrics::Metrics::default())),
         None => extensions(),
     };
     let agent = init_rpc_with(name, rank, world_size, store, options, features).await?;

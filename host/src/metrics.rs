@@ -30,12 +30,17 @@
 //!   name (`hello@<sha256 prefix>::greet`) counts under its plugin's name
 //!   with `@` (`hello@::greet`), so made-up names add no series.
 //! - MET-3: with metrics off, no extension is installed: calls pay nothing.
+//! - MET-7: a call that succeeds builds no label and allocates nothing for
+//!   its series: the series of each (worker, function) pair are made once
+//!   and kept ([`CallMetrics`]' caches, bounded as MET-2 bounds the labels);
+//!   only a failed call looks its outcome's series up by label.
 //!
 //! What it leaves to others: the numbers of `get_debug_info` are the
 //! agent's and the features' own ([`crate::RpcAgent::get_debug_info`]);
 //! this module only exports them.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -71,8 +76,19 @@ pub const CALL_FAMILIES: &[&str] = &[
 ];
 
 /// The feature: counts calls served and made, and peer failures, into the
-/// agent's [`CallMetrics`].
-pub struct Metrics;
+/// agent's [`CallMetrics`]. One per agent ([`Metrics::default`]).
+#[derive(Default)]
+pub struct Metrics {
+    /// The agent's [`CallMetrics`], looked up once (the agent's state map
+    /// is behind a lock every call would otherwise take).
+    calls: std::sync::OnceLock<Arc<CallMetrics>>,
+}
+
+impl Metrics {
+    fn calls(&self, agent: &RpcAgent) -> &Arc<CallMetrics> {
+        self.calls.get_or_init(|| agent.state::<CallMetrics>())
+    }
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServedLabels {
@@ -118,6 +134,10 @@ pub struct CallMetrics {
     made: Family<MadeLabels, Counter>,
     call_seconds: Family<MadeTimeLabels, Histogram, fn() -> Histogram>,
     peer_failures: Family<PeerLabels, Counter>,
+    /// The series of each (caller, function) served and (peer, function)
+    /// called, made once (MET-7).
+    served_series: SeriesCache<ServedSeries>,
+    made_series: SeriesCache<MadeSeries>,
 }
 
 impl Default for CallMetrics {
@@ -128,8 +148,63 @@ impl Default for CallMetrics {
             made: Family::default(),
             call_seconds: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             peer_failures: Family::default(),
+            served_series: SeriesCache::default(),
+            made_series: SeriesCache::default(),
         }
     }
+}
+
+/// Series by worker name, then function label, looked up by `&str` (no
+/// allocation once the pair was seen).
+struct SeriesCache<T>(RwLock<HashMap<String, HashMap<String, Arc<T>>>>);
+
+impl<T> Default for SeriesCache<T> {
+    fn default() -> Self {
+        SeriesCache(RwLock::default())
+    }
+}
+
+impl<T> SeriesCache<T> {
+    /// The series of (`worker`, `function`), made by `make` the first time.
+    fn get(&self, worker: &str, function: &str, make: impl FnOnce() -> T) -> Arc<T> {
+        let found = self
+            .0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(worker)
+            .and_then(|by_function| by_function.get(function))
+            .cloned();
+        if let Some(series) = found {
+            return series;
+        }
+        self.0
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(worker.to_owned())
+            .or_default()
+            .entry(function.to_owned())
+            .or_insert_with(|| Arc::new(make()))
+            .clone()
+    }
+}
+
+/// What a served call updates: its latency, and its count when it succeeds.
+struct ServedSeries {
+    caller: String,
+    function: String,
+    seconds: Histogram,
+    ok: Counter,
+}
+
+/// What a call made updates: its latency, and its count, by kind, when it
+/// succeeds.
+struct MadeSeries {
+    peer: String,
+    function: String,
+    seconds: Histogram,
+    /// By [`kind_index`], made on first use (a kind never used exports no
+    /// series).
+    ok: [std::sync::OnceLock<Counter>; 4],
 }
 
 /// `hello@<prefix>::greet` as `hello@::greet`; other names as they are.
@@ -160,10 +235,28 @@ fn kind_label(kind: CallKind) -> &'static str {
     }
 }
 
+fn kind_index(kind: CallKind) -> usize {
+    match kind {
+        CallKind::Sync => 0,
+        CallKind::Async => 1,
+        CallKind::Remote => 2,
+        CallKind::Internal => 3,
+    }
+}
+
+/// The function label of `name` ([`pinned_label`]), without allocating for
+/// a name that is not pinned.
+fn function_label(name: &str) -> std::borrow::Cow<'_, str> {
+    if name.contains('@') {
+        std::borrow::Cow::Owned(pinned_label(name))
+    } else {
+        std::borrow::Cow::Borrowed(name)
+    }
+}
+
 struct MadeCall {
     metrics: Arc<CallMetrics>,
-    peer: String,
-    function: String,
+    series: Arc<MadeSeries>,
     kind: CallKind,
     started: Instant,
 }
@@ -177,61 +270,67 @@ impl CallScope for MadeCall {
         call.add_done_callback(move |done| {
             let MadeCall {
                 metrics,
-                peer,
-                function,
+                series,
                 kind,
                 started,
             } = *self;
-            let seconds = started.elapsed().as_secs_f64();
-            metrics
-                .call_seconds
-                .get_or_create(&MadeTimeLabels {
-                    peer: peer.clone(),
-                    function: function.clone(),
-                })
-                .observe(seconds);
-            metrics
-                .made
-                .get_or_create(&MadeLabels {
-                    peer,
-                    function,
-                    kind: kind_label(kind).into(),
-                    outcome: outcome_label(done.outcome()),
-                })
-                .inc();
+            series.seconds.observe(started.elapsed().as_secs_f64());
+            match done.outcome() {
+                // MET-7: a call that succeeds builds no label.
+                Some(Ok(())) => series.ok[kind_index(kind)]
+                    .get_or_init(|| {
+                        metrics
+                            .made
+                            .get_or_create(&MadeLabels {
+                                peer: series.peer.clone(),
+                                function: series.function.clone(),
+                                kind: kind_label(kind).into(),
+                                outcome: outcome_label(Some(Ok(()))),
+                            })
+                            .clone()
+                    })
+                    .inc(),
+                outcome => metrics
+                    .made
+                    .get_or_create(&MadeLabels {
+                        peer: series.peer.clone(),
+                        function: series.function.clone(),
+                        kind: kind_label(kind).into(),
+                        outcome: outcome_label(outcome),
+                    })
+                    .inc(),
+            };
         });
     }
 }
 
 struct ServedCall {
     metrics: Arc<CallMetrics>,
-    caller: String,
-    function: String,
+    series: Arc<ServedSeries>,
 }
 
 impl ServeScope for ServedCall {
     fn wrap(&mut self, run: Run) -> Run {
-        let metrics = self.metrics.clone();
-        let (caller, function) = (self.caller.clone(), self.function.clone());
+        let (metrics, series) = (self.metrics.clone(), self.series.clone());
         Box::pin(async move {
             let started = Instant::now();
             let result = run.await;
-            metrics
-                .serve_seconds
-                .get_or_create(&ServedTimeLabels {
-                    caller: caller.clone(),
-                    function: function.clone(),
-                })
-                .observe(started.elapsed().as_secs_f64());
-            let outcome = result.as_ref().map(|_| ()).map_err(crate::Error::kind);
-            metrics
-                .served
-                .get_or_create(&ServedLabels {
-                    caller,
-                    function,
-                    outcome: outcome_label(Some(outcome)),
-                })
-                .inc();
+            series.seconds.observe(started.elapsed().as_secs_f64());
+            match &result {
+                Ok(_) => {
+                    series.ok.inc();
+                }
+                Err(e) => {
+                    metrics
+                        .served
+                        .get_or_create(&ServedLabels {
+                            caller: series.caller.clone(),
+                            function: series.function.clone(),
+                            outcome: outcome_label(Some(Err(e.kind()))),
+                        })
+                        .inc();
+                }
+            }
             result
         })
     }
@@ -243,21 +342,53 @@ impl Extension for Metrics {
     }
 
     fn on_call(&self, call: &OutgoingCall<'_>) -> Option<Box<dyn CallScope>> {
+        let metrics = self.calls(call.agent).clone();
+        let (peer, function) = (&call.to.name, function_label(call.function));
+        let series = metrics.made_series.get(peer, &function, || MadeSeries {
+            peer: peer.clone(),
+            function: function.to_string(),
+            seconds: metrics
+                .call_seconds
+                .get_or_create(&MadeTimeLabels {
+                    peer: peer.clone(),
+                    function: function.to_string(),
+                })
+                .clone(),
+            ok: Default::default(),
+        });
         Some(Box::new(MadeCall {
-            metrics: call.agent.state::<CallMetrics>(),
-            peer: call.to.name.clone(),
-            function: pinned_label(call.function),
+            metrics,
+            series,
             kind: call.kind,
             started: Instant::now(),
         }))
     }
 
     fn on_serve(&self, call: &IncomingCall<'_>) -> Option<Box<dyn ServeScope>> {
-        Some(Box::new(ServedCall {
-            metrics: call.agent.state::<CallMetrics>(),
-            caller: call.caller.name.clone(),
-            function: pinned_label(call.function),
-        }))
+        let metrics = self.calls(call.agent).clone();
+        let (caller, function) = (&call.caller.name, function_label(call.function));
+        let series = metrics
+            .served_series
+            .get(caller, &function, || ServedSeries {
+                caller: caller.clone(),
+                function: function.to_string(),
+                seconds: metrics
+                    .serve_seconds
+                    .get_or_create(&ServedTimeLabels {
+                        caller: caller.clone(),
+                        function: function.to_string(),
+                    })
+                    .clone(),
+                ok: metrics
+                    .served
+                    .get_or_create(&ServedLabels {
+                        caller: caller.clone(),
+                        function: function.to_string(),
+                        outcome: outcome_label(Some(Ok(()))),
+                    })
+                    .clone(),
+            });
+        Some(Box::new(ServedCall { metrics, series }))
     }
 
     fn worker_failed(&self, agent: &RpcAgent, failed: &abi::WorkerInfo, _cause: &str) {

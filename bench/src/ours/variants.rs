@@ -195,7 +195,7 @@ async fn group_sample(
 }
 
 /// Rounds of the variant rows: each a plain group, then the variant's.
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 
 /// The TLS rows (`*_tls`), see [`variant_rows`].
 pub(crate) async fn tls_rows(cfg: &Config, res: &mut Results, progress: &Progress) -> Result<()> {
