@@ -336,7 +336,11 @@ pub(crate) async fn echo(
     nq: usize,
     nf: usize,
 ) -> Result<Stat> {
-    let t = Tensor::rand([(size / 4) as i64], (Kind::Float, device));
+    // Making and checking a tensor of up to 1 GiB takes seconds of CPU: off
+    // the runtime's threads (`block_in_place`), so the worker's heartbeats
+    // keep going out and its peer does not declare it failed (LIVE-2).
+    let t =
+        tokio::task::block_in_place(|| Tensor::rand([(size / 4) as i64], (Kind::Float, device)));
     let call = || async {
         let back = agent
             .rpc_sync("worker1", ECHO, args![t.shallow_clone()])
@@ -347,7 +351,7 @@ pub(crate) async fn echo(
         back
     };
     let back = call().await?.as_tensor()?;
-    if back.device() != device || !back.equal(&t) {
+    if back.device() != device || !tokio::task::block_in_place(|| back.equal(&t)) {
         bail!(
             "echo of {size} bytes returned a different tensor (on {:?})",
             back.device()
