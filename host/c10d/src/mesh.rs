@@ -536,7 +536,12 @@ async fn read_frames(peer: usize, mut read: ReadHalf, mailbox: Arc<Mailbox>) {
         // its frames.
         let header = match frame::read_prefix::<_, HEADER>(&mut read).await {
             Ok(Some(header)) => header,
+            // Over TLS a peer that ends without closing TLS is an error of
+            // this kind; it is the same end.
             Ok(None) => break "connection closed by the peer".to_owned(),
+            Err(frame::FrameError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                break "connection closed by the peer".to_owned();
+            }
             Err(frame::FrameError::Truncated { got, len }) => {
                 break format!(
                     "connection closed by the peer inside a frame header ({got} of {len} bytes)"

@@ -362,10 +362,6 @@ pub(crate) enum FrameError {
     /// The socket failed or closed in the middle of a frame.
     #[error("connection failed: {0}")]
     Io(#[from] io::Error),
-    /// The stream ended inside the prefix or the head (FRAME-1), or the
-    /// head is over the limit (FRAME-3).
-    #[error("connection failed: {0}")]
-    Frame(#[from] wasmrpc_net::frame::FrameError),
     /// The frame is larger than the configured maximum.
     #[error("frame of {size} bytes exceeds the maximum frame size of {max} bytes")]
     TooLarge {
@@ -386,6 +382,25 @@ pub(crate) enum FrameError {
     /// is kept so the receiver can answer it.
     #[error("receiving {} bytes of tensors exceeds the tensor memory budget of {} bytes", .1.asked, .1.limit)]
     OverBudget(Vec<u8>, BudgetRefusal),
+}
+
+/// The network layer's reading errors as the transport's: a socket that
+/// failed or ended inside a frame is a broken connection (the peer is gone,
+/// `crate::agent`'s failures), a head over the limit a frame too large.
+impl From<wasmrpc_net::frame::FrameError> for FrameError {
+    fn from(e: wasmrpc_net::frame::FrameError) -> Self {
+        use wasmrpc_net::frame::FrameError as Net;
+        match e {
+            Net::Io(e) => FrameError::Io(e),
+            Net::Truncated { .. } => {
+                FrameError::Io(io::Error::new(io::ErrorKind::UnexpectedEof, e.to_string()))
+            }
+            Net::TooLarge { len, max } => FrameError::TooLarge {
+                size: len + 4,
+                max: max + 4,
+            },
+        }
+    }
 }
 
 /// Reads one frame. `Ok(None)` is a clean end of stream between frames.

@@ -290,3 +290,24 @@ proptest::proptest! {
         proptest::prop_assert!(matches!(got, Err(FrameError::TooLarge { .. })), "{got:?}");
     }
 }
+
+/// A socket error or an end inside a frame, read by the network layer, is
+/// a broken connection for the transport (`FrameError::Io`: the reader
+/// reports the peer gone, and the agent declares it failed), never a bad
+/// frame; over TLS a peer that dies ends its stream with such an error.
+#[test]
+fn the_network_layers_reading_errors_are_broken_connections() {
+    use wasmrpc_net::frame::FrameError as Net;
+    let reset = Net::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed"));
+    assert!(matches!(FrameError::from(reset), FrameError::Io(_)));
+    let truncated = Net::Truncated { got: 2, len: 4 };
+    assert!(matches!(
+        FrameError::from(truncated),
+        FrameError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof
+    ));
+    let large = Net::TooLarge { len: 10, max: 5 };
+    assert!(matches!(
+        FrameError::from(large),
+        FrameError::TooLarge { size: 14, max: 9 }
+    ));
+}
