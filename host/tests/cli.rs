@@ -8,6 +8,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
+#[path = "cli/pytorch_examples.rs"]
+mod pytorch_examples;
 
 use common::{CREDENTIAL_ENV, ServingProcess, run_with_deadline, text, wasmrpc};
 

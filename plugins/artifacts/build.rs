@@ -155,12 +155,17 @@ fn python_plugins(python_dir: &Path, out: &Path) -> String {
         let plugin = wasmrpc_pybuild::Plugin::in_dir(&dir).unwrap_or_else(|e| panic!("{e}"));
         let file = out.join(format!("{}.wasm", plugin.name));
         let stamp = file.with_extension("stamp");
+        // The builder's own code and the manifest format it writes are
+        // inputs too: a change to how a section is written rebuilds.
+        let guest_sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guest-sdk");
         let inputs = format!(
             "{:016x}",
             inputs_hash(&[
                 &dir,
                 &wasmrpc_pybuild::kit_dir(),
-                &wasmrpc_pybuild::wit_dir()
+                &wasmrpc_pybuild::wit_dir(),
+                &guest_sdk.join("pybuild/src"),
+                &guest_sdk.join("abi/src"),
             ])
         );
         let fresh = file.exists() && fs::read_to_string(&stamp).is_ok_and(|s| s == inputs);

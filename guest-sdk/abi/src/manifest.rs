@@ -37,8 +37,14 @@ pub enum Record {
     /// One exported function, constructor or method.
     Export(Export),
     /// What the plugin asks to do beyond a deployed plugin's defaults.
-    /// Last, so older sections (which never hold it) decode as before.
+    /// After the first three, so older sections (which never hold it)
+    /// decode as before.
     Permissions(Permissions),
+    /// Functions that reach the objects their RRef arguments hold
+    /// (`rref.local_value()` in a Python plugin): the worker that owns such
+    /// an object runs them beside it ([`Manifest::reaches_objects`]).
+    /// Last, for the same reason.
+    ReachesObjects(Vec<String>),
 }
 
 /// What a plugin asks a worker to let it do beyond what a deployed plugin
@@ -104,6 +110,10 @@ pub struct Manifest {
     /// What it declares it needs (empty for plugins that declare nothing,
     /// and for those built before declarations existed).
     pub permissions: Permissions,
+    /// Its functions that reach the objects their RRef arguments hold
+    /// ([`Record::ReachesObjects`]); empty for Rust plugins.
+    #[serde(default)]
+    pub reaches_objects: Vec<String>,
 }
 
 /// Why a manifest section could not be read.
@@ -162,6 +172,7 @@ impl Manifest {
         let mut plugin: Option<(String, String, u32)> = None;
         let mut exports: Vec<Export> = Vec::new();
         let mut permissions = Permissions::default();
+        let mut reaches_objects: Vec<String> = Vec::new();
         while !bytes.is_empty() {
             let (len, rest) = bytes.split_at_checked(4).ok_or(ManifestError::Truncated)?;
             let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
@@ -186,6 +197,13 @@ impl Manifest {
                     }
                 }
                 Record::Permissions(p) => permissions.merge(p),
+                Record::ReachesObjects(names) => {
+                    for n in names {
+                        if !reaches_objects.contains(&n) {
+                            reaches_objects.push(n);
+                        }
+                    }
+                }
             }
         }
         let (name, version, abi) = plugin.ok_or(ManifestError::NoPlugin)?;
@@ -196,7 +214,30 @@ impl Manifest {
             abi,
             exports,
             permissions,
+            reaches_objects,
         })
+    }
+
+    /// The records a section holding this manifest is made of
+    /// ([`Manifest::from_section`] reads them back as this manifest).
+    pub fn records(&self) -> Vec<Record> {
+        let mut records = alloc::vec![Record::Plugin {
+            name: self.name.clone(),
+            version: self.version.clone(),
+            abi: self.abi,
+        }];
+        records.extend(self.exports.iter().cloned().map(Record::Export));
+        records.push(Record::Permissions(self.permissions.clone()));
+        if !self.reaches_objects.is_empty() {
+            records.push(Record::ReachesObjects(self.reaches_objects.clone()));
+        }
+        records
+    }
+
+    /// Whether `function` reaches the objects its RRef arguments hold, so
+    /// that the owner of such an object runs it beside the object.
+    pub fn reaches_objects(&self, function: &str) -> bool {
+        self.reaches_objects.iter().any(|f| f == function)
     }
 
     /// Whether the plugin was built against this crate's [`ABI_VERSION`].
@@ -274,6 +315,42 @@ mod tests {
         assert!(m.method("C", "m").is_some());
         assert!(m.method("C", "g").is_none());
         assert!(m.abi_matches());
+    }
+
+    #[test]
+    fn functions_that_reach_objects_round_trip_through_the_records() {
+        let mut section = Vec::new();
+        for r in [
+            plugin(),
+            export("call_method", ExportKind::Function, None),
+            export("g", ExportKind::Function, None),
+            Record::ReachesObjects(alloc::vec!["call_method".into()]),
+            Record::ReachesObjects(alloc::vec!["call_method".into()]),
+        ] {
+            section.extend(r.frame().unwrap());
+        }
+        let m = Manifest::from_section(&section).unwrap();
+        assert!(m.reaches_objects("call_method"));
+        assert!(!m.reaches_objects("g"));
+        assert_eq!(m.reaches_objects, ["call_method"]);
+        let again: Vec<u8> = m
+            .records()
+            .iter()
+            .flat_map(|r| r.frame().unwrap())
+            .collect();
+        assert_eq!(Manifest::from_section(&again).unwrap(), m);
+        // A manifest without such functions writes no such record, so its
+        // section reads in hosts that predate it.
+        let plain = Manifest {
+            reaches_objects: Vec::new(),
+            ..m
+        };
+        assert!(
+            !plain
+                .records()
+                .iter()
+                .any(|r| matches!(r, Record::ReachesObjects(_)))
+        );
     }
 
     /// A section as plugins built before permission records wrote it (the

@@ -391,6 +391,12 @@ pub enum HostCall {
     /// A file in a folder the operator granted the plugin ([`FileCall`]).
     /// Replies [`HostReply::Value`].
     File(FileCall),
+    /// The object an RRef holds, when it lives in the calling instance: the
+    /// owner runs a function beside the object an argument's RRef holds
+    /// (same plugin, same worker), and this is how the guest finds it for
+    /// `rref.local_value()`. Replies [`HostReply::Value`]: the object's id
+    /// as an `Int` (the one its constructor's outcome named), else `None`.
+    RRefLocalObject(u32),
 }
 
 /// File requests of a guest, in the folders its operator granted it on its

@@ -465,6 +465,10 @@ pub fn manifest_from_json(json: &str) -> std::result::Result<Manifest, String> {
         ops: list(&v, "ops")?,
         calls: list(&v, "calls")?,
     }));
+    // Absent from kits before it existed: nothing reaches objects there.
+    if v.get("reaches_objects").is_some() {
+        records.push(Record::ReachesObjects(list(&v, "reaches_objects")?));
+    }
     let mut section = Vec::new();
     for r in &records {
         section.extend(r.frame().map_err(|e| e.to_string())?);
@@ -481,13 +485,7 @@ pub fn append_manifest(component: &mut Vec<u8>, manifest: &Manifest) -> Result<(
     if component.get(..8) != Some(b"\0asm\x0d\0\x01\0".as_slice()) {
         return Err(err("componentize-py did not write a component"));
     }
-    let mut records = vec![Record::Plugin {
-        name: manifest.name.clone(),
-        version: manifest.version.clone(),
-        abi: manifest.abi,
-    }];
-    records.extend(manifest.exports.iter().cloned().map(Record::Export));
-    records.push(Record::Permissions(manifest.permissions.clone()));
+    let records = manifest.records();
     let mut payload = Vec::new();
     leb(&mut payload, MANIFEST_SECTION.len());
     payload.extend_from_slice(MANIFEST_SECTION.as_bytes());

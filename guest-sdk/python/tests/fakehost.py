@@ -359,6 +359,11 @@ class FakeHost:
     def rref_owner(self, h):
         return self.rrefs[h]["owner"]
 
+    def rref_local_object(self, h):
+        # The worker answers an id only for an object of the calling
+        # instance (`PluginObject::local_to`).
+        return self.rrefs[h].get("local")
+
     def rref_to_here(self, h):
         r = self.rrefs[h]
         if r["class"] is not None:
@@ -371,15 +376,17 @@ class FakeHost:
         return self._to_nodes(r["value"])
 
     # test helpers
-    def make_rref(self, value=None, cls=None, owner="worker0"):
+    def make_rref(self, value=None, cls=None, owner="worker0", local=None):
         """A kit `RRef` owned by worker `owner` (rank 1 unless `worker0`,
-        this worker) holding `value`, or an object of plugin class `cls`."""
+        this worker) holding `value`, or an object of plugin class `cls`;
+        `local`, the object's id when it lives in this instance (the worker
+        runs the call beside it)."""
         from wasmrpc.rpc import RRef
 
         h = self.next
         self.next += 1
         self.rrefs[h] = {"owner": WorkerInfo(0 if owner == "worker0" else 1, owner), "value": value,
-                         "class": cls}
+                         "class": cls, "local": local}
         return RRef._own(h)
 
     def to_kit(self, t):

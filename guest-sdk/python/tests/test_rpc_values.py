@@ -27,7 +27,7 @@ T = fakehost.T
 import torch as real  # noqa: E402
 
 import wasmrpc  # noqa: E402
-from wasmrpc import _registry, _values, remote, remote_class, rpc, torch  # noqa: E402
+from wasmrpc import _registry, _scope, _values, remote, remote_class, rpc, torch  # noqa: E402
 from wasmrpc.rpc import FunctionRef, functions  # noqa: E402
 
 NAMESPACE = "test_refs"
@@ -426,9 +426,79 @@ class LocalValue(unittest.TestCase):
         msg = str(cm.exception)
         for text in ("rref.local_value() on worker worker0, the RRef's owner",
                      "object of a plugin class", "never copied",
-                     "rref.rpc_sync().method(...)", "which run on worker0",
+                     "only in a function of the same plugin that worker0 runs with this RRef",
+                     "rref.rpc_sync().method(...)",
                      "The worker said: to_here() of RRef"):
             self.assertIn(text, msg)
+
+    def test_object_of_this_instance(self):
+        """Run beside its object, a function gets the object itself, and a
+        proxy's call on it runs in place (queued behind this very call, it
+        would wait for ever)."""
+        from wasmrpc import _guest
+        from wasmrpc.rpc import Future
+
+        class Counter:
+            def __init__(self):
+                self.n = 0
+
+            def add(self, k):
+                self.n += k
+                return self.n
+
+            def fail(self):
+                raise ValueError("counter says no")
+
+        obj = Counter()
+        _guest._objects[77] = (_scope.Scope(), obj)
+        try:
+            rref = HOST.make_rref(cls="test_refs::Counter", local=77)
+            self.assertIs(rref.local_value(), obj)
+            self.assertEqual(rref.rpc_sync().add(2), 2)
+            fut = rref.rpc_async().add(3)
+            self.assertIsInstance(fut, Future)
+            self.assertEqual(fut.wait(), 5)
+            with self.assertRaisesRegex(ValueError, "counter says no"):
+                rref.rpc_sync().fail()
+            self.assertEqual(obj.n, 5)
+            # An id the instance does not hold (dropped meanwhile) is no
+            # object: the worker's refusal to copy it stands.
+            gone = HOST.make_rref(cls="test_refs::Counter", local=78)
+            with self.assertRaisesRegex(TypeError, "never copied"):
+                gone.local_value()
+        finally:
+            del _guest._objects[77]
+
+    def test_functions_that_reach_objects(self):
+        """The manifest names the functions that call `local_value`, read
+        from their code (nested code included), so the owner runs them
+        beside an object; the others run on any instance."""
+
+        def call_method(method, rref, *args):
+            return method(rref.local_value(), *args)
+
+        def in_comprehension(rrefs):
+            return [r.local_value() for r in rrefs]
+
+        def through_a_lambda(rref):
+            return (lambda: rref.local_value())()
+
+        def remote_method(method, rref):
+            return rpc.rpc_sync(rref.owner(), call_method, args=(method, rref))
+
+        for fn, want in [(call_method, True), (in_comprehension, True), (through_a_lambda, True),
+                         (remote_method, False), (functools.wraps(call_method)(lambda *a: 0), True)]:
+            self.assertIs(_registry.reaches_objects(fn), want, fn)
+        saved = dict(_registry.functions)
+        configure()
+        try:
+            remote(call_method)
+            remote(remote_method)
+            self.assertIn("call_method", _registry.describe()["reaches_objects"])
+            self.assertNotIn("remote_method", _registry.describe()["reaches_objects"])
+        finally:
+            _registry.functions.clear()
+            _registry.functions.update(saved)
 
     def test_not_owner(self):
         rref = HOST.make_rref(value=3, owner="worker1")

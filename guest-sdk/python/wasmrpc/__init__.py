@@ -55,6 +55,7 @@ __all__ = [
     "Tensor",
     "WorkerInfo",
     "async_execution",
+    "export_module",
     "dist_autograd",
     "futures",
     "get_global",
@@ -143,3 +144,40 @@ def remote_class(cls=None, *, name=None):
         return c
 
     return register(cls) if cls is not None else register
+
+
+def export_module(module):
+    """Registers every function and class `module` defines (not the names it
+    imports), as `@remote` and `@remote_class` would, and returns how many:
+    PyTorch code ported as it is written carries no decorators, and
+    `export_module(__name__)` (or `export_module(rnn)` for a module it
+    imports) serves it. Every function of the module becomes callable by
+    any peer that may call the plugin, so export only modules written to be
+    called remotely. A name another function or class already holds raises
+    `ValueError`."""
+    import inspect
+    import sys
+
+    if isinstance(module, str):
+        module = sys.modules[module]
+    count = 0
+    for attr, member in list(vars(module).items()):
+        if getattr(member, "__module__", None) != module.__name__ or getattr(member, "__name__", None) != attr:
+            continue  # imported, or an alias
+        if inspect.isclass(member):
+            table, register = _registry.classes, remote_class
+        elif isinstance(member, _FunctionType):
+            table, register = _registry.functions, remote
+        else:
+            continue
+        held = table.get(attr)
+        if held is not None:
+            if held[0] is member:
+                continue  # decorated already
+            raise ValueError(
+                f"export_module({module.__name__}): `{attr}` is already registered by "
+                f"{getattr(held[0], '__module__', '?')}.{attr}"
+            )
+        register(member)
+        count += 1
+    return count

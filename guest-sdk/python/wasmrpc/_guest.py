@@ -69,6 +69,21 @@ def _run(scope, fn, args, is_async, end_scope):
             scope.alive = False
 
 
+def local_object(oid):
+    """The object `oid` of this instance (`None` if it was dropped)."""
+    entry = _objects.get(oid)
+    return None if entry is None else entry[1]
+
+
+def _function_scope():
+    """The scope a function runs in: the object's when the worker runs it
+    beside the object of this instance (its handles stay the object's and
+    are released as they are collected), else a scope of its own."""
+    for scope, _ in _objects.values():
+        return scope, False
+    return _scope.Scope(), True
+
+
 def _construct(cls, args):
     """Makes an object of `cls`; it keeps its scope (its handles) until it
     is dropped."""
@@ -110,7 +125,8 @@ class Guest:
         """Runs the function `name`, or constructs an object of class `name`."""
         if name in _registry.functions:
             fn, is_async, _ = _registry.functions[name]
-            return _run(_scope.Scope(), fn, args, is_async, end_scope=True)
+            scope, end_scope = _function_scope()
+            return _run(scope, fn, args, is_async, end_scope=end_scope)
         if name in _registry.classes:
             return _construct(_registry.classes[name][0], args)
         _, types = _host.bindings()

@@ -91,6 +91,30 @@ def exports():
     return out
 
 
+def _code_names(code):
+    """Every attribute and global name `code` and the code nested in it
+    (comprehensions, lambdas, inner functions) use."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _code_names(const)
+    return names
+
+
+def reaches_objects(fn):
+    """Whether `fn` reaches an RRef's object in place (it calls
+    `local_value`): the worker that owns an object of this plugin then runs
+    a call of `fn` with the object's RRef beside the object, in its
+    instance, so `rref.local_value()` is the object itself. Read from the
+    code, so a helper that calls `local_value` for it does not count."""
+    while fn is not None:
+        code = getattr(fn, "__code__", None)
+        if code is not None and "local_value" in _code_names(code):
+            return True
+        fn = getattr(fn, "__wrapped__", None)
+    return False
+
+
 def describe():
     """The manifest as plain data (what the build writes into the
     component, and what the component's `describe` returns)."""
@@ -104,4 +128,5 @@ def describe():
         ],
         "ops": list(plugin["ops"]),
         "calls": list(plugin["calls"]),
+        "reaches_objects": sorted(n for n, (f, _, _) in functions.items() if reaches_objects(f)),
     }

@@ -285,6 +285,32 @@ linalg = _Prefixed("linalg")
 fft = _Prefixed("fft")
 
 
+class _Accelerator:
+    """`torch.accelerator`: a plugin's tensors live on the worker's CPU, so
+    there is none (`is_available()` is `False`), and code that asks first,
+    as PyTorch's examples do, takes its CPU path."""
+
+    @staticmethod
+    def is_available():
+        """`False`: no accelerator is in a plugin's reach."""
+        return False
+
+    @staticmethod
+    def current_accelerator(check_available=False):
+        """`None`, as torch answers without an accelerator."""
+        if check_available:
+            raise RuntimeError("no accelerator is available to a plugin: tensors live on the worker's CPU")
+        return None
+
+    @staticmethod
+    def device_count():
+        """0."""
+        return 0
+
+
+accelerator = _Accelerator()
+
+
 def _op_function(name):
     def fn(*args, **kwargs):
         return op(f"aten::{name}", *args, **kwargs)
@@ -324,7 +350,7 @@ _MISSING = {
 
 _HAS = (
     "it has Tensor, Size, dtype, device, the dtypes (float32, long, ...), nn, optim, futures, "
-    "autograd, linalg, fft, no_grad, enable_grad, set_grad_enabled, is_grad_enabled, the "
+    "autograd, linalg, fft, accelerator (none: is_available() is False), no_grad, enable_grad, set_grad_enabled, is_grad_enabled, the "
     "factories (zeros, ones, full, empty, rand, randn, randint, randperm, arange, linspace, eye, "
     "*_like, tensor, as_tensor, LongTensor, FloatTensor, ...), and any aten op by its lowercase "
     "name (torch.cat, torch.relu, ...)"

@@ -22,7 +22,7 @@ use super::host_functions::GuestCall;
 use crate::abi::{ErrorKind, WorkerInfo};
 use crate::agent::{CallContext, RpcAgent, RpcFunction};
 use crate::error::{Error, Result};
-use crate::rref::{RRefObject, can_keep_object, keep_object};
+use crate::rref::{RRef, RRefObject, can_keep_object, keep_object};
 use crate::value::{Args, Payload};
 
 /// A plugin class, registered as `namespace::Class`: `remote()` of it
@@ -142,6 +142,86 @@ pub(crate) struct PluginObject {
 impl PluginObject {
     fn class(&self) -> &str {
         self.object.as_ref().map_or("", Object::class)
+    }
+
+    /// The first object of `plugin` held by an RRef among a call's `rrefs`
+    /// that this worker owns: a function that reaches objects runs beside
+    /// it ([`PluginObject::call_beside`]). An RRef whose creation is still
+    /// running is waited for, as the function's `local_value()` would.
+    pub(super) async fn among(
+        rrefs: &[crate::value::Handle],
+        plugin: &Arc<Plugin>,
+    ) -> Option<Arc<dyn RRefObject>> {
+        let owned: Vec<_> = rrefs
+            .iter()
+            .filter_map(|h| {
+                h.downcast_ref::<RRef>()
+                    .and_then(RRef::owner_state)
+                    .cloned()
+            })
+            .collect();
+        for state in owned {
+            // The creating function's outcome; its error is the function's
+            // to see (through `local_value()`), not this routing's.
+            let _ = state.value.wait().await;
+            let Some(object) = state.object() else {
+                continue;
+            };
+            let any: &dyn std::any::Any = object.as_ref();
+            if any
+                .downcast_ref::<PluginObject>()
+                .is_some_and(|o| Arc::ptr_eq(&o.plugin, plugin))
+            {
+                return Some(object.clone());
+            }
+        }
+        None
+    }
+
+    /// Runs `function` of the object's plugin in the object's instance,
+    /// queued with its methods and with the object's guest host: the
+    /// function sees the object as its instance's own (OBJ-4).
+    pub(super) async fn call_beside(
+        object: &dyn RRefObject,
+        function: &str,
+        args: Args,
+        where_: impl Fn() -> String,
+    ) -> Result<Payload> {
+        let any: &dyn std::any::Any = object;
+        let Some(this) = any.downcast_ref::<PluginObject>() else {
+            return Err(Error::runtime(format!("{}: not a plugin object", where_())));
+        };
+        let instance = this
+            .object
+            .as_ref()
+            .ok_or_else(|| Error::runtime(format!("{}: the object is gone", where_())))?;
+        let call_args = this
+            .host
+            .handles()
+            .import_args(args)
+            .map_err(|e| Error::from(e).context_line(where_()))?;
+        let guest: Arc<dyn GuestHost> = this.host.clone();
+        let value = instance
+            .call_function(function, call_args, guest)
+            .await
+            .map_err(|e| wasm_error(&e).context_line(where_()))?;
+        this.host
+            .handles()
+            .take_payload(value)
+            .map_err(|e| Error::from(e).context_line(where_()))
+    }
+
+    /// The id of the object `rref` holds if it lives in the instance whose
+    /// guest host is `host` (a function running beside it), else `None`.
+    pub(super) fn local_to(rref: &RRef, host: &GuestCall) -> Option<u32> {
+        let object = rref.owner_state()?.object()?;
+        let any: &dyn std::any::Any = object.as_ref();
+        let this = any.downcast_ref::<PluginObject>()?;
+        if std::ptr::eq(Arc::as_ptr(&this.host), host) {
+            this.object.as_ref().map(Object::id)
+        } else {
+            None
+        }
     }
 }
 

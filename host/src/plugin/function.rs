@@ -6,6 +6,7 @@ use std::sync::Arc;
 use wasmrpc_wasm::{GuestHost, Plugin, Runtime};
 
 use super::VersionScope;
+use super::class::PluginObject;
 use super::grant::PluginGrant;
 use super::host_functions::GuestCall;
 use crate::agent::{CallContext, RpcFunction};
@@ -68,6 +69,14 @@ impl RpcFunction for PluginFunction {
         };
         // Counted on its version until it ends (what draining waits for).
         let _in_flight = self.scope.usage.call();
+        // OBJ-4: a function that reaches objects, called with an RRef to an
+        // object of this plugin that lives here, runs beside it, where
+        // `rref.local_value()` is the object itself.
+        if self.plugin.manifest().reaches_objects(&self.function)
+            && let Some(object) = PluginObject::among(&args.rrefs, &self.plugin).await
+        {
+            return PluginObject::call_beside(object.as_ref(), &self.function, args, where_).await;
+        }
         // The call records into the scope it is served in, if any, from
         // wherever its requests run (`crate::profiler`).
         let host = Arc::new(

@@ -174,6 +174,7 @@ mod tests {
                 ops: ops.iter().map(|s| (*s).to_owned()).collect(),
                 calls: calls.iter().map(|s| (*s).to_owned()).collect(),
             },
+            reaches_objects: Vec::new(),
         }
     }
 

@@ -395,6 +395,13 @@ impl GuestHost for GuestCall {
         Ok(self.handles().rref(rref)?.is_owner())
     }
 
+    async fn rref_local_object(&self, rref: u32) -> HostResult<Option<u32>> {
+        Ok(super::class::PluginObject::local_to(
+            &self.handles().rref(rref)?,
+            self,
+        ))
+    }
+
     async fn rref_confirmed_by_owner(&self, rref: u32) -> HostResult<bool> {
         Ok(self.handles().rref(rref)?.confirmed_by_owner())
     }

@@ -22,6 +22,13 @@
 //! - OBJ-3: the owner drops its reference to an object when it forgets the
 //!   value (RREF-3: last fork deleted, or shutdown) and no handle on the
 //!   owner holds it; the implementor disposes of the object on drop.
+//! - OBJ-4: a function that reaches objects (its plugin's manifest names
+//!   it: a Python function whose code calls `local_value`), called on the
+//!   worker that owns an object of its plugin with the object's RRef among
+//!   its arguments, runs beside the object: in its instance, queued with
+//!   its methods, so `rref.local_value()` there is the object itself
+//!   (PyTorch's `_call_method(method, rref)` idiom). Elsewhere the object
+//!   stays out of reach as OBJ-2 says ([`crate::plugin`] routes the call).
 
 use std::sync::{Arc, Mutex};
 
@@ -44,7 +51,7 @@ pub const OBJECT_STATE_METHOD: &str = "__getstate__";
 /// what the object holds in `Drop` (a plugin object runs its guest
 /// destructor).
 #[async_trait::async_trait]
-pub(crate) trait RRefObject: Send + Sync + 'static {
+pub(crate) trait RRefObject: std::any::Any + Send + Sync {
     /// The type `_get_type` answers, e.g. `seed_fns::MyClass`.
     fn type_name(&self) -> &str;
 

@@ -56,6 +56,12 @@ impl OwnerState {
         Ok(self.owned_from(payload))
     }
 
+    /// The object the creating function made, once it has run; `None` for
+    /// a value or while the function runs.
+    pub(crate) fn object(&self) -> Option<&Arc<dyn RRefObject>> {
+        self.object.get()
+    }
+
     pub(crate) fn owned_from(&self, payload: Payload) -> Owned {
         match self.object.get() {
             Some(o) => Owned::Object(o.clone()),

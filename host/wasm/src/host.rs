@@ -131,6 +131,12 @@ pub trait GuestHost: Send + Sync + 'static {
             "this host does not track RRef ownership",
         ))
     }
+    /// The id of the object `rref` holds when that object lives in the
+    /// calling instance (a function running beside it), else `None`.
+    async fn rref_local_object(&self, rref: u32) -> HostResult<Option<u32>> {
+        let _ = rref;
+        Ok(None)
+    }
     /// `rref.confirmed_by_owner()`.
     async fn rref_confirmed_by_owner(&self, rref: u32) -> HostResult<bool> {
         let _ = rref;

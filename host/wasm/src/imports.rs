@@ -141,6 +141,10 @@ pub(crate) async fn dispatch(ctx: &Arc<CallCtx>, call: HostCall) -> HostResult<H
             }
         },
         HostCall::RRefIsOwner(r) => HostReply::Bool(host.rref_is_owner(r).await?),
+        HostCall::RRefLocalObject(r) => HostReply::Value(match host.rref_local_object(r).await? {
+            Some(id) => Value::Int(i64::from(id)),
+            None => Value::None,
+        }),
         HostCall::RRefConfirmed(r) => HostReply::Bool(host.rref_confirmed_by_owner(r).await?),
         HostCall::FutureNew => HostReply::Handle(host.future_new().await?),
         HostCall::FutureSet { future, result } => {

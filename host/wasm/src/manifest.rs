@@ -83,6 +83,12 @@ pub fn describe(manifest: &Manifest) -> String {
     if !asks.calls.is_empty() {
         out.push_str(&format!("  asks to call: {}\n", asks.calls.join(", ")));
     }
+    if !manifest.reaches_objects.is_empty() {
+        out.push_str(&format!(
+            "  runs beside its objects (local_value): {}\n",
+            manifest.reaches_objects.join(", ")
+        ));
+    }
     out
 }
 

@@ -59,6 +59,12 @@ impl Object {
         &self.class
     }
 
+    /// The id the guest's constructor gave the object (what its methods are
+    /// called on).
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
     /// The plugin the class belongs to.
     pub fn plugin(&self) -> &Arc<Plugin> {
         &self.plugin
@@ -111,6 +117,51 @@ impl Object {
                 finish(self.plugin.name(), method, is_async, outcome, &host).await
             }
             Err(fault) => Err(fault.into_error(self.plugin.name(), method)),
+        }
+    }
+
+    /// Runs the plugin's function `function` in the object's instance,
+    /// queued with its methods, so the function sees the object as the
+    /// instance's own (a Python plugin's `rref.local_value()` gives it).
+    /// The host decides when a call runs beside its object; the guest runs
+    /// it as it runs any function, with the object's handles in reach.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for an unknown function, [`Error::ObjectBroken`]
+    /// after a trap, else as [`Runtime::call`].
+    pub async fn call_function(
+        &self,
+        function: &str,
+        args: CallArgs,
+        host: Arc<dyn GuestHost>,
+    ) -> Result<Value> {
+        let entry = self
+            .plugin
+            .entry(function)
+            .filter(|e| matches!(e.kind, ExportKind::Function | ExportKind::AsyncFunction));
+        let Some(entry) = entry else {
+            return Err(Error::NotFound {
+                plugin: self.plugin.name().to_owned(),
+                what: "function",
+                name: function.to_owned(),
+            });
+        };
+        let is_async = entry.kind == ExportKind::AsyncFunction;
+        let outcome = {
+            let mut slot = self.instance.lock().await;
+            let Some(mut warm) = slot.take() else {
+                return Err(self.broken());
+            };
+            let ctx = CallCtx::new(host.clone(), self.plugin.clone(), self.runtime.clone());
+            let outcome = warm.invoke(ctx, Target::Function(function), &args).await;
+            if outcome.is_ok() {
+                *slot = Some(warm);
+            }
+            outcome
+        };
+        match outcome {
+            Ok(outcome) => finish(self.plugin.name(), function, is_async, outcome, &host).await,
+            Err(fault) => Err(fault.into_error(self.plugin.name(), function)),
         }
     }
 

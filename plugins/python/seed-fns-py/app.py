@@ -449,10 +449,10 @@ class Accumulator:
 
 # The RPC tutorials' helpers (parameter server, RL), as written there:
 # `_remote_method(Net.forward, rref, x)` runs `Net.forward(rref.local_value(), x)`
-# on the RRef's owner. With an RRef to a value (a tensor) it works as in
-# PyTorch; with an RRef to a plugin object, `local_value()` raises (the
-# object stays in its plugin instance) and `_remote_method_proxy` is the
-# form that works.
+# on the RRef's owner, as in PyTorch: with an RRef to a value (a tensor), and
+# with an RRef to an object of this plugin, beside which the owner runs
+# `_call_method` (so `local_value()` is the object itself).
+# `_remote_method_proxy` calls the method through the RRef's proxy instead.
 @remote
 def _call_method(method, rref, *args, **kwargs):
     return method(rref.local_value(), *args, **kwargs)

@@ -110,6 +110,37 @@ fn function_references_call_what_their_names_register() {
             )
             .await?;
         ensure!(out.as_int()? == 6, "{out:?}");
+        // The tutorial's own form on an object: the owner runs
+        // `_call_method` beside the object, where `local_value()` is the
+        // object itself (its total goes on from 6, no copy was made).
+        for want in [13, 20] {
+            let out = agent
+                .rpc_sync(
+                    w1.clone(),
+                    "seed_fns_py::_remote_method",
+                    Args::new()
+                        .arg(reference("seed_fns_py::Accumulator.add"))
+                        .arg(Payload::from(obj.clone()))
+                        .arg(7i64),
+                )
+                .await?;
+            ensure!(out.as_int()? == want, "{out:?} (want {want})");
+        }
+        // Each call runs beside the object its RRef names: a second object
+        // keeps its own total.
+        let other: RRef = agent.remote(w1.clone(), "seed_fns_py::Accumulator", args![100i64])?;
+        let out = agent
+            .rpc_sync(
+                w1.clone(),
+                "seed_fns_py::_remote_method",
+                Args::new()
+                    .arg(reference("seed_fns_py::Accumulator.add"))
+                    .arg(Payload::from(other.clone()))
+                    .arg(1i64),
+            )
+            .await?;
+        ensure!(out.as_int()? == 101, "{out:?}");
+        drop(other);
         drop((rref, obj));
         c.shutdown().await?;
         Ok(())

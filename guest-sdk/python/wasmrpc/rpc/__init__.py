@@ -200,28 +200,37 @@ class RRef(_Handle):
         """The value, on its owner (PyTorch's `RuntimeError` elsewhere).
 
         An RRef to an object of a plugin class (`rpc.remote(dst,
-        "ns::MyClass", args)`) has no local value a plugin can hold: the
-        object lives in the owner's plugin instance, not in this call, and
-        is never copied. Its methods run through `rref.rpc_sync().method(...)`
-        (or `rpc_async()` / `remote()`), on the owner, from any worker."""
+        "ns::MyClass", args)`, or `rpc.remote(dst, MyClass, args)`) gives
+        the object itself in a function of the same plugin that the owner
+        runs with the RRef among its arguments: the worker runs such a call
+        beside the object, in its instance (PyTorch's `_call_method(method,
+        rref)` idiom). Anywhere else the object is out of reach (it is
+        never copied) and its methods run through
+        `rref.rpc_sync().method(...)`."""
         if not self.is_owner():
             me = get_worker_info()
             raise RuntimeError(
                 f"can't call local_value() on user {me}. Call it on owner {self.owner()}"
             )
+        obj = _local_object(self)
+        if obj is not None:
+            return obj
         try:
             return self.to_here()
         except TypeError as e:
             # The worker refuses to copy an object out of its owner; say
-            # what a plugin can do instead (its `__getstate__` hint is for
-            # Rust classes: a Python class serves no `_` methods).
+            # where the object can be had instead (its `__getstate__` hint
+            # is for Rust classes: a Python class serves no `_` methods).
             owner = self.owner()
             raise TypeError(
                 f"rref.local_value() on worker {owner.name}, the RRef's owner: it holds an "
-                "object of a plugin class, which stays in its plugin and is never copied, so "
-                "a plugin cannot get it as a local value; call its methods through "
-                f"rref.rpc_sync().method(...) (or rpc_async() / remote()), which run on "
-                f"{owner.name}. The worker said: {e}"
+                "object of a plugin class, which stays in its own instance and is never "
+                "copied. local_value() gives it only in a function of the same plugin that "
+                f"{owner.name} runs with this RRef among its arguments (PyTorch's "
+                "_call_method idiom: rpc.rpc_sync(rref.owner(), _call_method, "
+                "args=(MyClass.method, rref))); from here, call its methods through "
+                "rref.rpc_sync().method(...) (or rpc_async() / remote()). "
+                f"The worker said: {e}"
             ) from None
 
     def owner(self):
@@ -254,12 +263,47 @@ class RRef(_Handle):
         return _Proxy(self, "REMOTE", timeout)
 
 
+def _local_object(rref):
+    """The object `rref` holds when it lives in this instance (a function
+    the owner runs beside it), else `None`."""
+    oid = _host.call("rref_local_object", rref._handle())
+    if oid is None:
+        return None
+    from .._guest import local_object  # noqa: PLC0415 (`_guest` imports this module)
+
+    return local_object(oid)
+
+
 class _Proxy:
     def __init__(self, rref, mode, timeout):
         self._rref, self._mode, self._timeout = rref, mode, _timeout(timeout)
 
+    def _call_here(self, obj, method, args, kwargs):
+        """A proxy's call on an object of this very instance: run in place
+        (the owner would queue it behind the running call, which is this
+        one, and wait for ever)."""
+        if self._mode == "SYNC":
+            out = getattr(obj, method)(*args, **kwargs)
+            return out.wait() if isinstance(out, Future) else out
+        if self._mode == "REMOTE":
+            out = getattr(obj, method)(*args, **kwargs)
+            return RRef(out.wait() if isinstance(out, Future) else out)
+        fut = Future()
+        try:
+            out = getattr(obj, method)(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 (the future carries it)
+            fut.set_exception(e)
+            return fut
+        if isinstance(out, Future):
+            return out
+        fut.set_result(out)
+        return fut
+
     def __getattr__(self, method):
         def call(*args, **kwargs):
+            obj = _local_object(self._rref)
+            if obj is not None:
+                return self._call_here(obj, method, args, kwargs)
             a = _host.call_args(args, kwargs)
             h = self._rref._handle()
             if self._mode == "SYNC":

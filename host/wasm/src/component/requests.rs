@@ -215,6 +215,17 @@ impl host::Host for StoreData {
         bool_reply(self.request(HostCall::RRefIsOwner(rref)).await?)
     }
 
+    async fn rref_local_object(&mut self, rref: u32) -> R<Option<u32>> {
+        match self.request(HostCall::RRefLocalObject(rref)).await? {
+            HostReply::Value(wasmrpc_abi::Value::None) => Ok(None),
+            HostReply::Value(wasmrpc_abi::Value::Int(id)) => match u32::try_from(id) {
+                Ok(id) => Ok(Some(id)),
+                Err(_) => Err(unexpected(HostReply::Value(wasmrpc_abi::Value::Int(id)))),
+            },
+            other => Err(unexpected(other)),
+        }
+    }
+
     async fn rref_confirmed(&mut self, rref: u32) -> R<bool> {
         bool_reply(self.request(HostCall::RRefConfirmed(rref)).await?)
     }
