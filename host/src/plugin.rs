@@ -61,6 +61,7 @@ mod grant;
 mod handles;
 mod host_functions;
 mod state;
+mod stats;
 pub(crate) mod versions;
 
 use std::path::{Path, PathBuf};

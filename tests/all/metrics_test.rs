@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use wasmrpc::{Error, Payload, RpcAgent, RpcBackendOptions, args};
+use wasmrpc::{Error, Payload, Remote, RpcAgent, RpcBackendOptions, args};
 use wasmrpc_tests::{cluster, timed};
 
 /// An argument no metric may ever show (MET-1).
@@ -224,6 +224,66 @@ fn metrics_count_every_call_served_and_made_by_function_peer_and_outcome() {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        Ok(())
+    });
+}
+
+/// The plugins' gauges follow what a worker's plugins hold: objects made
+/// and dropped, calls running, warm instances, the plugins served.
+#[test]
+fn plugin_gauges_follow_objects_calls_and_instances() {
+    timed(async {
+        let c = cluster(2).options(with_metrics()).start().await?;
+        let a = c.agent(0);
+        let gauge = |text: &str, name: &str| {
+            sample(text, name).with_context(|| format!("no {name} in:\n{text}"))
+        };
+        let before = scrape(c.agent(1)).await?;
+        // The seed-fns plugin (`register_all`), once however many names
+        // it registers.
+        ensure!(
+            gauge(&before, "wasmrpc_agent_plugin_served")? == 1.0,
+            "{before}"
+        );
+        ensure!(
+            gauge(&before, "wasmrpc_agent_plugin_objects")? == 0.0,
+            "{before}"
+        );
+        ensure!(
+            gauge(&before, "wasmrpc_agent_plugin_calls_in_flight")? == 0.0,
+            "{before}"
+        );
+        let objects: Vec<wasmrpc::RRef> = (0..3)
+            .map(|i| a.remote("worker1", "seed_fns::MyClass", args![i]))
+            .collect::<wasmrpc::Result<_>>()?;
+        for o in &objects {
+            o.get_type(a, None).await?;
+        }
+        let held = scrape(c.agent(1)).await?;
+        ensure!(
+            gauge(&held, "wasmrpc_agent_plugin_objects")? == 3.0,
+            "{held}"
+        );
+        // A function of the plugin ran: an instance waits in the pool.
+        a.rpc_sync("worker1", "seed_fns::my_function", args![1, 2, 3])
+            .await?;
+        let warm = scrape(c.agent(1)).await?;
+        ensure!(
+            gauge(&warm, "wasmrpc_agent_plugin_idle_instances")? >= 1.0,
+            "{warm}"
+        );
+        // Dropped by their last user, the objects go (RREF-3, OBJ-3).
+        drop(objects);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = scrape(c.agent(1)).await?;
+            if gauge(&text, "wasmrpc_agent_plugin_objects")? == 0.0 {
+                break;
+            }
+            ensure!(Instant::now() < deadline, "objects still counted:\n{text}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        c.shutdown().await?;
         Ok(())
     });
 }

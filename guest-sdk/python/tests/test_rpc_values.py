@@ -414,6 +414,56 @@ class Then(unittest.TestCase):
             _registry.functions["_wasmrpc_then"][0](1, "os.system")
 
 
+class ExportModule(unittest.TestCase):
+    """`wasmrpc.export_module`: what a module defines is registered as the
+    decorators would; what it imports is not; a taken name is refused."""
+
+    def setUp(self):
+        self.saved = (dict(_registry.functions), dict(_registry.classes))
+
+    def tearDown(self):
+        for table, saved in zip((_registry.functions, _registry.classes), self.saved):
+            table.clear()
+            table.update(saved)
+
+    def module(self, name, source):
+        import types
+
+        m = types.ModuleType(name)
+        sys.modules[name] = m
+        self.addCleanup(sys.modules.pop, name, None)
+        exec(source, m.__dict__)  # noqa: S102 (the test's own source)
+        return m
+
+    def test_defined_names_only(self):
+        m = self.module("exported_mod", (
+            "from functools import reduce\n"
+            "import json\n"
+            "def f(x):\n    return x\n"
+            "def _helper(rref):\n    return rref.local_value()\n"
+            "alias = f\n"
+            "class Net:\n    def forward(self, x):\n        return x\n"
+            "LIMIT = 3\n"
+        ))
+        self.assertEqual(wasmrpc.export_module(m), 3)
+        self.assertIs(_registry.functions["f"][0], m.f)
+        self.assertIs(_registry.functions["_helper"][0], m._helper)
+        self.assertIn("Net", _registry.classes)
+        self.assertEqual(m.Net.forward.__wasmrpc_ref__, "Net.forward")
+        for imported in ("reduce", "json", "alias", "LIMIT"):
+            self.assertNotIn(imported, _registry.functions)
+        # Again, or by name: what is registered already stays as it is.
+        self.assertEqual(wasmrpc.export_module("exported_mod"), 0)
+
+    def test_a_taken_name_is_refused(self):
+        self.module("first_mod", "def shared(x):\n    return x\n")
+        wasmrpc.export_module("first_mod")
+        second = self.module("second_mod", "def shared(x):\n    return -x\n")
+        with self.assertRaisesRegex(ValueError, r"export_module\(second_mod\): `shared` is already "
+                                    r"registered by first_mod\.shared"):
+            wasmrpc.export_module(second)
+
+
 class LocalValue(unittest.TestCase):
     def test_value_on_owner(self):
         rref = HOST.make_rref(value=3)

@@ -75,7 +75,7 @@ impl CallContext {
 /// `call` runs as a tokio task of the callee; it may make nested calls
 /// (including back to the caller) through `ctx.agent()` and await them.
 #[async_trait::async_trait]
-pub trait RpcFunction: Send + Sync + 'static {
+pub trait RpcFunction: std::any::Any + Send + Sync {
     /// Runs the function.
     ///
     /// # Errors

@@ -171,8 +171,18 @@ fn frame(
     dt: f64,
 ) -> String {
     let mut out = format!(
-        "{:<16} {:>10} {:>10} {:>8} {:>8} {:>8} {:>16} {:>6} {:>8}\n",
-        "WORKER", "SERVED/s", "MADE/s", "ERRORS/s", "P50", "P99", "TENSOR MiB", "CONNS", "PENDING"
+        "{:<16} {:>10} {:>10} {:>8} {:>8} {:>8} {:>16} {:>6} {:>8} {:>8} {:>6}\n",
+        "WORKER",
+        "SERVED/s",
+        "MADE/s",
+        "ERRORS/s",
+        "P50",
+        "P99",
+        "TENSOR MiB",
+        "CONNS",
+        "PENDING",
+        "OBJECTS",
+        "WARM"
     );
     let mut functions: BTreeMap<String, (f64, f64)> = BTreeMap::new();
     for (i, endpoint) in endpoints.iter().enumerate() {
@@ -208,11 +218,14 @@ fn frame(
         );
         out.push_str(&format!(
             "{name:<16} {served:>10.1} {made:>10.1} {errors:>8.1} {:>8} {:>8} {memory:>16} {:>6} \
-             {:>8}\n",
+             {:>8} {:>8} {:>6}\n",
             millis(quantile(now, before, 0.5)),
             millis(quantile(now, before, 0.99)),
             now.value("wasmrpc_agent_num_connections").unwrap_or(0.0),
             now.value("wasmrpc_agent_num_pending_requests")
+                .unwrap_or(0.0),
+            now.value("wasmrpc_agent_plugin_objects").unwrap_or(0.0),
+            now.value("wasmrpc_agent_plugin_idle_instances")
                 .unwrap_or(0.0),
         ));
         let mut by_function: HashMap<String, (f64, f64)> = HashMap::new();
@@ -319,7 +332,9 @@ mod tests {
             "wasmrpc_worker_info{name=\"ps\",rank=\"0\"} 1\n\
              wasmrpc_calls_served_total{caller=\"t1\",function=\"ps::get\",outcome=\"ok\"} 30\n\
              wasmrpc_calls_served_total{caller=\"t1\",function=\"ps::get\",outcome=\"ValueError\"} 2\n\
-             wasmrpc_agent_num_connections 3\n",
+             wasmrpc_agent_num_connections 3\n\
+             wasmrpc_agent_plugin_objects 4\n\
+             wasmrpc_agent_plugin_idle_instances 2\n",
         );
         let text = frame(
             &["127.0.0.1:1".into(), "127.0.0.1:2".into()],
@@ -334,6 +349,8 @@ mod tests {
         let cells: Vec<&str> = ps.split_whitespace().collect();
         assert_eq!(cells[1], "11.0", "{text}");
         assert_eq!(cells[3], "1.0", "{text}");
+        // Plugin objects alive and warm instances, the last two columns.
+        assert_eq!(cells[cells.len() - 2..], ["4", "2"], "{text}");
         assert!(
             text.contains("127.0.0.1:2      unreachable: refused"),
             "{text}"

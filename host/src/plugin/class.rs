@@ -139,6 +139,13 @@ pub(crate) struct PluginObject {
     scope: VersionScope,
 }
 
+impl PluginClass {
+    /// Its plugin and the version scope it counts its objects in.
+    pub(super) fn served(&self) -> (&Arc<Plugin>, &VersionScope) {
+        (&self.plugin, &self.scope)
+    }
+}
+
 impl PluginObject {
     fn class(&self) -> &str {
         self.object.as_ref().map_or("", Object::class)
@@ -181,10 +188,15 @@ impl PluginObject {
     /// Runs `function` of the object's plugin in the object's instance,
     /// queued with its methods and with the object's guest host: the
     /// function sees the object as its instance's own (OBJ-4).
+    ///
+    /// It waits for the object at most `wait` (the agent's RPC timeout):
+    /// past it, the call fails with `TimeoutError` instead of waiting for
+    /// ever on a call of its own chain that holds the object.
     pub(super) async fn call_beside(
         object: &dyn RRefObject,
         function: &str,
         args: Args,
+        wait: Option<std::time::Duration>,
         where_: impl Fn() -> String,
     ) -> Result<Payload> {
         let any: &dyn std::any::Any = object;
@@ -202,7 +214,7 @@ impl PluginObject {
             .map_err(|e| Error::from(e).context_line(where_()))?;
         let guest: Arc<dyn GuestHost> = this.host.clone();
         let value = instance
-            .call_function(function, call_args, guest)
+            .call_function(function, call_args, guest, wait)
             .await
             .map_err(|e| wasm_error(&e).context_line(where_()))?;
         this.host

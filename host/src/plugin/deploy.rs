@@ -299,6 +299,10 @@ impl Extension for Deployment {
         &[DEPLOY_PLUGIN, PLUGIN_SWITCH]
     }
 
+    fn debug_info(&self, agent: &RpcAgent) -> std::collections::BTreeMap<String, String> {
+        super::stats::debug_info(agent)
+    }
+
     fn serve_request(&self, agent: &RpcAgent, request: Request) -> Run {
         let agent = agent.clone();
         Box::pin(async move {

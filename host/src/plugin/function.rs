@@ -48,6 +48,13 @@ impl PluginFunction {
     }
 }
 
+impl PluginFunction {
+    /// Its plugin and the version scope it counts its calls in.
+    pub(super) fn served(&self) -> (&Arc<Plugin>, &VersionScope) {
+        (&self.plugin, &self.scope)
+    }
+}
+
 /// A runtime error as a host error: the guest's own kind and message for an
 /// error it raised, else the runtime's kind and text (which name the plugin
 /// and the function).
@@ -75,7 +82,10 @@ impl RpcFunction for PluginFunction {
         if self.plugin.manifest().reaches_objects(&self.function)
             && let Some(object) = PluginObject::among(&args.rrefs, &self.plugin).await
         {
-            return PluginObject::call_beside(object.as_ref(), &self.function, args, where_).await;
+            let timeout = ctx.agent().get_rpc_timeout();
+            let wait = (!timeout.is_zero()).then_some(timeout);
+            return PluginObject::call_beside(object.as_ref(), &self.function, args, wait, where_)
+                .await;
         }
         // The call records into the scope it is served in, if any, from
         // wherever its requests run (`crate::profiler`).

@@ -94,7 +94,7 @@ impl Usage {
         }
     }
 
-    fn counts(&self) -> (usize, usize) {
+    pub(crate) fn counts(&self) -> (usize, usize) {
         (
             self.in_flight.load(Ordering::SeqCst),
             self.objects.load(Ordering::SeqCst),
@@ -291,6 +291,16 @@ impl Versions {
         let groups = self.lock();
         let g = groups.get(namespace)?;
         g.current.and_then(|c| g.get(&c)).map(|v| v.scope.clone())
+    }
+
+    /// Each version's plugin and use counts.
+    pub(crate) fn usages(&self) -> Vec<(Arc<Plugin>, Arc<Usage>)> {
+        let groups = self.lock();
+        groups
+            .values()
+            .flat_map(|g| &g.versions)
+            .map(|v| (v.plugin.clone(), v.usage.clone()))
+            .collect()
     }
 
     /// Every version this worker holds.

@@ -88,6 +88,22 @@ pub enum Error {
         /// The class name.
         class: String,
     },
+    /// A call to run beside an object waited for it longer than it may.
+    #[error(
+        "`{function}` of plugin `{plugin}` waited {waited:?} to run beside its `{class}` object, \
+         which stayed busy: calls beside an object queue behind its methods, one at a time, so a \
+         call there that waits for another call needing the same object waits for itself"
+    )]
+    ObjectBusy {
+        /// The plugin's name.
+        plugin: String,
+        /// The object's class.
+        class: String,
+        /// The function that was to run beside it.
+        function: String,
+        /// How long it waited.
+        waited: std::time::Duration,
+    },
     /// The bytes are not a valid plugin module.
     #[error("invalid plugin module: {0}")]
     InvalidModule(String),
@@ -112,7 +128,7 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::Raised { error, .. } => error.kind,
-            Error::Timeout { .. } => ErrorKind::TimeoutError,
+            Error::Timeout { .. } | Error::ObjectBusy { .. } => ErrorKind::TimeoutError,
             Error::NotFound { .. } => ErrorKind::AttributeError,
             _ => ErrorKind::RuntimeError,
         }

@@ -126,14 +126,20 @@ impl Object {
     /// The host decides when a call runs beside its object; the guest runs
     /// it as it runs any function, with the object's handles in reach.
     ///
+    /// It waits for the object at most `wait` (`None`: as long as it
+    /// takes): a call that waits for another call that needs the same
+    /// object would otherwise wait for itself for ever.
+    ///
     /// # Errors
-    /// [`Error::NotFound`] for an unknown function, [`Error::ObjectBroken`]
+    /// [`Error::NotFound`] for an unknown function, [`Error::ObjectBusy`]
+    /// when the object stayed busy for `wait`, [`Error::ObjectBroken`]
     /// after a trap, else as [`Runtime::call`].
     pub async fn call_function(
         &self,
         function: &str,
         args: CallArgs,
         host: Arc<dyn GuestHost>,
+        wait: Option<std::time::Duration>,
     ) -> Result<Value> {
         let entry = self
             .plugin
@@ -148,7 +154,17 @@ impl Object {
         };
         let is_async = entry.kind == ExportKind::AsyncFunction;
         let outcome = {
-            let mut slot = self.instance.lock().await;
+            let mut slot = match wait {
+                None => self.instance.lock().await,
+                Some(wait) => tokio::time::timeout(wait, self.instance.lock())
+                    .await
+                    .map_err(|_| Error::ObjectBusy {
+                        plugin: self.plugin.name().to_owned(),
+                        class: self.class.clone(),
+                        function: function.to_owned(),
+                        waited: wait,
+                    })?,
+            };
             let Some(mut warm) = slot.take() else {
                 return Err(self.broken());
             };

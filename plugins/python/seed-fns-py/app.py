@@ -464,6 +464,15 @@ def _remote_method(method, rref, *args, **kwargs):
 
 
 @remote
+def _local_value_then_again(rref):
+    """Reaches the object, then asks its owner (this worker) to run this
+    again beside it: the second call waits for the first, which waits for
+    the second; the worker ends the wait after its RPC timeout."""
+    rref.local_value()
+    return rpc.rpc_sync(rref.owner(), _local_value_then_again, args=(rref,), timeout=60)
+
+
+@remote
 def _remote_method_proxy(method, rref, *args, **kwargs):
     """`_remote_method` for an RRef to a plugin object: the method, named by
     its reference, runs on the owner through the RRef's proxy."""

@@ -146,3 +146,48 @@ fn function_references_call_what_their_names_register() {
         Ok(())
     });
 }
+
+/// A call beside an object that waits for another call needing the same
+/// object would wait for itself: the worker ends the second call's wait
+/// after its RPC timeout with a `TimeoutError` that says why, the chain
+/// unwinds, and the object serves on.
+#[test]
+fn a_call_beside_an_object_that_waits_for_itself_fails_instead_of_hanging() {
+    timed(async {
+        let c = python_cluster(2).start().await?;
+        let agent = c.agent(0);
+        let w1 = worker_name(1);
+        c.agent(1)
+            .set_rpc_timeout(std::time::Duration::from_secs(2));
+        let obj: RRef = agent.remote(w1.clone(), "seed_fns_py::Accumulator", args![1i64])?;
+        let err = agent
+            .rpc_sync_with_timeout(
+                w1.clone(),
+                "seed_fns_py::_local_value_then_again",
+                args![Payload::from(obj.clone())],
+                std::time::Duration::from_secs(60),
+            )
+            .await
+            .map(drop);
+        expect_err(
+            err,
+            ErrorKind::TimeoutError,
+            "`_local_value_then_again` of plugin `seed-fns-py` waited 2s to run beside its \
+             `Accumulator` object, which stayed busy",
+        )?;
+        let out = agent
+            .rpc_sync(
+                w1.clone(),
+                "seed_fns_py::_remote_method",
+                Args::new()
+                    .arg(reference("seed_fns_py::Accumulator.add"))
+                    .arg(Payload::from(obj.clone()))
+                    .arg(2i64),
+            )
+            .await?;
+        ensure!(out.as_int()? == 3, "the object no longer serves: {out:?}");
+        drop(obj);
+        c.shutdown().await?;
+        Ok(())
+    });
+}
