@@ -19,6 +19,26 @@ fn reference(name: &str) -> Payload {
     })
 }
 
+/// The tutorial's `_remote_method(method, rref, arg)`, called on `to`.
+async fn remote_method(
+    agent: &wasmrpc::RpcAgent,
+    to: &str,
+    method: &str,
+    rref: &RRef,
+    arg: impl Into<Payload>,
+) -> wasmrpc::Result<Payload> {
+    agent
+        .rpc_sync(
+            to,
+            "seed_fns_py::_remote_method",
+            Args::new()
+                .arg(reference(method))
+                .arg(Payload::from(rref.clone()))
+                .arg(arg),
+        )
+        .await
+}
+
 #[test]
 fn function_references_call_what_their_names_register() {
     timed(async {
@@ -87,16 +107,7 @@ fn function_references_call_what_their_names_register() {
         // that creates the value once hung for the whole RPC timeout (left
         // for issue 51; this test is about function references).
         rref.to_here(agent, None).await?;
-        let out = agent
-            .rpc_sync(
-                w1.clone(),
-                "seed_fns_py::_remote_method",
-                Args::new()
-                    .arg(reference("aten::add"))
-                    .arg(Payload::from(rref.clone()))
-                    .arg(ones(&[2])),
-            )
-            .await?;
+        let out = remote_method(agent, &w1, "aten::add", &rref, ones(&[2])).await?;
         expect_tensor(&out, &(ones(&[2]) * 3))?;
         let obj: RRef = agent.remote(w1.clone(), "seed_fns_py::Accumulator", args![1i64])?;
         let out = agent
@@ -114,31 +125,13 @@ fn function_references_call_what_their_names_register() {
         // `_call_method` beside the object, where `local_value()` is the
         // object itself (its total goes on from 6, no copy was made).
         for want in [13, 20] {
-            let out = agent
-                .rpc_sync(
-                    w1.clone(),
-                    "seed_fns_py::_remote_method",
-                    Args::new()
-                        .arg(reference("seed_fns_py::Accumulator.add"))
-                        .arg(Payload::from(obj.clone()))
-                        .arg(7i64),
-                )
-                .await?;
+            let out = remote_method(agent, &w1, "seed_fns_py::Accumulator.add", &obj, 7i64).await?;
             ensure!(out.as_int()? == want, "{out:?} (want {want})");
         }
         // Each call runs beside the object its RRef names: a second object
         // keeps its own total.
         let other: RRef = agent.remote(w1.clone(), "seed_fns_py::Accumulator", args![100i64])?;
-        let out = agent
-            .rpc_sync(
-                w1.clone(),
-                "seed_fns_py::_remote_method",
-                Args::new()
-                    .arg(reference("seed_fns_py::Accumulator.add"))
-                    .arg(Payload::from(other.clone()))
-                    .arg(1i64),
-            )
-            .await?;
+        let out = remote_method(agent, &w1, "seed_fns_py::Accumulator.add", &other, 1i64).await?;
         ensure!(out.as_int()? == 101, "{out:?}");
         drop(other);
         drop((rref, obj));
@@ -175,16 +168,7 @@ fn a_call_beside_an_object_that_waits_for_itself_fails_instead_of_hanging() {
             "`_local_value_then_again` of plugin `seed-fns-py` waited 2s to run beside its \
              `Accumulator` object, which stayed busy",
         )?;
-        let out = agent
-            .rpc_sync(
-                w1.clone(),
-                "seed_fns_py::_remote_method",
-                Args::new()
-                    .arg(reference("seed_fns_py::Accumulator.add"))
-                    .arg(Payload::from(obj.clone()))
-                    .arg(2i64),
-            )
-            .await?;
+        let out = remote_method(agent, &w1, "seed_fns_py::Accumulator.add", &obj, 2i64).await?;
         ensure!(out.as_int()? == 3, "the object no longer serves: {out:?}");
         drop(obj);
         c.shutdown().await?;
