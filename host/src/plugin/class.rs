@@ -158,7 +158,7 @@ impl PluginObject {
     pub(super) async fn among(
         rrefs: &[crate::value::Handle],
         plugin: &Arc<Plugin>,
-    ) -> Option<Arc<dyn RRefObject>> {
+    ) -> Option<Arc<PluginObject>> {
         let owned: Vec<_> = rrefs
             .iter()
             .filter_map(|h| {
@@ -174,12 +174,11 @@ impl PluginObject {
             let Some(object) = state.object() else {
                 continue;
             };
-            let any: &dyn std::any::Any = object.as_ref();
-            if any
-                .downcast_ref::<PluginObject>()
-                .is_some_and(|o| Arc::ptr_eq(&o.plugin, plugin))
+            let any: Arc<dyn std::any::Any + Send + Sync> = object.clone();
+            if let Ok(object) = any.downcast::<PluginObject>()
+                && Arc::ptr_eq(&object.plugin, plugin)
             {
-                return Some(object.clone());
+                return Some(object);
             }
         }
         None
@@ -193,31 +192,27 @@ impl PluginObject {
     /// past it, the call fails with `TimeoutError` instead of waiting for
     /// ever on a call of its own chain that holds the object.
     pub(super) async fn call_beside(
-        object: &dyn RRefObject,
+        &self,
         function: &str,
         args: Args,
         wait: Option<std::time::Duration>,
         where_: impl Fn() -> String,
     ) -> Result<Payload> {
-        let any: &dyn std::any::Any = object;
-        let Some(this) = any.downcast_ref::<PluginObject>() else {
-            return Err(Error::runtime(format!("{}: not a plugin object", where_())));
-        };
-        let instance = this
+        let instance = self
             .object
             .as_ref()
             .ok_or_else(|| Error::runtime(format!("{}: the object is gone", where_())))?;
-        let call_args = this
+        let call_args = self
             .host
             .handles()
             .import_args(args)
             .map_err(|e| Error::from(e).context_line(where_()))?;
-        let guest: Arc<dyn GuestHost> = this.host.clone();
+        let guest: Arc<dyn GuestHost> = self.host.clone();
         let value = instance
             .call_function(function, call_args, guest, wait)
             .await
             .map_err(|e| wasm_error(&e).context_line(where_()))?;
-        this.host
+        self.host
             .handles()
             .take_payload(value)
             .map_err(|e| Error::from(e).context_line(where_()))

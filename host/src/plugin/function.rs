@@ -84,8 +84,7 @@ impl RpcFunction for PluginFunction {
         {
             let timeout = ctx.agent().get_rpc_timeout();
             let wait = (!timeout.is_zero()).then_some(timeout);
-            return PluginObject::call_beside(object.as_ref(), &self.function, args, wait, where_)
-                .await;
+            return object.call_beside(&self.function, args, wait, where_).await;
         }
         // The call records into the scope it is served in, if any, from
         // wherever its requests run (`crate::profiler`).
