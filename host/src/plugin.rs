@@ -60,6 +60,7 @@ mod function;
 mod grant;
 mod handles;
 mod host_functions;
+mod module;
 mod state;
 mod stats;
 pub(crate) mod versions;
@@ -377,6 +378,16 @@ impl PluginHost {
     ) -> Vec<String> {
         let namespace = plugin_namespace(plugin.name());
         let grant = Arc::new(grant);
+        // A single-instance plugin's calls on this worker share one instance.
+        let module = plugin.manifest().single_instance.then(|| {
+            module::ModuleInstance::new(
+                self.runtime.clone(),
+                plugin.clone(),
+                namespace.clone(),
+                grant.clone(),
+                scope.clone(),
+            )
+        });
         let mut names = Vec::new();
         for export in &plugin.manifest().exports {
             let function: Arc<dyn crate::agent::RpcFunction> = match (export.kind, &export.class) {
@@ -388,6 +399,7 @@ impl PluginHost {
                         export.name.clone(),
                         grant.clone(),
                         scope.clone(),
+                        module.clone(),
                     ))
                 }
                 (ExportKind::Constructor, Some(class)) => Arc::new(PluginClass::new(
@@ -397,6 +409,7 @@ impl PluginHost {
                     class.clone(),
                     grant.clone(),
                     scope.clone(),
+                    module.clone(),
                 )),
                 // Methods are served through their objects.
                 _ => continue,

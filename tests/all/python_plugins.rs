@@ -30,4 +30,5 @@ mod function_refs;
 mod param_server;
 mod pytorch_parity;
 mod rpc_test;
+mod single_instance;
 mod torch_api;

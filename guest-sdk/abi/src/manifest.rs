@@ -43,8 +43,13 @@ pub enum Record {
     /// Functions that reach the objects their RRef arguments hold
     /// (`rref.local_value()` in a Python plugin): the worker that owns such
     /// an object runs them beside it ([`Manifest::reaches_objects`]).
-    /// Last, for the same reason.
+    /// Last but one, for the same reason.
     ReachesObjects(Vec<String>),
+    /// The plugin runs in one instance per worker: every call of it there
+    /// runs in that instance, one at a time, so its module-level state is
+    /// shared by all of them, as in one Python process
+    /// ([`Manifest::single_instance`]). Last, for the same reason.
+    SingleInstance,
 }
 
 /// What a plugin asks a worker to let it do beyond what a deployed plugin
@@ -114,6 +119,9 @@ pub struct Manifest {
     /// ([`Record::ReachesObjects`]); empty for Rust plugins.
     #[serde(default)]
     pub reaches_objects: Vec<String>,
+    /// Whether it runs in one instance per worker ([`Record::SingleInstance`]).
+    #[serde(default)]
+    pub single_instance: bool,
 }
 
 /// Why a manifest section could not be read.
@@ -173,6 +181,7 @@ impl Manifest {
         let mut exports: Vec<Export> = Vec::new();
         let mut permissions = Permissions::default();
         let mut reaches_objects: Vec<String> = Vec::new();
+        let mut single_instance = false;
         while !bytes.is_empty() {
             let (len, rest) = bytes.split_at_checked(4).ok_or(ManifestError::Truncated)?;
             let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
@@ -197,6 +206,7 @@ impl Manifest {
                     }
                 }
                 Record::Permissions(p) => permissions.merge(p),
+                Record::SingleInstance => single_instance = true,
                 Record::ReachesObjects(names) => {
                     for n in names {
                         if !reaches_objects.contains(&n) {
@@ -215,6 +225,7 @@ impl Manifest {
             exports,
             permissions,
             reaches_objects,
+            single_instance,
         })
     }
 
@@ -230,6 +241,9 @@ impl Manifest {
         records.push(Record::Permissions(self.permissions.clone()));
         if !self.reaches_objects.is_empty() {
             records.push(Record::ReachesObjects(self.reaches_objects.clone()));
+        }
+        if self.single_instance {
+            records.push(Record::SingleInstance);
         }
         records
     }
@@ -343,7 +357,7 @@ mod tests {
         // section reads in hosts that predate it.
         let plain = Manifest {
             reaches_objects: Vec::new(),
-            ..m
+            ..m.clone()
         };
         assert!(
             !plain
@@ -351,6 +365,18 @@ mod tests {
                 .iter()
                 .any(|r| matches!(r, Record::ReachesObjects(_)))
         );
+        // A single-instance plugin says so in a record of its own.
+        assert!(!m.single_instance);
+        let single = Manifest {
+            single_instance: true,
+            ..m
+        };
+        let again: Vec<u8> = single
+            .records()
+            .iter()
+            .flat_map(|r| r.frame().unwrap())
+            .collect();
+        assert!(Manifest::from_section(&again).unwrap().single_instance);
     }
 
     /// A section as plugins built before permission records wrote it (the

@@ -397,6 +397,17 @@ pub enum HostCall {
     /// `rref.local_value()`. Replies [`HostReply::Value`]: the object's id
     /// as an `Int` (the one its constructor's outcome named), else `None`.
     RRefLocalObject(u32),
+    /// Asks the owner-side `remote()` the running function serves to keep
+    /// the guest's object `object` of class `class` (a single-instance
+    /// plugin's function returning one of its objects) instead of a copy.
+    /// Replies [`HostReply::Bool`]: whether it will (`false` outside such
+    /// a `remote()`, where the value is copied as usual).
+    KeepObject {
+        /// The object's id in the instance.
+        object: u32,
+        /// Its class, one the plugin exports.
+        class: String,
+    },
 }
 
 /// File requests of a guest, in the folders its operator granted it on its

@@ -469,6 +469,11 @@ pub fn manifest_from_json(json: &str) -> std::result::Result<Manifest, String> {
     if v.get("reaches_objects").is_some() {
         records.push(Record::ReachesObjects(list(&v, "reaches_objects")?));
     }
+    match v.get("single_instance") {
+        None | Some(serde_json::Value::Bool(false)) => {}
+        Some(serde_json::Value::Bool(true)) => records.push(Record::SingleInstance),
+        Some(other) => return Err(format!("`single_instance` is not a boolean: {other}")),
+    }
     let mut section = Vec::new();
     for r in &records {
         section.extend(r.frame().map_err(|e| e.to_string())?);

@@ -56,6 +56,7 @@ __all__ = [
     "WorkerInfo",
     "async_execution",
     "export_module",
+    "single_instance",
     "dist_autograd",
     "futures",
     "get_global",
@@ -144,6 +145,21 @@ def remote_class(cls=None, *, name=None):
         return c
 
     return register(cls) if cls is not None else register
+
+
+def single_instance():
+    """Runs this plugin in one instance per worker: every call of it on a
+    worker runs there, one at a time, so module-level state (a global
+    object, a cache, a lock) is shared by all of them, as in one Python
+    process, and a `Tensor` kept in a global stays valid across calls. A
+    function called by `rpc.remote()` that returns an object of one of the
+    plugin's classes hands the object itself to the RRef (PyTorch's
+    `rpc.remote(ps, get_parameter_server)`); `rpc_sync` of it raises
+    `TypeError`, as an object is never copied (no pickle).
+    The price is a Python process's without threads: a call that waits (for
+    an RPC, a future) holds the instance, so a call of this plugin it waits
+    for on the same worker waits for it. Call it at module level."""
+    _registry.plugin["single_instance"] = True
 
 
 def export_module(module):

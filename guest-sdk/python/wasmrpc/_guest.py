@@ -60,7 +60,10 @@ def _run(scope, fn, args, is_async, end_scope):
     prev, _scope.current = _scope.current, scope
     try:
         positional, keywords = _decode(args)
-        return _outcome(fn(*positional, **keywords), is_async)
+        result = fn(*positional, **keywords)
+        if not is_async and _kept(result):
+            result = None
+        return _outcome(result, is_async)
     except BaseException as e:  # noqa: BLE001 (every error goes back to the caller)
         return guest.Outcome_Raised(error_record(e))
     finally:
@@ -75,19 +78,55 @@ def local_object(oid):
     return None if entry is None else entry[1]
 
 
+_MODULE_SCOPE = _scope.Scope()
+"""The scope of a single-instance plugin's calls: the instance's one guest
+host, whose handles live as long as it (released as they are collected)."""
+
+_keeps = {}
+"""Object id -> how many RRefs hold it (a single-instance plugin hands the
+same object to several `remote()`s)."""
+
+
 def _function_scope():
-    """The scope a function runs in: the object's when the worker runs it
-    beside the object of this instance (its handles stay the object's and
-    are released as they are collected), else a scope of its own."""
+    """The scope a function runs in: the instance's in a single-instance
+    plugin; the object's when the worker runs it beside the object of this
+    instance (its handles stay the object's and are released as they are
+    collected); else a scope of its own."""
+    if _registry.plugin["single_instance"]:
+        return _MODULE_SCOPE, False
     for scope, _ in _objects.values():
         return scope, False
     return _scope.Scope(), True
 
 
+def _kept(result):
+    """In a single-instance plugin, offers `result` (an object of one of the
+    plugin's classes) to the `remote()` that called: `True` when the worker
+    keeps the object itself (the caller gets an RRef to it)."""
+    if not _registry.plugin["single_instance"]:
+        return False
+    name = getattr(type(result), "__wasmrpc_name__", None)
+    entry = _registry.classes.get(name) if isinstance(name, str) else None
+    if entry is None or entry[0] is not type(result):
+        return False
+    oid = next((i for i, (_, o) in _objects.items() if o is result), None)
+    fresh = oid is None
+    if fresh:
+        oid = _next_object[0]
+        _next_object[0] += 1
+    if not _host.call("keep_object", oid, name):
+        return False
+    if fresh:
+        _objects[oid] = (_MODULE_SCOPE, result)
+    _keeps[oid] = _keeps.get(oid, 0) + 1
+    return True
+
+
 def _construct(cls, args):
     """Makes an object of `cls`; it keeps its scope (its handles) until it
-    is dropped."""
-    scope = _scope.Scope()
+    is dropped (in a single-instance plugin, the instance's scope, whose
+    handles are released as they are collected)."""
+    scope = _MODULE_SCOPE if _registry.plugin["single_instance"] else _scope.Scope()
     prev, _scope.current = _scope.current, scope
     try:
         positional, keywords = _decode(args)
@@ -150,9 +189,14 @@ class Guest:
         return _run(scope, getattr(obj, method), args, methods[method][0], end_scope=False)
 
     def drop_object(self, object, class_):  # noqa: A002 (the world's name)
-        """Destroys object `object`; its handles are released by the host."""
+        """Destroys object `object` (an object several RRefs keep, when the
+        last lets go); its handles are released by the host."""
+        if _keeps.get(object, 0) > 1:
+            _keeps[object] -= 1
+            return
+        _keeps.pop(object, None)
         entry = _objects.pop(object, None)
-        if entry is not None:
+        if entry is not None and entry[0] is not _MODULE_SCOPE:
             entry[0].alive = False
 
 

@@ -5,7 +5,7 @@ import inspect
 
 # The plugin's identity, set by the build's entry module before the
 # plugin's own module is imported.
-plugin = {"name": None, "version": "0.1.0", "ops": [], "calls": []}
+plugin = {"name": None, "version": "0.1.0", "ops": [], "calls": [], "single_instance": False}
 
 functions = {}
 """Function name -> (callable, is_async, parameter names)."""
@@ -129,4 +129,5 @@ def describe():
         "ops": list(plugin["ops"]),
         "calls": list(plugin["calls"]),
         "reaches_objects": sorted(n for n, (f, _, _) in functions.items() if reaches_objects(f)),
+        "single_instance": bool(plugin["single_instance"]),
     }

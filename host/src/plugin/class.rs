@@ -13,12 +13,13 @@
 
 use std::sync::Arc;
 
-use wasmrpc_wasm::{GuestHost, Object, Plugin, Runtime};
+use wasmrpc_wasm::{Called, GuestHost, Object, Plugin, Runtime};
 
 use super::VersionScope;
 use super::function::{PluginFunction, wasm_error};
 use super::grant::PluginGrant;
 use super::host_functions::GuestCall;
+use super::module::ModuleInstance;
 use crate::abi::{ErrorKind, WorkerInfo};
 use crate::agent::{CallContext, RpcAgent, RpcFunction};
 use crate::error::{Error, Result};
@@ -36,6 +37,9 @@ pub(crate) struct PluginClass {
     grant: Arc<PluginGrant>,
     /// The version's state scope and use counts.
     scope: VersionScope,
+    /// The one instance of a single-instance plugin on this worker, where
+    /// its objects are made.
+    module: Option<Arc<ModuleInstance>>,
 }
 
 impl PluginClass {
@@ -46,6 +50,7 @@ impl PluginClass {
         class: String,
         grant: Arc<PluginGrant>,
         scope: VersionScope,
+        module: Option<Arc<ModuleInstance>>,
     ) -> Self {
         PluginClass {
             runtime,
@@ -54,6 +59,7 @@ impl PluginClass {
             class,
             grant,
             scope,
+            module,
         }
     }
 }
@@ -86,6 +92,12 @@ impl RpcFunction for PluginClass {
             )
         };
         let _in_flight = self.scope.usage.call();
+        if let Some(module) = &self.module {
+            let object = module.construct(&ctx, &self.class, args, where_).await?;
+            keep_object(Arc::new(object))
+                .map_err(|_| Error::runtime(format!("{}: no RRef to keep it", where_())))?;
+            return Ok(Payload::none());
+        }
         let host = Arc::new(GuestCall::new(
             agent.clone(),
             self.plugin.clone(),
@@ -103,17 +115,15 @@ impl RpcFunction for PluginClass {
             .construct(&self.plugin, &self.class, call_args, guest)
             .await
             .map_err(|e| wasm_error(&e).context_line(where_()))?;
-        let object = PluginObject {
-            tokio: agent.runtime_handle(),
-            runtime: self.runtime.clone(),
-            plugin: self.plugin.clone(),
-            namespace: self.namespace.clone(),
-            type_name: name.clone(),
+        let object = PluginObject::new(
+            agent,
+            &self.runtime,
+            &self.namespace,
             host,
-            object: Some(object),
-            _alive: self.scope.usage.object(),
-            scope: self.scope.clone(),
-        };
+            object,
+            &self.scope,
+            None,
+        );
         keep_object(Arc::new(object))
             .map_err(|_| Error::runtime(format!("{}: no RRef to keep it", where_())))?;
         Ok(Payload::none())
@@ -137,6 +147,9 @@ pub(crate) struct PluginObject {
     _alive: super::versions::InUse,
     /// Its version's scope: static methods called through it run there.
     scope: VersionScope,
+    /// The one instance of its single-instance plugin, where its static
+    /// methods run too.
+    module: Option<Arc<ModuleInstance>>,
 }
 
 impl PluginClass {
@@ -147,6 +160,31 @@ impl PluginClass {
 }
 
 impl PluginObject {
+    /// The object `object` of `namespace`'s plugin, made with guest host
+    /// `host`, counted on `scope` while it lives.
+    pub(super) fn new(
+        agent: &RpcAgent,
+        runtime: &Runtime,
+        namespace: &str,
+        host: Arc<GuestCall>,
+        object: Object,
+        scope: &VersionScope,
+        module: Option<Arc<ModuleInstance>>,
+    ) -> PluginObject {
+        PluginObject {
+            tokio: agent.runtime_handle(),
+            runtime: runtime.clone(),
+            plugin: object.plugin().clone(),
+            namespace: namespace.to_owned(),
+            type_name: format!("{namespace}::{}", object.class()),
+            host,
+            object: Some(object),
+            _alive: scope.usage.object(),
+            scope: scope.clone(),
+            module,
+        }
+    }
+
     fn class(&self) -> &str {
         self.object.as_ref().map_or("", Object::class)
     }
@@ -208,10 +246,20 @@ impl PluginObject {
             .import_args(args)
             .map_err(|e| Error::from(e).context_line(where_()))?;
         let guest: Arc<dyn GuestHost> = self.host.clone();
-        let value = instance
+        let value = match instance
             .call_function(function, call_args, guest, wait)
             .await
-            .map_err(|e| wasm_error(&e).context_line(where_()))?;
+            .map_err(|e| wasm_error(&e).context_line(where_()))?
+        {
+            Called::Value(v) => v,
+            Called::Object(id) => {
+                return Err(Error::runtime(format!(
+                    "{}: the function returned its object {id} as an outcome, which only a \
+                     constructor does",
+                    where_()
+                )));
+            }
+        };
         self.host
             .handles()
             .take_payload(value)
@@ -303,6 +351,7 @@ impl RRefObject for PluginObject {
                     function.clone(),
                     self.host.grant(),
                     self.scope.clone(),
+                    self.module.clone(),
                 );
                 let ctx = CallContext::new(
                     agent.clone(),

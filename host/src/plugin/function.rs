@@ -9,6 +9,7 @@ use super::VersionScope;
 use super::class::PluginObject;
 use super::grant::PluginGrant;
 use super::host_functions::GuestCall;
+use super::module::ModuleInstance;
 use crate::agent::{CallContext, RpcFunction};
 use crate::error::{Error, Result};
 use crate::value::{Args, Payload};
@@ -26,6 +27,9 @@ pub(crate) struct PluginFunction {
     grant: Arc<PluginGrant>,
     /// The version's state scope and use counts.
     scope: VersionScope,
+    /// The one instance of a single-instance plugin on this worker, where
+    /// every call runs.
+    module: Option<Arc<ModuleInstance>>,
 }
 
 impl PluginFunction {
@@ -36,6 +40,7 @@ impl PluginFunction {
         function: String,
         grant: Arc<PluginGrant>,
         scope: VersionScope,
+        module: Option<Arc<ModuleInstance>>,
     ) -> Self {
         PluginFunction {
             runtime,
@@ -44,6 +49,7 @@ impl PluginFunction {
             function,
             grant,
             scope,
+            module,
         }
     }
 }
@@ -76,6 +82,9 @@ impl RpcFunction for PluginFunction {
         };
         // Counted on its version until it ends (what draining waits for).
         let _in_flight = self.scope.usage.call();
+        if let Some(module) = &self.module {
+            return module.call(&ctx, &self.function, args, where_).await;
+        }
         // OBJ-4: a function that reaches objects, called with an RRef to an
         // object of this plugin that lives here, runs beside it, where
         // `rref.local_value()` is the object itself.

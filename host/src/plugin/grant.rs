@@ -175,6 +175,7 @@ mod tests {
                 calls: calls.iter().map(|s| (*s).to_owned()).collect(),
             },
             reaches_objects: Vec::new(),
+            single_instance: false,
         }
     }
 

@@ -402,6 +402,10 @@ impl GuestHost for GuestCall {
         ))
     }
 
+    async fn keep_object(&self, object: u32, class: &str) -> HostResult<bool> {
+        super::module::offer(&self.plugin, object, class)
+    }
+
     async fn rref_confirmed_by_owner(&self, rref: u32) -> HostResult<bool> {
         Ok(self.handles().rref(rref)?.confirmed_by_owner())
     }

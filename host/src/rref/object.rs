@@ -29,6 +29,11 @@
 //!   its methods, so `rref.local_value()` there is the object itself
 //!   (PyTorch's `_call_method(method, rref)` idiom). Elsewhere the object
 //!   stays out of reach as OBJ-2 says ([`crate::plugin`] routes the call).
+//! - OBJ-5: in a single-instance plugin every call on a worker (functions,
+//!   constructors, methods) runs in its one instance; an object one of its
+//!   functions offers is kept only by the owner-side `remote()` that
+//!   function serves (OBJ-1), and only if the plugin exports its class
+//!   (`crate::plugin`'s `module`).
 
 use std::sync::{Arc, Mutex};
 

@@ -137,6 +137,13 @@ pub trait GuestHost: Send + Sync + 'static {
         let _ = rref;
         Ok(None)
     }
+    /// Whether the owner-side `remote()` the running function serves keeps
+    /// the guest's object `object` of class `class` (see
+    /// [`HostCall::KeepObject`](wasmrpc_abi::protocol::HostCall::KeepObject)).
+    async fn keep_object(&self, object: u32, class: &str) -> HostResult<bool> {
+        let _ = (object, class);
+        Ok(false)
+    }
     /// `rref.confirmed_by_owner()`.
     async fn rref_confirmed_by_owner(&self, rref: u32) -> HostResult<bool> {
         let _ = rref;

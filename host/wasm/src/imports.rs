@@ -141,6 +141,9 @@ pub(crate) async fn dispatch(ctx: &Arc<CallCtx>, call: HostCall) -> HostResult<H
             }
         },
         HostCall::RRefIsOwner(r) => HostReply::Bool(host.rref_is_owner(r).await?),
+        HostCall::KeepObject { object, class } => {
+            HostReply::Bool(host.keep_object(object, &class).await?)
+        }
         HostCall::RRefLocalObject(r) => HostReply::Value(match host.rref_local_object(r).await? {
             Some(id) => Value::Int(i64::from(id)),
             None => Value::None,

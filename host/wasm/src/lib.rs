@@ -93,7 +93,7 @@ pub use error::{ASYNC_WRONG_TYPE, Error, Result};
 pub use folders::{FolderGrant, FolderGrants, Folders};
 pub use host::{GuestHost, HostResult, runtime_error};
 pub use manifest::Manifest;
-pub use object::Object;
+pub use object::{Called, Object};
 pub use plugin::{LoadSource, POOL_WAIT, Plugin};
 pub use runtime::{Config, Runtime};
 pub use wasmrpc_abi::protocol::{

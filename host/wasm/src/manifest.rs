@@ -83,6 +83,9 @@ pub fn describe(manifest: &Manifest) -> String {
     if !asks.calls.is_empty() {
         out.push_str(&format!("  asks to call: {}\n", asks.calls.join(", ")));
     }
+    if manifest.single_instance {
+        out.push_str("  runs in one instance per worker (single_instance)\n");
+    }
     if !manifest.reaches_objects.is_empty() {
         out.push_str(&format!(
             "  runs beside its objects (local_value): {}\n",

@@ -25,7 +25,20 @@ pub struct Object {
     plugin: Arc<Plugin>,
     class: String,
     id: u32,
-    instance: tokio::sync::Mutex<Option<Warm>>,
+    /// Its own instance, or the one it shares with the other objects of a
+    /// single-instance plugin on this worker ([`Object::module`]).
+    instance: Arc<tokio::sync::Mutex<Option<Warm>>>,
+}
+
+/// What a function run in an object's instance gave.
+#[derive(Debug)]
+pub enum Called {
+    /// A value (an async function's: its future's).
+    Value(Value),
+    /// An object it made in the instance, with this id (a single-instance
+    /// plugin's function returning one of its objects to an owner-side
+    /// `remote()`): [`Object::sibling`] holds it.
+    Object(u32),
 }
 
 impl std::fmt::Debug for Object {
@@ -50,7 +63,36 @@ impl Object {
             plugin,
             class: class.to_owned(),
             id,
-            instance: tokio::sync::Mutex::new(Some(warm)),
+            instance: Arc::new(tokio::sync::Mutex::new(Some(warm))),
+        }
+    }
+
+    /// The instance of a single-instance plugin on one worker, as an object
+    /// of no class (id 0) whose functions run there one at a time
+    /// ([`call_function`](Self::call_function)); the objects made there are
+    /// its [`sibling`](Self::sibling)s.
+    ///
+    /// # Errors
+    /// As [`Runtime::call`] when no instance can be had.
+    pub async fn module(
+        runtime: &Runtime,
+        plugin: &Arc<Plugin>,
+        folders: Option<Arc<crate::Folders>>,
+    ) -> Result<Object> {
+        let warm = plugin.checkout(folders).await?;
+        Ok(Object::new(runtime.clone(), plugin.clone(), "", 0, warm))
+    }
+
+    /// The object `id` of class `class` made in this object's instance: it
+    /// shares the instance (its methods queue with this object's calls),
+    /// and disposing of it leaves the instance to the others.
+    pub fn sibling(&self, class: &str, id: u32) -> Object {
+        Object {
+            runtime: self.runtime.clone(),
+            plugin: self.plugin.clone(),
+            class: class.to_owned(),
+            id,
+            instance: self.instance.clone(),
         }
     }
 
@@ -140,7 +182,7 @@ impl Object {
         args: CallArgs,
         host: Arc<dyn GuestHost>,
         wait: Option<std::time::Duration>,
-    ) -> Result<Value> {
+    ) -> Result<Called> {
         let entry = self
             .plugin
             .entry(function)
@@ -176,8 +218,60 @@ impl Object {
             outcome
         };
         match outcome {
-            Ok(outcome) => finish(self.plugin.name(), function, is_async, outcome, &host).await,
+            Ok(wasmrpc_abi::protocol::Outcome::Object(id)) => Ok(Called::Object(id)),
+            Ok(outcome) => finish(self.plugin.name(), function, is_async, outcome, &host)
+                .await
+                .map(Called::Value),
             Err(fault) => Err(fault.into_error(self.plugin.name(), function)),
+        }
+    }
+
+    /// Runs the constructor of `class` in this object's instance: the new
+    /// object is a [`sibling`](Self::sibling) (a single-instance plugin's
+    /// objects all live in its one instance).
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for an unknown class, [`Error::Raised`] for the
+    /// constructor's own error, [`Error::ObjectBroken`] after a trap, else
+    /// as [`Runtime::construct`].
+    pub async fn construct(
+        &self,
+        class: &str,
+        args: CallArgs,
+        host: Arc<dyn GuestHost>,
+    ) -> Result<Object> {
+        if self.plugin.entry(&format!("new:{class}")).is_none() {
+            return Err(Error::NotFound {
+                plugin: self.plugin.name().to_owned(),
+                what: "class",
+                name: class.to_owned(),
+            });
+        }
+        let outcome = {
+            let mut slot = self.instance.lock().await;
+            let Some(mut warm) = slot.take() else {
+                return Err(self.broken());
+            };
+            let ctx = CallCtx::new(host, self.plugin.clone(), self.runtime.clone());
+            let outcome = warm.invoke(ctx, Target::Constructor(class), &args).await;
+            if outcome.is_ok() {
+                *slot = Some(warm);
+            }
+            outcome
+        };
+        match outcome {
+            Ok(wasmrpc_abi::protocol::Outcome::Object(id)) => Ok(self.sibling(class, id)),
+            Ok(wasmrpc_abi::protocol::Outcome::Raise(error)) => Err(Error::Raised {
+                plugin: self.plugin.name().to_owned(),
+                function: class.to_owned(),
+                error,
+            }),
+            Ok(other) => Err(Error::Abi {
+                plugin: self.plugin.name().to_owned(),
+                function: class.to_owned(),
+                message: format!("a constructor returned {other:?}"),
+            }),
+            Err(fault) => Err(fault.into_error(self.plugin.name(), class)),
         }
     }
 
@@ -187,7 +281,8 @@ impl Object {
     /// # Errors
     /// [`Error::ObjectBroken`] after a trap, or the destructor's trap.
     pub async fn dispose(self, host: Arc<dyn GuestHost>) -> Result<()> {
-        let Some(mut warm) = self.instance.lock().await.take() else {
+        let mut slot = self.instance.lock().await;
+        let Some(mut warm) = slot.take() else {
             return Err(self.broken());
         };
         let ctx = CallCtx::new(host, self.plugin.clone(), self.runtime.clone());
@@ -195,12 +290,14 @@ impl Object {
             object: self.id,
             class: &self.class,
         };
-        warm.invoke(ctx, target, &CallArgs::default())
-            .await
-            .map(drop)
-            .map_err(|fault| {
-                fault.into_error(self.plugin.name(), &format!("{}.__del__", self.class))
-            })
+        let outcome = warm.invoke(ctx, target, &CallArgs::default()).await;
+        // A shared instance stays for the other objects and functions.
+        if outcome.is_ok() && Arc::strong_count(&self.instance) > 1 {
+            *slot = Some(warm);
+        }
+        outcome.map(drop).map_err(|fault| {
+            fault.into_error(self.plugin.name(), &format!("{}.__del__", self.class))
+        })
     }
 
     fn broken(&self) -> Error {

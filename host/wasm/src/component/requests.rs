@@ -226,6 +226,10 @@ impl host::Host for StoreData {
         }
     }
 
+    async fn keep_object(&mut self, object: u32, class: String) -> R<bool> {
+        bool_reply(self.request(HostCall::KeepObject { object, class }).await?)
+    }
+
     async fn rref_confirmed(&mut self, rref: u32) -> R<bool> {
         bool_reply(self.request(HostCall::RRefConfirmed(rref)).await?)
     }

@@ -1,0 +1,197 @@
+//! Single-instance plugins (a Python plugin that calls
+//! `wasmrpc.single_instance()`; the manifest's `SingleInstance` record):
+//! every call of such a plugin on one worker runs in one instance, one at a
+//! time, with one guest host, so its module-level state (a global object,
+//! a cache, a counter) is shared by all of them, as in one Python process.
+//!
+//! What it owns: that instance ([`ModuleInstance`], made at the first call
+//! on the worker), the plugin's objects made there (its classes'
+//! constructors, and an object one of its functions hands to the
+//! owner-side `remote()` that called it: [`offer`]). It leaves the objects'
+//! methods and disposal to [`PluginObject`], which holds them as it holds
+//! any object (they share the instance, and the guest host whose handles
+//! their fields hold).
+//!
+//! The price is the one a Python process without threads pays: a call
+//! that waits (for an RPC, a future) holds the instance, and a call of the
+//! same plugin that it waits for on the same worker waits for it.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use wasmrpc_wasm::{Called, GuestHost, HostResult, Object, Plugin, RemoteError, Runtime};
+
+use super::VersionScope;
+use super::class::PluginObject;
+use super::function::wasm_error;
+use super::grant::PluginGrant;
+use super::host_functions::GuestCall;
+use crate::abi::ErrorKind;
+use crate::agent::CallContext;
+use crate::error::{Error, Result};
+use crate::rref::can_keep_object;
+use crate::value::{Args, Payload};
+
+tokio::task_local! {
+    /// Set while a function of a single-instance plugin runs: the object
+    /// it offered to keep ([`offer`]), if any.
+    static OFFERED: RefCell<Option<(u32, String)>>;
+}
+
+/// The instance a single-instance plugin runs in on one worker, made at
+/// the first call there.
+pub(crate) struct ModuleInstance {
+    runtime: Runtime,
+    plugin: Arc<Plugin>,
+    namespace: String,
+    grant: Arc<PluginGrant>,
+    scope: VersionScope,
+    instance: tokio::sync::OnceCell<(Object, Arc<GuestCall>)>,
+}
+
+impl ModuleInstance {
+    pub(super) fn new(
+        runtime: Runtime,
+        plugin: Arc<Plugin>,
+        namespace: String,
+        grant: Arc<PluginGrant>,
+        scope: VersionScope,
+    ) -> Arc<ModuleInstance> {
+        Arc::new(ModuleInstance {
+            runtime,
+            plugin,
+            namespace,
+            grant,
+            scope,
+            instance: tokio::sync::OnceCell::new(),
+        })
+    }
+
+    async fn instance(&self, ctx: &CallContext) -> Result<&(Object, Arc<GuestCall>)> {
+        self.instance
+            .get_or_try_init(|| async {
+                let host = Arc::new(GuestCall::new(
+                    ctx.agent().clone(),
+                    self.plugin.clone(),
+                    self.namespace.clone(),
+                    self.grant.clone(),
+                    self.scope.clone(),
+                ));
+                let module = Object::module(&self.runtime, &self.plugin, host.folders())
+                    .await
+                    .map_err(|e| {
+                        wasm_error(&e).context_line(format!(
+                            "starting the one instance of plugin {} on worker {}",
+                            self.namespace,
+                            ctx.agent().name()
+                        ))
+                    })?;
+                Ok((module, host))
+            })
+            .await
+    }
+
+    /// Runs `function` in the instance. An object the function offered to
+    /// keep ([`offer`]) is handed to the owner-side `remote()` that called
+    /// it, in place of its value.
+    pub(super) async fn call(
+        self: &Arc<Self>,
+        ctx: &CallContext,
+        function: &str,
+        args: Args,
+        where_: impl Fn() -> String,
+    ) -> Result<Payload> {
+        let (module, host) = self.instance(ctx).await?;
+        let call_args = host
+            .handles()
+            .import_args(args)
+            .map_err(|e| Error::from(e).context_line(where_()))?;
+        let guest: Arc<dyn GuestHost> = host.clone();
+        let offered = RefCell::new(None);
+        let (called, offered) = OFFERED
+            .scope(offered, async {
+                let called = module.call_function(function, call_args, guest, None).await;
+                (called, OFFERED.with(|o| o.borrow_mut().take()))
+            })
+            .await;
+        let value = match called.map_err(|e| wasm_error(&e).context_line(where_()))? {
+            Called::Value(v) => v,
+            Called::Object(id) => {
+                return Err(Error::runtime(format!(
+                    "{}: the function returned its object {id} as an outcome, which only a \
+                     constructor does",
+                    where_()
+                )));
+            }
+        };
+        let payload = host
+            .handles()
+            .take_payload(value)
+            .map_err(|e| Error::from(e).context_line(where_()))?;
+        if let Some((id, class)) = offered {
+            let object = PluginObject::new(
+                ctx.agent(),
+                &self.runtime,
+                &self.namespace,
+                host.clone(),
+                module.sibling(&class, id),
+                &self.scope,
+                Some(self.clone()),
+            );
+            crate::rref::keep_object(Arc::new(object))
+                .map_err(|_| Error::runtime(format!("{}: no RRef to keep it", where_())))?;
+        }
+        Ok(payload)
+    }
+
+    /// Constructs an object of `class` in the instance.
+    pub(super) async fn construct(
+        self: &Arc<Self>,
+        ctx: &CallContext,
+        class: &str,
+        args: Args,
+        where_: impl Fn() -> String,
+    ) -> Result<PluginObject> {
+        let (module, host) = self.instance(ctx).await?;
+        let call_args = host
+            .handles()
+            .import_args(args)
+            .map_err(|e| Error::from(e).context_line(where_()))?;
+        let guest: Arc<dyn GuestHost> = host.clone();
+        let object = module
+            .construct(class, call_args, guest)
+            .await
+            .map_err(|e| wasm_error(&e).context_line(where_()))?;
+        Ok(PluginObject::new(
+            ctx.agent(),
+            &self.runtime,
+            &self.namespace,
+            host.clone(),
+            object,
+            &self.scope,
+            Some(self.clone()),
+        ))
+    }
+}
+
+/// The guest's offer to have the owner-side `remote()` its function serves
+/// keep its object `object` of class `class`: accepted (`true`) only in a
+/// single-instance plugin's function called by such a `remote()`; refused
+/// with `TypeError` for a class the plugin does not export.
+pub(super) fn offer(plugin: &Plugin, object: u32, class: &str) -> HostResult<bool> {
+    if plugin.manifest().constructor(class).is_none() {
+        return Err(RemoteError::new(
+            ErrorKind::TypeError,
+            format!(
+                "plugin {} offered an object of class `{class}` to keep, which it does not export",
+                plugin.name()
+            ),
+        ));
+    }
+    if !can_keep_object() {
+        return Ok(false);
+    }
+    Ok(OFFERED
+        .try_with(|o| *o.borrow_mut() = Some((object, class.to_owned())))
+        .is_ok())
+}
