@@ -130,6 +130,28 @@ impl RpcFunction for PluginClass {
     }
 }
 
+/// The owner states of the RRefs among a call's `rrefs` that this worker
+/// owns, once their creating functions have run. A call that reaches their
+/// values waits for them before it takes an instance: the creation may
+/// need that very instance (a single-instance plugin's, or an object's),
+/// and would wait for the call that waits for it.
+pub(super) async fn created(rrefs: &[crate::value::Handle]) -> Vec<Arc<crate::rref::OwnerState>> {
+    let owned: Vec<_> = rrefs
+        .iter()
+        .filter_map(|h| {
+            h.downcast_ref::<RRef>()
+                .and_then(RRef::owner_state)
+                .cloned()
+        })
+        .collect();
+    for state in &owned {
+        // The creating function's outcome; its error is the caller's to see
+        // (through `local_value()`), not this wait's.
+        let _ = state.value.wait().await;
+    }
+    owned
+}
+
 /// An object of a plugin class, held by an RRef on its owner. Dropping it
 /// disposes of it (on the agent's runtime): the guest destructor runs and
 /// releases what the object held.
@@ -197,18 +219,7 @@ impl PluginObject {
         rrefs: &[crate::value::Handle],
         plugin: &Arc<Plugin>,
     ) -> Option<Arc<PluginObject>> {
-        let owned: Vec<_> = rrefs
-            .iter()
-            .filter_map(|h| {
-                h.downcast_ref::<RRef>()
-                    .and_then(RRef::owner_state)
-                    .cloned()
-            })
-            .collect();
-        for state in owned {
-            // The creating function's outcome; its error is the function's
-            // to see (through `local_value()`), not this routing's.
-            let _ = state.value.wait().await;
+        for state in created(rrefs).await {
             let Some(object) = state.object() else {
                 continue;
             };
@@ -370,6 +381,8 @@ impl RRefObject for PluginObject {
             .object
             .as_ref()
             .ok_or_else(|| Error::runtime(format!("{}: the object is gone", where_())))?;
+        // As a function's (`created`): the RRefs' values first.
+        created(&args.rrefs).await;
         let call_args = self
             .host
             .handles()

@@ -101,6 +101,10 @@ impl ModuleInstance {
         args: Args,
         where_: impl Fn() -> String,
     ) -> Result<Payload> {
+        // RRefs this worker owns among the arguments are created first: a
+        // creation may be a call of this very plugin, waiting for the
+        // instance this call would hold.
+        super::class::created(&args.rrefs).await;
         let (module, host) = self.instance(ctx).await?;
         let call_args = host
             .handles()
@@ -152,6 +156,7 @@ impl ModuleInstance {
         args: Args,
         where_: impl Fn() -> String,
     ) -> Result<PluginObject> {
+        super::class::created(&args.rrefs).await;
         let (module, host) = self.instance(ctx).await?;
         let call_args = host
             .handles()

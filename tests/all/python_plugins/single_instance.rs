@@ -53,8 +53,13 @@ fn a_single_instance_plugin_shares_its_module_state_and_keeps_the_objects_it_han
         // remote() of a function returning one of its objects keeps the
         // object itself: two RRefs, one counter.
         let first: RRef = a.remote(w1.clone(), "shared_state_py::get_counter", args![10i64])?;
+        // Made first, so the counter starts at 10 (the second finds it).
+        first.get_type(a, None).await?;
         let second: RRef = a.remote(w1.clone(), "shared_state_py::get_counter", args![99i64])?;
-        for (rref, k, want) in [(&first, 5i64, 15i64), (&second, 1, 16)] {
+        // Called at once, before its creation has run: the call waits for
+        // the creation, which needs the instance, before it takes it (a
+        // call that took it first waited for itself until its timeout).
+        for (rref, k, want) in [(&second, 5i64, 15i64), (&first, 1, 16)] {
             let out = a
                 .rpc_sync(
                     w1.clone(),
