@@ -20,7 +20,7 @@ use super::function::{PluginFunction, wasm_error};
 use super::grant::PluginGrant;
 use super::host_functions::GuestCall;
 use super::module::ModuleInstance;
-use crate::abi::{ErrorKind, WorkerInfo};
+use crate::abi::{ErrorKind, Value, WorkerInfo};
 use crate::agent::{CallContext, RpcAgent, RpcFunction};
 use crate::error::{Error, Result};
 use crate::rref::{RRef, RRefObject, can_keep_object, keep_object};
@@ -127,6 +127,19 @@ impl RpcFunction for PluginClass {
         keep_object(Arc::new(object))
             .map_err(|_| Error::runtime(format!("{}: no RRef to keep it", where_())))?;
         Ok(Payload::none())
+    }
+}
+
+/// The value a function run in an object's instance gave; an object id
+/// as its outcome is refused (only a constructor makes one so).
+pub(super) fn function_value(called: Called, where_: &impl Fn() -> String) -> Result<Value> {
+    match called {
+        Called::Value(v) => Ok(v),
+        Called::Object(id) => Err(Error::runtime(format!(
+            "{}: the function returned its object {id} as an outcome, which only a constructor \
+             does",
+            where_()
+        ))),
     }
 }
 
@@ -257,20 +270,11 @@ impl PluginObject {
             .import_args(args)
             .map_err(|e| Error::from(e).context_line(where_()))?;
         let guest: Arc<dyn GuestHost> = self.host.clone();
-        let value = match instance
+        let called = instance
             .call_function(function, call_args, guest, wait)
             .await
-            .map_err(|e| wasm_error(&e).context_line(where_()))?
-        {
-            Called::Value(v) => v,
-            Called::Object(id) => {
-                return Err(Error::runtime(format!(
-                    "{}: the function returned its object {id} as an outcome, which only a \
-                     constructor does",
-                    where_()
-                )));
-            }
-        };
+            .map_err(|e| wasm_error(&e).context_line(where_()));
+        let value = function_value(called?, &where_)?;
         self.host
             .handles()
             .take_payload(value)

@@ -19,10 +19,10 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use wasmrpc_wasm::{Called, GuestHost, HostResult, Object, Plugin, RemoteError, Runtime};
+use wasmrpc_wasm::{GuestHost, HostResult, Object, Plugin, RemoteError, Runtime};
 
 use super::VersionScope;
-use super::class::PluginObject;
+use super::class::{PluginObject, function_value};
 use super::function::wasm_error;
 use super::grant::PluginGrant;
 use super::host_functions::GuestCall;
@@ -91,6 +91,24 @@ impl ModuleInstance {
             .await
     }
 
+    /// The instance, its guest host and `args` as its handles, once the
+    /// RRefs this worker owns among `args` are created: a creation may be a
+    /// call of this very plugin, waiting for the instance a call would hold.
+    async fn enter(
+        &self,
+        ctx: &CallContext,
+        args: Args,
+        where_: &impl Fn() -> String,
+    ) -> Result<(&Object, &Arc<GuestCall>, wasmrpc_wasm::CallArgs)> {
+        super::class::created(&args.rrefs).await;
+        let (module, host) = self.instance(ctx).await?;
+        let call_args = host
+            .handles()
+            .import_args(args)
+            .map_err(|e| Error::from(e).context_line(where_()))?;
+        Ok((module, host, call_args))
+    }
+
     /// Runs `function` in the instance. An object the function offered to
     /// keep ([`offer`]) is handed to the owner-side `remote()` that called
     /// it, in place of its value.
@@ -101,15 +119,7 @@ impl ModuleInstance {
         args: Args,
         where_: impl Fn() -> String,
     ) -> Result<Payload> {
-        // RRefs this worker owns among the arguments are created first: a
-        // creation may be a call of this very plugin, waiting for the
-        // instance this call would hold.
-        super::class::created(&args.rrefs).await;
-        let (module, host) = self.instance(ctx).await?;
-        let call_args = host
-            .handles()
-            .import_args(args)
-            .map_err(|e| Error::from(e).context_line(where_()))?;
+        let (module, host, call_args) = self.enter(ctx, args, &where_).await?;
         let guest: Arc<dyn GuestHost> = host.clone();
         let offered = RefCell::new(None);
         let (called, offered) = OFFERED
@@ -118,16 +128,8 @@ impl ModuleInstance {
                 (called, OFFERED.with(|o| o.borrow_mut().take()))
             })
             .await;
-        let value = match called.map_err(|e| wasm_error(&e).context_line(where_()))? {
-            Called::Value(v) => v,
-            Called::Object(id) => {
-                return Err(Error::runtime(format!(
-                    "{}: the function returned its object {id} as an outcome, which only a \
-                     constructor does",
-                    where_()
-                )));
-            }
-        };
+        let called = called.map_err(|e| wasm_error(&e).context_line(where_()))?;
+        let value = function_value(called, &where_)?;
         let payload = host
             .handles()
             .take_payload(value)
@@ -156,12 +158,7 @@ impl ModuleInstance {
         args: Args,
         where_: impl Fn() -> String,
     ) -> Result<PluginObject> {
-        super::class::created(&args.rrefs).await;
-        let (module, host) = self.instance(ctx).await?;
-        let call_args = host
-            .handles()
-            .import_args(args)
-            .map_err(|e| Error::from(e).context_line(where_()))?;
+        let (module, host, call_args) = self.enter(ctx, args, &where_).await?;
         let guest: Arc<dyn GuestHost> = host.clone();
         let object = module
             .construct(class, call_args, guest)
