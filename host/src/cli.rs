@@ -34,13 +34,14 @@ pub(crate) struct Cli {
 enum Command {
     /// Run one worker: rendezvous with the others, serve calls, and stop
     /// when the whole group shuts down.
-    // Boxed: its flags make it several times larger than the others.
+    // Boxed, as `Launch`: their flags make them several times larger than
+    // the others.
     Worker(Box<worker::WorkerArgs>),
     /// Start a local cluster: host the store, run N workers as child
     /// processes (their log lines prefixed with their name), run the entry
     /// function on worker0, then shut everything down. Stops every worker,
     /// with a non-zero exit, as soon as one fails.
-    Launch(launch::LaunchArgs),
+    Launch(Box<launch::LaunchArgs>),
     /// Tools for plugin files: `wasmrpc plugin inspect FILE` prints a
     /// plugin's manifest.
     Plugin(plugin::PluginArgs),
@@ -90,7 +91,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode> {
                 .worker_threads(2)
                 .enable_all()
                 .build()?;
-            runtime.block_on(launch::run(args))
+            runtime.block_on(launch::run(*args))
         }
         Command::Plugin(args) => plugin::run(args),
         Command::Cert(args) => cert::run(args),

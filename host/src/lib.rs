@@ -104,6 +104,7 @@ pub mod progress;
 pub mod remote_module;
 mod rref;
 mod tensor;
+pub mod trace;
 pub mod transport;
 mod value;
 mod worker;
@@ -185,12 +186,17 @@ pub async fn init_rpc(
     store: std::sync::Arc<dyn store::Store>,
     options: RpcBackendOptions,
 ) -> Result<RpcAgent> {
-    // Metrics cost calls nothing unless asked for (MET-3).
-    let metrics = options.metrics_addr.map(|a| (a, options.metrics_public));
-    let features = match metrics {
-        Some(_) => extensions().with(std::sync::Arc::new(metrics::Metrics::default())),
-        None => extensions(),
+    // Traces are recorded only where the operator names a collector
+    // (TRACE-2); metrics cost calls nothing unless asked for (MET-3).
+    let tracing = match &options.otlp_endpoint {
+        Some(endpoint) => trace::Tracing::exporting(endpoint, name)?,
+        None => trace::Tracing::propagating(),
     };
+    let metrics = options.metrics_addr.map(|a| (a, options.metrics_public));
+    let mut features = extensions().with(std::sync::Arc::new(tracing));
+    if metrics.is_some() {
+        features = features.with(std::sync::Arc::new(metrics::Metrics::default()));
+    }
     let agent = init_rpc_with(name, rank, world_size, store, options, features).await?;
     if let Some((addr, public)) = metrics
         && let Err(e) = metrics::serve(&agent, addr, public).await

@@ -226,15 +226,6 @@ fn outcome_label(outcome: Option<std::result::Result<(), abi::ErrorKind>>) -> St
     }
 }
 
-fn kind_label(kind: CallKind) -> &'static str {
-    match kind {
-        CallKind::Sync => "sync",
-        CallKind::Async => "async",
-        CallKind::Remote => "remote",
-        CallKind::Internal => "internal",
-    }
-}
-
 fn kind_index(kind: CallKind) -> usize {
     match kind {
         CallKind::Sync => 0,
@@ -284,7 +275,7 @@ impl CallScope for MadeCall {
                             .get_or_create(&MadeLabels {
                                 peer: series.peer.clone(),
                                 function: series.function.clone(),
-                                kind: kind_label(kind).into(),
+                                kind: kind.name().into(),
                                 outcome: outcome_label(Some(Ok(()))),
                             })
                             .clone()
@@ -295,7 +286,7 @@ impl CallScope for MadeCall {
                     .get_or_create(&MadeLabels {
                         peer: series.peer.clone(),
                         function: series.function.clone(),
-                        kind: kind_label(kind).into(),
+                        kind: kind.name().into(),
                         outcome: outcome_label(outcome),
                     })
                     .inc(),

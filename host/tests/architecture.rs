@@ -46,6 +46,9 @@ const CORE: &[&str] = &[
 /// from a higher one goes through the agent: a call option, a hook of
 /// `Extension`).
 const FEATURES: &[&str] = &[
+    // Carries trace contexts and records calls' spans; knows no other
+    // feature.
+    "trace",
     // Times calls and ops; knows no other feature.
     "profiler",
     // RRefs: `remote()`'s creation is profiled.

@@ -1544,3 +1544,118 @@ fn top_shows_a_training_group_in_tmux() {
     let status = group.wait_exit(Duration::from_secs(180));
     assert!(status.success(), "{}", group.output());
 }
+
+/// A collector on loopback that answers every request `200 OK` and keeps
+/// each request's first line and body (one request per connection, as the
+/// worker's exporter sends them).
+fn collector() -> (
+    u16,
+    std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>,
+) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port");
+    let port = listener.local_addr().expect("an address").port();
+    let posts = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = posts.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream);
+            let (mut first, mut length) = (String::new(), 0);
+            if reader.read_line(&mut first).is_err() {
+                continue;
+            }
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+            }
+            let mut body = vec![0; length];
+            if reader.read_exact(&mut body).is_ok() {
+                keep.lock().unwrap().push((first.trim().to_owned(), body));
+            }
+            let _ = reader
+                .get_mut()
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n");
+        }
+    });
+    (port, posts)
+}
+
+#[test]
+fn launch_exports_every_workers_spans_to_the_named_collector() {
+    let (port, posts) = collector();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let dir = plugin_dir();
+    // worker0's entry calls my_function on worker1 from inside the plugin.
+    let out = wasmrpc(
+        &[
+            "launch",
+            "--nproc",
+            "2",
+            "--plugins",
+            &dir,
+            "--otlp-endpoint",
+            &endpoint,
+            "--entry",
+            "seed_fns::nested_udf",
+            "--",
+            "worker1",
+            "4",
+        ],
+        Duration::from_secs(90),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "launch failed:\n{stdout}\n{stderr}");
+    let posts = posts.lock().unwrap().clone();
+    assert!(!posts.is_empty(), "nothing was exported:\n{stderr}");
+    for (first, _) in &posts {
+        assert_eq!(first, "POST /v1/traces HTTP/1.1");
+    }
+    // The spans travel as protobuf, whose strings are stored as they are.
+    let all: Vec<u8> = posts.iter().flat_map(|(_, body)| body.clone()).collect();
+    let has = |s: &str| all.windows(s.len()).any(|w| w == s.as_bytes());
+    for span in [
+        "call seed_fns::my_function",
+        "serve seed_fns::my_function",
+        "run seed_fns::my_function",
+    ] {
+        assert!(
+            has(span),
+            "no span {span:?} in {:?}",
+            String::from_utf8_lossy(&all)
+        );
+    }
+    for worker in ["worker0", "worker1"] {
+        assert!(has(worker), "nothing from {worker}");
+    }
+
+    // A collector the worker cannot send to safely is refused at start.
+    let out = wasmrpc(
+        &[
+            "launch",
+            "--nproc",
+            "1",
+            "--otlp-endpoint",
+            "http://198.51.100.7:4318",
+            "--entry",
+            "aten::add",
+            "--",
+            "1",
+            "2",
+        ],
+        Duration::from_secs(60),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(
+        !out.status.success(),
+        "a remote collector was taken:\n{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("only a loopback collector is taken"),
+        "the refusal does not say why:\n{stderr}"
+    );
+}

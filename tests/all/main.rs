@@ -24,4 +24,5 @@ mod plugin_test;
 mod python_plugins;
 mod remote_module_test;
 mod rpc_test;
+mod trace_test;
 mod upgrade_test;

@@ -55,6 +55,19 @@ pub enum CallKind {
     Internal,
 }
 
+impl CallKind {
+    /// The kind as metrics and traces name it: `sync`, `async`, `remote`
+    /// or `internal`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CallKind::Sync => "sync",
+            CallKind::Async => "async",
+            CallKind::Remote => "remote",
+            CallKind::Internal => "internal",
+        }
+    }
+}
+
 /// A call about to leave, as extensions see it ([`Extension::on_call`]).
 pub struct OutgoingCall<'a> {
     /// The calling agent.

@@ -157,6 +157,11 @@ pub struct RpcBackendOptions {
     /// calls, never argument values, but anyone who reaches the address
     /// reads them (plain HTTP, no authentication).
     pub metrics_public: bool,
+    /// The OpenTelemetry collector this worker exports its spans to, over
+    /// OTLP/HTTP (`http://127.0.0.1:4318`; `crate::trace`). `None` (the
+    /// default): no span is recorded or sent; trace contexts received are
+    /// still passed on (TRACE-2). Loopback only (TRACE-5).
+    pub otlp_endpoint: Option<String>,
 }
 
 impl std::fmt::Debug for RpcBackendOptions {
@@ -190,6 +195,7 @@ impl std::fmt::Debug for RpcBackendOptions {
             .field("restart_count", &self.restart_count)
             .field("metrics_addr", &self.metrics_addr)
             .field("metrics_public", &self.metrics_public)
+            .field("otlp_endpoint", &self.otlp_endpoint)
             .finish()
     }
 }
@@ -222,6 +228,7 @@ impl Default for RpcBackendOptions {
             restart_count: 0,
             metrics_addr: None,
             metrics_public: false,
+            otlp_endpoint: None,
         }
     }
 }

@@ -85,6 +85,11 @@ pub(crate) struct LaunchArgs {
     /// port, which it logs ("metrics on http://...").
     #[arg(long, value_name = "PORT")]
     metrics_port: Option<u16>,
+    /// Every worker exports its spans (one tree per call across the
+    /// group) to the OpenTelemetry collector at this OTLP/HTTP URL, on
+    /// loopback (e.g. `http://127.0.0.1:4318`); off by default.
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
     /// The default timeout of calls, in seconds (0: none).
     #[arg(long, default_value = "60", value_parser = parse_seconds)]
     rpc_timeout: Duration,
@@ -338,6 +343,9 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
                     format!("--metrics-port {base}: worker {name}'s port {port} is past 65535")
                 })?;
                 cmd.args(["--metrics-addr", &format!("127.0.0.1:{port}")]);
+            }
+            if let Some(endpoint) = &args.otlp_endpoint {
+                cmd.args(["--otlp-endpoint", endpoint]);
             }
             cmd.args(super::TensorMemoryArgs::child_args(budget));
             cmd.args(["--intra-op-threads", &intra_op_threads.to_string()]);

@@ -127,6 +127,15 @@ pub(crate) struct WorkerArgs {
     /// authentication). Without it only a loopback address is taken.
     #[arg(long, requires = "metrics_addr")]
     metrics_public: bool,
+    /// Export this worker's spans to the OpenTelemetry collector at this
+    /// OTLP/HTTP URL (e.g. `http://127.0.0.1:4318`: OTLP's `/v1/traces`
+    /// is added to a URL without a path). Each call's spans (its send, its
+    /// serving, its function's run) join the caller's trace, so one call
+    /// tree is seen across workers; spans name functions and workers,
+    /// never argument values. Off by default: nothing is recorded or sent.
+    /// Loopback only (run a collector beside the worker to forward them).
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
     /// How long, in microseconds, a connection keeps polling its socket for
     /// the next message when messages have been arriving close together,
     /// before it sleeps. Polling saves the tens of microseconds a wake-up
@@ -242,6 +251,7 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         restart_count: restart_count()?,
         metrics_addr: args.metrics_addr,
         metrics_public: args.metrics_public,
+        otlp_endpoint: args.otlp_endpoint.clone(),
         ..RpcBackendOptions::default()
     };
     let agent = init_rpc(&name, Some(rank), world, store, options)
