@@ -29,7 +29,10 @@
 //! - TRACE-3: spans never hold argument values or error messages (which
 //!   may quote them): a failed span's status says the error's kind only.
 //! - TRACE-4: a task a feature spawns for the current one
-//!   ([`RpcAgent::spawn_inheriting`]) runs in its current span.
+//!   ([`RpcAgent::spawn_inheriting`](crate::RpcAgent::spawn_inheriting))
+//!   runs in its current span.
+//! - TRACE-5: the endpoint is a plain-`http` URL on loopback
+//!   ([`otlp::traces_url`]).
 
 pub mod otlp;
 
