@@ -144,9 +144,8 @@ enum Internal {
         /// Let large storages cross in shared memory (the `shm_*` rows).
         #[arg(long)]
         shared_memory: bool,
-        /// Serve metrics on this address (the `*_metrics` rows).
-        #[arg(long)]
-        metrics_addr: Option<std::net::SocketAddr>,
+        #[command(flatten)]
+        observe: worker::Observe,
     },
     /// On cue from stdin, run init_rpc + graceful shutdown once per init method.
     #[command(hide = true)]
@@ -200,7 +199,7 @@ fn main() -> ExitCode {
             threads,
             plugin,
             shared_memory,
-            metrics_addr,
+            observe,
         }) => worker::serve(
             init_method,
             *rank,
@@ -208,7 +207,7 @@ fn main() -> ExitCode {
             *threads,
             plugin,
             *shared_memory,
-            *metrics_addr,
+            observe,
         ),
         Some(Internal::InitWorker {
             init_methods,
@@ -352,6 +351,17 @@ fn suite(cli: &Cli) -> Result<()> {
         metrics_rows
             .iter()
             .for_each(|r| res.na(Side::Ours, r, &why));
+    }
+    let traced_rows: Vec<&str> = ours::TRACED_ROWS
+        .iter()
+        .chain(ours::SAMPLED_ROWS)
+        .map(|r| r.id)
+        .collect();
+    if traced_rows.iter().any(|r| wanted(only, r))
+        && let Err(e) = rt.block_on(ours::traced_rows(&cfg, &mut res, &progress))
+    {
+        let why = format!("n/a (failed: {e:#})");
+        traced_rows.iter().for_each(|r| res.na(Side::Ours, r, &why));
     }
     rt.block_on(cuda::cuda_rows(&cfg, &mut res, &progress));
     for world in [2, 4, 8] {

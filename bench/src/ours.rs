@@ -25,7 +25,9 @@ mod variants;
 use autograd::{StepPhases, autograd_step};
 
 pub(crate) use processes::{Children, free_port, plain_worker_args, rss_mib, worker_args};
-pub(crate) use variants::{METRICS_ROWS, TLS_ROWS, metrics_rows, tls_rows};
+pub(crate) use variants::{
+    METRICS_ROWS, SAMPLED_ROWS, TLS_ROWS, TRACED_ROWS, metrics_rows, tls_rows, traced_rows,
+};
 
 /// What our side needs to know.
 pub(crate) struct Config {

@@ -213,6 +213,21 @@ pub(crate) fn runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
+/// What a bench worker tells observers about itself (the `*_metrics` and
+/// `*_traced` rows).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub(crate) struct Observe {
+    /// Serve metrics on this address.
+    #[arg(long)]
+    pub(crate) metrics_addr: Option<std::net::SocketAddr>,
+    /// Export spans to the OTLP/HTTP collector at this URL.
+    #[arg(long)]
+    pub(crate) otlp_endpoint: Option<String>,
+    /// The share of traces recorded (default: every one).
+    #[arg(long)]
+    pub(crate) otlp_sample_ratio: Option<f64>,
+}
+
 /// `wasmrpc-bench worker`: joins, serves until the group shuts down.
 pub(crate) fn serve(
     init_method: &str,
@@ -221,11 +236,13 @@ pub(crate) fn serve(
     threads: usize,
     plugins: &[std::path::PathBuf],
     shared_memory: bool,
-    metrics_addr: Option<std::net::SocketAddr>,
+    observe: &Observe,
 ) -> Result<()> {
     runtime(threads)?.block_on(async {
         let options = RpcBackendOptions {
-            metrics_addr,
+            metrics_addr: observe.metrics_addr,
+            otlp_endpoint: observe.otlp_endpoint.clone(),
+            otlp_sample_ratio: observe.otlp_sample_ratio.unwrap_or(1.0),
             ..options(None, shared_memory)
         };
         let agent = join_with(init_method, rank, world_size, plugins, options).await?;

@@ -189,7 +189,7 @@ pub async fn init_rpc(
     // Traces are recorded only where the operator names a collector
     // (TRACE-2); metrics cost calls nothing unless asked for (MET-3).
     let tracing = match &options.otlp_endpoint {
-        Some(endpoint) => trace::Tracing::exporting(endpoint, name)?,
+        Some(endpoint) => trace::Tracing::exporting(endpoint, name, options.otlp_sample_ratio)?,
         None => trace::Tracing::propagating(),
     };
     let metrics = options.metrics_addr.map(|a| (a, options.metrics_public));

@@ -117,8 +117,10 @@ impl Tracing {
     ///
     /// # Errors
     /// An endpoint [`otlp::exporter`] refuses.
-    pub fn exporting(endpoint: &str, worker: &str) -> Result<Self> {
-        let provider = otlp::provider(endpoint, worker)?;
+    /// `sample_ratio` of the traces this worker starts are recorded; a
+    /// call inside a trace follows its caller's decision.
+    pub fn exporting(endpoint: &str, worker: &str, sample_ratio: f64) -> Result<Self> {
+        let provider = otlp::provider(endpoint, worker, sample_ratio)?;
         let tracer = opentelemetry::trace::TracerProvider::tracer(&provider, "wasmrpc");
         Ok(Tracing {
             exporter: Some(Exporter {
@@ -169,7 +171,6 @@ impl Extension for Tracing {
             vec![
                 KeyValue::new("rpc.system", "wasmrpc"),
                 KeyValue::new("rpc.method", call.function.to_owned()),
-                KeyValue::new("wasmrpc.worker", exporter.worker.clone()),
                 KeyValue::new("wasmrpc.peer", call.to.name.clone()),
                 KeyValue::new("wasmrpc.call_kind", call.kind.name()),
             ],
@@ -186,7 +187,6 @@ impl Extension for Tracing {
             vec![
                 KeyValue::new("rpc.system", "wasmrpc"),
                 KeyValue::new("rpc.method", call.function.to_owned()),
-                KeyValue::new("wasmrpc.worker", exporter.worker.clone()),
                 KeyValue::new("wasmrpc.peer", call.caller.name.clone()),
             ]
         };

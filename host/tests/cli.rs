@@ -1545,17 +1545,17 @@ fn top_shows_a_training_group_in_tmux() {
     assert!(status.success(), "{}", group.output());
 }
 
+/// The requests a test collector took: each one's first line and body.
+type Posts = std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>;
+
 /// A collector on loopback that answers every request `200 OK` and keeps
 /// each request's first line and body (one request per connection, as the
 /// worker's exporter sends them).
-fn collector() -> (
-    u16,
-    std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>,
-) {
+fn collector() -> (u16, Posts) {
     use std::io::{BufRead, BufReader, Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port");
     let port = listener.local_addr().expect("an address").port();
-    let posts = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let posts = Posts::default();
     let keep = posts.clone();
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {

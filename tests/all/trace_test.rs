@@ -17,7 +17,7 @@ use opentelemetry_proto::tonic::common::v1::any_value;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use prost::Message as _;
-use wasmrpc::{CallKind, CallOptions, Error, Field, Payload, RpcBackendOptions, args};
+use wasmrpc::{CallKind, CallOptions, Error, Field, Payload, Remote, RpcBackendOptions, args};
 use wasmrpc_tests::{cluster, register_all, timed};
 
 /// An argument no span may ever show (TRACE-3).
@@ -219,6 +219,15 @@ fn relay_functions(r: &wasmrpc::FunctionRegistry) {
             .rpc_sync("worker2", "demo::leaf", args![secret])
             .await
     });
+    // worker1 calls a method of an RRef's value through the proxy, whose
+    // call leaves from a task spawned for it (TRACE-4).
+    r.register_native("demo::proxy", |ctx, args| async move {
+        let rref = args.get(0)?.as_rref()?.clone();
+        rref.rpc_async(ctx.agent(), None)
+            .call_async("add", args![1])
+            .wait()
+            .await
+    });
     r.register_native("demo::leaf", |_ctx, args| async move {
         let secret = args.get(0)?.as_str()?.to_owned();
         Err::<Payload, _>(Error::value(format!("leaf refuses {secret}")))
@@ -247,10 +256,20 @@ fn a_nested_call_is_one_trace_tree_across_three_workers() {
             .await
             .expect_err("demo::leaf fails");
         ensure!(e.to_string().contains(SECRET_ARGUMENT), "{e}");
+        // An RRef owned by worker2, used by worker1 through its proxy.
+        let rref = c.agent(0).remote(
+            "worker2",
+            "seed_fns::my_function",
+            args![wasmrpc_tests::ones(&[2, 2]), 1, 3],
+        )?;
+        c.agent(0)
+            .rpc_sync("worker1", "demo::proxy", args![rref.clone()])
+            .await?;
+        drop(rref);
         c.shutdown().await?;
         // Every worker's provider was shut down with its agent: what it had
         // is exported by now.
-        let spans = wait_for(&receiver, 12).await?;
+        let spans = wait_for(&receiver, 16).await?;
 
         let root = spans
             .iter()
@@ -325,6 +344,29 @@ fn a_nested_call_is_one_trace_tree_across_three_workers() {
                 "a span holds an argument: {s:#?}"
             );
         }
+
+        // The proxy's call, made from a task spawned for the function, is a
+        // child of the function's run span (TRACE-4).
+        let proxy = spans
+            .iter()
+            .find(|s| s.worker == "worker0" && s.name == "call demo::proxy")
+            .context("worker0's proxy span")?;
+        let run = one(&spans, &proxy.trace, "worker1", "run demo::proxy")?;
+        let invoke = one(
+            &spans,
+            &proxy.trace,
+            "worker1",
+            "call wasmrpc::_rref_local_invoke",
+        )?;
+        child_of(invoke, run)?;
+        ensure!(invoke.attributes["wasmrpc.peer"] == "worker2");
+        let served = one(
+            &spans,
+            &proxy.trace,
+            "worker2",
+            "serve wasmrpc::_rref_local_invoke",
+        )?;
+        child_of(served, invoke)?;
         Ok(())
     });
 }
@@ -482,6 +524,65 @@ fn a_silent_collector_holds_nothing_up_and_bad_endpoints_are_refused() {
                 .err()
                 .with_context(|| format!("{endpoint} was taken"))?;
             ensure!(format!("{e:#}").contains(says), "{endpoint}: {e:#}");
+        }
+        Ok(())
+    });
+}
+
+/// Sampling is decided where a trace starts, and followed downstream: a
+/// worker sampling nothing records none of its own traces, but records its
+/// part of a trace its caller records; a ratio outside 0..=1 is refused.
+#[test]
+fn sampling_is_decided_where_a_trace_starts_and_followed_downstream() {
+    timed(async {
+        let receiver = Receiver::start().await?;
+        let c = cluster(2)
+            .options(with_collector(&receiver))
+            .configure(|rank, o| {
+                if rank == 0 {
+                    o.otlp_sample_ratio = 0.0;
+                }
+            })
+            .start()
+            .await?;
+        for _ in 0..20 {
+            c.agent(0)
+                .rpc_sync("worker1", "aten::add", args![1i64, 2i64])
+                .await?;
+        }
+        for _ in 0..10 {
+            c.agent(1)
+                .rpc_sync("worker0", "aten::mul", args![3i64, 2i64])
+                .await?;
+        }
+        c.shutdown().await?;
+        let spans = wait_for(&receiver, 20).await?;
+        let count = |worker: &str, name: &str| {
+            spans
+                .iter()
+                .filter(|s| s.worker == worker && s.name == name)
+                .count()
+        };
+        ensure!(count("worker0", "call aten::add") == 0, "{spans:#?}");
+        ensure!(count("worker1", "serve aten::add") == 0, "{spans:#?}");
+        ensure!(count("worker1", "call aten::mul") == 10, "{spans:#?}");
+        ensure!(count("worker0", "serve aten::mul") == 10, "{spans:#?}");
+        ensure!(count("worker0", "run aten::mul") == 10, "{spans:#?}");
+
+        for ratio in [1.5, -0.1, f64::NAN] {
+            let e = cluster(1)
+                .options(RpcBackendOptions {
+                    otlp_sample_ratio: ratio,
+                    ..with_collector(&receiver)
+                })
+                .start()
+                .await
+                .err()
+                .with_context(|| format!("the ratio {ratio} was taken"))?;
+            ensure!(
+                format!("{e:#}").contains("the OTLP sample ratio must be within 0 and 1"),
+                "{ratio}: {e:#}"
+            );
         }
         Ok(())
     });

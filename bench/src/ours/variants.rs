@@ -1,6 +1,7 @@
-//! Rows that price a variant of the group of 2: mutual TLS (issue 20) and
-//! metrics on (issue 50), each measured against the same calls in a plain
-//! group, in alternating rounds of one run.
+//! Rows that price a variant of the group of 2: mutual TLS (issue 20),
+//! metrics on, and metrics with traces exported (issue 50), each measured
+//! against the same calls in a plain group, in alternating rounds of one
+//! run.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -81,6 +82,28 @@ pub(crate) const METRICS_ROWS: &[VariantRow] = &[
     row("async_128_metrics", "async_128", 0.05, Measure::Rate),
 ];
 
+/// The traced rows: metrics on, and every call's spans recorded and
+/// exported to a collector on loopback (the bench's own, which takes and
+/// drops them). Issue 50 asks at most 5% for metrics and tracing on.
+pub(crate) const TRACED_ROWS: &[VariantRow] = &[
+    row(
+        "rtt_noop_native_traced",
+        "rtt_noop_native",
+        0.05,
+        Measure::RoundTrip,
+    ),
+    row("async_128_traced", "async_128", 0.05, Measure::Rate),
+];
+
+/// The sampled traced row: as [`TRACED_ROWS`], with 1% of the traces
+/// recorded (`--otlp-sample-ratio 0.01`), as an operator under load runs.
+pub(crate) const SAMPLED_ROWS: &[VariantRow] = &[row(
+    "async_128_traced_1pct",
+    "async_128",
+    0.05,
+    Measure::Rate,
+)];
+
 /// A group of 2 as a variant row runs it.
 #[derive(Clone, Copy)]
 enum Variant<'a> {
@@ -90,6 +113,9 @@ enum Variant<'a> {
     Tls(&'a CertificateAuthority),
     /// Metrics on, served on a loopback port of each worker.
     Metrics,
+    /// Metrics on, and spans exported to the OTLP/HTTP collector at this
+    /// URL, this share of the traces recorded.
+    Traced(&'a str, f64),
 }
 
 impl Variant<'_> {
@@ -98,6 +124,24 @@ impl Variant<'_> {
             Variant::Plain => "plain TCP",
             Variant::Tls(_) => "over TLS",
             Variant::Metrics => "metrics on",
+            Variant::Traced(_, _) => "metrics and traces on",
+        }
+    }
+
+    /// What each worker tells observers in this variant.
+    fn observe(self) -> worker::Observe {
+        let loopback_any_port = SocketAddr::from(([127, 0, 0, 1], 0));
+        match self {
+            Variant::Plain | Variant::Tls(_) => worker::Observe::default(),
+            Variant::Metrics => worker::Observe {
+                metrics_addr: Some(loopback_any_port),
+                ..worker::Observe::default()
+            },
+            Variant::Traced(endpoint, ratio) => worker::Observe {
+                metrics_addr: Some(loopback_any_port),
+                otlp_endpoint: Some(endpoint.to_owned()),
+                otlp_sample_ratio: Some(ratio),
+            },
         }
     }
 }
@@ -113,13 +157,19 @@ async fn group_sample(
     let what = variant.describe();
     progress.set(&format!("wasmrpc: starting a group of 2 workers, {what}"));
     let method = format!("tcp://127.0.0.1:{}", free_port()?);
-    let loopback_any_port = SocketAddr::from(([127, 0, 0, 1], 0));
+    let observe = variant.observe();
     let children = Children::spawn_with_env(
         cfg,
         |r| {
             let mut args = worker_args(cfg, &method, r, 2);
-            if matches!(variant, Variant::Metrics) {
-                args.extend(["--metrics-addr".into(), loopback_any_port.to_string()]);
+            if let Some(addr) = observe.metrics_addr {
+                args.extend(["--metrics-addr".into(), addr.to_string()]);
+            }
+            if let Some(endpoint) = &observe.otlp_endpoint {
+                args.extend(["--otlp-endpoint".into(), endpoint.clone()]);
+            }
+            if let Some(ratio) = observe.otlp_sample_ratio {
+                args.extend(["--otlp-sample-ratio".into(), ratio.to_string()]);
             }
             args
         },
@@ -150,9 +200,9 @@ async fn group_sample(
         _ => None,
     };
     let mut options = worker::options(tls, false);
-    if matches!(variant, Variant::Metrics) {
-        options.metrics_addr = Some(loopback_any_port);
-    }
+    options.metrics_addr = observe.metrics_addr;
+    options.otlp_endpoint = observe.otlp_endpoint;
+    options.otlp_sample_ratio = observe.otlp_sample_ratio.unwrap_or(1.0);
     let agent = worker::join_with(&method, 0, 2, &[], options).await?;
     let r = async {
         for i in 0..50 {
@@ -218,6 +268,70 @@ pub(crate) async fn metrics_rows(
         "metrics",
     )
     .await
+}
+
+/// The traced rows (`*_traced`), see [`variant_rows`]: the workers export
+/// to a collector this process runs.
+pub(crate) async fn traced_rows(
+    cfg: &Config,
+    res: &mut Results,
+    progress: &Progress,
+) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .context("binding the bench's collector")?;
+    let endpoint = format!("http://{}", listener.local_addr()?);
+    let collector = tokio::spawn(collect_and_drop(listener));
+    let mut r = variant_rows(
+        cfg,
+        res,
+        progress,
+        TRACED_ROWS,
+        Variant::Traced(&endpoint, 1.0),
+        "metrics and traces",
+    )
+    .await;
+    if r.is_ok() && SAMPLED_ROWS.iter().any(|row| cfg.wanted(row.id)) {
+        r = variant_rows(
+            cfg,
+            res,
+            progress,
+            SAMPLED_ROWS,
+            Variant::Traced(&endpoint, 0.01),
+            "metrics and 1% of traces",
+        )
+        .await;
+    }
+    collector.abort();
+    r
+}
+
+/// A collector that answers every OTLP/HTTP post `200 OK` and drops what
+/// it was sent: the exporters' whole path runs, and nothing is kept.
+async fn collect_and_drop(listener: tokio::net::TcpListener) {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    while let Ok((stream, _)) = listener.accept().await {
+        tokio::spawn(async move {
+            let mut reader = BufReader::new(stream);
+            let mut length = 0usize;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).await.unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+            }
+            let mut body = vec![0; length];
+            if reader.read_exact(&mut body).await.is_ok() {
+                let _ = reader
+                    .get_mut()
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                    .await;
+            }
+        });
+    }
 }
 
 /// `rows`: the same calls in a plain group and in `variant`'s, in

@@ -162,6 +162,10 @@ pub struct RpcBackendOptions {
     /// default): no span is recorded or sent; trace contexts received are
     /// still passed on (TRACE-2). Loopback only (TRACE-5).
     pub otlp_endpoint: Option<String>,
+    /// The share of the traces this worker starts that it records and
+    /// exports, 0 to 1 (default 1: every one); a call inside a trace
+    /// follows its caller's choice, so traces are whole or absent.
+    pub otlp_sample_ratio: f64,
 }
 
 impl std::fmt::Debug for RpcBackendOptions {
@@ -196,6 +200,7 @@ impl std::fmt::Debug for RpcBackendOptions {
             .field("metrics_addr", &self.metrics_addr)
             .field("metrics_public", &self.metrics_public)
             .field("otlp_endpoint", &self.otlp_endpoint)
+            .field("otlp_sample_ratio", &self.otlp_sample_ratio)
             .finish()
     }
 }
@@ -229,6 +234,7 @@ impl Default for RpcBackendOptions {
             metrics_addr: None,
             metrics_public: false,
             otlp_endpoint: None,
+            otlp_sample_ratio: 1.0,
         }
     }
 }

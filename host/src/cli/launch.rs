@@ -90,6 +90,10 @@ pub(crate) struct LaunchArgs {
     /// loopback (e.g. `http://127.0.0.1:4318`); off by default.
     #[arg(long, value_name = "URL")]
     otlp_endpoint: Option<String>,
+    /// With `--otlp-endpoint`: the share of traces recorded, 0 to 1 (each
+    /// `wasmrpc worker --otlp-sample-ratio`).
+    #[arg(long, value_name = "RATIO", requires = "otlp_endpoint")]
+    otlp_sample_ratio: Option<f64>,
     /// The default timeout of calls, in seconds (0: none).
     #[arg(long, default_value = "60", value_parser = parse_seconds)]
     rpc_timeout: Duration,
@@ -346,6 +350,9 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
             }
             if let Some(endpoint) = &args.otlp_endpoint {
                 cmd.args(["--otlp-endpoint", endpoint]);
+            }
+            if let Some(ratio) = args.otlp_sample_ratio {
+                cmd.args(["--otlp-sample-ratio", &ratio.to_string()]);
             }
             cmd.args(super::TensorMemoryArgs::child_args(budget));
             cmd.args(["--intra-op-threads", &intra_op_threads.to_string()]);

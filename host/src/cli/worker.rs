@@ -136,6 +136,16 @@ pub(crate) struct WorkerArgs {
     /// Loopback only (run a collector beside the worker to forward them).
     #[arg(long, value_name = "URL")]
     otlp_endpoint: Option<String>,
+    /// With `--otlp-endpoint`: the share of the traces this worker starts
+    /// that it records, 0 to 1 (a call inside a trace follows its caller's
+    /// choice). Every span costs CPU; under heavy load, sample.
+    #[arg(
+        long,
+        value_name = "RATIO",
+        default_value_t = 1.0,
+        requires = "otlp_endpoint"
+    )]
+    otlp_sample_ratio: f64,
     /// How long, in microseconds, a connection keeps polling its socket for
     /// the next message when messages have been arriving close together,
     /// before it sleeps. Polling saves the tens of microseconds a wake-up
@@ -252,6 +262,7 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         metrics_addr: args.metrics_addr,
         metrics_public: args.metrics_public,
         otlp_endpoint: args.otlp_endpoint.clone(),
+        otlp_sample_ratio: args.otlp_sample_ratio,
         ..RpcBackendOptions::default()
     };
     let agent = init_rpc(&name, Some(rank), world, store, options)
