@@ -33,6 +33,10 @@
 //!   runs in its current span.
 //! - TRACE-5: the endpoint is a plain-`http` URL on loopback
 //!   ([`otlp::traces_url`]).
+//! - TRACE-6: a trace is recorded or not where it starts (the worker's
+//!   sample ratio, at random), and every worker after follows the
+//!   context's sampled flag: a trace is whole or absent. A call of a trace
+//!   not recorded builds no span; its context is passed on.
 
 pub mod otlp;
 
@@ -42,7 +46,9 @@ use opentelemetry::trace::{
     Tracer as _,
 };
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, Span};
+use opentelemetry_sdk::trace::{
+    IdGenerator, RandomIdGenerator, SdkTracer, SdkTracerProvider, Span,
+};
 
 use crate::agent::{
     CallScope, Extension, Future, IncomingCall, Inherit, OutgoingCall, Run, ServeScope,
@@ -103,6 +109,47 @@ struct Exporter {
     provider: SdkTracerProvider,
     tracer: SdkTracer,
     worker: String,
+    /// The share of the traces this worker starts that it records.
+    sample_ratio: f64,
+}
+
+/// What a worker that exports does for one call (TRACE-6).
+enum Decision {
+    /// The trace is not recorded: pass this context on, record nothing.
+    Skip(SpanContext),
+    /// Record the call's spans under this parent, or as a new trace's
+    /// root without one.
+    Record(Option<SpanContext>),
+}
+
+impl Exporter {
+    /// Whether the spans of a call under `parent` (none: the call starts a
+    /// trace) are recorded: a trace is recorded where it starts, for
+    /// `sample_ratio` of them at random, and followed downstream by the
+    /// context's sampled flag (TRACE-6). Nothing of the SDK is built for a
+    /// trace that is not recorded, so sampling makes tracing cheap.
+    fn decide(&self, parent: Option<SpanContext>) -> Decision {
+        let ids = RandomIdGenerator::default();
+        match parent {
+            Some(p) if p.is_sampled() => Decision::Record(Some(p)),
+            Some(p) => Decision::Skip(p),
+            None => {
+                let draw = u64::from_be_bytes(ids.new_span_id().to_bytes());
+                // `as` saturates: a ratio of 1 takes every draw.
+                if self.sample_ratio >= 1.0 || draw < (self.sample_ratio * u64::MAX as f64) as u64 {
+                    Decision::Record(None)
+                } else {
+                    Decision::Skip(SpanContext::new(
+                        ids.new_trace_id(),
+                        ids.new_span_id(),
+                        TraceFlags::NOT_SAMPLED,
+                        false,
+                        TraceState::default(),
+                    ))
+                }
+            }
+        }
+    }
 }
 
 impl Tracing {
@@ -113,20 +160,26 @@ impl Tracing {
     }
 
     /// Records worker `worker`'s spans and exports them to the OTLP/HTTP
-    /// collector at `endpoint` ([`otlp::exporter`]).
+    /// collector at `endpoint`: `sample_ratio` of the traces this worker
+    /// starts, and its part of every trace a caller records (TRACE-6).
     ///
     /// # Errors
-    /// An endpoint [`otlp::exporter`] refuses.
-    /// `sample_ratio` of the traces this worker starts are recorded; a
-    /// call inside a trace follows its caller's decision.
+    /// `ValueError` for a ratio outside 0..=1, or an endpoint
+    /// [`otlp::traces_url`] refuses.
     pub fn exporting(endpoint: &str, worker: &str, sample_ratio: f64) -> Result<Self> {
-        let provider = otlp::provider(endpoint, worker, sample_ratio)?;
+        if !(0.0..=1.0).contains(&sample_ratio) {
+            return Err(crate::error::Error::value(format!(
+                "the OTLP sample ratio must be within 0 and 1, not {sample_ratio}"
+            )));
+        }
+        let provider = otlp::provider(endpoint, worker)?;
         let tracer = opentelemetry::trace::TracerProvider::tracer(&provider, "wasmrpc");
         Ok(Tracing {
             exporter: Some(Exporter {
                 provider,
                 tracer,
                 worker: worker.to_owned(),
+                sample_ratio,
             }),
         })
     }
@@ -163,6 +216,10 @@ impl Extension for Tracing {
         let Some(exporter) = &self.exporter else {
             return parent.map(|p| Box::new(Passed(p)) as Box<dyn CallScope>);
         };
+        let parent = match exporter.decide(parent) {
+            Decision::Skip(context) => return Some(Box::new(Passed(context))),
+            Decision::Record(parent) => parent,
+        };
         let span = Tracing::start(
             exporter,
             format!("call {}", call.function),
@@ -182,6 +239,10 @@ impl Extension for Tracing {
         let parent = call.field.and_then(decode);
         let Some(exporter) = &self.exporter else {
             return parent.map(|p| Box::new(Passed(p)) as Box<dyn ServeScope>);
+        };
+        let parent = match exporter.decide(parent) {
+            Decision::Skip(context) => return Some(Box::new(Passed(context))),
+            Decision::Record(parent) => parent,
         };
         let attributes = |_| {
             vec![
@@ -342,6 +403,34 @@ mod tests {
         assert_eq!(back.span_id(), SpanId::from_bytes([9; 8]));
         assert!(back.is_sampled());
         assert!(back.is_remote());
+    }
+
+    #[test]
+    fn a_trace_is_sampled_where_it_starts_and_followed_after() {
+        let tracing = Tracing::exporting("http://127.0.0.1:9", "worker0", 0.25).unwrap();
+        let exporter = tracing.exporter.as_ref().unwrap();
+        let recorded = (0..4000)
+            .filter(|_| matches!(exporter.decide(None), Decision::Record(None)))
+            .count();
+        // 1000 expected; the binomial's deviation is 27.
+        assert!((850..=1150).contains(&recorded), "{recorded} of 4000");
+        match exporter.decide(None) {
+            Decision::Skip(c) => assert!(c.is_valid() && !c.is_sampled()),
+            Decision::Record(None) => {}
+            Decision::Record(Some(_)) => panic!("a root has no parent"),
+        }
+        // Downstream, the caller's flag decides, whatever the ratio.
+        assert!(matches!(
+            exporter.decide(Some(context(1))),
+            Decision::Record(Some(_))
+        ));
+        assert!(matches!(exporter.decide(Some(context(0))), Decision::Skip(c) if c == context(0)));
+        for ratio in [0.0, 1.0] {
+            let t = Tracing::exporting("http://127.0.0.1:9", "worker0", ratio).unwrap();
+            let e = t.exporter.as_ref().unwrap();
+            let all = (0..100).all(|_| matches!(e.decide(None), Decision::Record(None)));
+            assert_eq!(all, ratio == 1.0, "ratio {ratio}");
+        }
     }
 
     #[test]

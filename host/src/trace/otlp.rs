@@ -78,24 +78,12 @@ pub fn traces_url(endpoint: &str) -> Result<Uri> {
 }
 
 /// A provider exporting worker `worker`'s spans to `endpoint`, in batches
-/// from the SDK's own thread. It records `sample_ratio` of the traces the
-/// worker starts (chosen by trace id) and, for a call inside a trace, what
-/// the caller decided (the context's sampled flag), so a trace is whole or
-/// absent.
+/// from the SDK's own thread. It records every span it is asked for: the
+/// sampling decision is the caller's (TRACE-6, `trace::Exporter::decide`).
 ///
 /// # Errors
-/// An endpoint [`traces_url`] refuses, a ratio outside 0..=1, or the
-/// exporter's own refusal.
-pub(crate) fn provider(
-    endpoint: &str,
-    worker: &str,
-    sample_ratio: f64,
-) -> Result<SdkTracerProvider> {
-    if !(0.0..=1.0).contains(&sample_ratio) {
-        return Err(Error::value(format!(
-            "the OTLP sample ratio must be within 0 and 1, not {sample_ratio}"
-        )));
-    }
+/// An endpoint [`traces_url`] refuses, or the exporter's own refusal.
+pub(crate) fn provider(endpoint: &str, worker: &str) -> Result<SdkTracerProvider> {
     let url = traces_url(endpoint)?;
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
@@ -112,9 +100,8 @@ pub(crate) fn provider(
             worker.to_owned(),
         ))
         .build();
-    let sampler = Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(sample_ratio)));
     Ok(SdkTracerProvider::builder()
-        .with_sampler(sampler)
+        .with_sampler(Sampler::AlwaysOn)
         .with_batch_exporter(exporter)
         .with_resource(resource)
         .build())
