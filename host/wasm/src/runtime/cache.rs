@@ -2,6 +2,15 @@
 //! component, named by the sha256 of its bytes and the engine's
 //! compatibility hash, compiled once per machine under a lock file and
 //! written atomically. Owns nothing else of the runtime.
+//!
+//! Invariant:
+//! - CACHE-1: an entry is written whole under a temporary name and renamed
+//!   into place, never changed in place, and entries are mapped, not read:
+//!   only the code a worker runs is resident, workers of one host share it
+//!   through the page cache, and a plugin running from an entry keeps
+//!   running when the entry is replaced or removed. (An entry truncated in
+//!   place by someone else would fault the workers mapping it: the folder
+//!   is the operator's, as the binary is.)
 
 use super::Runtime;
 use crate::plugin::LoadSource;
@@ -37,7 +46,9 @@ impl Runtime {
             // writes it (through `Module::serialize` and an atomic rename), so
             // it holds code wasmtime compiled from these bytes for an engine
             // like this one; wasmtime checks the header and refuses others.
-            |compiled| unsafe { Module::deserialize(engine, compiled) },
+            // It is mapped, not read: see `compile_cached` for why that is
+            // safe.
+            |compiled| unsafe { Module::deserialize_file(engine, compiled) },
             || Module::new(engine, bytes),
             Module::serialize,
         )
@@ -55,7 +66,7 @@ impl Runtime {
             sha256,
             &format!("component plugin `{name}`"),
             // SAFETY: as for core modules in `compile`.
-            |compiled| unsafe { Component::deserialize(engine, compiled) },
+            |compiled| unsafe { Component::deserialize_file(engine, compiled) },
             || Component::new(engine, bytes),
             Component::serialize,
         )
@@ -71,7 +82,7 @@ impl Runtime {
         &self,
         sha256: &[u8; 32],
         what: &str,
-        deserialize: impl Fn(&[u8]) -> wasmtime::Result<T>,
+        deserialize: impl Fn(&Path) -> wasmtime::Result<T>,
         compile: impl FnOnce() -> wasmtime::Result<T>,
         serialize: impl Fn(&T) -> wasmtime::Result<Vec<u8>>,
     ) -> Result<(T, LoadSource)> {
@@ -79,11 +90,19 @@ impl Runtime {
         let Some(path) = self.cache_path(sha256) else {
             return Ok((compile()?, LoadSource::Compiled));
         };
-        // Read into memory, not mapped: a file truncated under a mapping
-        // would fault the process.
+        // Mapped, not read (CACHE-1): only the pages a worker runs become
+        // resident, and workers of one host share them through the page
+        // cache. Read into memory, a Python component's code and metadata
+        // held 34 MiB of every idle worker. A mapping faults the process if
+        // its file is truncated in place; nothing of ours ever does that
+        // (entries are written whole and renamed into place, and a rename or
+        // a removal leaves a mapped file as it was), and the cache folder is
+        // the operator's, like the binary.
         let cached = |path: &Path| {
-            let compiled = std::fs::read(path).ok()?;
-            deserialize(&compiled)
+            if !path.is_file() {
+                return None;
+            }
+            deserialize(path)
                 .inspect_err(|e| tracing::warn!("ignoring cached code {}: {e:#}", path.display()))
                 .ok()
         };

@@ -111,6 +111,25 @@ async fn the_disk_cache_is_hit_on_the_second_load() {
             .await;
         assert_eq!(r.unwrap(), Value::Int(6));
 
+        // CACHE-1: the second runtime's code is mapped from the entry.
+        // Replacing the entry as the cache does (a whole new file renamed
+        // into place) leaves it running.
+        for path in entries() {
+            let tmp = path.with_extension("replacing");
+            std::fs::write(&tmp, b"not a module").unwrap();
+            std::fs::rename(&tmp, &path).unwrap();
+        }
+        let r = second
+            .call(
+                &p2,
+                "my_function",
+                args(vec![Value::Int(1), Value::Int(2), Value::Int(3)]),
+                host.arc(),
+            )
+            .await;
+        assert_eq!(r.unwrap(), Value::Int(6));
+        drop((p1, p2, first, second));
+
         // A corrupt cache entry is ignored and rewritten.
         for path in entries() {
             std::fs::write(path, b"not a module").unwrap();
