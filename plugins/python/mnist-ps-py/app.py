@@ -1,4 +1,3 @@
-import gzip
 from threading import Lock
 
 import wasmrpc
@@ -222,50 +221,18 @@ def get_accuracy(test_loader, model):
 #         --entry mnist_ps_py::train_on_digits --entry-on trainer_1 -- 1
 #
 # The data is the demo's (scikit-learn's 8x8 digits, `digits.csv.gz`),
-# in place of torchvision's MNIST, which cannot be downloaded here: each
-# image is scaled up to MNIST's 28x28 and normalized with MNIST's mean and
-# deviation, as the original's transforms do, in batches of 32 that the
-# loaders shuffle.
+# scaled up to 28x28 (`digits.py`), in place of torchvision's MNIST, which
+# cannot be downloaded here.
+
+import digits  # noqa: E402
 
 # PyTorch's `param_server` global is one per process: so it is here.
 wasmrpc.single_instance()
 
 
-class _Loader:
-    """What the loop uses of a `torch.utils.data.DataLoader`: its batches,
-    in a new random order each pass, and `len(loader.dataset)`."""
-
-    def __init__(self, images, labels, batch_size):
-        self.dataset = labels.tolist()
-        self._images, self._labels, self._batch = images, labels, batch_size
-
-    def __iter__(self):
-        order = torch.randperm(len(self.dataset))
-        for i in range(0, len(self.dataset), self._batch):
-            picked = order[i : i + self._batch]
-            yield self._images[picked], self._labels[picked]
-
-
-def _digits(path):
-    pixels, labels = [], []
-    with gzip.open(path, "rt") as f:
-        for line in f:
-            fields = line.strip().split(",")
-            if len(fields) == 65:
-                pixels.append([float(v) / 16.0 for v in fields[:64]])
-                labels.append(int(float(fields[64])))
-    images = torch.tensor(pixels, dtype=torch.float32).view(len(labels), 1, 8, 8)
-    # 8x8 to 28x28: each pixel three times each way, then a 2-pixel border.
-    images = F.pad(images.repeat_interleave(3, dim=2).repeat_interleave(3, dim=3), (2, 2, 2, 2))
-    return (images - 0.1307) / 0.3081, torch.tensor(labels, dtype=torch.long)
-
-
 def train_on_digits(rank, num_gpus=0):
-    """The trainer's part of `run_worker`: the training loop on the digits,
-    the first 1437 to train, the other 360 to test."""
-    images, labels = _digits("/data/digits.csv.gz")
-    train_loader = _Loader(images[:1437], labels[:1437], batch_size=32)
-    test_loader = _Loader(images[1437:], labels[1437:], batch_size=32)
+    """The trainer's part of `run_worker`: the training loop on the digits."""
+    train_loader, test_loader = digits.loaders("/data/digits.csv.gz")
     run_training_loop(rank, num_gpus, train_loader, test_loader)
 
 

@@ -3,7 +3,7 @@
 use crate::{args, config, fake::FakeHost, timed};
 use std::sync::Arc;
 use wasmrpc_wasm::manifest::{self, ExportKind};
-use wasmrpc_wasm::{Config, Error, LoadSource, Runtime, Value};
+use wasmrpc_wasm::{Config, Error, LoadSource, Plugin, Runtime, Value};
 
 #[test]
 fn the_manifest_lists_every_export_with_its_parameters() {
@@ -74,6 +74,18 @@ fn loading_the_same_bytes_twice_gives_the_same_plugin() {
     ));
 }
 
+/// `my_function(1, 2, 3)` of the seed-fns plugin `plugin`, run by `rt`.
+async fn my_function(rt: &Runtime, plugin: &Arc<Plugin>, host: &FakeHost) -> Value {
+    rt.call(
+        plugin,
+        "my_function",
+        args(vec![Value::Int(1), Value::Int(2), Value::Int(3)]),
+        host.arc(),
+    )
+    .await
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_disk_cache_is_hit_on_the_second_load() {
     timed(async {
@@ -101,15 +113,7 @@ async fn the_disk_cache_is_hit_on_the_second_load() {
         assert_eq!(p2.source(), LoadSource::DiskCache);
         assert_eq!(p1.sha256(), p2.sha256());
         let host = FakeHost::new();
-        let r = second
-            .call(
-                &p2,
-                "my_function",
-                args(vec![Value::Int(1), Value::Int(2), Value::Int(3)]),
-                host.arc(),
-            )
-            .await;
-        assert_eq!(r.unwrap(), Value::Int(6));
+        assert_eq!(my_function(&second, &p2, &host).await, Value::Int(6));
 
         // CACHE-1: the second runtime's code is mapped from the entry.
         // Replacing the entry as the cache does (a whole new file renamed
@@ -119,15 +123,7 @@ async fn the_disk_cache_is_hit_on_the_second_load() {
             std::fs::write(&tmp, b"not a module").unwrap();
             std::fs::rename(&tmp, &path).unwrap();
         }
-        let r = second
-            .call(
-                &p2,
-                "my_function",
-                args(vec![Value::Int(1), Value::Int(2), Value::Int(3)]),
-                host.arc(),
-            )
-            .await;
-        assert_eq!(r.unwrap(), Value::Int(6));
+        assert_eq!(my_function(&second, &p2, &host).await, Value::Int(6));
         drop((p1, p2, first, second));
 
         // A corrupt cache entry is ignored and rewritten.
