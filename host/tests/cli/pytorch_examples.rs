@@ -209,8 +209,10 @@ fn curve(log: &str) -> (Vec<(u32, f64)>, Option<f64>) {
 /// start from different random weights, dropout masks and batch orders, so
 /// the curves are compared within a stated tolerance: both report the same
 /// batches, both start near chance (a loss within 0.2 of ln 10), both end
-/// at least 1.0 lower, and the accuracies on the 360 held-out digits are
-/// above 0.6 and within 0.2 of each other.
+/// at least 1.0 lower (the mean of the last three reported losses), and the
+/// accuracies on the 360 held-out digits are above 0.6 and within 0.2 of
+/// each other. Five runs under PyTorch: first losses 2.28-2.33, last three
+/// 0.78-0.98 on average, accuracies 0.697-0.764.
 #[test]
 fn pytorch_parameter_server_example_trains_from_its_sources_as_under_pytorch() {
     let root = repo();
@@ -269,7 +271,8 @@ fn pytorch_parameter_server_example_trains_from_its_sources_as_under_pytorch() {
     );
     assert_eq!(batches(&ours), batches(&theirs), "{ref_out}");
     for (who, (losses, accuracy)) in [("wasmrpc", &ours), ("PyTorch", &theirs)] {
-        let (first, last) = (losses[0].1, losses[losses.len() - 1].1);
+        let first = losses[0].1;
+        let last = losses[losses.len() - 3..].iter().map(|p| p.1).sum::<f64>() / 3.0;
         assert!(
             (first - 10f64.ln()).abs() < 0.2,
             "{who} starts at loss {first}"
