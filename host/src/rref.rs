@@ -53,8 +53,11 @@
 //!   entry (a fork of it exists: the sender holds one), so the owner never
 //!   creates a second value for a live RRef.
 //! - RREF-3: the owner forgets a value exactly when its fork set becomes
-//!   empty; handles held on the owner keep the value itself alive, and a
-//!   later fork re-registers the same value.
+//!   empty once its creating function has run (a value still being created
+//!   is kept, so that the creation finds the entry a fork made first, and is
+//!   forgotten when it completes with no fork left); handles held on the
+//!   owner keep the value itself alive, and a later fork re-registers the
+//!   same value.
 //! - RREF-4: every protocol message is retried on send failure (fault
 //!   injection) and answered with `RRefAck`; a deletion that arrives before
 //!   the fork it deletes leaves a tombstone, so the late fork is not

@@ -145,12 +145,35 @@ impl RRefContext {
             }
             if t.forks.get(&rref_id).is_some_and(HashSet::is_empty) {
                 t.forks.remove(&rref_id);
-                removed_owner = t.owners.remove(&rref_id);
+                // RREF-3: a value still being created is kept; its creation
+                // finds it and forgets it if no fork is left by then.
+                let created = t.owners.get(&rref_id).is_none_or(|s| s.value.done());
+                removed_owner = if created {
+                    t.owners.remove(&rref_id)
+                } else {
+                    None
+                };
             } else {
                 removed_owner = None;
             }
         }
         // The value (which may hold RRefs) is dropped outside the lock.
+        drop(removed_owner);
+        self.touch();
+    }
+
+    /// After `remote()`'s creating function has run on the owner: forgets
+    /// the value if its forks all went while it was being created (RREF-3).
+    pub(super) fn forget_if_unforked(&self, id: RRefId) {
+        let removed_owner = {
+            let mut t = self.tables();
+            if t.forks.get(&id).is_none_or(HashSet::is_empty) {
+                t.forks.remove(&id);
+                t.owners.remove(&id)
+            } else {
+                None
+            }
+        };
         drop(removed_owner);
         self.touch();
     }

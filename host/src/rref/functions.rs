@@ -73,6 +73,7 @@ pub(crate) fn register(r: &FunctionRegistry) {
             ),
         };
         state.complete(result, object);
+        rctx.forget_if_unforked(rref_id);
         Ok(Payload::none())
     });
     r.register_native(FETCH, |ctx, args: Args| async move {

@@ -101,12 +101,10 @@ fn function_references_call_what_their_names_register() {
 
         // PyTorch's tutorial idiom on a tensor RRef, then on an object
         // RRef, whose method runs through the RRef's proxy.
+        // The owner may get it before the `remote()` that creates its
+        // value: RREF-3 keeps the entry that creation completes
+        // (`rpc_test::rref::an_rref_forwarded_by_its_owner_...`).
         let rref: RRef = agent.remote(w1.clone(), "aten::add", args![ones(&[2]), 1i64])?;
-        // Its value exists on the owner before the owner is asked for its
-        // local value: under load, a `local_value()` racing the `remote()`
-        // that creates the value once hung for the whole RPC timeout (left
-        // for issue 51; this test is about function references).
-        rref.to_here(agent, None).await?;
         let out = remote_method(agent, &w1, "aten::add", &rref, ones(&[2])).await?;
         expect_tensor(&out, &(ones(&[2]) * 3))?;
         let obj: RRef = agent.remote(w1.clone(), "seed_fns_py::Accumulator", args![1i64])?;

@@ -1604,6 +1604,63 @@ fn rref_fork_stress_counts_return_to_zero() {
     });
 }
 
+/// RREF-3 against a late creation: the RRef of a `remote()` reaches its
+/// owner in a call, and the owner forwards it to itself, before the
+/// `remote()` that creates its value is served there (that one waits for
+/// its own argument, an RRef whose confirmation is slow: RREF-7). The
+/// forwarded call's fork comes and goes while the value is being created;
+/// the owner must keep the entry, so that the creation completes the very
+/// value the forwarded call waits for. (Once, the entry was forgotten, the
+/// creation made a second one, and the call waited for the first until its
+/// timeout: seen in the full suite as a hang of `_remote_method`.)
+#[test]
+fn an_rref_forwarded_by_its_owner_before_its_creation_gets_its_value() {
+    use wasmrpc::{FaultInjection, message_kinds};
+    timed(async {
+        let c = cluster(3)
+            // worker1's fork requests take a second to leave: a user RRef
+            // it receives stays unconfirmed that long.
+            .faults(
+                1,
+                FaultInjection::new().delay(message_kinds::RREF_FORK, Duration::from_secs(1)),
+            )
+            .functions(|r| {
+                register_all(r);
+                // On the owner: the RRef, forwarded to itself.
+                r.register_native("demo::forward_to_self", |ctx, args| async move {
+                    let agent = ctx.agent().clone();
+                    let rref = args.get(0)?.as_rref()?.clone();
+                    let me = agent.name().to_owned();
+                    agent
+                        .rpc_sync_with_timeout(
+                            me.as_str(),
+                            "demo::value_of",
+                            args![rref],
+                            Duration::from_secs(10),
+                        )
+                        .await
+                });
+                r.register_native("demo::value_of", |ctx, args| async move {
+                    args.get(0)?.as_rref()?.to_here(ctx.agent(), None).await
+                });
+            })
+            .start()
+            .await?;
+        let agent = c.agent(0);
+        let on2 = agent.remote("worker2", ADD, args![ones(&[2]), 1])?;
+        // Served on worker1 only once worker1's fork of `on2` is confirmed.
+        let late = agent.remote("worker1", "seed_fns::add_rref_to_value", args![&on2, 1])?;
+        let value = agent
+            .rpc_sync("worker1", "demo::forward_to_self", args![&late])
+            .await?;
+        expect_tensor(&value, &(ones(&[2]) + 2))?;
+        expect_tensor(&late.to_here(agent, None).await?, &(ones(&[2]) + 2))?;
+        drop((on2, late));
+        c.shutdown().await?;
+        Ok(())
+    });
+}
+
 #[test]
 fn rref_protocol_messages_are_retried_after_send_failures() {
     use wasmrpc::{FaultInjection, message_kinds};
