@@ -13,7 +13,7 @@ updates the parameters on the server). `run` returns every trainer's losses
 and the learned parameters.
 
     wasmrpc launch --nproc 3 --plugins target/wasm-plugins/python \\
-        --entry ps_trainer_py::run -- 2 40 0.5
+        --entry ps_trainer_py::run -- 2 40 0.25
 
 The data: `y = x @ [2, -3, 0.5, 1] + 0.25` on points from a seeded
 generator, so every run learns the same thing and no worker reads a file.
@@ -78,7 +78,7 @@ def train(ps_rref, rank, trainers, steps, lr):
 
 
 @remote
-def run(trainers, steps=40, lr=0.5):
+def run(trainers, steps=40, lr=0.25):
     """The driver, on the parameter server: trains, returns `(losses of
     each trainer, learned weight, learned bias)`."""
     me = rpc.get_worker_info().name
