@@ -244,7 +244,7 @@ impl Extension for Tracing {
             Decision::Skip(context) => return Some(Box::new(Passed(context))),
             Decision::Record(parent) => parent,
         };
-        let attributes = |_| {
+        let attributes = || {
             vec![
                 KeyValue::new("rpc.system", "wasmrpc"),
                 KeyValue::new("rpc.method", call.function.to_owned()),
@@ -256,7 +256,7 @@ impl Extension for Tracing {
             format!("serve {}", call.function),
             SpanKind::Server,
             parent.as_ref(),
-            attributes(()),
+            attributes(),
         );
         let serve_context = opentelemetry::trace::Span::span_context(&serve).clone();
         let run = Tracing::start(
@@ -264,7 +264,7 @@ impl Extension for Tracing {
             format!("run {}", call.runs),
             SpanKind::Internal,
             Some(&serve_context),
-            attributes(()),
+            attributes(),
         );
         Some(Box::new(Serving {
             serve,
