@@ -229,50 +229,14 @@ pub(crate) fn parse_seconds(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))
 }
 
-/// The store of a dynamic group (no world size), as PyTorch's
-/// `_create_store_from_options` makes it for `init_rpc(world_size=None)`:
-/// `rendezvous` requires a world size, so for `tcp://HOST:PORT` rank 0
-/// hosts the store and the others connect to it (every rank connects when
-/// a launcher hosts it, `TORCHELASTIC_USE_AGENT_STORE=True`, as
-/// `wasmrpc launch` does), and `file:///PATH` is a FileStore on that file. Other init methods go through `rendezvous`.
-///
-/// # Errors
-/// A malformed URL, or the store cannot be hosted or reached in `timeout`.
+/// [`wasmrpc::store::dynamic_store`], with the init method named in its
+/// errors.
 pub(crate) async fn dynamic_store(
     init_method: &str,
     rank: u32,
     timeout: Duration,
 ) -> Result<std::sync::Arc<dyn wasmrpc::store::Store>> {
-    use wasmrpc::store::{FileStore, Store, TcpStore, TcpStoreOptions};
-    if let Some(addr) = init_method.strip_prefix("tcp://") {
-        let Some((host, port)) = addr.rsplit_once(':') else {
-            bail!("{init_method}: no port (expected tcp://HOST:PORT)");
-        };
-        let port: u16 = port
-            .parse()
-            .with_context(|| format!("{init_method}: bad port {port:?}"))?;
-        let options = TcpStoreOptions {
-            timeout,
-            world_size: None,
-            wait_for_workers: false,
-        };
-        let agent_store = std::env::var("TORCHELASTIC_USE_AGENT_STORE").as_deref() == Ok("True");
-        let store = if rank == 0 && !agent_store {
-            TcpStore::start_master(host, port, options).await
-        } else {
-            TcpStore::connect(host, port, options).await
-        }
-        .with_context(|| format!("cannot reach the store at {init_method}"))?;
-        let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(store);
-        return Ok(store);
-    }
-    if let Some(path) = init_method.strip_prefix("file://") {
-        let store = FileStore::new(path, None);
-        store.set_timeout(timeout);
-        return Ok(std::sync::Arc::new(store));
-    }
-    let (store, _, _) = wasmrpc::store::rendezvous(init_method, i64::from(rank), -1, timeout)
+    wasmrpc::store::dynamic_store(init_method, rank, timeout)
         .await
-        .with_context(|| format!("rendezvous through {init_method} failed"))?;
-    Ok(store)
+        .with_context(|| format!("cannot reach the store of {init_method}"))
 }

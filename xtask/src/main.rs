@@ -32,6 +32,7 @@ mod dist;
 mod docs;
 mod gpu_bundle;
 mod process;
+mod python;
 mod setup;
 mod torch_release;
 
@@ -115,6 +116,15 @@ enum Command {
         /// zstd's compression level (1-19).
         #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=19))]
         level: u32,
+    },
+    /// Set up, then build the `wasmrpc` Python package (torch.distributed.rpc's
+    /// API for a Python program) with maturin and install it into the
+    /// torch venv (`.wasmrpc-env/venv`), whose libtorch it links. The wheel
+    /// stays in `target/wheels/`.
+    Python {
+        /// An unoptimized build (faster to make, slower to run).
+        #[arg(long)]
+        debug: bool,
     },
     /// Build the guide (`docs/`, an mdBook; mdbook is installed into the
     /// cache folder on first use) into `target/book/`, and check every
@@ -217,6 +227,10 @@ fn main() -> Result<()> {
                     level,
                 },
             )?;
+        }
+        Command::Python { debug } => {
+            let venv = setup::run(&root)?;
+            python::install(&root, &venv, debug)?;
         }
         Command::Docs => {
             docs::run(&root)?;

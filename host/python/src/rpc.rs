@@ -9,26 +9,35 @@
 
 use std::time::Duration;
 
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
 use wasmrpc::{Args, CallKind, CallOptions, Dest, Payload, Remote, RpcAgent};
 
 use crate::rref::PyRRef;
 use crate::values::{self, Tables};
 use crate::worker::{self, PyWorkerInfo, to_py_err};
 
-/// Where a call goes: a worker's name, its rank or its `WorkerInfo`.
+/// Where a call goes: a worker's name, its rank or its `WorkerInfo`. A
+/// float names no worker (the host's `ValueError`), a rank outside the
+/// group none either (its `RuntimeError`), as in PyTorch.
 pub(crate) fn dest(to: &Bound<'_, PyAny>) -> PyResult<Dest> {
     if let Ok(w) = to.cast::<PyWorkerInfo>() {
         return Ok(Dest::Info(w.borrow().info.clone()));
     }
-    if let Ok(name) = to.extract::<String>() {
-        return Ok(Dest::Name(name));
+    if let Ok(name) = to.cast::<PyString>() {
+        return Ok(Dest::Name(name.to_str()?.to_owned()));
     }
-    if let Ok(rank) = to.extract::<u32>() {
-        return Ok(rank.into());
+    if to.is_instance_of::<PyInt>() && !to.is_instance_of::<PyBool>() {
+        return Ok(match to.extract::<i64>() {
+            Ok(rank) => Dest::Rank(rank),
+            Err(_) => Dest::Invalid(to.repr()?.to_string()),
+        });
     }
-    Err(PyValueError::new_err(format!(
+    if to.is_instance_of::<PyFloat>() {
+        return Ok(Dest::Invalid(to.repr()?.to_string()));
+    }
+    Err(PyTypeError::new_err(format!(
         "a call's destination is a worker's name, rank or WorkerInfo, not {}",
         to.get_type().name()?
     )))
@@ -46,6 +55,16 @@ pub(crate) fn timeout(seconds: Option<f64>) -> PyResult<Option<Duration>> {
     }
 }
 
+/// The calling thread's distributed autograd context, which the Python
+/// layer tracks per thread (`with dist_autograd.context()`), as PyTorch
+/// does.
+pub(crate) fn current_context(py: Python<'_>) -> PyResult<Option<i64>> {
+    py.import("wasmrpc.distributed.autograd")?
+        .getattr("_current_context_id")?
+        .call0()?
+        .extract()
+}
+
 /// Runs `f` in distributed autograd context `context` (when given), so
 /// that a call it makes records its send and receive functions there.
 pub(crate) async fn in_context<Fut: std::future::Future>(
@@ -56,6 +75,20 @@ pub(crate) async fn in_context<Fut: std::future::Future>(
         Some(id) => wasmrpc::dist_autograd::with_context(id, fut).await,
         None => Ok(fut.await),
     }
+}
+
+/// Runs `fut` to completion with the GIL released, inside the calling
+/// thread's distributed autograd context `context`.
+pub(crate) fn block_in_context<F>(
+    py: Python<'_>,
+    context: Option<i64>,
+    fut: F,
+) -> PyResult<F::Output>
+where
+    F: std::future::Future + Send,
+    F::Output: Send,
+{
+    worker::block_on(py, in_context(context, fut))?.map_err(to_py_err)
 }
 
 fn call_options(kind: CallKind, timeout: Option<Duration>) -> CallOptions {
@@ -90,7 +123,7 @@ fn start(
 
 /// `rpc_sync`: runs `function` on `to` and returns its result.
 #[pyfunction]
-#[pyo3(signature = (to, function, args = None, kwargs = None, timeout = None, context = None))]
+#[pyo3(signature = (to, function, args = None, kwargs = None, timeout = None))]
 pub(crate) fn rpc_sync<'py>(
     py: Python<'py>,
     to: &Bound<'py, PyAny>,
@@ -98,9 +131,9 @@ pub(crate) fn rpc_sync<'py>(
     args: Option<&Bound<'py, PyAny>>,
     kwargs: Option<&Bound<'py, PyAny>>,
     timeout: Option<f64>,
-    context: Option<i64>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let agent = worker::agent()?;
+    let context = current_context(py)?;
     let call_args = Tables::default().args(args, kwargs)?;
     let fut = start(
         py,
@@ -119,7 +152,7 @@ pub(crate) fn rpc_sync<'py>(
 /// `rpc_async`: starts `function` on `to` and returns a
 /// `torch.futures.Future` of its result.
 #[pyfunction]
-#[pyo3(signature = (to, function, args = None, kwargs = None, timeout = None, context = None))]
+#[pyo3(signature = (to, function, args = None, kwargs = None, timeout = None))]
 pub(crate) fn rpc_async<'py>(
     py: Python<'py>,
     to: &Bound<'py, PyAny>,
@@ -127,9 +160,9 @@ pub(crate) fn rpc_async<'py>(
     args: Option<&Bound<'py, PyAny>>,
     kwargs: Option<&Bound<'py, PyAny>>,
     timeout: Option<f64>,
-    context: Option<i64>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let agent = worker::agent()?;
+    let context = current_context(py)?;
     let call_args = Tables::default().args(args, kwargs)?;
     let fut = start(
         py,
@@ -190,7 +223,7 @@ fn deliver(result: wasmrpc::Result<Payload>, done: Py<PyAny>) {
 /// `remote`: runs `function` on `to`, keeps the result there, and returns
 /// an RRef to it at once.
 #[pyfunction]
-#[pyo3(signature = (to, function, args = None, kwargs = None, timeout = None, context = None))]
+#[pyo3(signature = (to, function, args = None, kwargs = None, timeout = None))]
 pub(crate) fn remote<'py>(
     py: Python<'py>,
     to: &Bound<'py, PyAny>,
@@ -198,9 +231,9 @@ pub(crate) fn remote<'py>(
     args: Option<&Bound<'py, PyAny>>,
     kwargs: Option<&Bound<'py, PyAny>>,
     timeout: Option<f64>,
-    context: Option<i64>,
 ) -> PyResult<PyRRef> {
     let agent = worker::agent()?;
+    let context = current_context(py)?;
     let call_args = Tables::default().args(args, kwargs)?;
     let to = dest(to)?;
     let timeout = self::timeout(timeout)?;

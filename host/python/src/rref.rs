@@ -75,26 +75,27 @@ impl PyRRefMethod {
         let call_args = Tables::default().args(Some(args.as_any()), kwargs.map(|k| k.as_any()))?;
         let method = self.method.clone();
         let timeout = self.timeout;
+        let context = rpc::current_context(py)?;
         match self.mode {
             RRefProxyMode::Sync => {
                 let proxy = self.rref.rpc_sync(&agent, timeout);
-                let out =
-                    worker::block_on(py, async move { proxy.call(&method, call_args).await })?;
+                let out = rpc::block_in_context(py, context, async move {
+                    proxy.call(&method, call_args).await
+                })?;
                 values::to_python(py, &out.map_err(to_py_err)?)
             }
             RRefProxyMode::Async => {
                 let proxy = self.rref.rpc_async(&agent, timeout);
-                let fut =
-                    worker::block_on(py, async move { proxy.call_async(&method, call_args) })?;
+                let fut = rpc::block_in_context(py, context, async move {
+                    proxy.call_async(&method, call_args)
+                })?;
                 rpc::torch_future(py, fut)
             }
             RRefProxyMode::Remote => {
                 let proxy = self.rref.remote(&agent, timeout);
-                let made =
-                    worker::block_on(
-                        py,
-                        async move { proxy.call_remote(&method, call_args).await },
-                    )?;
+                let made = rpc::block_in_context(py, context, async move {
+                    proxy.call_remote(&method, call_args).await
+                })?;
                 Ok(Bound::new(py, PyRRef::new(made.map_err(to_py_err)?))?.into_any())
             }
         }
@@ -139,7 +140,14 @@ impl PyRRef {
         let agent = worker::agent()?;
         let timeout = rpc::timeout(timeout)?;
         let rref = self.rref.clone();
-        let value = worker::block_on(py, async move { rref.to_here(&agent, timeout).await })?;
+        // In a distributed autograd context, the value joins its graph.
+        let context = rpc::current_context(py)?;
+        let value =
+            rpc::block_in_context(
+                py,
+                context,
+                async move { rref.to_here(&agent, timeout).await },
+            )?;
         values::to_python(py, &value.map_err(to_py_err)?)
     }
 
@@ -175,6 +183,33 @@ impl PyRRef {
     #[pyo3(signature = (timeout = None))]
     fn remote(&self, timeout: Option<f64>) -> PyResult<PyRRefProxy> {
         self.proxy(RRefProxyMode::Remote, timeout)
+    }
+
+    /// Backward from the scalar tensor the RRef holds, on its owner: local
+    /// autograd (filling `.grad`) without a context, else a distributed
+    /// pass in context `dist_autograd_ctx_id`.
+    #[pyo3(signature = (dist_autograd_ctx_id = -1, retain_graph = false))]
+    fn backward(
+        &self,
+        py: Python<'_>,
+        dist_autograd_ctx_id: i64,
+        retain_graph: bool,
+    ) -> PyResult<()> {
+        let agent = worker::agent()?;
+        let rref = self.rref.clone();
+        let context = (dist_autograd_ctx_id != -1).then_some(dist_autograd_ctx_id);
+        let done = worker::block_on(py, async move {
+            rref.backward(&agent, context, retain_graph).await
+        })?;
+        done.map_err(to_py_err)
+    }
+
+    /// Refused, as PyTorch refuses it: an RRef travels only as an RPC
+    /// argument, never through Python's pickle.
+    fn __reduce__(&self) -> PyResult<()> {
+        Err(pyo3::exceptions::PyRuntimeError::new_err(
+            "Can not pickle rref in python pickler, rref can only be pickled when using RPC",
+        ))
     }
 
     fn __repr__(&self) -> String {

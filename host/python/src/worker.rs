@@ -78,7 +78,18 @@ pub(crate) fn to_py_err(e: wasmrpc::Error) -> PyErr {
     }
 }
 
-/// An `anyhow` error (rendezvous, plugin loading) as a `RuntimeError` with
+/// A rendezvous failure as the exception PyTorch raises for it: its
+/// `ValueError`s (a missing rank or world size) stay `ValueError`s.
+fn store_err(init_method: &str, e: wasmrpc::store::Error) -> PyErr {
+    let text = format!("rendezvous through {init_method} failed: {e}");
+    match e.python_kind() {
+        "ValueError" => PyValueError::new_err(text),
+        "AssertionError" => PyAssertionError::new_err(text),
+        _ => PyRuntimeError::new_err(text),
+    }
+}
+
+/// An `anyhow` error (plugin loading) as a `RuntimeError` with
 /// its whole chain.
 fn anyhow_to_py(e: anyhow::Error) -> PyErr {
     PyRuntimeError::new_err(format!("{e:#}"))
@@ -94,11 +105,13 @@ pub(crate) struct PyWorkerInfo {
 
 #[pymethods]
 impl PyWorkerInfo {
+    /// `WorkerInfo(name, id)`; the name must follow PyTorch's rules.
     #[new]
-    fn new(name: String, id: u32) -> Self {
-        PyWorkerInfo {
+    fn new(name: String, id: u32) -> PyResult<Self> {
+        wasmrpc::validate_worker_name(&name).map_err(to_py_err)?;
+        Ok(PyWorkerInfo {
             info: WorkerInfo { id, name },
-        }
+        })
     }
 
     /// The worker's name.
@@ -175,15 +188,30 @@ pub(crate) fn init_rpc(
         rt.block_on(async move {
             let registry = FunctionRegistry::new();
             if !options.plugins.is_empty() {
-                load_plugins(&options.plugins, &registry).await?;
-            }
-            let (store, rank, world) =
-                wasmrpc::store::rendezvous(&options.init_method, rank, world_size, init_timeout)
+                load_plugins(&options.plugins, &registry)
                     .await
-                    .map_err(|e| {
-                        anyhow::anyhow!("rendezvous through {} failed: {e}", options.init_method)
-                    })?;
-            let rank = u32::try_from(rank).map_err(|_| anyhow::anyhow!("invalid rank {rank}"))?;
+                    .map_err(anyhow_to_py)?;
+            }
+            let init_method = options.init_method.clone();
+            let rendezvous_failed = |e: wasmrpc::store::Error| store_err(&init_method, e);
+            // A dynamic group with a rank: PyTorch makes its store without
+            // `rendezvous`, which requires a world size (as `wasmrpc worker`).
+            let (store, rank, world) = match (u32::try_from(rank), world_size) {
+                (Ok(rank), -1) if !options.init_method.starts_with("env://") => {
+                    let store =
+                        wasmrpc::store::dynamic_store(&options.init_method, rank, init_timeout)
+                            .await
+                            .map_err(rendezvous_failed)?;
+                    (store, i64::from(rank), -1)
+                }
+                _ => {
+                    wasmrpc::store::rendezvous(&options.init_method, rank, world_size, init_timeout)
+                        .await
+                        .map_err(rendezvous_failed)?
+                }
+            };
+            let rank = u32::try_from(rank)
+                .map_err(|_| PyValueError::new_err(format!("invalid rank {rank}")))?;
             let world = u32::try_from(world).ok();
             let backend = RpcBackendOptions {
                 rpc_timeout,
@@ -195,12 +223,12 @@ pub(crate) fn init_rpc(
                 registry: std::sync::Arc::new(registry),
                 ..RpcBackendOptions::default()
             };
-            Ok::<_, anyhow::Error>(
-                wasmrpc::init_rpc(&name, Some(rank), world, store, backend).await,
-            )
+            wasmrpc::init_rpc(&name, Some(rank), world, store, backend)
+                .await
+                .map_err(to_py_err)
         })
     });
-    let agent = started.map_err(anyhow_to_py)?.map_err(to_py_err)?;
+    let agent = started?;
     *AGENT.lock().unwrap_or_else(|p| p.into_inner()) = Some(agent);
     Ok(())
 }

@@ -64,8 +64,8 @@ pub use file::FileStore;
 pub use hash::HashStore;
 pub use prefix::PrefixStore;
 pub use rendezvous::{
-    DEFAULT_PG_TIMEOUT, RendezvousResult, STORE_BASED_BARRIER_PREFIX, rendezvous, rendezvous_with,
-    store_based_barrier,
+    DEFAULT_PG_TIMEOUT, RendezvousResult, STORE_BASED_BARRIER_PREFIX, dynamic_store, rendezvous,
+    rendezvous_with, store_based_barrier,
 };
 pub use store::{DEFAULT_TIMEOUT, Error, Result, Store};
 pub use tcp::{TcpStore, TcpStoreOptions, TcpStoreServer};

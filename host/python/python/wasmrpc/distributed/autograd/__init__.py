@@ -52,6 +52,18 @@ class context:
 def backward(context_id, roots, retain_graph=False):
     """Runs backward from the scalar tensors `roots` in context
     `context_id`, across every worker the context reached."""
+    if (
+        not isinstance(context_id, int)
+        or isinstance(context_id, bool)
+        or not isinstance(roots, (list, tuple))
+        or not isinstance(retain_graph, bool)
+    ):
+        # PyTorch's binding refuses these with pybind11's text.
+        raise TypeError(
+            "backward(): incompatible function arguments. The following argument types are "
+            "supported:\n    1. (context_id: int, roots: list[torch.Tensor], "
+            f"retain_graph: bool = False) -> None\n\nInvoked with: {context_id!r}, {roots!r}"
+        )
     _native.backward(context_id, list(roots), retain_graph)
 
 
