@@ -77,6 +77,12 @@ fn the_python_package_passes_its_pytest_suite() {
             "WASMRPC_TEST_PLUGIN_SEED_FNS_PY",
             wasmrpc_plugins::SEED_FNS_PY,
         )
+        .env(
+            "WASMRPC_TEST_PLUGIN_MLP_LOSS_PY",
+            wasmrpc_plugins::MLP_LOSS_PY,
+        )
+        // PyTorch's test files, beside the repository.
+        .env("WASMRPC_SEEDS", crate_dir.join("../../../shared/seeds"))
         .current_dir(crate_dir);
     // A filter for one run: `WASMRPC_PYTEST_ARGS='-k remote'`.
     if let Ok(extra) = std::env::var("WASMRPC_PYTEST_ARGS") {

@@ -414,6 +414,49 @@ impl Url {
     }
 }
 
+/// The store of a dynamic group (no world size), as PyTorch's
+/// `_create_store_from_options` makes it for `init_rpc(world_size=None)`:
+/// [`rendezvous`] requires a world size, so for `tcp://HOST:PORT` rank 0
+/// hosts the store and the others connect to it (every rank connects when
+/// a launcher hosts it, `TORCHELASTIC_USE_AGENT_STORE=True`, as `wasmrpc
+/// launch` does), and `file:///PATH` is a [`FileStore`] on that file.
+/// Other init methods go through [`rendezvous`].
+///
+/// # Errors
+/// A malformed URL (`InvalidArgument`), or the store cannot be hosted or
+/// reached in `timeout`.
+pub async fn dynamic_store(url: &str, rank: u32, timeout: Duration) -> Result<Arc<dyn Store>> {
+    if let Some(addr) = url.strip_prefix("tcp://") {
+        let Some((host, port)) = addr.rsplit_once(':') else {
+            return Err(Error::InvalidArgument(format!(
+                "{url}: no port (expected tcp://HOST:PORT)"
+            )));
+        };
+        let port: u16 = port
+            .parse()
+            .map_err(|_| Error::InvalidArgument(format!("{url}: bad port {port:?}")))?;
+        let options = TcpStoreOptions {
+            timeout,
+            world_size: None,
+            wait_for_workers: false,
+        };
+        let agent_store = process_env("TORCHELASTIC_USE_AGENT_STORE").as_deref() == Some("True");
+        let store = if rank == 0 && !agent_store {
+            TcpStore::start_master(host, port, options).await?
+        } else {
+            TcpStore::connect(host, port, options).await?
+        };
+        return Ok(Arc::new(store));
+    }
+    if let Some(path) = url.strip_prefix("file://") {
+        let store = FileStore::new(path, None);
+        store.set_timeout(timeout);
+        return Ok(Arc::new(store));
+    }
+    let (store, _, _) = rendezvous(url, i64::from(rank), -1, timeout).await?;
+    Ok(store)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -459,47 +502,4 @@ mod tests {
             "2 days, 0:00:00"
         );
     }
-}
-
-/// The store of a dynamic group (no world size), as PyTorch's
-/// `_create_store_from_options` makes it for `init_rpc(world_size=None)`:
-/// [`rendezvous`] requires a world size, so for `tcp://HOST:PORT` rank 0
-/// hosts the store and the others connect to it (every rank connects when
-/// a launcher hosts it, `TORCHELASTIC_USE_AGENT_STORE=True`, as `wasmrpc
-/// launch` does), and `file:///PATH` is a [`FileStore`] on that file.
-/// Other init methods go through [`rendezvous`].
-///
-/// # Errors
-/// A malformed URL (`InvalidArgument`), or the store cannot be hosted or
-/// reached in `timeout`.
-pub async fn dynamic_store(url: &str, rank: u32, timeout: Duration) -> Result<Arc<dyn Store>> {
-    if let Some(addr) = url.strip_prefix("tcp://") {
-        let Some((host, port)) = addr.rsplit_once(':') else {
-            return Err(Error::InvalidArgument(format!(
-                "{url}: no port (expected tcp://HOST:PORT)"
-            )));
-        };
-        let port: u16 = port
-            .parse()
-            .map_err(|_| Error::InvalidArgument(format!("{url}: bad port {port:?}")))?;
-        let options = TcpStoreOptions {
-            timeout,
-            world_size: None,
-            wait_for_workers: false,
-        };
-        let agent_store = process_env("TORCHELASTIC_USE_AGENT_STORE").as_deref() == Some("True");
-        let store = if rank == 0 && !agent_store {
-            TcpStore::start_master(host, port, options).await?
-        } else {
-            TcpStore::connect(host, port, options).await?
-        };
-        return Ok(Arc::new(store));
-    }
-    if let Some(path) = url.strip_prefix("file://") {
-        let store = FileStore::new(path, None);
-        store.set_timeout(timeout);
-        return Ok(Arc::new(store));
-    }
-    let (store, _, _) = rendezvous(url, i64::from(rank), -1, timeout).await?;
-    Ok(store)
 }
