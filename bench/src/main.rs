@@ -21,6 +21,7 @@ mod ours;
 mod plot;
 mod progress;
 mod python;
+mod python_program;
 mod report;
 mod rows;
 mod scale;
@@ -381,9 +382,20 @@ fn suite(cli: &Cli) -> Result<()> {
         }
     }
     drop(rt);
+    let python = torch::interpreter(cli.python.clone(), &root);
+    python_program::run(
+        &python_program::PythonProgram {
+            root: &root,
+            python: &python,
+            quick: cli.quick,
+            only,
+            log: &out_dir.join("python-program.log"),
+        },
+        &mut res,
+        &progress,
+    );
 
     // 3. The torch side.
-    let python = torch::interpreter(cli.python.clone(), &root);
     let script = root.join("bench").join("torch_rpc_bench.py");
     if cli.no_torch {
         for r in ROWS {
@@ -397,6 +409,9 @@ fn suite(cli: &Cli) -> Result<()> {
             .unwrap_or(if cli.quick { 5_000 } else { 20_000 });
         torch::run(
             &torch::TorchRun {
+                side: Side::Torch,
+                keys: torch::torch_keys(only),
+                pythonpath: None,
                 python: &python,
                 script: &script,
                 quick: cli.quick,

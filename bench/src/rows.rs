@@ -103,6 +103,8 @@ pub(crate) const ROWS: &[Row] = &[
     row("async_128_traced_1pct", "async calls/s, 128 in flight, metrics+1% spans", Unit::Rate, None, None, None),
     row("cuda_echo_64m", "echo a 64 MiB CUDA tensor, device map cuda:0 -> cuda:0, same host, shared memory on", Unit::Micros, Some("cuda_echo_64m"), None, Some(64 << 20)),
     row("cuda_echo_64m_host", "echo a 64 MiB CUDA tensor, device map cuda:0 -> cuda:0, through host memory", Unit::Micros, Some("cuda_echo_64m"), None, Some(64 << 20)),
+    row("py_rtt_aten_add", "round trip from a Python program, aten::add, two 4-element tensors [torch: from Python too]", Unit::Micros, Some("rtt_aten_add"), Some("raw_rtt"), None),
+    row("py_echo_64m", "echo a 64 MiB tensor from a Python program, same host [torch: from Python too]", Unit::Micros, Some("echo_64m"), None, Some(64 << 20)),
     row("remote_to_here", "remote() + to_here(), no-op(int)", Unit::Micros, Some("remote_to_here"), None, None),
     row("dist_autograd_16", "dist autograd step, remote 16x16 matmul", Unit::Micros, Some("dist_autograd_16"), Some("step_floor_16"), None),
     row("dist_autograd_256", "dist autograd step, remote 256x256 matmul", Unit::Micros, Some("dist_autograd_256"), Some("step_floor_256"), None),

@@ -1,5 +1,7 @@
-//! The torch side: runs `bench/torch_rpc_bench.py` with the set-up's
-//! interpreter and reads its JSON lines.
+//! The rows measured by Python scripts, which write one JSON line per row:
+//! the torch side (`bench/torch_rpc_bench.py`, torch.distributed.rpc) and
+//! wasmrpc called from a Python program (`bench/wasmrpc_python_bench.py`,
+//! through the `wasmrpc` package), each run with the set-up's interpreter.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -24,8 +26,14 @@ pub(crate) fn interpreter(flag: Option<PathBuf>, root: &Path) -> PathBuf {
     })
 }
 
-/// What the script is told.
+/// A script run: what it is told, and which side its rows are.
 pub(crate) struct TorchRun<'a> {
+    /// Whose rows the script measures (`Side::Torch` for torch's script).
+    pub(crate) side: Side,
+    /// The rows it is asked for (each side's keys of the selected rows).
+    pub(crate) keys: Vec<&'static str>,
+    /// Prepended to its `PYTHONPATH` (where the `wasmrpc` package is).
+    pub(crate) pythonpath: Option<&'a Path>,
     /// The interpreter.
     pub(crate) python: &'a Path,
     /// The script.
@@ -40,17 +48,25 @@ pub(crate) struct TorchRun<'a> {
     pub(crate) log: &'a Path,
 }
 
-/// Runs the script; every torch row it does not report is `n/a` with the
-/// reason.
+/// The torch keys of the selected rows (what torch's script is asked for).
+pub(crate) fn torch_keys(only: &[String]) -> Vec<&'static str> {
+    ROWS.iter()
+        .filter(|r| wanted(only, r.id))
+        .filter_map(|r| r.torch)
+        .collect()
+}
+
+/// Runs the script; every row it was asked for and does not report is
+/// `n/a` with the reason.
 pub(crate) fn run(t: &TorchRun<'_>, res: &mut Results, progress: &Progress) {
     if let Err(e) = run_script(t, res, progress) {
-        let why = format!("n/a (torch side failed: {e:#})");
-        for row in ROWS {
-            if let Some(key) = row.torch
-                && wanted(t.only, row.id)
-            {
-                res.na(Side::Torch, key, &why);
-            }
+        let who = match t.side {
+            Side::Torch => "torch side",
+            _ => "Python script",
+        };
+        let why = format!("n/a ({who} failed: {e:#})");
+        for key in &t.keys {
+            res.na(t.side, key, &why);
         }
     }
 }
@@ -70,19 +86,21 @@ fn run_script(t: &TorchRun<'_>, res: &mut Results, progress: &Progress) -> Resul
     if t.quick {
         cmd.arg("--quick");
     }
-    // The script's rows are the torch keys of the selected rows.
-    let keys: Vec<&str> = ROWS
-        .iter()
-        .filter(|r| wanted(t.only, r.id))
-        .filter_map(|r| r.torch)
-        .collect();
-    if keys.is_empty() {
+    if t.keys.is_empty() {
         return Ok(());
     }
     if !t.only.is_empty() {
-        for k in &keys {
+        for k in &t.keys {
             cmd.arg("--only").arg(k);
         }
+    }
+    if let Some(dir) = t.pythonpath {
+        let mut path = std::ffi::OsString::from(dir);
+        if let Some(old) = std::env::var_os("PYTHONPATH") {
+            path.push(":");
+            path.push(old);
+        }
+        cmd.env("PYTHONPATH", path);
     }
     let mut child = cmd
         .stdout(Stdio::piped())
@@ -102,20 +120,20 @@ fn run_script(t: &TorchRun<'_>, res: &mut Results, progress: &Progress) -> Resul
         } else if let Some(e) = j.get("error").and_then(Json::as_str) {
             error = Some(e.to_string());
         } else if let Some(v) = j.get("torch_version").and_then(Json::as_str) {
-            res.note(Side::Torch, "version", v);
+            res.note(t.side, "version", v);
         } else if let Some(row) = j.get("row").and_then(Json::as_str) {
             if let Some(na) = j.get("na").and_then(Json::as_str) {
-                res.na(Side::Torch, row, format!("n/a ({na})"));
+                res.na(t.side, row, format!("n/a ({na})"));
                 continue;
             }
             let median = j.get("median").and_then(Json::as_f64);
             let n = j.get("n").and_then(Json::as_u64).unwrap_or(0);
             if let Some(median) = median {
                 let p99 = j.get("p99").and_then(Json::as_f64);
-                res.set(Side::Torch, row, Stat { median, p99, n });
+                res.set(t.side, row, Stat { median, p99, n });
             }
             if let Some(calls) = j.get("calls").and_then(Json::as_u64) {
-                res.note(Side::Torch, row, format!("N={calls}"));
+                res.note(t.side, row, format!("N={calls}"));
             }
         }
     }

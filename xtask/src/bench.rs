@@ -52,6 +52,14 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<()> {
         };
     }
     step(
+        "bench: the Python package's release build, for the rows of a Python program (cargo build \
+         --release -p wasmrpc-python)",
+    );
+    process::cargo(
+        root,
+        &["build", "--release", "--quiet", "-p", "wasmrpc-python"],
+    )?;
+    step(
         "bench: wasmrpc beside torch.distributed.rpc and the raw limits (cargo run --release -p wasmrpc-bench)",
     );
     let mut cargo_args = vec!["run", "--release", "--quiet", "-p", "wasmrpc-bench", "--"];

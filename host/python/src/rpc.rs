@@ -135,17 +135,15 @@ pub(crate) fn rpc_sync<'py>(
     let agent = worker::agent()?;
     let context = current_context(py)?;
     let call_args = Tables::default().args(args, kwargs)?;
-    let fut = start(
-        py,
-        agent,
+    let (to, options) = (
         dest(to)?,
-        function,
-        call_args,
-        CallKind::Sync,
-        self::timeout(timeout)?,
-        context,
-    )?;
-    let result = worker::block_on(py, async move { fut.wait().await })?;
+        call_options(CallKind::Sync, self::timeout(timeout)?),
+    );
+    // The call is made and awaited in one trip into the runtime: the GIL
+    // is let go once per call.
+    let result = block_in_context(py, context, async move {
+        agent.call(to, &function, call_args, options).wait().await
+    })?;
     values::to_python(py, &result.map_err(to_py_err)?)
 }
 

@@ -8,7 +8,7 @@
 //! host's ops take). Anything else (a function, an arbitrary object) is
 //! refused with a `TypeError` naming its type: nothing is pickled.
 
-use pyo3::exceptions::{PyOverflowError, PyTypeError};
+use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use tch::Tensor;
@@ -18,16 +18,38 @@ use crate::rref::PyRRef;
 use crate::tensor;
 use crate::worker::PyWorkerInfo;
 
+/// How deeply containers may nest in a value, either way: a list that
+/// contains itself must fail as an error, not overflow the stack.
+pub(crate) const MAX_DEPTH: usize = 100;
+
+fn too_deep() -> PyErr {
+    PyValueError::new_err(format!(
+        "cannot send a value nested more than {MAX_DEPTH} containers deep over RPC (does a \
+         list or dict contain itself?)"
+    ))
+}
+
 /// The tensors and RRefs the values being converted refer to.
 #[derive(Default)]
 pub(crate) struct Tables {
     pub(crate) tensors: Vec<Tensor>,
     pub(crate) rrefs: Vec<Handle>,
+    depth: usize,
 }
 
 impl Tables {
     /// `obj` as a value, its tensors and RRefs appended to the tables.
     pub(crate) fn value(&mut self, obj: &Bound<'_, PyAny>) -> PyResult<Value> {
+        if self.depth >= MAX_DEPTH {
+            return Err(too_deep());
+        }
+        self.depth += 1;
+        let v = self.leaf_or_container(obj);
+        self.depth -= 1;
+        v
+    }
+
+    fn leaf_or_container(&mut self, obj: &Bound<'_, PyAny>) -> PyResult<Value> {
         // `bool` before `int`: in Python a bool is an int.
         if obj.is_none() {
             return Ok(Value::None);
@@ -190,10 +212,19 @@ fn dtype_code(dtype: &Bound<'_, PyAny>) -> PyResult<i64> {
 
 /// A call's result in Python: `value` with its tables.
 pub(crate) fn to_python<'py>(py: Python<'py>, payload: &Payload) -> PyResult<Bound<'py, PyAny>> {
-    convert(py, &payload.value, payload)
+    convert(py, &payload.value, payload, 0)
 }
 
-fn convert<'py>(py: Python<'py>, v: &Value, p: &Payload) -> PyResult<Bound<'py, PyAny>> {
+fn convert<'py>(
+    py: Python<'py>,
+    v: &Value,
+    p: &Payload,
+    depth: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    if depth >= MAX_DEPTH {
+        return Err(too_deep());
+    }
+    let convert = |py: Python<'py>, v: &Value, p: &Payload| convert(py, v, p, depth + 1);
     Ok(match v {
         Value::None => py.None().into_bound(py),
         Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),

@@ -111,6 +111,19 @@ def _errors(rank, world_size, init_method):
         rpc.rpc_sync(peer, torch.add, args=(2**70, 1))
     with pytest.raises(TypeError, match="args must be a tuple or a list"):
         rpc.rpc_sync(peer, torch.add, args=5)
+    # Hostile values: a list containing itself, nesting past the limit, a
+    # dict with a key that is not a string as kwargs.
+    looped = []
+    looped.append(looped)
+    with pytest.raises(ValueError, match="nested more than 100 containers deep"):
+        rpc.rpc_sync(peer, torch.add, args=(looped, 1))
+    deep = 1
+    for _ in range(150):
+        deep = [deep]
+    with pytest.raises(ValueError, match="nested more than 100 containers deep"):
+        rpc.rpc_sync(peer, "aten::add", args=(deep, 1))
+    with pytest.raises(TypeError, match="kwargs keys must be strings"):
+        rpc.rpc_sync(peer, torch.add, args=(1, 1), kwargs={1: 2})
     # A function nobody registered.
     with pytest.raises(RuntimeError, match="no_such_plugin::f"):
         rpc.rpc_sync(peer, "no_such_plugin::f", args=())
@@ -144,3 +157,32 @@ def _init_named(name, rank, world_size, init_method):
 
 def test_an_invalid_worker_name_is_refused_before_joining():
     run_group(_bad_names, 1)
+
+
+def _bad_options(rank, world_size, init_method):
+    def init(**extra):
+        rpc.init_rpc(
+            "worker0",
+            rank=0,
+            world_size=1,
+            rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
+                init_method=init_method, init_timeout=5, **extra
+            ),
+        )
+
+    with pytest.raises(ValueError, match="listen address"):
+        init(listen="not an address")
+    with pytest.raises(RuntimeError, match="cannot load the plugins in /no/such/plugin.wasm"):
+        init(plugins=["/no/such/plugin.wasm"])
+    with pytest.raises(ValueError, match="device_maps and devices are not available"):
+        rpc.TensorPipeRpcBackendOptions(device_maps={"worker1": {0: 0}})
+    with pytest.raises(TypeError, match="incompatible constructor arguments"):
+        rpc.TensorPipeRpcBackendOptions(rpc_timeout="soon")
+    # None of these left a worker behind: a good init still works.
+    init()
+    assert rpc.get_worker_info().name == "worker0"
+    rpc.shutdown()
+
+
+def test_bad_options_are_refused_and_leave_nothing_behind():
+    run_group(_bad_options, 1)
