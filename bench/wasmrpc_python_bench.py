@@ -18,42 +18,15 @@ Output: one JSON line per row, as the torch script writes them.
 """
 
 import argparse
-import json
-import os
 import subprocess
 import sys
 import tempfile
-import time
 
 import torch
 
+# The torch script's measuring and reporting, so both sides count alike.
+from torch_rpc_bench import emit, latency_row, timed_calls
 from wasmrpc import rpc
-
-
-def emit(obj):
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
-
-
-def percentile(sorted_values, q):
-    i = min(len(sorted_values) - 1, max(0, int(round(q * (len(sorted_values) - 1)))))
-    return sorted_values[i]
-
-
-def latency_row(row, samples_ns, **extra):
-    s = sorted(x / 1000.0 for x in samples_ns)
-    emit(dict(row=row, unit="us", median=percentile(s, 0.5), p99=percentile(s, 0.99), n=len(s), **extra))
-
-
-def timed_calls(n, warmup, call):
-    for _ in range(warmup):
-        call()
-    samples = []
-    for _ in range(n):
-        t0 = time.perf_counter_ns()
-        call()
-        samples.append(time.perf_counter_ns() - t0)
-    return samples
 
 
 def options(init_method):

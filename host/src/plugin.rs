@@ -292,6 +292,33 @@ impl PluginHost {
         files.iter().map(|f| self.load_file(f)).collect()
     }
 
+    /// Loads every plugin under `path` (a `*.wasm` file or a folder of
+    /// them, as [`load_path`](Self::load_path)) off the async threads, since
+    /// compiling takes seconds, and registers each as
+    /// [`register`](Self::register) does: what `wasmrpc worker --plugins`
+    /// and a Python program's `plugins=` option do. Returns each plugin
+    /// with the names it registered.
+    ///
+    /// # Errors
+    /// As [`load_path`](Self::load_path).
+    pub async fn load_and_register(
+        &self,
+        path: &Path,
+        registry: &FunctionRegistry,
+    ) -> Result<Vec<(Arc<Plugin>, Vec<String>)>> {
+        let (host, owned) = (self.clone(), path.to_path_buf());
+        let plugins = tokio::task::spawn_blocking(move || host.load_path(&owned))
+            .await
+            .map_err(|e| Error::runtime(format!("the plugin loader stopped: {e}")))??;
+        Ok(plugins
+            .into_iter()
+            .map(|plugin| {
+                let names = self.register(&plugin, registry);
+                (plugin, names)
+            })
+            .collect())
+    }
+
     /// Registers every function and class of `plugin` in `registry`,
     /// replacing entries of the same names, and returns the names:
     ///

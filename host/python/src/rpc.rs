@@ -91,34 +91,42 @@ where
     worker::block_on(py, in_context(context, fut))?.map_err(to_py_err)
 }
 
-fn call_options(kind: CallKind, timeout: Option<Duration>) -> CallOptions {
-    let mut options = CallOptions::new(kind);
-    options.timeout = timeout;
-    options
-}
-
-/// Starts a call and returns its future, made inside `context`.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "a call's parts as PyTorch's signature gives them, plus its context"
-)]
-fn start(
-    py: Python<'_>,
+/// A call as Python gave it, converted: where it goes, what it runs, its
+/// arguments, its timeout, and the calling thread's autograd context.
+struct Call {
     agent: RpcAgent,
     to: Dest,
     function: String,
     args: Args,
-    kind: CallKind,
     timeout: Option<Duration>,
     context: Option<i64>,
-) -> PyResult<wasmrpc::Future> {
-    let made = worker::block_on(
-        py,
-        in_context(context, async move {
-            agent.call(to, &function, args, call_options(kind, timeout))
-        }),
-    )?;
-    made.map_err(to_py_err)
+}
+
+impl Call {
+    fn new(
+        py: Python<'_>,
+        to: &Bound<'_, PyAny>,
+        function: String,
+        args: Option<&Bound<'_, PyAny>>,
+        kwargs: Option<&Bound<'_, PyAny>>,
+        timeout: Option<f64>,
+    ) -> PyResult<Call> {
+        Ok(Call {
+            agent: worker::agent()?,
+            to: dest(to)?,
+            function,
+            args: Tables::default().args(args, kwargs)?,
+            timeout: self::timeout(timeout)?,
+            context: current_context(py)?,
+        })
+    }
+
+    /// Makes the call (in its context) and returns its future.
+    async fn start(self, kind: CallKind) -> wasmrpc::Future {
+        let mut options = CallOptions::new(kind);
+        options.timeout = self.timeout;
+        self.agent.call(self.to, &self.function, self.args, options)
+    }
 }
 
 /// `rpc_sync`: runs `function` on `to` and returns its result.
@@ -132,17 +140,11 @@ pub(crate) fn rpc_sync<'py>(
     kwargs: Option<&Bound<'py, PyAny>>,
     timeout: Option<f64>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let agent = worker::agent()?;
-    let context = current_context(py)?;
-    let call_args = Tables::default().args(args, kwargs)?;
-    let (to, options) = (
-        dest(to)?,
-        call_options(CallKind::Sync, self::timeout(timeout)?),
-    );
-    // The call is made and awaited in one trip into the runtime: the GIL
-    // is let go once per call.
-    let result = block_in_context(py, context, async move {
-        agent.call(to, &function, call_args, options).wait().await
+    let call = Call::new(py, to, function, args, kwargs, timeout)?;
+    // Made and awaited in one trip into the runtime: the GIL is let go
+    // once per call.
+    let result = block_in_context(py, call.context, async move {
+        call.start(CallKind::Sync).await.wait().await
     })?;
     values::to_python(py, &result.map_err(to_py_err)?)
 }
@@ -159,19 +161,8 @@ pub(crate) fn rpc_async<'py>(
     kwargs: Option<&Bound<'py, PyAny>>,
     timeout: Option<f64>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let agent = worker::agent()?;
-    let context = current_context(py)?;
-    let call_args = Tables::default().args(args, kwargs)?;
-    let fut = start(
-        py,
-        agent,
-        dest(to)?,
-        function,
-        call_args,
-        CallKind::Async,
-        self::timeout(timeout)?,
-        context,
-    )?;
+    let call = Call::new(py, to, function, args, kwargs, timeout)?;
+    let fut = block_in_context(py, call.context, call.start(CallKind::Async))?;
     torch_future(py, fut)
 }
 
@@ -230,19 +221,20 @@ pub(crate) fn remote<'py>(
     kwargs: Option<&Bound<'py, PyAny>>,
     timeout: Option<f64>,
 ) -> PyResult<PyRRef> {
-    let agent = worker::agent()?;
-    let context = current_context(py)?;
-    let call_args = Tables::default().args(args, kwargs)?;
-    let to = dest(to)?;
-    let timeout = self::timeout(timeout)?;
-    let made = worker::block_on(
-        py,
-        in_context(context, async move {
-            match timeout {
-                Some(t) => agent.remote_with_timeout(to, &function, call_args, t),
-                None => agent.remote(to, &function, call_args),
-            }
-        }),
-    )?;
-    Ok(PyRRef::new(made.map_err(to_py_err)?.map_err(to_py_err)?))
+    let call = Call::new(py, to, function, args, kwargs, timeout)?;
+    let made = block_in_context(py, call.context, async move {
+        let Call {
+            agent,
+            to,
+            function,
+            args,
+            timeout,
+            ..
+        } = call;
+        match timeout {
+            Some(t) => agent.remote_with_timeout(to, &function, args, t),
+            None => agent.remote(to, &function, args),
+        }
+    })?;
+    Ok(PyRRef::new(made.map_err(to_py_err)?))
 }

@@ -89,12 +89,6 @@ fn store_err(init_method: &str, e: wasmrpc::store::Error) -> PyErr {
     }
 }
 
-/// An `anyhow` error (plugin loading) as a `RuntimeError` with
-/// its whole chain.
-fn anyhow_to_py(e: anyhow::Error) -> PyErr {
-    PyRuntimeError::new_err(format!("{e:#}"))
-}
-
 /// A worker's identity (`torch.distributed.rpc.WorkerInfo`): its `name`
 /// and its rank, `id`.
 #[pyclass(name = "WorkerInfo", module = "wasmrpc.rpc", frozen, eq, hash)]
@@ -188,9 +182,7 @@ pub(crate) fn init_rpc(
         rt.block_on(async move {
             let registry = FunctionRegistry::new();
             if !options.plugins.is_empty() {
-                load_plugins(&options.plugins, &registry)
-                    .await
-                    .map_err(anyhow_to_py)?;
+                load_plugins(&options.plugins, &registry).await?;
             }
             let init_method = options.init_method.clone();
             let rendezvous_failed = |e: wasmrpc::store::Error| store_err(&init_method, e);
@@ -235,18 +227,15 @@ pub(crate) fn init_rpc(
 
 /// Loads the plugins in `paths` (files or folders of `*.wasm`) and
 /// registers their functions, as `wasmrpc worker --plugins` does.
-async fn load_plugins(paths: &[PathBuf], registry: &FunctionRegistry) -> anyhow::Result<()> {
-    use anyhow::Context;
-    let host = PluginHost::shared().context("cannot start the wasm runtime")?;
+async fn load_plugins(paths: &[PathBuf], registry: &FunctionRegistry) -> PyResult<()> {
+    let host = PluginHost::shared().map_err(to_py_err)?;
     for path in paths {
-        let (h, p) = (host.clone(), path.clone());
-        let plugins = tokio::task::spawn_blocking(move || h.load_path(&p))
-            .await
-            .context("the plugin loader stopped")?
-            .with_context(|| format!("cannot load the plugins in {}", path.display()))?;
-        for plugin in plugins {
-            host.register(&plugin, registry);
-        }
+        host.load_and_register(path, registry).await.map_err(|e| {
+            PyRuntimeError::new_err(format!(
+                "cannot load the plugins in {}: {e}",
+                path.display()
+            ))
+        })?;
     }
     Ok(())
 }

@@ -448,13 +448,11 @@ impl Interruptions {
 async fn load_plugins(paths: &[PathBuf], registry: &FunctionRegistry) -> Result<()> {
     let host = PluginHost::shared().context("cannot start the wasm runtime")?;
     for path in paths {
-        let (h, p) = (host.clone(), path.clone());
-        let plugins = tokio::task::spawn_blocking(move || h.load_path(&p))
+        let loaded = host
+            .load_and_register(path, registry)
             .await
-            .context("the plugin loader stopped")?
             .with_context(|| format!("cannot load the plugins in {}", path.display()))?;
-        for plugin in plugins {
-            let names = host.register(&plugin, registry);
+        for (plugin, names) in loaded {
             let namespace = wasmrpc::plugin_namespace(plugin.name());
             info!(
                 "plugin {namespace} {} from {}: serving {} functions as {namespace}::*",
