@@ -22,12 +22,14 @@
 //! - `rpc`: `rpc_sync`/`rpc_async`/`remote`;
 //! - `rref`: `RRef`;
 //! - `autograd`: distributed autograd and `DistributedOptimizer`;
+//! - `plugin`: a plugin file's exports, for naming them from Python;
 //! - `values`: Python values ⇄ the host's values;
 //! - `tensor`: the tensor bridge (the crate's only `unsafe`).
 
 use pyo3::prelude::*;
 
 mod autograd;
+mod plugin;
 mod rpc;
 mod rref;
 mod tensor;
@@ -48,6 +50,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(worker::get_worker_infos, m)?)?;
     m.add_function(wrap_pyfunction!(worker::get_rpc_timeout, m)?)?;
     m.add_function(wrap_pyfunction!(worker::set_rpc_timeout, m)?)?;
+    m.add_function(wrap_pyfunction!(plugin::plugin_exports, m)?)?;
     m.add_function(wrap_pyfunction!(rpc::rpc_sync, m)?)?;
     m.add_function(wrap_pyfunction!(rpc::rpc_async, m)?)?;
     m.add_function(wrap_pyfunction!(rpc::remote, m)?)?;

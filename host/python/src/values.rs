@@ -116,6 +116,9 @@ impl Tables {
                 t.iter().map(|v| self.value(&v)).collect::<PyResult<_>>()?,
             ));
         }
+        if let Some(name) = function_ref_name(obj)? {
+            return Ok(function_ref(name));
+        }
         let type_name = obj.get_type().name()?.to_string();
         let module = obj.get_type().module()?.to_string();
         if module == "torch" && type_name == "dtype" {
@@ -181,6 +184,49 @@ impl Tables {
             rrefs: tables.rrefs,
         })
     }
+}
+
+/// The record a function reference travels as: the guest kit's
+/// `wasmrpc.FunctionRef { name }`, which the receiver resolves among the
+/// functions it serves. A function itself never crosses.
+const FUNCTION_REF: &str = "wasmrpc.FunctionRef";
+
+fn function_ref(name: String) -> Value {
+    Value::Record {
+        name: FUNCTION_REF.to_string(),
+        fields: vec![("name".to_string(), Value::Str(name))],
+    }
+}
+
+/// The registered name `obj` stands for, if it is a function that has one:
+/// a `wasmrpc.FunctionRef` (what `wasmrpc.plugin(...)` hands out) or a
+/// torch builtin (`torch.add` is `aten::add`, PyTorch's own mapping). Any
+/// other callable is refused: it could only travel pickled.
+fn function_ref_name(obj: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
+    let py = obj.py();
+    let refs = py.import("wasmrpc.plugins")?.getattr("FunctionRef")?;
+    if obj.is_instance(&refs)? {
+        return Ok(Some(obj.getattr("__wasmrpc_name__")?.extract()?));
+    }
+    if !obj.is_callable() || obj.is_instance_of::<pyo3::types::PyType>() {
+        return Ok(None);
+    }
+    let builtin = py
+        .import("torch.jit._builtins")?
+        .getattr("_find_builtin")?
+        .call1((obj,))?;
+    if !builtin.is_none() {
+        return Ok(Some(builtin.extract()?));
+    }
+    let what = obj.getattr("__qualname__").map_or_else(
+        |_| obj.get_type().name().map(|n| n.to_string()),
+        |q| q.extract(),
+    )?;
+    Err(PyTypeError::new_err(format!(
+        "cannot send the function {what} over RPC: only registered functions travel, as \
+         references to their names (a torch builtin, or a function of wasmrpc.plugin(path)); \
+         code is never pickled"
+    )))
 }
 
 /// libtorch's `ScalarType` code of a `torch.dtype`, which is what the
@@ -254,6 +300,14 @@ fn convert<'py>(
                 d.set_item(convert(py, k, p)?, convert(py, v, p)?)?;
             }
             d.into_any()
+        }
+        Value::Record { name, fields } if name == FUNCTION_REF => {
+            let Some((_, Value::Str(function))) = fields.iter().find(|(n, _)| n == "name") else {
+                return Err(PyTypeError::new_err("a function reference without a name"));
+            };
+            py.import("wasmrpc.plugins")?
+                .getattr("FunctionRef")?
+                .call1((function.as_str(),))?
         }
         Value::Record { name, fields } => {
             let names: Vec<&str> = fields.iter().map(|(n, _)| n.as_str()).collect();

@@ -5,6 +5,7 @@ code a peer names unless a plugin it loaded registered it."""
 import pytest
 import torch
 
+import wasmrpc
 from groups import plugin, run_group
 from wasmrpc import rpc
 
@@ -50,6 +51,36 @@ def _serving(rank, world_size, init_method):
         # The Python plugin runs sandboxed in the other Python process.
         t = rpc.rpc_sync("worker1", "seed_fns_py::my_py_add", args=(torch.ones(2), torch.ones(2)))
         assert torch.equal(t, torch.full((2,), 2.0))
+        # Its functions and classes, named from its file.
+        seed = wasmrpc.plugin(plugin("seed_fns_py"))
+        assert seed.namespace == "seed_fns_py"
+        assert rpc.rpc_sync("worker1", seed.my_function, args=(1, 2, 3)) == 6
+        # PyTorch's tutorial idiom: a method passed by reference, run on the
+        # owner beside its object (`_call_method(method, rref)`).
+        acc = rpc.remote("worker1", seed.Accumulator, args=(10,))
+        assert rpc.rpc_sync("worker1", seed._call_method, args=(seed.Accumulator.add, acc, 5)) == 15
+        assert rpc.rpc_sync("worker1", seed._call_method, args=(seed.Accumulator.get, acc)) == 15
+        # A reference comes back as one, equal to the name it stands for.
+        assert rpc.rpc_sync("worker1", seed.my_function_ref) == seed.my_function
+        # A torch builtin as an argument travels as its aten name too.
+        ones = rpc.remote("worker1", torch.ones, args=((2,),))
+        got = rpc.rpc_sync("worker1", seed._call_method, args=(torch.add, ones, 1))
+        assert torch.equal(got, torch.full((2,), 2.0))
+        # What the plugin does not export, and what may not travel.
+        with pytest.raises(AttributeError, match="exports no 'nothing_here'; it has: .*my_function"):
+            seed.nothing_here
+        with pytest.raises(AttributeError, match="has no method 'nope'; it has: add, get"):
+            seed.Accumulator.nope
+        with pytest.raises(TypeError, match="cannot send the function .*_local over RPC"):
+            def _local(x):
+                return x
+            rpc.rpc_sync("worker1", seed._call_method, args=(_local, acc))
+        with pytest.raises(TypeError, match="runs on a worker that serves it"):
+            seed.my_function(1, 2, 3)
+        with pytest.raises(ValueError, match="is not a wasmrpc plugin"):
+            wasmrpc.plugin(__file__)
+        with pytest.raises(OSError, match="cannot read /no/such.wasm"):
+            wasmrpc.plugin("/no/such.wasm")
     rpc.shutdown()
 
 

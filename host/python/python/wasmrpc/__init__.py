@@ -23,6 +23,10 @@ Tensors are torch's own: they cross into the host without a copy, and the
 distributed autograd functions the host records join the autograd graph
 Python built.
 
+`wasmrpc.plugin(path)` names a plugin's functions and classes, read from
+its file: `rpc.rpc_sync("worker1", mine.step, args=(t,))`, and
+`mine.Model.forward` passed as an argument travels as a reference.
+
 Modules: `wasmrpc.rpc` (`torch.distributed.rpc`),
 `wasmrpc.distributed.autograd` (`torch.distributed.autograd`),
 `wasmrpc.distributed.optim` (`torch.distributed.optim`).
@@ -34,5 +38,6 @@ import torch  # noqa: F401
 from . import _native  # noqa: F401
 from . import rpc  # noqa: F401
 from . import distributed  # noqa: F401
+from .plugins import FunctionRef, plugin
 
-__all__ = ["rpc", "distributed"]
+__all__ = ["FunctionRef", "distributed", "plugin", "rpc"]
