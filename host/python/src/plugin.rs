@@ -8,13 +8,14 @@ use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use wasmrpc::wasm::manifest;
 
-/// `(namespace, functions, classes)` of the plugin file `path`: the
-/// namespace its functions are served under, its functions' names
-/// (static methods as `Class.method`), and each class with its methods.
+/// What a plugin exports: the namespace its functions are served under,
+/// its functions' names (static methods as `Class.method`), and each
+/// class with its methods.
+type Exports = (String, Vec<String>, BTreeMap<String, Vec<String>>);
+
+/// The [`Exports`] of the plugin file `path`.
 #[pyfunction]
-pub(crate) fn plugin_exports(
-    path: PathBuf,
-) -> PyResult<(String, Vec<String>, BTreeMap<String, Vec<String>>)> {
+pub(crate) fn plugin_exports(path: PathBuf) -> PyResult<Exports> {
     let bytes = std::fs::read(&path)
         .map_err(|e| PyOSError::new_err(format!("cannot read {}: {e}", path.display())))?;
     let m = manifest::read(&bytes).map_err(|e| {
