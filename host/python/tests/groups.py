@@ -34,10 +34,11 @@ def plugin(name):
     return os.environ[f"WASMRPC_TEST_PLUGIN_{name.upper()}"]
 
 
-def run_group(fn, world_size, *, native_ranks=(), native_args=(), timeout=90):
+def run_group(fn, world_size, *, native_ranks=(), native_args=(), native_env=None, timeout=90):
     """Runs `fn(rank, world_size, init_method)` in a Python process for each
     rank not in `native_ranks`; those ranks are `wasmrpc worker`s (named
-    `worker<rank>`, with `native_args` added to their command line)."""
+    `worker<rank>`, with `native_args` added to their command line and
+    `native_env` to their environment)."""
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
@@ -62,6 +63,7 @@ def run_group(fn, world_size, *, native_ranks=(), native_args=(), timeout=90):
                         ],
                         stdout=log,
                         stderr=subprocess.STDOUT,
+                        env={**os.environ, **(native_env or {})},
                     ),
                     log,
                 )

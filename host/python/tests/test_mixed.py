@@ -86,3 +86,45 @@ def _serving(rank, world_size, init_method):
 
 def test_a_python_process_serves_the_plugins_its_options_load():
     run_group(_serving, 2)
+
+
+def _secret_driver(secret):
+    def driver(rank, world_size, init_method):
+        rpc.init_rpc(
+            "driver",
+            rank=rank,
+            world_size=world_size,
+            rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
+                init_method=init_method, cluster_secret=secret
+            ),
+        )
+        if secret == "the group's":
+            assert rpc.rpc_sync("worker1", torch.add, args=(1, 2)) == 3
+            rpc.shutdown()
+            return
+        # A peer that cannot prove the secret gets no call through, either way.
+        with pytest.raises(RuntimeError, match="did not prove that it holds the cluster secret"):
+            rpc.rpc_sync("worker1", torch.add, args=(1, 2))
+        rpc.shutdown(graceful=False)
+
+    return driver
+
+
+def _driver_with_the_groups_secret(rank, world_size, init_method):
+    _secret_driver("the group's")(rank, world_size, init_method)
+
+
+def _driver_with_another_secret(rank, world_size, init_method):
+    _secret_driver("another")(rank, world_size, init_method)
+
+
+def test_a_python_process_holds_the_groups_secret_or_gets_nothing_through():
+    secret = {"WASMRPC_CLUSTER_SECRET": "the group's"}
+    run_group(_driver_with_the_groups_secret, 2, native_ranks=(1,), native_env=secret)
+    # With another secret, the native worker refuses the driver too: its own
+    # graceful shutdown cannot reach it, and its log says it refused it.
+    with pytest.raises(AssertionError, match="(?s)wasmrpc worker rank 1 exited 1.*refused connection") as failed:
+        run_group(_driver_with_another_secret, 2, native_ranks=(1,), native_env=secret, timeout=60)
+    # The driver itself saw the refusal it expected.
+    assert "rank 0:" not in str(failed.value)
+
