@@ -435,8 +435,13 @@ fn test_a_flood_of_refused_connections_logs_a_few_warn_lines() {
         // when the flood outran them.
         let refused = c.agent(1).refused_connections();
         let total: u64 = refused.iter().map(|(_, n)| n).sum();
+        // worker0 dials from the same address as the flood: a handshake of
+        // its own in progress then (a connection of the group's, which it
+        // retries) may be ended for newer sockets too and counted (TR-8).
+        // Seen once on a loaded CI machine: 161 + 40 = 201 refusals.
+        const THE_GROUPS_OWN: u64 = 5;
         ensure!(
-            (connected..=200).contains(&total)
+            (connected..=200 + THE_GROUPS_OWN).contains(&total)
                 && refused.iter().all(|(reason, n)| {
                     // Over TLS, TLS waits for the fifth byte of a record
                     // header that never comes.
