@@ -408,6 +408,16 @@ pub enum HostCall {
         /// Its class, one the plugin exports.
         class: String,
     },
+    /// `RRef(obj)` of the guest's object `object` of class `class`, made in
+    /// place: an RRef this worker owns that holds the object itself, in
+    /// its instance (a single-instance plugin's; elsewhere refused with
+    /// `TypeError`). Replies [`HostReply::Handle`]: the RRef.
+    RRefOfObject {
+        /// The object's id in the instance.
+        object: u32,
+        /// Its class, one the plugin exports.
+        class: String,
+    },
 }
 
 /// File requests of a guest, in the folders its operator granted it on its

@@ -105,21 +105,47 @@ def _kept(result):
     keeps the object itself (the caller gets an RRef to it)."""
     if not _registry.plugin["single_instance"]:
         return False
-    name = getattr(type(result), "__wasmrpc_name__", None)
-    entry = _registry.classes.get(name) if isinstance(name, str) else None
-    if entry is None or entry[0] is not type(result):
+    name = exported_class(result)
+    if name is None:
         return False
-    oid = next((i for i, (_, o) in _objects.items() if o is result), None)
+    return _keep(result, name, lambda oid: _host.call("keep_object", oid, name))
+
+
+def exported_class(obj):
+    """The registered name of `obj`'s class when the plugin exports it
+    (`@remote_class`), else `None`."""
+    name = getattr(type(obj), "__wasmrpc_name__", None)
+    entry = _registry.classes.get(name) if isinstance(name, str) else None
+    if entry is None or entry[0] is not type(obj):
+        return None
+    return name
+
+
+def _keep(obj, name, ask):
+    """Has the worker keep `obj` (of exported class `name`) under its id in
+    this instance, as `ask(oid)` asks; a kept object stays in the instance
+    until the last of the worker's references to it is dropped. Returns
+    what `ask` returned (falsy: not kept)."""
+    oid = next((i for i, (_, o) in _objects.items() if o is obj), None)
     fresh = oid is None
     if fresh:
         oid = _next_object[0]
         _next_object[0] += 1
-    if not _host.call("keep_object", oid, name):
-        return False
+    kept = ask(oid)
+    if not kept:
+        return kept
     if fresh:
-        _objects[oid] = (_MODULE_SCOPE, result)
+        _objects[oid] = (_MODULE_SCOPE, obj)
     _keeps[oid] = _keeps.get(oid, 0) + 1
-    return True
+    return kept
+
+
+def rref_in_place(obj, name):
+    """`RRef(obj)` of an object of the plugin's exported class `name`: the
+    handle of an RRef this worker owns that holds the object itself, in
+    this instance (a single-instance plugin's; the worker refuses it
+    elsewhere with `TypeError`)."""
+    return _keep(obj, name, lambda oid: _host.call("rref_of_object", oid, name))
 
 
 def _construct(cls, args):

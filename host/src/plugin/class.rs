@@ -393,10 +393,12 @@ impl RRefObject for PluginObject {
             .import_args(args)
             .map_err(|e| Error::from(e).context_line(where_()))?;
         let guest: Arc<dyn GuestHost> = self.host.clone();
-        let value = object
-            .call_method(method, call_args, guest)
-            .await
-            .map_err(|e| wasm_error(&e).context_line(where_()))?;
+        let call = object.call_method(method, call_args, guest);
+        let value = match &self.module {
+            Some(module) => super::module::running_in(module.clone(), call).await,
+            None => call.await,
+        }
+        .map_err(|e| wasm_error(&e).context_line(where_()))?;
         self.host
             .handles()
             .take_payload(value)

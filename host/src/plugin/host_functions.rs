@@ -406,6 +406,11 @@ impl GuestHost for GuestCall {
         super::module::offer(&self.plugin, object, class)
     }
 
+    async fn rref_of_object(&self, object: u32, class: &str) -> HostResult<u32> {
+        let r = super::module::rref_in_place(&self.plugin, &self.agent, object, class)?;
+        Ok(self.handles().insert_rref(r))
+    }
+
     async fn rref_confirmed_by_owner(&self, rref: u32) -> HostResult<bool> {
         Ok(self.handles().rref(rref)?.confirmed_by_owner())
     }

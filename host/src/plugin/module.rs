@@ -36,6 +36,19 @@ tokio::task_local! {
     /// Set while a function of a single-instance plugin runs: the object
     /// it offered to keep ([`offer`]), if any.
     static OFFERED: RefCell<Option<(u32, String)>>;
+    /// Set while any call of a single-instance plugin runs in its instance
+    /// (a function, a constructor, a method): where `RRef(obj)` made in
+    /// place keeps the object ([`rref_in_place`]).
+    static RUNNING_IN: Arc<ModuleInstance>;
+}
+
+/// Runs `call` as a call of `module`'s instance: `RRef(obj)` in it keeps
+/// the object in place ([`rref_in_place`]).
+pub(super) async fn running_in<F: std::future::Future>(
+    module: Arc<ModuleInstance>,
+    call: F,
+) -> F::Output {
+    RUNNING_IN.scope(module, call).await
 }
 
 /// The instance a single-instance plugin runs in on one worker, made at
@@ -122,12 +135,14 @@ impl ModuleInstance {
         let (module, host, call_args) = self.enter(ctx, args, &where_).await?;
         let guest: Arc<dyn GuestHost> = host.clone();
         let offered = RefCell::new(None);
-        let (called, offered) = OFFERED
-            .scope(offered, async {
+        let (called, offered) = running_in(
+            self.clone(),
+            OFFERED.scope(offered, async {
                 let called = module.call_function(function, call_args, guest, None).await;
                 (called, OFFERED.with(|o| o.borrow_mut().take()))
-            })
-            .await;
+            }),
+        )
+        .await;
         let called = called.map_err(|e| wasm_error(&e).context_line(where_()))?;
         let value = function_value(called, &where_)?;
         let payload = host
@@ -160,8 +175,7 @@ impl ModuleInstance {
     ) -> Result<PluginObject> {
         let (module, host, call_args) = self.enter(ctx, args, &where_).await?;
         let guest: Arc<dyn GuestHost> = host.clone();
-        let object = module
-            .construct(class, call_args, guest)
+        let object = running_in(self.clone(), module.construct(class, call_args, guest))
             .await
             .map_err(|e| wasm_error(&e).context_line(where_()))?;
         Ok(PluginObject::new(
@@ -196,4 +210,57 @@ pub(super) fn offer(plugin: &Plugin, object: u32, class: &str) -> HostResult<boo
     Ok(OFFERED
         .try_with(|o| *o.borrow_mut() = Some((object, class.to_owned())))
         .is_ok())
+}
+
+/// `RRef(obj)` made in place by the running call of a single-instance
+/// plugin: an RRef `agent` owns holding the instance's object `object` of
+/// class `class` itself (OBJ-6), whose methods run in the instance, queued
+/// with its calls. Refused with `TypeError` outside such a call (a pooled
+/// or an object's own instance cannot keep a second object: it is shared
+/// or discarded), and for a class the plugin does not export.
+pub(super) fn rref_in_place(
+    plugin: &Plugin,
+    agent: &crate::agent::RpcAgent,
+    object: u32,
+    class: &str,
+) -> HostResult<crate::rref::RRef> {
+    if plugin.manifest().constructor(class).is_none() {
+        return Err(RemoteError::new(
+            ErrorKind::TypeError,
+            format!(
+                "plugin {} asked for an RRef to an object of class `{class}`, which it does not \
+                 export",
+                plugin.name()
+            ),
+        ));
+    }
+    let module = RUNNING_IN.try_with(Arc::clone).ok();
+    let in_place = module.as_ref().and_then(|m| {
+        let (instance, host) = m.instance.get()?;
+        Some((m, instance, host))
+    });
+    let Some((module, instance, host)) = in_place else {
+        return Err(RemoteError::new(
+            ErrorKind::TypeError,
+            format!(
+                "RRef(obj) of an object of class `{class}` on worker {}: plugin {} runs each \
+                 call in an instance of its own, so the object would not outlive the call; \
+                 make it with rpc.remote(worker, {class}, args=...), or call \
+                 wasmrpc.single_instance() at the plugin's module level so that its objects \
+                 stay in the worker's one instance",
+                agent.name(),
+                plugin.name()
+            ),
+        ));
+    };
+    let object = PluginObject::new(
+        agent,
+        &module.runtime,
+        &module.namespace,
+        host.clone(),
+        instance.sibling(class, object),
+        &module.scope,
+        Some(module.clone()),
+    );
+    Ok(crate::rref::RRef::holding_object(agent, Arc::new(object)))
 }

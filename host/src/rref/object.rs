@@ -34,6 +34,12 @@
 //!   functions offers is kept only by the owner-side `remote()` that
 //!   function serves (OBJ-1), and only if the plugin exports its class
 //!   (`crate::plugin`'s `module`).
+//! - OBJ-6: besides `remote()`, one more owner may keep an object: a call
+//!   of a single-instance plugin that makes `RRef(obj)` of one of its
+//!   objects in place. The object stays in the worker's one instance (the
+//!   only instance that outlives the call), and the new RRef, owned by
+//!   this worker, holds it itself; in a pooled or an object's instance it
+//!   is refused (`crate::plugin`'s `module`).
 
 use std::sync::{Arc, Mutex};
 

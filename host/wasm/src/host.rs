@@ -144,6 +144,17 @@ pub trait GuestHost: Send + Sync + 'static {
         let _ = (object, class);
         Ok(false)
     }
+    /// `RRef(obj)` of the guest's object `object` of class `class`, made in
+    /// place (see
+    /// [`HostCall::RRefOfObject`](wasmrpc_abi::protocol::HostCall::RRefOfObject)):
+    /// the new RRef's handle.
+    async fn rref_of_object(&self, object: u32, class: &str) -> HostResult<u32> {
+        let _ = (object, class);
+        Err(RemoteError::new(
+            ErrorKind::NotImplementedError,
+            "this host keeps no objects in place",
+        ))
+    }
     /// `rref.confirmed_by_owner()`.
     async fn rref_confirmed_by_owner(&self, rref: u32) -> HostResult<bool> {
         let _ = rref;

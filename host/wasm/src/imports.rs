@@ -144,6 +144,9 @@ pub(crate) async fn dispatch(ctx: &Arc<CallCtx>, call: HostCall) -> HostResult<H
         HostCall::KeepObject { object, class } => {
             HostReply::Bool(host.keep_object(object, &class).await?)
         }
+        HostCall::RRefOfObject { object, class } => {
+            HostReply::Handle(host.rref_of_object(object, &class).await?)
+        }
         HostCall::RRefLocalObject(r) => HostReply::Value(match host.rref_local_object(r).await? {
             Some(id) => Value::Int(i64::from(id)),
             None => Value::None,

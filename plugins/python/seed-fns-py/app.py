@@ -393,6 +393,13 @@ class MyClass:
         return torch.add(self.a, my_tensor_arg)
 
 
+@remote
+def rref_of_an_object_made_here(a):
+    """`RRef(obj)` of an object made in a pooled instance, which ends with
+    the call: the worker refuses it."""
+    return rpc.RRef(MyClass(a))
+
+
 @remote_class
 class TensorWrapper:
     def __init__(self, t):

@@ -4,7 +4,7 @@ object a function hands to `rpc.remote()` (PyTorch's
 `rpc.remote("ps", get_parameter_server)`). The tests of
 `tests/all/python_plugins/single_instance.rs` call it."""
 
-from wasmrpc import _host, remote, remote_class, single_instance, torch
+from wasmrpc import _guest, _host, remote, remote_class, rpc, single_instance, torch
 
 single_instance()
 
@@ -62,6 +62,37 @@ def weights_sum():
 @remote
 def _call_method(method, rref, *args):
     return method(rref.local_value(), *args)
+
+
+@remote
+def counter_rref_made_in_place(start):
+    """PyTorch's `rpc.RRef(ParameterServer())`: an RRef this worker owns
+    holding a new `Counter` itself. Two RRefs of it share the object, and
+    `local_value()` is the object."""
+    c = Counter(start)
+    first, second = rpc.RRef(c), rpc.RRef(c)
+    assert first.local_value() is c and second.local_value() is c
+    assert first.is_owner()
+    second.local_value().add(1)
+    return first
+
+
+@remote
+def objects_in_the_instance():
+    """How many objects the instance keeps (dropped ones are gone)."""
+    return len(_guest._objects)
+
+
+@remote
+def rref_of_a_class_it_does_not_export():
+    """What a hostile plugin could send: the worker refuses it."""
+    return _host.call("rref_of_object", 1, "NotAClass")
+
+
+@remote
+def rref_of_an_object_it_never_made():
+    """An id the instance never gave: the RRef's methods find no object."""
+    return rpc.RRef._own(_host.call("rref_of_object", 9999, "Counter"))
 
 
 @remote

@@ -2,7 +2,9 @@
 //! `plugins/python/shared-state-py`): every call of the plugin on a worker
 //! runs in one instance, so module-level state is shared, a tensor kept in
 //! a global stays valid, and an object a function hands to `remote()` is
-//! kept itself, as PyTorch's `rpc.remote("ps", get_parameter_server)`.
+//! kept itself, as PyTorch's `rpc.remote("ps", get_parameter_server)`,
+//! and so is an object it wraps in `RRef(obj)` in place (OBJ-6), as
+//! PyTorch's `rpc.RRef(ParameterServer())`.
 
 use anyhow::ensure;
 use wasmrpc::testing::{Cluster, worker_name};
@@ -104,6 +106,132 @@ fn a_single_instance_plugin_shares_its_module_state_and_keeps_the_objects_it_han
             "offered an object of class `NotAClass` to keep, which it does not export",
         )?;
         drop((first, second));
+        c.shutdown().await?;
+        Ok(())
+    });
+}
+
+#[test]
+fn an_rref_made_in_place_holds_the_object_itself_and_is_refused_where_it_cannot() {
+    timed(async {
+        let host = PluginHost::shared()?;
+        let shared = host.load_file(wasmrpc_plugins::SHARED_STATE_PY)?;
+        let pooled = host.load_file(wasmrpc_plugins::SEED_FNS_PY)?;
+        let c = Cluster::builder(2)
+            .functions(move |r| {
+                host.register(&shared, r);
+                host.register(&pooled, r);
+            })
+            .start()
+            .await?;
+        let a = c.agent(0);
+        let w1 = worker_name(1);
+        let objects = || async {
+            a.rpc_sync(
+                w1.clone(),
+                "shared_state_py::objects_in_the_instance",
+                args![],
+            )
+            .await?
+            .as_int()
+        };
+        let before = objects().await?;
+
+        // The function checks in place that `local_value()` is the object
+        // and that a second RRef of it shares it (its `add(1)`: 5 -> 6).
+        let rref = a
+            .rpc_sync(
+                w1.clone(),
+                "shared_state_py::counter_rref_made_in_place",
+                args![5i64],
+            )
+            .await?
+            .as_rref()?;
+        ensure!(rref.owner().name == w1, "owned by {:?}", rref.owner());
+        ensure!(
+            rref.get_type(a, None).await? == "shared_state_py::Counter",
+            "the RRef holds no Counter"
+        );
+        // Its methods run on that very object, through the proxy and
+        // through `_call_method` beside it on the owner.
+        let proxied = rref.rpc_sync(a, None).call("add", args![3i64]).await?;
+        ensure!(proxied.as_int()? == 9, "{proxied:?}");
+        let beside = a
+            .rpc_sync(
+                w1.clone(),
+                "shared_state_py::_call_method",
+                Args::new()
+                    .arg(reference("shared_state_py::Counter.add"))
+                    .arg(Payload::from(rref.clone()))
+                    .arg(2i64),
+            )
+            .await?;
+        ensure!(beside.as_int()? == 11, "{beside:?}");
+        // It is never copied: `to_here()` says where its methods run.
+        expect_err(
+            rref.to_here(a, None).await,
+            ErrorKind::TypeError,
+            "it holds an object of class shared_state_py::Counter on worker",
+        )?;
+        ensure!(
+            objects().await? == before + 1,
+            "the instance does not keep it"
+        );
+
+        // Once the last RRef goes, the owner forgets it and the instance
+        // drops the object (the delete travels to the owner on its own).
+        drop(rref);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while objects().await? != before {
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "the object outlived its RRefs"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+
+        // Refused: a class the plugin does not export; an object made in a
+        // pooled instance, which ends with the call.
+        expect_err(
+            a.rpc_sync(
+                w1.clone(),
+                "shared_state_py::rref_of_a_class_it_does_not_export",
+                args![],
+            )
+            .await,
+            ErrorKind::TypeError,
+            "asked for an RRef to an object of class `NotAClass`, which it does not export",
+        )?;
+        expect_err(
+            a.rpc_sync(
+                w1.clone(),
+                "seed_fns_py::rref_of_an_object_made_here",
+                args![1i64],
+            )
+            .await,
+            ErrorKind::TypeError,
+            "runs each call in an instance of its own, so the object would not outlive the call",
+        )?;
+        // An id the instance never gave: its methods find no object, and
+        // the worker is unharmed.
+        let bogus = a
+            .rpc_sync(
+                w1.clone(),
+                "shared_state_py::rref_of_an_object_it_never_made",
+                args![],
+            )
+            .await?
+            .as_rref()?;
+        expect_err(
+            bogus.rpc_sync(a, None).call("add", args![1i64]).await,
+            ErrorKind::AttributeError,
+            "'Counter' object has no attribute 'add'",
+        )?;
+        drop(bogus);
+        let count = a
+            .rpc_sync(w1.clone(), "shared_state_py::count_call", args![])
+            .await?;
+        ensure!(count.as_int()? >= 1, "{count:?}");
         c.shutdown().await?;
         Ok(())
     });

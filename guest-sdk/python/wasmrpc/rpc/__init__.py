@@ -188,8 +188,21 @@ class RRef(_Handle):
     _KIND = "RREF"
 
     def __init__(self, value):
-        """`RRef(value)`: a local RRef owning `value`."""
-        self._h = _host.call("rref_new", _host.value(value))
+        """`RRef(value)`: a local RRef owning `value`.
+
+        An object of one of the plugin's classes is held itself, not
+        copied, in a single-instance plugin (`wasmrpc.single_instance()`):
+        it stays in the worker's one instance and its methods run there
+        through the RRef's proxies, from any worker, as PyTorch's
+        `rpc.RRef(ParameterServer())`. Elsewhere the worker refuses it with
+        `TypeError` (each call's instance ends with the call)."""
+        from .._guest import exported_class, rref_in_place  # noqa: PLC0415 (`_guest` imports this module)
+
+        name = exported_class(value)
+        if name is not None:
+            self._h = rref_in_place(value, name)
+        else:
+            self._h = _host.call("rref_new", _host.value(value))
         self._scope = _scope.current
 
     def to_here(self, timeout=None):

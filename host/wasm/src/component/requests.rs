@@ -230,6 +230,13 @@ impl host::Host for StoreData {
         bool_reply(self.request(HostCall::KeepObject { object, class }).await?)
     }
 
+    async fn rref_of_object(&mut self, object: u32, class: String) -> R<u32> {
+        handle_reply(
+            self.request(HostCall::RRefOfObject { object, class })
+                .await?,
+        )
+    }
+
     async fn rref_confirmed(&mut self, rref: u32) -> R<bool> {
         bool_reply(self.request(HostCall::RRefConfirmed(rref)).await?)
     }
