@@ -156,9 +156,11 @@ def single_instance():
     plugin's classes hands the object itself to the RRef (PyTorch's
     `rpc.remote(ps, get_parameter_server)`); `rpc_sync` of it raises
     `TypeError`, as an object is never copied (no pickle).
-    The price is a Python process's without threads: a call that waits (for
-    an RPC, a future) holds the instance, so a call of this plugin it waits
-    for on the same worker waits for it. Call it at module level."""
+    `rpc.RRef(obj)` of one of its objects holds the object itself. While a
+    call waits on a future (`Future.wait`, `wait_all`, `rpc_sync`), the
+    plugin's other calls on the worker run in the instance, as a Python
+    process's other threads would; a call waiting in `to_here()`, `sleep`
+    or a lock holds the instance. Call it at module level."""
     _registry.plugin["single_instance"] = True
 
 

@@ -226,6 +226,29 @@ class Guest:
             entry[0].alive = False
 
 
+def serve_visit(visit):
+    """Runs a call the worker handed this instance while one of its calls
+    waits on a future (`rpc.Future.wait` in a single-instance plugin), and
+    tells the worker its outcome."""
+    _, types = _host.bindings()
+    g = Guest()
+    if visit.object is None:
+        out = g.call(visit.name, visit.args)
+    else:
+        out = g.call_method(visit.object, visit.class_, visit.name, visit.args)
+    if isinstance(out, guest.Outcome_Returned):
+        outcome = types.VisitOutcome_Returned(out.value)
+    elif isinstance(out, guest.Outcome_Raised):
+        outcome = types.VisitOutcome_Raised(out.value)
+    elif isinstance(out, guest.Outcome_Future):
+        outcome = types.VisitOutcome_Future(out.value)
+    else:
+        outcome = types.VisitOutcome_Raised(
+            types.RemoteError(types.ErrorKind.RUNTIME_ERROR, "a visit's call made an object")
+        )
+    _host.call("visit_done", visit.id, outcome)
+
+
 class _LogWriter:
     """`print` inside a plugin: each line goes to the worker's log (the
     component's own stdout and stderr go nowhere)."""

@@ -12,9 +12,11 @@
 //! any object (they share the instance, and the guest host whose handles
 //! their fields hold).
 //!
-//! The price is the one a Python process without threads pays: a call
-//! that waits (for an RPC, a future) holds the instance, and a call of the
-//! same plugin that it waits for on the same worker waits for it.
+//! A call that waits on a future serves the calls waiting for the
+//! instance meanwhile (`wasmrpc_wasm`'s visits), as a Python process's
+//! other threads run while one waits; a call that waits elsewhere (a
+//! fetch, a lock, a sleep) holds the instance, and a call of the same
+//! plugin that it waits for on the same worker waits for it.
 
 use std::cell::RefCell;
 use std::sync::Arc;

@@ -180,7 +180,14 @@ impl ComponentWarm {
 
     /// The call in progress, if any (to release what it holds).
     pub(crate) fn take_ctx(&mut self) -> Option<Arc<CallCtx>> {
-        self.store.data_mut().ctx.take()
+        let data = self.store.data_mut();
+        // VIS-4: visits the guest left unfinished fail now; the call's own
+        // context is the outermost one they saved.
+        if let Some(outer) = data.visits.first_mut() {
+            data.ctx = outer.saved_ctx.take();
+        }
+        data.visits.clear();
+        data.ctx.take()
     }
 }
 

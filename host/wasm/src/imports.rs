@@ -79,6 +79,16 @@ pub(crate) fn define(linker: &mut Linker<StoreData>) -> wasmtime::Result<()> {
 
 /// Runs one request against the call's host.
 pub(crate) async fn dispatch(ctx: &Arc<CallCtx>, call: HostCall) -> HostResult<HostReply> {
+    if let Some(route) = &ctx.route {
+        // VIS-2: a visit's request runs in its visitor's task.
+        let (reply, replied) = tokio::sync::oneshot::channel();
+        if route.send((call, reply)).is_err() {
+            return Err(runtime_error("the call this visit ran for has gone"));
+        }
+        return replied
+            .await
+            .unwrap_or_else(|_| Err(runtime_error("the call this visit ran for has gone")));
+    }
     let host = &ctx.host;
     Ok(match call {
         HostCall::Op { name, args } => HostReply::Value(host.op(&name, args).await?),

@@ -30,6 +30,12 @@ pub(crate) struct CallCtx {
     pub(crate) runtime: Runtime,
     /// Locks the call holds; released when it ends.
     pub(crate) locks: Mutex<Vec<String>>,
+    /// The calls waiting for this instance, which a wait of the guest may
+    /// serve (a single-instance plugin's instance only).
+    pub(crate) inbox: Option<Arc<crate::visit::Inbox>>,
+    /// Set while the guest runs a visit: its requests go to the visitor's
+    /// task (VIS-2).
+    pub(crate) route: Option<tokio::sync::mpsc::UnboundedSender<crate::visit::Routed>>,
 }
 
 impl CallCtx {
@@ -43,6 +49,26 @@ impl CallCtx {
             plugin,
             runtime,
             locks: Mutex::new(Vec::new()),
+            inbox: None,
+            route: None,
+        })
+    }
+
+    /// A call of an instance whose waits serve the calls waiting in
+    /// `inbox` ([`crate::visit`]).
+    pub(crate) fn serving(
+        host: Arc<dyn GuestHost>,
+        plugin: Arc<Plugin>,
+        runtime: Runtime,
+        inbox: Option<Arc<crate::visit::Inbox>>,
+    ) -> Arc<Self> {
+        Arc::new(CallCtx {
+            host,
+            plugin,
+            runtime,
+            locks: Mutex::new(Vec::new()),
+            inbox,
+            route: None,
         })
     }
 }
@@ -93,12 +119,15 @@ pub(crate) struct StoreData {
     pub(crate) panic: Option<String>,
     /// WASI for component plugins: a context that grants nothing.
     pub(crate) wasi: crate::component::Wasi,
+    /// The visits the guest is running, innermost last ([`crate::visit`]).
+    pub(crate) visits: Vec<crate::visit::ActiveVisit>,
 }
 
 impl StoreData {
     /// Resets the per-call state before guest code runs for `ctx`.
     pub(crate) fn begin(&mut self, ctx: Option<Arc<CallCtx>>) {
         self.ctx = ctx;
+        self.visits.clear();
         self.call_start = Instant::now();
         self.host_time = Duration::ZERO;
         self.timed_out = false;
@@ -144,6 +173,7 @@ pub(crate) fn new_store(
         time_limit,
         timed_out: false,
         panic: None,
+        visits: Vec::new(),
         wasi: crate::component::Wasi::deny_all(),
     };
     let mut store = Store::new(engine, data);

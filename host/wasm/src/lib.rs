@@ -52,7 +52,10 @@
 //!   worker never waits for itself. Host imports are async: a guest waiting
 //!   on the network holds no thread.
 //! - **[`Object`]** is an object of a plugin class, on an instance of its
-//!   own; its methods run one at a time (actor semantics).
+//!   own; its methods run one at a time (actor semantics). A
+//!   single-instance plugin's objects and functions share one instance
+//!   ([`Object::module`]); a call of it that waits on a future runs the
+//!   calls waiting for the instance meanwhile (visits, `visit.rs`).
 //! - **`async_execution`** functions and methods return a future handle;
 //!   [`Runtime::call`] gives the instance back, then awaits the future
 //!   through [`GuestHost::future_wait`].
@@ -88,6 +91,7 @@ pub mod manifest;
 mod object;
 mod plugin;
 mod runtime;
+mod visit;
 
 pub use error::{ASYNC_WRONG_TYPE, Error, Result};
 pub use folders::{FolderGrant, FolderGrants, Folders};

@@ -5,6 +5,7 @@
 use crate::instance::CallCtx;
 use crate::plugin::{Target, Warm};
 use crate::runtime::finish;
+use crate::visit::{self, Entered, Inbox, VisitTarget};
 use crate::{Error, GuestHost, Plugin, Result, Runtime};
 use std::sync::Arc;
 use wasmrpc_abi::Value;
@@ -28,6 +29,10 @@ pub struct Object {
     /// Its own instance, or the one it shares with the other objects of a
     /// single-instance plugin on this worker ([`Object::module`]).
     instance: Arc<tokio::sync::Mutex<Option<Warm>>>,
+    /// A single-instance plugin's: the calls waiting for the instance,
+    /// which a call of it that waits on a future runs meanwhile
+    /// ([`crate::visit`]).
+    inbox: Option<Arc<Inbox>>,
 }
 
 /// What a function run in an object's instance gave.
@@ -64,6 +69,7 @@ impl Object {
             class: class.to_owned(),
             id,
             instance: Arc::new(tokio::sync::Mutex::new(Some(warm))),
+            inbox: None,
         }
     }
 
@@ -80,7 +86,9 @@ impl Object {
         folders: Option<Arc<crate::Folders>>,
     ) -> Result<Object> {
         let warm = plugin.checkout(folders).await?;
-        Ok(Object::new(runtime.clone(), plugin.clone(), "", 0, warm))
+        let mut module = Object::new(runtime.clone(), plugin.clone(), "", 0, warm);
+        module.inbox = Some(Arc::new(Inbox::default()));
+        Ok(module)
     }
 
     /// The object `id` of class `class` made in this object's instance: it
@@ -93,6 +101,7 @@ impl Object {
             class: class.to_owned(),
             id,
             instance: self.instance.clone(),
+            inbox: self.inbox.clone(),
         }
     }
 
@@ -134,32 +143,84 @@ impl Object {
                 name: format!("{}.{method}", self.class),
             });
         };
-        let outcome = {
-            let mut slot = self.instance.lock().await;
-            // Taken out while the method runs: if this future is dropped
-            // mid-call, the object is left broken rather than half-updated.
-            let Some(mut warm) = slot.take() else {
-                return Err(self.broken());
-            };
-            let ctx = CallCtx::new(host.clone(), self.plugin.clone(), self.runtime.clone());
-            let target = Target::Method {
-                object: self.id,
-                class: &self.class,
-                method,
-            };
-            let outcome = warm.invoke(ctx, target, &args).await;
-            if outcome.is_ok() {
-                *slot = Some(warm);
-            }
-            outcome
+        let target = VisitTarget::Method {
+            object: self.id,
+            class: self.class.clone(),
+            method: method.to_owned(),
         };
-        match outcome {
-            Ok(outcome) => {
-                let is_async = entry.kind == ExportKind::AsyncMethod;
-                finish(self.plugin.name(), method, is_async, outcome, &host).await
+        let outcome = self.run(target, &args, &host, None, method).await?;
+        let is_async = entry.kind == ExportKind::AsyncMethod;
+        finish(self.plugin.name(), method, is_async, outcome, &host).await
+    }
+
+    /// Runs `target` in the instance, holding it; or, in a single-instance
+    /// plugin's instance that a call holds while it waits on a future, as a
+    /// visit that call's guest runs meanwhile ([`crate::visit`]). `wait`
+    /// bounds the wait for the instance ([`Error::ObjectBusy`]).
+    async fn run(
+        &self,
+        target: VisitTarget,
+        args: &CallArgs,
+        host: &Arc<dyn GuestHost>,
+        wait: Option<std::time::Duration>,
+        name: &str,
+    ) -> Result<wasmrpc_abi::protocol::Outcome> {
+        let busy = || Error::ObjectBusy {
+            plugin: self.plugin.name().to_owned(),
+            class: self.class.clone(),
+            function: name.to_owned(),
+            waited: wait.unwrap_or_default(),
+        };
+        let mut slot = match &self.inbox {
+            Some(inbox) => {
+                let ctx = CallCtx::new(host.clone(), self.plugin.clone(), self.runtime.clone());
+                match visit::enter(&self.instance, inbox, target.clone(), args, ctx, wait).await {
+                    Ok(Entered::Locked(slot)) => slot,
+                    Ok(Entered::Visited(outcome)) => {
+                        return outcome.map_err(|message| Error::Abi {
+                            plugin: self.plugin.name().to_owned(),
+                            function: name.to_owned(),
+                            message,
+                        });
+                    }
+                    Err(()) => return Err(busy()),
+                }
             }
-            Err(fault) => Err(fault.into_error(self.plugin.name(), method)),
+            None => match wait {
+                None => self.instance.lock().await,
+                Some(wait) => tokio::time::timeout(wait, self.instance.lock())
+                    .await
+                    .map_err(|_| busy())?,
+            },
+        };
+        // Taken out while guest code runs: if this future is dropped
+        // mid-call, the object is left broken rather than half-updated.
+        let Some(mut warm) = slot.take() else {
+            return Err(self.broken());
+        };
+        let ctx = CallCtx::serving(
+            host.clone(),
+            self.plugin.clone(),
+            self.runtime.clone(),
+            self.inbox.clone(),
+        );
+        let target = match &target {
+            VisitTarget::Function(name) => Target::Function(name),
+            VisitTarget::Method {
+                object,
+                class,
+                method,
+            } => Target::Method {
+                object: *object,
+                class,
+                method,
+            },
+        };
+        let outcome = warm.invoke(ctx, target, args).await;
+        if outcome.is_ok() {
+            *slot = Some(warm);
         }
+        outcome.map_err(|fault| fault.into_error(self.plugin.name(), name))
     }
 
     /// Runs the plugin's function `function` in the object's instance,
@@ -195,34 +256,13 @@ impl Object {
             });
         };
         let is_async = entry.kind == ExportKind::AsyncFunction;
-        let outcome = {
-            let mut slot = match wait {
-                None => self.instance.lock().await,
-                Some(wait) => tokio::time::timeout(wait, self.instance.lock())
-                    .await
-                    .map_err(|_| Error::ObjectBusy {
-                        plugin: self.plugin.name().to_owned(),
-                        class: self.class.clone(),
-                        function: function.to_owned(),
-                        waited: wait,
-                    })?,
-            };
-            let Some(mut warm) = slot.take() else {
-                return Err(self.broken());
-            };
-            let ctx = CallCtx::new(host.clone(), self.plugin.clone(), self.runtime.clone());
-            let outcome = warm.invoke(ctx, Target::Function(function), &args).await;
-            if outcome.is_ok() {
-                *slot = Some(warm);
-            }
-            outcome
-        };
-        match outcome {
-            Ok(wasmrpc_abi::protocol::Outcome::Object(id)) => Ok(Called::Object(id)),
-            Ok(outcome) => finish(self.plugin.name(), function, is_async, outcome, &host)
+        let target = VisitTarget::Function(function.to_owned());
+        let outcome = self.run(target, &args, &host, wait, function).await;
+        match outcome? {
+            wasmrpc_abi::protocol::Outcome::Object(id) => Ok(Called::Object(id)),
+            outcome => finish(self.plugin.name(), function, is_async, outcome, &host)
                 .await
                 .map(Called::Value),
-            Err(fault) => Err(fault.into_error(self.plugin.name(), function)),
         }
     }
 

@@ -4,13 +4,14 @@ object a function hands to `rpc.remote()` (PyTorch's
 `rpc.remote("ps", get_parameter_server)`). The tests of
 `tests/all/python_plugins/single_instance.rs` call it."""
 
-from wasmrpc import _guest, _host, remote, remote_class, rpc, single_instance, torch
+from wasmrpc import _guest, _host, futures, remote, remote_class, rpc, single_instance, torch
 
 single_instance()
 
 calls = 0
 counter = None
 weights = None
+waiting = False
 
 
 @remote_class
@@ -21,6 +22,99 @@ class Counter:
     def add(self, k):
         self.n += k
         return self.n
+
+
+@remote_class
+class Batcher:
+    """PyTorch's batching parameter server (`BatchUpdateParameterServer`)
+    in small: each update waits for the round's others, and the last of
+    the round completes them all with the running total."""
+
+    def __init__(self, trainers):
+        self.trainers = trainers
+        self.seen = 0
+        self.total = 0
+        self.future = rpc.Future()
+
+    @staticmethod
+    @rpc.functions.async_execution
+    def update(ps_rref, k):
+        self = ps_rref.local_value()
+        self.total += k
+        self.seen += 1
+        fut = self.future
+        if self.seen == self.trainers:
+            self.seen = 0
+            self.future = rpc.Future()
+            fut.set_result(self.total)
+        return fut
+
+    def total_so_far(self):
+        return self.total
+
+
+@remote
+def train(ps_rref, rounds):
+    """A trainer: one update a round, each waiting for the round's end."""
+    return [
+        rpc.rpc_sync(ps_rref.owner(), Batcher.update, args=(ps_rref, 1)) for _ in range(rounds)
+    ]
+
+
+@remote
+def run_ps(trainers, rounds):
+    """PyTorch's `run_ps`: the server made in place, its RRef handed to the
+    trainers, whose updates reach it while this call waits for them."""
+    ps_rref = rpc.RRef(Batcher(len(trainers)))
+    futs = [rpc.rpc_async(t, train, args=(ps_rref, rounds)) for t in trainers]
+    results = futures.wait_all(futs)
+    # A proxy call from here runs in place, beside the waiting call too.
+    return results, ps_rref.rpc_sync().total_so_far()
+
+
+@remote
+def wait_for_release(key):
+    """Waits until `release(key, value)` and gives the value: the
+    instance's other calls run meanwhile (as visits)."""
+    global waiting
+    waiting = True
+    try:
+        return rpc.Future.shared(key).wait()
+    finally:
+        waiting = False
+
+
+@remote
+def release(key, value):
+    rpc.Future.shared(key, take=True).set_result(value)
+    return True
+
+
+@remote
+def is_waiting():
+    """Whether a call of the instance waits (this call is then a visit)."""
+    return waiting
+
+
+@remote
+def abandon_the_next_visit():
+    """What a hostile guest could do: take the call the worker hands it
+    while it waits, and end without running it."""
+    global waiting
+    waiting = True
+    try:
+        never = rpc.Future()
+        wake = _host.call("future_wait_serving", never._handle())
+    finally:
+        waiting = False
+    return type(wake).__name__
+
+
+@remote
+def visit_done_without_a_visit():
+    """What a hostile guest could send: the outcome of no visit."""
+    _, types = _host.bindings()
+    return _host.call("visit_done", 0, types.VisitOutcome_Returned(_host.value(1)))
 
 
 @remote

@@ -236,3 +236,153 @@ fn an_rref_made_in_place_holds_the_object_itself_and_is_refused_where_it_cannot(
         Ok(())
     });
 }
+
+/// PyTorch's batching parameter server, in small: `run_ps` makes the
+/// server in place (`rpc.RRef(Batcher(...))`), hands its RRef to two
+/// trainers and waits for them, while their `async_execution` updates
+/// run on the server in the very instance that waits (VIS-1..3). Before
+/// visits, the updates queued behind the waiting call, which waited for
+/// them: a deadlock until the RPC timeout.
+#[test]
+fn a_waiting_call_serves_the_calls_it_waits_for_in_its_instance() {
+    timed(async {
+        let host = PluginHost::shared()?;
+        let plugin = host.load_file(wasmrpc_plugins::SHARED_STATE_PY)?;
+        let c = Cluster::builder(3)
+            .functions(move |r| {
+                host.register(&plugin, r);
+            })
+            .start()
+            .await?;
+        let a = c.agent(0);
+        let trainers = Value::List(vec![Value::Str(worker_name(0)), Value::Str(worker_name(2))]);
+        let out = a
+            .rpc_sync(
+                worker_name(1),
+                "shared_state_py::run_ps",
+                Args::new().arg(Payload::from(trainers)).arg(3i64),
+            )
+            .await?;
+        // Each round's updates wait for each other; the last of a round
+        // completes both with the running total: 2, 4, 6.
+        let Value::Tuple(parts) = &out.value else {
+            anyhow::bail!("run_ps gave {out:?}");
+        };
+        let rounds = Value::List(vec![Value::Int(2), Value::Int(4), Value::Int(6)]);
+        ensure!(
+            parts.first() == Some(&Value::List(vec![rounds.clone(), rounds])),
+            "the trainers saw {parts:?}"
+        );
+        ensure!(
+            parts.get(1) == Some(&Value::Int(6)),
+            "the server holds {parts:?}"
+        );
+        c.shutdown().await?;
+        Ok(())
+    });
+}
+
+/// While a call of the instance waits, other calls run in it as visits:
+/// an object kept by a `remote()` (whose keeping is the visitor's, VIS-2),
+/// its method, the call that ends the wait. A guest that abandons a visit
+/// fails that call instead of hanging it (VIS-4), and the outcome of no
+/// visit is refused.
+#[test]
+fn visits_run_in_their_callers_context_and_a_hostile_guest_cannot_hang_them() {
+    timed(async {
+        let host = PluginHost::shared()?;
+        let plugin = host.load_file(wasmrpc_plugins::SHARED_STATE_PY)?;
+        let c = Cluster::builder(2)
+            .functions(move |r| {
+                host.register(&plugin, r);
+            })
+            .start()
+            .await?;
+        let a = c.agent(0);
+        let w1 = worker_name(1);
+        let until_waiting = || async {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            loop {
+                let waiting = a
+                    .rpc_sync(w1.clone(), "shared_state_py::is_waiting", args![])
+                    .await?;
+                if waiting.as_bool()? {
+                    return anyhow::Ok(());
+                }
+                ensure!(
+                    std::time::Instant::now() < deadline,
+                    "the call never waited"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        };
+
+        let waiter = a.rpc_async(w1.clone(), "shared_state_py::wait_for_release", args!["k"]);
+        until_waiting().await?;
+        // From here each call is a visit: the instance is held by the wait.
+        let kept: RRef = a.remote(w1.clone(), "shared_state_py::get_counter", args![7i64])?;
+        ensure!(
+            kept.get_type(a, None).await? == "shared_state_py::Counter",
+            "the visit's remote() kept no Counter"
+        );
+        let added = kept.rpc_sync(a, None).call("add", args![1i64]).await?;
+        ensure!(added.as_int()? == 8, "{added:?}");
+        ensure!(!waiter.done(), "the wait ended before its release");
+        a.rpc_sync(w1.clone(), "shared_state_py::release", args!["k", 5i64])
+            .await?;
+        ensure!(
+            waiter.wait().await?.as_int()? == 5,
+            "the wait gave another value"
+        );
+
+        // The first call that reaches the abandoning guest's wait is
+        // abandoned; one that runs before it starts sees it not waiting.
+        let abandoning = a.rpc_async(
+            w1.clone(),
+            "shared_state_py::abandon_the_next_visit",
+            args![],
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let abandoned = loop {
+            match a
+                .rpc_sync(w1.clone(), "shared_state_py::is_waiting", args![])
+                .await
+            {
+                Ok(waiting) => ensure!(!waiting.as_bool()?, "a visit ran though abandoned"),
+                Err(e) => break Err::<Payload, _>(e),
+            }
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "no call was abandoned"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        };
+        expect_err(
+            abandoned,
+            ErrorKind::RuntimeError,
+            "the call of the instance that was running it ended before it finished",
+        )?;
+        let woken = abandoning.wait().await?;
+        ensure!(woken.as_str()? == "Wake_Visit", "{woken:?}");
+        expect_err(
+            a.rpc_sync(
+                w1.clone(),
+                "shared_state_py::visit_done_without_a_visit",
+                args![],
+            )
+            .await,
+            ErrorKind::RuntimeError,
+            "visit-done for visit 0, while 0 visits run",
+        )?;
+        let count = a
+            .rpc_sync(w1.clone(), "shared_state_py::count_call", args![])
+            .await?;
+        ensure!(
+            count.as_int()? >= 1,
+            "the instance no longer serves: {count:?}"
+        );
+        drop(kept);
+        c.shutdown().await?;
+        Ok(())
+    });
+}

@@ -39,7 +39,9 @@ def _to(to):
 def _func(func):
     if isinstance(func, str):
         return func
-    name = getattr(func, "__wasmrpc_name__", None)
+    # A @remote function's name, or a static method's `Class.method`
+    # (PyTorch's `rpc_sync(ps, ParameterServer.update, ...)`).
+    name = getattr(func, "__wasmrpc_name__", None) or getattr(func, "__wasmrpc_ref__", None)
     if name is None:
         raise TypeError(
             f"{func!r} is not a registered function: pass its name, a @remote function "
@@ -96,6 +98,9 @@ def _mode(name):
 
 def rpc_sync(to, func, args=None, kwargs=None, timeout=None):
     """Runs `func(*args, **kwargs)` on worker `to` and returns its result."""
+    if _serving():
+        # A wait that serves the instance's other calls meanwhile.
+        return rpc_async(to, func, args, kwargs, timeout).wait()
     call = _host.call_args(tuple(args or ()), dict(kwargs or {}))
     nodes = _host.call("rpc_sync", _to(to), _func(func), call, _timeout(timeout))
     return _host.from_value(nodes)
@@ -114,6 +119,28 @@ def remote(to, func, args=None, kwargs=None, timeout=None):
     call = _host.call_args(tuple(args or ()), dict(kwargs or {}))
     h = _host.call("rpc_handle", _mode("REMOTE"), _to(to), _func(func), call, _timeout(timeout))
     return RRef._own(h)
+
+
+def _serving():
+    """Whether this plugin's waits serve its other calls meanwhile (a
+    single-instance plugin's: its one instance would otherwise stay busy
+    while a call waits, and a call it waits for could never run)."""
+    return _registry.plugin["single_instance"]
+
+
+def _wait_serving(handle):
+    """`fut.wait()` in a single-instance plugin: while the future is not
+    done, the worker may hand this instance a call that waits for it (a
+    method of one of its objects, one of its functions); it runs here, as
+    another thread of a Python process would run while this one waits."""
+    from .._guest import serve_visit  # noqa: PLC0415 (`_guest` imports this module)
+
+    _, types = _host.bindings()
+    while True:
+        wake = _host.call("future_wait_serving", handle)
+        if isinstance(wake, types.Wake_Done):
+            return wake.value
+        serve_visit(wake.value)
 
 
 def _timeout(timeout):
@@ -319,6 +346,11 @@ class _Proxy:
                 return self._call_here(obj, method, args, kwargs)
             a = _host.call_args(args, kwargs)
             h = self._rref._handle()
+            if self._mode == "SYNC" and _serving():
+                fut = Future._own(
+                    _host.call("rref_call_handle", h, _mode("ASYNC"), method, a, self._timeout)
+                )
+                return fut.wait()
             if self._mode == "SYNC":
                 return _host.from_value(_host.call("rref_call_sync", h, method, a, self._timeout))
             out = _host.call("rref_call_handle", h, _mode(self._mode), method, a, self._timeout)
@@ -346,7 +378,11 @@ class Future(_Handle):
         return cls._own(_host.call("future_shared", str(key), bool(take)))
 
     def wait(self):
-        """The result; raises the call's error."""
+        """The result; raises the call's error. In a single-instance
+        plugin, the plugin's other calls on this worker run while it
+        waits."""
+        if _serving():
+            return _host.from_value(_wait_serving(self._handle()))
         return _host.from_value(_host.call("future_wait", self._handle()))
 
     def done(self):

@@ -4,10 +4,11 @@
 
 use super::bindings::wasmrpc::plugin::{host, types};
 use super::convert::{
-    call_args_from_wit, dtype_from_wit, error_from_wit, error_to_wit, kind_from_wit, meta_to_wit,
-    mode_from_wit, value_from_wit, value_to_wit,
+    call_args_from_wit, call_args_to_wit, dtype_from_wit, error_from_wit, error_to_wit,
+    kind_from_wit, meta_to_wit, mode_from_wit, value_from_wit, value_to_wit,
 };
 use crate::instance::StoreData;
+use crate::visit::VisitTarget;
 use std::time::Instant;
 use wasmrpc_abi::protocol::{self as abi, HostCall, HostReply};
 use wasmrpc_abi::{ErrorKind, RemoteError};
@@ -265,6 +266,83 @@ impl host::Host for StoreData {
 
     async fn future_wait(&mut self, fut: u32) -> R<types::Value> {
         value_reply(self.request(HostCall::FutureWait(fut)).await?)
+    }
+
+    async fn future_wait_serving(&mut self, fut: u32) -> R<types::Wake> {
+        let Some(ctx) = self.ctx.clone() else {
+            return Err(error_to_wit(RemoteError::new(
+                ErrorKind::RuntimeError,
+                "a host request outside a call (from the plugin's start-up code)",
+            )));
+        };
+        let Some(inbox) = ctx.inbox.clone() else {
+            return value_reply(self.request(HostCall::FutureWait(fut)).await?)
+                .map(types::Wake::Done);
+        };
+        let start = Instant::now();
+        // The wait is dropped when a visit comes first: waiting on a future
+        // is idempotent, and the guest waits again once it has run it.
+        let wait = crate::imports::dispatch(&ctx, HostCall::FutureWait(fut));
+        let woken = tokio::select! {
+            biased;
+            reply = wait => Ok(reply),
+            visit = inbox.next() => Err(visit),
+        };
+        self.host_time += start.elapsed();
+        match woken {
+            Ok(reply) => value_reply(reply.map_err(error_to_wit)?).map(types::Wake::Done),
+            Err(mut visit) => {
+                let routed = visit.routed_ctx(&ctx);
+                visit.saved_ctx = self.ctx.replace(routed);
+                let record = types::Visit {
+                    id: u32::try_from(self.visits.len()).unwrap_or(u32::MAX),
+                    object: match &visit.visit.target {
+                        VisitTarget::Function(_) => None,
+                        VisitTarget::Method { object, .. } => Some(*object),
+                    },
+                    class: match &visit.visit.target {
+                        VisitTarget::Function(_) => String::new(),
+                        VisitTarget::Method { class, .. } => class.clone(),
+                    },
+                    name: match &visit.visit.target {
+                        VisitTarget::Function(name) => name.clone(),
+                        VisitTarget::Method { method, .. } => method.clone(),
+                    },
+                    args: call_args_to_wit(&visit.visit.args),
+                };
+                self.visits.push(visit);
+                Ok(types::Wake::Visit(record))
+            }
+        }
+    }
+
+    async fn visit_done(&mut self, id: u32, outcome: types::VisitOutcome) -> R<()> {
+        let innermost = self.visits.len().checked_sub(1);
+        if innermost.and_then(|i| u32::try_from(i).ok()) != Some(id) {
+            return Err(error_to_wit(RemoteError::new(
+                ErrorKind::RuntimeError,
+                format!(
+                    "visit-done for visit {id}, while {} visits run (the innermost ends first)",
+                    self.visits.len()
+                ),
+            )));
+        }
+        let Some(mut visit) = self.visits.pop() else {
+            unreachable!("checked above");
+        };
+        self.ctx = visit.saved_ctx.take();
+        // The visit's guest time is its own, not the waiting call's.
+        self.host_time += visit.started.elapsed();
+        let outcome = match outcome {
+            types::VisitOutcome::Returned(v) => match value_from_wit(&v) {
+                Ok(v) => abi::Outcome::Return(v),
+                Err(e) => abi::Outcome::Raise(RemoteError::new(ErrorKind::RuntimeError, e)),
+            },
+            types::VisitOutcome::Raised(e) => abi::Outcome::Raise(error_from_wit(e)),
+            types::VisitOutcome::Future(f) => abi::Outcome::Future(f),
+        };
+        visit.finish(outcome);
+        Ok(())
     }
 
     async fn future_done(&mut self, fut: u32) -> R<bool> {
