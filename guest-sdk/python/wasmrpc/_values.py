@@ -79,6 +79,16 @@ def _push(obj, types, nodes, move, depth):
     elif isinstance(obj, Record):
         fields = [(k, _push(v, types, nodes, move, depth + 1)) for k, v in obj._fields.items()]
         node = types.Node_Record(types.RecordNode(obj._name, fields))
+    elif _is_module(obj) or _is_module_class(obj):
+        # A module travels by value, as data (`nn/_transfer.py`).
+        from .nn import _transfer
+
+        if isinstance(obj, type):
+            name, record = _transfer.MODULE_CLASS, _transfer.class_record(obj)
+        else:
+            name, record = _transfer.MODULE, _transfer.to_record(obj)
+        fields = [(k, _push(v, types, nodes, move, depth + 1)) for k, v in record.items()]
+        node = types.Node_Record(types.RecordNode(name, fields))
     elif isinstance(obj, FunctionRef) or inspect.isroutine(obj) or isinstance(obj, functools.partial):
         name = function_ref_name(obj)
         str_at = _push(name, types, nodes, move, depth + 1)
@@ -98,6 +108,18 @@ def _push(obj, types, nodes, move, depth):
         raise TypeError(f"cannot send a value of type {type(obj).__name__} over RPC")
     nodes[at] = node
     return at
+
+
+def _is_module(obj):
+    from .nn.modules import Module
+
+    return isinstance(obj, Module)
+
+
+def _is_module_class(obj):
+    from .nn.modules import Module
+
+    return isinstance(obj, type) and issubclass(obj, Module)
 
 
 def _describe(fn):
@@ -242,6 +264,10 @@ def _build(nodes, at, types):
     if isinstance(n, types.Node_Record):
         if n.value.name == FUNCTION_REF:
             return _function_from_record(n.value, child)
+        from .nn import _transfer
+
+        if n.value.name in _transfer.RECORDS:
+            return _transfer.from_record(n.value.name, {k: child(v) for k, v in n.value.fields})
         return Record(n.value.name, [(k, child(v)) for k, v in n.value.fields])
     if isinstance(n, types.Node_Worker):
         return WorkerInfo(n.value.id, n.value.name)

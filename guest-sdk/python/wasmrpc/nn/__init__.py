@@ -7,7 +7,7 @@ default initialisations are torch's, so `load_state_dict` takes a torch
 model's `state_dict` (tensors sent over RPC or loaded with
 `wasmrpc.load`)."""
 
-from . import functional, init
+from . import _transfer, functional, init
 from .modules import (
     AdaptiveAvgPool2d,
     AvgPool2d,
