@@ -228,8 +228,9 @@ class Guest:
 
 def serve_visit(visit):
     """Runs a call the worker handed this instance while one of its calls
-    waits on a future (`rpc.Future.wait` in a single-instance plugin), and
-    tells the worker its outcome."""
+    waits on a future (`rpc.Future.wait` in a single-instance plugin): a
+    function, a constructor (both by name, as the `call` export runs them)
+    or a method; then tells the worker its outcome."""
     _, types = _host.bindings()
     g = Guest()
     if visit.object is None:
@@ -243,9 +244,7 @@ def serve_visit(visit):
     elif isinstance(out, guest.Outcome_Future):
         outcome = types.VisitOutcome_Future(out.value)
     else:
-        outcome = types.VisitOutcome_Raised(
-            types.RemoteError(types.ErrorKind.RUNTIME_ERROR, "a visit's call made an object")
-        )
+        outcome = types.VisitOutcome_Object(out.value)
     _host.call("visit_done", visit.id, outcome)
 
 

@@ -190,6 +190,11 @@ impl Tables {
 /// `wasmrpc.FunctionRef { name }`, which the receiver resolves among the
 /// functions it serves. A function itself never crosses.
 const FUNCTION_REF: &str = "wasmrpc.FunctionRef";
+/// The guest kit's records of a module sent by value, and of a module
+/// class (`guest-sdk/python/wasmrpc/nn/_transfer.py`): a Python program
+/// refuses them with a `TypeError` that says what to send instead.
+const MODULE: &str = "wasmrpc.Module";
+const MODULE_CLASS: &str = "wasmrpc.ModuleClass";
 
 fn function_ref(name: String) -> Value {
     Value::Record {
@@ -308,6 +313,18 @@ fn convert<'py>(
             py.import("wasmrpc.plugins")?
                 .getattr("FunctionRef")?
                 .call1((function.as_str(),))?
+        }
+        Value::Record { name, fields } if name == MODULE || name == MODULE_CLASS => {
+            let class = fields.iter().find_map(|(n, v)| match v {
+                Value::Str(class) if n == "class" => Some(class.as_str()),
+                _ => None,
+            });
+            return Err(PyTypeError::new_err(format!(
+                "a plugin's nn.Module (class {}) arrived by value: a Python program cannot \
+                 rebuild a plugin's module classes; have the plugin return model.state_dict() (a \
+                 dict of tensors) and load it into a torch model",
+                class.unwrap_or("unnamed")
+            )));
         }
         Value::Record { name, fields } => {
             let names: Vec<&str> = fields.iter().map(|(n, _)| n.as_str()).collect();

@@ -60,6 +60,11 @@ def _serving(rank, world_size, init_method):
         acc = rpc.remote("worker1", seed.Accumulator, args=(10,))
         assert rpc.rpc_sync("worker1", seed._call_method, args=(seed.Accumulator.add, acc, 5)) == 15
         assert rpc.rpc_sync("worker1", seed._call_method, args=(seed.Accumulator.get, acc)) == 15
+        # A plugin's module by value cannot be rebuilt here; its state can.
+        with pytest.raises(TypeError, match="cannot rebuild a plugin's module classes"):
+            rpc.rpc_sync("worker1", seed.a_linear_layer)
+        state = rpc.rpc_sync("worker1", seed.a_linear_layer_state)
+        assert sorted(state) == ["bias", "weight"] and state["weight"].shape == (2, 3)
         # A reference comes back as one, equal to the name it stands for.
         assert rpc.rpc_sync("worker1", seed.my_function_ref) == seed.my_function
         # A torch builtin as an argument travels as its aten name too.

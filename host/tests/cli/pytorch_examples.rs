@@ -181,6 +181,35 @@ fn pytorch_rnn_example_trains_from_its_sources() {
     );
 }
 
+/// Runs `plugins/python/<port>/reference.py` under PyTorch, in the
+/// set-up's torch venv, with `args` and then a free port for its
+/// rendezvous; its standard output.
+fn run_reference(port: &str, args: &[std::ffi::OsString]) -> String {
+    let root = repo();
+    let python = std::env::var_os("WASMRPC_ENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join(".wasmrpc-env"))
+        .join("venv/bin/python");
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let reference = std::process::Command::new(python)
+        .arg("reference.py")
+        .args(args)
+        .arg(free.to_string())
+        .current_dir(root.join("plugins/python").join(port))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("running reference.py");
+    let (out, err) = text(&reference);
+    assert!(
+        reference.status.success(),
+        "{port}/reference.py failed:\n{out}\n{err}"
+    );
+    out
+}
+
 /// The trainer's reported losses (`Rank 1 training batch I loss L`, every
 /// fifth batch) and its accuracy (`Accuracy A`), from the lines of `log`.
 fn curve(log: &str) -> (Vec<(u32, f64)>, Option<f64>) {
@@ -239,27 +268,12 @@ fn pytorch_parameter_server_example_trains_from_its_sources_as_under_pytorch() {
     assert!(out.status.success(), "launch failed:\n{stdout}\n{stderr}");
     let ours = curve(&stderr);
 
-    let python = std::env::var_os("WASMRPC_ENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join(".wasmrpc-env"))
-        .join("venv/bin/python");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let reference = std::process::Command::new(python)
-        .arg("reference.py")
-        .arg(root.join("tests/pytorch-examples/parameter_server"))
-        .arg(data.join("digits.csv.gz"))
-        .arg(port.to_string())
-        .current_dir(root.join("plugins/python/mnist-ps-py"))
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .output()
-        .expect("running reference.py");
-    let (ref_out, ref_err) = text(&reference);
-    assert!(
-        reference.status.success(),
-        "reference.py failed:\n{ref_out}\n{ref_err}"
+    let ref_out = run_reference(
+        "mnist-ps-py",
+        &[
+            root.join("tests/pytorch-examples/parameter_server").into(),
+            data.join("digits.csv.gz").into(),
+        ],
     );
     let theirs = curve(&ref_out);
 
@@ -316,7 +330,6 @@ fn losses_by_trainer(json: &str) -> Vec<(String, Vec<f64>)> {
 /// PyTorch, last 0.13-0.27 and 0.14-0.23.
 #[test]
 fn batching_parameter_server_learns_as_the_same_file_does_under_pytorch() {
-    let root = repo();
     let result = tempfile::NamedTempFile::new().expect("a temporary file");
     let out = wasmrpc(
         &[
@@ -340,26 +353,7 @@ fn batching_parameter_server_learns_as_the_same_file_does_under_pytorch() {
     assert!(out.status.success(), "launch failed:\n{stdout}\n{stderr}");
     let ours = losses_by_trainer(&read(result.path()));
 
-    let python = std::env::var_os("WASMRPC_ENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join(".wasmrpc-env"))
-        .join("venv/bin/python");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let reference = std::process::Command::new(python)
-        .arg("reference.py")
-        .arg(port.to_string())
-        .current_dir(root.join("plugins/python/batch-ps-py"))
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .output()
-        .expect("running reference.py");
-    let (ref_out, ref_err) = text(&reference);
-    assert!(
-        reference.status.success(),
-        "reference.py failed:\n{ref_out}\n{ref_err}"
-    );
+    let ref_out = run_reference("batch-ps-py", &[]);
     let theirs = losses_by_trainer(ref_out.lines().last().unwrap_or_default());
 
     for (who, run) in [("wasmrpc", &ours), ("PyTorch", &theirs)] {

@@ -44,14 +44,7 @@ impl CallCtx {
         plugin: Arc<Plugin>,
         runtime: Runtime,
     ) -> Arc<Self> {
-        Arc::new(CallCtx {
-            host,
-            plugin,
-            runtime,
-            locks: Mutex::new(Vec::new()),
-            inbox: None,
-            route: None,
-        })
+        Self::serving(host, plugin, runtime, None)
     }
 
     /// A call of an instance whose waits serve the calls waiting in

@@ -206,6 +206,7 @@ impl Object {
         );
         let target = match &target {
             VisitTarget::Function(name) => Target::Function(name),
+            VisitTarget::Constructor(class) => Target::Constructor(class),
             VisitTarget::Method {
                 object,
                 class,
@@ -287,31 +288,19 @@ impl Object {
                 name: class.to_owned(),
             });
         }
-        let outcome = {
-            let mut slot = self.instance.lock().await;
-            let Some(mut warm) = slot.take() else {
-                return Err(self.broken());
-            };
-            let ctx = CallCtx::new(host, self.plugin.clone(), self.runtime.clone());
-            let outcome = warm.invoke(ctx, Target::Constructor(class), &args).await;
-            if outcome.is_ok() {
-                *slot = Some(warm);
-            }
-            outcome
-        };
-        match outcome {
-            Ok(wasmrpc_abi::protocol::Outcome::Object(id)) => Ok(self.sibling(class, id)),
-            Ok(wasmrpc_abi::protocol::Outcome::Raise(error)) => Err(Error::Raised {
+        let target = VisitTarget::Constructor(class.to_owned());
+        match self.run(target, &args, &host, None, class).await? {
+            wasmrpc_abi::protocol::Outcome::Object(id) => Ok(self.sibling(class, id)),
+            wasmrpc_abi::protocol::Outcome::Raise(error) => Err(Error::Raised {
                 plugin: self.plugin.name().to_owned(),
                 function: class.to_owned(),
                 error,
             }),
-            Ok(other) => Err(Error::Abi {
+            other => Err(Error::Abi {
                 plugin: self.plugin.name().to_owned(),
                 function: class.to_owned(),
                 message: format!("a constructor returned {other:?}"),
             }),
-            Err(fault) => Err(fault.into_error(self.plugin.name(), class)),
         }
     }
 

@@ -44,6 +44,8 @@ pub(crate) type Routed = (HostCall, oneshot::Sender<HostResult<HostReply>>);
 pub(crate) enum VisitTarget {
     /// The plugin's function `name`.
     Function(String),
+    /// The constructor of class `name` (the new object is a sibling).
+    Constructor(String),
     /// `method` of object `object` of class `class`.
     Method {
         object: u32,

@@ -394,6 +394,18 @@ class MyClass:
 
 
 @remote
+def a_linear_layer():
+    """A module by value, as PyTorch returns one (by pickle)."""
+    return torch.nn.Linear(3, 2)
+
+
+@remote
+def a_linear_layer_state():
+    """A module's state: a dict of tensors."""
+    return torch.nn.Linear(3, 2).state_dict()
+
+
+@remote
 def rref_of_an_object_made_here(a):
     """`RRef(obj)` of an object made in a pooled instance, which ends with
     the call: the worker refuses it."""

@@ -11,6 +11,18 @@ use wasmrpc::testing::{Cluster, worker_name};
 use wasmrpc::{Args, ErrorKind, Payload, PluginHost, RRef, Remote, Value, args};
 use wasmrpc_tests::{expect_err, timed};
 
+/// A cluster of `workers` that all serve `plugins/python/shared-state-py`.
+async fn shared_state_cluster(workers: u32) -> anyhow::Result<Cluster> {
+    let host = PluginHost::shared()?;
+    let plugin = host.load_file(wasmrpc_plugins::SHARED_STATE_PY)?;
+    Ok(Cluster::builder(workers)
+        .functions(move |r| {
+            host.register(&plugin, r);
+        })
+        .start()
+        .await?)
+}
+
 fn reference(name: &str) -> Payload {
     Payload::from(Value::Record {
         name: "wasmrpc.FunctionRef".into(),
@@ -21,14 +33,7 @@ fn reference(name: &str) -> Payload {
 #[test]
 fn a_single_instance_plugin_shares_its_module_state_and_keeps_the_objects_it_hands_out() {
     timed(async {
-        let host = PluginHost::shared()?;
-        let plugin = host.load_file(wasmrpc_plugins::SHARED_STATE_PY)?;
-        let c = Cluster::builder(2)
-            .functions(move |r| {
-                host.register(&plugin, r);
-            })
-            .start()
-            .await?;
+        let c = shared_state_cluster(2).await?;
         let a = c.agent(0);
         let w1 = worker_name(1);
 
@@ -246,14 +251,7 @@ fn an_rref_made_in_place_holds_the_object_itself_and_is_refused_where_it_cannot(
 #[test]
 fn a_waiting_call_serves_the_calls_it_waits_for_in_its_instance() {
     timed(async {
-        let host = PluginHost::shared()?;
-        let plugin = host.load_file(wasmrpc_plugins::SHARED_STATE_PY)?;
-        let c = Cluster::builder(3)
-            .functions(move |r| {
-                host.register(&plugin, r);
-            })
-            .start()
-            .await?;
+        let c = shared_state_cluster(3).await?;
         let a = c.agent(0);
         let trainers = Value::List(vec![Value::Str(worker_name(0)), Value::Str(worker_name(2))]);
         let out = a
@@ -284,20 +282,13 @@ fn a_waiting_call_serves_the_calls_it_waits_for_in_its_instance() {
 
 /// While a call of the instance waits, other calls run in it as visits:
 /// an object kept by a `remote()` (whose keeping is the visitor's, VIS-2),
-/// its method, the call that ends the wait. A guest that abandons a visit
+/// its method, a constructor, the call that ends the wait. A guest that abandons a visit
 /// fails that call instead of hanging it (VIS-4), and the outcome of no
 /// visit is refused.
 #[test]
 fn visits_run_in_their_callers_context_and_a_hostile_guest_cannot_hang_them() {
     timed(async {
-        let host = PluginHost::shared()?;
-        let plugin = host.load_file(wasmrpc_plugins::SHARED_STATE_PY)?;
-        let c = Cluster::builder(2)
-            .functions(move |r| {
-                host.register(&plugin, r);
-            })
-            .start()
-            .await?;
+        let c = shared_state_cluster(2).await?;
         let a = c.agent(0);
         let w1 = worker_name(1);
         let until_waiting = || async {
@@ -327,6 +318,10 @@ fn visits_run_in_their_callers_context_and_a_hostile_guest_cannot_hang_them() {
         );
         let added = kept.rpc_sync(a, None).call("add", args![1i64]).await?;
         ensure!(added.as_int()? == 8, "{added:?}");
+        // A constructor runs as a visit too.
+        let made: RRef = a.remote(w1.clone(), "shared_state_py::Counter", args![3i64])?;
+        let added = made.rpc_sync(a, None).call("add", args![1i64]).await?;
+        ensure!(added.as_int()? == 4, "{added:?}");
         ensure!(!waiter.done(), "the wait ended before its release");
         a.rpc_sync(w1.clone(), "shared_state_py::release", args!["k", 5i64])
             .await?;
@@ -381,7 +376,7 @@ fn visits_run_in_their_callers_context_and_a_hostile_guest_cannot_hang_them() {
             count.as_int()? >= 1,
             "the instance no longer serves: {count:?}"
         );
-        drop(kept);
+        drop((kept, made));
         c.shutdown().await?;
         Ok(())
     });

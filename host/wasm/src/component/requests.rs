@@ -297,15 +297,17 @@ impl host::Host for StoreData {
                 let record = types::Visit {
                     id: u32::try_from(self.visits.len()).unwrap_or(u32::MAX),
                     object: match &visit.visit.target {
-                        VisitTarget::Function(_) => None,
+                        VisitTarget::Function(_) | VisitTarget::Constructor(_) => None,
                         VisitTarget::Method { object, .. } => Some(*object),
                     },
                     class: match &visit.visit.target {
-                        VisitTarget::Function(_) => String::new(),
+                        VisitTarget::Function(_) | VisitTarget::Constructor(_) => String::new(),
                         VisitTarget::Method { class, .. } => class.clone(),
                     },
                     name: match &visit.visit.target {
-                        VisitTarget::Function(name) => name.clone(),
+                        VisitTarget::Function(name) | VisitTarget::Constructor(name) => {
+                            name.clone()
+                        }
                         VisitTarget::Method { method, .. } => method.clone(),
                     },
                     args: call_args_to_wit(&visit.visit.args),
@@ -340,6 +342,7 @@ impl host::Host for StoreData {
             },
             types::VisitOutcome::Raised(e) => abi::Outcome::Raise(error_from_wit(e)),
             types::VisitOutcome::Future(f) => abi::Outcome::Future(f),
+            types::VisitOutcome::Object(id) => abi::Outcome::Object(id),
         };
         visit.finish(outcome);
         Ok(())
