@@ -282,9 +282,9 @@ fn a_waiting_call_serves_the_calls_it_waits_for_in_its_instance() {
 
 /// While a call of the instance waits, other calls run in it as visits:
 /// an object kept by a `remote()` (whose keeping is the visitor's, VIS-2),
-/// its method, a constructor, the call that ends the wait. A guest that abandons a visit
-/// fails that call instead of hanging it (VIS-4), and the outcome of no
-/// visit is refused.
+/// its method, a constructor, the call that ends the wait. A guest that
+/// abandons a visit fails that call instead of hanging it (VIS-4), and
+/// the outcome of no visit is refused.
 #[test]
 fn visits_run_in_their_callers_context_and_a_hostile_guest_cannot_hang_them() {
     timed(async {
