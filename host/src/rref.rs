@@ -259,16 +259,6 @@ impl RRef {
         RRef::from_owner(state, None)
     }
 
-    /// A local owner RRef holding `object` itself (`RRef(obj)` of a plugin
-    /// object made in place, OBJ-6): its methods run through the proxies,
-    /// as those of an object `remote()` made.
-    pub(crate) fn holding_object(agent: &RpcAgent, object: Arc<dyn RRefObject>) -> RRef {
-        let ctx = context(agent);
-        let state = OwnerState::new(ctx.new_id(agent), agent.info().clone());
-        state.complete(Ok(Payload::none()), Some(object));
-        RRef::from_owner(state, None)
-    }
-
     /// `RRef(value)` without an agent at hand: [`new`](Self::new) on the
     /// process-wide current agent ([`crate::set_current_agent`]), as
     /// PyTorch's constructor finds its agent.

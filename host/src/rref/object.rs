@@ -92,6 +92,18 @@ pub(crate) trait RRefObject: std::any::Any + Send + Sync {
     fn to_device(&self, device: crate::device::Device) -> Result<()>;
 }
 
+impl super::RRef {
+    /// A local owner RRef holding `object` itself (`RRef(obj)` of a plugin
+    /// object made in place, OBJ-6): its methods run through the proxies,
+    /// as those of an object `remote()` made.
+    pub(crate) fn holding_object(agent: &RpcAgent, object: Arc<dyn RRefObject>) -> super::RRef {
+        let state =
+            super::OwnerState::new(super::context(agent).new_id(agent), agent.info().clone());
+        state.complete(Ok(Payload::none()), Some(object));
+        super::RRef::from_owner(state, None)
+    }
+}
+
 /// What an owner holds once the creating function has run.
 pub(crate) enum Owned {
     /// A value: copied by `to_here`, methods by name for tensors.
