@@ -325,9 +325,10 @@ fn losses_by_trainer(json: &str) -> Vec<(String, Vec<f64>)> {
 /// trainers while their reports reach the object in its instance), run
 /// under `wasmrpc launch` and, the same file with PyTorch's imports, under
 /// `torch.distributed.rpc` (`reference.py`). Both learn: every trainer
-/// takes 5 steps, and its last loss is below 0.7 times its first and below
-/// 0.45. Three runs each: first losses 0.40-1.11 here and 0.49-0.83 under
-/// PyTorch, last 0.13-0.27 and 0.14-0.23.
+/// takes 5 steps, and its last loss is below 0.8 times its first and below
+/// 0.5. Eleven runs each (22 trainers): first losses 0.40-1.11 here and
+/// 0.49-1.08 under PyTorch, last 0.13-0.27 and 0.14-0.23, last over first
+/// at most 0.58 and 0.41.
 #[test]
 fn batching_parameter_server_learns_as_the_same_file_does_under_pytorch() {
     let result = tempfile::NamedTempFile::new().expect("a temporary file");
@@ -363,7 +364,7 @@ fn batching_parameter_server_learns_as_the_same_file_does_under_pytorch() {
             assert_eq!(losses.len(), 5, "{who} {name}: {losses:?}");
             let (first, last) = (losses[0], losses[4]);
             assert!(
-                last < 0.7 * first && last < 0.45,
+                last < 0.8 * first && last < 0.5,
                 "{who} {name} did not learn: {losses:?}"
             );
         }
