@@ -408,6 +408,10 @@ pub enum HostCall {
         /// Its class, one the plugin exports.
         class: String,
     },
+    /// `rref.to_here()` as a future: the fetch runs while the guest does
+    /// other work (a single-instance plugin's wait serves other calls
+    /// meanwhile). Replies [`HostReply::Handle`]: the future.
+    RRefFetch(u32),
     /// `RRef(obj)` of the guest's object `object` of class `class`, made in
     /// place: an RRef this worker owns that holds the object itself, in
     /// its instance (a single-instance plugin's; elsewhere refused with

@@ -157,9 +157,9 @@ def single_instance():
     `rpc.remote(ps, get_parameter_server)`); `rpc_sync` of it raises
     `TypeError`, as an object is never copied (no pickle).
     `rpc.RRef(obj)` of one of its objects holds the object itself. While a
-    call waits on a future (`Future.wait`, `wait_all`, `rpc_sync`), the
-    plugin's other calls on the worker run in the instance, as a Python
-    process's other threads would; a call waiting in `to_here()`, `sleep`
+    call waits on a future (`Future.wait`, `wait_all`, `rpc_sync`,
+    `to_here`), the plugin's other calls on the worker run in the instance,
+    as a Python process's other threads would; a call waiting in `sleep`
     or a lock holds the instance. Call it at module level."""
     _registry.plugin["single_instance"] = True
 

@@ -332,6 +332,27 @@ impl GuestHost for GuestCall {
         self.handles().import(payload)
     }
 
+    async fn rref_fetch(&self, rref: u32) -> HostResult<u32> {
+        let r = self.handles().rref(rref)?;
+        let out = Future::new();
+        let done = out.clone();
+        let agent = self.agent.clone();
+        // As `rref_to_here`: in the guest's own autograd context, if any.
+        let context = self.autograd.context();
+        let fetch = async move {
+            let fetch = r.to_here(&agent, None);
+            let got = match context {
+                Some(id) if crate::dist_autograd::current_context_id().is_none() => {
+                    crate::dist_autograd::scope(Some(id), fetch).await
+                }
+                _ => fetch.await,
+            };
+            let _ = done.complete(got);
+        };
+        drop(self.agent.spawn_inheriting(fetch));
+        Ok(self.handles().insert_future(out))
+    }
+
     async fn rref_owner(&self, rref: u32) -> HostResult<WorkerInfo> {
         Ok(self.handles().rref(rref)?.owner())
     }

@@ -15,7 +15,7 @@
 //! A call that waits on a future serves the calls waiting for the
 //! instance meanwhile (`wasmrpc_wasm`'s visits), as a Python process's
 //! other threads run while one waits; a call that waits elsewhere (a
-//! fetch, a lock, a sleep) holds the instance, and a call of the same
+//! lock, a sleep) holds the instance, and a call of the same
 //! plugin that it waits for on the same worker waits for it.
 
 use std::cell::RefCell;

@@ -144,6 +144,15 @@ pub trait GuestHost: Send + Sync + 'static {
         let _ = (object, class);
         Ok(false)
     }
+    /// `rref.to_here()` as a future handle (see
+    /// [`HostCall::RRefFetch`](wasmrpc_abi::protocol::HostCall::RRefFetch)).
+    async fn rref_fetch(&self, rref: u32) -> HostResult<u32> {
+        let _ = rref;
+        Err(RemoteError::new(
+            ErrorKind::NotImplementedError,
+            "this host does not fetch RRefs as futures",
+        ))
+    }
     /// `RRef(obj)` of the guest's object `object` of class `class`, made in
     /// place (see
     /// [`HostCall::RRefOfObject`](wasmrpc_abi::protocol::HostCall::RRefOfObject)):

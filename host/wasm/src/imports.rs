@@ -154,6 +154,7 @@ pub(crate) async fn dispatch(ctx: &Arc<CallCtx>, call: HostCall) -> HostResult<H
         HostCall::KeepObject { object, class } => {
             HostReply::Bool(host.keep_object(object, &class).await?)
         }
+        HostCall::RRefFetch(r) => HostReply::Handle(host.rref_fetch(r).await?),
         HostCall::RRefOfObject { object, class } => {
             HostReply::Handle(host.rref_of_object(object, &class).await?)
         }

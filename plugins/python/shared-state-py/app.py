@@ -118,6 +118,20 @@ def visit_done_without_a_visit():
 
 
 @remote
+def plus_one(k):
+    return k + 1
+
+
+@remote
+def remote_then_to_here(k):
+    """`rpc.remote()` of this plugin's own function on this very worker,
+    then `to_here()`: the creation needs the instance this call holds
+    while it waits, and runs as a visit."""
+    me = rpc.get_worker_info().name
+    return rpc.remote(me, plus_one, args=(k,)).to_here()
+
+
+@remote
 def count_call():
     """How many calls of it this worker has served (a module global)."""
     global calls

@@ -318,6 +318,16 @@ fn visits_run_in_their_callers_context_and_a_hostile_guest_cannot_hang_them() {
         );
         let added = kept.rpc_sync(a, None).call("add", args![1i64]).await?;
         ensure!(added.as_int()? == 8, "{added:?}");
+        // A `to_here()` waits serving too: the remote() it fetches needs
+        // this very instance.
+        let fetched = a
+            .rpc_sync(
+                w1.clone(),
+                "shared_state_py::remote_then_to_here",
+                args![41i64],
+            )
+            .await?;
+        ensure!(fetched.as_int()? == 42, "{fetched:?}");
         // A constructor runs as a visit too.
         let made: RRef = a.remote(w1.clone(), "shared_state_py::Counter", args![3i64])?;
         let added = made.rpc_sync(a, None).call("add", args![1i64]).await?;

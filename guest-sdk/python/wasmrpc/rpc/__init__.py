@@ -233,7 +233,10 @@ class RRef(_Handle):
         self._scope = _scope.current
 
     def to_here(self, timeout=None):
-        """The value, fetched from its owner."""
+        """The value, fetched from its owner (in a single-instance plugin,
+        the plugin's other calls on this worker run while it waits)."""
+        if _serving():
+            return Future._own(_host.call("rref_fetch", self._handle())).wait()
         return _host.from_value(_host.call("rref_to_here", self._handle()))
 
     def local_value(self):

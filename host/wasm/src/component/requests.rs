@@ -231,6 +231,10 @@ impl host::Host for StoreData {
         bool_reply(self.request(HostCall::KeepObject { object, class }).await?)
     }
 
+    async fn rref_fetch(&mut self, rref: u32) -> R<u32> {
+        handle_reply(self.request(HostCall::RRefFetch(rref)).await?)
+    }
+
     async fn rref_of_object(&mut self, object: u32, class: String) -> R<u32> {
         handle_reply(
             self.request(HostCall::RRefOfObject { object, class })
