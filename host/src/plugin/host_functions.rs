@@ -32,6 +32,7 @@
 
 mod autograd;
 mod files;
+mod rrefs;
 mod tensors;
 
 use tensors::{dtype_kind, elements, meta};
@@ -320,37 +321,11 @@ impl GuestHost for GuestCall {
     }
 
     async fn rref_to_here(&self, rref: u32) -> HostResult<Value> {
-        let r = self.handles().rref(rref)?;
-        let fetch = r.to_here(&self.agent, None);
-        let payload = match self.autograd.context() {
-            Some(id) if crate::dist_autograd::current_context_id().is_none() => {
-                crate::dist_autograd::scope(Some(id), fetch).await
-            }
-            _ => fetch.await,
-        }
-        .map_err(remote)?;
-        self.handles().import(payload)
+        self.fetch_value(rref).await
     }
 
     async fn rref_fetch(&self, rref: u32) -> HostResult<u32> {
-        let r = self.handles().rref(rref)?;
-        let out = Future::new();
-        let done = out.clone();
-        let agent = self.agent.clone();
-        // As `rref_to_here`: in the guest's own autograd context, if any.
-        let context = self.autograd.context();
-        let fetch = async move {
-            let fetch = r.to_here(&agent, None);
-            let got = match context {
-                Some(id) if crate::dist_autograd::current_context_id().is_none() => {
-                    crate::dist_autograd::scope(Some(id), fetch).await
-                }
-                _ => fetch.await,
-            };
-            let _ = done.complete(got);
-        };
-        drop(self.agent.spawn_inheriting(fetch));
-        Ok(self.handles().insert_future(out))
+        self.fetch_future(rref)
     }
 
     async fn rref_owner(&self, rref: u32) -> HostResult<WorkerInfo> {
