@@ -92,8 +92,9 @@ impl Inbox {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push_back(visit);
+        // A waiter registers (`enable`) before it looks at the queue, so
+        // one that is not yet waiting finds the visit there.
         self.arrived.notify_waiters();
-        self.arrived.notify_one();
     }
 
     fn remove(&self, visit: &Arc<Visit>) {
