@@ -1,6 +1,6 @@
 //! Compiles the C++ shim (`shim/ops.cpp` with `op_args.cpp`, `op_match.cpp`
 //! and `op_emit.cpp`, `autograd.cpp`, `profile.cpp`,
-//! `budget.cpp`, `guards.cpp`, `cuda.cpp`) against the libtorch that
+//! `budget.cpp`, `guards.cpp`, `cuda.cpp`, `cuda_stream.cpp`) against the libtorch that
 //! torch-sys links, links it with `torch_cpu` and `c10`, and embeds an rpath
 //! to libtorch's folder so this package's test and bench binaries find it at
 //! run time.
@@ -28,6 +28,7 @@ fn main() -> Result<()> {
     println!("cargo:rerun-if-changed=shim/guards.cpp");
     println!("cargo:rerun-if-changed=shim/guards.h");
     println!("cargo:rerun-if-changed=shim/cuda.cpp");
+    println!("cargo:rerun-if-changed=shim/cuda_stream.cpp");
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
 
     // torch-sys (links = "tch") publishes the folder it linked against.
@@ -82,6 +83,7 @@ fn main() -> Result<()> {
         .file("shim/budget.cpp")
         .file("shim/guards.cpp")
         .file("shim/cuda.cpp")
+        .file("shim/cuda_stream.cpp")
         .compile("wasmrpc_torch_shim");
 
     println!("cargo:rustc-link-search=native={}", lib.display());

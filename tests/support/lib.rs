@@ -13,6 +13,7 @@
 //! - small assertion and tensor helpers.
 
 pub mod aten;
+pub mod gpu;
 pub mod rref_fns;
 pub mod seed_fns;
 pub mod skips;

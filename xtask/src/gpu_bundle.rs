@@ -24,12 +24,14 @@ use std::process::Command;
 pub(crate) const DEFAULT_TORCH: &str = "2.11.0";
 /// The test binaries in the bundle: `(package, test target)`. The ported
 /// seed suites (their GPU tests among them), the c10d engines, the shim's
-/// ops, and the run-time loading of libtorch's CUDA side (`cuda_load`,
-/// whose automatic case must load CUDA and see the GPU there).
+/// ops, the run-time loading of libtorch's CUDA side (`cuda_load`, whose
+/// automatic case must load CUDA and see the GPU there), and the shim's
+/// CUDA streams, events and sleep kernel (`cuda_stream`).
 const TESTS: &[(&str, &str)] = &[
     ("wasmrpc-tests", "all"),
     ("wasmrpc-torch-sys", "ops"),
     ("wasmrpc-torch-sys", "cuda_load"),
+    ("wasmrpc-torch-sys", "cuda_stream"),
     ("wasmrpc-c10d", "nccl_engine"),
     ("wasmrpc-c10d", "ddp_backends"),
     ("wasmrpc-c10d", "gloo_engine"),

@@ -9,6 +9,9 @@ use tokio::sync::Notify;
 use crate::error::{Error, FUTURE_COMPLETED_TWICE, Result};
 use crate::value::Payload;
 
+mod streams;
+use streams::DeviceEvents;
+
 type Callback = Box<dyn FnOnce(&Future) + Send>;
 
 struct State {
@@ -25,6 +28,9 @@ struct Inner {
     /// The CUDA devices a device-aware future's value may live on
     /// ([`Future::with_devices`]); empty: any.
     devices: Vec<crate::device::Device>,
+    /// What a device-aware future's completion recorded on the streams
+    /// that made its value; set before the value is published.
+    events: std::sync::OnceLock<DeviceEvents>,
     state: Mutex<State>,
     cond: Condvar,
     notify: Notify,
@@ -129,6 +135,7 @@ impl Future {
         Future {
             inner: Arc::new(Inner {
                 devices,
+                events: std::sync::OnceLock::new(),
                 state: Mutex::new(State {
                     result: None,
                     callbacks: Vec::new(),
@@ -249,7 +256,7 @@ impl Future {
         loop {
             let notified = self.inner.notify.notified();
             if let Some(r) = self.try_value() {
-                return r;
+                return self.on_current_streams(r);
             }
             notified.await;
         }
@@ -261,7 +268,7 @@ impl Future {
     /// # Errors
     /// The error the future was completed with (every time).
     pub fn wait_blocking(&self) -> Result<Payload> {
-        block_here(|| {
+        let r = block_here(|| {
             let mut st = lock(&self.inner.state);
             loop {
                 if let Some(r) = st.result.as_ref() {
@@ -271,7 +278,18 @@ impl Future {
                 st = self.inner.cond.wait(st).unwrap_or_else(|p| p.into_inner());
                 st.blocked -= 1;
             }
-        })
+        });
+        self.on_current_streams(r)
+    }
+
+    /// `r`, this future's value, made safe to read from this thread's
+    /// current CUDA streams: for a device-aware future they wait for the
+    /// work that made it ([`streams`]); anything else as it is.
+    fn on_current_streams(&self, r: Result<Payload>) -> Result<Payload> {
+        match (self.inner.events.get(), r) {
+            (Some(events), Ok(p)) => events.wait_on_current_streams(&p).map(|()| p),
+            (_, r) => r,
+        }
     }
 
     /// Completes the future with `value`.
@@ -299,7 +317,7 @@ impl Future {
     /// already completed.
     pub fn complete(&self, result: Result<Payload>) -> Result<()> {
         let result = match result {
-            Ok(p) => self.check_devices(&p).map(|()| p),
+            Ok(p) => self.check_devices(&p).and_then(|()| self.record_events(p)),
             Err(e) => Err(e),
         };
         let (callbacks, blocked) = {
@@ -320,6 +338,18 @@ impl Future {
             cb(self);
         }
         Ok(())
+    }
+
+    /// For a device-aware future, records where the work that made `p`
+    /// ends on each of its CUDA devices ([`streams`]); once, since a
+    /// future completes once.
+    fn record_events(&self, p: Payload) -> Result<Payload> {
+        if self.inner.devices.is_empty() || self.done() {
+            return Ok(p);
+        }
+        let events = DeviceEvents::record(&p)?;
+        let _ = self.inner.events.set(events);
+        Ok(p)
     }
 
     /// Runs `cb` once the future completes (at once if it already has), on
@@ -344,13 +374,31 @@ impl Future {
         let child = Future::on_devices(self.inner.devices.clone());
         let c = child.clone();
         self.add_done_callback(move |parent| {
-            let _ = c.complete(run_guarded(|| cb(parent)).map_err(as_runtime));
+            if parent.inner.devices.is_empty() {
+                let _ = c.complete(run_guarded(|| cb(parent)).map_err(as_runtime));
+                return;
+            }
+            // A device-aware parent's callback runs on fresh streams that
+            // waited for its value; the child records its events there.
+            let guards = streams::callback_streams(&parent.inner.devices);
+            let run = guards.and_then(|_guards| {
+                if let Some(Ok(value)) = parent.try_value() {
+                    parent.on_current_streams(Ok(value))?;
+                }
+                let _ = c.complete(run_guarded(|| cb(parent)).map_err(as_runtime));
+                Ok(())
+            });
+            if let Err(e) = run {
+                let _ = c.complete(Err(e));
+            }
         });
         child
     }
 
     /// Like [`then`](Self::then) for a callback that must wait on other
     /// futures: `cb(parent)` runs as a task on the current tokio runtime.
+    /// It reads a device-aware parent's value with `wait()`, which makes
+    /// the current streams of the thread it runs on wait for the value.
     ///
     /// # Panics
     /// Panics if called outside a tokio runtime.
@@ -412,8 +460,10 @@ pub async fn wait_all(futures: &[Future]) -> Result<Vec<Payload>> {
     futures
         .iter()
         .map(|f| {
-            f.try_value()
-                .unwrap_or_else(|| Err(Error::runtime("future vanished")))
+            f.try_value().map_or_else(
+                || Err(Error::runtime("future vanished")),
+                |r| f.on_current_streams(r),
+            )
         })
         .collect()
 }
@@ -446,8 +496,10 @@ pub fn wait_all_blocking(futures: &[Future]) -> Result<Vec<Payload>> {
     futures
         .iter()
         .map(|f| {
-            f.try_value()
-                .unwrap_or_else(|| Err(Error::runtime("future vanished")))
+            f.try_value().map_or_else(
+                || Err(Error::runtime("future vanished")),
+                |r| f.on_current_streams(r),
+            )
         })
         .collect()
 }

@@ -118,6 +118,85 @@ unsafe extern "C" {
     pub(crate) fn wrs_libtorch_cpu_path(buf: *mut std::ffi::c_char, cap: usize) -> i32;
     pub(crate) fn wrs_cuda_hooks_registered() -> i32;
     pub(crate) fn wrs_cuda_hooks_in_effect(buf: *mut std::ffi::c_char, cap: usize) -> i32;
+    pub(crate) fn wrs_cuda_stream_get(
+        which: i32,
+        device: i8,
+        id: *mut i64,
+        err: *mut std::ffi::c_char,
+        cap: usize,
+    ) -> i32;
+    pub(crate) fn wrs_cuda_stream_exchange(
+        device: i8,
+        id: i64,
+        previous: *mut i64,
+        err: *mut std::ffi::c_char,
+        cap: usize,
+    ) -> i32;
+    pub(crate) fn wrs_cuda_stream_synchronize(
+        device: i8,
+        id: i64,
+        err: *mut std::ffi::c_char,
+        cap: usize,
+    ) -> i32;
+    pub(crate) fn wrs_cuda_stream_query(
+        device: i8,
+        id: i64,
+        done: *mut i32,
+        err: *mut std::ffi::c_char,
+        cap: usize,
+    ) -> i32;
+    pub(crate) fn wrs_cuda_event_new(
+        timing: i32,
+        err: *mut std::ffi::c_char,
+        cap: usize,
+    ) -> *mut std::ffi::c_void;
+    pub(crate) fn wrs_cuda_event_free(event: *mut std::ffi::c_void);
+    pub(crate) fn wrs_cuda_event_record(
+        event: *mut std::ffi::c_void,
+        device: i8,
+        id: i64,
+        err: *mut std::ffi::c_char,
+        cap: usize,
+    ) -> i32;
+    pub(crate) fn wrs_cuda_event_device(event: *mut std::ffi::c_void) -> i8;
+    pub(crate) fn wrs_cuda_event_block(
+        event: *mut std::ffi::c_void,
+        device: i8,
+        id: i64,
+        err: *mut std::ffi::c_char,
+        cap: usize,
+    ) -> i32;
+    pub(crate) fn wrs_cuda_event_synchronize(
+        event: *mut std::ffi::c_void,
+        err: *mut std::ffi::c_char,
+        cap: usize,
+    ) -> i32;
+    pub(crate) fn wrs_cuda_event_query(
+        event: *mut std::ffi::c_void,
+        done: *mut i32,
+        err: *mut std::ffi::c_char,
+        cap: usize,
+    ) -> i32;
+    pub(crate) fn wrs_cuda_event_elapsed_ms(
+        start: *mut std::ffi::c_void,
+        end: *mut std::ffi::c_void,
+        ms: *mut f64,
+        err: *mut std::ffi::c_char,
+        cap: usize,
+    ) -> i32;
+    pub(crate) fn wrs_cuda_record_stream(
+        tensor: *const std::ffi::c_void,
+        device: i8,
+        id: i64,
+        err: *mut std::ffi::c_char,
+        cap: usize,
+    ) -> i32;
+    pub(crate) fn wrs_cuda_sleep(
+        device: i8,
+        cycles: i64,
+        err: *mut std::ffi::c_char,
+        cap: usize,
+    ) -> i32;
     pub(crate) fn wrs_profile_start(options: u32) -> i32;
     pub(crate) fn wrs_profile_stop(events: *mut *const RawOpEvent) -> usize;
     pub(crate) fn wrs_op_resolve(

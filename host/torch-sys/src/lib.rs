@@ -96,6 +96,7 @@ mod budget;
 mod builtin;
 mod convert;
 pub mod cuda;
+pub mod cuda_stream;
 mod error;
 mod ffi;
 mod op;

@@ -209,12 +209,12 @@ fn test_device_maps_backward_pass() {
     });
 }
 
-/// `test_dist_autograd_sync_streams`, adapted: the seed checks that the
-/// backward pass synchronizes CUDA streams across the RPC boundary; tch
-/// exposes no streams (every op runs on the current one), so this checks
-/// what the stream sync protects: the distributed gradient of an input on
-/// `cuda:rank`, computed through `MyRemoteCompute` on the next rank's GPU
-/// (device map `{rank: rank + 1}`), equals the local gradient, ten times.
+/// `test_dist_autograd_sync_streams`: the distributed gradient of a
+/// `(1000, 10000)` input on `cuda:rank`, computed through `MyRemoteCompute`
+/// on the next rank's GPU (device map `{rank: rank + 1}`), equals the local
+/// gradient, ten times. The seed runs no side stream of its own either:
+/// what it checks is that the gradients crossing back wait for the
+/// backward work that made them.
 #[test]
 fn test_dist_autograd_sync_streams() {
     if !require_gpus(4) {

@@ -20,20 +20,23 @@
 //! CUDA tensor returned through the map) and, at the end of this file, the
 //! stream and RRef synchronization tests (`test_custom_stream*`,
 //! `test_rref_*_synchronization*`, `test_owner_rref_forward_synchronization*`,
-//! `test_rref_with_unpickleable_attributes`). tch exposes no stream, event
-//! or GPU sleep kernel, so their callees compute the seeds' values without
-//! a side stream or a delay; each test checks what its seed checks: the
-//! values that come back (through maps, RRef arguments, relays, owner
-//! RRefs) and, for `TensorWrapper`, an object that stays on its owner and
-//! is changed there. Area V: device-aware futures
-//! (`Future::with_devices`). The `_custom_class_` variants wrap the tensor
-//! in a named record (`TensorWrapper { tensor }`), the value tree's custom
-//! class; the seed's unpicklable fields (a lock, a CUDA event, a thread)
-//! have no counterpart in a value. The `@async_execution` functions of
+//! `test_rref_with_unpickleable_attributes`). Their callees do what the
+//! seeds' do, with the shim's streams, events and sleep kernel
+//! (`wasmrpc_tests::gpu`): `_slow_add_on_user_stream` adds on a side stream
+//! after a sleep and makes the current stream wait for it; the model's
+//! `forward` sleeps on the current stream before it runs. A transfer that
+//! did not wait for that work would carry the value before it is written.
+//! For `TensorWrapper`, an object stays on its owner and is changed there.
+//! Area V: device-aware futures (`Future::with_devices`), read on another
+//! stream than the one that wrote them, after a second's sleep there. The
+//! `_custom_class_` variants wrap the tensor in a named record
+//! (`TensorWrapper { tensor }`), the value tree's custom class; the seed's
+//! unpicklable fields (a lock, a CUDA event, a thread) have no counterpart
+//! in a value. The `@async_execution` functions of
 //! `test_async_execution_*_with_cuda_future` are native async functions
 //! here (`cuda::async_cuda_sleep_and_set_to_one`, `cuda::async_cuda_nested_add`):
-//! the call completes when the future they wait on does, without holding
-//! a thread; the wasm guest SDK sees tensor elements, not devices.
+//! the call completes when the future they return does, without holding a
+//! thread; the wasm guest SDK sees tensor elements, not devices.
 //!
 //! Area Q's `test_dynamic_rpc_existing_rank_can_communicate_with_new_rank_cuda`
 //! is here too (it needs 2 GPUs): rank 0 joins a dynamic group with maps
@@ -47,6 +50,9 @@ use tch::{Device, Kind, Tensor};
 use wasmrpc::testing::{fresh_store, worker_name};
 use wasmrpc::{
     Args, Error, ErrorKind, FunctionRegistry, Payload, RpcAgent, RpcBackendOptions, args, init_rpc,
+};
+use wasmrpc_tests::gpu::{
+    FIFTY_MIL_CYCLES, Stream, cuda_error, cuda_index, record_stream, sleep_cycles, sleep_ms,
 };
 use wasmrpc_tests::{expect_err, register_all, require_gpus, timed};
 
@@ -131,20 +137,29 @@ fn register(r: &FunctionRegistry) {
         let x = Tensor::f_ones([1000, 200], (Kind::Float, Device::Cuda(0)))?.f_mul_scalar(i)?;
         Ok(Payload::from(x.f_split(100, 0)?.swap_remove(0)))
     });
-    // `@async_execution async_cuda_sleep_and_set_to_one(t)`: returns a
-    // future on `t`'s device that a later task completes with `t` filled
-    // with ones (the seed's sleep on a side stream, then `fill_(1)`).
+    // `@async_execution async_cuda_sleep_and_set_to_one(t)`: on a new
+    // stream that waited for the current one, a second's sleep, then
+    // `t.fill_(1)` and a device-aware future completed with `t`, which the
+    // call returns. The reply must wait for that stream's work (through the
+    // future's events): read before, `t` is still zeros.
     r.register_native(
         "cuda::async_cuda_sleep_and_set_to_one",
         |_ctx, a: Args| async move {
             let mut t = a.get(0)?.as_tensor()?;
-            let fut = wasmrpc::Future::with_devices([t.device()])?;
-            let done = fut.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                let r = t.f_fill_(1).map(|_| Payload::from(t)).map_err(Error::from);
-                let _ = done.complete(r);
-            });
+            let device = cuda_index(&t)?;
+            let original_stream = Stream::current(device).map_err(cuda_error)?;
+            let new_stream = Stream::from_pool(device).map_err(cuda_error)?;
+            new_stream
+                .wait_stream(&original_stream)
+                .map_err(cuda_error)?;
+            let fut = {
+                let _on_new_stream = new_stream.make_current().map_err(cuda_error)?;
+                sleep_ms(device, 1000.0)?;
+                let _ = t.f_fill_(1)?;
+                let fut = wasmrpc::Future::with_devices([t.device()])?;
+                fut.set_result(t)?;
+                fut
+            };
             fut.wait().await
         },
     );
@@ -160,6 +175,8 @@ fn register(r: &FunctionRegistry) {
         ctx.agent()
             .rpc_async(to.as_str(), "aten::add", args![x, y])
             .then(move |f| {
+                // `cb`: a second's sleep, then `fut.value() + z`.
+                sleep_ms(cuda_index(&z)?, 1000.0)?;
                 let sum = f.try_value().expect("completed")?.as_tensor()?;
                 Ok(Payload::from(sum.f_add(&z)?))
             })
@@ -875,57 +892,108 @@ enum Wrapper {
     CustomClass,
 }
 
-/// `_test_cuda_future_extraction`: a value set on a `cuda:0` future reads
-/// back finished (tch runs every op on the current stream).
+/// `build_sparse_tensor()`: indices `[[0, 1, 1], [2, 0, 2]]`, values
+/// `[3, 4, 5]`, size `(2, 3)`, uncoalesced.
+fn build_sparse_tensor() -> Tensor {
+    let i = Tensor::from_slice2(&[[0i64, 1, 1], [2, 0, 2]]);
+    let v = Tensor::from_slice(&[3i64, 4, 5]);
+    Tensor::sparse_coo_tensor_indices_size(&i, &v, [2, 3], (Kind::Int64, Device::Cpu), false)
+}
+
+/// `wrapper(tensor)`.
+fn wrap(wrapper: Wrapper, t: &Tensor) -> Payload {
+    match wrapper {
+        Wrapper::Plain => Payload::from(t),
+        Wrapper::List => Payload::list([Payload::from(t)]),
+        Wrapper::CustomClass => Payload {
+            value: wasmrpc::Value::Record {
+                name: "TensorWrapper".into(),
+                fields: vec![("tensor".into(), wasmrpc::Value::Tensor(0))],
+            },
+            tensors: vec![t.shallow_clone()],
+            rrefs: Vec::new(),
+        },
+    }
+}
+
+/// `unwrapper(value)`.
+fn unwrap(wrapper: Wrapper, got: &Payload) -> anyhow::Result<Tensor> {
+    Ok(match (wrapper, &got.value) {
+        (Wrapper::Plain, _) => got.as_tensor()?,
+        (Wrapper::List, _) => got.items()?[0].as_tensor()?,
+        // `unwrapper=lambda v: v.tensor`.
+        (Wrapper::CustomClass, wasmrpc::Value::Record { fields, .. }) => {
+            let (_, v) = fields
+                .iter()
+                .find(|(k, _)| k == "tensor")
+                .context("TensorWrapper without its tensor")?;
+            got.sub(v.clone()).as_tensor()?
+        }
+        (Wrapper::CustomClass, other) => anyhow::bail!("not a TensorWrapper: {other:?}"),
+    })
+}
+
+/// `torch.eq(a, b).all().item()`, read on the current stream.
+fn all_equal(a: &Tensor, b: &Tensor) -> bool {
+    a.eq_tensor(b).all().int64_value(&[]) == 1
+}
+
+/// `_test_cuda_future_extraction`: on one stream of `cuda:0`, a second's
+/// sleep, then `tensor += add_tensor`, then `future.set_result(wrapper(tensor))`;
+/// on another stream, what `future.wait()` gives equals the sum. The
+/// future must make the reading stream wait for the writing one: without
+/// that, the read sees the tensor before the delayed add.
 fn cuda_future_extraction(sparse: bool, wrapper: Wrapper) {
     if !require_gpus(1) {
         return;
     }
     timed(async move {
-        let f = wasmrpc::Future::with_devices(["cuda:0"])?;
-        let c0 = (Kind::Float, Device::Cuda(0));
-        let t = if sparse {
-            let i = Tensor::from_slice2(&[[0i64, 1, 1], [2, 0, 2]]).to_device(Device::Cuda(0));
-            let v = Tensor::from_slice(&[3.2f32, 4.1, 5.3]).to_device(Device::Cuda(0));
-            let s = Tensor::sparse_coo_tensor_indices_size(&i, &v, [3, 3], c0, false);
-            (&s + &s).coalesce()
-        } else {
-            let mut t = Tensor::zeros([100], c0);
-            t += Tensor::ones([100], c0);
-            t
-        };
-        let value = match wrapper {
-            Wrapper::Plain => Payload::from(&t),
-            Wrapper::List => Payload::list([Payload::from(&t)]),
-            Wrapper::CustomClass => Payload {
-                value: wasmrpc::Value::Record {
-                    name: "TensorWrapper".into(),
-                    fields: vec![("tensor".into(), wasmrpc::Value::Tensor(0))],
-                },
-                tensors: vec![t.shallow_clone()],
-                rrefs: Vec::new(),
-            },
-        };
-        f.set_result(value)?;
-        let got = f.wait().await?;
-        let got = match (wrapper, &got.value) {
-            (Wrapper::Plain, _) => got.as_tensor()?,
-            (Wrapper::List, _) => got.items()?[0].as_tensor()?,
-            // `unwrapper=lambda v: v.tensor`.
-            (Wrapper::CustomClass, wasmrpc::Value::Record { fields, .. }) => {
-                let (_, v) = fields
-                    .iter()
-                    .find(|(k, _)| k == "tensor")
-                    .context("TensorWrapper without its tensor")?;
-                got.sub(v.clone()).as_tensor()?
+        let future = wasmrpc::Future::with_devices(["cuda:0"])?;
+        let c0 = Device::Cuda(0);
+        let stream = Stream::from_pool(0).map_err(cuda_error)?;
+        let another_stream = Stream::from_pool(0).map_err(cuda_error)?;
+        let expected = {
+            let _on_stream = stream.make_current().map_err(cuda_error)?;
+            let (mut tensor, add_tensor) = if sparse {
+                (
+                    build_sparse_tensor().to_device(c0),
+                    build_sparse_tensor().to_device(c0),
+                )
+            } else {
+                (
+                    Tensor::zeros([100], (Kind::Float, c0)),
+                    Tensor::ones([100], (Kind::Float, c0)),
+                )
+            };
+            let expected = if sparse {
+                (&tensor + &add_tensor).coalesce()
+            } else {
+                &tensor + &add_tensor
+            };
+            sleep_ms(0, 1000.0)?;
+            let _ = tensor.f_add_(&add_tensor)?;
+            if sparse {
+                tensor = tensor.coalesce();
             }
-            (Wrapper::CustomClass, other) => anyhow::bail!("not a TensorWrapper: {other:?}"),
+            future.set_result(wrap(wrapper, &tensor))?;
+            expected
         };
+        let _on_another_stream = another_stream.make_current().map_err(cuda_error)?;
+        let tensor = unwrap(wrapper, &future.wait().await?)?;
         if sparse {
-            ensure!(got.indices().equal(&t.indices()) && got.values().equal(&t.values()));
-            ensure!(got.size() == t.size());
+            ensure!(
+                all_equal(&tensor.indices(), &expected.indices()),
+                "indices {:?}",
+                tensor.indices()
+            );
+            ensure!(
+                all_equal(&tensor.values(), &expected.values()),
+                "values {:?}",
+                tensor.values()
+            );
+            ensure!(tensor.size() == expected.size());
         } else {
-            ensure!(got.equal(&Tensor::ones([100], c0)));
+            ensure!(all_equal(&tensor, &expected), "read {tensor:?}");
         }
         Ok(())
     });
@@ -1156,11 +1224,9 @@ fn test_dynamic_rpc_existing_rank_can_communicate_with_new_rank_cuda() {
 // The seeds run their user functions and modules on a side stream (or
 // after a GPU sleep kernel on the current one) and check that what comes
 // back equals what they computed: that the transfer waited for the work.
-// tch runs every op on the current stream and has no stream, event or
-// sleep-kernel API, so the functions here compute the same values without
-// the side stream or the delay; what each test checks is the seed's
-// observable result: the values that come back through device maps, RRef
-// arguments, relays and owner RRefs.
+// The functions here do the same, with the shim's streams and sleep kernel
+// (`wasmrpc_tests::gpu`): a transfer that did not wait would carry the
+// value before the delayed write.
 
 /// `torch.nn.init`'s default for a layer with `fan_in` inputs:
 /// `uniform(-1/sqrt(fan_in), 1/sqrt(fan_in))`.
@@ -1204,18 +1270,38 @@ fn conv_net_forward(net: &Payload, x: &Tensor) -> wasmrpc::Result<Tensor> {
     Ok(x.f_linear(p(6)?, Some(p(7)?))?)
 }
 
+/// `_slow_add_on_user_stream(x, y)`: `x + y` on a new stream `s1` of
+/// `x`'s device, after `10 * FIFTY_MIL_CYCLES` of sleep there; then the
+/// current stream `s0` waits for `s1`, so the sum is ready on `s0`, the
+/// stream the agent takes the result from.
+fn slow_add_on_user_stream(x: &Tensor, y: &Tensor) -> wasmrpc::Result<Tensor> {
+    let device = cuda_index(x)?;
+    let s0 = Stream::current(device).map_err(cuda_error)?;
+    let s1 = Stream::from_pool(device).map_err(cuda_error)?;
+    s1.wait_stream(&s0).map_err(cuda_error)?;
+    record_stream(x, &s1).map_err(cuda_error)?;
+    record_stream(y, &s1).map_err(cuda_error)?;
+    let z = {
+        let _on_s1 = s1.make_current().map_err(cuda_error)?;
+        sleep_cycles(device, 10 * FIFTY_MIL_CYCLES)?;
+        x.f_add(y)?
+    };
+    s0.wait_stream(&s1).map_err(cuda_error)?;
+    record_stream(&z, &s0).map_err(cuda_error)?;
+    Ok(z)
+}
+
 /// The seeds' area-U callees.
 fn register_streams(r: &FunctionRegistry) {
-    // `_slow_add_on_user_stream(x, y)`: `x + y` on `x`'s device.
     r.register_native(
         "cuda::slow_add_on_user_stream",
         |_ctx, a: Args| async move {
             let (x, y) = (a.get(0)?.as_tensor()?, a.get(1)?.as_tensor()?);
-            Ok(Payload::from(x.f_add(&y)?))
+            Ok(Payload::from(slow_add_on_user_stream(&x, &y)?))
         },
     );
-    // `_nested_slow_add_on_user_stream(dst, x, y, z)`: `x + y` on `dst`,
-    // then `+ z` here.
+    // `_nested_slow_add_on_user_stream(dst, x, y, z)`: the slow add of `x`
+    // and `y` on `dst`, then the slow add of that and `z` here.
     r.register_native(
         "cuda::nested_slow_add_on_user_stream",
         |ctx, a: Args| async move {
@@ -1230,7 +1316,7 @@ fn register_streams(r: &FunctionRegistry) {
                 .rpc_sync(dst.as_str(), "cuda::slow_add_on_user_stream", args![x, y])
                 .await?
                 .as_tensor()?;
-            Ok(Payload::from(ret.f_add(&z)?))
+            Ok(Payload::from(slow_add_on_user_stream(&ret, &z)?))
         },
     );
     // `MyConvNetForMNIST(device)`: the parameters, held by the RRef that
@@ -1239,7 +1325,9 @@ fn register_streams(r: &FunctionRegistry) {
         conv_net(dev(a.get(0)?.as_str()?)?)
     });
     // `MyConvNetForMNIST.forward(x, is_rref)`, given the model's RRef: `x`
-    // is fetched with `to_here()` when it is an RRef.
+    // is fetched with `to_here()` when it is an RRef; then, on the current
+    // stream, `10 * FIFTY_MIL_CYCLES` of sleep (the seed's deliberate
+    // delay) before the network runs.
     r.register_native("cuda::conv_net_forward", |ctx, a: Args| async move {
         let net = a.get(0)?.as_rref()?.local_value(ctx.agent()).await?;
         let x = if a.get(2)?.as_bool()? {
@@ -1251,6 +1339,7 @@ fn register_streams(r: &FunctionRegistry) {
         } else {
             a.get(1)?.as_tensor()?
         };
+        sleep_cycles(cuda_index(&x)?, 10 * FIFTY_MIL_CYCLES)?;
         Ok(Payload::from(conv_net_forward(&net, &x)?))
     });
     // `_rref_relay(rref)`: `rref.to_here()`.
