@@ -62,6 +62,11 @@ fn a_read_on_another_stream_waits_for_the_writer_only_when_told_to() {
     let writer = Stream::from_pool(0).unwrap();
     let reader = Stream::from_pool(0).unwrap();
     let mut t = Tensor::zeros([100], (Kind::Float, Device::Cuda(0)));
+    // CUDA loads a kernel the first time it is launched (lazy loading), and
+    // loading can wait for all of the device's work, which would order the
+    // read after the fill: launch both kernels once first.
+    let _ = t.fill_(0);
+    assert_eq!(t.sum(Kind::Float).double_value(&[]), 0.0);
     // The zeros are written on the default stream: both streams wait for it.
     writer.wait_stream(&Stream::current(0).unwrap()).unwrap();
     reader.wait_stream(&Stream::current(0).unwrap()).unwrap();
