@@ -52,7 +52,7 @@ use wasmrpc::{
     Args, Error, ErrorKind, FunctionRegistry, Payload, RpcAgent, RpcBackendOptions, args, init_rpc,
 };
 use wasmrpc_tests::gpu::{
-    FIFTY_MIL_CYCLES, Stream, cuda_error, cuda_index, record_stream, sleep_cycles, sleep_ms,
+    Event, FIFTY_MIL_CYCLES, Stream, cuda_error, cuda_index, record_stream, sleep_cycles, sleep_ms,
 };
 use wasmrpc_tests::{expect_err, register_all, require_gpus, timed};
 
@@ -969,6 +969,7 @@ async fn cuda_future_extraction_once(
     let c0 = Device::Cuda(0);
     let stream = Stream::from_pool(0).map_err(cuda_error)?;
     let another_stream = Stream::from_pool(0).map_err(cuda_error)?;
+    let mut expected_ready = Event::new().map_err(cuda_error)?;
     let expected = {
         let _on_stream = stream.make_current().map_err(cuda_error)?;
         let (mut tensor, add_tensor) = if sparse {
@@ -987,6 +988,10 @@ async fn cuda_future_extraction_once(
         } else {
             &tensor + &add_tensor
         };
+        // The reading stream waits for `expected` on its own: reading it
+        // unfinished next to an unfinished `tensor` (both fresh memory)
+        // would compare equal and hide a future that did not wait.
+        expected_ready.record(&stream).map_err(cuda_error)?;
         sleep_ms(0, sleep_for_ms)?;
         let _ = tensor.f_add_(&add_tensor)?;
         if sparse {
@@ -996,6 +1001,7 @@ async fn cuda_future_extraction_once(
         expected
     };
     let _on_another_stream = another_stream.make_current().map_err(cuda_error)?;
+    expected_ready.block(&another_stream).map_err(cuda_error)?;
     let tensor = unwrap(wrapper, &future.wait().await?)?;
     if sparse {
         ensure!(
