@@ -23,9 +23,11 @@ use crate::progress::Progress;
 use crate::rows::{Results, Side, wanted};
 use crate::stats::Stat;
 
-/// `wasmrpc-bench raw-server`: accepts connections on a free loopback
-/// port, prints the port, and echoes framed payloads until stdin closes.
-pub(crate) fn serve() -> Result<()> {
+/// `wasmrpc-bench raw-server [--spin]`: accepts connections on a free
+/// loopback port, prints the port, and echoes framed payloads until stdin
+/// closes. With `spin`, each connection's thread never sleeps: it polls its
+/// non-blocking socket in a loop (the floor of a transport that busy-polls).
+pub(crate) fn serve(spin: bool) -> Result<()> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     println!("{}", listener.local_addr()?.port());
     std::io::stdout().flush()?;
@@ -38,27 +40,57 @@ pub(crate) fn serve() -> Result<()> {
     for conn in listener.incoming() {
         let conn = conn?;
         std::thread::spawn(move || {
-            let _ = echo_connection(conn);
+            let _ = echo_connection(conn, spin);
         });
     }
     Ok(())
 }
 
-fn echo_connection(mut conn: TcpStream) -> std::io::Result<()> {
+fn echo_connection(mut conn: TcpStream, spin: bool) -> std::io::Result<()> {
     conn.set_nodelay(true)?;
+    conn.set_nonblocking(spin)?;
     let mut buf = Vec::new();
     loop {
         let mut len = [0u8; 8];
-        if conn.read_exact(&mut len).is_err() {
+        if read_exact(&mut conn, &mut len).is_err() {
             return Ok(());
         }
         let len = u64::from_le_bytes(len) as usize;
         if buf.len() < len {
             buf.resize(len, 0);
         }
-        conn.read_exact(&mut buf[..len])?;
-        conn.write_all(&buf[..len])?;
+        read_exact(&mut conn, &mut buf[..len])?;
+        write_all(&mut conn, &buf[..len])?;
     }
+}
+
+/// `read_exact` that also works on a non-blocking socket, by polling it
+/// (a blocking socket never reports `WouldBlock`, so it sleeps in `read`).
+fn read_exact(conn: &mut TcpStream, mut buf: &mut [u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        match conn.read(buf) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => buf = &mut buf[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// `write_all` that also works on a non-blocking socket, by polling it.
+fn write_all(conn: &mut TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        match conn.write(buf) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// The raw server process; killed when dropped.
@@ -68,10 +100,11 @@ struct RawServer {
 }
 
 impl RawServer {
-    fn start() -> Result<Self> {
+    fn start(spin: bool) -> Result<Self> {
         let exe = std::env::current_exe()?;
         let mut child = Command::new(exe)
             .arg("raw-server")
+            .args(spin.then_some("--spin"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -101,12 +134,12 @@ fn round_trip(conn: &mut TcpStream, payload: &[u8], back: &mut [u8]) -> std::io:
         let mut msg = Vec::with_capacity(8 + payload.len());
         msg.extend_from_slice(&(payload.len() as u64).to_le_bytes());
         msg.extend_from_slice(payload);
-        conn.write_all(&msg)?;
+        write_all(conn, &msg)?;
     } else {
-        conn.write_all(&(payload.len() as u64).to_le_bytes())?;
-        conn.write_all(payload)?;
+        write_all(conn, &(payload.len() as u64).to_le_bytes())?;
+        write_all(conn, payload)?;
     }
-    conn.read_exact(back)
+    read_exact(conn, back)
 }
 
 fn timed(
@@ -127,6 +160,41 @@ fn timed(
         samples.push(t.elapsed());
     }
     Ok(samples)
+}
+
+/// A raw TCP ping-pong of a small call's bytes, kept open so that it can be
+/// measured again and again beside the rows it is the floor of.
+pub(crate) struct PingPong {
+    conn: TcpStream,
+    _server: RawServer,
+}
+
+impl PingPong {
+    /// A connection to a raw server of its own. With `spin`, neither side
+    /// ever sleeps: both poll their non-blocking sockets (the second floor
+    /// of the small call, where no wake-up is paid); without, each side
+    /// blocks in `read` and the kernel wakes it (the first).
+    pub(crate) fn start(spin: bool) -> Result<Self> {
+        let server = RawServer::start(spin)?;
+        let conn = TcpStream::connect(("127.0.0.1", server.port))?;
+        conn.set_nodelay(true)?;
+        conn.set_nonblocking(spin)?;
+        Ok(PingPong {
+            conn,
+            _server: server,
+        })
+    }
+
+    /// `n` timed round trips of [`SMALL_CALL_BYTES`](crate::rows::SMALL_CALL_BYTES),
+    /// after `warmup` untimed ones.
+    pub(crate) fn round_trips(&mut self, n: usize, warmup: usize) -> Result<Vec<Duration>> {
+        Ok(timed(
+            &mut self.conn,
+            crate::rows::SMALL_CALL_BYTES as usize,
+            n,
+            warmup,
+        )?)
+    }
 }
 
 /// Echo sizes: (limit key, bytes, runs in a quick run, runs in a full run).
@@ -293,7 +361,7 @@ fn tcp(
     res: &mut Results,
     progress: &Progress,
 ) -> Result<()> {
-    let server = RawServer::start()?;
+    let server = RawServer::start(false)?;
     let mut conn = TcpStream::connect(("127.0.0.1", server.port))?;
     conn.set_nodelay(true)?;
     if rtt {

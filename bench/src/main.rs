@@ -162,7 +162,11 @@ enum Internal {
     },
     /// The raw TCP echo server of the limits.
     #[command(hide = true)]
-    RawServer,
+    RawServer {
+        /// Poll each connection in a loop instead of sleeping in `read`.
+        #[arg(long)]
+        spin: bool,
+    },
     /// What a group costs as it grows: init, memory per worker and per
     /// connection, an all-to-all round and shutdown, for in-process workers
     /// sharing one runtime; ends with an extrapolation to 1,000 workers.
@@ -216,7 +220,7 @@ fn main() -> ExitCode {
             world_size,
             threads,
         }) => worker::init_runs(init_methods, *rank, *world_size, *threads),
-        Some(Internal::RawServer) => limit::serve(),
+        Some(Internal::RawServer { spin }) => limit::serve(*spin),
         Some(Internal::Scale {
             worlds,
             threads,

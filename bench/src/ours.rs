@@ -19,6 +19,7 @@ use crate::stats::Stat;
 use crate::worker::{self, ECHO, LOAD, NOOP};
 
 mod autograd;
+mod floors;
 mod processes;
 mod variants;
 
@@ -130,9 +131,8 @@ async fn measure(
         );
     }
 
-    if cfg.wanted("rtt_noop_native") {
-        progress.set("wasmrpc: round trip of a no-op (native function)");
-        res.set(Side::Ours, "rtt_noop_native", rtt_noop(cfg, agent).await?);
+    if cfg.wanted("rtt_noop_native") || cfg.wanted("rtt_aten_add") {
+        floors::small_calls(cfg, agent, res, progress).await?;
     }
     if cfg.wanted("rtt_noop_wasm") {
         progress.set("wasmrpc: round trip of a no-op (wasm function)");
@@ -155,44 +155,6 @@ async fn measure(
     }
 
     plugin_round_trips(cfg, agent, res, progress).await?;
-
-    if cfg.wanted("rtt_aten_add") {
-        progress.set("wasmrpc: round trip of aten::add");
-        let (a, b) = (
-            Tensor::ones([4], (Kind::Float, Device::Cpu)),
-            Tensor::ones([4], (Kind::Float, Device::Cpu)),
-        );
-        let call = || {
-            agent.rpc_sync(
-                dst,
-                "aten::add",
-                args![a.shallow_clone(), b.shallow_clone()],
-            )
-        };
-        match call().await {
-            Err(e) => res.na(
-                Side::Ours,
-                "rtt_aten_add",
-                format!(
-                    "n/a (not yet available: {})",
-                    if e.message().contains("not registered") {
-                        "the callee has no aten::add registered"
-                    } else {
-                        e.message()
-                    }
-                ),
-            ),
-            Ok(p) => {
-                let sum = p.as_tensor()?;
-                if sum.double_value(&[0]) != 2.0 {
-                    bail!("aten::add returned {sum}");
-                }
-                let n = cfg.n(500, 5000);
-                let s = timed(n, n / 10, call).await?;
-                res.set(Side::Ours, "rtt_aten_add", Stat::latencies(&s));
-            }
-        }
-    }
 
     if cfg.wanted("async_128") {
         progress.set("wasmrpc: async calls with 128 in flight");
