@@ -6,7 +6,9 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -41,6 +43,19 @@ inline void set_error(wrs_out* out, std::string msg, int32_t cls) {
     out->err_len = t.err.size();
     out->err_class = cls;
   }
+}
+
+// Writes the first line of `text` (libtorch appends a C++ backtrace after
+// it) into `buf`, NUL-terminated and cut to `cap` bytes: how the shim's
+// C-string entry points hand a message to Rust.
+inline void copy_first_line(const std::string& text, char* buf, size_t cap) {
+  if (buf == nullptr || cap == 0) {
+    return;
+  }
+  auto end = text.find('\n');
+  size_t n = std::min(end == std::string::npos ? text.size() : end, cap - 1);
+  std::memcpy(buf, text.data(), n);
+  buf[n] = '\0';
 }
 
 // A malformed input from Rust (not a libtorch error).

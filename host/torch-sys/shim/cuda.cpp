@@ -4,7 +4,7 @@
 //
 // Every entry point catches every exception: nothing propagates into Rust.
 
-#include "ops.h"
+#include "common.h"
 
 #include <ATen/detail/CUDAHooksInterface.h>
 
@@ -15,18 +15,7 @@
 #include <exception>
 #include <string>
 
-namespace {
-
-void copy_text(const std::string& text, char* buf, size_t cap) {
-  if (buf == nullptr || cap == 0) {
-    return;
-  }
-  size_t n = std::min(text.size(), cap - 1);
-  std::memcpy(buf, text.data(), n);
-  buf[n] = '\0';
-}
-
-}  // namespace
+using wasmrpc_shim::copy_first_line;
 
 extern "C" {
 
@@ -37,16 +26,16 @@ int32_t wrs_libtorch_cpu_path(char* buf, size_t cap) {
     Dl_info info{};
     auto* fn = reinterpret_cast<void*>(&at::detail::getCUDAHooks);
     if (dladdr(fn, &info) == 0 || info.dli_fname == nullptr) {
-      copy_text("dladdr found no library for at::detail::getCUDAHooks", buf, cap);
+      copy_first_line("dladdr found no library for at::detail::getCUDAHooks", buf, cap);
       return 0;
     }
-    copy_text(info.dli_fname, buf, cap);
+    copy_first_line(info.dli_fname, buf, cap);
     return 1;
   } catch (const std::exception& e) {
-    copy_text(e.what(), buf, cap);
+    copy_first_line(e.what(), buf, cap);
     return 0;
   } catch (...) {
-    copy_text("unknown C++ exception", buf, cap);
+    copy_first_line("unknown C++ exception", buf, cap);
     return 0;
   }
 }
@@ -65,16 +54,13 @@ int32_t wrs_cuda_hooks_in_effect(char* buf, size_t cap) {
     // ATen_cuda library"; CUDA's answer with the version they were built
     // with, without touching a device or the driver.
     long version = at::detail::getCUDAHooks().versionCUDART();
-    copy_text(std::to_string(version), buf, cap);
+    copy_first_line(std::to_string(version), buf, cap);
     return 1;
   } catch (const std::exception& e) {
-    std::string text = e.what();
-    // libtorch appends a C++ backtrace after the first line.
-    auto end = text.find('\n');
-    copy_text(end == std::string::npos ? text : text.substr(0, end), buf, cap);
+    copy_first_line(e.what(), buf, cap);
     return 0;
   } catch (...) {
-    copy_text("unknown C++ exception", buf, cap);
+    copy_first_line("unknown C++ exception", buf, cap);
     return 0;
   }
 }

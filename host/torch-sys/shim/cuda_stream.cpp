@@ -13,6 +13,8 @@
 // On failure it returns 0 and writes libtorch's message (its first line)
 // into `err`.
 
+#include "common.h"
+
 #include <ATen/Tensor.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
@@ -27,19 +29,9 @@
 #include <exception>
 #include <string>
 
-namespace {
+using wasmrpc_shim::copy_first_line;
 
-void copy_text(const std::string& text, char* buf, size_t cap) {
-  if (buf == nullptr || cap == 0) {
-    return;
-  }
-  // libtorch appends a C++ backtrace after the first line.
-  auto end = text.find('\n');
-  std::string first = end == std::string::npos ? text : text.substr(0, end);
-  size_t n = std::min(first.size(), cap - 1);
-  std::memcpy(buf, first.data(), n);
-  buf[n] = '\0';
-}
+namespace {
 
 const c10::impl::DeviceGuardImplInterface* cuda_impl() {
   // Throws "PyTorch is not linked with support for cuda devices" until
@@ -63,10 +55,10 @@ int32_t guarded(char* err, size_t cap, F&& f) {
     f();
     return 1;
   } catch (const std::exception& e) {
-    copy_text(e.what(), err, cap);
+    copy_first_line(e.what(), err, cap);
     return 0;
   } catch (...) {
-    copy_text("unknown C++ exception", err, cap);
+    copy_first_line("unknown C++ exception", err, cap);
     return 0;
   }
 }
