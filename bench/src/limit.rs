@@ -166,7 +166,7 @@ fn timed(
 /// measured again and again beside the rows it is the floor of.
 pub(crate) struct PingPong {
     conn: TcpStream,
-    _server: RawServer,
+    server: RawServer,
 }
 
 impl PingPong {
@@ -181,8 +181,13 @@ impl PingPong {
         conn.set_nonblocking(spin)?;
         Ok(PingPong {
             conn,
-            _server: server,
+            server,
         })
+    }
+
+    /// The process id of the echo server.
+    pub(crate) fn server_pid(&self) -> u32 {
+        self.server.child.id()
     }
 
     /// `n` timed round trips of [`SMALL_CALL_BYTES`](crate::rows::SMALL_CALL_BYTES),

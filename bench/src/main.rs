@@ -15,6 +15,7 @@
 //! Sides run one after the other, never at once. Only ratios within one run
 //! mean anything: absolute numbers drift with the machine and its load.
 
+mod anatomy;
 mod cuda;
 mod limit;
 mod ours;
@@ -167,6 +168,25 @@ enum Internal {
         #[arg(long)]
         spin: bool,
     },
+    /// Where a small call's time goes: per round trip, how often each
+    /// thread of the caller and of the callee slept (and had to be woken)
+    /// or was preempted, and the CPU it spent, beside the same for a raw
+    /// TCP ping-pong (the call's floor). Measures, judges nothing.
+    Anatomy {
+        /// The call to dissect.
+        #[arg(long, value_enum, default_value = "noop")]
+        call: anatomy::Call,
+        /// Round trips measured (each side; a tenth more to warm up).
+        #[arg(long, default_value_t = 20_000)]
+        calls: usize,
+        /// Tokio threads of the caller and of the callee.
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+        /// Also no-op calls with this many in flight (the async rows'
+        /// regime), dissected the same way; 1: none.
+        #[arg(long, default_value_t = 1)]
+        in_flight: usize,
+    },
     /// What a group costs as it grows: init, memory per worker and per
     /// connection, an all-to-all round and shutdown, for in-process workers
     /// sharing one runtime; ends with an extrapolation to 1,000 workers.
@@ -221,6 +241,12 @@ fn main() -> ExitCode {
             threads,
         }) => worker::init_runs(init_methods, *rank, *world_size, *threads),
         Some(Internal::RawServer { spin }) => limit::serve(*spin),
+        Some(Internal::Anatomy {
+            call,
+            calls,
+            threads,
+            in_flight,
+        }) => anatomy::run(*call, *calls, *threads, *in_flight),
         Some(Internal::Scale {
             worlds,
             threads,

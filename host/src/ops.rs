@@ -172,7 +172,7 @@ const BOUNDED_OPS: &[&str] = &[
 /// Whether the op `name` on these arguments runs in place (OPS-1): a
 /// bounded op, with small tensors and otherwise scalars (or short lists of
 /// them, such as reduction dims).
-fn is_cheap(name: &str, positional: &[OpValue], kwargs: &[(String, OpValue)]) -> bool {
+pub(crate) fn is_cheap(name: &str, positional: &[OpValue], kwargs: &[(String, OpValue)]) -> bool {
     let base = name
         .strip_prefix("aten::")
         .or_else(|| name.strip_prefix(WIRE_PREFIX));

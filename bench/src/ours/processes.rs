@@ -20,6 +20,11 @@ pub(crate) fn free_port() -> Result<u16> {
 pub(crate) struct Children(pub(super) Vec<Child>);
 
 impl Children {
+    /// The process ids of the workers, in rank order.
+    pub(crate) fn pids(&self) -> Vec<u32> {
+        self.0.iter().map(Child::id).collect()
+    }
+
     pub(crate) fn spawn(
         cfg: &Config,
         args: impl Fn(u32) -> Vec<String>,

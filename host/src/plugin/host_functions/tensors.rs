@@ -40,7 +40,14 @@ impl GuestCall {
         let policy = self.agent.options().op_policy.clone();
         let worker = self.agent.name().to_owned();
         let grant = self.grant.clone();
-        let (outputs, ops) = run_blocking(move || {
+        // OPS-1: a cheap op runs in place, any other on the blocking pool.
+        // A bare name is a tensor method, the op of the same name.
+        let cheap = if name.contains("::") || name.contains('.') {
+            crate::ops::is_cheap(&name, &positional, &kwargs)
+        } else {
+            crate::ops::is_cheap(&format!("aten::{name}"), &positional, &kwargs)
+        };
+        let work = move || {
             // Grad mode is per thread: set it where the op runs.
             let _no_grad = (!grad_enabled).then(tch::no_grad_guard);
             // POL-1, GR-1: the worker's op policy, then the plugin's
@@ -68,9 +75,12 @@ impl GuestCall {
                 out,
                 ops.map(|(start, ops)| (name, start, Instant::now(), ops)),
             )
-        })
-        .await
-        .map_err(remote)?;
+        };
+        let (outputs, ops) = if cheap {
+            work()
+        } else {
+            run_blocking(work).await.map_err(remote)?
+        };
         if let (Some(r), Some((name, start, end, ops))) = (recording, ops) {
             if ops.is_empty() {
                 // Nothing went through the dispatcher (a Python builtin).

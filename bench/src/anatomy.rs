@@ -1,0 +1,239 @@
+//! `wasmrpc-bench anatomy`: where a small call's time goes, thread by
+//! thread, beside the raw TCP ping-pong that is its floor.
+//!
+//! On the machines we run on most of a small round trip is waking sleeping
+//! threads (`busy_poll`'s module doc: about 35 µs per wake-up on a 2-core
+//! VM), so the first question about a slow call is how many times each of
+//! its threads went to sleep and was woken, and how much CPU each spent.
+//! This reads both from `/proc/<pid>/task/<tid>/{status,stat}` before and
+//! after a block of calls, for the caller (this process) and the callee
+//! (a `wasmrpc-bench worker` process), and prints them per call.
+//!
+//! It measures; it judges nothing (the suite's rows carry the targets).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use tch::{Device, Kind, Tensor};
+use wasmrpc::args;
+
+use crate::limit::PingPong;
+use crate::ours::{self, Children, free_port, worker_args};
+use crate::worker::{self, NOOP};
+
+/// The calls `anatomy` can dissect.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Call {
+    /// `bench::noop(1)`, a native function (the `rtt_noop_native` row).
+    Noop,
+    /// `aten::add` of two 4-element tensors (the `rtt_aten_add` row).
+    AtenAdd,
+    /// `seed_fns::identity(1)`, a Rust wasm plugin's function.
+    Wasm,
+    /// `seed_fns_py::identity(1)`, a Python plugin's function.
+    Python,
+    /// `seed_fns::my_tensor_function` (a + b of two 4-element tensors in a
+    /// Rust wasm plugin: the `rtt_add_wasm` row).
+    WasmAdd,
+    /// `seed_fns_py::my_tensor_function`, the same in a Python plugin (the
+    /// `rtt_add_py` row).
+    PythonAdd,
+}
+
+/// One thread's counters at one moment.
+#[derive(Clone, Copy, Default)]
+struct Counters {
+    /// Times it went to sleep (and so had to be woken).
+    voluntary: u64,
+    /// Times the scheduler took its core away.
+    involuntary: u64,
+    /// User plus system CPU time, in clock ticks.
+    ticks: u64,
+}
+
+/// Every thread of a process, by thread id: its name and counters.
+type Snapshot = BTreeMap<u32, (String, Counters)>;
+
+fn snapshot(pid: u32) -> Result<Snapshot> {
+    let mut threads = Snapshot::new();
+    let dir = format!("/proc/{pid}/task");
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("cannot list {dir}"))? {
+        let entry = entry?;
+        let Some(tid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        // A thread can end between the listing and the reads: skip it.
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        let comm = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Name:"))
+            .unwrap_or("?")
+            .trim()
+            .to_string();
+        // `stat`'s fields after the parenthesised name: utime is the 14th
+        // field of the line, stime the 15th.
+        let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let fields: Vec<&str> = after_name.split_whitespace().collect();
+        let tick = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        threads.insert(
+            tid,
+            (
+                comm,
+                Counters {
+                    voluntary: field("voluntary_ctxt_switches:"),
+                    involuntary: field("nonvoluntary_ctxt_switches:"),
+                    ticks: tick(11) + tick(12),
+                },
+            ),
+        );
+    }
+    Ok(threads)
+}
+
+/// Prints, per call, each thread's sleeps, preemptions and CPU time between
+/// two snapshots of `who` (threads that did neither are left out).
+fn report(who: &str, before: &Snapshot, after: &Snapshot, calls: u64) {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc_sysconf_clk_tck() } as f64;
+    println!("  {who}:");
+    let mut total = Counters::default();
+    for (tid, (comm, end)) in after {
+        let start = before.get(tid).map(|(_, c)| *c).unwrap_or_default();
+        let d = Counters {
+            voluntary: end.voluntary - start.voluntary,
+            involuntary: end.involuntary - start.involuntary,
+            ticks: end.ticks - start.ticks,
+        };
+        total.voluntary += d.voluntary;
+        total.involuntary += d.involuntary;
+        total.ticks += d.ticks;
+        let per = |v: u64| v as f64 / calls as f64;
+        if per(d.voluntary) < 0.01 && per(d.involuntary) < 0.01 && d.ticks == 0 {
+            continue;
+        }
+        println!(
+            "    {comm:<18} {tid:>7}  sleeps {:>5.2}  preempted {:>5.2}  cpu {:>6.1} µs",
+            per(d.voluntary),
+            per(d.involuntary),
+            d.ticks as f64 / hz * 1e6 / calls as f64,
+        );
+    }
+    println!(
+        "    {:<26} sleeps {:>5.2}  preempted {:>5.2}  cpu {:>6.1} µs",
+        "all threads",
+        total.voluntary as f64 / calls as f64,
+        total.involuntary as f64 / calls as f64,
+        total.ticks as f64 / hz * 1e6 / calls as f64,
+    );
+}
+
+/// `sysconf(_SC_CLK_TCK)`: the unit of `/proc/*/stat`'s CPU times.
+unsafe fn libc_sysconf_clk_tck() -> i64 {
+    unsafe extern "C" {
+        fn sysconf(name: i32) -> i64;
+    }
+    /// `_SC_CLK_TCK` on Linux.
+    const SC_CLK_TCK: i32 = 2;
+    // SAFETY: the caller's.
+    unsafe { sysconf(SC_CLK_TCK) }
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+/// Runs the raw ping-pong and then `call`, `calls` times each, and prints
+/// the threads of both ends of each.
+pub(crate) fn run(call: Call, calls: usize, threads: usize, in_flight: usize) -> Result<()> {
+    let calls = calls.max(100);
+    println!("{calls} round trips each; per round trip:");
+
+    let mut floor = PingPong::start(false)?;
+    floor.round_trips(calls / 10, 0)?;
+    let (me, server) = (std::process::id(), floor.server_pid());
+    let (c0, s0) = (snapshot(me)?, snapshot(server)?);
+    let took = median(floor.round_trips(calls, 0)?);
+    let (c1, s1) = (snapshot(me)?, snapshot(server)?);
+    println!("raw TCP ping-pong, both sides blocking in read: median {took:.1?}");
+    report("caller (this process)", &c0, &c1, calls as u64);
+    report("echo server", &s0, &s1, calls as u64);
+    drop(floor);
+
+    let cfg = ours::Config {
+        quick: true,
+        only: Vec::new(),
+        memory_calls: 0,
+        threads,
+        log: std::env::temp_dir().join("wasmrpc-bench-anatomy.log"),
+    };
+    let rt = worker::runtime(threads)?;
+    rt.block_on(async {
+        let method = format!("tcp://127.0.0.1:{}", free_port()?);
+        let children = Children::spawn(&cfg, |r| worker_args(&cfg, &method, r, 2), 1..2, false)?;
+        let callee = children.pids()[0];
+        let agent = worker::join(&method, 0, 2, &[], None, false).await?;
+        let (a, b) = (
+            Tensor::ones([4], (Kind::Float, Device::Cpu)),
+            Tensor::ones([4], (Kind::Float, Device::Cpu)),
+        );
+        let one = || {
+            let (function, args) = match call {
+                Call::Noop => (NOOP, args![1]),
+                Call::AtenAdd => ("aten::add", args![a.shallow_clone(), b.shallow_clone()]),
+                Call::Wasm => (worker::WASM_IDENTITY, args![1]),
+                Call::Python => (worker::PY_IDENTITY, args![1]),
+                Call::WasmAdd => (
+                    "seed_fns::my_tensor_function",
+                    args![a.shallow_clone(), b.shallow_clone()],
+                ),
+                Call::PythonAdd => (
+                    "seed_fns_py::my_tensor_function",
+                    args![a.shallow_clone(), b.shallow_clone()],
+                ),
+            };
+            agent.rpc_sync("worker1", function, args)
+        };
+        ours::timed(calls / 10, 0, one).await?;
+        if in_flight > 1 {
+            // No-op calls `in_flight` at a time: the async rows' regime.
+            ours::windowed(&agent, "worker1", calls as u64 / 10, in_flight).await?;
+            let (c0, w0) = (snapshot(me)?, snapshot(callee)?);
+            let took = ours::windowed(&agent, "worker1", calls as u64, in_flight).await?;
+            let (c1, w1) = (snapshot(me)?, snapshot(callee)?);
+            println!(
+                "wasmrpc no-op calls, {in_flight} in flight: {:.0} calls/s",
+                calls as f64 / took.as_secs_f64()
+            );
+            report("caller (this process, rank 0)", &c0, &c1, calls as u64);
+            report("callee (worker1)", &w0, &w1, calls as u64);
+        }
+        let (c0, w0) = (snapshot(me)?, snapshot(callee)?);
+        let started = Instant::now();
+        let samples = ours::timed(calls, 0, one).await?;
+        let elapsed = started.elapsed();
+        let (c1, w1) = (snapshot(me)?, snapshot(callee)?);
+        println!(
+            "wasmrpc {call:?}: median {:.1?} (mean {:.1?})",
+            median(samples),
+            elapsed / calls as u32
+        );
+        report("caller (this process, rank 0)", &c0, &c1, calls as u64);
+        report("callee (worker1)", &w0, &w1, calls as u64);
+        agent.shutdown(true, Duration::ZERO).await?;
+        children.wait(Duration::from_secs(30)).await
+    })
+}
