@@ -179,10 +179,7 @@ impl PingPong {
         let conn = TcpStream::connect(("127.0.0.1", server.port))?;
         conn.set_nodelay(true)?;
         conn.set_nonblocking(spin)?;
-        Ok(PingPong {
-            conn,
-            server,
-        })
+        Ok(PingPong { conn, server })
     }
 
     /// The process id of the echo server.

@@ -108,8 +108,9 @@ struct Cli {
     /// a shared machine (negative values need root). Recorded in the JSON.
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     nice: Option<i32>,
-    /// Tokio threads of each of our worker processes [default: the number of
-    /// cores].
+    /// Tokio threads of each of our worker processes [default: the cores
+    /// divided between the two workers of a row, as `wasmrpc launch` divides
+    /// them; at least 1].
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
     /// How long our workers' readers busy-poll their sockets between frames
@@ -179,9 +180,10 @@ enum Internal {
         /// Round trips measured (each side; a tenth more to warm up).
         #[arg(long, default_value_t = 20_000)]
         calls: usize,
-        /// Tokio threads of the caller and of the callee.
-        #[arg(long, default_value_t = 2)]
-        threads: usize,
+        /// Tokio threads of the caller and of the callee [default: as the
+        /// suite's, the cores divided between the two].
+        #[arg(long)]
+        threads: Option<usize>,
         /// Also no-op calls with this many in flight (the async rows'
         /// regime), dissected the same way; 1: none.
         #[arg(long, default_value_t = 1)]
@@ -246,7 +248,12 @@ fn main() -> ExitCode {
             calls,
             threads,
             in_flight,
-        }) => anatomy::run(*call, *calls, *threads, *in_flight),
+        }) => anatomy::run(
+            *call,
+            *calls,
+            threads.unwrap_or_else(|| wasmrpc::cores_per_worker(2)),
+            *in_flight,
+        ),
         Some(Internal::Scale {
             worlds,
             threads,
@@ -314,9 +321,7 @@ fn suite(cli: &Cli) -> Result<()> {
     let only = &cli.only;
     let progress = Progress::new();
     let mut res = Results::default();
-    let threads = cli
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, usize::from));
+    let threads = cli.threads.unwrap_or_else(|| wasmrpc::cores_per_worker(2));
     let cfg = ours::Config {
         quick: cli.quick,
         only: only.clone(),

@@ -72,7 +72,12 @@ where
 }
 
 /// `n` no-op calls to `dst` with `window` in flight; returns the time taken.
-pub(crate) async fn windowed(agent: &RpcAgent, dst: &str, n: u64, window: usize) -> Result<Duration> {
+pub(crate) async fn windowed(
+    agent: &RpcAgent,
+    dst: &str,
+    n: u64,
+    window: usize,
+) -> Result<Duration> {
     let start = Instant::now();
     let mut queue = VecDeque::with_capacity(window);
     for i in 0..n {

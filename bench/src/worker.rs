@@ -195,7 +195,7 @@ static INTRA_OP_THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new()
 /// (`--intra-op-threads`) or the share of the cores of each of a row's two
 /// workers; the worker processes started from now on get the same.
 pub(crate) fn set_intra_op_threads(threads: Option<usize>) {
-    let threads = threads.unwrap_or_else(|| wasmrpc::intra_op_threads_per_worker(2));
+    let threads = threads.unwrap_or_else(|| wasmrpc::cores_per_worker(2));
     wasmrpc::set_intra_op_threads(threads);
     let _ = INTRA_OP_THREADS.set(threads);
 }

@@ -19,9 +19,11 @@ pub use crate::worker::{validate_worker_name, worker_info};
 pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(60);
 /// `DEFAULT_NUM_WORKER_THREADS`: 16.
 pub const DEFAULT_NUM_WORKER_THREADS: usize = 16;
-/// How long a reader busy-polls its socket by default
-/// ([`RpcBackendOptions::busy_poll`]).
-pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(50);
+/// The longest a reader busy-polls one wait by default
+/// ([`RpcBackendOptions::busy_poll`]): above the round trip of a small
+/// call on a loaded VM slept through (75-110 µs), so that the polling that
+/// makes it 20-40 µs can begin.
+pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(200);
 /// `DEFAULT_INIT_METHOD`.
 pub const DEFAULT_INIT_METHOD: &str = "env://";
 /// The environment variable that sets the cluster secret for every worker.
@@ -121,11 +123,13 @@ pub struct RpcBackendOptions {
     /// socket; TCP stays the fallback. On by default; `wasmrpc worker
     /// --no-shared-memory` turns it off.
     pub shared_memory: bool,
-    /// How long a connection's reader keeps polling its socket for the next
-    /// frame before it sleeps, when frames have been arriving close
-    /// together (`transport::tcp::busy_poll`): a wake-up from sleep costs
-    /// tens of microseconds on a VM, more than a small call's own work.
-    /// Default [`DEFAULT_BUSY_POLL`]; zero never polls (`wasmrpc worker
+    /// The longest a connection's reader keeps polling its socket for the
+    /// next frame before it sleeps (`transport::tcp::busy_poll`): a wake-up
+    /// from sleep costs tens of microseconds on a VM, more than a small
+    /// call's own work. Within it a reader polls about twice its recent
+    /// waits, and not at all when those are as long as this, or while
+    /// several calls are in progress on its connection. Default
+    /// [`DEFAULT_BUSY_POLL`]; zero never polls (`wasmrpc worker
     /// --busy-poll-us 0`).
     pub busy_poll: Duration,
     /// The host folders this worker's plugins may use, by plugin namespace

@@ -117,6 +117,12 @@ pub(crate) struct LaunchArgs {
     /// this machine's cores divided among the workers, at least 1].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
     intra_op_threads: Option<u32>,
+    /// How many threads each worker's runtime has, the threads that read
+    /// its connections and run its calls (each `wasmrpc worker
+    /// --num-worker-threads`) [default: this machine's cores divided among
+    /// the workers, at least 1].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    num_worker_threads: Option<u32>,
     #[command(flatten)]
     tensor_memory: super::TensorMemoryArgs,
     /// Every worker's op policy (passed to each `wasmrpc worker`).
@@ -213,10 +219,9 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
     // The workers share this machine: each gets its share of the default
     // tensor memory and of the cores.
     let budget = args.tensor_memory.budget(nproc);
-    let intra_op_threads = args.intra_op_threads.map_or_else(
-        || wasmrpc::intra_op_threads_per_worker(nproc as usize),
-        |n| n as usize,
-    );
+    let share = wasmrpc::cores_per_worker(nproc as usize);
+    let intra_op_threads = args.intra_op_threads.map_or(share, |n| n as usize);
+    let runtime_threads = args.num_worker_threads.map_or(share, |n| n as usize);
 
     // The cluster's credentials: the operator's if the environment gives
     // them, else a fresh secret. Each child gets it in its environment,
@@ -356,6 +361,7 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
             }
             cmd.args(super::TensorMemoryArgs::child_args(budget));
             cmd.args(["--intra-op-threads", &intra_op_threads.to_string()]);
+            cmd.args(["--num-worker-threads", &runtime_threads.to_string()]);
             cmd.args(&op_policy);
             cmd.args(&grants);
             if rank == 0 {

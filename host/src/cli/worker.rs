@@ -146,11 +146,13 @@ pub(crate) struct WorkerArgs {
         requires = "otlp_endpoint"
     )]
     otlp_sample_ratio: f64,
-    /// How long, in microseconds, a connection keeps polling its socket for
-    /// the next message when messages have been arriving close together,
-    /// before it sleeps. Polling saves the tens of microseconds a wake-up
-    /// costs (on VMs most of a small call's round trip) at the price of CPU
-    /// while it polls; 0 never polls (for machines short of cores).
+    /// The longest, in microseconds, a connection keeps polling its socket
+    /// for the next message before it sleeps. Within it a connection polls
+    /// about twice its recent waits, and not at all when those are as long
+    /// as this or while several calls are in progress on it. Polling saves
+    /// the tens of microseconds a wake-up costs (on VMs most of a small
+    /// call's round trip) at the price of CPU while it polls; 0 never polls
+    /// (for machines short of cores).
     #[arg(long, value_name = "US", default_value_t = wasmrpc::DEFAULT_BUSY_POLL.as_micros() as u64)]
     busy_poll_us: u64,
     /// How many threads one builtin op (a matmul, a backward pass) may use

@@ -8,8 +8,10 @@
 //! core; an op's threads then spin waiting for each other while the
 //! calls and the peer workers wait for a core. `wasmrpc launch` and the
 //! bench therefore give each worker its share of the host's cores
-//! ([`intra_op_threads_per_worker`]); `wasmrpc worker` keeps libtorch's
-//! default unless `--intra-op-threads` says otherwise.
+//! ([`cores_per_worker`]), for its op threads and for its runtime's
+//! threads alike; `wasmrpc worker` keeps libtorch's default and
+//! `DEFAULT_NUM_WORKER_THREADS` unless `--intra-op-threads` and
+//! `--num-worker-threads` say otherwise.
 
 /// Sets how many threads each builtin op (and each backward pass) may use
 /// in this process, as `torch.set_num_threads` does. Process-wide: every
@@ -24,8 +26,13 @@ pub fn intra_op_threads() -> usize {
 }
 
 /// The share of this host's cores of each of `workers` workers running on
-/// it: the cores divided among them, at least 1.
-pub fn intra_op_threads_per_worker(workers: usize) -> usize {
+/// it: the cores divided among them, at least 1. Both a worker's op
+/// threads and its runtime's threads are sized to it where the workers of
+/// a host are started together (`wasmrpc launch`, the bench): more
+/// threads than cores only make the runtime wake threads that find
+/// nothing to do, and each wake-up costs as much as a small call's work
+/// (`wasmrpc-bench anatomy` shows it).
+pub fn cores_per_worker(workers: usize) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     (cores / workers.max(1)).max(1)
 }
@@ -37,11 +44,11 @@ mod tests {
     #[test]
     fn each_worker_gets_its_share_of_the_cores_and_never_none() {
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-        assert_eq!(intra_op_threads_per_worker(1), cores);
-        assert_eq!(intra_op_threads_per_worker(0), cores);
-        assert_eq!(intra_op_threads_per_worker(cores * 4), 1);
+        assert_eq!(cores_per_worker(1), cores);
+        assert_eq!(cores_per_worker(0), cores);
+        assert_eq!(cores_per_worker(cores * 4), 1);
         if cores >= 2 {
-            assert_eq!(intra_op_threads_per_worker(2), cores / 2);
+            assert_eq!(cores_per_worker(2), cores / 2);
         }
     }
 

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use tch::Tensor;
@@ -90,7 +90,8 @@ use wasmrpc_credentials::TlsStream;
 /// An authenticated stream, before it is split.
 enum Stream {
     Tcp(TcpStream),
-    Tls(Box<TlsStream>),
+    /// With the work count its socket reader was given (BUSY-4).
+    Tls(Box<TlsStream>, busy_poll::InProgress),
 }
 
 enum WriterCmd {
@@ -124,8 +125,9 @@ pub(crate) struct Connection {
     shm: ShmSlot,
     closed: AtomicBool,
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
-    /// Work in progress on the connection ([`Work`] guards, TR-10).
-    work: AtomicUsize,
+    /// Work in progress on the connection ([`Work`] guards, TR-10); its
+    /// reader reads it too (BUSY-4).
+    work: busy_poll::InProgress,
     /// Whether a flush task will write the backlog (TR-10).
     flush_scheduled: AtomicBool,
     /// Where flush tasks run: the runtime the connection's tasks run on.
@@ -220,9 +222,7 @@ impl Transport {
         // busy poll as plain frames.
         let window = cfg.busy_poll;
         cfg.tls = cfg.tls.map(|tls| {
-            tls.reading_sockets_through(move |half| {
-                Box::new(busy_poll::BusyPollRead::new(half, window))
-            })
+            tls.reading_sockets_through(move |half| Box::new(busy_poll::reader_of(half, window)))
         });
         let t = Arc::new(Transport {
             cfg,
@@ -333,7 +333,10 @@ impl Transport {
                 }
                 Some(tls) => {
                     // TLS-2: the certificate must name `peer`.
-                    let mut stream = tls.connect(stream, peer).await?;
+                    let in_progress = busy_poll::InProgress::default();
+                    let mut stream = busy_poll::HANDSHAKING
+                        .scope(in_progress.clone(), tls.connect(stream, peer))
+                        .await?;
                     let who = handshake::client(
                         &mut stream,
                         &self.cfg.secret,
@@ -341,7 +344,7 @@ impl Transport {
                         self.cfg.rank,
                     )
                     .await?;
-                    Ok::<_, Error>((Stream::Tls(Box::new(stream)), who))
+                    Ok::<_, Error>((Stream::Tls(Box::new(stream), in_progress), who))
                 }
             }
         };
@@ -420,19 +423,26 @@ impl Transport {
         let activity = wasmrpc_net::liveness::Activity::default();
         let channel = match stream {
             Stream::Tcp(_) => Channel::Tcp,
-            Stream::Tls(_) => Channel::Tls,
+            Stream::Tls(..) => Channel::Tls,
         };
-        let (read, direct): (Box<dyn tokio::io::AsyncRead + Send + Unpin>, _) = match stream {
+        type Read = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
+        let (read, direct, work): (Read, _, _) = match stream {
             Stream::Tcp(stream) => {
                 let (read, write) = stream.into_split();
-                let read = busy_poll::BusyPollRead::new(read, self.cfg.busy_poll);
-                (Box::new(activity.counting(read)), WriteHalf::Tcp(write))
+                let work = busy_poll::InProgress::default();
+                let read = busy_poll::BusyPollRead::new(read, self.cfg.busy_poll, work.clone());
+                (
+                    Box::new(activity.counting(read)),
+                    WriteHalf::Tcp(write),
+                    work,
+                )
             }
-            Stream::Tls(stream) => {
+            Stream::Tls(stream, work) => {
                 let (read, write) = stream.into_split();
                 (
                     Box::new(activity.counting(read)),
                     WriteHalf::Tls(Box::new(write)),
+                    work,
                 )
             }
         };
@@ -447,7 +457,7 @@ impl Transport {
             shm,
             closed: AtomicBool::new(false),
             tasks: Mutex::new(Vec::new()),
-            work: AtomicUsize::new(0),
+            work,
             flush_scheduled: AtomicBool::new(false),
             runtime: tokio::runtime::Handle::current(),
             activity,

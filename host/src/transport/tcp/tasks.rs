@@ -68,8 +68,9 @@ pub(super) async fn accept_loop(listener: TcpListener, t: Weak<Transport>) {
                     Some(tls) => {
                         // TLS-1: a certificate of the cluster CA, or no byte
                         // of the agent's protocol is read.
-                        let mut stream = tls
-                            .accept(stream)
+                        let in_progress = super::busy_poll::InProgress::default();
+                        let mut stream = super::busy_poll::HANDSHAKING
+                            .scope(in_progress.clone(), tls.accept(stream))
                             .await
                             .map_err(refused_for(RefusalReason::Tls))?;
                         let who = handshake::server(&mut stream, &secret, &name, rank, offer)
@@ -78,7 +79,10 @@ pub(super) async fn accept_loop(listener: TcpListener, t: Weak<Transport>) {
                         // TLS-3: the announced name is the certificate's.
                         check_peer_names(&stream, &who.name)
                             .map_err(refused_for(RefusalReason::CertificateName))?;
-                        Ok::<_, (RefusalReason, Error)>((Stream::Tls(Box::new(stream)), who))
+                        Ok::<_, (RefusalReason, Error)>((
+                            Stream::Tls(Box::new(stream), in_progress),
+                            who,
+                        ))
                     }
                 }
             };
