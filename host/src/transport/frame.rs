@@ -247,8 +247,21 @@ pub(crate) struct SharedFill {
 
 impl SharedFill {
     /// Copies the storage into its segment; the receiver reads behind.
+    ///
+    /// A long fill (a fresh segment of a GiB takes seconds to fault in)
+    /// gives up its runtime thread's other tasks first, so that they run on
+    /// another thread meanwhile: on a runtime of one thread they would
+    /// otherwise wait for it, heartbeats included (LIVE-2: the peers would
+    /// declare this worker failed).
     pub(crate) fn run(self) {
-        self.lent.fill(self.blob.as_bytes());
+        let fill = || self.lent.fill(self.blob.as_bytes());
+        let multi_thread = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if multi_thread && self.blob.as_bytes().len() >= super::shm::LONG_COPY {
+            tokio::task::block_in_place(fill);
+        } else {
+            fill();
+        }
     }
 }
 
@@ -412,6 +425,7 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
     max: u64,
     budget: Option<&MemoryBudget>,
     shm: Option<&ShmSlot>,
+    activity: Option<&wasmrpc_net::liveness::Activity>,
 ) -> std::result::Result<Option<(Vec<u8>, Vec<Tensor>)>, FrameError> {
     // The prefix and the head are read by the network layer's rules
     // (`wasmrpc_net::frame`, FRAME-1 to FRAME-3), as the c10d mesh reads
@@ -514,10 +528,14 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
                     .await
                     .map_err(FrameError::Malformed)?;
             }
-            (Some(segment), Some(link), None) => link
-                .copy_out(segment, blob.bytes_mut())
-                .await
-                .map_err(FrameError::Malformed)?,
+            (Some(segment), Some(link), None) => {
+                // A long copy proves the peer alive as socket reads would.
+                let progress =
+                    || activity.map_or((), wasmrpc_net::liveness::Activity::read_elsewhere);
+                link.copy_out(segment, blob.bytes_mut(), &progress)
+                    .await
+                    .map_err(FrameError::Malformed)?
+            }
             _ => r.read_exact(blob.bytes_mut()).await.map(drop)?,
         }
         // A storage that lands on one CUDA device goes there whole, so the

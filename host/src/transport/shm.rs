@@ -100,6 +100,11 @@ pub(crate) const FILL_CHUNK: usize = 1 << 20;
 /// receiver copying behind (SHM-5); smaller ones, a chunk or two, are
 /// filled before, so the receiver finds them whole.
 pub(crate) const PIPELINE_FROM: usize = 4 * FILL_CHUNK;
+
+/// A copy into or out of a segment this long holds a thread for
+/// milliseconds: a fill gives its runtime thread's other tasks to another
+/// thread first, and a copy out lets them run after each such stretch.
+pub(crate) const LONG_COPY: usize = 16 * FILL_CHUNK;
 /// How long a receiver looks again at once for the next chunk of a fill
 /// before it backs off.
 const SPIN: Duration = Duration::from_millis(2);

@@ -31,7 +31,7 @@ async fn frames_round_trip_and_truncations_are_errors() {
         write_frame(&mut rest, &frame, offset).await.unwrap();
         assert_eq!(rest, bytes[offset..], "offset {offset}");
     }
-    let (m, ts) = read_frame(&mut &bytes[..], 1 << 20, None, None)
+    let (m, ts) = read_frame(&mut &bytes[..], 1 << 20, None, None, None)
         .await
         .unwrap()
         .unwrap();
@@ -39,18 +39,18 @@ async fn frames_round_trip_and_truncations_are_errors() {
     assert!(ts[0].equal(&t));
     for cut in 1..bytes.len() {
         assert!(
-            read_frame(&mut &bytes[..cut], 1 << 20, None, None)
+            read_frame(&mut &bytes[..cut], 1 << 20, None, None, None)
                 .await
                 .is_err(),
             "cut at {cut}"
         );
     }
     assert!(matches!(
-        read_frame(&mut &bytes[..], 16, None, None).await,
+        read_frame(&mut &bytes[..], 16, None, None, None).await,
         Err(FrameError::TooLarge { .. })
     ));
     assert!(
-        read_frame(&mut &b""[..], 16, None, None)
+        read_frame(&mut &b""[..], 16, None, None, None)
             .await
             .unwrap()
             .is_none()
@@ -72,7 +72,7 @@ async fn a_frame_over_the_budget_is_refused_and_the_next_one_still_reads() {
     }
     let budget = MemoryBudget::new(64 << 10);
     let mut r = &bytes[..];
-    match read_frame(&mut r, 16 << 20, Some(&budget), None).await {
+    match read_frame(&mut r, 16 << 20, Some(&budget), None, None).await {
         Err(FrameError::OverBudget(message, refusal)) => {
             assert_eq!(message, call(2));
             assert_eq!((refusal.asked, refusal.limit), (1 << 20, 64 << 10));
@@ -80,7 +80,7 @@ async fn a_frame_over_the_budget_is_refused_and_the_next_one_still_reads() {
         other => panic!("expected a refusal, got {other:?}"),
     }
     assert_eq!(budget.used(), 0, "the refused frame holds nothing");
-    let (m, ts) = read_frame(&mut r, 16 << 20, Some(&budget), None)
+    let (m, ts) = read_frame(&mut r, 16 << 20, Some(&budget), None, None)
         .await
         .unwrap()
         .unwrap();
@@ -166,7 +166,7 @@ fn a_batch_goes_in_one_write_when_the_socket_takes_it() {
 async fn garbage_is_an_error() {
     let garbage = [3u8, 0, 0, 0, 0xff, 0xff, 0xff];
     assert!(
-        read_frame(&mut &garbage[..], 1 << 20, None, None)
+        read_frame(&mut &garbage[..], 1 << 20, None, None, None)
             .await
             .is_err()
     );
@@ -213,7 +213,7 @@ fn read_bounded(bytes: &[u8]) -> Result<(), proptest::test_runner::TestCaseError
         .block_on(async {
             tokio::time::timeout(
                 std::time::Duration::from_secs(5),
-                read_frame(&mut &bytes[..], MAX, None, None),
+                read_frame(&mut &bytes[..], MAX, None, None, None),
             )
             .await
         })
@@ -263,7 +263,7 @@ proptest::proptest! {
     #[test]
     fn announced_headers_over_the_limit_are_refused_at_once(len in (MAX as u32 - 3)..=u32::MAX) {
         let bytes = len.to_le_bytes();
-        let got = futures::executor::block_on(read_frame(&mut &bytes[..], MAX, None, None));
+        let got = futures::executor::block_on(read_frame(&mut &bytes[..], MAX, None, None, None));
         proptest::prop_assert!(matches!(got, Err(FrameError::TooLarge { .. })), "{got:?}");
     }
 
@@ -286,7 +286,7 @@ proptest::proptest! {
         let mut bytes = (body.len() as u32).to_le_bytes().to_vec();
         bytes.extend_from_slice(&body);
         // No blob bytes follow: reading one would be an EOF, not TooLarge.
-        let got = futures::executor::block_on(read_frame(&mut &bytes[..], MAX, None, None));
+        let got = futures::executor::block_on(read_frame(&mut &bytes[..], MAX, None, None, None));
         proptest::prop_assert!(matches!(got, Err(FrameError::TooLarge { .. })), "{got:?}");
     }
 }

@@ -13,7 +13,7 @@ use tokio::io::unix::AsyncFd;
 
 use super::cuda::{DeviceSegment, PeerDeviceSegment};
 use super::{
-    FILL_CHUNK, IDLE_BYTES, IDLE_LIFE, LINK_TIMEOUT, LinkState, MAX_OWN_SEGMENTS,
+    FILL_CHUNK, IDLE_BYTES, IDLE_LIFE, LINK_TIMEOUT, LONG_COPY, LinkState, MAX_OWN_SEGMENTS,
     MAX_PEER_SEGMENTS, Mapping, Record, SEGMENT_HEADER, SHARE_THRESHOLD, SPIN, lock,
     map_peer_segment, new_segment, recv, register, try_send,
 };
@@ -316,12 +316,18 @@ impl ShmLink {
 
     /// Copies the storage a frame placed in the peer's segment `id` into
     /// `out` (SHM-1), behind the peer's fill of it (SHM-5), then gives the
-    /// segment back.
+    /// segment back. Calls `progress` after each [`LONG_COPY`] stretch, and
+    /// lets the thread's other tasks run there.
     ///
     /// # Errors
     /// Fails if the segment never arrives or is not filled in time, the
     /// link failed, or `out` is longer than the segment holds.
-    pub(crate) async fn copy_out(self: &Arc<Self>, id: u64, out: &mut [u8]) -> Result<(), String> {
+    pub(crate) async fn copy_out(
+        self: &Arc<Self>,
+        id: u64,
+        out: &mut [u8],
+        progress: &(dyn Fn() + Sync),
+    ) -> Result<(), String> {
         let PeerSegment::Host(segment) = self.peer_segment(id).await? else {
             return Err(format!(
                 "segment {id} is CUDA memory, named for a storage in host memory"
@@ -336,11 +342,17 @@ impl ShmLink {
         }
         let deadline = tokio::time::Instant::now() + LINK_TIMEOUT;
         let (mut done, mut waiting_since) = (0, None::<std::time::Instant>);
+        // Bytes copied since this task last let others run.
+        let mut stretch = 0;
         while done < out.len() {
             // What the peer says it filled; it can only lie about which
             // bytes arrive (SHM-1), never about where they are read.
             let filled = segment.mark().load(Ordering::Acquire);
-            let ready = usize::try_from(filled).map_or(out.len(), |f| f.min(out.len()));
+            // At most `LONG_COPY` at a time, letting the thread's other
+            // tasks (heartbeats among them) run between stretches.
+            let ready = usize::try_from(filled)
+                .map_or(out.len(), |f| f.min(out.len()))
+                .min(done + LONG_COPY);
             if ready > done {
                 // SAFETY: the mapping is alive (the `Arc`) and holds
                 // `SEGMENT_HEADER + out.len()` bytes (checked above); it is
@@ -352,7 +364,13 @@ impl ShmLink {
                         ready - done,
                     );
                 }
+                stretch += ready - done;
                 (done, waiting_since) = (ready, None);
+                if stretch >= LONG_COPY && done < out.len() {
+                    stretch = 0;
+                    progress();
+                    tokio::task::yield_now().await;
+                }
                 continue;
             }
             if self.failed() {

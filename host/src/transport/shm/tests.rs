@@ -38,7 +38,7 @@ async fn a_storage_crosses_and_its_segment_is_reused_once_given_back() {
         let id = sender.share(&sent).expect("a segment");
         assert_eq!(id, 0, "round {round} reuses the first segment");
         let mut got = vec![0; sent.len()];
-        receiver.copy_out(id, &mut got).await.unwrap();
+        receiver.copy_out(id, &mut got, &|| ()).await.unwrap();
         assert!(got == sent, "round {round}: bytes changed on the way");
         eventually("the segment is given back", || sender.lent() == 0).await;
     }
@@ -61,7 +61,7 @@ async fn over_the_idle_limit_free_segments_are_given_up_on_both_sides() {
     let ids = [sender.share(&big).unwrap(), sender.share(&big).unwrap()];
     let mut out = vec![0u8; big.len()];
     for id in ids {
-        receiver.copy_out(id, &mut out).await.unwrap();
+        receiver.copy_out(id, &mut out, &|| ()).await.unwrap();
     }
     eventually("both are given back", || sender.lent() == 0).await;
     // 512 MiB idle is over the 256 MiB kept: one of them is given up.
@@ -72,7 +72,7 @@ async fn over_the_idle_limit_free_segments_are_given_up_on_both_sides() {
     let huge = vec![1u8; (256 << 20) + 1];
     let id = sender.share(&huge).unwrap();
     let mut out = vec![0u8; huge.len()];
-    receiver.copy_out(id, &mut out).await.unwrap();
+    receiver.copy_out(id, &mut out, &|| ()).await.unwrap();
     eventually("it is given back", || sender.lent() == 0).await;
     assert_eq!(sender.segments().0, 1, "the 512 MiB one stays, alone");
     assert_eq!(sender.share(&huge), Some(id), "and is reused");
@@ -84,7 +84,10 @@ async fn free_segments_are_given_up_after_their_idle_life() {
     let (a, b) = (ShmSlot::joined(a), ShmSlot::joined(b));
     let (sender, receiver) = (a.get().unwrap().clone(), b.get().unwrap().clone());
     let id = sender.share(&pattern(2 << 20)).unwrap();
-    receiver.copy_out(id, &mut vec![0; 2 << 20]).await.unwrap();
+    receiver
+        .copy_out(id, &mut vec![0; 2 << 20], &|| ())
+        .await
+        .unwrap();
     eventually("it is given back", || sender.lent() == 0).await;
     assert_eq!(sender.segments().0, 1);
     tokio::time::sleep(IDLE_LIFE + Duration::from_secs(1)).await;
@@ -103,7 +106,7 @@ async fn link_fails_on(records: impl FnOnce(&AsyncFd<OwnedFd>)) -> bool {
     while tokio::time::Instant::now() < deadline {
         if slot.get().is_none() {
             // A frame naming a segment now fails at once.
-            let e = link.copy_out(0, &mut [0; 8]).await.unwrap_err();
+            let e = link.copy_out(0, &mut [0; 8], &|| ()).await.unwrap_err();
             assert!(e.contains("failed"), "{e}");
             return true;
         }
@@ -260,7 +263,7 @@ async fn a_cuda_segment_named_for_a_storage_landing_in_host_memory_is_a_malforme
     let slot = ShmSlot::joined(ours);
     let theirs = register(theirs, Interest::READABLE | Interest::WRITABLE).unwrap();
     try_send(&theirs, cuda_segment(0, 4 << 20, 0x1000), None).unwrap();
-    let e = read_frame(&mut &bytes[..], 1 << 30, None, Some(&slot))
+    let e = read_frame(&mut &bytes[..], 1 << 30, None, Some(&slot), None)
         .await
         .unwrap_err();
     assert!(
@@ -319,14 +322,14 @@ async fn a_frame_carries_a_large_storage_in_shared_memory_and_small_ones_inline(
         .into_iter()
         .for_each(crate::transport::frame::SharedFill::run);
     assert!(bytes.len() < 4096, "{} bytes went inline", bytes.len());
-    let (m, tensors) = read_frame(&mut &bytes[..], 1 << 30, None, Some(&b))
+    let (m, tensors) = read_frame(&mut &bytes[..], 1 << 30, None, Some(&b), None)
         .await
         .unwrap()
         .unwrap();
     assert_eq!(m, message);
     assert!(tensors[0].equal(&big) && tensors[1].equal(&small));
     // Without a link the same frame is refused, not misread.
-    let e = read_frame(&mut &bytes[..], 1 << 30, None, Some(&ShmSlot::none()))
+    let e = read_frame(&mut &bytes[..], 1 << 30, None, Some(&ShmSlot::none()), None)
         .await
         .unwrap_err();
     assert!(e.to_string().contains("no link"), "{e}");
@@ -342,7 +345,7 @@ async fn the_receiver_copies_out_behind_the_fill() {
     let id = lent.id();
     let reading = tokio::spawn(async move {
         let mut got = vec![0; 5 * FILL_CHUNK + 123];
-        receiver.copy_out(id, &mut got).await.map(|()| got)
+        receiver.copy_out(id, &mut got, &|| ()).await.map(|()| got)
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!reading.is_finished(), "nothing was filled yet");
@@ -377,8 +380,29 @@ async fn a_fill_that_never_ends_fails_the_frame_after_the_link_timeout() {
     let (sender, receiver) = (a.get().unwrap().clone(), b.get().unwrap().clone());
     let lent = sender.lend(2 << 20).unwrap();
     let e = receiver
-        .copy_out(lent.id(), &mut vec![0; 2 << 20])
+        .copy_out(lent.id(), &mut vec![0; 2 << 20], &|| ())
         .await
         .unwrap_err();
     assert!(e.contains("not filled within"), "{e}");
+}
+
+/// LIVE-3: a long copy out reports progress at least once per `LONG_COPY`
+/// stretch, so that the watchdog sees a live peer while the connection's
+/// reader is busy copying (a GiB into fresh memory took longer than the 2 s
+/// failure window on a loaded 2-core VM, and the peer was declared failed).
+#[tokio::test]
+async fn a_long_copy_out_reports_progress_as_it_goes() {
+    let (a, b) = pair();
+    let (a, b) = (ShmSlot::joined(a), ShmSlot::joined(b));
+    let (sender, receiver) = (a.get().unwrap().clone(), b.get().unwrap().clone());
+    let sent = pattern(3 * LONG_COPY + 5);
+    let id = sender.share(&sent).expect("a segment");
+    let stretches = std::sync::atomic::AtomicUsize::new(0);
+    let progress = || {
+        stretches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    };
+    let mut got = vec![0; sent.len()];
+    receiver.copy_out(id, &mut got, &progress).await.unwrap();
+    assert!(got == sent, "bytes changed on the way");
+    assert_eq!(stretches.into_inner(), 3);
 }

@@ -172,7 +172,15 @@ pub(super) async fn reader_loop(
     budget: Option<wasmrpc_torch_sys::MemoryBudget>,
 ) {
     let reason = loop {
-        match read_frame(&mut read, max, budget.as_ref(), Some(&conn.shm)).await {
+        match read_frame(
+            &mut read,
+            max,
+            budget.as_ref(),
+            Some(&conn.shm),
+            Some(&conn.activity),
+        )
+        .await
+        {
             Ok(Some((message, tensors))) => {
                 conn.activity.received();
                 let Some(tr) = t.upgrade() else { return };
