@@ -224,6 +224,38 @@ async fn measure(
     Ok(())
 }
 
+/// The Python no-op's target is its ratio to the wasm no-op's round trip
+/// (issue 52: at most 1.25x). Beside it, the note gives what each function
+/// costs called in this process, without the network (its plugin loaded
+/// here too): the interpreter's own work, which the ratio cannot go below.
+async fn python_noop_note(cfg: &Config, agent: &RpcAgent, python: Stat) -> Result<String> {
+    const TARGET: f64 = 1.25;
+    let n = cfg.n(500, 5000);
+    let wasm = || agent.rpc_sync("worker1", worker::WASM_IDENTITY, args![1]);
+    let wasm = Stat::latencies(&timed(n, n / 10, wasm).await?);
+    let host = wasmrpc::PluginHost::shared()?;
+    for plugin in [wasmrpc_plugins::SEED_FNS, wasmrpc_plugins::SEED_FNS_PY] {
+        host.install(std::path::Path::new(plugin), agent.registry())
+            .with_context(|| format!("cannot load the plugin {plugin}"))?;
+    }
+    let mut local = Vec::new();
+    for function in [worker::WASM_IDENTITY, worker::PY_IDENTITY] {
+        let call = || agent.call_local(function, args![1]);
+        local.push(Stat::latencies(&timed(n, n / 10, call).await?));
+    }
+    let ratio = python.median / wasm.median;
+    let floor = (wasm.median + local[1].median - local[0].median) / wasm.median;
+    Ok(format!(
+        "(over the wasm no-op's {} measured right after: {ratio:.2}x, target <= {TARGET:.2}x: {}; \
+         called in this process without the network: the wasm no-op {}, the Python one {}, so \
+         the interpreter alone puts the ratio at {floor:.2}x at least)",
+        crate::report::fmt_micros(wasm.median),
+        if ratio <= TARGET { "ok" } else { "MISS" },
+        crate::report::fmt_micros(local[0].median),
+        crate::report::fmt_micros(local[1].median),
+    ))
+}
+
 /// Round trips to plugin functions on `worker1`: a Python no-op, and a
 /// tensor add in the Rust and in the Python seed plugin (torch's row: a
 /// Python function `a + b`).
@@ -242,8 +274,13 @@ async fn plugin_round_trips(
             bail!("{} returned {p:?}", worker::PY_IDENTITY);
         }
         let n = cfg.n(500, 5000);
-        let s = timed(n, n / 10, call).await?;
-        res.set(Side::Ours, "rtt_noop_py", Stat::latencies(&s));
+        let s = Stat::latencies(&timed(n, n / 10, call).await?);
+        res.set(Side::Ours, "rtt_noop_py", s);
+        res.note(
+            Side::Ours,
+            "rtt_noop_py",
+            python_noop_note(cfg, agent, s).await?,
+        );
     }
     for (row, function, what) in [
         ("rtt_add_wasm", "seed_fns::my_tensor_function", "Rust"),

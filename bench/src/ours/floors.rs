@@ -33,6 +33,9 @@ struct Round {
     noop: Stat,
     spinning: Stat,
     aten_add: Option<Stat>,
+    /// `aten::add` run in this process through the same entry point the
+    /// callee uses, without the network: the op's own work.
+    local_add: Option<Stat>,
 }
 
 /// The ratios of `rounds`, formatted, and the index of the round whose
@@ -104,6 +107,20 @@ pub(super) async fn small_calls(
         } else {
             None
         };
+        let local_add = if with_add {
+            let policy = agent.options().op_policy.clone();
+            let local = || {
+                wasmrpc::call_builtin(
+                    &policy,
+                    agent.name(),
+                    "aten::add",
+                    args![a.shallow_clone(), b.shallow_clone()],
+                )
+            };
+            Some(Stat::latencies(&timed(n, n / 10, local).await?))
+        } else {
+            None
+        };
         // A spinning server keeps a core busy for as long as it is
         // connected, which would change every other measurement (a machine
         // with a busy core wakes sleepers faster): it lives for its phase
@@ -116,6 +133,7 @@ pub(super) async fn small_calls(
             noop,
             spinning: Stat::latencies(&spin),
             aten_add,
+            local_add,
         });
     }
 
@@ -158,12 +176,23 @@ pub(super) async fn small_calls(
             bail!("round {i} has no aten::add sample");
         };
         res.set(Side::Ours, "rtt_aten_add", add);
+        // What the op itself costs, as a share of the no-op's round trip:
+        // the target is out of reach while it alone exceeds the margin.
+        let own_work = measured
+            .iter()
+            .filter_map(|r| Some(format!("{:.2}x", r.local_add?.median / r.noop.median)))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let local = m
+            .local_add
+            .map_or_else(|| "-".into(), |l| fmt_micros(l.median));
         res.note(
             Side::Ours,
             "rtt_aten_add",
             format!(
                 "(over the no-op of the same round: {all}; in the median round {} over {}, \
-                 {:.2}x, target <= {ATEN_ADD_TARGET:.2}x: {})",
+                 {:.2}x, target <= {ATEN_ADD_TARGET:.2}x: {}; the op alone, in this process \
+                 without the wire: {local} in that round, of the no-op per round: {own_work})",
                 fmt_micros(add.median),
                 fmt_micros(m.noop.median),
                 add_ratios[i],
