@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
@@ -18,6 +17,7 @@ use super::{
     map_peer_segment, new_segment, recv, register, try_send,
 };
 
+mod copy_out;
 mod cuda_segments;
 
 /// Where a segment's bytes are.
@@ -312,88 +312,6 @@ impl ShmLink {
         let id = lent.id();
         lent.fill(bytes);
         Some(id)
-    }
-
-    /// Copies the storage a frame placed in the peer's segment `id` into
-    /// `out` (SHM-1), behind the peer's fill of it (SHM-5), then gives the
-    /// segment back. Calls `progress` after each [`LONG_COPY`] stretch, and
-    /// lets the thread's other tasks run there.
-    ///
-    /// # Errors
-    /// Fails if the segment never arrives or is not filled in time, the
-    /// link failed, or `out` is longer than the segment holds.
-    pub(crate) async fn copy_out(
-        self: &Arc<Self>,
-        id: u64,
-        out: &mut [u8],
-        progress: &(dyn Fn() + Sync),
-    ) -> Result<(), String> {
-        let PeerSegment::Host(segment) = self.peer_segment(id).await? else {
-            return Err(format!(
-                "segment {id} is CUDA memory, named for a storage in host memory"
-            ));
-        };
-        if out.len() > segment.len - SEGMENT_HEADER {
-            return Err(format!(
-                "a storage of {} bytes in a shared segment of {} bytes",
-                out.len(),
-                segment.len
-            ));
-        }
-        let deadline = tokio::time::Instant::now() + LINK_TIMEOUT;
-        let (mut done, mut waiting_since) = (0, None::<std::time::Instant>);
-        // Bytes copied since this task last let others run.
-        let mut stretch = 0;
-        while done < out.len() {
-            // What the peer says it filled; it can only lie about which
-            // bytes arrive (SHM-1), never about where they are read.
-            let filled = segment.mark().load(Ordering::Acquire);
-            // At most `LONG_COPY` at a time, letting the thread's other
-            // tasks (heartbeats among them) run between stretches.
-            let ready = usize::try_from(filled)
-                .map_or(out.len(), |f| f.min(out.len()))
-                .min(done + LONG_COPY);
-            if ready > done {
-                // SAFETY: the mapping is alive (the `Arc`) and holds
-                // `SEGMENT_HEADER + out.len()` bytes (checked above); it is
-                // read-only here.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        segment.ptr.add(SEGMENT_HEADER + done),
-                        out.as_mut_ptr().add(done),
-                        ready - done,
-                    );
-                }
-                stretch += ready - done;
-                (done, waiting_since) = (ready, None);
-                if stretch >= LONG_COPY && done < out.len() {
-                    stretch = 0;
-                    progress();
-                    tokio::task::yield_now().await;
-                }
-                continue;
-            }
-            if self.failed() {
-                return Err(format!(
-                    "the shared-memory link failed while reading segment {id}"
-                ));
-            }
-            // The peer copies on another core, a chunk in well under a
-            // millisecond: look again at once for a while (a timer would
-            // wake a millisecond later), then back off.
-            let since = *waiting_since.get_or_insert_with(std::time::Instant::now);
-            if since.elapsed() < SPIN {
-                tokio::task::yield_now().await;
-            } else if tokio::time::Instant::now() > deadline {
-                return Err(format!(
-                    "shared segment {id} was not filled within {LINK_TIMEOUT:?}"
-                ));
-            } else {
-                tokio::time::sleep(Duration::from_micros(200)).await;
-            }
-        }
-        self.send_soon(Record::Release { id });
-        Ok(())
     }
 
     /// Storage bytes this side sent through its segments.
