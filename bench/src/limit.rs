@@ -1,8 +1,9 @@
 //! The machine's limits: a raw TCP ping-pong round trip, a raw TCP echo of
 //! the echo rows' sizes, memcpy of 64 MiB, the bound of the
 //! shared-memory channel's design (two overlapped copies each way), and the
-//! floor of a distributed autograd step (its ops in one process plus two
-//! raw TCP round trips carrying its tensors).
+//! pieces of a distributed autograd step's floor (its ops in one process,
+//! raw TCP round trips carrying its tensors), which `ours::autograd`
+//! measures beside its rows.
 //!
 //! The server runs in a process of its own (`wasmrpc-bench raw-server`), as
 //! the RPC workers do. Its protocol is the least an RPC could do: the client
@@ -190,12 +191,18 @@ impl PingPong {
     /// `n` timed round trips of [`SMALL_CALL_BYTES`](crate::rows::SMALL_CALL_BYTES),
     /// after `warmup` untimed ones.
     pub(crate) fn round_trips(&mut self, n: usize, warmup: usize) -> Result<Vec<Duration>> {
-        Ok(timed(
-            &mut self.conn,
-            crate::rows::SMALL_CALL_BYTES as usize,
-            n,
-            warmup,
-        )?)
+        self.round_trips_of(crate::rows::SMALL_CALL_BYTES as usize, n, warmup)
+    }
+
+    /// `n` timed round trips of `size` bytes each way, after `warmup`
+    /// untimed ones.
+    pub(crate) fn round_trips_of(
+        &mut self,
+        size: usize,
+        n: usize,
+        warmup: usize,
+    ) -> Result<Vec<Duration>> {
+        Ok(timed(&mut self.conn, size, n, warmup)?)
     }
 }
 
@@ -204,13 +211,6 @@ pub(crate) const ECHO: &[(&str, usize, usize, usize)] = &[
     ("raw_echo_4k", 4 << 10, 500, 3000),
     ("raw_echo_1m", 1 << 20, 100, 500),
     ("raw_echo_64m", 64 << 20, 5, 20),
-];
-
-/// The floors of the distributed autograd rows: (limit key, side of the
-/// matrices, steps in a quick run, steps in a full run).
-pub(crate) const STEP_FLOOR: &[(&str, i64, usize, usize)] = &[
-    ("step_floor_16", 16, 200, 1000),
-    ("step_floor_256", 256, 50, 200),
 ];
 
 /// Measures every limit the selected rows need.
@@ -227,22 +227,14 @@ pub(crate) fn measure(quick: bool, only: &[String], res: &mut Results, progress:
         .iter()
         .filter(|(key, ..)| wanted(only, &key["raw_".len()..]) || wanted(only, key))
         .collect();
-    let need_floor: Vec<_> = STEP_FLOOR
-        .iter()
-        .filter(|(key, side, ..)| {
-            wanted(only, key) || wanted(only, &format!("dist_autograd_{side}"))
-        })
-        .collect();
-    if (need_rtt || !need_echo.is_empty() || !need_floor.is_empty())
-        && let Err(e) = tcp(quick, need_rtt, &need_echo, &need_floor, res, progress)
+    // The autograd steps' floors are measured beside their rows, in
+    // alternating rounds (`ours::autograd`).
+    if (need_rtt || !need_echo.is_empty())
+        && let Err(e) = tcp(quick, need_rtt, &need_echo, res, progress)
     {
         let why = format!("raw TCP measurement failed: {e:#}");
         res.na(Side::Limit, "raw_rtt", &why);
-        let keys = ECHO
-            .iter()
-            .map(|e| e.0)
-            .chain(STEP_FLOOR.iter().map(|f| f.0));
-        for key in keys {
+        for key in ECHO.iter().map(|e| e.0) {
             res.na(Side::Limit, key, &why);
         }
     }
@@ -359,7 +351,6 @@ fn tcp(
     quick: bool,
     rtt: bool,
     echo: &[&(&str, usize, usize, usize)],
-    floors: &[&(&str, i64, usize, usize)],
     res: &mut Results,
     progress: &Progress,
 ) -> Result<()> {
@@ -378,26 +369,6 @@ fn tcp(
         let samples = timed(&mut conn, *size, n, (n / 10).max(1))?;
         res.set(Side::Limit, key, Stat::latencies(&samples));
     }
-    for (key, side, nq, nf) in floors {
-        progress.set(&format!(
-            "limit: a {side}x{side} autograd step in one process, and its bytes over raw TCP"
-        ));
-        let n = if quick { *nq } else { *nf };
-        let ops = Stat::latencies(&local_step(*side, n, (n / 10).max(1))?).median;
-        let bytes = step_bytes_each_way(*side);
-        let trip = Stat::latencies(&timed(&mut conn, bytes, n, (n / 10).max(1))?).median;
-        res.set(Side::Limit, key, Stat::value(ops + 2.0 * trip, n as u64));
-        res.note(
-            Side::Limit,
-            key,
-            format!(
-                "(ops in one process {} + 2 raw TCP round trips of {} each way {})",
-                crate::report::fmt_micros(ops),
-                crate::report::fmt_bytes(bytes),
-                crate::report::fmt_micros(trip)
-            ),
-        );
-    }
     Ok(())
 }
 
@@ -405,7 +376,7 @@ fn tcp(
 /// forward sends both matrices and gets the product back, the backward
 /// sends the product's gradient and gets both matrices' gradients back,
 /// so each round trip moves three matrices of `side`x`side` floats.
-fn step_bytes_each_way(side: i64) -> usize {
+pub(crate) fn step_bytes_each_way(side: i64) -> usize {
     usize::try_from(side * side * 4 * 3 / 2).unwrap_or(usize::MAX)
 }
 
@@ -414,7 +385,7 @@ fn step_bytes_each_way(side: i64) -> usize {
 /// sum, and the leaves' gradients by libtorch's engine (returned, as a
 /// distributed context holds them, rather than accumulated), on this
 /// process's op threads, which the bench sets to a worker's share.
-fn local_step(side: i64, n: usize, warmup: usize) -> Result<Vec<Duration>> {
+pub(crate) fn local_step(side: i64, n: usize, warmup: usize) -> Result<Vec<Duration>> {
     use tch::{Device, Kind, Tensor};
     let leaf = || Tensor::rand([side, side], (Kind::Float, Device::Cpu)).set_requires_grad(true);
     let (a, b) = (leaf(), leaf());

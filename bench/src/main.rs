@@ -3,12 +3,12 @@
 //!
 //! One run measures, in order:
 //! 1. the limits (`limit`): raw TCP round trip and echo between two
-//!    processes, memcpy, the shared-memory channel's bound (two
-//!    overlapped copies each way), and the floor of a distributed autograd
-//!    step (its ops in this process plus two raw TCP round trips of its
-//!    bytes);
+//!    processes, memcpy, and the shared-memory channel's bound (two
+//!    overlapped copies each way);
 //! 2. our side (`ours`): groups of `wasmrpc-bench worker` processes, measured
-//!    from rank 0 in this process;
+//!    from rank 0 in this process; the small call and the distributed
+//!    autograd step (its ops in this process plus two raw TCP round trips
+//!    of its bytes) alternate with their floors there;
 //! 3. the torch side (`torch`): `bench/torch_rpc_bench.py`, which spawns its
 //!    own TensorPipe workers and measures the same rows the same way.
 //!

@@ -23,8 +23,6 @@ mod floors;
 mod processes;
 mod variants;
 
-use autograd::{StepPhases, autograd_step};
-
 pub(crate) use processes::{Children, free_port, plain_worker_args, rss_mib, worker_args};
 pub(crate) use variants::{
     METRICS_ROWS, SAMPLED_ROWS, TLS_ROWS, TRACED_ROWS, metrics_rows, tls_rows, traced_rows,
@@ -195,32 +193,7 @@ async fn measure(
         res.set(Side::Ours, "remote_to_here", Stat::latencies(&s));
     }
 
-    for (row, size, nq, nf) in [
-        ("dist_autograd_16", 16, 200, 1000),
-        ("dist_autograd_256", 256, 50, 200),
-    ] {
-        if !cfg.wanted(row) {
-            continue;
-        }
-        progress.set(&format!(
-            "wasmrpc: distributed autograd step, {size}x{size} matmul"
-        ));
-        let a = Tensor::rand([size, size], (Kind::Float, Device::Cpu)).set_requires_grad(true);
-        let b = Tensor::rand([size, size], (Kind::Float, Device::Cpu)).set_requires_grad(true);
-        let n = cfg.n(nq, nf);
-        let phases = std::cell::RefCell::new(Vec::with_capacity(n + n / 10 + 1));
-        let s = timed(n, (n / 10).max(1), || {
-            autograd_step(agent, dst, &a, &b, &phases)
-        })
-        .await?;
-        res.set(Side::Ours, row, Stat::latencies(&s));
-        let phases = phases.into_inner();
-        res.note(
-            Side::Ours,
-            row,
-            StepPhases::medians(&phases[phases.len().saturating_sub(n)..]),
-        );
-    }
+    autograd::steps(cfg, agent, res, progress).await?;
     Ok(())
 }
 

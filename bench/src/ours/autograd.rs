@@ -1,12 +1,106 @@
-//! One distributed autograd step as the bench measures it, and where its
-//! time went (forward call, local sum, backward pass).
+//! The distributed autograd rows: one step as the bench measures it, where
+//! its time went (forward call, local sum, backward pass), and its floor,
+//! measured beside it in alternating rounds (issue 52): the step's ops in
+//! this process plus two raw TCP round trips of its bytes.
 
 use std::time::{Duration, Instant};
 
-use tch::Tensor;
+use anyhow::Result;
+use tch::{Device, Kind, Tensor};
 use wasmrpc::{Payload, RpcAgent, args};
 
+use super::floors::{median_round, verdict};
+use super::{Config, timed};
+use crate::limit::{PingPong, local_step, step_bytes_each_way};
+use crate::progress::Progress;
+use crate::rows::{Results, Side};
 use crate::stats::Stat;
+
+/// The rows: (row, its floor's limit key, side of the matrices, steps in a
+/// quick run, steps in a full run, the target over the floor).
+const STEPS: [(&str, &str, i64, usize, usize, f64); 2] = [
+    ("dist_autograd_16", "step_floor_16", 16, 200, 1000, 1.8),
+    ("dist_autograd_256", "step_floor_256", 256, 50, 200, 1.10),
+];
+
+/// Measures the wanted step rows beside their floors: each of the rounds
+/// (three with `--quick`, else five) times the floor and then a share of
+/// the steps; the row keeps every step, its limit the floor of the median
+/// round, and the note every round's ratio.
+pub(super) async fn steps(
+    cfg: &Config,
+    agent: &RpcAgent,
+    res: &mut Results,
+    progress: &Progress,
+) -> Result<()> {
+    for (row, floor_key, side, nq, nf, target) in STEPS {
+        if !cfg.wanted(row) {
+            continue;
+        }
+        let leaf =
+            || Tensor::rand([side, side], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let (a, b) = (leaf(), leaf());
+        let rounds = cfg.n(3, 5);
+        let per_round = (cfg.n(nq, nf) / rounds).max(1);
+        let warmup = (per_round / 10).max(1);
+        let bytes = step_bytes_each_way(side);
+        let mut raw = PingPong::start(false)?;
+        let phases = std::cell::RefCell::new(Vec::new());
+        let (mut all, mut floors, mut medians) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 1..=rounds {
+            progress.set(&format!(
+                "wasmrpc: distributed autograd step, {side}x{side} matmul, beside its floor, \
+                 round {round} of {rounds}"
+            ));
+            // The floor is blocking code: off the runtime's threads.
+            let floor = tokio::task::block_in_place(|| -> Result<f64> {
+                let ops = Stat::latencies(&local_step(side, per_round, warmup)?).median;
+                let trip = Stat::latencies(&raw.round_trips_of(bytes, per_round, warmup)?).median;
+                Ok(ops + 2.0 * trip)
+            })?;
+            let steps = timed(per_round, warmup, || {
+                autograd_step(agent, "worker1", &a, &b, &phases)
+            })
+            .await?;
+            floors.push(floor);
+            medians.push(Stat::latencies(&steps).median);
+            all.extend(steps);
+        }
+        let ratios: Vec<f64> = medians.iter().zip(&floors).map(|(s, f)| s / f).collect();
+        let (per_round_ratios, i) = median_round(&ratios);
+        res.set(Side::Ours, row, Stat::latencies(&all));
+        res.set(
+            Side::Limit,
+            floor_key,
+            Stat::value(floors[i], all.len() as u64),
+        );
+        res.note(
+            Side::Limit,
+            floor_key,
+            format!(
+                "(its ops in one process + 2 raw TCP round trips of {} each way, in the median \
+                 round of the row's)",
+                crate::report::fmt_bytes(bytes)
+            ),
+        );
+        let phases = phases.into_inner();
+        res.note(
+            Side::Ours,
+            row,
+            format!(
+                "({rounds} rounds alternating with its floor; over it per round: \
+                 {per_round_ratios}; in the median round {} over {}, {:.2}x, target <= \
+                 {target:.2}x: {}) {}",
+                crate::report::fmt_micros(medians[i]),
+                crate::report::fmt_micros(floors[i]),
+                ratios[i],
+                verdict(ratios[i], target),
+                StepPhases::medians(&phases[phases.len().saturating_sub(all.len())..]),
+            ),
+        );
+    }
+    Ok(())
+}
 
 /// Where one distributed autograd step's time went, as its row's note:
 /// the remote matmul (the forward call), the local sum, and the backward

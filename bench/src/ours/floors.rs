@@ -40,7 +40,7 @@ struct Round {
 
 /// The ratios of `rounds`, formatted, and the index of the round whose
 /// ratio is the median.
-fn median_round(ratios: &[f64]) -> (String, usize) {
+pub(super) fn median_round(ratios: &[f64]) -> (String, usize) {
     let mut order: Vec<usize> = (0..ratios.len()).collect();
     order.sort_by(|&a, &b| ratios[a].total_cmp(&ratios[b]));
     let all = ratios
@@ -51,7 +51,7 @@ fn median_round(ratios: &[f64]) -> (String, usize) {
     (all, order[order.len() / 2])
 }
 
-fn verdict(ratio: f64, target: f64) -> &'static str {
+pub(super) fn verdict(ratio: f64, target: f64) -> &'static str {
     if ratio <= target { "ok" } else { "MISS" }
 }
 
