@@ -12,11 +12,12 @@
 //! It measures; it judges nothing (the suite's rows carry the targets).
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use tch::{Device, Kind, Tensor};
-use wasmrpc::args;
+use wasmrpc::{Payload, args};
 
 use crate::limit::PingPong;
 use crate::ours::{self, Children, free_port, worker_args};
@@ -39,6 +40,9 @@ pub(crate) enum Call {
     /// `seed_fns_py::my_tensor_function`, the same in a Python plugin (the
     /// `rtt_add_py` row).
     PythonAdd,
+    /// One distributed autograd step with a remote 16x16 matmul (the
+    /// `dist_autograd_16` row): a forward call and a backward pass.
+    Step16,
 }
 
 /// One thread's counters at one moment.
@@ -195,8 +199,16 @@ pub(crate) fn run(call: Call, calls: usize, threads: usize, in_flight: usize) ->
             Tensor::ones([4], (Kind::Float, Device::Cpu)),
             Tensor::ones([4], (Kind::Float, Device::Cpu)),
         );
-        let one = || {
+        let (x, y) = (
+            Tensor::rand([16, 16], (Kind::Float, Device::Cpu)).set_requires_grad(true),
+            Tensor::rand([16, 16], (Kind::Float, Device::Cpu)).set_requires_grad(true),
+        );
+        let phases = std::cell::RefCell::new(Vec::new());
+        let one = || -> std::pin::Pin<Box<dyn Future<Output = wasmrpc::Result<Payload>> + '_>> {
             let (function, args) = match call {
+                Call::Step16 => {
+                    return Box::pin(ours::autograd_step(&agent, "worker1", &x, &y, &phases));
+                }
                 Call::Noop => (NOOP, args![1]),
                 Call::AtenAdd => ("aten::add", args![a.shallow_clone(), b.shallow_clone()]),
                 Call::Wasm => (worker::WASM_IDENTITY, args![1]),
@@ -210,7 +222,7 @@ pub(crate) fn run(call: Call, calls: usize, threads: usize, in_flight: usize) ->
                     args![a.shallow_clone(), b.shallow_clone()],
                 ),
             };
-            agent.rpc_sync("worker1", function, args)
+            Box::pin(agent.rpc_sync("worker1", function, args))
         };
         ours::timed(calls / 10, 0, one).await?;
         if in_flight > 1 {

@@ -16,6 +16,7 @@
 //! mean anything: absolute numbers drift with the machine and its load.
 
 mod anatomy;
+mod cipher;
 mod cuda;
 mod limit;
 mod ours;

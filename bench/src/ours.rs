@@ -19,6 +19,7 @@ use crate::stats::Stat;
 use crate::worker::{self, ECHO, LOAD, NOOP};
 
 mod autograd;
+pub(crate) use autograd::autograd_step;
 mod floors;
 mod processes;
 mod variants;

@@ -105,7 +105,7 @@ pub(super) async fn steps(
 /// Where one distributed autograd step's time went, as its row's note:
 /// the remote matmul (the forward call), the local sum, and the backward
 /// pass across both workers. A profile of the step starts here.
-pub(super) struct StepPhases {
+pub(crate) struct StepPhases {
     forward: Duration,
     loss: Duration,
     backward: Duration,
@@ -130,7 +130,7 @@ impl StepPhases {
 /// One step as the torch side does it: in a fresh context, a remote matmul,
 /// a local sum, backward across both workers, and the context's gradients
 /// (both leaves must have one). Its phases go to `phases`.
-pub(super) async fn autograd_step(
+pub(crate) async fn autograd_step(
     agent: &RpcAgent,
     dst: &str,
     a: &Tensor,

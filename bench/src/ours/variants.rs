@@ -146,6 +146,38 @@ impl Variant<'_> {
     }
 }
 
+/// What one group measured: each row's stat (none for rows not wanted),
+/// and, if it measured the echo, the CPU time one echo takes in both
+/// processes together.
+struct GroupSample {
+    stats: Vec<Option<Stat>>,
+    echo_cpu: Option<Duration>,
+}
+
+/// Echoes of the 64 MiB tensor whose CPU time [`echo_cpu`] counts.
+const ECHO_CPU_CALLS: usize = 5;
+
+/// The CPU time of one echo of a 64 MiB tensor, in this process and in the
+/// worker `callee` together (every thread), over [`ECHO_CPU_CALLS`] echoes.
+async fn echo_cpu(agent: &wasmrpc::RpcAgent, callee: u32) -> Result<Duration> {
+    let (_, size, _, _) = crate::limit::ECHO[2];
+    let t = tokio::task::block_in_place(|| {
+        tch::Tensor::rand([(size / 4) as i64], (tch::Kind::Float, Device::Cpu))
+    });
+    let echo = || agent.rpc_sync("worker1", crate::worker::ECHO, args![t.shallow_clone()]);
+    echo().await?;
+    let cpu = || -> Result<Duration> {
+        Ok(crate::stats::process_cpu(std::process::id())?
+            + crate::stats::process_cpu(callee)
+                .with_context(|| format!("reading worker1's (pid {callee}) CPU time"))?)
+    };
+    let before = cpu()?;
+    for _ in 0..ECHO_CPU_CALLS {
+        echo().await?;
+    }
+    Ok((cpu()? - before) / ECHO_CPU_CALLS as u32)
+}
+
 /// Starts a group of 2 (rank 0 here, rank 1 a process) as `variant` says,
 /// and takes `rows`' measurements in it, in their order.
 async fn group_sample(
@@ -153,7 +185,7 @@ async fn group_sample(
     variant: Variant<'_>,
     rows: &[VariantRow],
     progress: &Progress,
-) -> Result<Vec<Option<Stat>>> {
+) -> Result<GroupSample> {
     let what = variant.describe();
     progress.set(&format!("wasmrpc: starting a group of 2 workers, {what}"));
     let method = format!("tcp://127.0.0.1:{}", free_port()?);
@@ -209,6 +241,7 @@ async fn group_sample(
             agent.rpc_sync("worker1", NOOP, args![i]).await?;
         }
         let mut sample = Vec::with_capacity(rows.len());
+        let mut cpu = None;
         for row in rows {
             if !cfg.wanted(row.id) {
                 sample.push(None);
@@ -226,12 +259,17 @@ async fn group_sample(
                 Measure::Echo64m => {
                     progress.set(&format!("wasmrpc: echo of a 64 MiB tensor, {what}"));
                     let (_, size, nq, nf) = crate::limit::ECHO[2];
-                    echo(cfg, &agent, Device::Cpu, size, nq, nf).await?
+                    let stat = echo(cfg, &agent, Device::Cpu, size, nq, nf).await?;
+                    cpu = Some(echo_cpu(&agent, children.pids()[0]).await?);
+                    stat
                 }
             };
             sample.push(Some(stat));
         }
-        anyhow::Ok(sample)
+        anyhow::Ok(GroupSample {
+            stats: sample,
+            echo_cpu: cpu,
+        })
     }
     .await;
     progress.set(&format!(
@@ -349,25 +387,34 @@ async fn variant_rows(
     name: &str,
 ) -> Result<()> {
     let mut rounds = Vec::with_capacity(ROUNDS);
+    let mut echo_cpus = Vec::with_capacity(ROUNDS);
     for _ in 0..ROUNDS {
         let plain = group_sample(cfg, Variant::Plain, rows, progress).await?;
         let varied = group_sample(cfg, variant, rows, progress).await?;
-        rounds.push(plain.into_iter().zip(varied).collect::<Vec<_>>());
+        echo_cpus.push((plain.echo_cpu, varied.echo_cpu));
+        rounds.push(
+            plain
+                .stats
+                .into_iter()
+                .zip(varied.stats)
+                .collect::<Vec<_>>(),
+        );
     }
     for (i, row) in rows.iter().enumerate() {
         let is_rate = row.measure == Measure::Rate;
         // The cost: how much longer a call takes, or how much lower the
         // rate is, in the variant.
-        let mut costs: Vec<(f64, Stat, Stat)> = rounds
+        let mut costs: Vec<(f64, Stat, Stat, EchoCpu)> = rounds
             .iter_mut()
-            .filter_map(|round| {
+            .zip(&echo_cpus)
+            .filter_map(|(round, cpu)| {
                 let (p, v) = (round[i].0.take()?, round[i].1.take()?);
                 let cost = if is_rate {
                     p.median / v.median - 1.0
                 } else {
                     v.median / p.median - 1.0
                 };
-                Some((cost, p, v))
+                Some((cost, p, v, *cpu))
             })
             .collect();
         if costs.is_empty() {
@@ -378,7 +425,7 @@ async fn variant_rows(
             .iter()
             .map(|c| format!("{:+.1}%", c.0 * 100.0))
             .collect();
-        let (cost, p, v) = costs.swap_remove(costs.len() / 2);
+        let (cost, p, v, cpu) = costs.swap_remove(costs.len() / 2);
         res.set(Side::Ours, row.id, v);
         let verdict = if cost <= row.target { "ok" } else { "MISS" };
         let plain_cell = if is_rate {
@@ -386,19 +433,70 @@ async fn variant_rows(
         } else {
             format!("{:.1} us", p.median)
         };
-        res.note(
-            Side::Ours,
-            row.id,
-            format!(
-                "(median of {} alternating rounds, costs {}; plain {} in that round: \
+        let mut note = format!(
+            "(median of {} alternating rounds, costs {}; plain {} in that round: \
                  {plain_cell}; {name} costs {:+.1}%, target <= {:.0}%: {verdict})",
-                all.len(),
-                all.join(" "),
-                row.plain,
-                cost * 100.0,
-                row.target * 100.0
-            ),
+            all.len(),
+            all.join(" "),
+            row.plain,
+            cost * 100.0,
+            row.target * 100.0
         );
+        if let (Variant::Tls(_), Measure::Echo64m, (Some(plain_cpu), Some(tls_cpu))) =
+            (variant, row.measure, cpu)
+        {
+            note.push(' ');
+            note.push_str(&cipher_cost(
+                (p.median, plain_cpu),
+                (v.median, tls_cpu),
+                row.target,
+            )?);
+        }
+        res.note(Side::Ours, row.id, note);
     }
     Ok(())
+}
+
+/// The CPU time of one echo in a plain group and in a variant's, where
+/// measured.
+type EchoCpu = (Option<Duration>, Option<Duration>);
+
+/// Where TLS's cost on the 64 MiB echo goes, as a note: the CPU it adds
+/// (`plain` and `tls`: each echo's median time in µs and its CPU time in
+/// both processes) beside the cipher's four passes (a seal and an open
+/// each way, timed alone on one core: `crate::cipher`), how busy the cores
+/// are during the TLS echo, and how much faster the cipher would have to
+/// be for the target if the echo stays CPU-bound.
+fn cipher_cost(plain: (f64, Duration), tls: (f64, Duration), target: f64) -> Result<String> {
+    let (_, size, _, _) = crate::limit::ECHO[2];
+    let (seal, open) = tokio::task::block_in_place(|| crate::cipher::seal_and_open(size, 3))?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1e3);
+    let cipher = 2 * (seal + open);
+    let added = tls.1.saturating_sub(plain.1);
+    let busy = tls.1.as_secs_f64() * 1e6 / (tls.0 * cores);
+    // CPU-bound, the TLS echo takes (plain CPU + cipher) / cores; within
+    // the target it takes at most (1 + target) x the plain echo.
+    let room = (1.0 + target) * plain.0 * 1e-6 * cores - plain.1.as_secs_f64();
+    let needed = if room > 0.0 {
+        format!(
+            "{:.1}x faster than this machine's",
+            cipher.as_secs_f64() / room
+        )
+    } else {
+        "none: the plain echo's CPU alone fills the cores".to_string()
+    };
+    let rate = 2.0 * size as f64 / (seal + open).as_secs_f64() / 1e9;
+    Ok(format!(
+        "(where TLS's cost goes, in that round: the TLS echo takes {} of CPU in both processes, \
+         the plain one {}, so TLS adds {}; the cipher's four passes (a seal and an open each \
+         way; AES-128-GCM alone on one core, {rate:.2} GB/s here) take {}; the {cores} cores are \
+         {:.0}% busy during the TLS echo; if it stays CPU-bound, the target needs a cipher \
+         {needed})",
+        ms(tls.1),
+        ms(plain.1),
+        ms(added),
+        ms(cipher),
+        busy * 100.0,
+    ))
 }
