@@ -76,8 +76,9 @@
 //!   context that grants nothing. [`Plugin::is_component`] tells them
 //!   apart. A Python instance takes 13 to 16 of the pool's slots: a call that
 //!   finds the pool full drops the idle instances of every plugin, then
-//!   waits for a busy one to come back ([`POOL_WAIT`]), and fails at once
-//!   when no instance is live (a pool too small for one).
+//!   waits for a busy one to come back, fails when none came back for
+//!   [`POOL_WAIT`], and fails at once when no instance is live (a pool too
+//!   small for one).
 //! - **[`manifest::read`]** reads a module's (or a component's) manifest
 //!   without compiling it.
 

@@ -134,10 +134,14 @@ pub struct Plugin {
     pool: Mutex<Vec<Warm>>,
     /// Told when an instance comes back (to a checkout waiting for a slot).
     returned: tokio::sync::Notify,
+    /// How many instances came back so far: a waiting checkout's sign that
+    /// the pool is moving.
+    returns: std::sync::atomic::AtomicU64,
 }
 
 /// How long a call waits for an instance slot when the runtime's pool is
-/// full, before failing.
+/// full and none of the plugin's busy instances comes back, before
+/// failing.
 pub const POOL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl std::fmt::Debug for Plugin {
@@ -168,6 +172,7 @@ impl Plugin {
             shared,
             pool: Mutex::new(Vec::new()),
             returned: tokio::sync::Notify::new(),
+            returns: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -209,15 +214,20 @@ impl Plugin {
     /// A warm instance from the pool, or a new one. When every instance
     /// slot of the runtime is taken (a Python instance takes 13 to 16),
     /// drops the idle instances of every plugin of the runtime, then waits
-    /// for a busy instance to come back, up to [`POOL_WAIT`]; fails at once
-    /// if no instance is live anywhere (the pool is too small for one).
+    /// for a busy instance to come back for as long as the pool moves: it
+    /// fails when none of the plugin's instances came back for
+    /// [`POOL_WAIT`] (the waiters take turns in no order, so under a flood
+    /// of calls one may wait longer than that while the others progress),
+    /// and at once if no instance is live anywhere (the pool is too small
+    /// for one).
     ///
     /// The instance is one made for `folders` (the calling worker's grants
     /// to this plugin): a component's WASI context preopens them, and
     /// Python's libc keeps what it found there, so an instance never moves
     /// between sets of folders (FG-1).
     pub(crate) async fn checkout(&self, folders: Option<Arc<Folders>>) -> Result<Warm> {
-        let deadline = std::time::Instant::now() + POOL_WAIT;
+        let mut deadline = std::time::Instant::now() + POOL_WAIT;
+        let mut returns = self.returns.load(std::sync::atomic::Ordering::Relaxed);
         let same = |w: &Warm| match (&w.folders, &folders) {
             (None, None) => true,
             (Some(a), Some(b)) => Arc::ptr_eq(a, b),
@@ -238,7 +248,17 @@ impl Plugin {
             let full = e
                 .downcast_ref::<wasmtime::PoolConcurrencyLimitError>()
                 .is_some();
-            if full && self.shared.drop_idle_instances() > 0 {
+            // The asking plugin's instances that this checkout could use
+            // are kept: one came back while it tried, and is taken next.
+            if full
+                && (self.shared.drop_idle_instances(self, &same) > 0
+                    || self
+                        .pool
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .iter()
+                        .any(same))
+            {
                 continue;
             }
             let live = self.shared.live.load(std::sync::atomic::Ordering::Relaxed);
@@ -270,13 +290,27 @@ impl Plugin {
             // second.
             let back = self.returned.notified();
             let _ = tokio::time::timeout(std::time::Duration::from_millis(20), back).await;
+            let now = self.returns.load(std::sync::atomic::Ordering::Relaxed);
+            if now != returns {
+                // The pool moves: only a pool stuck for POOL_WAIT fails.
+                returns = now;
+                deadline = std::time::Instant::now() + POOL_WAIT;
+            }
         }
     }
 
-    /// Drops the idle instances in the pool; returns how many.
-    pub(crate) fn drop_idle(&self) -> usize {
-        let idle = std::mem::take(&mut *self.pool.lock().unwrap_or_else(|p| p.into_inner()));
-        idle.len()
+    /// Drops the idle instances in the pool but those `keep` accepts;
+    /// returns how many it dropped.
+    pub(crate) fn drop_idle_unless(&self, keep: &dyn Fn(&Warm) -> bool) -> usize {
+        let dropped: Vec<Warm> = {
+            let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+            let (kept, dropped) = std::mem::take(&mut *pool)
+                .into_iter()
+                .partition(|w| keep(w));
+            *pool = kept;
+            dropped
+        };
+        dropped.len()
     }
 
     async fn instantiate(&self, folders: Option<Arc<Folders>>) -> wasmtime::Result<Warm> {
@@ -304,6 +338,8 @@ impl Plugin {
                 pool.push(warm);
             }
         }
+        self.returns
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.returned.notify_one();
     }
 }

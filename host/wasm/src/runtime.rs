@@ -4,7 +4,7 @@
 
 use crate::instance::{CallCtx, Fault, StoreData};
 use crate::object::Object;
-use crate::plugin::{Code, Entry, Plugin, Target};
+use crate::plugin::{Code, Entry, Plugin, Target, Warm};
 use crate::{Error, GuestHost, Result, manifest};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -77,14 +77,29 @@ impl Shared {
         }
     }
 
-    /// Drops the idle instances of every plugin; returns how many.
-    pub(crate) fn drop_idle_instances(&self) -> usize {
+    /// Drops the idle instances of every plugin but the instances of
+    /// `asking` that its waiting checkout could use (`usable`): dropping
+    /// those would only make it build a new one. Returns how many.
+    pub(crate) fn drop_idle_instances(
+        &self,
+        asking: &Plugin,
+        usable: &dyn Fn(&Warm) -> bool,
+    ) -> usize {
         let plugins: Vec<Arc<Plugin>> = {
             let mut all = self.plugins.lock().unwrap_or_else(|p| p.into_inner());
             all.retain(|p| p.strong_count() > 0);
             all.iter().filter_map(std::sync::Weak::upgrade).collect()
         };
-        plugins.iter().map(|p| p.drop_idle()).sum()
+        plugins
+            .iter()
+            .map(|p| {
+                if std::ptr::eq(Arc::as_ptr(p), asking) {
+                    p.drop_idle_unless(usable)
+                } else {
+                    p.drop_idle_unless(&|_| false)
+                }
+            })
+            .sum()
     }
 }
 
