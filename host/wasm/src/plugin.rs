@@ -213,7 +213,8 @@ impl Plugin {
 
     /// A warm instance from the pool, or a new one. When every instance
     /// slot of the runtime is taken (a Python instance takes 13 to 16),
-    /// drops the idle instances of every plugin of the runtime, then waits
+    /// drops the idle instances of every plugin of the runtime (but those
+    /// of its own it could use, which it takes), then waits
     /// for a busy instance to come back for as long as the pool moves: it
     /// fails when none of the plugin's instances came back for
     /// [`POOL_WAIT`] (the waiters take turns in no order, so under a flood
