@@ -18,6 +18,7 @@ Output: one JSON line per row, as the torch script writes them.
 """
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -27,6 +28,12 @@ import torch
 # The torch script's measuring and reporting, so both sides count alike.
 from torch_rpc_bench import emit, latency_row, timed_calls
 from wasmrpc import rpc
+
+
+# Two processes of one host, as `torchrun --nproc-per-node 2` would start
+# them: each sizes its runtime to its share of the cores (the workers of
+# our Rust rows get the same share).
+os.environ["LOCAL_WORLD_SIZE"] = "2"
 
 
 def options(init_method):

@@ -17,7 +17,8 @@ use pyo3::prelude::*;
 use wasmrpc::{ErrorKind, FunctionRegistry, PluginHost, RpcAgent, RpcBackendOptions, WorkerInfo};
 
 /// The runtime every agent of this process runs on, made by the first
-/// `init_rpc` with its `num_worker_threads`.
+/// `init_rpc` with its `num_worker_threads`, at most this process's share
+/// of the host's cores.
 static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
 
 /// The agent `init_rpc` started, until `shutdown`.
@@ -157,8 +158,12 @@ pub(crate) fn init_rpc(
     let rt = match RUNTIME.get() {
         Some(rt) => rt,
         None => {
+            // More threads than this process's share of the cores run no
+            // more calls at once: they make the runtime wake threads that
+            // find nothing to do (docs: Tuning, "Runtime threads"). The
+            // agent still reports `num_worker_threads`.
             let built = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(threads)
+                .worker_threads(threads.min(wasmrpc::cores_per_local_worker()))
                 .thread_name("wasmrpc")
                 .enable_all()
                 .build()

@@ -37,6 +37,27 @@ pub fn cores_per_worker(workers: usize) -> usize {
     (cores / workers.max(1)).max(1)
 }
 
+/// torchrun's count of the workers it started on this host.
+pub const LOCAL_WORLD_SIZE_ENV: &str = "LOCAL_WORLD_SIZE";
+
+/// [`cores_per_worker`] for a process started by torchrun (or anything
+/// that sets [`LOCAL_WORLD_SIZE_ENV`]): the share of the cores of each of
+/// the host's workers. Without the variable (or with one that is not a
+/// count) the process counts as the host's only worker. A Python program
+/// sizes its runtime to it (`host/python`).
+pub fn cores_per_local_worker() -> usize {
+    cores_per_worker(local_workers(
+        std::env::var(LOCAL_WORLD_SIZE_ENV).ok().as_deref(),
+    ))
+}
+
+/// The workers on this host as `LOCAL_WORLD_SIZE` says; 1 when unset or
+/// not a count.
+fn local_workers(var: Option<&str>) -> usize {
+    var.and_then(|n| n.trim().parse::<usize>().ok())
+        .unwrap_or(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -50,6 +71,21 @@ mod tests {
         if cores >= 2 {
             assert_eq!(cores_per_worker(2), cores / 2);
         }
+    }
+
+    #[test]
+    fn local_world_size_counts_the_hosts_workers_and_anything_else_counts_as_one() {
+        assert_eq!(local_workers(Some("4")), 4);
+        assert_eq!(local_workers(Some(" 2\n")), 2);
+        for unreadable in [None, Some(""), Some("two"), Some("-3"), Some("1.5")] {
+            assert_eq!(local_workers(unreadable), 1, "{unreadable:?}");
+        }
+        // Zero workers is not a host's share: `cores_per_worker` counts it
+        // as one.
+        assert_eq!(
+            cores_per_worker(local_workers(Some("0"))),
+            cores_per_worker(1)
+        );
     }
 
     #[test]
