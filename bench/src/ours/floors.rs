@@ -8,8 +8,13 @@
 //!   transport that sleeps while idle), and against the same ping-pong with
 //!   both sides polling their sockets in a loop (the floor of one that
 //!   never sleeps). The row's target is against the first.
-//! - `rtt_aten_add` against `rtt_noop_native` of the same round: what an op
-//!   costs over a call that runs nothing.
+//! - `rtt_aten_add` against no-op calls alternating with it one by one:
+//!   what an op costs over a call that runs nothing. Rounds of a few
+//!   thousand calls each were too coarse: the polling regime (polled
+//!   through, or woken) changes within seconds, and the per-round ratios
+//!   of one run spread from 0.56x to 4.62x while the op itself takes a
+//!   tenth of a no-op's round trip. The row's own figure is still a block
+//!   of `aten::add` calls alone: alternating slows both kinds of call.
 
 use anyhow::{Result, bail};
 use tch::{Device, Kind, Tensor};
@@ -32,7 +37,10 @@ struct Round {
     blocking: Stat,
     noop: Stat,
     spinning: Stat,
+    /// `aten::add` in a block of its own (the row's figure).
     aten_add: Option<Stat>,
+    /// `aten::add` and the no-ops that alternated with it (its ratio).
+    paired_add: Option<(Stat, Stat)>,
     /// `aten::add` run in this process through the same entry point the
     /// callee uses, without the network: the op's own work.
     local_add: Option<Stat>,
@@ -102,10 +110,16 @@ pub(super) async fn small_calls(
         // The floors are blocking code: off the runtime's threads.
         let floor = tokio::task::block_in_place(|| blocking.round_trips(n, n / 10))?;
         let noop = rtt_noop(cfg, agent).await?;
-        let aten_add = if with_add {
-            Some(Stat::latencies(&timed(n, n / 10, add).await?))
+        let (aten_add, paired_add) = if with_add {
+            let alone = Stat::latencies(&timed(n, n / 10, add).await?);
+            let noop = || agent.rpc_sync(dst, crate::worker::NOOP, args![1]);
+            let (adds, noops) = alternating(n, n / 10, add, noop).await?;
+            (
+                Some(alone),
+                Some((Stat::latencies(&adds), Stat::latencies(&noops))),
+            )
         } else {
-            None
+            (None, None)
         };
         let local_add = if with_add {
             let policy = agent.options().op_policy.clone();
@@ -133,6 +147,7 @@ pub(super) async fn small_calls(
             noop,
             spinning: Stat::latencies(&spin),
             aten_add,
+            paired_add,
             local_add,
         });
     }
@@ -168,19 +183,22 @@ pub(super) async fn small_calls(
     if with_add {
         let add_ratios: Vec<f64> = measured
             .iter()
-            .filter_map(|r| Some(r.aten_add?.median / r.noop.median))
+            .filter_map(|r| Some(r.paired_add?.0.median / r.paired_add?.1.median))
             .collect();
         let (all, i) = median_round(&add_ratios);
         let m = &measured[i];
-        let Some(add) = m.aten_add else {
+        let (Some(alone), Some((add, paired_noop))) = (m.aten_add, m.paired_add) else {
             bail!("round {i} has no aten::add sample");
         };
-        res.set(Side::Ours, "rtt_aten_add", add);
+        res.set(Side::Ours, "rtt_aten_add", alone);
         // What the op itself costs, as a share of the no-op's round trip:
         // the target is out of reach while it alone exceeds the margin.
         let own_work = measured
             .iter()
-            .filter_map(|r| Some(format!("{:.2}x", r.local_add?.median / r.noop.median)))
+            .filter_map(|r| {
+                let noop = r.paired_add?.1;
+                Some(format!("{:.2}x", r.local_add?.median / noop.median))
+            })
             .collect::<Vec<_>>()
             .join(" ");
         let local = m
@@ -190,17 +208,54 @@ pub(super) async fn small_calls(
             Side::Ours,
             "rtt_aten_add",
             format!(
-                "(over the no-op of the same round: {all}; in the median round {} over {}, \
-                 {:.2}x, target <= {ATEN_ADD_TARGET:.2}x: {}; the op alone, in this process \
-                 without the wire: {local} in that round, of the no-op per round: {own_work})",
+                "(over no-op calls alternating with it one by one, per round: {all}; in the \
+                 median round {} over {}, {:.2}x, target <= {ATEN_ADD_TARGET:.2}x: {}; the row: \
+                 that round's block of calls alone; the op alone, in this process without the \
+                 wire: {local} in that round, of the no-op per round: {own_work})",
                 fmt_micros(add.median),
-                fmt_micros(m.noop.median),
+                fmt_micros(paired_noop.median),
                 add_ratios[i],
                 verdict(add_ratios[i], ATEN_ADD_TARGET),
             ),
         );
     }
     Ok(())
+}
+
+/// `n` calls of `row` and `n` of `floor` (after `warmup` of each),
+/// alternating one by one, the order within each pair alternating too: both
+/// see the same phases of the machine, however fast those change. Returns
+/// the samples of `row` and of `floor`.
+async fn alternating<R, F, RFut, FFut>(
+    n: usize,
+    warmup: usize,
+    mut row: R,
+    mut floor: F,
+) -> Result<(Vec<std::time::Duration>, Vec<std::time::Duration>)>
+where
+    R: FnMut() -> RFut,
+    F: FnMut() -> FFut,
+    RFut: std::future::Future<Output = wasmrpc::Result<Payload>>,
+    FFut: std::future::Future<Output = wasmrpc::Result<Payload>>,
+{
+    for _ in 0..warmup {
+        row().await?;
+        floor().await?;
+    }
+    let (mut rows, mut floors) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n {
+        for row_first in [i % 2 == 0, i % 2 == 1] {
+            let t = std::time::Instant::now();
+            if row_first {
+                row().await?;
+                rows.push(t.elapsed());
+            } else {
+                floor().await?;
+                floors.push(t.elapsed());
+            }
+        }
+    }
+    Ok((rows, floors))
 }
 
 /// `aten::add` of two tensors of ones must give twos.
@@ -210,4 +265,34 @@ fn check_sum(p: &Payload) -> Result<()> {
         bail!("aten::add returned {sum}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use wasmrpc::Payload;
+
+    use super::alternating;
+
+    #[test]
+    fn calls_alternate_one_by_one_and_each_pair_swaps_its_order() {
+        let order = RefCell::new(String::new());
+        let call = |c: char| {
+            let order = &order;
+            move || {
+                order.borrow_mut().push(c);
+                std::future::ready(Ok(Payload::none()))
+            }
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime");
+        let (rows, floors) = runtime
+            .block_on(alternating(4, 1, call('r'), call('f')))
+            .expect("no call fails");
+        assert_eq!((rows.len(), floors.len()), (4, 4));
+        // One warm-up pair, then row first, floor first, row first, ...
+        assert_eq!(order.into_inner(), "rf".to_owned() + "rffrrffr");
+    }
 }
