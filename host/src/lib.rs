@@ -130,8 +130,8 @@ pub use agent::{
 pub use error::*;
 pub use ops::policy as op_policy;
 pub use ops::{
-    BuiltinOps, LOCAL_WORLD_SIZE_ENV, OpPolicy, call_builtin, cores_per_local_worker,
-    cores_per_worker, intra_op_threads, set_intra_op_threads,
+    BuiltinOps, OpPolicy, call_builtin, cores_per_local_worker, cores_per_worker, intra_op_threads,
+    set_intra_op_threads,
 };
 pub use plugin::{
     CACHE_DIR_ENV, DEPLOY_PLUGIN, Deploy, DeployPlugin, DeployReport, MIN_PREFIX, PACKAGE_PREFIX,

@@ -56,8 +56,7 @@ pub use policy::OpPolicy;
 pub(crate) use policy::PolicyGate;
 pub(crate) use recording::{OpListener, listen_for_ops, profiled};
 pub use threads::{
-    LOCAL_WORLD_SIZE_ENV, cores_per_local_worker, cores_per_worker, intra_op_threads,
-    set_intra_op_threads,
+    cores_per_local_worker, cores_per_worker, intra_op_threads, set_intra_op_threads,
 };
 
 /// The resolver of builtin op names (see the module docs for the names it

@@ -38,10 +38,10 @@ pub fn cores_per_worker(workers: usize) -> usize {
 }
 
 /// torchrun's count of the workers it started on this host.
-pub const LOCAL_WORLD_SIZE_ENV: &str = "LOCAL_WORLD_SIZE";
+const LOCAL_WORLD_SIZE_ENV: &str = "LOCAL_WORLD_SIZE";
 
 /// [`cores_per_worker`] for a process started by torchrun (or anything
-/// that sets [`LOCAL_WORLD_SIZE_ENV`]): the share of the cores of each of
+/// that sets `LOCAL_WORLD_SIZE`): the share of the cores of each of
 /// the host's workers. Without the variable (or with one that is not a
 /// count) the process counts as the host's only worker. A Python program
 /// sizes its runtime to it (`host/python`).
