@@ -30,6 +30,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod snapshot;
+
 use wasmrpc_abi::manifest::{Export, Manifest, Permissions, Record};
 use wasmrpc_abi::protocol::{ABI_VERSION, ExportKind, MANIFEST_SECTION};
 
@@ -317,10 +319,13 @@ pub fn build(toolchain: &Toolchain, plugin: &Plugin, out: &Path) -> Result<Manif
             plugin.module
         )));
     }
-    let work = out.with_extension("build");
-    std::fs::create_dir_all(&work)
-        .map_err(|e| err(format!("cannot create {}: {e}", work.display())))?;
-    let paths = [work.clone(), kit_dir(), plugin.dir.clone()];
+    let work = BuildFolder(out.with_extension("build"));
+    // What an interrupted build left is not reused.
+    let _ = std::fs::remove_dir_all(&work.0);
+    let entry_dir = work.0.join("entry");
+    std::fs::create_dir_all(&entry_dir)
+        .map_err(|e| err(format!("cannot create {}: {e}", entry_dir.display())))?;
+    let paths = [entry_dir.clone(), kit_dir(), plugin.dir.clone()];
     let imports = run(
         Command::new(toolchain.python())
             .arg("-c")
@@ -339,7 +344,7 @@ pub fn build(toolchain: &Toolchain, plugin: &Plugin, out: &Path) -> Result<Manif
         ))
     })?;
     std::fs::write(
-        work.join(format!("{ENTRY}.py")),
+        entry_dir.join(format!("{ENTRY}.py")),
         entry_module(plugin, &preload),
     )
     .map_err(|e| err(format!("cannot write the entry module: {e}")))?;
@@ -362,13 +367,18 @@ pub fn build(toolchain: &Toolchain, plugin: &Plugin, out: &Path) -> Result<Manif
         ))
     })?;
 
-    // componentize-py's own Python writes bytecode next to the sources
-    // whatever the environment says; what was not there before goes.
-    let caches = [
-        plugin.dir.join("__pycache__"),
-        kit_dir().join("wasmrpc").join("__pycache__"),
-    ];
-    let fresh_caches: Vec<&PathBuf> = caches.iter().filter(|c| !c.exists()).collect();
+    // componentize-py writes bytecode beside what it compiles: it gets
+    // copies of the kit and the plugin's folder, not the sources.
+    let kit_copy = work.0.join("kit");
+    let app_copy = work.0.join("app");
+    for (from, to) in [(kit_dir(), &kit_copy), (plugin.dir.clone(), &app_copy)] {
+        snapshot::copy_sources(&from, to, &work.0).map_err(|e| {
+            err(format!(
+                "copying {} for componentize-py: {e}",
+                from.display()
+            ))
+        })?;
+    }
     let raw = out.with_extension("component.wasm");
     let mut cmd = Command::new(toolchain.componentize_py());
     cmd.arg("-d")
@@ -376,18 +386,14 @@ pub fn build(toolchain: &Toolchain, plugin: &Plugin, out: &Path) -> Result<Manif
         .arg("-w")
         .arg(WORLD)
         .arg("componentize");
-    for p in &paths {
+    for p in [&entry_dir, &kit_copy, &app_copy] {
         cmd.arg("-p").arg(p);
     }
     cmd.arg(ENTRY).arg("-o").arg(&raw);
-    let built = run(
+    run(
         &mut cmd,
         &format!("componentize-py for Python plugin {}", plugin.name),
-    );
-    for cache in fresh_caches {
-        let _ = std::fs::remove_dir_all(cache);
-    }
-    built?;
+    )?;
 
     let mut bytes =
         std::fs::read(&raw).map_err(|e| err(format!("reading {}: {e}", raw.display())))?;
@@ -397,8 +403,17 @@ pub fn build(toolchain: &Toolchain, plugin: &Plugin, out: &Path) -> Result<Manif
         .and_then(|()| std::fs::rename(&tmp, out))
         .map_err(|e| err(format!("writing {}: {e}", out.display())))?;
     let _ = std::fs::remove_file(&raw);
-    let _ = std::fs::remove_dir_all(&work);
     Ok(manifest)
+}
+
+/// The build's scratch folder (`OUT.build`: the entry module, the copies
+/// componentize-py reads), removed however the build ends.
+struct BuildFolder(PathBuf);
+
+impl Drop for BuildFolder {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 fn python_list(paths: &[PathBuf]) -> String {
