@@ -65,6 +65,25 @@ enum Command {
 }
 
 /// Sets up `tracing` output on stderr, filtered by `RUST_LOG` (default: info).
+/// `e` and its causes on one line, each said once. A layer whose own
+/// message already ends with its cause's (the store's I/O errors say what
+/// failed and why, and give the I/O error as their source too) does not
+/// have it repeated, as `{e:#}` would.
+pub(crate) fn error_report(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
 pub(crate) fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -239,4 +258,50 @@ pub(crate) async fn dynamic_store(
     wasmrpc::store::dynamic_store(init_method, rank, timeout)
         .await
         .with_context(|| format!("cannot reach the store of {init_method}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_report;
+
+    /// An error that says its source in its own message and also gives it
+    /// as its source, as the store's I/O errors do.
+    #[derive(Debug)]
+    struct Connect(std::io::Error);
+
+    impl std::fmt::Display for Connect {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "connect to store at 127.0.0.1:1: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Connect {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_cause_already_said_by_its_layer_is_not_repeated() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let e = anyhow::Error::new(Connect(refused)).context("rendezvous through tcp://x failed");
+        let report = error_report(&e);
+        assert_eq!(
+            report,
+            "rendezvous through tcp://x failed: connect to store at 127.0.0.1:1: connection refused"
+        );
+        // `{e:#}` says the cause twice.
+        assert!(format!("{e:#}").ends_with("connection refused: connection refused"));
+    }
+
+    #[test]
+    fn causes_that_differ_are_all_said_in_order() {
+        let e = anyhow::anyhow!("the socket closed")
+            .context("reading the reply")
+            .context("calling worker1");
+        assert_eq!(
+            error_report(&e),
+            "calling worker1: reading the reply: the socket closed"
+        );
+    }
 }

@@ -12,7 +12,7 @@ fn main() -> std::process::ExitCode {
     match cli::run(args) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("wasmrpc: error: {e:#}");
+            eprintln!("wasmrpc: error: {}", cli::error_report(&e));
             std::process::ExitCode::FAILURE
         }
     }

@@ -413,7 +413,7 @@ pub(crate) async fn run(args: LaunchArgs) -> Result<ExitCode> {
             }
             Err(e) if restart < args.max_restarts => {
                 progress.finish();
-                error!("the group failed: {e:#}");
+                error!("the group failed: {}", super::error_report(&e));
                 restart += 1;
             }
             Err(e) => {

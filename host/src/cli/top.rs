@@ -189,7 +189,10 @@ fn frame(
         let (now, before) = match (&now[i], &before[i]) {
             (Ok(n), Ok(b)) => (n, b),
             (Err(e), _) | (_, Err(e)) => {
-                out.push_str(&format!("{endpoint:<16} unreachable: {e:#}\n"));
+                out.push_str(&format!(
+                    "{endpoint:<16} unreachable: {}\n",
+                    super::error_report(e)
+                ));
                 continue;
             }
         };
@@ -273,7 +276,7 @@ pub(crate) async fn run(args: TopArgs) -> Result<std::process::ExitCode> {
     if before.iter().all(Result::is_err) {
         let why: Vec<String> = before
             .iter()
-            .filter_map(|r| r.as_ref().err().map(|e| format!("{e:#}")))
+            .filter_map(|r| r.as_ref().err().map(super::error_report))
             .collect();
         bail!("no worker's metrics could be read: {}", why.join("; "));
     }
