@@ -50,6 +50,12 @@
 //! - AG-7: a function never runs before the callee's rendezvous has filled
 //!   its worker table, so nested calls made by early arrivals find their
 //!   destinations.
+//! - AG-8: an all-gather's wait ends with an error when a peer it expects
+//!   a message from (the leader's signal, a follower's report) is declared
+//!   failed; and a peer so expected that closes its connection is declared
+//!   failed even once this worker's shutdown began (when closes are
+//!   otherwise peers finishing theirs), so a worker whose leader died in
+//!   the middle of a graceful shutdown exits instead of waiting forever.
 
 mod all_gather;
 mod call;

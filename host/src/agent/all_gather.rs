@@ -42,6 +42,49 @@ struct GatherState {
 pub(crate) struct GatherStates {
     states: Mutex<HashMap<String, GatherState>>,
     sequence: Mutex<HashMap<String, u64>>,
+    /// The peers a wait of this agent expects a message from, with how many
+    /// waits expect one (AG-8).
+    awaited: Mutex<HashMap<String, usize>>,
+}
+
+impl GatherStates {
+    /// Whether a wait of this agent expects a message from `peer` (AG-8):
+    /// it is then failed when it closes its connection, even in this
+    /// worker's shutdown, when peers that finished theirs close theirs.
+    pub(crate) fn is_awaited(&self, peer: &str) -> bool {
+        lock(&self.awaited).get(peer).is_some_and(|n| *n > 0)
+    }
+
+    fn expect_from(&self, peers: &BTreeSet<String>) -> Awaiting<'_> {
+        let mut awaited = lock(&self.awaited);
+        for p in peers {
+            *awaited.entry(p.clone()).or_default() += 1;
+        }
+        Awaiting {
+            states: self,
+            peers: peers.clone(),
+        }
+    }
+}
+
+/// The peers one wait expects a message from, for as long as it waits.
+struct Awaiting<'a> {
+    states: &'a GatherStates,
+    peers: BTreeSet<String>,
+}
+
+impl Drop for Awaiting<'_> {
+    fn drop(&mut self) {
+        let mut awaited = lock(&self.states.awaited);
+        for p in &self.peers {
+            if let Some(n) = awaited.get_mut(p) {
+                *n -= 1;
+                if *n == 0 {
+                    awaited.remove(p);
+                }
+            }
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -178,6 +221,15 @@ impl RpcAgent {
             Some(t) => (t, Some(t)),
         };
         let names_payload = Payload::list(names.iter().map(|n| Payload::from(n.as_str())));
+        // AG-8: the leader expects its followers' reports, a follower the
+        // leader's signal, from the start (a leader that dies right after
+        // taking a report is not missed); one of them failing ends the wait.
+        let expected: BTreeSet<String> = if me == leader {
+            names.iter().filter(|n| **n != me).cloned().collect()
+        } else {
+            BTreeSet::from([leader.clone()])
+        };
+        let awaiting = self.inner.gather.expect_from(&expected);
         if me == leader {
             gather_to_leader(self, &sequence_id, &me, obj, Some(names.clone()))?;
         } else {
@@ -193,7 +245,18 @@ impl RpcAgent {
             .wait()
             .await?;
         }
-        self.wait_signal(&sequence_id, signal_timeout).await?;
+        tokio::select! {
+            biased;
+            r = self.wait_signal(&sequence_id, signal_timeout) => r?,
+            failure = self.failure_among(&expected) => {
+                lock(&self.inner.gather.states).remove(&sequence_id);
+                return Err(Error::runtime(format!(
+                    "{me} gave up in _all_gather waiting for sequence id {sequence_id} to \
+                     complete: {failure}"
+                )));
+            }
+        }
+        drop(awaiting);
         if me == leader {
             let gathered = lock(&self.inner.gather.states)
                 .get(&sequence_id)
@@ -233,6 +296,26 @@ impl RpcAgent {
         }
         let state = lock(&self.inner.gather.states).remove(&sequence_id);
         Ok(state.map(|s| s.gathered).unwrap_or_default())
+    }
+
+    /// The first failure declared of one of `peers`, at once if one of them
+    /// failed already.
+    async fn failure_among(&self, peers: &BTreeSet<String>) -> super::WorkerFailure {
+        let mut failures = self.watch_failures();
+        loop {
+            let found = failures
+                .borrow_and_update()
+                .iter()
+                .find(|f| peers.contains(&f.worker))
+                .cloned();
+            if let Some(failure) = found {
+                return failure;
+            }
+            if failures.changed().await.is_err() {
+                // The agent is gone: nothing more will be declared.
+                std::future::pending::<()>().await;
+            }
+        }
     }
 
     async fn wait_signal(&self, sequence_id: &str, timeout: Option<Duration>) -> Result<()> {

@@ -451,13 +451,13 @@ impl Handler for AgentHandler {
         // A peer gone with calls waiting on it failed (`failures`); one
         // that closes an idle connection is leaving or shutting down. Once
         // this worker's own shutdown began, peers that finished theirs
-        // close connections too: no failure.
+        // close connections too: no failure, unless an all-gather of this
+        // worker still expects a message from it (AG-8).
         let running =
             agent.inner.state.load(std::sync::atomic::Ordering::Acquire) == super::RUNNING;
-        if waiting.into_inner() > 0
-            && running
-            && let Some(cause) = peer_gone(&peer, reason)
-        {
+        let expected =
+            (waiting.into_inner() > 0 && running) || agent.inner.gather.is_awaited(&peer);
+        if expected && let Some(cause) = peer_gone(&peer, reason) {
             agent.declare_failed(&peer, &cause);
         }
     }

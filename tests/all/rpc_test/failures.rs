@@ -320,3 +320,76 @@ fn plugins_in_rust_and_python_are_told_of_a_failure() {
         Ok(())
     });
 }
+
+/// Waits at most 10 s for `shutdown`, a graceful shutdown running on its
+/// own task, to end.
+async fn ended(
+    shutdown: tokio::task::JoinHandle<wasmrpc::Result<()>>,
+    who: &str,
+) -> anyhow::Result<wasmrpc::Result<()>> {
+    tokio::time::timeout(Duration::from_secs(10), shutdown)
+        .await
+        .map_err(|_| anyhow::anyhow!("{who}'s graceful shutdown still waits after 10 s"))?
+        .map_err(anyhow::Error::from)
+}
+
+/// AG-8: a follower in a graceful shutdown whose leader stops without a
+/// word (its connections closed, as a killed process's are) ends it with
+/// the leader's failure, though closes in a shutdown are otherwise peers
+/// finishing theirs. It waited for the leader's signal forever before.
+#[test]
+fn a_graceful_shutdown_whose_leader_stops_ends_with_the_leaders_failure() {
+    timed(async {
+        let c = Cluster::builder(2).functions(register_all).start().await?;
+        let follower = c.agent(1).clone();
+        let shutdown = tokio::spawn(async move { follower.shutdown(true, Duration::ZERO).await });
+        // worker1's report (a loopback call) reaches worker0 long before.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        ensure!(
+            !shutdown.is_finished(),
+            "worker1 waits for worker0's signal"
+        );
+        let _ = c.agent(0).shutdown(false, Duration::ZERO).await;
+        let e = expect_err(
+            ended(shutdown, "worker1").await?,
+            ErrorKind::RuntimeError,
+            "graceful shutdown of worker1 gave up: worker0 failed: ",
+        )?;
+        ensure!(
+            c.agent(1)
+                .failed_workers()
+                .iter()
+                .map(|f| f.worker.as_str())
+                .eq(["worker0"]),
+            "worker0 declared failed: {e}"
+        );
+        Ok(())
+    });
+}
+
+/// AG-8 on the leader's side: a follower that stops before its report
+/// ends the leader's graceful shutdown with the follower's failure.
+#[test]
+fn a_graceful_shutdown_whose_follower_stops_before_reporting_ends_with_its_failure() {
+    timed(async {
+        let c = Cluster::builder(2).functions(register_all).start().await?;
+        // A connection between the two for the close to travel on.
+        c.agent(1)
+            .rpc_sync("worker0", wasmrpc::NOOP, args![])
+            .await?;
+        let leader = c.agent(0).clone();
+        let shutdown = tokio::spawn(async move { leader.shutdown(true, Duration::ZERO).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        ensure!(
+            !shutdown.is_finished(),
+            "worker0 waits for worker1's report"
+        );
+        let _ = c.agent(1).shutdown(false, Duration::ZERO).await;
+        expect_err(
+            ended(shutdown, "worker0").await?,
+            ErrorKind::RuntimeError,
+            "graceful shutdown of worker0 gave up: worker1 failed: ",
+        )?;
+        Ok(())
+    });
+}
