@@ -321,6 +321,13 @@ fn plugins_in_rust_and_python_are_told_of_a_failure() {
     });
 }
 
+/// Gives a graceful shutdown just started on its own task the time to
+/// reach its all-gather's wait: a few loopback messages, and a busy
+/// machine's late start of the task.
+async fn shutting_down() {
+    tokio::time::sleep(Duration::from_secs(1)).await;
+}
+
 /// Waits at most 10 s for `shutdown`, a graceful shutdown running on its
 /// own task, to end.
 async fn ended(
@@ -343,8 +350,9 @@ fn a_graceful_shutdown_whose_leader_stops_ends_with_the_leaders_failure() {
         let c = Cluster::builder(2).functions(register_all).start().await?;
         let follower = c.agent(1).clone();
         let shutdown = tokio::spawn(async move { follower.shutdown(true, Duration::ZERO).await });
-        // worker1's report (a loopback call) reaches worker0 long before.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // worker1's report (a loopback call) reaches worker0 meanwhile; if
+        // it does not, it is pending when worker0 stops, and fails the same.
+        shutting_down().await;
         ensure!(
             !shutdown.is_finished(),
             "worker1 waits for worker0's signal"
@@ -379,7 +387,7 @@ fn a_graceful_shutdown_whose_follower_stops_before_reporting_ends_with_its_failu
             .await?;
         let leader = c.agent(0).clone();
         let shutdown = tokio::spawn(async move { leader.shutdown(true, Duration::ZERO).await });
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        shutting_down().await;
         ensure!(
             !shutdown.is_finished(),
             "worker0 waits for worker1's report"
