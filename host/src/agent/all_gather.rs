@@ -42,48 +42,56 @@ struct GatherState {
 pub(crate) struct GatherStates {
     states: Mutex<HashMap<String, GatherState>>,
     sequence: Mutex<HashMap<String, u64>>,
-    /// The peers a wait of this agent expects a message from, with how many
-    /// waits expect one (AG-8).
-    awaited: Mutex<HashMap<String, usize>>,
+    /// The all-gathers under way on this agent, by sequence id: the peers
+    /// each expects a message from (AG-8).
+    awaited: Mutex<HashMap<String, Expected>>,
+}
+
+/// What one all-gather expects: the leader, its followers' reports; a
+/// follower, the leader's signal.
+struct Expected {
+    from: BTreeSet<String>,
+    leads: bool,
 }
 
 impl GatherStates {
-    /// Whether a wait of this agent expects a message from `peer` (AG-8):
-    /// it is then failed when it closes its connection, even in this
-    /// worker's shutdown, when peers that finished theirs close theirs.
+    /// Whether an all-gather of this agent still expects a message from
+    /// `peer` (AG-8): it is then failed when it closes its connection, even
+    /// in this worker's shutdown, when peers that finished theirs close
+    /// theirs. A message that arrived is expected no more: a leader that
+    /// closes right after its last signal has finished, not failed.
     pub(crate) fn is_awaited(&self, peer: &str) -> bool {
-        lock(&self.awaited).get(peer).is_some_and(|n| *n > 0)
+        let awaited = lock(&self.awaited);
+        let states = lock(&self.states);
+        awaited.iter().any(|(sequence_id, expected)| {
+            let state = states.get(sequence_id);
+            let arrived = if expected.leads {
+                state.is_some_and(|s| s.gathered.contains_key(peer))
+            } else {
+                state.is_some_and(|s| s.proceed)
+            };
+            expected.from.contains(peer) && !arrived
+        })
     }
 
-    fn expect_from(&self, peers: &BTreeSet<String>) -> Awaiting<'_> {
-        let mut awaited = lock(&self.awaited);
-        for p in peers {
-            *awaited.entry(p.clone()).or_default() += 1;
-        }
+    fn expect_from(&self, sequence_id: &str, from: BTreeSet<String>, leads: bool) -> Awaiting<'_> {
+        lock(&self.awaited).insert(sequence_id.to_string(), Expected { from, leads });
         Awaiting {
             states: self,
-            peers: peers.clone(),
+            sequence_id: sequence_id.to_string(),
         }
     }
 }
 
-/// The peers one wait expects a message from, for as long as it waits.
+/// An all-gather under way, for as long as it waits.
 struct Awaiting<'a> {
     states: &'a GatherStates,
-    peers: BTreeSet<String>,
+    sequence_id: String,
 }
 
 impl Drop for Awaiting<'_> {
     fn drop(&mut self) {
-        let mut awaited = lock(&self.states.awaited);
-        for p in &self.peers {
-            if let Some(n) = awaited.get_mut(p) {
-                *n -= 1;
-                if *n == 0 {
-                    awaited.remove(p);
-                }
-            }
-        }
+        lock(&self.states.awaited).remove(&self.sequence_id);
     }
 }
 
@@ -229,7 +237,10 @@ impl RpcAgent {
         } else {
             BTreeSet::from([leader.clone()])
         };
-        let awaiting = self.inner.gather.expect_from(&expected);
+        let awaiting = self
+            .inner
+            .gather
+            .expect_from(&sequence_id, expected.clone(), me == leader);
         if me == leader {
             gather_to_leader(self, &sequence_id, &me, obj, Some(names.clone()))?;
         } else {
