@@ -46,6 +46,19 @@ fn main() {
     // Resolve the set-up's links, so binaries keep working if the checkout
     // moves.
     let lib = std::fs::canonicalize(&lib).unwrap_or_else(|_| PathBuf::from(&lib));
+    // Tells the tests whether this libtorch is a CUDA build (where NCCL
+    // must be available).
+    let cuda_build = lib.join("libtorch_cuda.so").exists()
+        && std::env::var("WASMRPC_CUDA").map_or(true, |v| v != "0");
+    println!(
+        "cargo:rustc-env=WASMRPC_C10D_CUDA_BUILD={}",
+        u8::from(cuda_build)
+    );
+    if only_checking() {
+        // No NCCL library is built, so none is named.
+        println!("cargo:rustc-env=WASMRPC_C10D_NCCL_LIB=");
+        return;
+    }
     let include = lib.join("../include");
     let gloo = gloo_include();
 
@@ -76,14 +89,6 @@ fn main() {
         }
     };
     println!("cargo:rustc-env=WASMRPC_C10D_NCCL_LIB={nccl_library}");
-    // Tells the tests whether this libtorch is a CUDA build (where NCCL
-    // must be available).
-    let cuda_build = lib.join("libtorch_cuda.so").exists()
-        && std::env::var("WASMRPC_CUDA").map_or(true, |v| v != "0");
-    println!(
-        "cargo:rustc-env=WASMRPC_C10D_CUDA_BUILD={}",
-        u8::from(cuda_build)
-    );
     println!("cargo:rustc-link-lib=torch_cpu");
     println!("cargo:rustc-link-lib=c10");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
@@ -222,3 +227,5 @@ fn nccl_includes(lib: &Path) -> Option<Vec<PathBuf>> {
     }
     Some(vec![nccl, cuda])
 }
+
+include!("../build-support/only_checking.rs");

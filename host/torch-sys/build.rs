@@ -55,6 +55,15 @@ fn main() -> Result<()> {
     let cuda = lib.join("libtorch_cuda.so").exists()
         && std::env::var("WASMRPC_CUDA").map_or(true, |v| v != "0");
 
+    // Tells `cuda::load` (and the tests) whether this build may load
+    // libtorch_cuda.so.
+    println!(
+        "cargo:rustc-env=WASMRPC_TORCH_CUDA_BUILD={}",
+        u8::from(cuda)
+    );
+    if only_checking() {
+        return Ok(());
+    }
     cc::Build::new()
         .cpp(true)
         .pic(true)
@@ -87,14 +96,10 @@ fn main() -> Result<()> {
         .compile("wasmrpc_torch_shim");
 
     println!("cargo:rustc-link-search=native={}", lib.display());
-    // Tells `cuda::load` (and the tests) whether this build may load
-    // libtorch_cuda.so.
-    println!(
-        "cargo:rustc-env=WASMRPC_TORCH_CUDA_BUILD={}",
-        u8::from(cuda)
-    );
     println!("cargo:rustc-link-lib=torch_cpu");
     println!("cargo:rustc-link-lib=c10");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
     Ok(())
 }
+
+include!("../build-support/only_checking.rs");
