@@ -151,13 +151,14 @@ fn python_plugins(python_dir: &Path, out: &Path) -> String {
     println!("cargo:rerun-if-env-changed=WASMRPC_COMPONENTIZE_PY_VENV");
     fs::create_dir_all(out).expect("cannot create the Python plugins' folder");
     let toolchain = wasmrpc_pybuild::Toolchain::find().unwrap_or_else(|e| panic!("{e}"));
+    // The builder's own code and the manifest format it writes are inputs
+    // too: a change to how a section is written rebuilds.
+    let guest_sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guest-sdk");
+    let mut stale = Vec::new();
     for dir in dirs {
         let plugin = wasmrpc_pybuild::Plugin::in_dir(&dir).unwrap_or_else(|e| panic!("{e}"));
         let file = out.join(format!("{}.wasm", plugin.name));
         let stamp = file.with_extension("stamp");
-        // The builder's own code and the manifest format it writes are
-        // inputs too: a change to how a section is written rebuilds.
-        let guest_sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guest-sdk");
         let inputs = format!(
             "{:016x}",
             inputs_hash(&[
@@ -169,24 +170,68 @@ fn python_plugins(python_dir: &Path, out: &Path) -> String {
             ])
         );
         let fresh = file.exists() && fs::read_to_string(&stamp).is_ok_and(|s| s == inputs);
-        if !fresh {
-            wasmrpc_pybuild::build(&toolchain, &plugin, &file).unwrap_or_else(|e| panic!("{e}"));
-            fs::write(&stamp, &inputs).expect("cannot write a Python plugin's stamp");
-        }
         let konst = plugin.name.to_uppercase().replace('-', "_");
         code.push_str(&format!(
             "/// The Python plugin `plugins/python/{name}`, built into a component.\npub const {konst}: &str = {:?};\n",
             file.display().to_string(),
             name = plugin.name,
         ));
-        all.push((plugin.name, konst));
+        all.push((plugin.name.clone(), konst));
+        if !fresh {
+            stale.push((plugin, file, stamp, inputs));
+        }
     }
+    build_in_parallel(&toolchain, &stale);
     code.push_str("/// Every Python plugin: `(name, path of the .wasm component)`.\npub const PYTHON_PLUGINS: &[(&str, &str)] = &[\n");
     for (name, konst) in &all {
         code.push_str(&format!("    ({name:?}, {konst}),\n"));
     }
     code.push_str("];\n");
     code
+}
+
+/// Builds the stale Python plugins, as many at once as Cargo gives this
+/// script jobs (`NUM_JOBS`): each build is one componentize-py process that
+/// keeps one core busy for 10-20 s, and the build script is the last step of
+/// a fresh build, when the other cores have nothing left to compile. A
+/// plugin's stamp is written only once its build succeeded.
+fn build_in_parallel(
+    toolchain: &wasmrpc_pybuild::Toolchain,
+    stale: &[(wasmrpc_pybuild::Plugin, PathBuf, PathBuf, String)],
+) {
+    let jobs = std::env::var("NUM_JOBS")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(1)
+        .clamp(1, stale.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let failures: Vec<String> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..jobs)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut failures = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some((plugin, file, stamp, inputs)) = stale.get(i) else {
+                            return failures;
+                        };
+                        match wasmrpc_pybuild::build(toolchain, plugin, file) {
+                            Ok(_) => fs::write(stamp, inputs)
+                                .expect("cannot write a Python plugin's stamp"),
+                            Err(e) => failures.push(e.to_string()),
+                        }
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("a Python plugin's build thread panicked"))
+            .collect()
+    });
+    if !failures.is_empty() {
+        panic!("{}", failures.join("\n"));
+    }
 }
 
 /// A hash of every file's path and contents under `roots` (the inputs of a
