@@ -105,6 +105,7 @@ pub(crate) fn run(root: &Path, resume: bool) -> Result<()> {
         result.display(),
         wasmrpc.display()
     );
+    process::print_step_times();
     Ok(())
 }
 

@@ -312,6 +312,7 @@ fn run_tests(root: &Path, nextest_args: &[String]) -> Result<()> {
     let report = coverage::regenerate(root)?;
     println!("{}", report.summary_line());
     println!("{}", report.closing_line());
+    process::print_step_times();
 
     tests?;
     tls_tests?;
