@@ -125,13 +125,18 @@ mod tests {
     use std::time::Duration;
     use tokio::task::JoinHandle;
 
+    // Real time, not tokio's paused clock: `test-util` would make this
+    // crate's tokio differ from the binary's, and the test build would
+    // compile tokio and everything above it a second time. So each test
+    // asserts the order of expiries and that none comes early, which a
+    // loaded machine cannot break, not the exact instant.
+
     /// A sweeper over fresh deadlines, recording which calls it expired
     /// and when.
     struct Sweeping {
         deadlines: Arc<Deadlines>,
         fired: Arc<Mutex<Vec<(u64, Instant)>>>,
         sweeper: JoinHandle<()>,
-        start: Instant,
     }
 
     impl Sweeping {
@@ -147,17 +152,24 @@ mod tests {
                 deadlines,
                 fired,
                 sweeper,
-                start: Instant::now(),
             }
         }
 
-        /// The calls expired so far, with when, from the start.
-        fn fired(&self) -> Vec<(u64, Duration)> {
-            let fired = self.fired.lock().unwrap();
-            fired
-                .iter()
-                .map(|(id, at)| (*id, *at - self.start))
-                .collect()
+        /// The calls expired so far, with when.
+        fn fired(&self) -> Vec<(u64, Instant)> {
+            self.fired.lock().unwrap().clone()
+        }
+
+        /// Waits (10 s at most) until `n` calls have expired.
+        async fn until_fired(&self, n: usize) -> Vec<(u64, Instant)> {
+            let give_up = Instant::now() + Duration::from_secs(10);
+            loop {
+                let fired = self.fired();
+                if fired.len() >= n || Instant::now() > give_up {
+                    return fired;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
         }
 
         async fn stop(self) {
@@ -166,48 +178,72 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
+    /// The ids of `fired`, each checked not to have expired before its
+    /// deadline in `deadlines`.
+    fn ids_none_early(fired: &[(u64, Instant)], deadlines: &[(u64, Instant)]) -> Vec<u64> {
+        for (id, at) in fired {
+            let (_, deadline) = deadlines.iter().find(|(d, _)| d == id).unwrap();
+            assert!(at >= deadline, "call {id} expired before its deadline");
+        }
+        fired.iter().map(|(id, _)| *id).collect()
+    }
+
+    #[tokio::test]
     async fn expires_in_deadline_order_and_skips_removed_calls() {
         let sweeping = Sweeping::start();
-        let (d, start) = (&sweeping.deadlines, sweeping.start);
-        d.insert(start + Duration::from_millis(30), 3);
-        d.insert(start + Duration::from_millis(10), 1);
-        d.insert(start + Duration::from_millis(20), 2);
-        d.remove(start + Duration::from_millis(20), 2);
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let d = &sweeping.deadlines;
+        let start = Instant::now();
+        let mut deadlines = vec![
+            (3, start + Duration::from_millis(30)),
+            (1, start + Duration::from_millis(10)),
+            (2, start + Duration::from_millis(20)),
+        ];
+        for &(id, at) in &deadlines {
+            d.insert(at, id);
+        }
+        d.remove(deadlines[2].1, 2);
+        let fired = sweeping.until_fired(2).await;
+        assert_eq!(ids_none_early(&fired, &deadlines), [1, 3]);
         // An earlier deadline inserted while the sweeper sleeps on a later one.
-        d.insert(Instant::now() + Duration::from_millis(100), 5);
-        d.insert(Instant::now() + Duration::from_millis(5), 4);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        let got = sweeping.fired();
+        let now = Instant::now();
+        let later = (5, now + Duration::from_secs(3600));
+        let sooner = (4, now + Duration::from_millis(5));
+        deadlines.extend([later, sooner]);
+        d.insert(later.1, later.0);
+        d.insert(sooner.1, sooner.0);
+        let fired = sweeping.until_fired(3).await;
+        assert_eq!(ids_none_early(&fired, &deadlines), [1, 3, 4]);
+        tokio::time::sleep(Duration::from_millis(30)).await;
         assert_eq!(
-            got,
-            vec![
-                (1, Duration::from_millis(10)),
-                (3, Duration::from_millis(30)),
-                (4, Duration::from_millis(55)),
-            ]
+            sweeping.fired().len(),
+            3,
+            "call 2 was removed, 5 is an hour away"
         );
         sweeping.stop().await;
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn a_later_deadline_expires_on_time_without_waking_the_sweeper() {
         let sweeping = Sweeping::start();
-        let (d, start) = (&sweeping.deadlines, sweeping.start);
+        let d = &sweeping.deadlines;
+        let start = Instant::now();
+        let first = start + Duration::from_millis(1000);
         // Calls one after another: each ends before the next starts.
-        d.insert(start + Duration::from_millis(10), 1);
+        d.insert(first, 1);
         tokio::time::sleep(Duration::from_millis(1)).await;
-        assert_eq!(d.lock().wakes_at, Some(start + Duration::from_millis(10)));
-        d.remove(start + Duration::from_millis(10), 1);
-        d.insert(start + Duration::from_millis(15), 2);
-        d.insert(start + Duration::from_millis(12), 3);
-        d.remove(start + Duration::from_millis(12), 3);
+        assert_eq!(d.lock().wakes_at, Some(first));
+        d.remove(first, 1);
+        let (second, third) = (
+            start + Duration::from_millis(1100),
+            start + Duration::from_millis(1040),
+        );
+        d.insert(second, 2);
+        d.insert(third, 3);
+        d.remove(third, 3);
         // Neither later deadline moved the sweeper's wake-up (DL-1).
-        assert_eq!(d.lock().wakes_at, Some(start + Duration::from_millis(10)));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let got = sweeping.fired();
-        assert_eq!(got, vec![(2, Duration::from_millis(15))]);
+        assert_eq!(d.lock().wakes_at, Some(first));
+        let fired = sweeping.until_fired(1).await;
+        assert_eq!(ids_none_early(&fired, &[(2, second)]), [2]);
         sweeping.stop().await;
     }
 }

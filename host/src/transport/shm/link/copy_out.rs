@@ -23,6 +23,19 @@ impl ShmLink {
         out: &mut [u8],
         progress: &(dyn Fn() + Sync),
     ) -> Result<(), String> {
+        self.copy_out_within(id, out, progress, LINK_TIMEOUT).await
+    }
+
+    /// [`copy_out`](Self::copy_out), failing if the peer's fill has not
+    /// ended within `fill_timeout` (a test's shorter wait than
+    /// [`LINK_TIMEOUT`]).
+    pub(crate) async fn copy_out_within(
+        self: &Arc<Self>,
+        id: u64,
+        out: &mut [u8],
+        progress: &(dyn Fn() + Sync),
+        fill_timeout: Duration,
+    ) -> Result<(), String> {
         let PeerSegment::Host(segment) = self.peer_segment(id).await? else {
             return Err(format!(
                 "segment {id} is CUDA memory, named for a storage in host memory"
@@ -35,7 +48,7 @@ impl ShmLink {
                 segment.len
             ));
         }
-        let deadline = tokio::time::Instant::now() + LINK_TIMEOUT;
+        let deadline = tokio::time::Instant::now() + fill_timeout;
         let (mut done, mut waiting_since) = (0, None::<std::time::Instant>);
         // Bytes copied since this task last let others run.
         let mut stretch = 0;
@@ -81,7 +94,7 @@ impl ShmLink {
                 tokio::task::yield_now().await;
             } else if tokio::time::Instant::now() > deadline {
                 return Err(format!(
-                    "shared segment {id} was not filled within {LINK_TIMEOUT:?}"
+                    "shared segment {id} was not filled within {fill_timeout:?}"
                 ));
             } else {
                 tokio::time::sleep(Duration::from_micros(200)).await;
