@@ -266,6 +266,9 @@ impl RpcAgent {
                      complete: {failure}"
                 )));
             }
+            // FAIL-6: a peer that died before it connected is declared
+            // failed by a dial, which ends the wait above.
+            () = self.probe_unconnected(&expected, |peer| self.inner.gather.is_awaited(peer)) => {}
         }
         drop(awaiting);
         if me == leader {

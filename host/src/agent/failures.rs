@@ -33,10 +33,19 @@
 //!   it held, distributed autograd releases the contexts it made and fails
 //!   the backward passes that reach it.
 //!
-//! This module owns the record of failures and the functions that report
-//! them; detecting silence is the transport's.
+//! - FAIL-6: a wait that expects a message from a peer this worker has no
+//!   connection to (an all-gather's, AG-8) dials that peer every
+//!   [`PROBE_EVERY`]: a peer that died before it ever connected has no
+//!   connection whose close or silence could tell, and its address refuses
+//!   the dial, which declares it failed. A dial that succeeds leaves a
+//!   connection that watches the peer from then on. Off without a failure
+//!   window, as all failure detection is.
+//!
+//! This module owns the record of failures, the functions that report
+//! them, and FAIL-6's dials; detecting silence is the transport's.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -193,6 +202,52 @@ impl RpcAgent {
             .failures
             .announced
             .send_modify(|all| all.push(failure));
+    }
+}
+
+/// FAIL-6: how often a wait dials the awaited peers it has no connection
+/// to.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// The longest one FAIL-6 dial may take; one that takes longer proves
+/// nothing (a loaded peer accepts late) and is tried again.
+const PROBE_DIAL_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl RpcAgent {
+    /// FAIL-6: never ends; until dropped, every [`PROBE_EVERY`] dials each
+    /// of `peers` that `awaited` still holds for and that this worker has
+    /// no open connection to, and declares failed a peer whose dial fails.
+    pub(crate) async fn probe_unconnected(
+        &self,
+        peers: &std::collections::BTreeSet<String>,
+        awaited: impl Fn(&str) -> bool,
+    ) {
+        if self.inner.options.failure_timeout.is_none() {
+            return std::future::pending().await;
+        }
+        loop {
+            tokio::time::sleep(PROBE_EVERY).await;
+            let Ok(transport) = self.transport() else {
+                continue;
+            };
+            for peer in peers {
+                if !awaited(peer)
+                    || transport.open_connection(peer).is_some()
+                    || self.failure_of(peer).is_some()
+                {
+                    continue;
+                }
+                let Ok(addr) = self.member_by_name(peer).map(|m| m.addr) else {
+                    continue;
+                };
+                let dial =
+                    tokio::time::timeout(PROBE_DIAL_TIMEOUT, transport.connection(peer, addr));
+                if let Ok(Err(e)) = dial.await {
+                    let cause = format!("not connected, and {}", e.message());
+                    self.declare_failed(peer, &cause);
+                }
+            }
+        }
     }
 }
 

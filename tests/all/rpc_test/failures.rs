@@ -401,3 +401,32 @@ fn a_graceful_shutdown_whose_follower_stops_before_reporting_ends_with_its_failu
         Ok(())
     });
 }
+
+/// FAIL-6: a follower that stops before it ever connected to the leader
+/// leaves no connection whose close could tell; the leader's graceful
+/// shutdown dials it, is refused, and ends with its failure. It waited for
+/// the follower's report forever before.
+#[test]
+fn a_graceful_shutdown_whose_follower_stopped_before_connecting_ends_with_its_failure() {
+    timed(async {
+        let c = Cluster::builder(2).functions(register_all).start().await?;
+        let _ = c.agent(1).shutdown(false, Duration::ZERO).await;
+        let leader = c.agent(0).clone();
+        let shutdown = tokio::spawn(async move { leader.shutdown(true, Duration::ZERO).await });
+        let e = expect_err(
+            ended(shutdown, "worker0").await?,
+            ErrorKind::RuntimeError,
+            "graceful shutdown of worker0 gave up: worker1 failed: not connected, and cannot \
+             connect to worker worker1 at ",
+        )?;
+        ensure!(
+            c.agent(0)
+                .failed_workers()
+                .iter()
+                .map(|f| f.worker.as_str())
+                .eq(["worker1"]),
+            "worker1 declared failed: {e}"
+        );
+        Ok(())
+    });
+}
