@@ -106,6 +106,7 @@ impl RawServer {
         let mut child = Command::new(exe)
             .arg("raw-server")
             .args(spin.then_some("--spin"))
+            .env(crate::worker::PARENT_ENV, std::process::id().to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

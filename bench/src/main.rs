@@ -219,6 +219,12 @@ fn main() -> ExitCode {
         worker::set_busy_poll(Duration::from_micros(us));
     }
     worker::set_intra_op_threads(cli.intra_op_threads);
+    if matches!(
+        cli.command,
+        Some(Internal::Worker { .. } | Internal::InitWorker { .. } | Internal::RawServer { .. })
+    ) {
+        worker::exit_with_parent();
+    }
     let r = match &cli.command {
         Some(Internal::Worker {
             init_method,

@@ -228,6 +228,35 @@ pub(crate) struct Observe {
     pub(crate) otlp_sample_ratio: Option<f64>,
 }
 
+/// How often a process the bench started looks whether the bench is gone.
+const PARENT_CHECK: Duration = Duration::from_millis(200);
+
+/// The variable that gives a process the bench starts the bench's pid
+/// ([`exit_with_parent`]): a child that starts after its parent died
+/// already has another parent by its first look.
+pub(crate) const PARENT_ENV: &str = "WASMRPC_BENCH_PARENT";
+
+/// Ends this process (exit code 70) once the bench that started it is
+/// gone: its parent is no longer the pid in [`PARENT_ENV`] (or, when run
+/// by hand without it, the parent it started with). A bench killed
+/// outright, or while its workers were still joining, never runs its
+/// children's `Drop`, and its workers, reparented, would wait for a group
+/// that will not come, or serve forever.
+pub(crate) fn exit_with_parent() {
+    let parent = std::env::var(PARENT_ENV)
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(std::os::unix::process::parent_id);
+    std::thread::spawn(move || {
+        loop {
+            if std::os::unix::process::parent_id() != parent {
+                std::process::exit(70);
+            }
+            std::thread::sleep(PARENT_CHECK);
+        }
+    });
+}
+
 /// `wasmrpc-bench worker`: joins, serves until the group shuts down.
 pub(crate) fn serve(
     init_method: &str,
