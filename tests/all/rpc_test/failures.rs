@@ -328,6 +328,15 @@ async fn shutting_down() {
     tokio::time::sleep(Duration::from_secs(1)).await;
 }
 
+/// Whether `worker` is the one worker `agent` declared failed.
+fn only_failed(agent: &wasmrpc::RpcAgent, worker: &str) -> bool {
+    agent
+        .failed_workers()
+        .iter()
+        .map(|f| f.worker.as_str())
+        .eq([worker])
+}
+
 /// Waits at most 10 s for `shutdown`, a graceful shutdown running on its
 /// own task, to end.
 async fn ended(
@@ -364,11 +373,7 @@ fn a_graceful_shutdown_whose_leader_stops_ends_with_the_leaders_failure() {
             "graceful shutdown of worker1 gave up: worker0 failed: ",
         )?;
         ensure!(
-            c.agent(1)
-                .failed_workers()
-                .iter()
-                .map(|f| f.worker.as_str())
-                .eq(["worker0"]),
+            only_failed(c.agent(1), "worker0"),
             "worker0 declared failed: {e}"
         );
         Ok(())
@@ -420,11 +425,7 @@ fn a_graceful_shutdown_whose_follower_stopped_before_connecting_ends_with_its_fa
              connect to worker worker1 at ",
         )?;
         ensure!(
-            c.agent(0)
-                .failed_workers()
-                .iter()
-                .map(|f| f.worker.as_str())
-                .eq(["worker1"]),
+            only_failed(c.agent(0), "worker1"),
             "worker1 declared failed: {e}"
         );
         Ok(())
