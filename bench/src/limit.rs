@@ -205,28 +205,6 @@ impl PingPong {
     ) -> Result<Vec<Duration>> {
         Ok(timed(&mut self.conn, size, n, warmup)?)
     }
-
-    /// The least CPU time one echo of `size` bytes took, in this thread
-    /// (the client) and the server process together, over `tries` echoes
-    /// after one untimed: the kernel's work of moving the bytes both ways,
-    /// which any echo over TCP on this machine pays. The least, not the
-    /// median: this is a floor.
-    pub(crate) fn echo_cpu(&mut self, size: usize, tries: usize) -> Result<Duration> {
-        let payload = vec![7u8; size];
-        let mut back = vec![0u8; size];
-        round_trip(&mut self.conn, &payload, &mut back)?;
-        let server = self.server_pid();
-        let cpu = || -> Result<Duration> {
-            Ok(crate::stats::thread_cpu()? + crate::stats::process_cpu(server)?)
-        };
-        let mut least = Duration::MAX;
-        for _ in 0..tries.max(1) {
-            let before = cpu()?;
-            round_trip(&mut self.conn, &payload, &mut back)?;
-            least = least.min(cpu()?.saturating_sub(before));
-        }
-        Ok(least)
-    }
 }
 
 /// Echo sizes: (limit key, bytes, runs in a quick run, runs in a full run).

@@ -467,20 +467,9 @@ type EchoCpu = (Option<Duration>, Option<Duration>);
 /// each way, timed alone on one core: `crate::cipher`), how busy the cores
 /// are during the TLS echo, and how much faster the cipher would have to
 /// be for the target if the echo stays CPU-bound.
-///
-/// Then the least the TLS echo can cost on this machine: every echo over
-/// TCP pays the kernel's work of moving the bytes (a raw TCP echo's CPU,
-/// measured here), TLS adds the cipher's passes to it (without kernel TLS,
-/// which this kernel lacks, no pass of the cipher can be folded into a
-/// kernel copy), and no amount of CPU time runs faster than on every core
-/// at once. If that least cost is above the target, the target is out of
-/// reach here, whatever the implementation, and the note says so.
 fn cipher_cost(plain: (f64, Duration), tls: (f64, Duration), target: f64) -> Result<String> {
     let (_, size, _, _) = crate::limit::ECHO[2];
     let (seal, open) = tokio::task::block_in_place(|| crate::cipher::seal_and_open(size, 3))?;
-    let raw =
-        tokio::task::block_in_place(|| crate::limit::PingPong::start(false)?.echo_cpu(size, 3))
-            .context("the raw TCP echo's CPU time")?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1e3);
     let cipher = 2 * (seal + open);
@@ -491,59 +480,23 @@ fn cipher_cost(plain: (f64, Duration), tls: (f64, Duration), target: f64) -> Res
     let room = (1.0 + target) * plain.0 * 1e-6 * cores - plain.1.as_secs_f64();
     let needed = if room > 0.0 {
         format!(
-            "the target needs a cipher {:.1}x faster than this machine's",
+            "{:.1}x faster than this machine's",
             cipher.as_secs_f64() / room
         )
     } else {
-        "no cipher meets the target: the plain echo's CPU alone fills the cores".to_string()
+        "none: the plain echo's CPU alone fills the cores".to_string()
     };
     let rate = 2.0 * size as f64 / (seal + open).as_secs_f64() / 1e9;
-    let least = least_tls_cost(raw + cipher, cores, plain.0);
-    let reach = if least > target {
-        format!(
-            "above the target of +{:.0}%: out of reach on this machine, whatever TLS's \
-             implementation",
-            target * 100.0
-        )
-    } else {
-        format!("within the target of +{:.0}%", target * 100.0)
-    };
     Ok(format!(
         "(where TLS's cost goes, in that round: the TLS echo takes {} of CPU in both processes, \
          the plain one {}, so TLS adds {}; the cipher's four passes (a seal and an open each \
          way; AES-128-GCM alone on one core, {rate:.2} GB/s here) take {}; the {cores} cores are \
-         {:.0}% busy during the TLS echo; if it stays CPU-bound, {needed}) (the least TLS can cost here: the kernel's work that any TCP echo pays, a raw \
-         TCP echo's CPU, {}, plus the cipher's {}, on all {cores} cores at once: {:+.0}% over \
-         the plain echo, {reach})",
+         {:.0}% busy during the TLS echo; if it stays CPU-bound, the target needs a cipher \
+         {needed})",
         ms(tls.1),
         ms(plain.1),
         ms(added),
         ms(cipher),
         busy * 100.0,
-        ms(raw),
-        ms(cipher),
-        least * 100.0,
     ))
-}
-
-/// The least cost TLS can add to an echo that takes `plain_us`: `cpu` (the
-/// CPU time no TLS echo can do without), spread over every one of `cores`,
-/// as a share of the plain echo's time (0.25: +25%).
-fn least_tls_cost(cpu: Duration, cores: f64, plain_us: f64) -> f64 {
-    cpu.as_secs_f64() * 1e6 / cores / plain_us - 1.0
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_least_tls_cost_spreads_the_cpu_over_every_core() {
-        // 154 ms that no TLS echo can do without, on 2 cores: 77 ms at
-        // best, against a plain echo of 44 ms.
-        let least = least_tls_cost(Duration::from_millis(154), 2.0, 44_000.0);
-        assert!((least - 0.75).abs() < 1e-9, "{least}");
-        // Less CPU than the plain echo's time on all cores: no bound.
-        assert!(least_tls_cost(Duration::from_millis(40), 2.0, 44_000.0) < 0.0);
-    }
 }
