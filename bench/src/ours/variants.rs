@@ -480,19 +480,18 @@ fn cipher_cost(plain: (f64, Duration), tls: (f64, Duration), target: f64) -> Res
     let room = (1.0 + target) * plain.0 * 1e-6 * cores - plain.1.as_secs_f64();
     let needed = if room > 0.0 {
         format!(
-            "{:.1}x faster than this machine's",
+            "the target needs a cipher {:.1}x faster than this machine's",
             cipher.as_secs_f64() / room
         )
     } else {
-        "none: the plain echo's CPU alone fills the cores".to_string()
+        "no cipher meets the target: the plain echo's CPU alone fills the cores".to_string()
     };
     let rate = 2.0 * size as f64 / (seal + open).as_secs_f64() / 1e9;
     Ok(format!(
         "(where TLS's cost goes, in that round: the TLS echo takes {} of CPU in both processes, \
          the plain one {}, so TLS adds {}; the cipher's four passes (a seal and an open each \
          way; AES-128-GCM alone on one core, {rate:.2} GB/s here) take {}; the {cores} cores are \
-         {:.0}% busy during the TLS echo; if it stays CPU-bound, the target needs a cipher \
-         {needed})",
+         {:.0}% busy during the TLS echo; if it stays CPU-bound, {needed})",
         ms(tls.1),
         ms(plain.1),
         ms(added),
