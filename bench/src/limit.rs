@@ -103,10 +103,9 @@ struct RawServer {
 impl RawServer {
     fn start(spin: bool) -> Result<Self> {
         let exe = std::env::current_exe()?;
-        let mut child = Command::new(exe)
+        let mut child = crate::worker::started_by_this_bench(&mut Command::new(exe))
             .arg("raw-server")
             .args(spin.then_some("--spin"))
-            .env(crate::worker::PARENT_ENV, std::process::id().to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

@@ -234,7 +234,13 @@ const PARENT_CHECK: Duration = Duration::from_millis(200);
 /// The variable that gives a process the bench starts the bench's pid
 /// ([`exit_with_parent`]): a child that starts after its parent died
 /// already has another parent by its first look.
-pub(crate) const PARENT_ENV: &str = "WASMRPC_BENCH_PARENT";
+const PARENT_ENV: &str = "WASMRPC_BENCH_PARENT";
+
+/// Gives `cmd`, a process this bench starts, the bench's pid, which its
+/// [`exit_with_parent`] watches.
+pub(crate) fn started_by_this_bench(cmd: &mut std::process::Command) -> &mut std::process::Command {
+    cmd.env(PARENT_ENV, std::process::id().to_string())
+}
 
 /// Ends this process (exit code 70) once the bench that started it is
 /// gone: its parent is no longer the pid in [`PARENT_ENV`] (or, when run

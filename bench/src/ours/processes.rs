@@ -53,9 +53,9 @@ impl Children {
                 .open(&cfg.log)
                 .with_context(|| format!("cannot open {}", cfg.log.display()))?;
             let mut cmd = Command::new(&exe);
-            cmd.args(args(rank))
-                .stderr(log)
-                .env(crate::worker::PARENT_ENV, std::process::id().to_string());
+            crate::worker::started_by_this_bench(&mut cmd)
+                .args(args(rank))
+                .stderr(log);
             if let Some(window) = crate::worker::busy_poll() {
                 cmd.arg("--busy-poll-us")
                     .arg(window.as_micros().to_string());
