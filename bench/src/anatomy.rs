@@ -165,6 +165,55 @@ fn median(mut samples: Vec<Duration>) -> Duration {
     samples[samples.len() / 2]
 }
 
+/// Calls `call` `calls` times in this process, without the wire (a world
+/// of one that loads the callee's plugins itself), and prints its median
+/// and this process's threads: what the function costs where it runs, the
+/// part of a round trip no transport can remove. Under `perf record` it
+/// profiles the callee's side of a call alone.
+pub(crate) fn run_local(call: Call, calls: usize, threads: usize) -> Result<()> {
+    let calls = calls.max(100);
+    let function = match call {
+        Call::Noop => NOOP,
+        Call::AtenAdd => "aten::add",
+        Call::Wasm => worker::WASM_IDENTITY,
+        Call::Python => worker::PY_IDENTITY,
+        Call::WasmAdd => "seed_fns::my_tensor_function",
+        Call::PythonAdd => "seed_fns_py::my_tensor_function",
+        Call::Step16 => anyhow::bail!("an autograd step needs two workers: drop --local"),
+    };
+    let rt = worker::runtime(threads)?;
+    rt.block_on(async {
+        let method = format!("tcp://127.0.0.1:{}", free_port()?);
+        let plugins = [wasmrpc_plugins::SEED_FNS, wasmrpc_plugins::SEED_FNS_PY].map(Into::into);
+        let agent = worker::join(&method, 0, 1, &plugins, None, false).await?;
+        let (a, b) = (
+            Tensor::ones([4], (Kind::Float, Device::Cpu)),
+            Tensor::ones([4], (Kind::Float, Device::Cpu)),
+        );
+        let one = || {
+            let args = match call {
+                Call::AtenAdd | Call::WasmAdd | Call::PythonAdd => {
+                    args![a.shallow_clone(), b.shallow_clone()]
+                }
+                _ => args![1],
+            };
+            agent.call_local(function, args)
+        };
+        ours::timed(calls / 10, 0, one).await?;
+        let me = std::process::id();
+        let c0 = snapshot(me)?;
+        let samples = ours::timed(calls, 0, one).await?;
+        let c1 = snapshot(me)?;
+        println!(
+            "{function} called in this process: median {:.2?}",
+            median(samples)
+        );
+        report("this process", &c0, &c1, calls as u64);
+        agent.shutdown(true, Duration::ZERO).await?;
+        Ok(())
+    })
+}
+
 /// Runs the raw ping-pong and then `call`, `calls` times each, and prints
 /// the threads of both ends of each.
 pub(crate) fn run(call: Call, calls: usize, threads: usize, in_flight: usize) -> Result<()> {

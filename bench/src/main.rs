@@ -116,7 +116,8 @@ struct Cli {
     threads: Option<usize>,
     /// How long our workers' readers busy-poll their sockets between frames
     /// that come close together, in microseconds; 0 turns it off (an A/B of
-    /// `RpcBackendOptions::busy_poll`) [default: the agent's, 50].
+    /// `RpcBackendOptions::busy_poll`) [default: the agent's,
+    /// `wasmrpc::DEFAULT_BUSY_POLL`, 200].
     #[arg(long, value_name = "US", global = true)]
     busy_poll_us: Option<u64>,
     /// Threads one op may use in each of our worker processes (libtorch's
@@ -189,6 +190,11 @@ enum Internal {
         /// regime), dissected the same way; 1: none.
         #[arg(long, default_value_t = 1)]
         in_flight: usize,
+        /// Call the function in this process instead, without the wire (a
+        /// world of one that loads the plugins itself): the callee's own
+        /// cost, to profile with `perf record`.
+        #[arg(long, conflicts_with = "in_flight")]
+        local: bool,
     },
     /// What a group costs as it grows: init, memory per worker and per
     /// connection, an all-to-all round and shutdown, for in-process workers
@@ -255,12 +261,15 @@ fn main() -> ExitCode {
             calls,
             threads,
             in_flight,
-        }) => anatomy::run(
-            *call,
-            *calls,
-            threads.unwrap_or_else(|| wasmrpc::cores_per_worker(2)),
-            *in_flight,
-        ),
+            local,
+        }) => {
+            let threads = threads.unwrap_or_else(|| wasmrpc::cores_per_worker(2));
+            if *local {
+                anatomy::run_local(*call, *calls, threads)
+            } else {
+                anatomy::run(*call, *calls, threads, *in_flight)
+            }
+        }
         Some(Internal::Scale {
             worlds,
             threads,

@@ -1,6 +1,7 @@
 """Python values to and from the world's `value` (a tree of nodes, root
 first; containers name their children by index)."""
 
+import collections
 import dataclasses
 import functools
 import inspect
@@ -16,6 +17,31 @@ name it is served under, which the receiver resolves (`function_from_name`).
 A Rust plugin receives it as this record and can send one."""
 
 
+_Kit = collections.namedtuple(
+    "_Kit", "device dtype Tensor FunctionRef Future RRef WorkerInfo Module transfer"
+)
+
+_kit = None
+"""The kit's classes `_push` and `_build` tell values apart by, imported on
+first use (their modules import this one) and kept: an import statement in
+a function runs the import machinery on every call, which was a third of a
+Python no-op call's time in the interpreter (`wasmrpc-bench anatomy
+--local --call python`, under `perf`)."""
+
+
+def _kit_classes():
+    global _kit
+    if _kit is None:
+        from ._dtypes import device, dtype
+        from .nn import _transfer
+        from .nn.modules import Module
+        from .rpc import FunctionRef, Future, RRef, WorkerInfo
+        from .tensor import Tensor
+
+        _kit = _Kit(device, dtype, Tensor, FunctionRef, Future, RRef, WorkerInfo, Module, _transfer)
+    return _kit
+
+
 def to_nodes(obj, types, move=False):
     """The nodes of `obj`. Tensors and RRefs go by handle; with `move`, each
     gets a handle of its own (a dup) that the receiver then owns."""
@@ -25,9 +51,8 @@ def to_nodes(obj, types, move=False):
 
 
 def _push(obj, types, nodes, move, depth):
-    from ._dtypes import device, dtype
-    from .tensor import Tensor
-    from .rpc import FunctionRef, Future, RRef, WorkerInfo
+    kit = _kit or _kit_classes()
+    device, dtype, Tensor, FunctionRef, Future, RRef, WorkerInfo, _, _transfer = kit
 
     if depth > 128:
         raise ValueError("a value nested deeper than 128 levels")
@@ -81,8 +106,6 @@ def _push(obj, types, nodes, move, depth):
         node = types.Node_Record(types.RecordNode(obj._name, fields))
     elif _is_module(obj) or _is_module_class(obj):
         # A module travels by value, as data (`nn/_transfer.py`).
-        from .nn import _transfer
-
         if isinstance(obj, type):
             name, record = _transfer.MODULE_CLASS, _transfer.class_record(obj)
         else:
@@ -111,15 +134,11 @@ def _push(obj, types, nodes, move, depth):
 
 
 def _is_module(obj):
-    from .nn.modules import Module
-
-    return isinstance(obj, Module)
+    return isinstance(obj, (_kit or _kit_classes()).Module)
 
 
 def _is_module_class(obj):
-    from .nn.modules import Module
-
-    return isinstance(obj, type) and issubclass(obj, Module)
+    return isinstance(obj, type) and issubclass(obj, (_kit or _kit_classes()).Module)
 
 
 def _describe(fn):
@@ -150,9 +169,7 @@ def function_ref_name(fn):
     Anything else (a lambda, an unregistered function, a method bound to an
     object, a `functools.partial`) is refused: it could only travel as
     code, and nothing is pickled."""
-    from .rpc import FunctionRef
-
-    if isinstance(fn, FunctionRef):
+    if isinstance(fn, (_kit or _kit_classes()).FunctionRef):
         name = fn.__wasmrpc_name__
         return name if "::" in name else _registry.qualified(name)
     if inspect.ismethod(fn) and not isinstance(fn.__self__, type):
@@ -179,8 +196,6 @@ def function_from_name(name):
     this plugin's own function or class method when `name` is in its
     namespace (or bare), the kit's `wasmrpc.torch` op for `aten::NAME`,
     else a `FunctionRef` that calls it on this worker by `rpc_sync`."""
-    from .rpc import FunctionRef
-
     namespace, sep, local = name.rpartition("::")
     if not sep or namespace == _registry.namespace():
         fn = _registry.local_callable(local)
@@ -196,7 +211,7 @@ def function_from_name(name):
         if fn is not None and getattr(fn, "__wasmrpc_name__", None) == name:
             return fn
         return kit_torch._op_function(local)
-    return FunctionRef(name)
+    return (_kit or _kit_classes()).FunctionRef(name)
 
 
 def _function_from_record(record, child):
@@ -239,20 +254,21 @@ def from_nodes(nodes, types):
 
 
 def _build(nodes, at, types):
-    from .tensor import Tensor
-    from .rpc import Future, RRef, WorkerInfo
-
     n = nodes[at]
+    # Scalars first, before the closure containers need is made: most
+    # arguments and results are one scalar node.
+    if isinstance(n, (types.Node_Boolean, types.Node_Int, types.Node_Float, types.Node_Str)):
+        return n.value
+    if isinstance(n, types.Node_None_):
+        return None
 
     def child(i):
         if i <= at or i >= len(nodes):
             raise ValueError(f"node {at} names node {i}, not a later node")
         return _build(nodes, i, types)
 
-    if isinstance(n, types.Node_None_):
-        return None
-    if isinstance(n, (types.Node_Boolean, types.Node_Int, types.Node_Float, types.Node_Str)):
-        return n.value
+    kit = _kit or _kit_classes()
+    Tensor, RRef, WorkerInfo, _transfer = kit.Tensor, kit.RRef, kit.WorkerInfo, kit.transfer
     if isinstance(n, types.Node_Bytes):
         return bytes(n.value)
     if isinstance(n, types.Node_List):
@@ -264,8 +280,6 @@ def _build(nodes, at, types):
     if isinstance(n, types.Node_Record):
         if n.value.name == FUNCTION_REF:
             return _function_from_record(n.value, child)
-        from .nn import _transfer
-
         if n.value.name in _transfer.RECORDS:
             return _transfer.from_record(n.value.name, {k: child(v) for k, v in n.value.fields})
         return Record(n.value.name, [(k, child(v)) for k, v in n.value.fields])
