@@ -15,12 +15,16 @@
 //!   of one run spread from 0.56x to 4.62x while the op itself takes a
 //!   tenth of a no-op's round trip. The row's own figure is still a block
 //!   of `aten::add` calls alone: alternating slows both kinds of call.
+//!   Beside it, the op alone in this process, timed in a block and right
+//!   after each of a no-op's round trips: the second is the op in the
+//!   regime the callee runs it in, woken with its caches cold, and is
+//!   what the target is judged reachable by.
 
 use anyhow::{Result, bail};
 use tch::{Device, Kind, Tensor};
 use wasmrpc::{Payload, RpcAgent, args};
 
-use super::{Config, rtt_noop, timed};
+use super::{Config, rtt_noop, timed, timed_after};
 use crate::limit::PingPong;
 use crate::progress::Progress;
 use crate::report::fmt_micros;
@@ -44,6 +48,9 @@ struct Round {
     /// `aten::add` run in this process through the same entry point the
     /// callee uses, without the network: the op's own work.
     local_add: Option<Stat>,
+    /// The same, each call right after a no-op's round trip: the op's own
+    /// work with the caches a round trip leaves.
+    cold_add: Option<Stat>,
 }
 
 /// The ratios of `rounds`, formatted, and the index of the round whose
@@ -121,7 +128,7 @@ pub(super) async fn small_calls(
         } else {
             (None, None)
         };
-        let local_add = if with_add {
+        let (local_add, cold_add) = if with_add {
             let policy = agent.options().op_policy.clone();
             let local = || {
                 wasmrpc::call_builtin(
@@ -131,9 +138,13 @@ pub(super) async fn small_calls(
                     args![a.shallow_clone(), b.shallow_clone()],
                 )
             };
-            Some(Stat::latencies(&timed(n, n / 10, local).await?))
+            let noop = || agent.rpc_sync(dst, crate::worker::NOOP, args![1]);
+            (
+                Some(Stat::latencies(&timed(n, n / 10, local).await?)),
+                Some(Stat::latencies(&timed_after(n, n / 10, noop, local).await?)),
+            )
         } else {
-            None
+            (None, None)
         };
         // A spinning server keeps a core busy for as long as it is
         // connected, which would change every other measurement (a machine
@@ -149,6 +160,7 @@ pub(super) async fn small_calls(
             aten_add,
             paired_add,
             local_add,
+            cold_add,
         });
     }
 
@@ -192,18 +204,24 @@ pub(super) async fn small_calls(
         };
         res.set(Side::Ours, "rtt_aten_add", alone);
         // What the op itself costs, as a share of the no-op's round trip:
-        // the target is out of reach while it alone exceeds the margin.
-        let own_work = measured
-            .iter()
-            .filter_map(|r| {
-                let noop = r.paired_add?.1;
-                Some(format!("{:.2}x", r.local_add?.median / noop.median))
-            })
-            .collect::<Vec<_>>()
-            .join(" ");
-        let local = m
-            .local_add
-            .map_or_else(|| "-".into(), |l| fmt_micros(l.median));
+        // the target is out of reach while it alone exceeds the margin in
+        // the regime the callee runs it in (right after a round trip).
+        let share = |own: fn(&Round) -> Option<Stat>| {
+            measured
+                .iter()
+                .filter_map(|r| Some(format!("{:.2}x", own(r)?.median / r.paired_add?.1.median)))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let micros = |s: Option<Stat>| s.map_or_else(|| "-".into(), |s| fmt_micros(s.median));
+        let reach = match m.cold_add {
+            Some(cold) if 1.0 + cold.median / paired_noop.median > ATEN_ADD_TARGET => format!(
+                "; so the op's own work alone, right after a round trip, puts the ratio at \
+                 {:.2}x at least: out of reach while a round trip leaves the caches this cold",
+                1.0 + cold.median / paired_noop.median
+            ),
+            _ => String::new(),
+        };
         res.note(
             Side::Ours,
             "rtt_aten_add",
@@ -211,11 +229,16 @@ pub(super) async fn small_calls(
                 "(over no-op calls alternating with it one by one, per round: {all}; in the \
                  median round {} over {}, {:.2}x, target <= {ATEN_ADD_TARGET:.2}x: {}; the row: \
                  that round's block of calls alone; the op alone, in this process without the \
-                 wire: {local} in that round, of the no-op per round: {own_work})",
+                 wire, in that round: {} in a block, {} right after each of a no-op's round \
+                 trips; of the no-op per round, in a block: {}, right after a round trip: {}{reach})",
                 fmt_micros(add.median),
                 fmt_micros(paired_noop.median),
                 add_ratios[i],
                 verdict(add_ratios[i], ATEN_ADD_TARGET),
+                micros(m.local_add),
+                micros(m.cold_add),
+                share(|r| r.local_add),
+                share(|r| r.cold_add),
             ),
         );
     }
@@ -294,5 +317,38 @@ mod tests {
         assert_eq!((rows.len(), floors.len()), (4, 4));
         // One warm-up pair, then row first, floor first, row first, ...
         assert_eq!(order.into_inner(), "rf".to_owned() + "rffrrffr");
+    }
+
+    #[test]
+    fn a_call_timed_after_another_is_timed_alone_and_each_time_right_after_it() {
+        let order = RefCell::new(String::new());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("a runtime");
+        let before = || {
+            order.borrow_mut().push('b');
+            // Long enough that a sample that included it could not pass
+            // for the call alone.
+            async {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                Ok(Payload::none())
+            }
+        };
+        let call = || {
+            order.borrow_mut().push('c');
+            std::future::ready(Ok(Payload::none()))
+        };
+        let samples = runtime
+            .block_on(super::super::timed_after(3, 2, before, call))
+            .expect("no call fails");
+        assert_eq!(samples.len(), 3, "the warm-up's calls are not samples");
+        assert!(
+            samples
+                .iter()
+                .all(|s| *s < std::time::Duration::from_millis(20)),
+            "{samples:?}"
+        );
+        assert_eq!(order.into_inner(), "bc".repeat(5));
     }
 }
