@@ -5,6 +5,7 @@ policy, recorded by autograd."""
 import struct
 
 from . import _dtypes, _host, _scope
+from .autograd import _autograd, no_grad
 
 # Element types by the world's `dtype` case.
 _DTYPES = _dtypes.BY_WIT
@@ -465,8 +466,6 @@ class Tensor:
 
     def requires_grad_(self, requires_grad=True):
         """Sets `requires_grad` in place; returns `self`."""
-        from .autograd import _autograd
-
         _autograd("SetRequiresGrad", (self._handle(), bool(requires_grad)))
         return self
 
@@ -474,8 +473,6 @@ class Tensor:
     def grad(self):
         """The gradient local autograd accumulated, or `None`; assigning a
         tensor or `None` sets it (the `set-grad` host call)."""
-        from .autograd import _autograd
-
         return _autograd("Grad", self._handle())
 
     @grad.setter
@@ -490,8 +487,6 @@ class Tensor:
     @data.setter
     def data(self, value):
         # torch swaps the storage; the kit copies into it (same shape only).
-        from .autograd import no_grad
-
         with no_grad():
             op("aten::copy_", self, value)
 
@@ -499,8 +494,6 @@ class Tensor:
         """Local autograd from this scalar (the host's `Backward` request
         takes no gradient argument: a non-scalar is reduced as
         `(self * gradient).sum()` first, which gives the same gradients)."""
-        from .autograd import _autograd
-
         if create_graph:
             raise NotImplementedError("backward(create_graph=True) is not supported by the worker")
         root = self if gradient is None else op("aten::sum", op("aten::mul", self, gradient))
