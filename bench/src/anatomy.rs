@@ -45,6 +45,23 @@ pub(crate) enum Call {
     Step16,
 }
 
+impl Call {
+    /// The function this call runs and its arguments (`a` and `b` for the
+    /// adds); `None` for the autograd step, which is more than one call.
+    fn function_and_args(self, a: &Tensor, b: &Tensor) -> Option<(&'static str, wasmrpc::Args)> {
+        let add = || args![a.shallow_clone(), b.shallow_clone()];
+        Some(match self {
+            Call::Noop => (NOOP, args![1]),
+            Call::AtenAdd => ("aten::add", add()),
+            Call::Wasm => (worker::WASM_IDENTITY, args![1]),
+            Call::Python => (worker::PY_IDENTITY, args![1]),
+            Call::WasmAdd => ("seed_fns::my_tensor_function", add()),
+            Call::PythonAdd => ("seed_fns_py::my_tensor_function", add()),
+            Call::Step16 => return None,
+        })
+    }
+}
+
 /// One thread's counters at one moment.
 #[derive(Clone, Copy, Default)]
 struct Counters {
@@ -172,31 +189,22 @@ fn median(mut samples: Vec<Duration>) -> Duration {
 /// profiles the callee's side of a call alone.
 pub(crate) fn run_local(call: Call, calls: usize, threads: usize) -> Result<()> {
     let calls = calls.max(100);
-    let function = match call {
-        Call::Noop => NOOP,
-        Call::AtenAdd => "aten::add",
-        Call::Wasm => worker::WASM_IDENTITY,
-        Call::Python => worker::PY_IDENTITY,
-        Call::WasmAdd => "seed_fns::my_tensor_function",
-        Call::PythonAdd => "seed_fns_py::my_tensor_function",
-        Call::Step16 => anyhow::bail!("an autograd step needs two workers: drop --local"),
+    let (a, b) = (
+        Tensor::ones([4], (Kind::Float, Device::Cpu)),
+        Tensor::ones([4], (Kind::Float, Device::Cpu)),
+    );
+    let Some((function, _)) = call.function_and_args(&a, &b) else {
+        anyhow::bail!("an autograd step needs two workers: drop --local");
     };
     let rt = worker::runtime(threads)?;
     rt.block_on(async {
         let method = format!("tcp://127.0.0.1:{}", free_port()?);
         let plugins = [wasmrpc_plugins::SEED_FNS, wasmrpc_plugins::SEED_FNS_PY].map(Into::into);
         let agent = worker::join(&method, 0, 1, &plugins, None, false).await?;
-        let (a, b) = (
-            Tensor::ones([4], (Kind::Float, Device::Cpu)),
-            Tensor::ones([4], (Kind::Float, Device::Cpu)),
-        );
         let one = || {
-            let args = match call {
-                Call::AtenAdd | Call::WasmAdd | Call::PythonAdd => {
-                    args![a.shallow_clone(), b.shallow_clone()]
-                }
-                _ => args![1],
-            };
+            let args = call
+                .function_and_args(&a, &b)
+                .map_or(args![], |(_, args)| args);
             agent.call_local(function, args)
         };
         ours::timed(calls / 10, 0, one).await?;
@@ -254,24 +262,10 @@ pub(crate) fn run(call: Call, calls: usize, threads: usize, in_flight: usize) ->
         );
         let phases = std::cell::RefCell::new(Vec::new());
         let one = || -> std::pin::Pin<Box<dyn Future<Output = wasmrpc::Result<Payload>> + '_>> {
-            let (function, args) = match call {
-                Call::Step16 => {
-                    return Box::pin(ours::autograd_step(&agent, "worker1", &x, &y, &phases));
-                }
-                Call::Noop => (NOOP, args![1]),
-                Call::AtenAdd => ("aten::add", args![a.shallow_clone(), b.shallow_clone()]),
-                Call::Wasm => (worker::WASM_IDENTITY, args![1]),
-                Call::Python => (worker::PY_IDENTITY, args![1]),
-                Call::WasmAdd => (
-                    "seed_fns::my_tensor_function",
-                    args![a.shallow_clone(), b.shallow_clone()],
-                ),
-                Call::PythonAdd => (
-                    "seed_fns_py::my_tensor_function",
-                    args![a.shallow_clone(), b.shallow_clone()],
-                ),
-            };
-            Box::pin(agent.rpc_sync("worker1", function, args))
+            match call.function_and_args(&a, &b) {
+                Some((function, args)) => Box::pin(agent.rpc_sync("worker1", function, args)),
+                None => Box::pin(ours::autograd_step(&agent, "worker1", &x, &y, &phases)),
+            }
         };
         ours::timed(calls / 10, 0, one).await?;
         if in_flight > 1 {
