@@ -111,7 +111,8 @@ enum Command {
         /// their debug build).
         #[arg(long, value_name = "BINARY", hide = true, conflicts_with = "torch")]
         from_build: Option<PathBuf>,
-        /// Where the bundle folder and the tarball go [default: target/dist].
+        /// Where the tarball goes (and, until it is packed, the bundle's folder)
+        /// [default: target/dist].
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
         /// zstd's compression level (1-19).
