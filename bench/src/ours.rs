@@ -551,10 +551,11 @@ async fn local_wasm_calls(
     let bytes = std::fs::read(wasmrpc_plugins::SEED_FNS)
         .with_context(|| format!("reading {}", wasmrpc_plugins::SEED_FNS))?;
     let cache = tempfile::tempdir()?;
+    let defaults = wasmrpc::PluginHost::default_config()?;
     let host = |cache_dir: Option<PathBuf>| {
         wasmrpc::PluginHost::new(wasmrpc::wasm::Config {
             cache_dir,
-            ..wasmrpc::PluginHost::default_config()
+            ..defaults.clone()
         })
     };
     // Fills the disk cache the cached cold row reads.

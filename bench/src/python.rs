@@ -32,10 +32,11 @@ pub(crate) async fn cold_starts(
     let bytes = std::fs::read(wasmrpc_plugins::SEED_FNS_PY)
         .with_context(|| format!("reading {}", wasmrpc_plugins::SEED_FNS_PY))?;
     let cache = tempfile::tempdir()?;
+    let defaults = wasmrpc::PluginHost::default_config()?;
     let host = |cache_dir: Option<PathBuf>| {
         wasmrpc::PluginHost::new(wasmrpc::wasm::Config {
             cache_dir,
-            ..wasmrpc::PluginHost::default_config()
+            ..defaults.clone()
         })
     };
     // Fills the cache the cached row reads (one compilation, not timed).

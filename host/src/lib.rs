@@ -134,9 +134,9 @@ pub use ops::{
     set_intra_op_threads,
 };
 pub use plugin::{
-    CACHE_DIR_ENV, DEPLOY_PLUGIN, Deploy, DeployPlugin, DeployReport, MIN_PREFIX, PACKAGE_PREFIX,
-    PLUGIN_SWITCH, PluginHost, PluginSwitch, PluginTrust, PluginVersion, WorkerDeployment,
-    plugin_global, plugin_namespace,
+    CACHE_DIR_ENV, CACHE_MAX_ENV, DEPLOY_PLUGIN, Deploy, DeployPlugin, DeployReport, MIN_PREFIX,
+    PACKAGE_PREFIX, PLUGIN_SWITCH, PluginHost, PluginSwitch, PluginTrust, PluginVersion,
+    WorkerDeployment, plugin_global, plugin_namespace,
 };
 pub use remote_module::RemoteModule;
 pub use rref::{

@@ -87,6 +87,31 @@ pub use versions::{MIN_PREFIX, PluginVersion};
 /// cached on disk ([`PluginHost::default_config`]).
 pub const CACHE_DIR_ENV: &str = "WASMRPC_CACHE_DIR";
 
+/// The environment variable that caps, in MiB, what the disk cache of
+/// compiled plugins keeps (`unlimited` for no cap; default 2048): past it,
+/// the least recently used entries are removed
+/// ([`wasmrpc_wasm::Config::cache_max_bytes`]).
+pub const CACHE_MAX_ENV: &str = "WASMRPC_CACHE_MAX_MIB";
+
+/// [`CACHE_MAX_ENV`]'s value as a cap in bytes (`None`: no cap).
+fn parse_cache_max(value: &str) -> Result<Option<u64>> {
+    let value = value.trim();
+    if value == "unlimited" {
+        return Ok(None);
+    }
+    match value.parse::<u64>() {
+        Ok(mib) if mib > 0 => mib.checked_mul(1 << 20).map(Some).ok_or_else(|| {
+            Error::value(format!(
+                "{CACHE_MAX_ENV}={value}: more MiB than a disk holds"
+            ))
+        }),
+        _ => Err(Error::value(format!(
+            "{CACHE_MAX_ENV}={value:?}: expected a whole number of MiB above 0 (e.g. 4096), \
+             or `unlimited`"
+        ))),
+    }
+}
+
 /// The prefix plugin packages conventionally carry, left out of their
 /// namespace ([`plugin_namespace`]).
 pub const PACKAGE_PREFIX: &str = "wasmrpc-plugin-";
@@ -190,16 +215,21 @@ impl PluginHost {
     pub fn shared() -> Result<PluginHost> {
         static SHARED: OnceLock<std::result::Result<PluginHost, Error>> = OnceLock::new();
         SHARED
-            .get_or_init(|| PluginHost::new(Self::default_config()))
+            .get_or_init(|| PluginHost::new(Self::default_config()?))
             .clone()
     }
 
     /// The runtime's defaults, with compiled modules cached on disk in
     /// `$WASMRPC_CACHE_DIR`, else `$XDG_CACHE_HOME/wasmrpc/modules`, else
-    /// `~/.cache/wasmrpc/modules`, and room for 512 live instances (the
+    /// `~/.cache/wasmrpc/modules`, kept within `$WASMRPC_CACHE_MAX_MIB`
+    /// MiB ([`CACHE_MAX_ENV`]), and room for 512 live instances (the
     /// runtime's pool is shared by every agent of the process, and a call
     /// waiting on a nested RPC keeps its instance).
-    pub fn default_config() -> Config {
+    ///
+    /// # Errors
+    /// `ValueError` naming [`CACHE_MAX_ENV`] if it is set to anything but
+    /// a whole number of MiB or `unlimited`.
+    pub fn default_config() -> Result<Config> {
         let cache_dir = std::env::var_os(CACHE_DIR_ENV)
             .map(PathBuf::from)
             .or_else(|| {
@@ -214,11 +244,16 @@ impl PluginHost {
                         .join("modules")
                 })
             });
-        Config {
+        let cache_max_bytes = match std::env::var_os(CACHE_MAX_ENV) {
+            None => Some(wasmrpc_wasm::DEFAULT_CACHE_MAX_BYTES),
+            Some(value) => parse_cache_max(&value.to_string_lossy())?,
+        };
+        Ok(Config {
             cache_dir,
+            cache_max_bytes,
             max_instances: 512,
             ..Config::default()
-        }
+        })
     }
 
     /// The wasm runtime.
@@ -475,5 +510,26 @@ mod tests {
         assert_eq!(plugin_namespace("wasmrpc-plugin-seed-fns"), "seed_fns");
         assert_eq!(plugin_namespace("my-plugin"), "my_plugin");
         assert_eq!(plugin_namespace("plain"), "plain");
+    }
+
+    #[test]
+    fn the_cache_cap_is_whole_mib_or_unlimited_and_anything_else_is_named() {
+        assert_eq!(parse_cache_max("4096").unwrap(), Some(4096 << 20));
+        assert_eq!(parse_cache_max(" 1 ").unwrap(), Some(1 << 20));
+        assert_eq!(parse_cache_max("unlimited").unwrap(), None);
+        for bad in [
+            "0",
+            "-5",
+            "2GiB",
+            "1.5",
+            "",
+            "Unlimited",
+            "18446744073709551615",
+        ] {
+            let e = parse_cache_max(bad).expect_err(bad).to_string();
+            assert!(e.contains("WASMRPC_CACHE_MAX_MIB="), "{bad}: {e}");
+        }
+        let e = parse_cache_max("2GiB").unwrap_err().to_string();
+        assert!(e.contains("expected a whole number of MiB"), "{e}");
     }
 }

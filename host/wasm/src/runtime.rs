@@ -24,6 +24,12 @@ pub struct Config {
     /// Folder of compiled modules, keyed by the sha256 of the wasm bytes;
     /// `None` compiles every load.
     pub cache_dir: Option<PathBuf>,
+    /// The most bytes of compiled modules `cache_dir` keeps: after writing
+    /// an entry, the runtime removes the least recently used others until
+    /// the entries fit (the one just written stays, whatever its size).
+    /// `None` keeps every entry. A Python plugin's entry is about 35 MiB,
+    /// and every version of every plugin a machine ever loaded has one.
+    pub cache_max_bytes: Option<u64>,
     /// The most linear memory one instance may have, in bytes.
     pub max_memory: usize,
     /// The most time one call may spend running guest code (waiting on the
@@ -41,10 +47,15 @@ pub struct Config {
     pub epoch_tick: Duration,
 }
 
+/// [`Config::cache_max_bytes`]'s default: 2 GiB, some 55 versions of Python
+/// plugins or hundreds of Rust ones.
+pub const DEFAULT_CACHE_MAX_BYTES: u64 = 2 << 30;
+
 impl Default for Config {
     fn default() -> Self {
         Config {
             cache_dir: None,
+            cache_max_bytes: Some(DEFAULT_CACHE_MAX_BYTES),
             max_memory: 256 << 20,
             time_limit: Some(Duration::from_secs(60)),
             idle_instances: 16,

@@ -11,6 +11,11 @@
 //!   running when the entry is replaced or removed. (An entry truncated in
 //!   place by someone else would fault the workers mapping it: the folder
 //!   is the operator's, as the binary is.)
+//! - CACHE-2: the folder's entries stay within `Config::cache_max_bytes`:
+//!   a load from an entry refreshes its modification time, and a process
+//!   that writes an entry then removes the least recently used others
+//!   until the entries fit. Only files named as entries are counted or
+//!   removed; removing one is safe while workers run from it (CACHE-1).
 
 use super::Runtime;
 use crate::plugin::LoadSource;
@@ -107,6 +112,7 @@ impl Runtime {
                 .ok()
         };
         if let Some(code) = cached(&path) {
+            mark_used(&path);
             return Ok((code, LoadSource::DiskCache));
         }
         // Held until this function returns; a failure to lock only costs
@@ -132,10 +138,101 @@ impl Runtime {
         let written = serialize(&code)
             .map_err(|e| std::io::Error::other(format!("{e:#}")))
             .and_then(|compiled| write_atomically(&compiled, &path));
-        if let Err(e) = written {
-            tracing::warn!("cannot cache the compiled code at {}: {e}", path.display());
+        match written {
+            Err(e) => {
+                tracing::warn!("cannot cache the compiled code at {}: {e}", path.display());
+            }
+            Ok(()) => {
+                if let Some(cap) = self.inner.shared.config.cache_max_bytes {
+                    evict_least_recently_used(&path, cap);
+                }
+            }
         }
         Ok((code, LoadSource::Compiled))
+    }
+}
+
+/// Marks the entry at `path` as just used, for eviction's order (CACHE-2).
+/// Best effort: a folder this process may read but not change keeps its
+/// order.
+fn mark_used(path: &Path) {
+    let touched =
+        std::fs::File::open(path).and_then(|file| file.set_modified(std::time::SystemTime::now()));
+    if let Err(e) = touched {
+        tracing::debug!("cannot mark {} as used: {e}", path.display());
+    }
+}
+
+/// Whether `name` is a cache entry's file name:
+/// `<sha256 in hex>-<compatibility hash in hex>.cwasm`.
+fn is_entry_name(name: &str) -> bool {
+    let Some((sha, compat)) = name
+        .strip_suffix(".cwasm")
+        .and_then(|stem| stem.split_once('-'))
+    else {
+        return false;
+    };
+    let hex_of = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit());
+    hex_of(sha, 64) && hex_of(compat, 16)
+}
+
+/// Removes the least recently used entries of `kept`'s folder, never
+/// `kept` itself, until the entries hold at most `cap` bytes (CACHE-2).
+/// Entries of other engines count too: they hold the same disk. Each
+/// removed entry's lock file goes with it. A removal that fails (another
+/// process removed it first, or the folder is read-only) is skipped.
+fn evict_least_recently_used(kept: &Path, cap: u64) {
+    let Some(dir) = kept.parent() else { return };
+    let Ok(listing) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut entries = Vec::new();
+    let mut total = 0u64;
+    for entry in listing.flatten() {
+        let path = entry.path();
+        let named = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(is_entry_name);
+        // `symlink_metadata`: a link named as an entry counts (and goes)
+        // as the link, never as what it points to.
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if !named || meta.is_dir() {
+            continue;
+        }
+        total += meta.len();
+        if path != kept {
+            let used = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
+            entries.push((used, meta.len(), path));
+        }
+    }
+    if total <= cap {
+        return;
+    }
+    entries.sort();
+    let (mut removed, mut freed) = (0usize, 0u64);
+    for (_, len, path) in entries {
+        if total <= cap {
+            break;
+        }
+        if std::fs::remove_file(&path).is_ok() {
+            // A process compiling this entry again holds its own open lock
+            // file; removing the name costs at worst a second compile.
+            let _ = std::fs::remove_file(path.with_extension("lock"));
+            total -= len;
+            removed += 1;
+            freed += len;
+        }
+    }
+    if removed > 0 {
+        tracing::info!(
+            "removed the {removed} least recently used compiled plugin(s) ({:.1} MiB) from {} to keep it within {:.1} MiB",
+            freed as f64 / f64::from(1 << 20),
+            dir.display(),
+            cap as f64 / f64::from(1 << 20)
+        );
     }
 }
 

@@ -141,6 +141,160 @@ async fn the_disk_cache_is_hit_on_the_second_load() {
     .await;
 }
 
+/// An earlier plugin's cache entry (CACHE-2's file name), `mib` MiB, last
+/// used `hours_ago`, with its lock file.
+fn old_entry(dir: &std::path::Path, n: u64, mib: usize, hours_ago: u64) -> std::path::PathBuf {
+    let path = dir.join(format!("{n:064x}-{:016x}.cwasm", 7));
+    std::fs::write(&path, vec![0u8; mib << 20]).unwrap();
+    std::fs::write(path.with_extension("lock"), b"").unwrap();
+    set_used(&path, hours_ago);
+    path
+}
+
+fn set_used(path: &std::path::Path, hours_ago: u64) {
+    let when = std::time::SystemTime::now() - std::time::Duration::from_secs(hours_ago * 3600);
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(when)
+        .unwrap();
+}
+
+/// The size of `SEED_FNS`'s compiled entry, from a cache of its own.
+fn seed_fns_entry_bytes() -> u64 {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::new(Config {
+        cache_dir: Some(dir.path().to_owned()),
+        cache_max_bytes: None,
+        ..config()
+    })
+    .unwrap();
+    rt.load_file(wasmrpc_plugins::SEED_FNS).unwrap();
+    std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "cwasm"))
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum()
+}
+
+#[test]
+fn the_disk_cache_keeps_within_its_cap_by_removing_the_least_recently_used_entries() {
+    let entry = seed_fns_entry_bytes();
+    assert!(entry > 0, "the plugin's compiled code was cached");
+    let dir = tempfile::tempdir().unwrap();
+    // Four earlier plugins, oldest first.
+    let old: Vec<_> = (0..4)
+        .map(|n| old_entry(dir.path(), n, 1, 40 - n * 10))
+        .collect();
+    // What is not an entry stays, however old or large: the operator's
+    // files, a name that is not an entry's, a folder named as an entry,
+    // and a link named as an entry counts as a link, not as its target.
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, vec![1u8; 5 << 20]).unwrap();
+    set_used(&notes, 100);
+    let odd = dir.path().join(format!("{:064x}.cwasm", 9));
+    std::fs::write(&odd, vec![1u8; 1 << 20]).unwrap();
+    set_used(&odd, 100);
+    let folder = dir.path().join(format!("{:064x}-{:016x}.cwasm", 10, 7));
+    std::fs::create_dir(&folder).unwrap();
+    let link = dir.path().join(format!("{:064x}-{:016x}.cwasm", 11, 7));
+    std::os::unix::fs::symlink(&notes, &link).unwrap();
+
+    // Room for the new entry and two and a half old ones: the two least
+    // recently used go, with their lock files.
+    let rt = Runtime::new(Config {
+        cache_dir: Some(dir.path().to_owned()),
+        cache_max_bytes: Some(entry + (5 << 19)),
+        ..config()
+    })
+    .unwrap();
+    assert_eq!(
+        rt.load_file(wasmrpc_plugins::SEED_FNS).unwrap().source(),
+        LoadSource::Compiled
+    );
+    for (n, path) in old.iter().enumerate() {
+        let kept = n >= 2;
+        assert_eq!(path.exists(), kept, "entry {n} (kept: {kept})");
+        assert_eq!(path.with_extension("lock").exists(), kept, "lock {n}");
+    }
+    for path in [&notes, &odd, &folder, &link] {
+        assert!(
+            std::fs::symlink_metadata(path).is_ok(),
+            "{} was removed",
+            path.display()
+        );
+    }
+    assert_eq!(std::fs::metadata(&notes).unwrap().len(), 5 << 20);
+
+    // A load from the cache marks its entry used: made the oldest, it
+    // outlives an entry used since, when the next compile needs room.
+    let new_entry = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.extension().is_some_and(|x| x == "cwasm")
+                && !old.contains(p)
+                && p.is_file()
+                && *p != odd
+                && *p != link
+        })
+        .expect("the new entry");
+    set_used(&new_entry, 1000);
+    let again = Runtime::new(Config {
+        cache_dir: Some(dir.path().to_owned()),
+        cache_max_bytes: Some(entry + (5 << 19)),
+        ..config()
+    })
+    .unwrap();
+    assert_eq!(
+        again.load_file(wasmrpc_plugins::SEED_FNS).unwrap().source(),
+        LoadSource::DiskCache
+    );
+    let age = std::fs::metadata(&new_entry)
+        .unwrap()
+        .modified()
+        .unwrap()
+        .elapsed()
+        .unwrap_or_default();
+    assert!(age.as_secs() < 3600, "the entry was last used {age:?} ago");
+    // Another plugin compiled under a cap that holds one entry: every
+    // other entry goes, the one just used last, and the new one stays
+    // (however large it is against the cap).
+    let tight = Runtime::new(Config {
+        cache_dir: Some(dir.path().to_owned()),
+        cache_max_bytes: Some(1),
+        ..config()
+    })
+    .unwrap();
+    let hello = tight.load_file(wasmrpc_plugins::HELLO).unwrap();
+    assert_eq!(hello.source(), LoadSource::Compiled);
+    assert!(!new_entry.exists(), "the older entry stayed over the cap");
+    assert!(!old[3].exists() && !old[2].exists());
+    let entries: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "cwasm")
+                && p.is_file()
+                && *p != odd
+                && !p.is_symlink()
+        })
+        .collect();
+    assert_eq!(entries.len(), 1, "only the new entry: {entries:?}");
+
+    // Without a cap nothing is removed.
+    let unbounded = Runtime::new(Config {
+        cache_dir: Some(dir.path().to_owned()),
+        cache_max_bytes: None,
+        ..config()
+    })
+    .unwrap();
+    unbounded.load_file(wasmrpc_plugins::SEED_FNS).unwrap();
+    assert!(entries[0].exists(), "an unbounded cache removed an entry");
+}
+
 #[test]
 fn load_dir_loads_every_wasm_file() {
     let dir = tempfile::tempdir().unwrap();
