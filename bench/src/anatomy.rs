@@ -224,7 +224,13 @@ pub(crate) fn run_local(call: Call, calls: usize, threads: usize) -> Result<()> 
 
 /// Runs the raw ping-pong and then `call`, `calls` times each, and prints
 /// the threads of both ends of each.
-pub(crate) fn run(call: Call, calls: usize, threads: usize, in_flight: usize) -> Result<()> {
+pub(crate) fn run(
+    call: Call,
+    calls: usize,
+    threads: usize,
+    in_flight: usize,
+    caller: worker::CallerRuntime,
+) -> Result<()> {
     let calls = calls.max(100);
     println!("{calls} round trips each; per round trip:");
 
@@ -246,7 +252,8 @@ pub(crate) fn run(call: Call, calls: usize, threads: usize, in_flight: usize) ->
         threads,
         log: std::env::temp_dir().join("wasmrpc-bench-anatomy.log"),
     };
-    let rt = worker::runtime(threads)?;
+    println!("the caller's runtime: {caller:?}");
+    let rt = worker::caller_runtime(caller, threads)?;
     rt.block_on(async {
         let method = format!("tcp://127.0.0.1:{}", free_port()?);
         let children = Children::spawn(&cfg, |r| worker_args(&cfg, &method, r, 2), 1..2, false)?;

@@ -120,6 +120,12 @@ struct Cli {
     /// `wasmrpc::DEFAULT_BUSY_POLL`, 200].
     #[arg(long, value_name = "US", global = true)]
     busy_poll_us: Option<u64>,
+    /// The runtime this process makes its calls on: current-thread (the
+    /// thread that calls reads the replies, as a plugin's calls run) or
+    /// multi-thread (calls from the thread in `block_on`, which the
+    /// runtime's worker thread wakes for each reply).
+    #[arg(long, value_enum, default_value = "current-thread", global = true)]
+    caller_runtime: worker::CallerRuntime,
     /// Threads one op may use in each of our worker processes (libtorch's
     /// intra-op pool) [default: the cores divided between the two workers
     /// of a row, as `wasmrpc launch` divides them; the torch side keeps
@@ -267,7 +273,7 @@ fn main() -> ExitCode {
             if *local {
                 anatomy::run_local(*call, *calls, threads)
             } else {
-                anatomy::run(*call, *calls, threads, *in_flight)
+                anatomy::run(*call, *calls, threads, *in_flight, cli.caller_runtime)
             }
         }
         Some(Internal::Scale {
@@ -353,7 +359,7 @@ fn suite(cli: &Cli) -> Result<()> {
     limit::measure(cli.quick, only, &mut res, &progress);
 
     // 2. Our side.
-    let rt = worker::runtime(threads)?;
+    let rt = worker::caller_runtime(cli.caller_runtime, threads)?;
     let main_rows = [
         "rss_idle",
         "rss_after_calls",
@@ -487,6 +493,7 @@ fn suite(cli: &Cli) -> Result<()> {
         "load_average_after": load_average(),
         "torch_version": res.note_of(Side::Torch, "version"),
         "worker_threads": threads,
+        "caller_runtime": format!("{:?}", cli.caller_runtime),
         "intra_op_threads": wasmrpc::intra_op_threads(),
         "nice": cli.nice,
     });

@@ -16,7 +16,7 @@ use wasmrpc::{Payload, RpcAgent, args};
 use crate::progress::Progress;
 use crate::rows::{Results, Side, wanted};
 use crate::stats::Stat;
-use crate::worker::{self, ECHO, LOAD, NOOP};
+use crate::worker::{self, ECHO, LOAD, NOOP, off_runtime};
 
 mod autograd;
 pub(crate) use autograd::autograd_step;
@@ -360,10 +360,8 @@ pub(crate) async fn echo(
     nf: usize,
 ) -> Result<Stat> {
     // Making and checking a tensor of up to 1 GiB takes seconds of CPU: off
-    // the runtime's threads (`block_in_place`), so the worker's heartbeats
-    // keep going out and its peer does not declare it failed (LIVE-2).
-    let t =
-        tokio::task::block_in_place(|| Tensor::rand([(size / 4) as i64], (Kind::Float, device)));
+    // the runtime, so the caller's heartbeats keep going out (LIVE-2).
+    let t = off_runtime(move || Tensor::rand([(size / 4) as i64], (Kind::Float, device))).await?;
     let call = || async {
         let back = agent
             .rpc_sync("worker1", ECHO, args![t.shallow_clone()])
@@ -374,7 +372,8 @@ pub(crate) async fn echo(
         back
     };
     let back = call().await?.as_tensor()?;
-    if back.device() != device || !tokio::task::block_in_place(|| back.equal(&t)) {
+    let (got, sent) = (back.shallow_clone(), t.shallow_clone());
+    if back.device() != device || !off_runtime(move || got.equal(&sent)).await? {
         bail!(
             "echo of {size} bytes returned a different tensor (on {:?})",
             back.device()
@@ -548,8 +547,9 @@ async fn local_wasm_calls(
     if !rows.iter().any(|r| cfg.wanted(r)) {
         return Ok(());
     }
-    let bytes = std::fs::read(wasmrpc_plugins::SEED_FNS)
-        .with_context(|| format!("reading {}", wasmrpc_plugins::SEED_FNS))?;
+    let bytes: std::sync::Arc<[u8]> = std::fs::read(wasmrpc_plugins::SEED_FNS)
+        .with_context(|| format!("reading {}", wasmrpc_plugins::SEED_FNS))?
+        .into();
     let cache = tempfile::tempdir()?;
     let defaults = wasmrpc::PluginHost::default_config()?;
     let host = |cache_dir: Option<PathBuf>| {
@@ -558,9 +558,14 @@ async fn local_wasm_calls(
             ..defaults.clone()
         })
     };
+    // Compiling takes seconds: off the runtime, as a worker loads plugins.
+    let load = |host: &wasmrpc::PluginHost| {
+        let (host, bytes) = (host.clone(), bytes.clone());
+        async move { anyhow::Ok(off_runtime(move || host.load(&bytes)).await??) }
+    };
     // Fills the disk cache the cached cold row reads.
     let warm_host = host(Some(cache.path().to_path_buf()))?;
-    warm_host.register(&warm_host.load(&bytes)?, agent.registry());
+    warm_host.register(&load(&warm_host).await?, agent.registry());
     let echo = || agent.call_local(LOCAL_ECHO, args![wasmrpc::Value::Bytes(vec![7; 16])]);
     if echo().await?.value != wasmrpc::Value::Bytes(vec![7; 16]) {
         bail!("{LOCAL_ECHO} returned something else than its 16 bytes");
@@ -585,13 +590,13 @@ async fn local_wasm_calls(
             let dir = cached.then(|| cache.path().to_path_buf());
             let t = Instant::now();
             let fresh = host(dir)?;
-            fresh.register(&fresh.load(&bytes)?, agent.registry());
+            fresh.register(&load(&fresh).await?, agent.registry());
             echo().await?;
             samples.push(t.elapsed());
         }
         res.set(Side::Ours, row, Stat::latencies(&samples));
     }
     // Later rows call through the worker's own plugin host again.
-    warm_host.register(&warm_host.load(&bytes)?, agent.registry());
+    warm_host.register(&load(&warm_host).await?, agent.registry());
     Ok(())
 }

@@ -29,8 +29,9 @@ pub(crate) async fn cold_starts(
     if !cfg.wanted("py_cold_cached") && !cfg.wanted("py_cold_uncached") {
         return Ok(());
     }
-    let bytes = std::fs::read(wasmrpc_plugins::SEED_FNS_PY)
-        .with_context(|| format!("reading {}", wasmrpc_plugins::SEED_FNS_PY))?;
+    let bytes: std::sync::Arc<[u8]> = std::fs::read(wasmrpc_plugins::SEED_FNS_PY)
+        .with_context(|| format!("reading {}", wasmrpc_plugins::SEED_FNS_PY))?
+        .into();
     let cache = tempfile::tempdir()?;
     let defaults = wasmrpc::PluginHost::default_config()?;
     let host = |cache_dir: Option<PathBuf>| {
@@ -39,9 +40,14 @@ pub(crate) async fn cold_starts(
             ..defaults.clone()
         })
     };
+    // Compiling takes seconds: off the runtime, as a worker loads plugins.
+    let load = |host: wasmrpc::PluginHost| {
+        let bytes = bytes.clone();
+        async move { anyhow::Ok(crate::worker::off_runtime(move || host.load(&bytes)).await??) }
+    };
     // Fills the cache the cached row reads (one compilation, not timed).
     progress.set("wasmrpc: compiling the Python plugin once for the cache");
-    drop(host(Some(cache.path().to_path_buf()))?.load(&bytes)?);
+    drop(load(host(Some(cache.path().to_path_buf()))?).await?);
     for (row, cached, quick, full) in [
         ("py_cold_cached", true, 5, 20),
         ("py_cold_uncached", false, 1, 3),
@@ -55,7 +61,7 @@ pub(crate) async fn cold_starts(
             let dir = cached.then(|| cache.path().to_path_buf());
             let t = Instant::now();
             let fresh = host(dir)?;
-            fresh.register(&fresh.load(&bytes)?, agent.registry());
+            fresh.register(&load(fresh.clone()).await?, agent.registry());
             let first = agent.call_local(FIRST_CALL, args![]).await?;
             samples.push(t.elapsed());
             if first.as_int()? != 0 {

@@ -205,6 +205,51 @@ pub(crate) fn intra_op_threads() -> Option<usize> {
     INTRA_OP_THREADS.get().copied()
 }
 
+/// Where the bench's own calls run: the runtime of the process that
+/// makes them (its workers always run a multi-threaded one).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub(crate) enum CallerRuntime {
+    /// One thread that makes the calls and reads their replies, as a
+    /// plugin's calls are made on the worker thread that runs it: a reply
+    /// wakes the thread that waits for it, once.
+    #[default]
+    CurrentThread,
+    /// The calls made from the thread in `block_on`, their replies read
+    /// by the runtime's worker threads, which then wake it: a wake-up more
+    /// per call, as for a caller outside the runtime (a Python program's
+    /// thread, `#[tokio::main]`'s main future).
+    MultiThread,
+}
+
+/// The runtime the bench makes its own calls on (`threads` worker threads
+/// for a multi-threaded one).
+pub(crate) fn caller_runtime(
+    kind: CallerRuntime,
+    threads: usize,
+) -> Result<tokio::runtime::Runtime> {
+    match kind {
+        CallerRuntime::CurrentThread => Ok(tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?),
+        CallerRuntime::MultiThread => runtime(threads),
+    }
+}
+
+/// Runs `work`, which blocks for a while (seconds of CPU, a floor's
+/// blocking ping-pong, a plugin's compile), on a thread of tokio's blocking
+/// pool, and waits for it without holding the runtime: whatever the
+/// caller's runtime, its connections keep sending their heartbeats, so its
+/// peers do not declare it failed (LIVE-2).
+pub(crate) async fn off_runtime<T, F>(work: F) -> Result<T>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| anyhow::anyhow!("blocking work of the bench failed: {e}"))
+}
+
 /// A tokio runtime for a worker process.
 pub(crate) fn runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()

@@ -52,12 +52,19 @@ pub(super) async fn steps(
                 "wasmrpc: distributed autograd step, {side}x{side} matmul, beside its floor, \
                  round {round} of {rounds}"
             ));
-            // The floor is blocking code: off the runtime's threads.
-            let floor = tokio::task::block_in_place(|| -> Result<f64> {
-                let ops = Stat::latencies(&local_step(side, per_round, warmup)?).median;
-                let trip = Stat::latencies(&raw.round_trips_of(bytes, per_round, warmup)?).median;
-                Ok(ops + 2.0 * trip)
-            })?;
+            // The floor is blocking code: off the runtime.
+            let (ping_pong, floor) = crate::worker::off_runtime(move || {
+                let floor = (|| -> Result<f64> {
+                    let ops = Stat::latencies(&local_step(side, per_round, warmup)?).median;
+                    let trip =
+                        Stat::latencies(&raw.round_trips_of(bytes, per_round, warmup)?).median;
+                    Ok(ops + 2.0 * trip)
+                })();
+                (raw, floor)
+            })
+            .await?;
+            raw = ping_pong;
+            let floor = floor?;
             let steps = timed(per_round, warmup, || {
                 autograd_step(agent, "worker1", &a, &b, &phases)
             })

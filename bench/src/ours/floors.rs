@@ -114,8 +114,14 @@ pub(super) async fn small_calls(
         progress.set(&format!(
             "wasmrpc: small calls beside their floors, round {round} of {rounds}"
         ));
-        // The floors are blocking code: off the runtime's threads.
-        let floor = tokio::task::block_in_place(|| blocking.round_trips(n, n / 10))?;
+        // The floors are blocking code: off the runtime.
+        let (ping_pong, floor) = crate::worker::off_runtime(move || {
+            let floor = blocking.round_trips(n, n / 10);
+            (blocking, floor)
+        })
+        .await?;
+        blocking = ping_pong;
+        let floor = floor?;
         let noop = rtt_noop(cfg, agent).await?;
         let (aten_add, paired_add) = if with_add {
             let alone = Stat::latencies(&timed(n, n / 10, add).await?);
@@ -150,9 +156,10 @@ pub(super) async fn small_calls(
         // connected, which would change every other measurement (a machine
         // with a busy core wakes sleepers faster): it lives for its phase
         // only.
-        let spin = tokio::task::block_in_place(|| {
+        let spin = crate::worker::off_runtime(move || {
             PingPong::start(true).and_then(|mut spinning| spinning.round_trips(n, n / 10))
-        })?;
+        })
+        .await??;
         measured.push(Round {
             blocking: Stat::latencies(&floor),
             noop,

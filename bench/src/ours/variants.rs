@@ -161,9 +161,10 @@ const ECHO_CPU_CALLS: usize = 5;
 /// worker `callee` together (every thread), over [`ECHO_CPU_CALLS`] echoes.
 async fn echo_cpu(agent: &wasmrpc::RpcAgent, callee: u32) -> Result<Duration> {
     let (_, size, _, _) = crate::limit::ECHO[2];
-    let t = tokio::task::block_in_place(|| {
+    let t = crate::worker::off_runtime(move || {
         tch::Tensor::rand([(size / 4) as i64], (tch::Kind::Float, Device::Cpu))
-    });
+    })
+    .await?;
     let echo = || agent.rpc_sync("worker1", crate::worker::ECHO, args![t.shallow_clone()]);
     echo().await?;
     let cpu = || -> Result<Duration> {
@@ -446,11 +447,9 @@ async fn variant_rows(
             (variant, row.measure, cpu)
         {
             note.push(' ');
-            note.push_str(&cipher_cost(
-                (p.median, plain_cpu),
-                (v.median, tls_cpu),
-                row.target,
-            )?);
+            note.push_str(
+                &cipher_cost((p.median, plain_cpu), (v.median, tls_cpu), row.target).await?,
+            );
         }
         res.note(Side::Ours, row.id, note);
     }
@@ -467,9 +466,10 @@ type EchoCpu = (Option<Duration>, Option<Duration>);
 /// each way, timed alone on one core: `crate::cipher`), how busy the cores
 /// are during the TLS echo, and how much faster the cipher would have to
 /// be for the target if the echo stays CPU-bound.
-fn cipher_cost(plain: (f64, Duration), tls: (f64, Duration), target: f64) -> Result<String> {
+async fn cipher_cost(plain: (f64, Duration), tls: (f64, Duration), target: f64) -> Result<String> {
     let (_, size, _, _) = crate::limit::ECHO[2];
-    let (seal, open) = tokio::task::block_in_place(|| crate::cipher::seal_and_open(size, 3))?;
+    let (seal, open) =
+        crate::worker::off_runtime(move || crate::cipher::seal_and_open(size, 3)).await??;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1e3);
     let cipher = 2 * (seal + open);
