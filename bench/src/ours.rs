@@ -21,6 +21,7 @@ use crate::worker::{self, ECHO, LOAD, NOOP, off_runtime};
 mod autograd;
 pub(crate) use autograd::autograd_step;
 mod floors;
+mod local_calls;
 mod processes;
 mod variants;
 
@@ -208,7 +209,7 @@ async fn measure(
         );
     }
 
-    local_wasm_calls(cfg, agent, res, progress).await?;
+    local_calls::local_wasm_calls(cfg, agent, res, progress).await?;
     crate::python::cold_starts(cfg, agent, res, progress).await?;
 
     if cfg.wanted("remote_to_here") {
@@ -519,84 +520,4 @@ pub(crate) fn init(cfg: &Config, world: u32, res: &mut Results, progress: &Progr
 pub(crate) fn workspace_root() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     manifest.parent().unwrap_or(manifest).to_path_buf()
-}
-
-/// The wasm function of the local-call rows: `echo(data)` of the seed
-/// functions' plugin, called with 16 bytes.
-const LOCAL_ECHO: &str = "seed_fns::echo";
-
-/// The local wasm call rows, on this process's worker, through the host's
-/// real plugin path ([`RpcAgent::call_local`]: the agent's registry, the
-/// per-call guest host, argument conversion) with no network:
-/// - warm: a 16-byte echo on a pooled instance of the loaded plugin;
-/// - cold, module cache hit: a fresh runtime whose disk cache holds the
-///   compiled module; load, register, first call;
-/// - cold, no module cache: a fresh runtime that compiles; load, register,
-///   first call.
-async fn local_wasm_calls(
-    cfg: &Config,
-    agent: &RpcAgent,
-    res: &mut Results,
-    progress: &Progress,
-) -> Result<()> {
-    let rows = [
-        "wasm_local_warm",
-        "wasm_local_cold_cached",
-        "wasm_local_cold_uncached",
-    ];
-    if !rows.iter().any(|r| cfg.wanted(r)) {
-        return Ok(());
-    }
-    let bytes: std::sync::Arc<[u8]> = std::fs::read(wasmrpc_plugins::SEED_FNS)
-        .with_context(|| format!("reading {}", wasmrpc_plugins::SEED_FNS))?
-        .into();
-    let cache = tempfile::tempdir()?;
-    let defaults = wasmrpc::PluginHost::default_config()?;
-    let host = |cache_dir: Option<PathBuf>| {
-        wasmrpc::PluginHost::new(wasmrpc::wasm::Config {
-            cache_dir,
-            ..defaults.clone()
-        })
-    };
-    // Compiling takes seconds: off the runtime, as a worker loads plugins.
-    let load = |host: &wasmrpc::PluginHost| {
-        let (host, bytes) = (host.clone(), bytes.clone());
-        async move { anyhow::Ok(off_runtime(move || host.load(&bytes)).await??) }
-    };
-    // Fills the disk cache the cached cold row reads.
-    let warm_host = host(Some(cache.path().to_path_buf()))?;
-    warm_host.register(&load(&warm_host).await?, agent.registry());
-    let echo = || agent.call_local(LOCAL_ECHO, args![wasmrpc::Value::Bytes(vec![7; 16])]);
-    if echo().await?.value != wasmrpc::Value::Bytes(vec![7; 16]) {
-        bail!("{LOCAL_ECHO} returned something else than its 16 bytes");
-    }
-    if cfg.wanted("wasm_local_warm") {
-        progress.set("wasmrpc: local wasm call, warm");
-        let n = cfg.n(20_000, 200_000);
-        let s = timed(n, n / 10, echo).await?;
-        res.set(Side::Ours, "wasm_local_warm", Stat::latencies(&s));
-    }
-    for (row, cached) in [
-        ("wasm_local_cold_cached", true),
-        ("wasm_local_cold_uncached", false),
-    ] {
-        if !cfg.wanted(row) {
-            continue;
-        }
-        progress.set(&format!("wasmrpc: local wasm call, {}", &row[11..]));
-        let n = cfg.n(5, 20);
-        let mut samples = Vec::with_capacity(n);
-        for _ in 0..n {
-            let dir = cached.then(|| cache.path().to_path_buf());
-            let t = Instant::now();
-            let fresh = host(dir)?;
-            fresh.register(&load(&fresh).await?, agent.registry());
-            echo().await?;
-            samples.push(t.elapsed());
-        }
-        res.set(Side::Ours, row, Stat::latencies(&samples));
-    }
-    // Later rows call through the worker's own plugin host again.
-    warm_host.register(&load(&warm_host).await?, agent.registry());
-    Ok(())
 }

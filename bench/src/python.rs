@@ -40,14 +40,10 @@ pub(crate) async fn cold_starts(
             ..defaults.clone()
         })
     };
-    // Compiling takes seconds: off the runtime, as a worker loads plugins.
-    let load = |host: wasmrpc::PluginHost| {
-        let bytes = bytes.clone();
-        async move { anyhow::Ok(crate::worker::off_runtime(move || host.load(&bytes)).await??) }
-    };
     // Fills the cache the cached row reads (one compilation, not timed).
     progress.set("wasmrpc: compiling the Python plugin once for the cache");
-    drop(load(host(Some(cache.path().to_path_buf()))?).await?);
+    let warm = host(Some(cache.path().to_path_buf()))?;
+    drop(crate::worker::load_plugin(&warm, &bytes).await?);
     for (row, cached, quick, full) in [
         ("py_cold_cached", true, 5, 20),
         ("py_cold_uncached", false, 1, 3),
@@ -61,7 +57,10 @@ pub(crate) async fn cold_starts(
             let dir = cached.then(|| cache.path().to_path_buf());
             let t = Instant::now();
             let fresh = host(dir)?;
-            fresh.register(&load(fresh.clone()).await?, agent.registry());
+            fresh.register(
+                &crate::worker::load_plugin(&fresh, &bytes).await?,
+                agent.registry(),
+            );
             let first = agent.call_local(FIRST_CALL, args![]).await?;
             samples.push(t.elapsed());
             if first.as_int()? != 0 {

@@ -250,6 +250,16 @@ where
         .map_err(|e| anyhow::anyhow!("blocking work of the bench failed: {e}"))
 }
 
+/// Loads the plugin `bytes` into `host` off the runtime (compiling takes
+/// seconds), as a worker loads its plugins.
+pub(crate) async fn load_plugin(
+    host: &wasmrpc::PluginHost,
+    bytes: &std::sync::Arc<[u8]>,
+) -> Result<std::sync::Arc<wasmrpc::wasm::Plugin>> {
+    let (host, bytes) = (host.clone(), bytes.clone());
+    Ok(off_runtime(move || host.load(&bytes)).await??)
+}
+
 /// A tokio runtime for a worker process.
 pub(crate) fn runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
