@@ -5,10 +5,9 @@
 //! module cache (`py_cold_cached`) and without (`py_cold_uncached`: wasmtime
 //! compiles it).
 
-use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use wasmrpc::{RpcAgent, args};
 
 use crate::ours::Config;
@@ -29,17 +28,8 @@ pub(crate) async fn cold_starts(
     if !cfg.wanted("py_cold_cached") && !cfg.wanted("py_cold_uncached") {
         return Ok(());
     }
-    let bytes: std::sync::Arc<[u8]> = std::fs::read(wasmrpc_plugins::SEED_FNS_PY)
-        .with_context(|| format!("reading {}", wasmrpc_plugins::SEED_FNS_PY))?
-        .into();
+    let (bytes, host) = crate::worker::plugin_and_hosts(wasmrpc_plugins::SEED_FNS_PY)?;
     let cache = tempfile::tempdir()?;
-    let defaults = wasmrpc::PluginHost::default_config()?;
-    let host = |cache_dir: Option<PathBuf>| {
-        wasmrpc::PluginHost::new(wasmrpc::wasm::Config {
-            cache_dir,
-            ..defaults.clone()
-        })
-    };
     // Fills the cache the cached row reads (one compilation, not timed).
     progress.set("wasmrpc: compiling the Python plugin once for the cache");
     let warm = host(Some(cache.path().to_path_buf()))?;

@@ -250,6 +250,29 @@ where
         .map_err(|e| anyhow::anyhow!("blocking work of the bench failed: {e}"))
 }
 
+/// Makes a fresh plugin host with the given cache folder (or none).
+pub(crate) trait HostMaker:
+    Fn(Option<std::path::PathBuf>) -> wasmrpc::Result<wasmrpc::PluginHost>
+{
+}
+impl<F: Fn(Option<std::path::PathBuf>) -> wasmrpc::Result<wasmrpc::PluginHost>> HostMaker for F {}
+
+/// The bytes of the plugin at `path`, and a maker of fresh plugin hosts
+/// (the default config, with the given cache folder or none): what the
+/// cold-start rows load and time.
+pub(crate) fn plugin_and_hosts(path: &str) -> Result<(std::sync::Arc<[u8]>, impl HostMaker)> {
+    use anyhow::Context;
+    let bytes = std::fs::read(path).with_context(|| format!("reading {path}"))?;
+    let defaults = wasmrpc::PluginHost::default_config()?;
+    let host = move |cache_dir| {
+        wasmrpc::PluginHost::new(wasmrpc::wasm::Config {
+            cache_dir,
+            ..defaults.clone()
+        })
+    };
+    Ok((bytes.into(), host))
+}
+
 /// Loads the plugin `bytes` into `host` off the runtime (compiling takes
 /// seconds), as a worker loads its plugins.
 pub(crate) async fn load_plugin(

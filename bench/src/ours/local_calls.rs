@@ -1,10 +1,9 @@
 //! The local wasm call rows: a plugin's function called in this process,
 //! through the host's real plugin path, with no network.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use wasmrpc::{RpcAgent, args};
 
 use super::{Config, timed};
@@ -39,17 +38,8 @@ pub(super) async fn local_wasm_calls(
     if !rows.iter().any(|r| cfg.wanted(r)) {
         return Ok(());
     }
-    let bytes: std::sync::Arc<[u8]> = std::fs::read(wasmrpc_plugins::SEED_FNS)
-        .with_context(|| format!("reading {}", wasmrpc_plugins::SEED_FNS))?
-        .into();
+    let (bytes, host) = crate::worker::plugin_and_hosts(wasmrpc_plugins::SEED_FNS)?;
     let cache = tempfile::tempdir()?;
-    let defaults = wasmrpc::PluginHost::default_config()?;
-    let host = |cache_dir: Option<PathBuf>| {
-        wasmrpc::PluginHost::new(wasmrpc::wasm::Config {
-            cache_dir,
-            ..defaults.clone()
-        })
-    };
     // Fills the disk cache the cached cold row reads.
     let warm_host = host(Some(cache.path().to_path_buf()))?;
     warm_host.register(
