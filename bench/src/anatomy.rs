@@ -43,6 +43,8 @@ pub(crate) enum Call {
     /// One distributed autograd step with a remote 16x16 matmul (the
     /// `dist_autograd_16` row): a forward call and a backward pass.
     Step16,
+    /// The same with a 256x256 matmul (the `dist_autograd_256` row).
+    Step256,
 }
 
 impl Call {
@@ -57,7 +59,7 @@ impl Call {
             Call::Python => (worker::PY_IDENTITY, args![1]),
             Call::WasmAdd => ("seed_fns::my_tensor_function", add()),
             Call::PythonAdd => ("seed_fns_py::my_tensor_function", add()),
-            Call::Step16 => return None,
+            Call::Step16 | Call::Step256 => return None,
         })
     }
 }
@@ -263,10 +265,10 @@ pub(crate) fn run(
             Tensor::ones([4], (Kind::Float, Device::Cpu)),
             Tensor::ones([4], (Kind::Float, Device::Cpu)),
         );
-        let (x, y) = (
-            Tensor::rand([16, 16], (Kind::Float, Device::Cpu)).set_requires_grad(true),
-            Tensor::rand([16, 16], (Kind::Float, Device::Cpu)).set_requires_grad(true),
-        );
+        let side = if call == Call::Step256 { 256 } else { 16 };
+        let leaf =
+            || Tensor::rand([side, side], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let (x, y) = (leaf(), leaf());
         let phases = std::cell::RefCell::new(Vec::new());
         let one = || -> std::pin::Pin<Box<dyn Future<Output = wasmrpc::Result<Payload>> + '_>> {
             match call.function_and_args(&a, &b) {
@@ -294,7 +296,7 @@ pub(crate) fn run(
         let elapsed = started.elapsed();
         let (c1, w1) = (snapshot(me)?, snapshot(callee)?);
         println!(
-            "wasmrpc {call:?}: median {:.1?} (mean {:.1?})",
+            "wasmrpc {call:?}: median {:.2?} (mean {:.2?})",
             median(samples),
             elapsed / calls as u32
         );

@@ -380,30 +380,47 @@ pub(crate) fn step_bytes_each_way(side: i64) -> usize {
     usize::try_from(side * side * 4 * 3 / 2).unwrap_or(usize::MAX)
 }
 
-/// `n` samples of the bench's distributed autograd step done in this
-/// process, after `warmup`: the matmul of two `side`x`side` leaves, its
-/// sum, and the leaves' gradients by libtorch's engine (returned, as a
-/// distributed context holds them, rather than accumulated), on this
-/// process's op threads, which the bench sets to a worker's share.
-pub(crate) fn local_step(side: i64, n: usize, warmup: usize) -> Result<Vec<Duration>> {
-    use tch::{Device, Kind, Tensor};
-    let leaf = || Tensor::rand([side, side], (Kind::Float, Device::Cpu)).set_requires_grad(true);
-    let (a, b) = (leaf(), leaf());
-    let step = || -> Result<()> {
-        let loss = a.f_matmul(&b)?.f_sum(None)?;
-        Tensor::f_run_backward(&[loss], &[&a, &b], false, false)?;
+/// The bench's distributed autograd step done in this process: the matmul
+/// of two `side`x`side` leaves, its sum, and the leaves' gradients by
+/// libtorch's engine (returned, as a distributed context holds them,
+/// rather than accumulated), on this process's op threads, which the
+/// bench sets to a worker's share.
+pub(crate) struct LocalStep {
+    a: tch::Tensor,
+    b: tch::Tensor,
+}
+
+impl LocalStep {
+    pub(crate) fn new(side: i64) -> Self {
+        use tch::{Device, Kind, Tensor};
+        let leaf =
+            || Tensor::rand([side, side], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        LocalStep {
+            a: leaf(),
+            b: leaf(),
+        }
+    }
+
+    /// One step.
+    pub(crate) fn run(&self) -> Result<()> {
+        let loss = self.a.f_matmul(&self.b)?.f_sum(None)?;
+        tch::Tensor::f_run_backward(&[loss], &[&self.a, &self.b], false, false)?;
         Ok(())
-    };
-    for _ in 0..warmup {
-        step()?;
     }
-    let mut samples = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t = Instant::now();
-        step()?;
-        samples.push(t.elapsed());
+
+    /// `n` steps timed one by one, after `warmup`.
+    pub(crate) fn timed(&self, n: usize, warmup: usize) -> Result<Vec<Duration>> {
+        for _ in 0..warmup {
+            self.run()?;
+        }
+        let mut samples = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = Instant::now();
+            self.run()?;
+            samples.push(t.elapsed());
+        }
+        Ok(samples)
     }
-    Ok(samples)
 }
 
 #[cfg(test)]

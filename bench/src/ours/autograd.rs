@@ -2,6 +2,12 @@
 //! its time went (forward call, local sum, backward pass), and its floor,
 //! measured beside it in alternating rounds (issue 52): the step's ops in
 //! this process plus two raw TCP round trips of its bytes.
+//!
+//! Beside the floor, the same ops each timed right after a no-op's round
+//! trip, as `aten::add`'s row times its op: the regime a worker woken for
+//! each message runs them in. Those ops plus the two raw round trips are
+//! the least a step can take while a round trip leaves the caches that
+//! cold, and say whether the row's target is within reach.
 
 use std::time::{Duration, Instant};
 
@@ -10,9 +16,10 @@ use tch::{Device, Kind, Tensor};
 use wasmrpc::{Payload, RpcAgent, args};
 
 use super::floors::{median_round, verdict};
-use super::{Config, timed};
-use crate::limit::{PingPong, local_step, step_bytes_each_way};
+use super::{Config, timed, timed_after};
+use crate::limit::{LocalStep, PingPong, step_bytes_each_way};
 use crate::progress::Progress;
+use crate::report::fmt_micros;
 use crate::rows::{Results, Side};
 use crate::stats::Stat;
 
@@ -45,41 +52,51 @@ pub(super) async fn steps(
         let warmup = (per_round / 10).max(1);
         let bytes = step_bytes_each_way(side);
         let mut raw = PingPong::start(false)?;
+        let mut local = LocalStep::new(side);
         let phases = std::cell::RefCell::new(Vec::new());
-        let (mut all, mut floors, mut medians) = (Vec::new(), Vec::new(), Vec::new());
+        let mut all = Vec::new();
+        let mut measured: Vec<Round> = Vec::new();
         for round in 1..=rounds {
             progress.set(&format!(
                 "wasmrpc: distributed autograd step, {side}x{side} matmul, beside its floor, \
                  round {round} of {rounds}"
             ));
             // The floor is blocking code: off the runtime.
-            let (ping_pong, floor) = crate::worker::off_runtime(move || {
-                let floor = (|| -> Result<f64> {
-                    let ops = Stat::latencies(&local_step(side, per_round, warmup)?).median;
+            let (ping_pong, step, floor) = crate::worker::off_runtime(move || {
+                let floor = (|| -> Result<(f64, f64)> {
+                    let ops = Stat::latencies(&local.timed(per_round, warmup)?).median;
                     let trip =
                         Stat::latencies(&raw.round_trips_of(bytes, per_round, warmup)?).median;
-                    Ok(ops + 2.0 * trip)
+                    Ok((ops, trip))
                 })();
-                (raw, floor)
+                (raw, local, floor)
             })
             .await?;
-            raw = ping_pong;
-            let floor = floor?;
+            (raw, local) = (ping_pong, step);
+            let (ops, trip) = floor?;
             let steps = timed(per_round, warmup, || {
                 autograd_step(agent, "worker1", &a, &b, &phases)
             })
             .await?;
-            floors.push(floor);
-            medians.push(Stat::latencies(&steps).median);
+            let noop = || agent.rpc_sync("worker1", crate::worker::NOOP, args![1]);
+            let local_step = || std::future::ready(local_run(&local));
+            let cold = timed_after(per_round, warmup, noop, local_step).await?;
+            measured.push(Round {
+                step: Stat::latencies(&steps).median,
+                ops,
+                cold_ops: Stat::latencies(&cold).median,
+                trip,
+            });
             all.extend(steps);
         }
-        let ratios: Vec<f64> = medians.iter().zip(&floors).map(|(s, f)| s / f).collect();
+        let ratios: Vec<f64> = measured.iter().map(|r| r.step / r.floor()).collect();
         let (per_round_ratios, i) = median_round(&ratios);
+        let m = &measured[i];
         res.set(Side::Ours, row, Stat::latencies(&all));
         res.set(
             Side::Limit,
             floor_key,
-            Stat::value(floors[i], all.len() as u64),
+            Stat::value(m.floor(), all.len() as u64),
         );
         res.note(
             Side::Limit,
@@ -90,6 +107,16 @@ pub(super) async fn steps(
                 crate::report::fmt_bytes(bytes)
             ),
         );
+        let least: Vec<String> = measured
+            .iter()
+            .map(|r| format!("{:.2}x", r.least() / r.floor()))
+            .collect();
+        let reach = if m.least() / m.floor() > target {
+            "; so the step's ops alone, right after a round trip, and its two round trips put \
+             it above the target: out of reach while a round trip leaves the caches this cold"
+        } else {
+            ""
+        };
         let phases = phases.into_inner();
         res.note(
             Side::Ours,
@@ -97,16 +124,54 @@ pub(super) async fn steps(
             format!(
                 "({rounds} rounds alternating with its floor; over it per round: \
                  {per_round_ratios}; in the median round {} over {}, {:.2}x, target <= \
-                 {target:.2}x: {}) {}",
-                crate::report::fmt_micros(medians[i]),
-                crate::report::fmt_micros(floors[i]),
+                 {target:.2}x: {}; its ops in that round: {} in a block, {} each right after a \
+                 no-op's round trip; those and 2 raw round trips of {} over the floor, per \
+                 round: {}{reach}) {}",
+                fmt_micros(m.step),
+                fmt_micros(m.floor()),
                 ratios[i],
                 verdict(ratios[i], target),
+                fmt_micros(m.ops),
+                fmt_micros(m.cold_ops),
+                fmt_micros(m.trip),
+                least.join(" "),
                 StepPhases::medians(&phases[phases.len().saturating_sub(all.len())..]),
             ),
         );
     }
     Ok(())
+}
+
+/// One round's medians, in seconds.
+struct Round {
+    /// The distributed step.
+    step: f64,
+    /// Its ops in this process, in a block.
+    ops: f64,
+    /// The same ops, each right after a no-op's round trip.
+    cold_ops: f64,
+    /// A raw TCP round trip of the step's bytes.
+    trip: f64,
+}
+
+impl Round {
+    /// The row's floor: its ops in a block and two raw round trips.
+    fn floor(&self) -> f64 {
+        self.ops + 2.0 * self.trip
+    }
+
+    /// The least a step can take in the regime it runs in: its ops with
+    /// the caches a round trip leaves, and two raw round trips.
+    fn least(&self) -> f64 {
+        self.cold_ops + 2.0 * self.trip
+    }
+}
+
+/// One local step, as the call [`timed_after`] times.
+fn local_run(step: &LocalStep) -> wasmrpc::Result<Payload> {
+    step.run()
+        .map(|()| Payload::none())
+        .map_err(|e| wasmrpc::Error::runtime(format!("the local step failed: {e:#}")))
 }
 
 /// Where one distributed autograd step's time went, as its row's note:
