@@ -36,6 +36,8 @@ mod process;
 mod python;
 mod setup;
 mod torch_release;
+#[cfg(test)]
+mod unit_graphs;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};

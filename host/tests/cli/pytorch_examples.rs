@@ -239,9 +239,13 @@ fn curve(log: &str) -> (Vec<(u32, f64)>, Option<f64>) {
 /// the curves are compared within a stated tolerance: both report the same
 /// batches, both start near chance (a loss within 0.2 of ln 10), both end
 /// at least 1.0 lower (the mean of the last three reported losses), and the
-/// accuracies on the 360 held-out digits are above 0.6 and within 0.2 of
-/// each other. Five runs under PyTorch: first losses 2.28-2.33, last three
-/// 0.78-0.98 on average, accuracies 0.697-0.764.
+/// accuracies on the 360 held-out digits are above 0.45 (chance is 0.1)
+/// and within 0.3 of each other. Five runs under PyTorch: first losses
+/// 2.28-2.33, last three 0.78-0.98 on average. After 40 batches the
+/// accuracy varies widely from run to run: 0.561-0.786 in fourteen runs
+/// under PyTorch (two below 0.6, the bound this test had until one of them
+/// failed CI), 0.611-0.786 in ten here; the bounds leave a margin below the
+/// lowest and beyond the widest gap seen.
 #[test]
 fn pytorch_parameter_server_example_trains_from_its_sources_as_under_pytorch() {
     let root = repo();
@@ -293,10 +297,10 @@ fn pytorch_parameter_server_example_trains_from_its_sources_as_under_pytorch() {
         );
         assert!(last < first - 1.0, "{who} went from loss {first} to {last}");
         let accuracy = accuracy.unwrap_or_else(|| panic!("{who} reported no accuracy"));
-        assert!(accuracy > 0.6, "{who}'s accuracy is {accuracy}");
+        assert!(accuracy > 0.45, "{who}'s accuracy is {accuracy}");
     }
     let (a, b) = (ours.1.unwrap(), theirs.1.unwrap());
-    assert!((a - b).abs() <= 0.2, "accuracy {a} here, {b} under PyTorch");
+    assert!((a - b).abs() <= 0.3, "accuracy {a} here, {b} under PyTorch");
 }
 
 /// Each trainer's losses, by name, from `run`'s result as JSON.
