@@ -45,6 +45,12 @@ pub(crate) enum Call {
     Step16,
     /// The same with a 256x256 matmul (the `dist_autograd_256` row).
     Step256,
+    /// The 16x16 step's forward call alone: `aten::matmul` of two leaves
+    /// that require grad, in a fresh distributed autograd context.
+    Forward16,
+    /// The same `aten::matmul` outside any context, of tensors that
+    /// require no grad: what the forward call costs as a plain op call.
+    Matmul16,
 }
 
 impl Call {
@@ -59,7 +65,8 @@ impl Call {
             Call::Python => (worker::PY_IDENTITY, args![1]),
             Call::WasmAdd => ("seed_fns::my_tensor_function", add()),
             Call::PythonAdd => ("seed_fns_py::my_tensor_function", add()),
-            Call::Step16 | Call::Step256 => return None,
+            Call::Matmul16 => ("aten::matmul", add()),
+            Call::Step16 | Call::Step256 | Call::Forward16 => return None,
         })
     }
 }
@@ -270,9 +277,17 @@ pub(crate) fn run(
             || Tensor::rand([side, side], (Kind::Float, Device::Cpu)).set_requires_grad(true);
         let (x, y) = (leaf(), leaf());
         let phases = std::cell::RefCell::new(Vec::new());
+        let (a, b) = if call == Call::Matmul16 {
+            (x.detach(), y.detach())
+        } else {
+            (a, b)
+        };
         let one = || -> std::pin::Pin<Box<dyn Future<Output = wasmrpc::Result<Payload>> + '_>> {
             match call.function_and_args(&a, &b) {
                 Some((function, args)) => Box::pin(agent.rpc_sync("worker1", function, args)),
+                None if call == Call::Forward16 => {
+                    Box::pin(ours::forward_in_context(&agent, "worker1", &x, &y))
+                }
                 None => Box::pin(ours::autograd_step(&agent, "worker1", &x, &y, &phases)),
             }
         };

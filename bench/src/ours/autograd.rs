@@ -259,6 +259,22 @@ impl StepPhases {
     }
 }
 
+/// The step's forward call alone, in a fresh context released after it
+/// (`wasmrpc-bench anatomy --call forward16`): what a call inside a
+/// context costs beside the same op called outside one.
+pub(crate) async fn forward_in_context(
+    agent: &RpcAgent,
+    dst: &str,
+    a: &Tensor,
+    b: &Tensor,
+) -> wasmrpc::Result<Payload> {
+    let (a, b) = (a.shallow_clone(), b.shallow_clone());
+    wasmrpc::dist_autograd::context(agent, |_| async move {
+        agent.rpc_sync(dst, "aten::matmul", args![a, b]).await
+    })
+    .await?
+}
+
 /// One step as the torch side does it: in a fresh context, a remote matmul,
 /// a local sum, backward across both workers, and the context's gradients
 /// (both leaves must have one). Its phases go to `phases`.
