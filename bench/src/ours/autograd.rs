@@ -126,24 +126,13 @@ pub(super) async fn steps(
                 crate::report::fmt_bytes(bytes)
             ),
         );
-        let per_round = |ratio: fn(&Round) -> f64| {
-            measured
-                .iter()
-                .map(|r| format!("{:.2}x", ratio(r)))
-                .collect::<Vec<_>>()
-                .join(" ")
+        let per_round = |show: &dyn Fn(&Round) -> String| {
+            measured.iter().map(show).collect::<Vec<_>>().join(" ")
         };
-        let trips = |trip: fn(&Round) -> f64| {
-            measured
-                .iter()
-                .map(|r| fmt_micros(trip(r)))
-                .collect::<Vec<_>>()
-                .join(" ")
-        };
-        let blocking = trips(|r| r.blocking_trip);
-        let spinning = trips(|r| r.spinning_trip);
-        let least = per_round(|r| r.least() / r.floor());
-        let protocol = per_round(|r| r.protocol() / r.floor());
+        let blocking = per_round(&|r| fmt_micros(r.blocking_trip));
+        let spinning = per_round(&|r| fmt_micros(r.spinning_trip));
+        let least = per_round(&|r| format!("{:.2}x", r.least() / r.floor()));
+        let protocol = per_round(&|r| format!("{:.2}x", r.protocol() / r.floor()));
         let reach = if m.least() / m.floor() > target {
             "; so the step's ops alone, right after a round trip, and its two round trips put \
              it above the target: out of reach while a round trip leaves the caches this cold"
