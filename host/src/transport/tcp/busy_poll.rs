@@ -15,7 +15,7 @@
 //! with `wasmrpc-bench anatomy`: a 50 µs window against 75-80 µs round trips
 //! made them no faster, while the same calls polled through took 35 µs).
 //!
-//! The rules (BUSY-1 to BUSY-3) keep the cost bounded:
+//! The rules (BUSY-1 to BUSY-5) keep the cost bounded:
 //! - BUSY-1: a reader polls a wait for at most [`SPAN`] times its typical
 //!   wait (a moving average of its recent waits, polled or slept), and not
 //!   at all while its typical wait is as long as its window: frames that
@@ -33,6 +33,16 @@
 //!   polling would only take them in smaller reads than a wake-up does,
 //!   leaving less for one vectored write to answer (measured: 128 calls in
 //!   flight went 10-25% slower polled).
+//! - BUSY-5: a wait slept through lasts, for the typical wait, until its
+//!   bytes arrived (the kernel's receive stamp, `SO_TIMESTAMPNS`), not
+//!   until the reader woke. Counting the wake-up made the estimate feed on
+//!   itself: an exchange slept through looked slower than the window by
+//!   the wake-ups alone, so it was never polled and stayed slept through
+//!   (measured: a distributed autograd step whose waits were 20-40 µs
+//!   flipped between 70 µs polled and 400 µs slept for hundreds of steps
+//!   with a 200 µs window; in eight alternating runs each of `wasmrpc-bench
+//!   --only dist_autograd_16`, the median round went from 3.2-10.5x its
+//!   floor to 2.8-4.2x, and rounds above 5x from 24 of 40 to 5 of 40).
 //!
 //! This module owns the socket reads of plain TCP connections and of the
 //! TLS record layer beneath; it does not know frames or messages.
@@ -42,7 +52,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -102,12 +112,17 @@ fn next_typical(typical: Duration, wait: Duration, window: Duration) -> Duration
     Duration::from_nanos(t - t / smoothing + w / smoothing)
 }
 
-/// The read half of a TCP connection, busy-polled per BUSY-1 to BUSY-3.
+/// The read half of a TCP connection, busy-polled per BUSY-1 to BUSY-5.
 pub(crate) struct BusyPollRead {
     inner: OwnedReadHalf,
     window: Duration,
-    /// When the current wait began (the first `Pending` since bytes came).
-    waiting_since: Option<Instant>,
+    /// When the current wait began (the first `Pending` since bytes came),
+    /// by the monotonic clock and by the wall clock the kernel stamps
+    /// received bytes with (BUSY-5).
+    waiting_since: Option<(Instant, SystemTime)>,
+    /// The kernel stamps this socket's received bytes (BUSY-5): set when
+    /// `SO_TIMESTAMPNS` could be turned on.
+    stamped: bool,
     /// The yield this reader waits on before its next `recv` (BUSY-3).
     turn: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
     /// The moving average of this reader's recent waits (BUSY-1).
@@ -122,10 +137,14 @@ impl BusyPollRead {
     /// Wraps `inner`, the read half of the connection whose work count is
     /// `in_progress`; `window` zero never polls.
     pub(crate) fn new(inner: OwnedReadHalf, window: Duration, in_progress: InProgress) -> Self {
+        // Stamps serve only the polling decision: without polling, or where
+        // the kernel refuses them, reads stay plain `recv`s.
+        let stamped = !window.is_zero() && stamp_received(inner.as_ref().as_fd());
         BusyPollRead {
             inner,
             window,
             waiting_since: None,
+            stamped,
             turn: None,
             typical: Duration::ZERO,
             polled: 0,
@@ -133,12 +152,50 @@ impl BusyPollRead {
         }
     }
 
-    /// Bytes came: the wait (if any) ends.
-    fn arrived(&mut self) {
-        if let Some(since) = self.waiting_since.take() {
-            self.typical = next_typical(self.typical, since.elapsed(), self.window);
+    /// Bytes came, at `stamp` by the kernel's receive stamp when the read
+    /// had one (a read after a sleep): the wait (if any) ends.
+    fn arrived(&mut self, stamp: Option<SystemTime>) {
+        if let Some((since, since_wall)) = self.waiting_since.take() {
+            let woken = since.elapsed();
+            // BUSY-5. A wall clock stepped back gives no duration, and one
+            // stepped forward is capped by the monotonic one.
+            let wait = stamp
+                .and_then(|at| at.duration_since(since_wall).ok())
+                .map_or(woken, |arrived| arrived.min(woken));
+            self.typical = next_typical(self.typical, wait, self.window);
         }
         self.turn = None;
+    }
+
+    /// Reads what the socket holds, or registers for its readiness: the
+    /// stream's `poll_read`, with the kernel's receive stamp of the bytes
+    /// read when the socket has stamps turned on (BUSY-5).
+    fn poll_recv(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<Option<SystemTime>>> {
+        if !self.stamped {
+            return Pin::new(&mut self.inner)
+                .poll_read(cx, buf)
+                .map_ok(|()| None);
+        }
+        let tcp: &tokio::net::TcpStream = self.inner.as_ref();
+        loop {
+            std::task::ready!(tcp.poll_read_ready(cx))?;
+            // `try_io` clears the readiness when the socket had nothing, so
+            // the next `poll_read_ready` registers the waker again.
+            match tcp.try_io(tokio::io::Interest::READABLE, || {
+                recv_stamped(tcp.as_fd(), buf)
+            }) {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) => {}
+                result => return Poll::Ready(result),
+            }
+        }
     }
 
     fn fd(&self) -> RawFd {
@@ -154,13 +211,16 @@ impl AsyncRead for BusyPollRead {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if let Poll::Ready(r) = Pin::new(&mut this.inner).poll_read(cx, buf) {
-            this.arrived();
-            return Poll::Ready(r);
+        if let Poll::Ready(r) = this.poll_recv(cx, buf) {
+            let stamp = r.as_ref().ok().copied().flatten();
+            this.arrived(stamp);
+            return Poll::Ready(r.map(|_| ()));
         }
         // Pending: tokio has registered the waker, so giving up below is
         // always safe.
-        let since = *this.waiting_since.get_or_insert_with(Instant::now);
+        let (since, _) = *this
+            .waiting_since
+            .get_or_insert_with(|| (Instant::now(), SystemTime::now()));
         let limit = match this.in_progress.load(Ordering::Acquire) {
             0 | 1 => poll_limit(this.typical, this.window),
             _ => Duration::ZERO,
@@ -182,7 +242,8 @@ impl AsyncRead for BusyPollRead {
             match recv_now(fd, buf) {
                 Ok(true) => {
                     this.polled += 1;
-                    this.arrived();
+                    // Polled: the monotonic clock saw the bytes come.
+                    this.arrived(None);
                     return Poll::Ready(Ok(()));
                 }
                 Ok(false) => {}
@@ -198,6 +259,104 @@ impl AsyncRead for BusyPollRead {
         this.turn = Some(turn);
         Poll::Pending
     }
+}
+
+/// `SO_TIMESTAMPNS` where its value is the generic one (`asm-generic`,
+/// which x86-64 and AArch64 use); the `libc` crate does not export it for
+/// Linux.
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
+const SO_TIMESTAMPNS: libc::c_int = 35;
+
+/// Asks the kernel to stamp the bytes `socket` receives with the wall
+/// clock time they arrived (`SO_TIMESTAMPNS`, on TCP since Linux 2.6.22);
+/// returns whether it will.
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
+fn stamp_received(socket: BorrowedFd<'_>) -> bool {
+    let on: libc::c_int = 1;
+    // SAFETY: a valid socket and an option value of the size given.
+    let r = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_TIMESTAMPNS,
+            (&raw const on).cast(),
+            std::mem::size_of_val(&on) as libc::socklen_t,
+        )
+    };
+    r == 0
+}
+
+#[cfg(not(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+)))]
+fn stamp_received(_socket: BorrowedFd<'_>) -> bool {
+    false
+}
+
+/// One non-blocking `recvmsg` into `buf`, with the kernel's receive stamp
+/// of the last bytes read (`SCM_TIMESTAMPNS`) when it gave one.
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
+fn recv_stamped(socket: BorrowedFd<'_>, buf: &mut ReadBuf<'_>) -> io::Result<Option<SystemTime>> {
+    // SAFETY: `recvmsg` only writes the bytes it reports, and only those
+    // are marked initialized and filled.
+    let unfilled = unsafe { buf.unfilled_mut() };
+    let mut iov = libc::iovec {
+        iov_base: unfilled.as_mut_ptr().cast(),
+        iov_len: unfilled.len(),
+    };
+    // Room for one `cmsghdr` and a `timespec`, aligned for both.
+    let mut control = [0u64; 8];
+    // SAFETY: all-zero is a valid `msghdr` (null pointers, zero lengths).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &raw mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    // SAFETY: `msg` points at `iov` and `control`, both alive and writable
+    // for the lengths it gives.
+    let n = unsafe { libc::recvmsg(socket.as_raw_fd(), &raw mut msg, libc::MSG_DONTWAIT) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let n = n as usize;
+    // SAFETY: the kernel wrote `n` bytes at the start of `unfilled`.
+    unsafe { buf.assume_init(n) };
+    buf.advance(n);
+    let mut stamp = None;
+    // SAFETY: the control buffer holds what the kernel wrote, walked with
+    // the kernel's own macros; a `timespec` is read only from a message of
+    // its type, unaligned.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&raw const msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == SO_TIMESTAMPNS {
+                let at: libc::timespec = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast());
+                stamp = u64::try_from(at.tv_sec).ok().and_then(|secs| {
+                    SystemTime::UNIX_EPOCH.checked_add(Duration::new(secs, at.tv_nsec as u32))
+                });
+            }
+            cmsg = libc::CMSG_NXTHDR(&raw const msg, cmsg);
+        }
+    }
+    Ok(stamp)
+}
+
+#[cfg(not(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+)))]
+fn recv_stamped(_socket: BorrowedFd<'_>, _buf: &mut ReadBuf<'_>) -> io::Result<Option<SystemTime>> {
+    unreachable!("stamps are turned on only where they are read")
 }
 
 /// One non-blocking `recv` into `buf`: `Ok(true)` if it read bytes or saw
@@ -414,6 +573,42 @@ mod tests {
                 "the last wait took {spent:?} of CPU"
             );
             assert_eq!(reader.polled, polled);
+        });
+    }
+
+    /// BUSY-5: a wait slept through counts, for the typical wait, until
+    /// its bytes arrived, not until the reader's thread got to them: here
+    /// the byte comes 5 ms into the wait and the thread is busy for 200 ms.
+    #[test]
+    fn a_slept_wait_lasts_until_its_bytes_arrived_not_until_the_reader_woke() {
+        current_thread().block_on(async {
+            // A window far above the waits, and no typical wait yet: the
+            // reader sleeps through the wait, and the wait counts whole.
+            let (mut writer, mut reader) = pair(Duration::from_secs(10)).await;
+            assert!(reader.stamped, "the kernel refused receive stamps");
+            let mut got = [0; 1];
+            let began = Instant::now();
+            {
+                let read = reader.read_exact(&mut got);
+                tokio::pin!(read);
+                assert!(futures::poll!(read.as_mut()).is_pending());
+                let sender = std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(5));
+                    writer.write_all(&[7]).unwrap();
+                });
+                std::thread::sleep(Duration::from_millis(200));
+                read.await.unwrap();
+                sender.join().unwrap();
+            }
+            assert_eq!(got, [7]);
+            assert!(began.elapsed() >= Duration::from_millis(200));
+            assert_eq!(reader.polled, 0, "the wait was polled");
+            // The typical wait is an eighth of the one wait seen.
+            let counted = reader.typical * SMOOTHING;
+            assert!(
+                counted < Duration::from_millis(150),
+                "the wait counted {counted:?}: the wake-up, not the arrival"
+            );
         });
     }
 
