@@ -1,0 +1,309 @@
+//! The busy-polled reader's rules (BUSY-1 to BUSY-5), each against a real
+//! loopback socket.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use tokio::io::AsyncReadExt;
+
+use super::*;
+
+/// A connected pair: the std end the test writes, and our reader.
+async fn pair(window: Duration) -> (std::net::TcpStream, BusyPollRead) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let writer = std::net::TcpStream::connect(addr).unwrap();
+    writer.set_nodelay(true).unwrap();
+    let (stream, _) = listener.accept().await.unwrap();
+    let (read, _write) = stream.into_split();
+    (
+        writer,
+        BusyPollRead::new(read, window, InProgress::default()),
+    )
+}
+
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn thread_cpu_time() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+/// Bytes in several writes, some while the reader polls and some after
+/// it gave up, arrive whole and in order, and the end of the stream is
+/// seen, whatever the window.
+#[test]
+fn every_byte_arrives_in_order_polled_or_not() {
+    for window in [
+        Duration::ZERO,
+        Duration::from_micros(50),
+        Duration::from_secs(1),
+    ] {
+        current_thread().block_on(async {
+            let (mut writer, mut reader) = pair(window).await;
+            let sender = std::thread::spawn(move || {
+                for i in 0..200u32 {
+                    writer.write_all(&i.to_le_bytes()).unwrap();
+                    if i % 50 == 0 {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                }
+            });
+            let mut got = Vec::new();
+            reader.read_to_end(&mut got).await.unwrap();
+            sender.join().unwrap();
+            let expected: Vec<u8> = (0..200u32).flat_map(u32::to_le_bytes).collect();
+            assert_eq!(got, expected, "window {window:?}");
+        });
+    }
+}
+
+/// BUSY-3: a reader polling for a long time never blocks its thread: a
+/// task on the same single-threaded runtime keeps running meanwhile.
+#[test]
+fn a_polling_reader_leaves_its_thread_to_other_tasks() {
+    current_thread().block_on(async {
+        let (mut writer, mut reader) = pair(Duration::from_secs(10)).await;
+        let ticks = Arc::new(AtomicU32::new(0));
+        let ticker = tokio::spawn({
+            let ticks = ticks.clone();
+            async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    ticks.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            writer.write_all(b"late").unwrap();
+        });
+        let mut got = [0; 4];
+        reader.read_exact(&mut got).await.unwrap();
+        sender.join().unwrap();
+        ticker.abort();
+        assert_eq!(&got, b"late");
+        let ticks = ticks.load(Ordering::Relaxed);
+        assert!(ticks >= 10, "the other task ran {ticks} times in 200 ms");
+    });
+}
+
+/// BUSY-2: a reader polls for at most its window, then sleeps until
+/// bytes come: with a typical wait of 15 ms (so a poll of up to 30 ms)
+/// and a 20 ms window, waiting 300 ms costs its thread about 20 ms of
+/// CPU, not 300 (and more than nothing: it did poll). A zero window
+/// costs none.
+#[test]
+fn polling_stops_at_the_end_of_the_window() {
+    for (window, least, most) in [
+        (
+            Duration::from_millis(20),
+            Duration::from_millis(2),
+            Duration::from_millis(150),
+        ),
+        (Duration::ZERO, Duration::ZERO, Duration::from_millis(15)),
+    ] {
+        current_thread().block_on(async {
+            let (mut writer, mut reader) = pair(window).await;
+            reader.typical = Duration::from_millis(15);
+            let sender = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                writer.write_all(b"x").unwrap();
+            });
+            let before = thread_cpu_time();
+            let mut got = [0; 1];
+            reader.read_exact(&mut got).await.unwrap();
+            let spent = thread_cpu_time() - before;
+            sender.join().unwrap();
+            assert!(
+                spent >= least && spent < most,
+                "window {window:?}: waiting 300 ms took {spent:?} of CPU"
+            );
+            assert_eq!(reader.polled, 0, "the byte came after the poll ended");
+        });
+    }
+}
+
+/// BUSY-1: a new reader does not poll; one whose waits are short polls
+/// for twice its typical wait, capped by its window; one whose typical
+/// wait reaches its window does not poll.
+#[test]
+fn the_poll_follows_the_typical_wait_within_the_window() {
+    let us = Duration::from_micros;
+    let window = us(200);
+    assert_eq!(poll_limit(Duration::ZERO, window), Duration::ZERO);
+    assert_eq!(poll_limit(us(30), window), us(60));
+    assert_eq!(poll_limit(us(150), window), window);
+    assert_eq!(poll_limit(us(200), window), Duration::ZERO);
+    assert_eq!(poll_limit(us(30), Duration::ZERO), Duration::ZERO);
+
+    // Steady waits of 30 µs: the typical wait comes within a
+    // microsecond of them in a few dozen waits.
+    let mut typical = Duration::ZERO;
+    for _ in 0..60 {
+        typical = next_typical(typical, us(30), window);
+    }
+    assert!(typical > us(29) && typical <= us(30), "{typical:?}");
+    // One pause of 10 ms counts as at most SPAN windows: polling goes on.
+    let after_pause = next_typical(typical, Duration::from_millis(10), window);
+    assert!(after_pause < window, "{after_pause:?}");
+    assert!(!poll_limit(after_pause, window).is_zero());
+    // Waits as long as the window stop it.
+    for _ in 0..40 {
+        typical = next_typical(typical, Duration::from_millis(10), window);
+    }
+    assert!(poll_limit(typical, window).is_zero(), "{typical:?}");
+}
+
+/// BUSY-1: frames that come far apart are not polled: once a few waits
+/// of 100 ms have made the typical wait as long as the 20 ms window, a
+/// wait costs its thread no CPU.
+#[test]
+fn a_reader_whose_frames_come_far_apart_does_not_poll() {
+    current_thread().block_on(async {
+        let window = Duration::from_millis(20);
+        let (mut writer, mut reader) = pair(window).await;
+        let sender = std::thread::spawn(move || {
+            for _ in 0..7 {
+                std::thread::sleep(Duration::from_millis(100));
+                writer.write_all(b"x").unwrap();
+            }
+        });
+        let mut got = [0; 1];
+        for _ in 0..6 {
+            reader.read_exact(&mut got).await.unwrap();
+        }
+        assert!(
+            poll_limit(reader.typical, window).is_zero(),
+            "typical wait {:?}",
+            reader.typical
+        );
+        let polled = reader.polled;
+        let before = thread_cpu_time();
+        reader.read_exact(&mut got).await.unwrap();
+        let spent = thread_cpu_time() - before;
+        sender.join().unwrap();
+        assert!(
+            spent < Duration::from_millis(15),
+            "the last wait took {spent:?} of CPU"
+        );
+        assert_eq!(reader.polled, polled);
+    });
+}
+
+/// BUSY-5: a wait slept through counts, for the typical wait, until
+/// its bytes arrived, not until the reader's thread got to them: here
+/// the byte comes 5 ms into the wait and the thread is busy for 200 ms.
+#[test]
+fn a_slept_wait_lasts_until_its_bytes_arrived_not_until_the_reader_woke() {
+    current_thread().block_on(async {
+        // A window far above the waits, and no typical wait yet: the
+        // reader sleeps through the wait, and the wait counts whole.
+        let (mut writer, mut reader) = pair(Duration::from_secs(10)).await;
+        assert!(reader.stamped, "the kernel refused receive stamps");
+        let mut got = [0; 1];
+        let began = Instant::now();
+        {
+            let read = reader.read_exact(&mut got);
+            tokio::pin!(read);
+            assert!(futures::poll!(read.as_mut()).is_pending());
+            let sender = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(5));
+                writer.write_all(&[7]).unwrap();
+            });
+            std::thread::sleep(Duration::from_millis(200));
+            read.await.unwrap();
+            sender.join().unwrap();
+        }
+        assert_eq!(got, [7]);
+        assert!(began.elapsed() >= Duration::from_millis(200));
+        assert_eq!(reader.polled, 0, "the wait was polled");
+        // The typical wait is an eighth of the one wait seen.
+        let counted = reader.typical * SMOOTHING;
+        assert!(
+            counted < Duration::from_millis(150),
+            "the wait counted {counted:?}: the wake-up, not the arrival"
+        );
+    });
+}
+
+/// BUSY-4: while two pieces of work are in progress on the connection,
+/// frames that come close together (5 ms apart, a 200 ms window) are
+/// not polled; once one ends, they are.
+#[test]
+fn a_reader_does_not_poll_while_several_calls_are_in_progress() {
+    current_thread().block_on(async {
+        let window = Duration::from_millis(200);
+        let (mut writer, mut reader) = pair(window).await;
+        let in_progress = reader.in_progress.clone();
+        in_progress.store(2, Ordering::Release);
+        reader.typical = Duration::from_millis(5);
+        // The second 20 frames wait for the first 20 to be read, so
+        // that a reader slowed by a loaded machine finds none queued.
+        let (next, go) = std::sync::mpsc::channel::<()>();
+        let sender = std::thread::spawn(move || {
+            for i in 0..40u8 {
+                if i == 20 {
+                    go.recv().unwrap();
+                }
+                std::thread::sleep(Duration::from_millis(5));
+                writer.write_all(&[i]).unwrap();
+            }
+        });
+        let mut got = [0; 1];
+        for _ in 0..20 {
+            reader.read_exact(&mut got).await.unwrap();
+        }
+        assert_eq!(reader.polled, 0, "polled with two calls in progress");
+        in_progress.store(1, Ordering::Release);
+        next.send(()).unwrap();
+        reader.typical = Duration::from_millis(5);
+        for _ in 0..20 {
+            reader.read_exact(&mut got).await.unwrap();
+        }
+        sender.join().unwrap();
+        assert!(
+            reader.polled >= 3,
+            "{} of 20 frames were polled",
+            reader.polled
+        );
+    });
+}
+
+/// BUSY-1: frames that come close together are taken by polling, without
+/// a wake-up: of 40 frames 5 ms apart, with a 200 ms window, many are
+/// read by a poll (a reader that never polls reads none). The spacing is
+/// well above a loaded machine's scheduling delays, which count against
+/// a poll's time (1 ms spacing gave 22 of 60 in a loaded CI run; 5 ms gave
+/// 12 of 40 with a busy process on each core, about 35 on a quiet machine).
+#[test]
+fn a_reader_whose_frames_come_close_together_polls_them() {
+    current_thread().block_on(async {
+        let window = Duration::from_millis(200);
+        let (mut writer, mut reader) = pair(window).await;
+        let sender = std::thread::spawn(move || {
+            for i in 0..40u8 {
+                std::thread::sleep(Duration::from_millis(5));
+                writer.write_all(&[i]).unwrap();
+            }
+        });
+        for i in 0..40u8 {
+            let mut got = [0; 1];
+            reader.read_exact(&mut got).await.unwrap();
+            assert_eq!(got[0], i);
+        }
+        sender.join().unwrap();
+        assert!(
+            reader.polled >= 5,
+            "{} of 40 frames were polled (typical wait {:?})",
+            reader.polled,
+            reader.typical
+        );
+    });
+}
