@@ -147,6 +147,12 @@ impl std::fmt::Debug for Runtime {
     }
 }
 
+/// The environment variable that, set to `1`, has the engine write
+/// `/tmp/perf-PID.map`, naming every compiled plugin function (CPython's
+/// own, in a Python plugin) to `perf report`. A profiling aid: the map of a
+/// Python plugin is some 20 MB, written at each load.
+pub const PERF_MAP_VAR: &str = "WASMRPC_PERF_MAP";
+
 impl Runtime {
     /// A runtime with its own engine and epoch ticker thread.
     ///
@@ -156,6 +162,12 @@ impl Runtime {
     pub fn new(config: Config) -> Result<Runtime> {
         let mut wc = wasmtime::Config::new();
         wc.epoch_interruption(true).wasm_component_model(true);
+        if std::env::var_os(PERF_MAP_VAR).is_some_and(|v| v == "1") {
+            // Names the plugins' compiled functions to `perf` (a map file
+            // per process in /tmp): without it a profile of a plugin's call
+            // path is a wall of anonymous JIT addresses.
+            wc.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         if config.pooling {
             let mut pool = PoolingAllocationConfig::default();
             pool.total_core_instances(config.max_instances)
