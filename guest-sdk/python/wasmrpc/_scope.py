@@ -12,10 +12,9 @@ while that scope is alive: a handle number of an ended call means nothing
 class Scope:
     """The handle table of one call, or of one object."""
 
-    __slots__ = ("alive",)
-
-    def __init__(self):
-        self.alive = True
+    # A class attribute, not `__init__`: making a scope is on every call's
+    # path, and an `__init__` is a Python frame there.
+    alive = True
 
 
 current = None

@@ -45,6 +45,14 @@ def _kit_classes():
 def to_nodes(obj, types, move=False):
     """The nodes of `obj`. Tensors and RRefs go by handle; with `move`, each
     gets a handle of its own (a dup) that the receiver then owns."""
+    # A scalar result is most calls' (a no-op's, a loss's, a count's).
+    kind = type(obj)
+    if kind is int:
+        return [types.Node_Int(obj)]
+    if kind is float:
+        return [types.Node_Float(obj)]
+    if obj is None:
+        return [types.Node_None_()]
     nodes = []
     _push(obj, types, nodes, move, 0)
     return nodes
@@ -58,7 +66,16 @@ def _push(obj, types, nodes, move, depth):
         raise ValueError("a value nested deeper than 128 levels")
     at = len(nodes)
     nodes.append(None)
-    if obj is None:
+    # The common exact types first, by identity: a failed `isinstance`
+    # also looks `obj.__class__` up, and a tensor failed six of them.
+    kind = type(obj)
+    if kind is Tensor:
+        node = types.Node_Tensor(obj._moved_handle() if move else obj._handle())
+    elif kind is int:
+        node = types.Node_Int(obj)
+    elif kind is float:
+        node = types.Node_Float(obj)
+    elif obj is None:
         node = types.Node_None_()
     elif isinstance(obj, bool):
         node = types.Node_Boolean(obj)
@@ -248,18 +265,34 @@ class Record:
 def from_nodes(nodes, types):
     """The Python value of `nodes`; tensors and RRefs become objects that own
     their handles."""
-    if not nodes:
+    if len(nodes) == 1:
+        # One scalar node, most arguments: no frame of `_build` for it.
+        kind = type(nodes[0])
+        if kind is types.Node_Int or kind is types.Node_Float or kind is types.Node_Str:
+            return nodes[0].value
+    elif not nodes:
         raise ValueError("a value with no nodes")
     return _build(nodes, 0, types)
 
 
 def _build(nodes, at, types):
     n = nodes[at]
-    # Scalars first, before the closure containers need is made: most
-    # arguments and results are one scalar node.
-    if isinstance(n, (types.Node_Boolean, types.Node_Int, types.Node_Float, types.Node_Str)):
+    # Nodes are told apart by their exact class, not `isinstance`: each
+    # failed `isinstance` also looks the object's `__class__` up, and a
+    # tensor node failed eleven of them before it was found. Scalars come
+    # first, before the closure containers need is made: most arguments
+    # and results are one scalar node.
+    kind = type(n)
+    if (
+        kind is types.Node_Int
+        or kind is types.Node_Float
+        or kind is types.Node_Str
+        or kind is types.Node_Boolean
+    ):
         return n.value
-    if isinstance(n, types.Node_None_):
+    if kind is types.Node_Tensor:
+        return (_kit or _kit_classes()).Tensor._own(n.value)
+    if kind is types.Node_None_:
         return None
 
     def child(i):
@@ -268,25 +301,23 @@ def _build(nodes, at, types):
         return _build(nodes, i, types)
 
     kit = _kit or _kit_classes()
-    Tensor, RRef, WorkerInfo, _transfer = kit.Tensor, kit.RRef, kit.WorkerInfo, kit.transfer
-    if isinstance(n, types.Node_Bytes):
+    RRef, WorkerInfo, _transfer = kit.RRef, kit.WorkerInfo, kit.transfer
+    if kind is types.Node_Bytes:
         return bytes(n.value)
-    if isinstance(n, types.Node_List):
+    if kind is types.Node_List:
         return [child(i) for i in n.value]
-    if isinstance(n, types.Node_Tuple):
+    if kind is types.Node_Tuple:
         return tuple(child(i) for i in n.value)
-    if isinstance(n, types.Node_Dict):
+    if kind is types.Node_Dict:
         return {child(k): child(v) for k, v in n.value}
-    if isinstance(n, types.Node_Record):
+    if kind is types.Node_Record:
         if n.value.name == FUNCTION_REF:
             return _function_from_record(n.value, child)
         if n.value.name in _transfer.RECORDS:
             return _transfer.from_record(n.value.name, {k: child(v) for k, v in n.value.fields})
         return Record(n.value.name, [(k, child(v)) for k, v in n.value.fields])
-    if isinstance(n, types.Node_Worker):
+    if kind is types.Node_Worker:
         return WorkerInfo(n.value.id, n.value.name)
-    if isinstance(n, types.Node_Tensor):
-        return Tensor._own(n.value)
-    if isinstance(n, types.Node_Rref):
+    if kind is types.Node_Rref:
         return RRef._own(n.value)
     raise TypeError(f"unknown node {n!r}")
