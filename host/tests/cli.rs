@@ -11,7 +11,10 @@ mod common;
 #[path = "cli/pytorch_examples.rs"]
 mod pytorch_examples;
 
-use common::{CREDENTIAL_ENV, ServingProcess, run_with_deadline, text, wasmrpc};
+use common::{
+    CREDENTIAL_ENV, ServingProcess, run_with_deadline, spawn_captured, text, wait_with_deadline,
+    wasmrpc,
+};
 
 #[test]
 fn launch_starts_a_local_cluster_where_every_worker_answers() {
@@ -497,6 +500,83 @@ fn plugin_inspect_prints_the_manifest() {
         stderr.contains("is not a wasmrpc plugin") && stderr.contains("wasmrpc-manifest"),
         "{stderr}"
     );
+}
+
+/// A world of one worker serving the seed-fns plugin, with
+/// `WASMRPC_PERF_MAP` set to `value`: its pid, when it started, and its
+/// output once it has shut down.
+fn worker_with_perf_map(value: &str) -> (u32, std::time::SystemTime, std::process::Output) {
+    let store = tempfile::tempdir().expect("temp dir");
+    let url = format!("file://{}", store.path().join("store").display());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmrpc"));
+    cmd.args(["worker", "--rank", "0", "--world-size", "1"])
+        .args([
+            "--init-method",
+            &url,
+            "--plugins",
+            wasmrpc_plugins::SEED_FNS,
+        ])
+        .env("RUST_LOG", "info")
+        .env("WASMRPC_PERF_MAP", value);
+    for var in CREDENTIAL_ENV {
+        cmd.env_remove(var);
+    }
+    let started = std::time::SystemTime::now();
+    let child = spawn_captured(&mut cmd);
+    let pid = child.id();
+    let out = wait_with_deadline(child, "a worker", Duration::from_secs(60));
+    (pid, started, out)
+}
+
+/// `WASMRPC_PERF_MAP=1` has a worker name its plugins' compiled functions
+/// to `perf` in `/tmp/perf-PID.map`; `0` writes none; any other value stops
+/// the worker before it joins, with an error naming the variable.
+#[test]
+fn wasmrpc_perf_map_names_a_workers_plugin_functions_to_perf() {
+    let (pid, _, out) = worker_with_perf_map("1");
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let map = std::path::PathBuf::from(format!("/tmp/perf-{pid}.map"));
+    let written = std::fs::read_to_string(&map);
+    let _ = std::fs::remove_file(&map);
+    let written = written.unwrap_or_else(|e| panic!("no {}: {e}\n{stderr}", map.display()));
+    // perf's format: `START SIZE NAME`, hex, the start with `0x`; a
+    // plugin function's name is its symbol in the plugin's name section.
+    let named = written.lines().filter(|l| {
+        let mut f = l.splitn(3, ' ');
+        let start = f.next().and_then(|a| a.strip_prefix("0x")).unwrap_or("");
+        let size = f.next().unwrap_or("");
+        u64::from_str_radix(start, 16).is_ok()
+            && u64::from_str_radix(size, 16).is_ok()
+            && f.next()
+                .is_some_and(|n| n.contains("wasmrpc_plugin_seed_fns"))
+    });
+    assert!(
+        named.clone().any(|l| l.contains("my_function")),
+        "the plugin's `my_function` is not named in {} ({} of the plugin's functions):\n{}",
+        map.display(),
+        named.count(),
+        written.lines().take(20).collect::<Vec<_>>().join("\n")
+    );
+
+    let (pid, started, out) = worker_with_perf_map("0");
+    assert!(out.status.success(), "{:?}", text(&out));
+    let map = std::path::PathBuf::from(format!("/tmp/perf-{pid}.map"));
+    // A map of an earlier process that had this pid would predate the worker.
+    let fresh = std::fs::metadata(&map)
+        .and_then(|m| m.modified())
+        .is_ok_and(|at| at >= started);
+    assert!(!fresh, "WASMRPC_PERF_MAP=0 wrote {}", map.display());
+
+    for bad in ["yes", "true", "2"] {
+        let (_, _, out) = worker_with_perf_map(bad);
+        let (_, stderr) = text(&out);
+        assert!(!out.status.success(), "WASMRPC_PERF_MAP={bad} was accepted");
+        assert!(
+            stderr.contains("WASMRPC_PERF_MAP must be 1") && stderr.contains(&format!("{bad:?}")),
+            "WASMRPC_PERF_MAP={bad}: {stderr}"
+        );
+    }
 }
 
 #[test]

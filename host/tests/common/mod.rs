@@ -36,19 +36,33 @@ pub(crate) fn wasmrpc(args: &[&str], deadline: Duration) -> Output {
 /// Runs `cmd` to completion with its output captured, killing it and
 /// failing the test if it outlives `deadline`.
 pub(crate) fn run_with_deadline(cmd: &mut Command, deadline: Duration) -> Output {
-    let mut child = cmd
-        .stdin(Stdio::null())
+    let child = spawn_captured(cmd);
+    wait_with_deadline(child, &format!("{cmd:?}"), deadline)
+}
+
+/// Starts `cmd` with no stdin and its stdout and stderr captured.
+pub(crate) fn spawn_captured(cmd: &mut Command) -> std::process::Child {
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("{cmd:?} does not start: {e}"));
+        .unwrap_or_else(|e| panic!("{cmd:?} does not start: {e}"))
+}
+
+/// Waits for `child` (`what`, for the message) and collects its output,
+/// killing it and failing the test if it outlives `deadline`.
+pub(crate) fn wait_with_deadline(
+    mut child: std::process::Child,
+    what: &str,
+    deadline: Duration,
+) -> Output {
     let started = Instant::now();
     while child.try_wait().expect("wait on the child").is_none() {
         if started.elapsed() > deadline {
             let _ = child.kill();
             let out = child.wait_with_output().expect("collect the output");
             panic!(
-                "{cmd:?} ran for more than {deadline:?}\nstdout:\n{}\nstderr:\n{}",
+                "{what} ran for more than {deadline:?}\nstdout:\n{}\nstderr:\n{}",
                 String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
             );

@@ -153,16 +153,31 @@ impl std::fmt::Debug for Runtime {
 /// Python plugin is some 20 MB, written at each load.
 pub const PERF_MAP_VAR: &str = "WASMRPC_PERF_MAP";
 
+/// Whether [`PERF_MAP_VAR`] asks for perf's map: `1` yes; unset, empty or
+/// `0` no; anything else is refused, naming the variable, rather than
+/// read as either.
+fn perf_map_wanted() -> Result<bool> {
+    match std::env::var_os(PERF_MAP_VAR) {
+        None => Ok(false),
+        Some(v) if v == "1" => Ok(true),
+        Some(v) if v.is_empty() || v == "0" => Ok(false),
+        Some(v) => Err(Error::Engine(format!(
+            "{PERF_MAP_VAR} must be 1 (write /tmp/perf-PID.map for perf) or 0, not {v:?}"
+        ))),
+    }
+}
+
 impl Runtime {
     /// A runtime with its own engine and epoch ticker thread.
     ///
     /// # Errors
     /// [`Error::Engine`] if wasmtime rejects the configuration (e.g. the
-    /// pooling allocator cannot reserve its memory).
+    /// pooling allocator cannot reserve its memory), or if [`PERF_MAP_VAR`]
+    /// holds something other than `0` or `1`.
     pub fn new(config: Config) -> Result<Runtime> {
         let mut wc = wasmtime::Config::new();
         wc.epoch_interruption(true).wasm_component_model(true);
-        if std::env::var_os(PERF_MAP_VAR).is_some_and(|v| v == "1") {
+        if perf_map_wanted()? {
             // Names the plugins' compiled functions to `perf` (a map file
             // per process in /tmp): without it a profile of a plugin's call
             // path is a wall of anonymous JIT addresses.
