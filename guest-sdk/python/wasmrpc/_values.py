@@ -45,8 +45,11 @@ def _kit_classes():
 def to_nodes(obj, types, move=False):
     """The nodes of `obj`. Tensors and RRefs go by handle; with `move`, each
     gets a handle of its own (a dup) that the receiver then owns."""
-    # A scalar result is most calls' (a no-op's, a loss's, a count's).
+    # A scalar or a tensor is most values (a no-op's result, a loss, an
+    # op's argument).
     kind = type(obj)
+    if _kit is not None and kind is _kit.Tensor:
+        return [types.Node_Tensor(obj._moved_handle() if move else obj._handle())]
     if kind is int:
         return [types.Node_Int(obj)]
     if kind is float:
