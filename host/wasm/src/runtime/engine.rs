@@ -1,0 +1,58 @@
+//! The wasmtime engine's configuration: what every plugin of a runtime is
+//! compiled and instantiated with (epoch interruption, the component
+//! model, the pooling allocator's sizes, and perf's map when asked for).
+
+use super::Config;
+use crate::{Error, Result};
+use wasmtime::{InstanceAllocationStrategy, PoolingAllocationConfig};
+
+/// The environment variable that, set to `1`, has the engine write
+/// `/tmp/perf-PID.map`, naming every compiled plugin function (CPython's
+/// own, in a Python plugin) to `perf report`. A profiling aid: the map of a
+/// Python plugin is some 20 MB, written at each load.
+pub const PERF_MAP_VAR: &str = "WASMRPC_PERF_MAP";
+
+/// Whether [`PERF_MAP_VAR`] asks for perf's map: `1` yes; unset, empty or
+/// `0` no; anything else is refused, naming the variable, rather than
+/// read as either.
+fn perf_map_wanted() -> Result<bool> {
+    match std::env::var_os(PERF_MAP_VAR) {
+        None => Ok(false),
+        Some(v) if v == "1" => Ok(true),
+        Some(v) if v.is_empty() || v == "0" => Ok(false),
+        Some(v) => Err(Error::Engine(format!(
+            "{PERF_MAP_VAR} must be 1 (write /tmp/perf-PID.map for perf) or 0, not {v:?}"
+        ))),
+    }
+}
+
+/// The engine's configuration for a runtime configured as `config`.
+pub(super) fn config(config: &Config) -> Result<wasmtime::Config> {
+    let mut wc = wasmtime::Config::new();
+    wc.epoch_interruption(true).wasm_component_model(true);
+    if perf_map_wanted()? {
+        // Names the plugins' compiled functions to `perf` (a map file
+        // per process in /tmp): without it a profile of a plugin's call
+        // path is a wall of anonymous JIT addresses.
+        wc.profiler(wasmtime::ProfilingStrategy::PerfMap);
+    }
+    if config.pooling {
+        let mut pool = PoolingAllocationConfig::default();
+        pool.total_core_instances(config.max_instances)
+            .total_memories(config.max_instances)
+            .total_tables(config.max_instances)
+            .total_stacks(config.max_instances)
+            .max_memory_size(config.max_memory)
+            // A Python component (CPython and its WASI adapter) is a
+            // few dozen core instances with their tables.
+            .total_component_instances(config.max_instances)
+            .max_core_instances_per_component(64)
+            .max_memories_per_component(8)
+            .max_tables_per_component(64)
+            .max_core_instance_size(16 << 20)
+            .max_component_instance_size(16 << 20)
+            .table_elements(1 << 16);
+        wc.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    }
+    Ok(wc)
+}
