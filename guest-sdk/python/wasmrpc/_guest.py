@@ -193,6 +193,8 @@ class Guest:
         """Runs the function `name`, or constructs an object of class `name`."""
         entry = _registry.functions.get(name)
         if entry is not None:
+            # `_function_scope()`'s common case (a scope of the call's
+            # own) without its frame.
             if _registry.plugin["single_instance"] or _objects:
                 scope, end_scope = _function_scope()
             else:
