@@ -1,8 +1,9 @@
-//! libtorch's autograd engine on the two graphs of a 16x16 distributed
-//! autograd step (`wasmrpc-bench --only dist_autograd_16`), each run warm
-//! (call after call) and cold (after a sweep through a buffer larger than
-//! a core's L2 cache, as a worker's other work between two steps leaves
-//! it). Measures, judges nothing.
+//! The gradients of the two graphs of a 16x16 distributed autograd step
+//! (`wasmrpc-bench --only dist_autograd_16`) through libtorch's autograd
+//! engine and through [`grad`]'s run of a one-node graph without it, each
+//! warm (call after call) and cold (after a sweep through a buffer larger
+//! than a core's L2 cache, as a worker's other work between two steps
+//! leaves it). Measures, judges nothing.
 //!
 //! - the callee's graph: the gradients of `a @ b` with respect to `a` and
 //!   `b` (`MmBackward0`, two 16x16 matmuls);
@@ -10,14 +11,14 @@
 //!   the product (`SumBackward0`).
 //!
 //! `cargo bench -p wasmrpc-torch-sys --bench engine [-- SWEEP_MIB]`
-//! (default 4 MiB) prints the median of each, and the ops of the callee's
-//! graph run without the engine, for comparison.
+//! (default 4 MiB) prints the median of each, and the callee's two matmuls
+//! alone, for comparison.
 
 use std::hint::black_box;
 use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
-use wasmrpc_torch_sys::{GradOptions, grad};
+use wasmrpc_torch_sys::{GradOptions, grad, set_engine_bypass};
 
 /// Median of `samples` calls of `f`, in µs, each after `before` ran.
 fn median_us(samples: usize, mut before: impl FnMut(), mut f: impl FnMut()) -> f64 {
@@ -94,17 +95,21 @@ fn main() {
         black_box(&buffer);
     };
     const SAMPLES: usize = 20_000;
-    println!("libtorch's autograd engine, 16x16, median of {SAMPLES} calls (µs):");
-    println!("{:<52} {:>8} {:>8}", "", "warm", "cold");
-    let cases: [(&str, &dyn Fn()); 3] = [
-        ("callee: d(a @ b)/da, d(a @ b)/db (engine)", &callee),
-        ("callee: the same two matmuls, no engine", &ops_alone),
-        ("caller: d(sum(p))/dp (engine)", &caller),
+    println!("gradients of the 16x16 step's graphs, median of {SAMPLES} calls (µs):");
+    println!("{:<44} {:>8} {:>8}", "", "warm", "cold");
+    let cases: [(&str, &dyn Fn(), bool); 5] = [
+        ("callee: d(a @ b)/da, d(a @ b)/db, engine", &callee, false),
+        ("callee: the same, without the engine", &callee, true),
+        ("callee: its two matmuls alone", &ops_alone, true),
+        ("caller: d(sum(p))/dp, engine", &caller, false),
+        ("caller: the same, without the engine", &caller, true),
     ];
-    for (name, f) in cases {
+    for (name, f, bypass) in cases {
+        set_engine_bypass(bypass);
         let warm = median_us(SAMPLES, || {}, f);
         let cold = median_us(SAMPLES, &mut sweep, f);
-        println!("{name:<52} {warm:>8.2} {cold:>8.2}");
+        println!("{name:<44} {warm:>8.2} {cold:>8.2}");
     }
+    set_engine_bypass(true);
     println!("cold: after a sweep of {sweep_mib} MiB (one write per 64-byte line)");
 }

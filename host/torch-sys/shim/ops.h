@@ -135,6 +135,12 @@ int32_t wrs_node_variable(const wrs_node* node, void** tensor);
 // to `inputs`. `retain_graph`: -1 for the default, else 0/1. On success
 // `results[i]` is a new `at::Tensor*` owned by the caller, or null for an
 // input the outputs do not depend on (allowed only with `allow_unused`).
+// How many `wrs_autograd_grad` calls on this thread ran without libtorch's
+// engine (a graph of one node whose edges lead straight to the inputs).
+uint64_t wrs_autograd_engine_bypasses(void);
+// Allows (nonzero) or forbids (0) that bypass, for the whole process.
+void wrs_autograd_set_engine_bypass(int32_t enabled);
+
 int32_t wrs_autograd_grad(const void* const* outputs, size_t n_outputs,
                           const void* const* grad_outputs, size_t n_grad_outputs,
                           const void* const* inputs, size_t n_inputs,

@@ -34,7 +34,16 @@ pub struct GradOptions {
 /// the tensors a worker sent are pushed through its local graph to the
 /// leaves and received tensors that need them.
 ///
-/// Runs libtorch's engine on the calling thread for CPU graphs.
+/// Runs libtorch's engine on the calling thread for CPU graphs, or, for
+/// a graph of one node of libtorch's own whose edges lead straight to
+/// `inputs` (one output, its seed of its shape and dtype, `retain_graph:
+/// Some(true)`, no `create_graph`, on the CPU, with no hook, anomaly mode
+/// or profiler callback anywhere), what the
+/// engine would do for it without the engine: the seed and the node's
+/// gradients checked as the engine checks them, the node run with grad
+/// mode off. The engine's fixed cost is most of a small distributed
+/// backward (`cargo bench -p wasmrpc-torch-sys --bench engine`);
+/// [`engine_bypasses`] counts the calls that skipped it.
 ///
 /// # Errors
 ///
@@ -87,6 +96,22 @@ pub fn grad(
             })
         })
         .collect())
+}
+
+/// How many [`grad`] calls on this thread ran their one node without
+/// libtorch's engine.
+pub fn engine_bypasses() -> u64 {
+    // SAFETY: reads an atomic counter.
+    unsafe { ffi::wrs_autograd_engine_bypasses() }
+}
+
+/// Allows (the default) or forbids [`grad`]'s run of a one-node graph
+/// without libtorch's engine, in the whole process: for measuring one
+/// against the other, and as a way around the bypass should it ever
+/// differ from the engine.
+pub fn set_engine_bypass(enabled: bool) {
+    // SAFETY: stores an atomic flag.
+    unsafe { ffi::wrs_autograd_set_engine_bypass(i32::from(enabled)) }
 }
 
 /// `torch.autograd.backward(roots, retain_graph=retain_graph)`: runs

@@ -243,6 +243,8 @@ unsafe extern "C" {
         input_nr: *mut u32,
     ) -> i32;
     pub(crate) fn wrs_node_variable(node: *const RawNode, tensor: *mut *mut c_void) -> i32;
+    pub(crate) fn wrs_autograd_engine_bypasses() -> u64;
+    pub(crate) fn wrs_autograd_set_engine_bypass(enabled: i32);
     pub(crate) fn wrs_autograd_grad(
         outputs: *const *const c_void,
         n_outputs: usize,

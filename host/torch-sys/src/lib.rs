@@ -105,8 +105,8 @@ pub mod recycle;
 mod value;
 
 pub use autograd::{
-    GradFn, GradOptions, HookResult, TensorHook, backward, grad, grad_fn_name, register_hook,
-    set_grad,
+    GradFn, GradOptions, HookResult, TensorHook, backward, engine_bypasses, grad, grad_fn_name,
+    register_hook, set_engine_bypass, set_grad,
 };
 pub use budget::{BudgetRefusal, MemoryBudget};
 pub use builtin::BUILTINS;
