@@ -202,8 +202,9 @@ bool has_hooks(torch::autograd::Node& node) {
 // RecordFunction callbacks (the profiler), a node that is not one of
 // libtorch's own (a custom function may ask the engine for its graph
 // task), any hook on the node or on an input's node, tensors off the CPU
-// or not strided, an edge that leads further than an input or two edges
-// into one input (the engine would sum them), an input whose gradient the
+// or not strided, an edge that leads further than an input, two edges
+// into one input (the engine would sum them), one input given twice, the
+// output among the inputs, an input whose gradient the
 // engine would refuse (unused without `allow_unused`, or not requiring
 // grad: the engine words those errors). A node that throws throws as
 // under the engine (saved tensors freed, shapes that do not match).
@@ -252,6 +253,12 @@ std::optional<torch::autograd::variable_list> one_node_grad(
       }
       input_nodes[j] = node.get();
       input_nrs[j] = input.output_nr();
+      // The same tensor twice: the engine gives each its gradient.
+      for (size_t i = 0; i < j; ++i) {
+        if (input_nodes[i] == input_nodes[j] && input_nrs[i] == input_nrs[j]) {
+          return std::nullopt;
+        }
+      }
     } else if (allow_unused == 0) {
       return std::nullopt;
     }

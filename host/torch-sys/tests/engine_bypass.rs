@@ -142,6 +142,16 @@ fn deeper_graphs_and_other_options_go_through_the_engine() {
     let (g, bypassed) = run(&[&y, &q], &[&y.ones_like(), &q.ones_like()], &[&x], KEEP);
     assert!(!bypassed);
     assert_eq!(values(&g.unwrap()[0]), [4.0, 6.0, 8.0]);
+    // One input twice: each gets its gradient.
+    let p = a.matmul(&b);
+    let (g, bypassed) = run(&[&p], &[&p.ones_like()], &[&a, &a], KEEP);
+    assert!(!bypassed);
+    let g = g.unwrap();
+    assert!(
+        g[0].as_ref()
+            .unwrap()
+            .allclose(g[1].as_ref().unwrap(), 0.0, 0.0, false)
+    );
     // The output itself as an input: its gradient is the seed.
     let (g, bypassed) = run(&[&q], &[&q.ones_like()], &[&q, &x], KEEP);
     assert!(!bypassed);
