@@ -51,6 +51,10 @@ pub(crate) enum Call {
     /// The same `aten::matmul` outside any context, of tensors that
     /// require no grad: what the forward call costs as a plain op call.
     Matmul16,
+    /// The 256x256 step's forward call alone (as `forward16`).
+    Forward256,
+    /// The 256x256 `aten::matmul` as a plain op call (as `matmul16`).
+    Matmul256,
 }
 
 impl Call {
@@ -65,8 +69,8 @@ impl Call {
             Call::Python => (worker::PY_IDENTITY, args![1]),
             Call::WasmAdd => ("seed_fns::my_tensor_function", add()),
             Call::PythonAdd => ("seed_fns_py::my_tensor_function", add()),
-            Call::Matmul16 => ("aten::matmul", add()),
-            Call::Step16 | Call::Step256 | Call::Forward16 => return None,
+            Call::Matmul16 | Call::Matmul256 => ("aten::matmul", add()),
+            Call::Step16 | Call::Step256 | Call::Forward16 | Call::Forward256 => return None,
         })
     }
 }
@@ -272,12 +276,16 @@ pub(crate) fn run(
             Tensor::ones([4], (Kind::Float, Device::Cpu)),
             Tensor::ones([4], (Kind::Float, Device::Cpu)),
         );
-        let side = if call == Call::Step256 { 256 } else { 16 };
+        let side = if matches!(call, Call::Step256 | Call::Forward256 | Call::Matmul256) {
+            256
+        } else {
+            16
+        };
         let leaf =
             || Tensor::rand([side, side], (Kind::Float, Device::Cpu)).set_requires_grad(true);
         let (x, y) = (leaf(), leaf());
         let phases = std::cell::RefCell::new(Vec::new());
-        let (a, b) = if call == Call::Matmul16 {
+        let (a, b) = if matches!(call, Call::Matmul16 | Call::Matmul256) {
             (x.detach(), y.detach())
         } else {
             (a, b)
@@ -285,7 +293,7 @@ pub(crate) fn run(
         let one = || -> std::pin::Pin<Box<dyn Future<Output = wasmrpc::Result<Payload>> + '_>> {
             match call.function_and_args(&a, &b) {
                 Some((function, args)) => Box::pin(agent.rpc_sync("worker1", function, args)),
-                None if call == Call::Forward16 => {
+                None if matches!(call, Call::Forward16 | Call::Forward256) => {
                     Box::pin(ours::forward_in_context(&agent, "worker1", &x, &y))
                 }
                 None => Box::pin(ours::autograd_step(&agent, "worker1", &x, &y, &phases)),

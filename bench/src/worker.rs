@@ -245,9 +245,13 @@ where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| anyhow::anyhow!("blocking work of the bench failed: {e}"))
+    // The floors' ops run here: with the op threads the workers' ops get.
+    tokio::task::spawn_blocking(|| {
+        wasmrpc::adopt_intra_op_threads();
+        work()
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("blocking work of the bench failed: {e}"))
 }
 
 /// Makes a fresh plugin host with the given cache folder (or none).

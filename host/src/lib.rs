@@ -130,8 +130,8 @@ pub use agent::{
 pub use error::*;
 pub use ops::policy as op_policy;
 pub use ops::{
-    BuiltinOps, OpPolicy, call_builtin, cores_per_local_worker, cores_per_worker, intra_op_threads,
-    set_intra_op_threads,
+    BuiltinOps, OpPolicy, adopt_intra_op_threads, call_builtin, cores_per_local_worker,
+    cores_per_worker, intra_op_threads, set_intra_op_threads,
 };
 pub use plugin::{
     CACHE_DIR_ENV, CACHE_MAX_ENV, DEPLOY_PLUGIN, Deploy, DeployPlugin, DeployReport, MIN_PREFIX,

@@ -56,7 +56,8 @@ pub use policy::OpPolicy;
 pub(crate) use policy::PolicyGate;
 pub(crate) use recording::{OpListener, listen_for_ops, profiled};
 pub use threads::{
-    cores_per_local_worker, cores_per_worker, intra_op_threads, set_intra_op_threads,
+    adopt_intra_op_threads, cores_per_local_worker, cores_per_worker, intra_op_threads,
+    set_intra_op_threads,
 };
 
 /// The resolver of builtin op names (see the module docs for the names it
@@ -251,16 +252,20 @@ pub(crate) fn op_error(e: OpError) -> Error {
     Error::from(RemoteError::from(e))
 }
 
-/// Runs `f` on tokio's blocking pool (OPS-1).
+/// Runs `f` on tokio's blocking pool (OPS-1), with the process's op thread
+/// count ([`adopt_intra_op_threads`]).
 ///
 /// # Errors
 /// `RuntimeError` if `f` panicked or the runtime is shutting down.
 pub(crate) async fn run_blocking<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Error::runtime(format!("a builtin op did not complete: {e}")))
+    tokio::task::spawn_blocking(move || {
+        adopt_intra_op_threads();
+        f()
+    })
+    .await
+    .map_err(|e| Error::runtime(format!("a builtin op did not complete: {e}")))
 }
 
 #[cfg(test)]

@@ -12,12 +12,51 @@
 //! threads alike; `wasmrpc worker` keeps libtorch's default and
 //! `DEFAULT_NUM_WORKER_THREADS` unless `--intra-op-threads` and
 //! `--num-worker-threads` say otherwise.
+//!
+//! Why every thread that runs ops adopts the count ([`adopt_intra_op_threads`]):
+//! libtorch applies `set_num_threads` to the calling thread's OpenMP and
+//! MKL settings only. Another thread picks the count up when it first runs
+//! one of libtorch's own parallel loops, but MKL's sgemm does not wait for
+//! one: on a thread of tokio's blocking pool it split a 256x256 matmul over
+//! every core, and each such thread kept an OpenMP helper of its own
+//! spinning between ops (measured 2026-12-03 with `wasmrpc-bench anatomy
+//! --call matmul256`: a worker given one op thread ran four helpers beside
+//! its four pool threads).
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Sets how many threads each builtin op (and each backward pass) may use
 /// in this process, as `torch.set_num_threads` does. Process-wide: every
 /// agent and plugin of the process shares it. 0 counts as 1.
 pub fn set_intra_op_threads(threads: usize) {
-    tch::set_num_threads(i32::try_from(threads.max(1)).unwrap_or(i32::MAX));
+    let threads = threads.max(1);
+    INTRA_OP_THREADS.store(threads, Ordering::Relaxed);
+    tch::set_num_threads(i32::try_from(threads).unwrap_or(i32::MAX));
+    ADOPTED.set(threads);
+}
+
+/// The count [`set_intra_op_threads`] set last; 0 while it never ran (every
+/// thread keeps libtorch's default then).
+static INTRA_OP_THREADS: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// The count this thread's OpenMP and MKL settings hold, as far as
+    /// [`adopt_intra_op_threads`] knows; 0 for libtorch's default.
+    static ADOPTED: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Makes the calling thread's ops use the count [`set_intra_op_threads`]
+/// set, as the thread that set it does (see the module docs for why
+/// libtorch does not). Every thread the host runs ops or backward passes
+/// on calls it first; a thread that already holds the count pays one
+/// thread-local read.
+pub fn adopt_intra_op_threads() {
+    let wanted = INTRA_OP_THREADS.load(Ordering::Relaxed);
+    if wanted != 0 && ADOPTED.get() != wanted {
+        tch::set_num_threads(i32::try_from(wanted).unwrap_or(i32::MAX));
+        ADOPTED.set(wanted);
+    }
 }
 
 /// How many threads each builtin op may use in this process now.
@@ -86,6 +125,56 @@ mod tests {
             cores_per_worker(local_workers(Some("0"))),
             cores_per_worker(1)
         );
+    }
+
+    /// Threads of this process now.
+    fn threads_of_this_process() -> usize {
+        std::fs::read_dir("/proc/self/task").map_or(0, Iterator::count)
+    }
+
+    /// The threads a 512x512 matmul run on a new thread leaves beside it
+    /// (OpenMP helpers outlive the op while their thread lives), the
+    /// thread adopting the process's count first or not.
+    fn helpers_of_a_matmul_on_a_new_thread(adopt: bool) -> usize {
+        let before = threads_of_this_process();
+        let during = std::thread::spawn(move || {
+            if adopt {
+                adopt_intra_op_threads();
+            }
+            let a = tch::Tensor::rand([512, 512], (tch::Kind::Float, tch::Device::Cpu));
+            let _ = a.matmul(&a);
+            threads_of_this_process()
+        })
+        .join()
+        .expect("the matmul thread");
+        during.saturating_sub(before + 1)
+    }
+
+    #[test]
+    fn a_thread_that_adopts_one_op_thread_runs_a_matmul_on_itself_alone() {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        if cores < 2 {
+            eprintln!("skipped: one core, where MKL never splits an op");
+            return;
+        }
+        set_intra_op_threads(1);
+        assert_eq!(
+            helpers_of_a_matmul_on_a_new_thread(true),
+            0,
+            "an adopting thread's matmul started helper threads"
+        );
+        // The same on a thread that does not adopt the count: MKL splits
+        // it over the cores, so the check above can fail. (Unless the
+        // environment already caps OpenMP or MKL for every thread.)
+        if std::env::var_os("OMP_NUM_THREADS").is_none()
+            && std::env::var_os("MKL_NUM_THREADS").is_none()
+        {
+            assert!(
+                helpers_of_a_matmul_on_a_new_thread(false) > 0,
+                "libtorch applied the count to a new thread by itself: adopt_intra_op_threads \
+                 may no longer be needed"
+            );
+        }
     }
 
     #[test]

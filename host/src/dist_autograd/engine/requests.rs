@@ -272,9 +272,12 @@ pub(super) async fn fire(
         return pass.fire(entry, grads, requester);
     }
     let p = pass.clone();
-    tokio::task::spawn_blocking(move || p.fire(entry, grads, requester))
-        .await
-        .map_err(|e| Error::runtime(format!("the backward pass task failed: {e}")))?
+    tokio::task::spawn_blocking(move || {
+        crate::ops::adopt_intra_op_threads();
+        p.fire(entry, grads, requester)
+    })
+    .await
+    .map_err(|e| Error::runtime(format!("the backward pass task failed: {e}")))?
 }
 
 /// Waits for the pass, then for every gradient request it sent (DA-7).
