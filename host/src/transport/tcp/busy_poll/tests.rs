@@ -1,4 +1,4 @@
-//! The busy-polled reader's rules (BUSY-1 to BUSY-5), each against a real
+//! The busy-polled reader's rules (BUSY-1 to BUSY-6), each against a real
 //! loopback socket.
 
 use std::io::Write;
@@ -64,34 +64,85 @@ fn every_byte_arrives_in_order_polled_or_not() {
     }
 }
 
+/// Polls `reader` for 200 ms until bytes come, while `other` runs on the
+/// same single-threaded runtime; returns the thread's CPU time meanwhile.
+async fn poll_for_200ms_beside(
+    other: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Duration {
+    let (mut writer, mut reader) = pair(Duration::from_secs(10)).await;
+    // A typical wait of 5 s: this wait is polled for up to 10 s (BUSY-1).
+    reader.typical = Duration::from_secs(5);
+    let other = tokio::spawn(other);
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        writer.write_all(b"late").unwrap();
+    });
+    let cpu = thread_cpu_time();
+    let mut got = [0; 4];
+    reader.read_exact(&mut got).await.unwrap();
+    let cpu = thread_cpu_time() - cpu;
+    sender.join().unwrap();
+    other.abort();
+    assert_eq!(&got, b"late");
+    assert!(reader.polled >= 1, "the late bytes were not polled");
+    cpu
+}
+
 /// BUSY-3: a reader polling for a long time never blocks its thread: a
-/// task on the same single-threaded runtime keeps running meanwhile.
+/// task on the same single-threaded runtime keeps running meanwhile (its
+/// timer fires every 5 ms), while the reader does poll (the thread stays
+/// busy).
 #[test]
 fn a_polling_reader_leaves_its_thread_to_other_tasks() {
-    current_thread().block_on(async {
-        let (mut writer, mut reader) = pair(Duration::from_secs(10)).await;
-        let ticks = Arc::new(AtomicU32::new(0));
-        let ticker = tokio::spawn({
-            let ticks = ticks.clone();
-            async move {
-                loop {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                    ticks.fetch_add(1, Ordering::Relaxed);
-                }
+    let ticks = Arc::new(AtomicU32::new(0));
+    let ticker = {
+        let ticks = ticks.clone();
+        async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                ticks.fetch_add(1, Ordering::Relaxed);
             }
-        });
-        let sender = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(200));
-            writer.write_all(b"late").unwrap();
-        });
-        let mut got = [0; 4];
-        reader.read_exact(&mut got).await.unwrap();
-        sender.join().unwrap();
-        ticker.abort();
-        assert_eq!(&got, b"late");
-        let ticks = ticks.load(Ordering::Relaxed);
-        assert!(ticks >= 10, "the other task ran {ticks} times in 200 ms");
+        }
+    };
+    let cpu = current_thread().block_on(poll_for_200ms_beside(ticker));
+    let ticks = ticks.load(Ordering::Relaxed);
+    assert!(ticks >= 10, "the other task ran {ticks} times in 200 ms");
+    assert!(
+        cpu >= Duration::from_millis(50),
+        "the reader polled for {cpu:?} of CPU"
+    );
+}
+
+/// BUSY-6: a task woken from another thread (as a blocking op's caller is)
+/// runs while the reader polls: the reader's spins end, so each of the 40
+/// messages another thread sends 5 ms apart is taken.
+#[test]
+fn a_polling_reader_leaves_its_thread_to_tasks_woken_from_other_threads() {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u32>();
+    let taken = Arc::new(AtomicU32::new(0));
+    let taker = {
+        let taken = taken.clone();
+        async move {
+            while rx.recv().await.is_some() {
+                taken.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    };
+    let sender = std::thread::spawn(move || {
+        for i in 0..40 {
+            std::thread::sleep(Duration::from_millis(4));
+            if tx.send(i).is_err() {
+                return;
+            }
+        }
     });
+    current_thread().block_on(poll_for_200ms_beside(taker));
+    sender.join().unwrap();
+    let taken = taken.load(Ordering::Relaxed);
+    assert!(
+        taken >= 30,
+        "the woken task took {taken} of 40 messages in 200 ms"
+    );
 }
 
 /// BUSY-2: a reader polls for at most its window, then sleeps until
