@@ -143,6 +143,8 @@ pub(crate) struct BusyPollRead {
     typical: Duration,
     /// Reads that found bytes while polling, so without a wake-up.
     polled: u64,
+    /// Turns of its worker thread this reader yielded while polling.
+    turns: u64,
     /// The connection's work in progress (BUSY-4).
     in_progress: InProgress,
     /// The runtime this reader is polled on, whose queue of tasks woken
@@ -165,6 +167,7 @@ impl BusyPollRead {
             turn: None,
             typical: Duration::ZERO,
             polled: 0,
+            turns: 0,
             in_progress,
             runtime: None,
         }
@@ -307,6 +310,7 @@ impl AsyncRead for BusyPollRead {
         // The first poll of `yield_now` only defers the waker: Pending.
         let _ = turn.as_mut().poll(cx);
         this.turn = Some(turn);
+        this.turns += 1;
         Poll::Pending
     }
 }
