@@ -73,9 +73,7 @@ async fn cuda_group(cfg: &Config, shared_memory: bool, progress: &Progress) -> R
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(0);
     let s = agent.shutdown(true, Duration::ZERO).await;
-    children.wait(Duration::from_secs(30)).await?;
-    let stat = r?;
-    s?;
+    let stat = children.finish(r, s, Duration::from_secs(30)).await?;
     if shared_memory && in_segments == 0 {
         bail!("the echo did not go through CUDA segments");
     }

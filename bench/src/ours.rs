@@ -129,15 +129,12 @@ pub(crate) async fn main_group(cfg: &Config, res: &mut Results, progress: &Progr
     progress.set("wasmrpc: starting a group of 2 workers");
     let method = format!("tcp://127.0.0.1:{}", free_port()?);
     let children = Children::spawn(cfg, |r| worker_args(cfg, &method, r, 2), 1..2, false)?;
-    let pid = children.0[0].id();
+    let pid = children.procs[0].id();
     let agent = worker::join(&method, 0, 2, &[], None, false).await?;
     let r = measure(cfg, &agent, pid, res, progress).await;
     progress.set("wasmrpc: graceful shutdown of the group of 2");
     let s = agent.shutdown(true, Duration::ZERO).await;
-    children.wait(Duration::from_secs(30)).await?;
-    r?;
-    s?;
-    Ok(())
+    children.finish(r, s, Duration::from_secs(30)).await
 }
 
 async fn measure(
@@ -427,9 +424,7 @@ pub(crate) async fn all_to_all(
     }
     .await;
     let s = agent.shutdown(true, Duration::ZERO).await;
-    children.wait(Duration::from_secs(30)).await?;
-    let (total, took) = r?;
-    s?;
+    let (total, took) = children.finish(r, s, Duration::from_secs(30)).await?;
     res.set(Side::Ours, &row, Stat::value(total as f64 / took, total));
     Ok(())
 }
@@ -464,7 +459,7 @@ pub(crate) fn init(cfg: &Config, world: u32, res: &mut Results, progress: &Progr
         true,
     )?;
     let mut ios: Vec<(ChildStdin, BufReader<std::process::ChildStdout>)> = Vec::new();
-    for c in &mut children.0 {
+    for c in &mut children.procs {
         let stdin = c.stdin.take().context("init worker stdin")?;
         let stdout = BufReader::new(c.stdout.take().context("init worker stdout")?);
         ios.push((stdin, stdout));
@@ -505,7 +500,7 @@ pub(crate) fn init(cfg: &Config, world: u32, res: &mut Results, progress: &Progr
         samples.push(Duration::from_micros((last - first) as u64));
     }
     drop(ios);
-    for c in &mut children.0 {
+    for c in &mut children.procs {
         c.wait()?;
     }
     res.set(

@@ -52,10 +52,9 @@ pub(crate) async fn rows(cfg: &Config, res: &mut Results, progress: &Progress) -
     .await;
     progress.set("wasmrpc: graceful shutdown of the group of 2");
     let shut = agent.shutdown(true, Duration::ZERO).await;
-    children.wait(Duration::from_secs(30)).await?;
-    measured?;
-    shut?;
-    Ok(())
+    children
+        .finish(measured, shut, Duration::from_secs(30))
+        .await
 }
 
 fn shared_bytes(agent: &wasmrpc::RpcAgent) -> u64 {

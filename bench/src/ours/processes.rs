@@ -1,6 +1,7 @@
 //! The worker processes of a measured group: their ports, their command
 //! lines, starting and killing them, and their memory.
 
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -17,12 +18,19 @@ pub(crate) fn free_port() -> Result<u16> {
 }
 
 /// Worker processes of one group; killed if still running when dropped.
-pub(crate) struct Children(pub(super) Vec<Child>);
+pub(crate) struct Children {
+    pub(super) procs: Vec<Child>,
+    /// The file their standard error goes to.
+    log: PathBuf,
+}
+
+/// How many of a worker log's last lines an error about a worker quotes.
+const LOG_LINES_QUOTED: usize = 5;
 
 impl Children {
     /// The process ids of the workers, in rank order.
     pub(crate) fn pids(&self) -> Vec<u32> {
-        self.0.iter().map(Child::id).collect()
+        self.procs.iter().map(Child::id).collect()
     }
 
     pub(crate) fn spawn(
@@ -74,17 +82,47 @@ impl Children {
             }
             children.push(cmd.spawn().context("could not start a worker process")?);
         }
-        Ok(Children(children))
+        Ok(Children {
+            procs: children,
+            log: cfg.log.clone(),
+        })
     }
 
-    /// Waits for every child to exit, up to `timeout`.
+    /// Waits for the children of a group whose measurement gave
+    /// `measured` and whose graceful shutdown gave `shutdown`, and reports
+    /// the first error: the measurement's (followed by a worker's failure,
+    /// since a measurement that failed often made a worker fail too, or
+    /// was failed by it), then the shutdown's, then the workers'.
+    pub(crate) async fn finish<T>(
+        self,
+        measured: Result<T>,
+        shutdown: wasmrpc::Result<()>,
+        timeout: Duration,
+    ) -> Result<T> {
+        let exited = self.wait(timeout).await;
+        match (measured, exited) {
+            (Err(e), Err(w)) => Err(anyhow::anyhow!("{e:#}; and {w:#}")),
+            (measured, exited) => {
+                let value = measured?;
+                shutdown?;
+                exited?;
+                Ok(value)
+            }
+        }
+    }
+
+    /// Waits for every child to exit, up to `timeout`; a worker that
+    /// failed is reported with the last lines of the workers' log.
     pub(crate) async fn wait(mut self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
-        for c in &mut self.0 {
+        for c in &mut self.procs {
             loop {
                 if let Some(status) = c.try_wait()? {
                     if !status.success() {
-                        bail!("a worker process exited with {status}");
+                        bail!(
+                            "a worker process exited with {status} ({})",
+                            log_tail(&self.log)
+                        );
                     }
                     break;
                 }
@@ -98,9 +136,28 @@ impl Children {
     }
 }
 
+/// The last lines of the workers' log at `path`, for an error message.
+fn log_tail(path: &Path) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+            if lines.is_empty() {
+                return format!("its log {} is empty", path.display());
+            }
+            let tail = &lines[lines.len().saturating_sub(LOG_LINES_QUOTED)..];
+            format!(
+                "the end of its log {}: {}",
+                path.display(),
+                tail.join(" | ")
+            )
+        }
+        Err(e) => format!("its log {} cannot be read: {e}", path.display()),
+    }
+}
+
 impl Drop for Children {
     fn drop(&mut self) {
-        for c in &mut self.0 {
+        for c in &mut self.procs {
             if matches!(c.try_wait(), Ok(None)) {
                 let _ = c.kill();
                 let _ = c.wait();
@@ -147,4 +204,71 @@ pub(crate) fn rss_mib(pid: u32) -> Result<f64> {
         .and_then(|v| v.parse().ok())
         .context("no VmRSS line")?;
     Ok(kib / 1024.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log_with(lines: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let log = dir.path().join("workers.log");
+        std::fs::write(&log, lines).expect("the log written");
+        (dir, log)
+    }
+
+    fn exiting(code: i32, log: &Path) -> Children {
+        let child = Command::new("sh")
+            .args(["-c", &format!("exit {code}")])
+            .spawn()
+            .expect("sh runs");
+        Children {
+            procs: vec![child],
+            log: log.to_path_buf(),
+        }
+    }
+
+    fn run<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("a runtime")
+            .block_on(f)
+    }
+
+    #[test]
+    fn a_worker_that_failed_is_reported_with_the_end_of_its_log() {
+        let (_dir, log) = log_with("one\ntwo\n\nthree\nfour\nfive\nsix: the cause\n\n");
+        let err = run(exiting(1, &log).wait(Duration::from_secs(10))).unwrap_err();
+        let text = format!("{err:#}");
+        assert!(text.contains("exited with exit status: 1"), "{text}");
+        assert!(
+            text.contains("two | three | four | five | six: the cause"),
+            "{text}"
+        );
+        assert!(!text.contains("one"), "only the last lines: {text}");
+    }
+
+    #[test]
+    fn a_failed_measurement_is_reported_first_and_the_worker_failure_after_it() {
+        let (_dir, log) = log_with("wasmrpc-bench: out of tensor memory\n");
+        let measured: Result<u32> = Err(anyhow::anyhow!("the echo of 1073741824 bytes failed"));
+        let err =
+            run(exiting(1, &log).finish(measured, Ok(()), Duration::from_secs(10))).unwrap_err();
+        let text = format!("{err:#}");
+        assert!(
+            text.starts_with("the echo of 1073741824 bytes failed"),
+            "{text}"
+        );
+        assert!(text.contains("out of tensor memory"), "{text}");
+    }
+
+    #[test]
+    fn a_measurement_and_workers_that_succeeded_give_the_measured_value() {
+        let (_dir, log) = log_with("");
+        let value = run(exiting(0, &log).finish(Ok(7), Ok(()), Duration::from_secs(10)));
+        assert_eq!(value.expect("no error"), 7);
+        let err = run(exiting(2, &log).finish(Ok(7), Ok(()), Duration::from_secs(10))).unwrap_err();
+        assert!(format!("{err:#}").contains("its log"), "{err:#}");
+    }
 }

@@ -277,10 +277,7 @@ async fn group_sample(
         "wasmrpc: graceful shutdown of the group of 2, {what}"
     ));
     let s = agent.shutdown(true, Duration::ZERO).await;
-    children.wait(Duration::from_secs(30)).await?;
-    let sample = r?;
-    s?;
-    Ok(sample)
+    children.finish(r, s, Duration::from_secs(30)).await
 }
 
 /// Rounds of the variant rows: each a plain group, then the variant's.
