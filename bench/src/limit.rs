@@ -24,11 +24,13 @@ use crate::progress::Progress;
 use crate::rows::{Results, Side, wanted};
 use crate::stats::Stat;
 
-/// `wasmrpc-bench raw-server [--spin]`: accepts connections on a free
-/// loopback port, prints the port, and echoes framed payloads until stdin
-/// closes. With `spin`, each connection's thread never sleeps: it polls its
-/// non-blocking socket in a loop (the floor of a transport that busy-polls).
-pub(crate) fn serve(spin: bool) -> Result<()> {
+/// `wasmrpc-bench raw-server [--spin] [--work-ns N]`: accepts connections
+/// on a free loopback port, prints the port, and echoes framed payloads
+/// until stdin closes. With `spin`, each connection's thread never sleeps:
+/// it polls its non-blocking socket in a loop (the floor of a transport
+/// that busy-polls). With `work`, it keeps its core busy for that long
+/// between reading a payload and echoing it, as a callee runs an op.
+pub(crate) fn serve(spin: bool, work: Duration) -> Result<()> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     println!("{}", listener.local_addr()?.port());
     std::io::stdout().flush()?;
@@ -41,13 +43,13 @@ pub(crate) fn serve(spin: bool) -> Result<()> {
     for conn in listener.incoming() {
         let conn = conn?;
         std::thread::spawn(move || {
-            let _ = echo_connection(conn, spin);
+            let _ = echo_connection(conn, spin, work);
         });
     }
     Ok(())
 }
 
-fn echo_connection(mut conn: TcpStream, spin: bool) -> std::io::Result<()> {
+fn echo_connection(mut conn: TcpStream, spin: bool, work: Duration) -> std::io::Result<()> {
     conn.set_nodelay(true)?;
     conn.set_nonblocking(spin)?;
     let mut buf = Vec::new();
@@ -61,6 +63,12 @@ fn echo_connection(mut conn: TcpStream, spin: bool) -> std::io::Result<()> {
             buf.resize(len, 0);
         }
         read_exact(&mut conn, &mut buf[..len])?;
+        // Busy, not asleep: a callee's op keeps its core, and the caller's
+        // core is left idle as it would be.
+        let worked = Instant::now();
+        while worked.elapsed() < work {
+            std::hint::spin_loop();
+        }
         write_all(&mut conn, &buf[..len])?;
     }
 }
@@ -101,11 +109,12 @@ struct RawServer {
 }
 
 impl RawServer {
-    fn start(spin: bool) -> Result<Self> {
+    fn start(spin: bool, work: Duration) -> Result<Self> {
         let exe = std::env::current_exe()?;
         let mut child = crate::worker::started_by_this_bench(&mut Command::new(exe))
             .arg("raw-server")
             .args(spin.then_some("--spin"))
+            .args(["--work-ns".to_string(), work.as_nanos().to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -176,7 +185,15 @@ impl PingPong {
     /// of the small call, where no wake-up is paid); without, each side
     /// blocks in `read` and the kernel wakes it (the first).
     pub(crate) fn start(spin: bool) -> Result<Self> {
-        let server = RawServer::start(spin)?;
+        Self::start_working(spin, Duration::ZERO)
+    }
+
+    /// As [`start`](Self::start), with a server that keeps its core busy
+    /// for `work` before each echo: the round trip of an exchange whose
+    /// callee runs an op between the request and its reply, over which the
+    /// caller sleeps (or spins) for longer than an instant echo lets it.
+    pub(crate) fn start_working(spin: bool, work: Duration) -> Result<Self> {
+        let server = RawServer::start(spin, work)?;
         let conn = TcpStream::connect(("127.0.0.1", server.port))?;
         conn.set_nodelay(true)?;
         conn.set_nonblocking(spin)?;
@@ -354,7 +371,7 @@ fn tcp(
     res: &mut Results,
     progress: &Progress,
 ) -> Result<()> {
-    let server = RawServer::start(false)?;
+    let server = RawServer::start(false, Duration::ZERO)?;
     let mut conn = TcpStream::connect(("127.0.0.1", server.port))?;
     conn.set_nodelay(true)?;
     if rtt {

@@ -176,6 +176,9 @@ enum Internal {
         /// Poll each connection in a loop instead of sleeping in `read`.
         #[arg(long)]
         spin: bool,
+        /// Keep the core busy this long before each echo, as a callee's op.
+        #[arg(long, default_value_t = 0)]
+        work_ns: u64,
     },
     /// Where a small call's time goes: per round trip, how often each
     /// thread of the caller and of the callee slept (and had to be woken)
@@ -261,7 +264,9 @@ fn main() -> ExitCode {
             world_size,
             threads,
         }) => worker::init_runs(init_methods, *rank, *world_size, *threads),
-        Some(Internal::RawServer { spin }) => limit::serve(*spin),
+        Some(Internal::RawServer { spin, work_ns }) => {
+            limit::serve(*spin, Duration::from_nanos(*work_ns))
+        }
         Some(Internal::Anatomy {
             call,
             calls,

@@ -11,12 +11,16 @@
 //!
 //! A blocking raw round trip on a 2-core VM has two modes: about 5 µs when
 //! the scheduler puts both ends on one core (the wake-up is a switch) and
-//! 60 µs or more when a sleeping core must be woken; the floor flips
-//! between them from round to round while the step, whose workers poll,
-//! stays put. So each round also measures the round trips with both sides
-//! spinning (which no wake-up slows) and counts the faster of the two;
-//! and the protocol's own least: the step's two round trips as our no-op
-//! calls make them.
+//! 60 µs or more when a sleeping core must be woken. An echo that answers
+//! at once gets the first mode, which no step can: its callee runs its ops
+//! between a request and the reply, and a caller that sleeps through them
+//! is woken from an idle core (2026-12-03: 94 µs over 20 µs of the echo
+//! server's work, against 5 µs with none). So the blocking round trip is
+//! timed with an echo server that works for half the step's ops before
+//! each reply (the work not counted); each round also measures the round
+//! trips with both sides spinning (which no wake-up slows) and counts the
+//! faster of the two; and the protocol's own least: the step's two round
+//! trips as our no-op calls make them.
 
 use std::time::{Duration, Instant};
 
@@ -60,7 +64,6 @@ pub(super) async fn steps(
         let per_round = (cfg.n(nq, nf) / rounds).max(1);
         let warmup = (per_round / 10).max(1);
         let bytes = step_bytes_each_way(side);
-        let mut raw = PingPong::start(false)?;
         let mut local = LocalStep::new(side);
         let phases = std::cell::RefCell::new(Vec::new());
         let mut all = Vec::new();
@@ -71,18 +74,23 @@ pub(super) async fn steps(
                  round {round} of {rounds}"
             ));
             // The floor is blocking code: off the runtime.
-            let (ping_pong, step, floor) = crate::worker::off_runtime(move || {
-                let floor = (|| -> Result<(f64, f64)> {
+            let (step, floor) = crate::worker::off_runtime(move || {
+                let floor = (|| -> Result<(f64, f64, f64)> {
                     let ops = Stat::latencies(&local.timed(per_round, warmup)?).median;
+                    // The callee runs most of the ops, between a request and
+                    // its reply: the echo server works for their share.
+                    let work = ops / STEP_ROUND_TRIPS;
+                    let mut raw =
+                        PingPong::start_working(false, Duration::from_secs_f64(work / 1e6))?;
                     let trip =
                         Stat::latencies(&raw.round_trips_of(bytes, per_round, warmup)?).median;
-                    Ok((ops, trip))
+                    Ok((ops, (trip - work).max(0.0), work))
                 })();
-                (raw, local, floor)
+                (local, floor)
             })
             .await?;
-            (raw, local) = (ping_pong, step);
-            let (ops, blocking_trip) = floor?;
+            local = step;
+            let (ops, blocking_trip, echo_work) = floor?;
             let steps = timed(per_round, warmup, || {
                 autograd_step(agent, "worker1", &a, &b, &phases)
             })
@@ -103,6 +111,7 @@ pub(super) async fn steps(
                 ops,
                 cold_ops: Stat::latencies(&cold).median,
                 blocking_trip,
+                echo_work,
                 spinning_trip: Stat::latencies(&spinning).median,
                 call,
             });
@@ -122,7 +131,8 @@ pub(super) async fn steps(
             floor_key,
             format!(
                 "(its ops in one process + 2 raw TCP round trips of {} each way, the faster of \
-                 a blocking and a spinning one, in the median round of the row's)",
+                 a blocking one, whose echo server works for half the ops before each reply, \
+                 and a spinning one, in the median round of the row's)",
                 crate::report::fmt_bytes(bytes)
             ),
         );
@@ -130,6 +140,7 @@ pub(super) async fn steps(
             measured.iter().map(show).collect::<Vec<_>>().join(" ")
         };
         let blocking = per_round(&|r| fmt_micros(r.blocking_trip));
+        let echo_work = per_round(&|r| fmt_micros(r.echo_work));
         let spinning = per_round(&|r| fmt_micros(r.spinning_trip));
         let least = per_round(&|r| format!("{:.2}x", r.least() / r.floor()));
         let protocol = per_round(&|r| format!("{:.2}x", r.protocol() / r.floor()));
@@ -145,8 +156,9 @@ pub(super) async fn steps(
             row,
             format!(
                 "({rounds} rounds alternating with its floor; its raw round trips per round, \
-                 blocking: {blocking}, both sides spinning: {spinning}, the floor counting the \
-                 faster; over it per round: {per_round_ratios}; in the median round {} over {}, \
+                 blocking: {blocking} (the echo server working {echo_work} before each reply, \
+                 as the callee runs its ops, which the trip does not count), both sides \
+                 spinning: {spinning}, the floor counting the faster; over it per round: {per_round_ratios}; in the median round {} over {}, \
                  {:.2}x, target <= {target:.2}x: {}; its ops in that round: {} in a block, {} \
                  each right after a no-op's round trip; those and 2 raw round trips over the \
                  floor, per round: {least}{reach}; the step makes {STEP_ROUND_TRIPS} \
@@ -168,7 +180,7 @@ pub(super) async fn steps(
     Ok(())
 }
 
-/// One round's medians, in seconds.
+/// One round's medians, in microseconds.
 struct Round {
     /// The distributed step.
     step: f64,
@@ -176,8 +188,12 @@ struct Round {
     ops: f64,
     /// The same ops, each right after a no-op's round trip.
     cold_ops: f64,
-    /// A raw TCP round trip of the step's bytes, both sides blocking.
+    /// A raw TCP round trip of the step's bytes, both sides blocking, the
+    /// echo server working `echo_work` before its reply (not counted).
     blocking_trip: f64,
+    /// How long the blocking echo server worked before each reply: half of
+    /// `ops`, the callee's share of one round trip.
+    echo_work: f64,
     /// The same with both sides spinning (no wake-up paid).
     spinning_trip: f64,
     /// Our no-op call's round trip.
