@@ -20,10 +20,17 @@ pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(60);
 /// `DEFAULT_NUM_WORKER_THREADS`: 16.
 pub const DEFAULT_NUM_WORKER_THREADS: usize = 16;
 /// The longest a reader busy-polls one wait by default
-/// ([`RpcBackendOptions::busy_poll`]): above the round trip of a small
-/// call on a loaded VM slept through (75-110 µs), so that the polling that
-/// makes it 20-40 µs can begin.
-pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(200);
+/// ([`RpcBackendOptions::busy_poll`]): above the waits of an exchange slept
+/// through on a loaded VM, so that the polling that avoids the wake-ups
+/// can begin. Those waits include the peer's own wake-ups: a small call's
+/// round trip slept through takes 75-110 µs, and the waits of a 16x16
+/// distributed autograd step slept through 100-470 µs (2026-12-03, a VM
+/// phase where a thread woken after sleeping 10 µs or more took 90-150 µs
+/// to run). A 200 µs window left such a step slept through in a third of
+/// its runs; with 500 µs, six alternating `anatomy --call step16` pairs
+/// each had the lower mean (153-257 µs against 198-652 µs) at no cost to
+/// the no-op round trip or the async calls' rate.
+pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(500);
 /// `DEFAULT_INIT_METHOD`.
 pub const DEFAULT_INIT_METHOD: &str = "env://";
 /// The environment variable that sets the cluster secret for every worker.
