@@ -117,7 +117,7 @@ struct Cli {
     /// How long our workers' readers busy-poll their sockets between frames
     /// that come close together, in microseconds; 0 turns it off (an A/B of
     /// `RpcBackendOptions::busy_poll`) [default: the agent's,
-    /// `wasmrpc::DEFAULT_BUSY_POLL`, 200].
+    /// `wasmrpc::DEFAULT_BUSY_POLL`, 500].
     #[arg(long, value_name = "US", global = true)]
     busy_poll_us: Option<u64>,
     /// The runtime this process makes its calls on: current-thread (the
