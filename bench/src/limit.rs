@@ -454,4 +454,36 @@ mod tests {
         copy_through(&from, &mut segment, &mut to);
         assert!(to == from, "the copy differs from its source");
     }
+
+    /// The step floors' echo server (`--work-ns`) answers no payload
+    /// before its work is done, and answers each with the bytes it got:
+    /// a floor whose server skipped the work would read low.
+    #[test]
+    fn a_working_echo_server_answers_each_payload_after_its_work() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let port = listener.local_addr().expect("its address").port();
+        let work = Duration::from_millis(5);
+        let server = std::thread::spawn(move || {
+            let (conn, _) = listener.accept().expect("the client connects");
+            echo_connection(conn, false, work)
+        });
+        let mut conn = TcpStream::connect(("127.0.0.1", port)).expect("connected");
+        for size in [8, 3000, 100 << 10] {
+            let payload: Vec<u8> = (0..size).map(|i| (i % 253) as u8).collect();
+            let mut back = vec![0u8; size];
+            let started = Instant::now();
+            round_trip(&mut conn, &payload, &mut back).expect("a round trip");
+            assert!(
+                started.elapsed() >= work,
+                "{size} bytes came back after {:?}, before the server's {work:?} of work",
+                started.elapsed()
+            );
+            assert!(back == payload, "the echo of {size} bytes differs");
+        }
+        drop(conn);
+        server
+            .join()
+            .expect("the server thread")
+            .expect("the server ends cleanly when the client leaves");
+    }
 }
