@@ -248,20 +248,27 @@ pub(crate) struct SharedFill {
 impl SharedFill {
     /// Copies the storage into its segment; the receiver reads behind.
     ///
-    /// A long fill (a fresh segment of a GiB takes seconds to fault in)
-    /// gives up its runtime thread's other tasks first, so that they run on
-    /// another thread meanwhile: on a runtime of one thread they would
-    /// otherwise wait for it, heartbeats included (LIVE-2: the peers would
-    /// declare this worker failed).
+    /// A long fill (a fresh segment of a GiB took 2.6 s to fault in on a
+    /// 2-core VM) runs on tokio's blocking pool and this returns at once,
+    /// so that the caller's runtime thread stays free: on a runtime of one
+    /// thread its readers and heartbeats would otherwise wait for the fill,
+    /// and peers other than the receiver (which sees the fill's progress)
+    /// would declare this worker failed (LIVE-2). The storage is read after
+    /// this returns, as a frame the writer task sends is; callers keep
+    /// argument tensors unchanged until their call completes anyway
+    /// (`rpc_async`'s contract). Without a runtime the fill runs here.
     pub(crate) fn run(self) {
-        let fill = || self.lent.fill(self.blob.as_bytes());
-        let multi_thread = tokio::runtime::Handle::try_current()
-            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-        if multi_thread && self.blob.as_bytes().len() >= super::shm::LONG_COPY {
-            tokio::task::block_in_place(fill);
-        } else {
-            fill();
+        let long = self.blob.as_bytes().len() >= super::shm::LONG_COPY;
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) if long => drop(runtime.spawn_blocking(move || self.fill())),
+            _ => self.fill(),
         }
+    }
+
+    fn fill(self) {
+        #[cfg(test)]
+        let _held = super::shm::BULK_WORK_GATE.read();
+        self.lent.fill(self.blob.as_bytes());
     }
 }
 

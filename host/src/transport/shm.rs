@@ -44,7 +44,10 @@
 //!   bytes; the receiver copies out behind that mark, so the two copies of
 //!   a storage overlap. A mark that never reaches the storage's end fails
 //!   the frame after [`LINK_TIMEOUT`], and a segment is reused only once
-//!   it is both filled and given back.
+//!   it is both filled and given back. Neither side holds its runtime's
+//!   thread for long (LIVE-2): fills of [`LONG_COPY`] and more, and the
+//!   unmapping of segments given up, run on tokio's blocking pool; a copy
+//!   out lets the thread's other tasks run after each [`COPY_STRETCH`].
 //! - SHM-6: a CUDA storage crosses through a *CUDA segment* ([`cuda`]),
 //!   device memory the sender allocated for the link and copied the
 //!   storage into: a peer is never given a handle to tensor memory itself,
@@ -101,10 +104,15 @@ pub(crate) const FILL_CHUNK: usize = 1 << 20;
 /// filled before, so the receiver finds them whole.
 pub(crate) const PIPELINE_FROM: usize = 4 * FILL_CHUNK;
 
-/// A copy into or out of a segment this long holds a thread for
-/// milliseconds: a fill gives its runtime thread's other tasks to another
-/// thread first, and a copy out lets them run after each such stretch.
+/// A fill this long holds a thread for milliseconds, seconds when the
+/// segment's pages are fresh: it runs on tokio's blocking pool
+/// (`SharedFill::run`), off the caller's runtime thread.
 pub(crate) const LONG_COPY: usize = 16 * FILL_CHUNK;
+/// The most a copy out of a segment copies before it lets its thread's
+/// other tasks run (heartbeats among them) and counts as a sign of the
+/// peer's life (LIVE-3): a chunk, whose pages fault in within milliseconds
+/// even where a fresh GiB took seconds.
+pub(crate) const COPY_STRETCH: usize = FILL_CHUNK;
 /// How long a receiver looks again at once for the next chunk of a fill
 /// before it backs off.
 const SPIN: Duration = Duration::from_millis(2);
@@ -334,10 +342,30 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        #[cfg(test)]
+        let _held = BULK_WORK_GATE.read();
         // SAFETY: the mapping made in `new`, unmapped once.
         let _ = unsafe { rustix::mm::munmap(self.ptr.cast(), self.len) };
     }
 }
+
+/// Lets go of a segment (its mapping, its memfd) off the caller's thread
+/// when there is a runtime: the side that lets go last frees the pages,
+/// and a GiB's took 0.38 s on the 2-core VM (2026-12-03), long enough for
+/// a runtime of one thread to miss its heartbeats (LIVE-2); it also leaves
+/// the pool's lock free meanwhile. Without a runtime it happens here.
+pub(crate) fn let_go<T: Send + 'static>(segment: T) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn_blocking(move || drop(segment))),
+        Err(_) => drop(segment),
+    }
+}
+
+/// Long fills (`SharedFill::run`) and unmapping segments wait while a test
+/// holds this for writing: work that ran on the caller's thread would hold
+/// that thread too.
+#[cfg(test)]
+pub(crate) static BULK_WORK_GATE: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
 /// A new segment of `len` bytes: a sealed memfd (SHM-2) and its writable
 /// mapping.

@@ -12,8 +12,8 @@ use tokio::io::unix::AsyncFd;
 
 use super::cuda::{DeviceSegment, PeerDeviceSegment};
 use super::{
-    FILL_CHUNK, IDLE_BYTES, IDLE_LIFE, LINK_TIMEOUT, LONG_COPY, LinkState, MAX_OWN_SEGMENTS,
-    MAX_PEER_SEGMENTS, Mapping, Record, SEGMENT_HEADER, SHARE_THRESHOLD, SPIN, lock,
+    COPY_STRETCH, FILL_CHUNK, IDLE_BYTES, IDLE_LIFE, LINK_TIMEOUT, LinkState, MAX_OWN_SEGMENTS,
+    MAX_PEER_SEGMENTS, Mapping, Record, SEGMENT_HEADER, SHARE_THRESHOLD, SPIN, let_go, lock,
     map_peer_segment, new_segment, recv, register, try_send,
 };
 
@@ -470,9 +470,10 @@ impl ShmLink {
                 }
             }
             Record::Forget { id } => {
-                lock(&self.peer)
+                let gone = lock(&self.peer)
                     .remove(&id)
                     .ok_or_else(|| format!("the peer gave up segment {id}, which it never lent"))?;
+                let_go(gone);
             }
         }
         Ok(())
@@ -500,6 +501,7 @@ impl ShmLink {
     fn give_up(&self, pool: &mut OwnPool, index: usize) {
         let gone = pool.segments.swap_remove(index);
         let _ = try_send(&self.sock, Record::Forget { id: gone.id }, None);
+        let_go(gone);
     }
 
     /// Gives up the segments free for longer than [`IDLE_LIFE`].

@@ -395,16 +395,18 @@ async fn a_fill_that_never_ends_fails_the_frame_after_the_link_timeout() {
     );
 }
 
-/// LIVE-3: a long copy out reports progress at least once per `LONG_COPY`
-/// stretch, so that the watchdog sees a live peer while the connection's
-/// reader is busy copying (a GiB into fresh memory took longer than the 2 s
-/// failure window on a loaded 2-core VM, and the peer was declared failed).
+/// LIVE-3: a long copy out reports progress and lets its thread's other
+/// tasks run after each `COPY_STRETCH`, so that the watchdog sees a live
+/// peer while the connection's reader is busy copying, and the reader's
+/// own side keeps sending heartbeats (a GiB into fresh memory took longer
+/// than the 2 s failure window on a loaded 2-core VM, and the peer was
+/// declared failed; at 16 MiB a stretch, a stretch took a third of a second).
 #[tokio::test]
 async fn a_long_copy_out_reports_progress_as_it_goes() {
     let (a, b) = pair();
     let (a, b) = (ShmSlot::joined(a), ShmSlot::joined(b));
     let (sender, receiver) = (a.get().unwrap().clone(), b.get().unwrap().clone());
-    let sent = pattern(3 * LONG_COPY + 5);
+    let sent = pattern(3 * COPY_STRETCH + 5);
     let id = sender.share(&sent).expect("a segment");
     let stretches = std::sync::atomic::AtomicUsize::new(0);
     let progress = || {
@@ -414,4 +416,90 @@ async fn a_long_copy_out_reports_progress_as_it_goes() {
     receiver.copy_out(id, &mut got, &progress).await.unwrap();
     assert!(got == sent, "bytes changed on the way");
     assert_eq!(stretches.into_inner(), 3);
+}
+
+/// A long fill runs off its caller's thread (`SharedFill::run`, LIVE-2):
+/// on a runtime of one thread, the other tasks (the connections' readers,
+/// the heartbeats) run while the segment fills. Before, a fill of a fresh
+/// GiB held such a runtime for seconds, and its peers declared it failed.
+#[tokio::test]
+async fn a_long_fill_leaves_its_callers_runtime_thread_free() {
+    use crate::transport::frame::SharedFill;
+    let (a, b) = pair();
+    let (a, b) = (ShmSlot::joined(a), ShmSlot::joined(b));
+    let numel = i64::try_from(LONG_COPY / 4).unwrap();
+    let big = tch::Tensor::rand([numel], (tch::Kind::Float, tch::Device::Cpu));
+    let message = crate::abi::encode(&vec![crate::abi::Value::Tensor(0)]).unwrap();
+    let mut frame = OutFrame::encode(
+        message,
+        MessageKind::new("Test"),
+        &[big.shallow_clone()],
+        &[],
+    )
+    .unwrap();
+    let fills = frame.place(a.get()).unwrap();
+    assert_eq!(fills.len(), 1, "a long storage is filled after queueing");
+    let mut bytes = Vec::new();
+    write_frame(&mut bytes, &frame, 0).await.unwrap();
+    // Fills wait while this is held: one run on the caller's thread would
+    // hold that thread too.
+    let held = BULK_WORK_GATE.write().unwrap_or_else(|p| p.into_inner());
+    let (returned, waiting) = std::sync::mpsc::channel();
+    let caller = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(async { fills.into_iter().for_each(SharedFill::run) });
+        returned.send(()).unwrap();
+        // Dropping the runtime waits for the fill.
+    });
+    let free = waiting.recv_timeout(Duration::from_secs(10));
+    drop(held);
+    assert!(free.is_ok(), "the fill held its caller's runtime thread");
+    let (_, tensors) = read_frame(&mut &bytes[..], 1 << 30, None, Some(&b), None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(tensors[0].equal(&big), "bytes changed on the way");
+    caller.join().unwrap();
+}
+
+/// A segment given up is unmapped off the thread that gives it up, on both
+/// sides (`let_go`, LIVE-2): the last side to let go frees the pages, which
+/// took 0.38 s for a GiB, and a runtime of one thread missed its heartbeats.
+#[tokio::test]
+async fn a_segment_given_up_is_unmapped_off_the_runtime_thread() {
+    // Unmapping waits while this is held.
+    let held = BULK_WORK_GATE.write().unwrap_or_else(|p| p.into_inner());
+    let (returned, waiting) = std::sync::mpsc::channel();
+    let caller = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let (a, b) = pair();
+            let (a, b) = (ShmSlot::joined(a), ShmSlot::joined(b));
+            let (sender, receiver) = (a.get().unwrap().clone(), b.get().unwrap().clone());
+            // Two segments of 256 MiB, over the idle limit: one is given up.
+            let big = vec![7u8; (128 << 20) + 1];
+            let ids = [sender.share(&big).unwrap(), sender.share(&big).unwrap()];
+            let mut out = vec![0u8; big.len()];
+            for id in ids {
+                receiver.copy_out(id, &mut out, &|| ()).await.unwrap();
+            }
+            eventually("both are given back", || sender.lent() == 0).await;
+            assert_eq!(sender.segments().0, 1);
+            eventually("the receiver forgets it", || receiver.segments().1 == 1).await;
+        });
+        returned.send(()).unwrap();
+        // Dropping the runtime waits for the unmapping.
+    });
+    let free = waiting.recv_timeout(Duration::from_secs(20));
+    drop(held);
+    assert!(
+        free.is_ok(),
+        "unmapping a segment held the runtime's thread"
+    );
+    caller.join().unwrap();
 }

@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::{LINK_TIMEOUT, LONG_COPY, PeerSegment, Record, SEGMENT_HEADER, SPIN, ShmLink};
+use super::{COPY_STRETCH, LINK_TIMEOUT, PeerSegment, Record, SEGMENT_HEADER, SPIN, ShmLink};
 
 impl ShmLink {
     /// Copies the storage a frame placed in the peer's segment `id` into
     /// `out` (SHM-1), behind the peer's fill of it (SHM-5), then gives the
-    /// segment back. Calls `progress` after each [`LONG_COPY`] stretch, and
-    /// lets the thread's other tasks run there.
+    /// segment back. Calls `progress` after each [`COPY_STRETCH`], and lets
+    /// the thread's other tasks run there.
     ///
     /// # Errors
     /// Fails if the segment never arrives or is not filled in time, the
@@ -50,17 +50,18 @@ impl ShmLink {
         }
         let deadline = tokio::time::Instant::now() + fill_timeout;
         let (mut done, mut waiting_since) = (0, None::<std::time::Instant>);
-        // Bytes copied since this task last let others run.
-        let mut stretch = 0;
         while done < out.len() {
             // What the peer says it filled; it can only lie about which
             // bytes arrive (SHM-1), never about where they are read.
             let filled = segment.mark().load(Ordering::Acquire);
-            // At most `LONG_COPY` at a time, letting the thread's other
-            // tasks (heartbeats among them) run between stretches.
+            // At most a chunk at a time: copying into fresh memory faults
+            // each page in, and on a loaded VM whose host had not backed
+            // those pages yet a chunk took up to a third of a second
+            // (2026-12-03; 16 MiB at a time, the peers then declared a
+            // current-thread caller failed).
             let ready = usize::try_from(filled)
                 .map_or(out.len(), |f| f.min(out.len()))
-                .min(done + LONG_COPY);
+                .min(done + COPY_STRETCH);
             if ready > done {
                 // SAFETY: the mapping is alive (the `Arc`) and holds
                 // `SEGMENT_HEADER + out.len()` bytes (checked above); it is
@@ -72,10 +73,8 @@ impl ShmLink {
                         ready - done,
                     );
                 }
-                stretch += ready - done;
                 (done, waiting_since) = (ready, None);
-                if stretch >= LONG_COPY && done < out.len() {
-                    stretch = 0;
+                if done < out.len() {
                     progress();
                     tokio::task::yield_now().await;
                 }
