@@ -19,6 +19,18 @@ fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i % 251) as u8).collect()
 }
 
+/// A frame whose message is `tensor` alone.
+fn frame_of(tensor: &tch::Tensor) -> OutFrame {
+    let message = crate::abi::encode(&vec![crate::abi::Value::Tensor(0)]).unwrap();
+    OutFrame::encode(
+        message,
+        MessageKind::new("Test"),
+        &[tensor.shallow_clone()],
+        &[],
+    )
+    .unwrap()
+}
+
 /// Waits up to 5 s for `done`.
 async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -51,12 +63,10 @@ async fn a_storage_crosses_and_its_segment_is_reused_once_given_back() {
     assert_ne!(first, second);
 }
 
-#[tokio::test]
-async fn over_the_idle_limit_free_segments_are_given_up_on_both_sides() {
-    let (a, b) = pair();
-    let (a, b) = (ShmSlot::joined(a), ShmSlot::joined(b));
-    let (sender, receiver) = (a.get().unwrap().clone(), b.get().unwrap().clone());
-    // Two storages of 128 MiB + 1 byte: segments of 256 MiB each.
+/// Sends two storages of 128 MiB + 1 byte (segments of 256 MiB each) and
+/// checks that once both are given back, 512 MiB idle being over the 256
+/// MiB kept, one of them is given up on both sides.
+async fn one_of_two_given_up(sender: &Arc<ShmLink>, receiver: &Arc<ShmLink>) {
     let big = vec![7u8; (128 << 20) + 1];
     let ids = [sender.share(&big).unwrap(), sender.share(&big).unwrap()];
     let mut out = vec![0u8; big.len()];
@@ -64,9 +74,16 @@ async fn over_the_idle_limit_free_segments_are_given_up_on_both_sides() {
         receiver.copy_out(id, &mut out, &|| ()).await.unwrap();
     }
     eventually("both are given back", || sender.lent() == 0).await;
-    // 512 MiB idle is over the 256 MiB kept: one of them is given up.
     assert_eq!(sender.segments().0, 1);
     eventually("the receiver unmaps it", || receiver.segments().1 == 1).await;
+}
+
+#[tokio::test]
+async fn over_the_idle_limit_free_segments_are_given_up_on_both_sides() {
+    let (a, b) = pair();
+    let (a, b) = (ShmSlot::joined(a), ShmSlot::joined(b));
+    let (sender, receiver) = (a.get().unwrap().clone(), b.get().unwrap().clone());
+    one_of_two_given_up(&sender, &receiver).await;
     // A segment larger than the limit is kept while it is the only free
     // one, for the next storage of its size.
     let huge = vec![1u8; (256 << 20) + 1];
@@ -246,14 +263,7 @@ async fn a_cuda_segment_named_for_a_storage_landing_in_host_memory_is_a_malforme
     let (a, a_peer) = pair();
     let (a, _a_peer) = (ShmSlot::joined(a), ShmSlot::joined(a_peer));
     let big = tch::Tensor::rand([1 << 19], (tch::Kind::Float, tch::Device::Cpu));
-    let message = crate::abi::encode(&vec![crate::abi::Value::Tensor(0)]).unwrap();
-    let mut frame = OutFrame::encode(
-        message,
-        MessageKind::new("Test"),
-        &[big.shallow_clone()],
-        &[],
-    )
-    .unwrap();
+    let mut frame = frame_of(&big);
     assert!(frame.place(a.get()).unwrap().is_empty());
     let mut bytes = Vec::new();
     write_frame(&mut bytes, &frame, 0).await.unwrap();
@@ -429,14 +439,7 @@ async fn a_long_fill_leaves_its_callers_runtime_thread_free() {
     let (a, b) = (ShmSlot::joined(a), ShmSlot::joined(b));
     let numel = i64::try_from(LONG_COPY / 4).unwrap();
     let big = tch::Tensor::rand([numel], (tch::Kind::Float, tch::Device::Cpu));
-    let message = crate::abi::encode(&vec![crate::abi::Value::Tensor(0)]).unwrap();
-    let mut frame = OutFrame::encode(
-        message,
-        MessageKind::new("Test"),
-        &[big.shallow_clone()],
-        &[],
-    )
-    .unwrap();
+    let mut frame = frame_of(&big);
     let fills = frame.place(a.get()).unwrap();
     assert_eq!(fills.len(), 1, "a long storage is filled after queueing");
     let mut bytes = Vec::new();
@@ -481,16 +484,7 @@ async fn a_segment_given_up_is_unmapped_off_the_runtime_thread() {
             let (a, b) = pair();
             let (a, b) = (ShmSlot::joined(a), ShmSlot::joined(b));
             let (sender, receiver) = (a.get().unwrap().clone(), b.get().unwrap().clone());
-            // Two segments of 256 MiB, over the idle limit: one is given up.
-            let big = vec![7u8; (128 << 20) + 1];
-            let ids = [sender.share(&big).unwrap(), sender.share(&big).unwrap()];
-            let mut out = vec![0u8; big.len()];
-            for id in ids {
-                receiver.copy_out(id, &mut out, &|| ()).await.unwrap();
-            }
-            eventually("both are given back", || sender.lent() == 0).await;
-            assert_eq!(sender.segments().0, 1);
-            eventually("the receiver forgets it", || receiver.segments().1 == 1).await;
+            one_of_two_given_up(&sender, &receiver).await;
         });
         returned.send(()).unwrap();
         // Dropping the runtime waits for the unmapping.
