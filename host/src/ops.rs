@@ -28,8 +28,9 @@
 //!   runs on the blocking pool, so it delays neither the connections'
 //!   readers nor other calls. Only an op whose work is bounded by its
 //!   tensor arguments (elementwise, reductions, products: [`BOUNDED_OPS`])
-//!   with tensors of at most [`CHEAP_ELEMENTS`] elements runs in place,
-//!   since it costs less than the hop to the pool and back.
+//!   and, by their shapes, stays under about half a millisecond
+//!   ([`placement`]) runs in place, since the hop to the pool and back
+//!   costs more than that in a VM's slow phases.
 //! - OPS-2: arguments are borrowed: the caller's tensors are passed by
 //!   reference to the same storage (in-place ops such as `aten::add_` change
 //!   them, as in PyTorch), and every output is a new entry of the result's
@@ -38,6 +39,7 @@
 //!   policy admits it (POL-1), on whichever thread it runs.
 
 pub(crate) mod family;
+pub(crate) mod placement;
 pub mod policy;
 mod recording;
 pub(crate) mod schema;
@@ -158,11 +160,6 @@ pub(crate) fn in_budget<T>(
     }
 }
 
-/// Tensors of at most this many elements make an op, or a piece of a
-/// backward pass, cheaper than the hop to the blocking pool (OPS-1): a
-/// 32x32 matmul is 65k flops, a few microseconds.
-pub(crate) const CHEAP_ELEMENTS: i64 = 1024;
-
 /// Ops (names without the `aten::` namespace) whose work and output are
 /// bounded by the size of their tensor arguments, unlike e.g. `ones` or
 /// `repeat`, whose sizes come from integer arguments.
@@ -173,8 +170,9 @@ const BOUNDED_OPS: &[&str] = &[
 ];
 
 /// Whether the op `name` on these arguments runs in place (OPS-1): a
-/// bounded op, with small tensors and otherwise scalars (or short lists of
-/// them, such as reduction dims).
+/// bounded op whose tensors' shapes keep its work within [`placement`]'s
+/// bounds, and otherwise scalars (or short lists of them, such as
+/// reduction dims).
 pub(crate) fn is_cheap(name: &str, positional: &[OpValue], kwargs: &[(String, OpValue)]) -> bool {
     let base = name
         .strip_prefix("aten::")
@@ -185,22 +183,23 @@ pub(crate) fn is_cheap(name: &str, positional: &[OpValue], kwargs: &[(String, Op
     if !BOUNDED_OPS.contains(&base) {
         return false;
     }
-    fn small(v: &OpValue) -> bool {
+    fn scalars(v: &OpValue) -> bool {
         match v {
-            OpValue::Tensor(t) => t.size().iter().product::<i64>() <= CHEAP_ELEMENTS,
-            OpValue::List(vs) | OpValue::Tuple(vs) => {
-                vs.len() <= 8
-                    && vs
-                        .iter()
-                        .all(|v| !matches!(v, OpValue::Tensor(_)) && small(v))
-            }
+            OpValue::Tensor(_) => false,
+            OpValue::List(vs) | OpValue::Tuple(vs) => vs.len() <= 8 && vs.iter().all(scalars),
             _ => true,
         }
     }
-    positional
-        .iter()
-        .chain(kwargs.iter().map(|(_, v)| v))
-        .all(small)
+    let mut shapes = Vec::new();
+    for v in positional.iter().chain(kwargs.iter().map(|(_, v)| v)) {
+        match v {
+            OpValue::Tensor(t) => shapes.push(t.size()),
+            other if scalars(other) => {}
+            _ => return false,
+        }
+    }
+    let shapes: Vec<&[i64]> = shapes.iter().map(Vec::as_slice).collect();
+    placement::Work::of_op(base, &shapes).is_some_and(placement::Work::runs_in_place)
 }
 
 type OpArgs = (Vec<OpValue>, Vec<(String, OpValue)>);
@@ -293,8 +292,8 @@ mod tests {
 
     #[test]
     fn only_bounded_ops_on_small_tensors_run_in_place() {
-        let small = || OpValue::Tensor(Tensor::ones([32, 32], (Kind::Float, Device::Cpu)));
-        let big = || OpValue::Tensor(Tensor::ones([33, 32], (Kind::Float, Device::Cpu)));
+        let small = || OpValue::Tensor(Tensor::ones([256, 256], (Kind::Float, Device::Cpu)));
+        let big = || OpValue::Tensor(Tensor::ones([1024, 1024], (Kind::Float, Device::Cpu)));
         assert!(is_cheap("aten::matmul", &[small(), small()], &[]));
         assert!(is_cheap(
             "torch.ops.aten.add",

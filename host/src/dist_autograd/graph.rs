@@ -9,6 +9,7 @@ use tch::Tensor;
 use wasmrpc_torch_sys::GradFn;
 
 use super::context::ContextInner;
+use crate::ops::placement::{NodeKind, backward_node_kind};
 use crate::tensor::impl_id;
 
 /// The name of an `AccumulateGrad` node, as libtorch reports it.
@@ -57,15 +58,31 @@ pub(crate) struct Reachable {
     pub(crate) nodes: usize,
     /// The largest element count among the outputs and leaves.
     pub(crate) max_elements: i64,
+    /// How many of the nodes are the backward of a product (`mm`, ...).
+    products: usize,
+    /// Whether every node is the backward of an op whose work its tensors
+    /// bound, or a gradient's accumulation (`placement::backward_node_kind`).
+    bounded: bool,
+    /// Whether every node's inputs and outputs are among the outputs and
+    /// leaves (no node feeds another): then `max_elements` bounds every
+    /// tensor the pass touches.
+    shallow: bool,
 }
 
 impl Reachable {
-    /// Whether backward through this piece costs less than a thread hop
-    /// (a few small nodes): then the engine may run it on the calling
-    /// runtime thread instead of the blocking pool.
+    /// Whether backward through this piece may run on the calling runtime
+    /// thread instead of the blocking pool (OPS-1, `ops::placement`): a
+    /// few nodes over small tensors at any depth, or a shallow graph of
+    /// bounded nodes whose work the tensors keep within the bounds.
     pub(crate) fn is_cheap(&self) -> bool {
-        const CHEAP_NODES: usize = 32;
-        self.nodes <= CHEAP_NODES && self.max_elements <= crate::ops::CHEAP_ELEMENTS
+        use crate::ops::placement::{SMALL_ELEMENTS, SMALL_GRAPH_NODES, Work};
+        let max_elements = u64::try_from(self.max_elements).unwrap_or(0);
+        if self.nodes <= SMALL_GRAPH_NODES && max_elements <= SMALL_ELEMENTS {
+            return true;
+        }
+        self.shallow
+            && self.bounded
+            && Work::of_backward(self.nodes, self.products, max_elements).runs_in_place()
     }
 }
 
@@ -101,7 +118,13 @@ pub(crate) fn walk(outputs: &[Tensor], cut_of: &dyn Fn(usize) -> Option<CutPoint
             leaf(t.shallow_clone(), &mut leaves, &mut cuts);
         }
     }
+    let (mut products, mut bounded, mut shallow) = (0, true, true);
     while let Some(node) = stack.pop() {
+        match backward_node_kind(&node.name()) {
+            Some(NodeKind::Product) => products += 1,
+            Some(NodeKind::Bounded) => {}
+            None => bounded = false,
+        }
         for (next, _) in node.next_functions() {
             let Some(next) = next else { continue };
             if !seen_nodes.insert(next.id()) {
@@ -110,6 +133,7 @@ pub(crate) fn walk(outputs: &[Tensor], cut_of: &dyn Fn(usize) -> Option<CutPoint
             if let Some(v) = next.variable() {
                 leaf(v, &mut leaves, &mut cuts);
             } else {
+                shallow = false;
                 stack.push(next);
             }
         }
@@ -123,6 +147,9 @@ pub(crate) fn walk(outputs: &[Tensor], cut_of: &dyn Fn(usize) -> Option<CutPoint
         cuts,
         nodes: seen_nodes.len(),
         max_elements,
+        products,
+        bounded,
+        shallow,
     }
 }
 
@@ -482,5 +509,53 @@ impl Gradients {
     /// Every (tensor, gradient) pair.
     pub fn iter(&self) -> impl Iterator<Item = (&Tensor, &Tensor)> {
         self.entries.iter().map(|(k, v)| (k, v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{Device, Kind};
+
+    fn leaf(side: i64) -> Tensor {
+        Tensor::rand([side, side], (Kind::Float, Device::Cpu)).set_requires_grad(true)
+    }
+
+    fn reach(outputs: &[Tensor]) -> Reachable {
+        walk(outputs, &|_| None)
+    }
+
+    /// The pieces of the bench's 256x256 step: the callee's matmul over
+    /// the leaves it received, the caller's sum over the product it
+    /// received. Both run in place (OPS-1).
+    #[test]
+    fn a_256_matmul_or_a_sum_over_leaves_runs_its_backward_in_place() {
+        let (a, b) = (leaf(256), leaf(256));
+        let product = reach(&[a.matmul(&b)]);
+        assert_eq!(product.nodes, 3, "the product's node and two accumulations");
+        assert_eq!(product.products, 1);
+        assert!(product.shallow && product.bounded);
+        assert!(product.is_cheap());
+        assert!(reach(&[a.sum(None)]).is_cheap());
+    }
+
+    #[test]
+    fn larger_products_deep_graphs_and_unknown_nodes_go_to_the_pool() {
+        let (a, b) = (leaf(512), leaf(512));
+        assert!(!reach(&[a.matmul(&b)]).is_cheap(), "512³ multiply-adds");
+        // A sum over a product hides the product's output from the walk.
+        let (a, b) = (leaf(256), leaf(256));
+        let deep = reach(&[a.matmul(&b).sum(None)]);
+        assert!(!deep.shallow);
+        assert!(!deep.is_cheap());
+        let repeated = reach(&[a.repeat([2, 1])]);
+        assert!(
+            !repeated.bounded,
+            "repeat's work is not bounded by its input"
+        );
+        assert!(!repeated.is_cheap());
+        // Small tensors: cheap at any depth and any node.
+        let (a, b) = (leaf(32), leaf(32));
+        assert!(reach(&[a.matmul(&b).relu().sum(None)]).is_cheap());
     }
 }
