@@ -258,10 +258,10 @@ impl SharedFill {
     /// argument tensors unchanged until their call completes anyway
     /// (`rpc_async`'s contract). Without a runtime the fill runs here.
     pub(crate) fn run(self) {
-        let long = self.blob.as_bytes().len() >= super::shm::LONG_COPY;
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) if long => drop(runtime.spawn_blocking(move || self.fill())),
-            _ => self.fill(),
+        if self.blob.as_bytes().len() >= super::shm::LONG_COPY {
+            super::shm::off_the_runtime(move || self.fill());
+        } else {
+            self.fill();
         }
     }
 

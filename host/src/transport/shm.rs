@@ -355,9 +355,16 @@ impl Drop for Mapping {
 /// a runtime of one thread to miss its heartbeats (LIVE-2); it also leaves
 /// the pool's lock free meanwhile. Without a runtime it happens here.
 pub(crate) fn let_go<T: Send + 'static>(segment: T) {
+    off_the_runtime(move || drop(segment));
+}
+
+/// Runs `work` on tokio's blocking pool when called on a runtime, without
+/// waiting for it; here otherwise. For bulk work on segments, which must
+/// not hold a runtime thread (LIVE-2).
+pub(crate) fn off_the_runtime(work: impl FnOnce() + Send + 'static) {
     match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => drop(runtime.spawn_blocking(move || drop(segment))),
-        Err(_) => drop(segment),
+        Ok(runtime) => drop(runtime.spawn_blocking(work)),
+        Err(_) => work(),
     }
 }
 
