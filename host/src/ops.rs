@@ -116,6 +116,9 @@ pub(crate) async fn run_builtin(
     let listener = recording::op_listener();
     let options = listener.as_ref().map(|l| l.record_options());
     let (outputs, ops) = if is_cheap(name, &positional, &kwargs) {
+        // A 256x256 matmul splits over every core on a thread that has not
+        // adopted the op thread count, and leaves helpers spinning.
+        adopt_intra_op_threads();
         let gate = PolicyGate { policy, worker };
         profiled(options, || {
             in_budget(budget.as_ref(), name, || {

@@ -203,6 +203,9 @@ impl Pass {
         grads: Vec<Option<Tensor>>,
         requester: Option<u32>,
     ) -> Result<Vec<ReplyGradients>> {
+        // In place or on the pool, the pass's ops use the process's op
+        // thread count (OPS-1, `ops::threads`).
+        crate::ops::adopt_intra_op_threads();
         let mut reply_gradients = Vec::new();
         let mut work = std::collections::VecDeque::from([(entry, grads)]);
         if entry == Entry::Roots {

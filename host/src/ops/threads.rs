@@ -150,6 +150,38 @@ mod tests {
         during.saturating_sub(before + 1)
     }
 
+    /// OPS-1 runs a 256x256 matmul in place, on whatever thread received
+    /// the call: that thread adopts the count too.
+    #[test]
+    fn an_op_run_in_place_on_a_new_thread_starts_no_helper_threads() {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        if cores < 2 {
+            eprintln!("skipped: one core, where MKL never splits an op");
+            return;
+        }
+        set_intra_op_threads(1);
+        let before = threads_of_this_process();
+        let during = std::thread::spawn(|| {
+            let a = tch::Tensor::rand([256, 256], (tch::Kind::Float, tch::Device::Cpu));
+            let policy = crate::ops::OpPolicy::shared_default();
+            let call =
+                crate::ops::call_builtin(&policy, "worker0", "aten::matmul", crate::args![&a, &a]);
+            tokio::runtime::Builder::new_current_thread()
+                .build()
+                .expect("a runtime")
+                .block_on(call)
+                .expect("the matmul");
+            threads_of_this_process()
+        })
+        .join()
+        .expect("the calling thread");
+        assert_eq!(
+            during.saturating_sub(before + 1),
+            0,
+            "an op run in place started helper threads"
+        );
+    }
+
     #[test]
     fn a_thread_that_adopts_one_op_thread_runs_a_matmul_on_itself_alone() {
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);

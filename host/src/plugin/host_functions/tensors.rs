@@ -48,6 +48,8 @@ impl GuestCall {
             crate::ops::is_cheap(&format!("aten::{name}"), &positional, &kwargs)
         };
         let work = move || {
+            // In place or on the pool, with the process's op thread count.
+            crate::ops::adopt_intra_op_threads();
             // Grad mode is per thread: set it where the op runs.
             let _no_grad = (!grad_enabled).then(tch::no_grad_guard);
             // POL-1, GR-1: the worker's op policy, then the plugin's
