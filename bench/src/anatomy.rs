@@ -4,7 +4,8 @@
 //! On the machines we run on most of a small round trip is waking sleeping
 //! threads (`busy_poll`'s module doc: about 35 µs per wake-up on a 2-core
 //! VM), so the first question about a slow call is how many times each of
-//! its threads went to sleep and was woken, and how much CPU each spent.
+//! its threads went to sleep and was woken, and how much CPU each spent
+//! (and, for calls that move large tensors, how many pages each faulted in).
 //! This reads both from `/proc/<pid>/task/<tid>/{status,stat}` before and
 //! after a block of calls, for the caller (this process) and the callee
 //! (a `wasmrpc-bench worker` process), and prints them per call.
@@ -84,6 +85,9 @@ struct Counters {
     involuntary: u64,
     /// User plus system CPU time, in clock ticks.
     ticks: u64,
+    /// Minor page faults: pages the kernel mapped on first touch (fresh
+    /// tensor storage that `malloc` took from `mmap` faults in page by page).
+    faults: u64,
 }
 
 /// Every thread of a process, by thread id: its name and counters.
@@ -117,8 +121,8 @@ fn snapshot(pid: u32) -> Result<Snapshot> {
             .unwrap_or("?")
             .trim()
             .to_string();
-        // `stat`'s fields after the parenthesised name: utime is the 14th
-        // field of the line, stime the 15th.
+        // `stat`'s fields after the parenthesised name: minflt is the 10th
+        // field of the line, utime the 14th, stime the 15th.
         let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
         let fields: Vec<&str> = after_name.split_whitespace().collect();
         let tick = |i: usize| {
@@ -135,6 +139,7 @@ fn snapshot(pid: u32) -> Result<Snapshot> {
                     voluntary: field("voluntary_ctxt_switches:"),
                     involuntary: field("nonvoluntary_ctxt_switches:"),
                     ticks: tick(11) + tick(12),
+                    faults: tick(7),
                 },
             ),
         );
@@ -155,27 +160,31 @@ fn report(who: &str, before: &Snapshot, after: &Snapshot, calls: u64) {
             voluntary: end.voluntary - start.voluntary,
             involuntary: end.involuntary - start.involuntary,
             ticks: end.ticks - start.ticks,
+            faults: end.faults - start.faults,
         };
         total.voluntary += d.voluntary;
         total.involuntary += d.involuntary;
         total.ticks += d.ticks;
+        total.faults += d.faults;
         let per = |v: u64| v as f64 / calls as f64;
         if per(d.voluntary) < 0.01 && per(d.involuntary) < 0.01 && d.ticks == 0 {
             continue;
         }
         println!(
-            "    {comm:<18} {tid:>7}  sleeps {:>5.2}  preempted {:>5.2}  cpu {:>6.1} µs",
+            "    {comm:<18} {tid:>7}  sleeps {:>5.2}  preempted {:>5.2}  cpu {:>6.1} µs  faults {:>6.1}",
             per(d.voluntary),
             per(d.involuntary),
             d.ticks as f64 / hz * 1e6 / calls as f64,
+            per(d.faults),
         );
     }
     println!(
-        "    {:<26} sleeps {:>5.2}  preempted {:>5.2}  cpu {:>6.1} µs",
+        "    {:<26} sleeps {:>5.2}  preempted {:>5.2}  cpu {:>6.1} µs  faults {:>6.1}",
         "all threads",
         total.voluntary as f64 / calls as f64,
         total.involuntary as f64 / calls as f64,
         total.ticks as f64 / hz * 1e6 / calls as f64,
+        total.faults as f64 / calls as f64,
     );
 }
 
