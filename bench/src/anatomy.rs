@@ -125,7 +125,7 @@ fn snapshot(pid: u32) -> Result<Snapshot> {
         // field of the line, utime the 14th, stime the 15th.
         let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
         let fields: Vec<&str> = after_name.split_whitespace().collect();
-        let tick = |i: usize| {
+        let number_at = |i: usize| {
             fields
                 .get(i)
                 .and_then(|v| v.parse::<u64>().ok())
@@ -138,8 +138,8 @@ fn snapshot(pid: u32) -> Result<Snapshot> {
                 Counters {
                     voluntary: field("voluntary_ctxt_switches:"),
                     involuntary: field("nonvoluntary_ctxt_switches:"),
-                    ticks: tick(11) + tick(12),
-                    faults: tick(7),
+                    ticks: number_at(11) + number_at(12),
+                    faults: number_at(7),
                 },
             ),
         );
@@ -167,7 +167,7 @@ fn report(who: &str, before: &Snapshot, after: &Snapshot, calls: u64) {
         total.ticks += d.ticks;
         total.faults += d.faults;
         let per = |v: u64| v as f64 / calls as f64;
-        if per(d.voluntary) < 0.01 && per(d.involuntary) < 0.01 && d.ticks == 0 {
+        if per(d.voluntary) < 0.01 && per(d.involuntary) < 0.01 && d.ticks == 0 && d.faults == 0 {
             continue;
         }
         println!(
