@@ -38,6 +38,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+
+/// The allocator of the `wasmrpc` executable, for this process and the
+/// workers it spawns from itself (`wasmrpc_alloc`).
+#[global_allocator]
+static ALLOCATOR: wasmrpc_alloc::Allocator = wasmrpc_alloc::Allocator;
 use serde_json::json;
 
 use crate::progress::Progress;
@@ -223,6 +228,7 @@ enum Internal {
 }
 
 fn main() -> ExitCode {
+    wasmrpc::set_memory_release(wasmrpc_alloc::release_freed_memory);
     let cli = Cli::parse();
     // libtorch's CUDA side is loaded at start where a device is present;
     // a GPU machine where it failed would run no CUDA row: say why.

@@ -115,6 +115,9 @@ pub mod testing;
 pub use wasmrpc_abi as abi;
 pub use wasmrpc_store as store;
 pub use wasmrpc_wasm as wasm;
+/// How the runtime hands freed heap memory back to the system: set by an
+/// executable whose allocator is not glibc's (`wasmrpc_alloc`).
+pub use wasmrpc_wasm::set_memory_release;
 
 pub use abi::{ErrorKind, RemoteError, Value, WorkerInfo};
 pub use agent::{

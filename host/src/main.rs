@@ -6,7 +6,12 @@ mod cli;
 
 use clap::Parser;
 
+/// jemalloc for the whole process, libtorch's C++ included (`wasmrpc_alloc`).
+#[global_allocator]
+static ALLOCATOR: wasmrpc_alloc::Allocator = wasmrpc_alloc::Allocator;
+
 fn main() -> std::process::ExitCode {
+    wasmrpc::set_memory_release(wasmrpc_alloc::release_freed_memory);
     let args = cli::Cli::parse();
     cli::init_logging();
     match cli::run(args) {

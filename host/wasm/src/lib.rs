@@ -100,7 +100,7 @@ pub use host::{GuestHost, HostResult, runtime_error};
 pub use manifest::Manifest;
 pub use object::{Called, Object};
 pub use plugin::{LoadSource, POOL_WAIT, Plugin};
-pub use runtime::{Config, DEFAULT_CACHE_MAX_BYTES, PERF_MAP_VAR, Runtime};
+pub use runtime::{Config, DEFAULT_CACHE_MAX_BYTES, PERF_MAP_VAR, Runtime, set_memory_release};
 pub use wasmrpc_abi::protocol::{
     AutogradCall, CallArgs, DType, FileCall, HandleKind, LogLevel, Progress, TensorMeta,
 };

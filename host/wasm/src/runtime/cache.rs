@@ -236,13 +236,35 @@ fn evict_least_recently_used(kept: &Path, cap: u64) {
     }
 }
 
+/// How this process hands freed heap memory back to the system, set by an
+/// executable that installs an allocator of its own
+/// ([`set_memory_release`]); unset, glibc's `malloc_trim`.
+static MEMORY_RELEASE: std::sync::OnceLock<fn() -> std::io::Result<()>> =
+    std::sync::OnceLock::new();
+
+/// Tells the runtime how to hand the heap memory a compile freed back to
+/// the system, for an executable whose `#[global_allocator]` also serves
+/// C's `malloc` (`wasmrpc_alloc`). Set once, before the first plugin loads;
+/// later calls change nothing. Without it the runtime calls glibc's
+/// `malloc_trim`, which only reaches glibc's own heaps.
+pub fn set_memory_release(release: fn() -> std::io::Result<()>) {
+    let _ = MEMORY_RELEASE.set(release);
+}
+
 /// Hands the heap memory a compile freed back to the system. Compiling a
 /// Python component allocates a few hundred MiB on Cranelift's threads;
-/// glibc keeps what they free in its arenas, so a worker that compiled
-/// one stayed about 280 MiB larger for its whole life than one that read
-/// the same code from the cache (446.6 MiB against 168.6 MiB idle in the
-/// bench's `rss_idle` row, 2026-11-29). Elsewhere there is nothing to do.
+/// the allocator keeps what they free, so a worker that compiled one
+/// stayed about 280 MiB larger for its whole life than one that read the
+/// same code from the cache (446.6 MiB against 168.6 MiB idle in the
+/// bench's `rss_idle` row, 2026-11-29, glibc; 448 MiB against 143 MiB with
+/// jemalloc, 2026-12-05). Elsewhere there is nothing to do.
 fn release_freed_memory() {
+    if let Some(release) = MEMORY_RELEASE.get() {
+        if let Err(e) = release() {
+            tracing::debug!("the allocator did not release freed memory after a compile: {e}");
+        }
+        return;
+    }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: `malloc_trim` only returns free pages of glibc's own heaps
     // to the kernel; it takes no pointer and touches no live allocation.
