@@ -38,15 +38,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use serde_json::json;
+
+use crate::progress::Progress;
+use crate::rows::{ROWS, Results, Side, wanted};
 
 /// The allocator of the `wasmrpc` executable, for this process and the
 /// workers it spawns from itself (`wasmrpc_alloc`).
 #[global_allocator]
 static ALLOCATOR: wasmrpc_alloc::Allocator = wasmrpc_alloc::Allocator;
-use serde_json::json;
-
-use crate::progress::Progress;
-use crate::rows::{ROWS, Results, Side, wanted};
 
 /// Benchmarks wasmrpc beside torch.distributed.rpc (TensorPipe) and the
 /// machine's raw limits in one run, and prints one table of ratios.

@@ -24,12 +24,12 @@
 /// wasmrpc_alloc::Allocator = wasmrpc_alloc::Allocator;`.
 pub use tikv_jemallocator::Jemalloc as Allocator;
 
-/// jemalloc's name for "every arena" in `arena.<i>.*` controls
-/// (`MALLCTL_ARENAS_ALL`).
-const ALL_ARENAS: u32 = 4096;
+/// The control that purges every arena (4096 is jemalloc's
+/// `MALLCTL_ARENAS_ALL`).
+const PURGE_ALL_ARENAS: &std::ffi::CStr = c"arena.4096.purge";
 
 /// Hands the pages that every arena holds freed but unreturned back to the
-/// system now (`arena.<all>.purge`).
+/// system now.
 ///
 /// jemalloc returns freed pages on its own only as an arena keeps being
 /// used; a burst of work on threads that then go quiet (a compile on
@@ -41,13 +41,12 @@ const ALL_ARENAS: u32 = 4096;
 /// The error jemalloc's `mallctl` reports (as an OS error code), which only
 /// happens when this process's allocator is not jemalloc's unprefixed build.
 pub fn release_freed_memory() -> std::io::Result<()> {
-    let name = format!("arena.{ALL_ARENAS}.purge\0");
-    // SAFETY: `name` is NUL-terminated; a purge reads and writes no value,
+    // SAFETY: the name is a C string; a purge reads and writes no value,
     // so the old and new value pointers are null with zero lengths, as
     // jemalloc's manual specifies for void controls.
     let rc = unsafe {
         tikv_jemalloc_sys::mallctl(
-            name.as_ptr().cast(),
+            PURGE_ALL_ARENAS.as_ptr(),
             std::ptr::null_mut(),
             std::ptr::null_mut(),
             std::ptr::null_mut(),
