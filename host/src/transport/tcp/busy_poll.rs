@@ -15,7 +15,7 @@
 //! with `wasmrpc-bench anatomy`: a 50 µs window against 75-80 µs round trips
 //! made them no faster, while the same calls polled through took 35 µs).
 //!
-//! The rules (BUSY-1 to BUSY-6) keep the cost bounded:
+//! The rules (BUSY-1 to BUSY-7) keep the cost bounded:
 //! - BUSY-1: a reader polls a wait for at most [`SPAN`] times its typical
 //!   wait (a moving average of its recent waits, polled or slept), and not
 //!   at all while its typical wait is as long as its window: frames that
@@ -47,6 +47,15 @@
 //!   socket for at most [`SPIN`] (a few microseconds, within its BUSY-1
 //!   limit), and stops at once when a task is woken from another thread;
 //!   tasks woken by I/O or timers run at the next turn, as under BUSY-3.
+//! - BUSY-7: a reader in a process that may run on one CPU only (its
+//!   affinity mask, or its cgroup's CPU quota, as
+//!   `std::thread::available_parallelism` reads them) gives the CPU up
+//!   (`sched_yield`) before each try instead of spinning (BUSY-6): its peer
+//!   on the same host may share that CPU, and could not reply while the
+//!   reader held it. Measured with `taskset -c 0 wasmrpc-bench anatomy
+//!   --call noop` (caller and callee on one core): spinning, a no-op's round
+//!   trip took 1.02 ms, each reader polling through its window until the
+//!   scheduler took the CPU from it.
 //!
 //! This module owns the socket reads of plain TCP connections and of the
 //! TLS record layer beneath; it does not know frames or messages.
@@ -98,6 +107,13 @@ pub(crate) const SPAN: u32 = 2;
 /// the 16x16 distributed autograd step's from 76.2-78.9 µs to 74.5-77.6 µs.
 const SPIN: Duration = Duration::from_micros(5);
 
+/// Whether a reader in a process that may run on `cpus` CPUs gives the CPU
+/// up between tries (BUSY-7): on one CPU only; where the count is unknown,
+/// it spins as on a machine of many.
+pub(crate) fn yields_cpu(cpus: Option<std::num::NonZeroUsize>) -> bool {
+    cpus.is_some_and(|n| n.get() == 1)
+}
+
 /// The weight of the newest wait in the typical wait, as a divisor: the
 /// average of roughly the last eight waits, so that one long wait (a peer
 /// preempted, a slow call) does not stop polling, and a change of regime
@@ -126,7 +142,7 @@ fn next_typical(typical: Duration, wait: Duration, window: Duration) -> Duration
     Duration::from_nanos(t - t / smoothing + w / smoothing)
 }
 
-/// The read half of a TCP connection, busy-polled per BUSY-1 to BUSY-6.
+/// The read half of a TCP connection, busy-polled per BUSY-1 to BUSY-7.
 pub(crate) struct BusyPollRead {
     inner: OwnedReadHalf,
     window: Duration,
@@ -145,6 +161,11 @@ pub(crate) struct BusyPollRead {
     polled: u64,
     /// Turns of its worker thread this reader yielded while polling.
     turns: u64,
+    /// The process may run on one CPU only: a poll gives the CPU up
+    /// between tries instead of spinning (BUSY-7).
+    yields_cpu: bool,
+    /// Times this reader gave the CPU up while polling (BUSY-7).
+    cpu_yields: u64,
     /// The connection's work in progress (BUSY-4).
     in_progress: InProgress,
     /// The runtime this reader is polled on, whose queue of tasks woken
@@ -159,6 +180,9 @@ impl BusyPollRead {
         // Stamps serve only the polling decision: without polling, or where
         // the kernel refuses them, reads stay plain `recv`s.
         let stamped = !window.is_zero() && stamp::enable(inner.as_ref().as_fd());
+        // Read per connection, not per try: it reads the affinity mask and
+        // the cgroup's quota files, and connections are made rarely.
+        let yields_cpu = !window.is_zero() && yields_cpu(std::thread::available_parallelism().ok());
         BusyPollRead {
             inner,
             window,
@@ -168,6 +192,8 @@ impl BusyPollRead {
             typical: Duration::ZERO,
             polled: 0,
             turns: 0,
+            yields_cpu,
+            cpu_yields: 0,
             in_progress,
             runtime: None,
         }
@@ -221,8 +247,9 @@ impl BusyPollRead {
 
     /// One poll of the socket after a turn of the worker thread (BUSY-3),
     /// kept up for at most [`SPIN`] (and not past `deadline`) while no task
-    /// was woken from another thread (BUSY-6): `Ok(true)` if it read bytes
-    /// or saw the end of the stream.
+    /// was woken from another thread (BUSY-6), or, on one CPU, tried once
+    /// more after giving the CPU up (BUSY-7): `Ok(true)` if it read bytes or
+    /// saw the end of the stream.
     fn poll_after_turn(
         &mut self,
         fd: BorrowedFd<'_>,
@@ -231,6 +258,12 @@ impl BusyPollRead {
     ) -> io::Result<bool> {
         if recv_now(fd, buf)? {
             return Ok(true);
+        }
+        if self.yields_cpu {
+            // SAFETY: `sched_yield` takes nothing and cannot fail on Linux.
+            unsafe { libc::sched_yield() };
+            self.cpu_yields += 1;
+            return recv_now(fd, buf);
         }
         let runtime = match &self.runtime {
             Some(r) => r,

@@ -1,4 +1,4 @@
-//! The busy-polled reader's rules (BUSY-1 to BUSY-6), each against a real
+//! The busy-polled reader's rules (BUSY-1 to BUSY-7), each against a real
 //! loopback socket.
 
 use std::io::Write;
@@ -366,4 +366,79 @@ fn a_reader_whose_frames_come_close_together_polls_them() {
             reader.typical
         );
     });
+}
+
+/// Pins the calling thread, and the threads it starts from then on, to the
+/// CPU it runs on.
+fn pin_to_one_cpu() {
+    // SAFETY: `cpu_set_t` is plain bits, and both calls only read or
+    // write the set they are given.
+    unsafe {
+        let cpu = libc::sched_getcpu();
+        assert!(cpu >= 0, "sched_getcpu: {}", io::Error::last_os_error());
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu as usize, &mut set);
+        let pinned = libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
+        assert_eq!(
+            pinned,
+            0,
+            "sched_setaffinity: {}",
+            io::Error::last_os_error()
+        );
+    }
+}
+
+/// Reads 20 frames a peer thread writes 2 ms apart, each wait polled (a
+/// typical wait of 15 ms and a 200 ms window), on a thread pinned to one
+/// CPU with its peer when `pinned`: the reader's CPU yields and polled
+/// reads.
+fn polled_exchange(pinned: bool) -> (u64, u64) {
+    std::thread::spawn(move || {
+        if pinned {
+            pin_to_one_cpu();
+        }
+        current_thread().block_on(async {
+            let (mut writer, mut reader) = pair(Duration::from_millis(200)).await;
+            let sender = std::thread::spawn(move || {
+                for i in 0..20u8 {
+                    std::thread::sleep(Duration::from_millis(2));
+                    writer.write_all(&[i]).unwrap();
+                }
+            });
+            for i in 0..20u8 {
+                reader.typical = Duration::from_millis(15);
+                let mut got = [0; 1];
+                reader.read_exact(&mut got).await.unwrap();
+                assert_eq!(got[0], i);
+            }
+            sender.join().unwrap();
+            assert!(reader.turns > 0, "the reader never polled");
+            (reader.cpu_yields, reader.polled)
+        })
+    })
+    .join()
+    .unwrap()
+}
+
+/// BUSY-7: a reader whose process may run on one CPU only gives the CPU up
+/// between its tries, so that a peer sharing that CPU can reply, and still
+/// takes every frame; with several CPUs it spins (BUSY-6) and never does.
+/// (`available_parallelism` reads the mask of the thread that asks, so a
+/// pinned test thread stands for a pinned process.)
+#[test]
+fn a_reader_on_one_cpu_gives_the_cpu_up_while_polling() {
+    use std::num::NonZeroUsize;
+    assert!(yields_cpu(NonZeroUsize::new(1)));
+    assert!(!yields_cpu(NonZeroUsize::new(2)));
+    assert!(!yields_cpu(None));
+
+    let (yields, polled) = polled_exchange(true);
+    assert!(
+        yields > 0,
+        "pinned to one CPU, the reader never gave it up ({polled} of 20 polled)"
+    );
+    if std::thread::available_parallelism().is_ok_and(|n| n.get() > 1) {
+        let (yields, _) = polled_exchange(false);
+        assert_eq!(yields, 0, "with several CPUs the reader gave the CPU up");
+    }
 }
