@@ -24,13 +24,29 @@ use crate::progress::Progress;
 use crate::rows::{Results, Side, wanted};
 use crate::stats::Stat;
 
-/// `wasmrpc-bench raw-server [--spin] [--work-ns N]`: accepts connections
-/// on a free loopback port, prints the port, and echoes framed payloads
-/// until stdin closes. With `spin`, each connection's thread never sleeps:
-/// it polls its non-blocking socket in a loop (the floor of a transport
-/// that busy-polls). With `work`, it keeps its core busy for that long
-/// between reading a payload and echoing it, as a callee runs an op.
-pub(crate) fn serve(spin: bool, work: Duration) -> Result<()> {
+/// How a raw server's connections, and the client beside it, wait for
+/// bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Waiting {
+    /// Asleep in a blocking `read`, woken by the kernel: the floor of any
+    /// transport that sleeps while idle.
+    Blocking,
+    /// Polling a non-blocking socket in a loop, never asleep: the floor of
+    /// one that busy-polls.
+    Spinning,
+    /// In tokio's `TcpStream`, on a current-thread runtime (asleep in
+    /// `epoll`): the least a transport on tokio, a chosen package, can do,
+    /// with no framing, dispatch or encoding of its own.
+    Tokio,
+}
+
+/// `wasmrpc-bench raw-server [--spin | --tokio] [--work-ns N]`: accepts
+/// connections on a free loopback port, prints the port, and echoes framed
+/// payloads until stdin closes, each connection on a thread of its own
+/// that waits as `waiting` says. With `work`, it keeps its core busy for
+/// that long between reading a payload and echoing it, as a callee runs an
+/// op.
+pub(crate) fn serve(waiting: Waiting, work: Duration) -> Result<()> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     println!("{}", listener.local_addr()?.port());
     std::io::stdout().flush()?;
@@ -43,10 +59,20 @@ pub(crate) fn serve(spin: bool, work: Duration) -> Result<()> {
     for conn in listener.incoming() {
         let conn = conn?;
         std::thread::spawn(move || {
-            let _ = echo_connection(conn, spin, work);
+            let _ = echo(conn, waiting, work);
         });
     }
     Ok(())
+}
+
+/// Echoes the framed payloads of `conn` until the client leaves, waiting
+/// for bytes as `waiting` says.
+fn echo(conn: TcpStream, waiting: Waiting, work: Duration) -> std::io::Result<()> {
+    match waiting {
+        Waiting::Blocking => echo_connection(conn, false, work),
+        Waiting::Spinning => echo_connection(conn, true, work),
+        Waiting::Tokio => echo_on_tokio(conn, work),
+    }
 }
 
 fn echo_connection(mut conn: TcpStream, spin: bool, work: Duration) -> std::io::Result<()> {
@@ -63,14 +89,50 @@ fn echo_connection(mut conn: TcpStream, spin: bool, work: Duration) -> std::io::
             buf.resize(len, 0);
         }
         read_exact(&mut conn, &mut buf[..len])?;
-        // Busy, not asleep: a callee's op keeps its core, and the caller's
-        // core is left idle as it would be.
-        let worked = Instant::now();
-        while worked.elapsed() < work {
-            std::hint::spin_loop();
-        }
+        work_for(work);
         write_all(&mut conn, &buf[..len])?;
     }
+}
+
+/// Keeps the core busy for `work`: a callee's op keeps its core, and the
+/// caller's core is left idle as it would be.
+fn work_for(work: Duration) {
+    let worked = Instant::now();
+    while worked.elapsed() < work {
+        std::hint::spin_loop();
+    }
+}
+
+/// A current-thread tokio runtime with I/O, as each side of
+/// [`Waiting::Tokio`] runs on.
+fn tokio_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+}
+
+/// [`echo_connection`] over tokio's `TcpStream` on a current-thread runtime.
+fn echo_on_tokio(conn: TcpStream, work: Duration) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    conn.set_nodelay(true)?;
+    conn.set_nonblocking(true)?;
+    tokio_runtime()?.block_on(async move {
+        let mut conn = tokio::net::TcpStream::from_std(conn)?;
+        let mut buf = Vec::new();
+        loop {
+            let mut len = [0u8; 8];
+            if conn.read_exact(&mut len).await.is_err() {
+                return Ok(());
+            }
+            let len = u64::from_le_bytes(len) as usize;
+            if buf.len() < len {
+                buf.resize(len, 0);
+            }
+            conn.read_exact(&mut buf[..len]).await?;
+            work_for(work);
+            conn.write_all(&buf[..len]).await?;
+        }
+    })
 }
 
 /// `read_exact` that also works on a non-blocking socket, by polling it
@@ -109,11 +171,16 @@ struct RawServer {
 }
 
 impl RawServer {
-    fn start(spin: bool, work: Duration) -> Result<Self> {
+    fn start(waiting: Waiting, work: Duration) -> Result<Self> {
         let exe = std::env::current_exe()?;
+        let mode = match waiting {
+            Waiting::Blocking => None,
+            Waiting::Spinning => Some("--spin"),
+            Waiting::Tokio => Some("--tokio"),
+        };
         let mut child = crate::worker::started_by_this_bench(&mut Command::new(exe))
             .arg("raw-server")
-            .args(spin.then_some("--spin"))
+            .args(mode)
             .args(["--work-ns".to_string(), work.as_nanos().to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -193,7 +260,12 @@ impl PingPong {
     /// callee runs an op between the request and its reply, over which the
     /// caller sleeps (or spins) for longer than an instant echo lets it.
     pub(crate) fn start_working(spin: bool, work: Duration) -> Result<Self> {
-        let server = RawServer::start(spin, work)?;
+        let waiting = if spin {
+            Waiting::Spinning
+        } else {
+            Waiting::Blocking
+        };
+        let server = RawServer::start(waiting, work)?;
         let conn = TcpStream::connect(("127.0.0.1", server.port))?;
         conn.set_nodelay(true)?;
         conn.set_nonblocking(spin)?;
@@ -220,6 +292,59 @@ impl PingPong {
         warmup: usize,
     ) -> Result<Vec<Duration>> {
         Ok(timed(&mut self.conn, size, n, warmup)?)
+    }
+}
+
+/// The raw ping-pong of [`PingPong`] with both sides on tokio
+/// ([`Waiting::Tokio`]): the client's runtime is its own, so its round trips
+/// must be timed off any other runtime's threads.
+pub(crate) struct TokioPingPong {
+    runtime: tokio::runtime::Runtime,
+    conn: tokio::net::TcpStream,
+    _server: RawServer,
+}
+
+impl TokioPingPong {
+    /// A connection to a tokio raw server of its own.
+    pub(crate) fn start() -> Result<Self> {
+        let server = RawServer::start(Waiting::Tokio, Duration::ZERO)?;
+        let conn = TcpStream::connect(("127.0.0.1", server.port))?;
+        conn.set_nodelay(true)?;
+        conn.set_nonblocking(true)?;
+        let runtime = tokio_runtime()?;
+        let conn = {
+            let _entered = runtime.enter();
+            tokio::net::TcpStream::from_std(conn)?
+        };
+        Ok(TokioPingPong {
+            runtime,
+            conn,
+            _server: server,
+        })
+    }
+
+    /// `n` timed round trips of [`SMALL_CALL_BYTES`](crate::rows::SMALL_CALL_BYTES),
+    /// framed as [`PingPong`]'s are, after `warmup` untimed ones.
+    pub(crate) fn round_trips(&mut self, n: usize, warmup: usize) -> Result<Vec<Duration>> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let size = crate::rows::SMALL_CALL_BYTES as usize;
+        let conn = &mut self.conn;
+        let mut msg = (size as u64).to_le_bytes().to_vec();
+        msg.resize(8 + size, 7);
+        let mut back = vec![0u8; size];
+        let samples = self.runtime.block_on(async {
+            let mut samples = Vec::with_capacity(n);
+            for i in 0..warmup + n {
+                let t = Instant::now();
+                conn.write_all(&msg).await?;
+                conn.read_exact(&mut back).await?;
+                if i >= warmup {
+                    samples.push(t.elapsed());
+                }
+            }
+            std::io::Result::Ok(samples)
+        })?;
+        Ok(samples)
     }
 }
 
@@ -371,7 +496,7 @@ fn tcp(
     res: &mut Results,
     progress: &Progress,
 ) -> Result<()> {
-    let server = RawServer::start(false, Duration::ZERO)?;
+    let server = RawServer::start(Waiting::Blocking, Duration::ZERO)?;
     let mut conn = TcpStream::connect(("127.0.0.1", server.port))?;
     conn.set_nodelay(true)?;
     if rtt {
@@ -455,17 +580,24 @@ mod tests {
         assert!(to == from, "the copy differs from its source");
     }
 
-    /// The step floors' echo server (`--work-ns`) answers no payload
-    /// before its work is done, and answers each with the bytes it got:
+    /// The step floors' echo server (`--work-ns`), however it waits
+    /// (blocking, spinning, on tokio), answers no payload before its work
+    /// is done, and answers each with the bytes it got:
     /// a floor whose server skipped the work would read low.
     #[test]
     fn a_working_echo_server_answers_each_payload_after_its_work() {
+        for waiting in [Waiting::Blocking, Waiting::Spinning, Waiting::Tokio] {
+            working_echo_answers_each_payload_after_its_work(waiting);
+        }
+    }
+
+    fn working_echo_answers_each_payload_after_its_work(waiting: Waiting) {
         let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
         let port = listener.local_addr().expect("its address").port();
         let work = Duration::from_millis(5);
         let server = std::thread::spawn(move || {
             let (conn, _) = listener.accept().expect("the client connects");
-            echo_connection(conn, false, work)
+            echo(conn, waiting, work)
         });
         let mut conn = TcpStream::connect(("127.0.0.1", port)).expect("connected");
         for size in [8, 3000, 100 << 10] {
@@ -475,10 +607,14 @@ mod tests {
             round_trip(&mut conn, &payload, &mut back).expect("a round trip");
             assert!(
                 started.elapsed() >= work,
-                "{size} bytes came back after {:?}, before the server's {work:?} of work",
+                "{waiting:?}: {size} bytes came back after {:?}, before the server's {work:?} \
+                 of work",
                 started.elapsed()
             );
-            assert!(back == payload, "the echo of {size} bytes differs");
+            assert!(
+                back == payload,
+                "{waiting:?}: the echo of {size} bytes differs"
+            );
         }
         drop(conn);
         server

@@ -181,6 +181,9 @@ enum Internal {
         /// Poll each connection in a loop instead of sleeping in `read`.
         #[arg(long)]
         spin: bool,
+        /// Serve each connection with tokio on a current-thread runtime.
+        #[arg(long, conflicts_with = "spin")]
+        tokio: bool,
         /// Keep the core busy this long before each echo, as a callee's op.
         #[arg(long, default_value_t = 0)]
         work_ns: u64,
@@ -270,8 +273,17 @@ fn main() -> ExitCode {
             world_size,
             threads,
         }) => worker::init_runs(init_methods, *rank, *world_size, *threads),
-        Some(Internal::RawServer { spin, work_ns }) => {
-            limit::serve(*spin, Duration::from_nanos(*work_ns))
+        Some(Internal::RawServer {
+            spin,
+            tokio,
+            work_ns,
+        }) => {
+            let waiting = match (spin, tokio) {
+                (true, _) => limit::Waiting::Spinning,
+                (_, true) => limit::Waiting::Tokio,
+                _ => limit::Waiting::Blocking,
+            };
+            limit::serve(waiting, Duration::from_nanos(*work_ns))
         }
         Some(Internal::Anatomy {
             call,

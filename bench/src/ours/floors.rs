@@ -7,7 +7,10 @@
 //!   each side blocking in `read` (the kernel wakes it: the floor of any
 //!   transport that sleeps while idle), and against the same ping-pong with
 //!   both sides polling their sockets in a loop (the floor of one that
-//!   never sleeps). The row's target is against the first.
+//!   never sleeps). The row's target is against the first. Beside them,
+//!   the same ping-pong with both sides on tokio (current-thread runtimes,
+//!   asleep in `epoll`): the least any transport on tokio can do, which
+//!   puts the target out of reach in a round where it alone exceeds it.
 //! - `rtt_aten_add` against no-op calls alternating with it one by one:
 //!   what an op costs over a call that runs nothing. Rounds of a few
 //!   thousand calls each were too coarse: the polling regime (polled
@@ -25,7 +28,7 @@ use tch::{Device, Kind, Tensor};
 use wasmrpc::{Payload, RpcAgent, args};
 
 use super::{Config, rtt_noop, timed, timed_after};
-use crate::limit::PingPong;
+use crate::limit::{PingPong, TokioPingPong};
 use crate::progress::Progress;
 use crate::report::fmt_micros;
 use crate::rows::{Results, Side};
@@ -41,6 +44,8 @@ struct Round {
     blocking: Stat,
     noop: Stat,
     spinning: Stat,
+    /// The blocking floor's ping-pong with both sides on tokio.
+    on_tokio: Stat,
     /// `aten::add` in a block of its own (the row's figure).
     aten_add: Option<Stat>,
     /// `aten::add` and the no-ops that alternated with it (its ratio).
@@ -107,6 +112,7 @@ pub(super) async fn small_calls(
         }
     }
     let mut blocking = PingPong::start(false)?;
+    let mut tokio_floor = TokioPingPong::start()?;
     let rounds = cfg.n(3, 5);
     let n = cfg.n(500, 5000);
     let mut measured = Vec::with_capacity(rounds);
@@ -122,6 +128,13 @@ pub(super) async fn small_calls(
         .await?;
         blocking = ping_pong;
         let floor = floor?;
+        let (ping_pong, on_tokio) = crate::worker::off_runtime(move || {
+            let on_tokio = tokio_floor.round_trips(n, n / 10);
+            (tokio_floor, on_tokio)
+        })
+        .await?;
+        tokio_floor = ping_pong;
+        let on_tokio = on_tokio?;
         let noop = rtt_noop(cfg, agent).await?;
         let (aten_add, paired_add) = if with_add {
             let alone = Stat::latencies(&timed(n, n / 10, add).await?);
@@ -164,6 +177,7 @@ pub(super) async fn small_calls(
             blocking: Stat::latencies(&floor),
             noop,
             spinning: Stat::latencies(&spin),
+            on_tokio: Stat::latencies(&on_tokio),
             aten_add,
             paired_add,
             local_add,
@@ -182,6 +196,20 @@ pub(super) async fn small_calls(
         .map(|r| format!("{:.2}x", r.noop.median / r.spinning.median))
         .collect::<Vec<_>>()
         .join(" ");
+    let tokio_ratios = measured
+        .iter()
+        .map(|r| format!("{:.2}x", r.on_tokio.median / r.blocking.median))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let least = m.on_tokio.median / m.blocking.median;
+    let reach = if least > SMALL_CALL_TARGET {
+        format!(
+            "; so in the median round the target is out of reach on tokio: its ping-pong \
+             alone is {least:.2}x"
+        )
+    } else {
+        String::new()
+    };
     res.set(Side::Ours, "rtt_noop_native", m.noop);
     res.set(Side::Limit, "raw_rtt", m.blocking);
     res.note(
@@ -190,12 +218,15 @@ pub(super) async fn small_calls(
         format!(
             "({rounds} alternating rounds; over raw TCP, blocking, per round: {all}; in the \
              median round {} over {}, {:.2}x, target <= {SMALL_CALL_TARGET:.2}x: {}; over raw \
-             TCP, both sides spinning, per round: {spin_ratios}; that round's {})",
+             TCP, both sides spinning, per round: {spin_ratios}; that round's {}; the blocking \
+             ping-pong with both sides on tokio, over the blocking one, per round: \
+             {tokio_ratios}; that round's {}{reach})",
             fmt_micros(m.noop.median),
             fmt_micros(m.blocking.median),
             ratios[i],
             verdict(ratios[i], SMALL_CALL_TARGET),
             fmt_micros(m.spinning.median),
+            fmt_micros(m.on_tokio.median),
         ),
     );
 
