@@ -299,7 +299,8 @@ impl PingPong {
 /// ([`Waiting::Tokio`]): the client's runtime is its own, so its round trips
 /// must be timed off any other runtime's threads.
 pub(crate) struct TokioPingPong {
-    runtime: tokio::runtime::Runtime,
+    /// Always `Some` until dropped.
+    runtime: Option<tokio::runtime::Runtime>,
     conn: tokio::net::TcpStream,
     _server: RawServer,
 }
@@ -317,7 +318,7 @@ impl TokioPingPong {
             tokio::net::TcpStream::from_std(conn)?
         };
         Ok(TokioPingPong {
-            runtime,
+            runtime: Some(runtime),
             conn,
             _server: server,
         })
@@ -332,7 +333,11 @@ impl TokioPingPong {
         let mut msg = (size as u64).to_le_bytes().to_vec();
         msg.resize(8 + size, 7);
         let mut back = vec![0u8; size];
-        let samples = self.runtime.block_on(async {
+        let runtime = self
+            .runtime
+            .as_ref()
+            .expect("the runtime lives until dropped");
+        let samples = runtime.block_on(async {
             let mut samples = Vec::with_capacity(n);
             for i in 0..warmup + n {
                 let t = Instant::now();
@@ -345,6 +350,16 @@ impl TokioPingPong {
             std::io::Result::Ok(samples)
         })?;
         Ok(samples)
+    }
+}
+
+impl Drop for TokioPingPong {
+    fn drop(&mut self) {
+        // It is dropped on the bench's runtime, where a runtime's blocking
+        // shutdown panics; nothing runs on its own between round trips.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
     }
 }
 
