@@ -15,7 +15,7 @@
 //! with `wasmrpc-bench anatomy`: a 50 µs window against 75-80 µs round trips
 //! made them no faster, while the same calls polled through took 35 µs).
 //!
-//! The rules (BUSY-1 to BUSY-8) keep the cost bounded:
+//! The rules (BUSY-1 to BUSY-7) keep the cost bounded:
 //! - BUSY-1: a reader polls a wait for at most [`SPAN`] times its typical
 //!   wait (a moving average of its recent waits, polled or slept), and not
 //!   at all while its typical wait is as long as its window: frames that
@@ -56,23 +56,6 @@
 //!   --call noop` (caller and callee on one core): spinning, a no-op's round
 //!   trip took 1.02 ms, each reader polling through its window until the
 //!   scheduler took the CPU from it.
-//! - BUSY-8: a reader that finds it lost the CPU while polling (more than
-//!   [`PREEMPTED`] between two tries that nothing of its own ran between:
-//!   another thread or process held the CPU) stops polling that wait, and
-//!   polls none for [`BACK_OFF`]. Where runnable threads outnumber the
-//!   CPUs, a polling reader keeps the CPU its peer (or the work that would
-//!   send it bytes) needs, and is made to wait a scheduler's time slice
-//!   for it; sleeping, it is woken as soon as its bytes come. Measured
-//!   on the 2-core VM: while a test build kept both cores busy, the
-//!   no-op's round trip took 0.53-1.02 ms polled (`wasmrpc-bench --quick
-//!   --only rtt_noop_native`), against a raw blocking ping-pong of 14.7
-//!   µs; beside four CPU-bound processes (`anatomy --call noop`, 3,000
-//!   calls, two runs each), 18 µs and 1.02 ms median (means 90 µs and
-//!   1.20 ms) before this rule, 26-27 µs (means 110-115 µs) with it, 25 µs
-//!   (mean 49 µs) with polling off; on the idle machine (20,000 calls)
-//!   13.5-14.1 µs with it against 13.8-14.2 µs before. A gap of 100 µs
-//!   instead of [`PREEMPTED`]'s 500 µs backed off on the idle machine too
-//!   (no-op 14.0-18.2 µs, means 19-21 µs against 15-16 µs).
 //!
 //! This module owns the socket reads of plain TCP connections and of the
 //! TLS record layer beneath; it does not know frames or messages.
@@ -131,23 +114,6 @@ pub(crate) fn yields_cpu(cpus: Option<std::num::NonZeroUsize>) -> bool {
     cpus.is_some_and(|n| n.get() == 1)
 }
 
-/// A gap between two tries of a poll longer than this means that the
-/// reader lost its CPU meanwhile (BUSY-8): a try is one non-blocking
-/// `recv` (1-2 µs), and a scheduler's time slice is milliseconds.
-pub(crate) const PREEMPTED: Duration = Duration::from_micros(500);
-
-/// How long a reader that lost its CPU while polling polls nothing
-/// (BUSY-8): long enough that trying again, which may cost a time slice,
-/// costs little (one slow wait per back-off), short enough that polling
-/// resumes soon after the machine quiets down.
-pub(crate) const BACK_OFF: Duration = Duration::from_millis(100);
-
-/// Whether a reader that tried its socket at `tried`, and ran nothing of
-/// its own since, lost its CPU before `now` (BUSY-8).
-fn preempted(tried: Instant, now: Instant) -> bool {
-    now.duration_since(tried) > PREEMPTED
-}
-
 /// The weight of the newest wait in the typical wait, as a divisor: the
 /// average of roughly the last eight waits, so that one long wait (a peer
 /// preempted, a slow call) does not stop polling, and a change of regime
@@ -176,7 +142,7 @@ fn next_typical(typical: Duration, wait: Duration, window: Duration) -> Duration
     Duration::from_nanos(t - t / smoothing + w / smoothing)
 }
 
-/// The read half of a TCP connection, busy-polled per BUSY-1 to BUSY-8.
+/// The read half of a TCP connection, busy-polled per BUSY-1 to BUSY-7.
 pub(crate) struct BusyPollRead {
     inner: OwnedReadHalf,
     window: Duration,
@@ -200,15 +166,6 @@ pub(crate) struct BusyPollRead {
     yields_cpu: bool,
     /// Times this reader gave the CPU up while polling (BUSY-7).
     cpu_yields: u64,
-    /// Until when this reader polls nothing, having lost its CPU while
-    /// polling (BUSY-8).
-    backed_off_until: Option<Instant>,
-    /// Times this reader lost its CPU while polling and backed off.
-    back_offs: u64,
-    /// Whether it backs off when it loses its CPU (BUSY-8): always, but in
-    /// the tests of the other rules, which share the machine's CPUs with
-    /// the tests running beside them.
-    backs_off: bool,
     /// The connection's work in progress (BUSY-4).
     in_progress: InProgress,
     /// The runtime this reader is polled on, whose queue of tasks woken
@@ -237,9 +194,6 @@ impl BusyPollRead {
             turns: 0,
             yields_cpu,
             cpu_yields: 0,
-            backed_off_until: None,
-            back_offs: 0,
-            backs_off: true,
             in_progress,
             runtime: None,
         }
@@ -306,19 +260,10 @@ impl BusyPollRead {
             return Ok(true);
         }
         if self.yields_cpu {
-            let yielded = Instant::now();
             // SAFETY: `sched_yield` takes nothing and cannot fail on Linux.
             unsafe { libc::sched_yield() };
             self.cpu_yields += 1;
-            if recv_now(fd, buf)? {
-                return Ok(true);
-            }
-            // BUSY-8: the CPU went to others for longer than a peer's turn.
-            let now = Instant::now();
-            if self.backs_off && preempted(yielded, now) {
-                self.back_off(now);
-            }
-            return Ok(false);
+            return recv_now(fd, buf);
         }
         let runtime = match &self.runtime {
             Some(r) => r,
@@ -327,42 +272,16 @@ impl BusyPollRead {
                 Err(_) => return Ok(false),
             },
         };
-        let mut tried = Instant::now();
-        let until = (tried + SPIN).min(deadline);
+        let until = (Instant::now() + SPIN).min(deadline);
         // Tasks woken by I/O or timers wait for the next turn; those woken
         // from other threads (a blocking op's caller) are in the runtime's
         // global queue, and end the spin at once.
-        while runtime.global_queue_depth() == 0 && tried < until {
+        while runtime.global_queue_depth() == 0 && Instant::now() < until {
             if recv_now(fd, buf)? {
                 return Ok(true);
             }
-            // BUSY-8: nothing of ours runs between two tries of the spin.
-            let now = Instant::now();
-            if self.backs_off && preempted(tried, now) {
-                self.back_off(now);
-                break;
-            }
-            tried = now;
         }
         Ok(false)
-    }
-
-    /// BUSY-8: polls nothing for [`BACK_OFF`] from `now`.
-    fn back_off(&mut self, now: Instant) {
-        self.backed_off_until = Some(now + BACK_OFF);
-        self.back_offs += 1;
-    }
-
-    /// Whether this reader is in a back-off (BUSY-8); ends it when over.
-    fn backing_off(&mut self) -> bool {
-        match self.backed_off_until {
-            Some(until) if Instant::now() < until => true,
-            Some(_) => {
-                self.backed_off_until = None;
-                false
-            }
-            None => false,
-        }
     }
 
     fn fd(&self) -> RawFd {
@@ -389,7 +308,7 @@ impl AsyncRead for BusyPollRead {
             .waiting_since
             .get_or_insert_with(|| (Instant::now(), SystemTime::now()));
         let limit = match this.in_progress.load(Ordering::Acquire) {
-            0 | 1 if !this.backing_off() => poll_limit(this.typical, this.window),
+            0 | 1 => poll_limit(this.typical, this.window),
             _ => Duration::ZERO,
         };
         if limit.is_zero() {
@@ -417,7 +336,7 @@ impl AsyncRead for BusyPollRead {
                 Err(e) => return Poll::Ready(Err(e)),
             }
         }
-        if since.elapsed() >= limit || this.backed_off_until.is_some() {
+        if since.elapsed() >= limit {
             return Poll::Pending;
         }
         let mut turn: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(tokio::task::yield_now());
