@@ -334,6 +334,17 @@ pub(crate) fn run(
         );
         report("caller (this process, rank 0)", &c0, &c1, calls as u64);
         report("callee (worker1)", &w0, &w1, calls as u64);
+        // BUSY-8: polling given up for a crowded CPU, since each started.
+        let key = "agent.busy_poll_back_offs";
+        let callee_info = agent
+            .rpc_sync("worker1", wasmrpc::DEBUG_INFO, args![])
+            .await?;
+        let callee_back_offs = callee_info.get(key)?.map(|v| v.as_str().map(str::to_owned));
+        println!(
+            "busy polling backed off for a crowded CPU: caller {}, callee {} times",
+            agent.get_debug_info().get(key).map_or("?", String::as_str),
+            callee_back_offs.transpose()?.as_deref().unwrap_or("?"),
+        );
         agent.shutdown(true, Duration::ZERO).await?;
         children.wait(Duration::from_secs(30)).await
     })

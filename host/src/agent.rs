@@ -532,6 +532,10 @@ impl RpcAgent {
                 .map_or(0, |t| t.refused_connections())
                 .to_string(),
         );
+        m.insert(
+            "agent.busy_poll_back_offs".into(),
+            crate::transport::busy_poll_back_offs().to_string(),
+        );
         let (links, shared, cuda) = i.transport.get().map_or((0, 0, 0), |t| t.shared_memory());
         m.insert("agent.shared_memory_links".into(), links.to_string());
         m.insert("agent.shared_memory_bytes_sent".into(), shared.to_string());

@@ -18,7 +18,7 @@
 //! | `wasmrpc_frames_sent_total`, `wasmrpc_frames_received_total` | counter | `peer`, `channel` | frames (messages and heartbeats) to and from each peer |
 //! | `wasmrpc_connections_refused_total` | counter | `reason` | connections refused before their first frame: `tls`, `handshake`, `certificate_name`, `timeout`, `displaced` |
 //! | `wasmrpc_worker_info` | info | `name`, `rank` | which worker this is |
-//! | `wasmrpc_<debug info key>` | gauge | | every number of `get_debug_info` (the agent's and each feature's): `wasmrpc_agent_num_pending_requests`, `wasmrpc_agent_num_connections`, `wasmrpc_agent_tensor_memory_bytes`, `wasmrpc_agent_tensor_memory_limit_bytes`, `wasmrpc_rref_num_owner_rrefs`, `wasmrpc_num_autograd_contexts`, the plugins' `wasmrpc_agent_plugin_served`, `_calls_in_flight`, `_objects`, `_idle_instances`, `_compiled_here`, ... |
+//! | `wasmrpc_<debug info key>` | gauge | | every number of `get_debug_info` (the agent's and each feature's): `wasmrpc_agent_num_pending_requests`, `wasmrpc_agent_num_connections`, `wasmrpc_agent_tensor_memory_bytes`, `wasmrpc_agent_tensor_memory_limit_bytes`, `wasmrpc_agent_busy_poll_back_offs` (BUSY-8), `wasmrpc_rref_num_owner_rrefs`, `wasmrpc_num_autograd_contexts`, the plugins' `wasmrpc_agent_plugin_served`, `_calls_in_flight`, `_objects`, `_idle_instances`, `_compiled_here`, ... |
 //!
 //! Invariants:
 //! - MET-1: no argument value, result or error message is ever exported:

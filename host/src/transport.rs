@@ -110,7 +110,7 @@ pub use kind::MessageKind;
 pub(crate) use frame::OutFrame;
 pub use handshake::generate_secret;
 pub use tcp::DEFAULT_FAILURE_TIMEOUT;
-pub(crate) use tcp::{Connection, Handler, Transport, TransportConfig, Work};
+pub(crate) use tcp::{Connection, Handler, Transport, TransportConfig, Work, busy_poll_back_offs};
 pub(crate) use tls::TlsEndpoints;
 pub use tls::{
     CertificateAuthority, TLS_CA_ENV, TLS_CA_PEM_ENV, TLS_CERT_ENV, TLS_CERT_PEM_ENV, TLS_KEY_ENV,

@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 
 mod admission;
 mod busy_poll;
+pub(crate) use busy_poll::busy_poll_back_offs;
 mod coalesce;
 mod liveness;
 mod refusals;

@@ -15,7 +15,7 @@
 //! with `wasmrpc-bench anatomy`: a 50 µs window against 75-80 µs round trips
 //! made them no faster, while the same calls polled through took 35 µs).
 //!
-//! The rules (BUSY-1 to BUSY-7) keep the cost bounded:
+//! The rules (BUSY-1 to BUSY-8) keep the cost bounded:
 //! - BUSY-1: a reader polls a wait for at most [`SPAN`] times its typical
 //!   wait (a moving average of its recent waits, polled or slept), and not
 //!   at all while its typical wait is as long as its window: frames that
@@ -56,6 +56,10 @@
 //!   --call noop` (caller and callee on one core): spinning, a no-op's round
 //!   trip took 1.02 ms, each reader polling through its window until the
 //!   scheduler took the CPU from it.
+//! - BUSY-8: a reader whose polled waits are spent off the CPU (a fifth of
+//!   them on average, sampled by the thread's CPU clock) stops polling for
+//!   a while: the machine has more runnable threads than CPUs, and its
+//!   poll holds a CPU that the peer or its own process needs ([`crowding`]).
 //!
 //! This module owns the socket reads of plain TCP connections and of the
 //! TLS record layer beneath; it does not know frames or messages.
@@ -142,7 +146,7 @@ fn next_typical(typical: Duration, wait: Duration, window: Duration) -> Duration
     Duration::from_nanos(t - t / smoothing + w / smoothing)
 }
 
-/// The read half of a TCP connection, busy-polled per BUSY-1 to BUSY-7.
+/// The read half of a TCP connection, busy-polled per BUSY-1 to BUSY-8.
 pub(crate) struct BusyPollRead {
     inner: OwnedReadHalf,
     window: Duration,
@@ -166,6 +170,9 @@ pub(crate) struct BusyPollRead {
     yields_cpu: bool,
     /// Times this reader gave the CPU up while polling (BUSY-7).
     cpu_yields: u64,
+    /// Whether its CPU is crowded, from samples of its polled waits
+    /// (BUSY-8).
+    crowding: Crowding,
     /// The connection's work in progress (BUSY-4).
     in_progress: InProgress,
     /// The runtime this reader is polled on, whose queue of tasks woken
@@ -194,6 +201,7 @@ impl BusyPollRead {
             turns: 0,
             yields_cpu,
             cpu_yields: 0,
+            crowding: Crowding::default(),
             in_progress,
             runtime: None,
         }
@@ -212,6 +220,8 @@ impl BusyPollRead {
             self.typical = next_typical(self.typical, wait, self.window);
         }
         self.turn = None;
+        // Whether or not it was polled for: a sample ends with polling.
+        self.crowding.polling_ends();
     }
 
     /// Reads what the socket holds, or registers for its readiness: the
@@ -304,16 +314,27 @@ impl AsyncRead for BusyPollRead {
         }
         // Pending: tokio has registered the waker, so giving up below is
         // always safe.
+        let begins = this.waiting_since.is_none();
         let (since, _) = *this
             .waiting_since
             .get_or_insert_with(|| (Instant::now(), SystemTime::now()));
+        // BUSY-8: a back-off's end is seen at the start of a wait, and a
+        // back-off covers the whole of each wait begun within it.
+        let crowded = if begins {
+            !this.crowding.may_poll(since)
+        } else {
+            this.crowding.backing_off(since)
+        };
         let limit = match this.in_progress.load(Ordering::Acquire) {
-            0 | 1 => poll_limit(this.typical, this.window),
+            0 | 1 if !crowded => poll_limit(this.typical, this.window),
             _ => Duration::ZERO,
         };
         if limit.is_zero() {
             this.turn = None;
             return Poll::Pending;
+        }
+        if begins {
+            this.crowding.wait_begins(since);
         }
         // BUSY-3: one `recv` per turn of the worker thread, after every task
         // it had ready (`yield_now` defers this task behind them, and lets
@@ -337,6 +358,7 @@ impl AsyncRead for BusyPollRead {
             }
         }
         if since.elapsed() >= limit {
+            this.crowding.polling_ends();
             return Poll::Pending;
         }
         let mut turn: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(tokio::task::yield_now());
@@ -367,7 +389,11 @@ fn recv_now(fd: BorrowedFd<'_>, buf: &mut ReadBuf<'_>) -> io::Result<bool> {
     }
 }
 
+mod crowding;
 mod stamp;
+
+use crowding::Crowding;
+pub(crate) use crowding::busy_poll_back_offs;
 
 #[cfg(test)]
 mod tests;

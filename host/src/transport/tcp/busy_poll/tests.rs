@@ -1,4 +1,4 @@
-//! The busy-polled reader's rules (BUSY-1 to BUSY-7), each against a real
+//! The busy-polled reader's rules (BUSY-1 to BUSY-8), each against a real
 //! loopback socket.
 
 use std::io::Write;
@@ -17,10 +17,20 @@ async fn pair(window: Duration) -> (std::net::TcpStream, BusyPollRead) {
     writer.set_nodelay(true).unwrap();
     let (stream, _) = listener.accept().await.unwrap();
     let (read, _write) = stream.into_split();
-    (
-        writer,
-        BusyPollRead::new(read, window, InProgress::default()),
-    )
+    let mut reader = BusyPollRead::new(read, window, InProgress::default());
+    // Each test checks its own rule: a machine crowded by the tests
+    // beside it must not stop the polling they look for (BUSY-8 has its
+    // own tests).
+    reader.crowding = crowding::Crowding::never_crowded();
+    (writer, reader)
+}
+
+/// Serializes this module's socket tests: one of them keeps a CPU busy
+/// (BUSY-8's), and the others count polled frames, which a crowded CPU
+/// changes.
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn current_thread() -> tokio::runtime::Runtime {
@@ -40,6 +50,7 @@ fn thread_cpu_time() -> Duration {
 /// seen, whatever the window.
 #[test]
 fn every_byte_arrives_in_order_polled_or_not() {
+    let _alone = alone();
     for window in [
         Duration::ZERO,
         Duration::from_micros(50),
@@ -100,6 +111,7 @@ async fn poll_beside(
 /// running meanwhile.
 #[test]
 fn a_polling_reader_leaves_its_thread_to_other_tasks() {
+    let _alone = alone();
     let ticks = Arc::new(AtomicU32::new(0));
     let ticker = {
         let ticks = ticks.clone();
@@ -125,6 +137,7 @@ fn a_polling_reader_leaves_its_thread_to_other_tasks() {
 /// sends it.
 #[test]
 fn a_polling_reader_leaves_its_thread_to_tasks_woken_from_other_threads() {
+    let _alone = alone();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u32>();
     let taken = Arc::new(AtomicU32::new(0));
     let taker = {
@@ -161,6 +174,7 @@ fn a_polling_reader_leaves_its_thread_to_tasks_woken_from_other_threads() {
 /// costs none.
 #[test]
 fn polling_stops_at_the_end_of_the_window() {
+    let _alone = alone();
     for (window, least, most) in [
         (
             Duration::from_millis(20),
@@ -195,6 +209,7 @@ fn polling_stops_at_the_end_of_the_window() {
 /// wait reaches its window does not poll.
 #[test]
 fn the_poll_follows_the_typical_wait_within_the_window() {
+    let _alone = alone();
     let us = Duration::from_micros;
     let window = us(200);
     assert_eq!(poll_limit(Duration::ZERO, window), Duration::ZERO);
@@ -226,6 +241,7 @@ fn the_poll_follows_the_typical_wait_within_the_window() {
 /// wait costs its thread no CPU.
 #[test]
 fn a_reader_whose_frames_come_far_apart_does_not_poll() {
+    let _alone = alone();
     current_thread().block_on(async {
         let window = Duration::from_millis(20);
         let (mut writer, mut reader) = pair(window).await;
@@ -262,6 +278,7 @@ fn a_reader_whose_frames_come_far_apart_does_not_poll() {
 /// the byte comes 5 ms into the wait and the thread is busy for 200 ms.
 #[test]
 fn a_slept_wait_lasts_until_its_bytes_arrived_not_until_the_reader_woke() {
+    let _alone = alone();
     current_thread().block_on(async {
         // A window far above the waits, and no typical wait yet: the
         // reader sleeps through the wait, and the wait counts whole.
@@ -298,6 +315,7 @@ fn a_slept_wait_lasts_until_its_bytes_arrived_not_until_the_reader_woke() {
 /// not polled; once one ends, they are.
 #[test]
 fn a_reader_does_not_poll_while_several_calls_are_in_progress() {
+    let _alone = alone();
     current_thread().block_on(async {
         let window = Duration::from_millis(200);
         let (mut writer, mut reader) = pair(window).await;
@@ -344,6 +362,7 @@ fn a_reader_does_not_poll_while_several_calls_are_in_progress() {
 /// 12 of 40 with a busy process on each core, about 35 on a quiet machine).
 #[test]
 fn a_reader_whose_frames_come_close_together_polls_them() {
+    let _alone = alone();
     current_thread().block_on(async {
         let window = Duration::from_millis(200);
         let (mut writer, mut reader) = pair(window).await;
@@ -427,6 +446,7 @@ fn polled_exchange(pinned: bool) -> (u64, u64) {
 /// pinned test thread stands for a pinned process.)
 #[test]
 fn a_reader_on_one_cpu_gives_the_cpu_up_while_polling() {
+    let _alone = alone();
     use std::num::NonZeroUsize;
     assert!(yields_cpu(NonZeroUsize::new(1)));
     assert!(!yields_cpu(NonZeroUsize::new(2)));
@@ -441,4 +461,140 @@ fn a_reader_on_one_cpu_gives_the_cpu_up_while_polling() {
         let (yields, _) = polled_exchange(false);
         assert_eq!(yields, 0, "with several CPUs the reader gave the CPU up");
     }
+}
+
+/// BUSY-8's loss: the share of a wait its thread did not run.
+#[test]
+fn a_wait_loses_what_its_thread_did_not_run() {
+    use crowding::loss_of;
+    let ms = Duration::from_millis;
+    assert_eq!(loss_of(ms(10), ms(10)), 0.0);
+    assert_eq!(loss_of(ms(10), ms(5)), 0.5);
+    assert_eq!(loss_of(ms(10), ms(0)), 1.0);
+    // Clocks read a little apart: never below nothing lost.
+    assert_eq!(loss_of(ms(10), ms(11)), 0.0);
+    assert_eq!(loss_of(Duration::ZERO, Duration::ZERO), 0.0);
+}
+
+/// BUSY-8's decision: a reader whose samples lose next to nothing keeps
+/// polling, and so does one that lost most of a single wait (a kernel
+/// thread's turn); one whose samples keep losing a third or more stops
+/// for `BACK_OFF`, and afterwards a single probe decides.
+#[test]
+fn a_reader_backs_off_once_its_waits_keep_losing_the_cpu() {
+    use crowding::{BACK_OFF, CROWDED_LOSS, Crowding};
+    let start = Instant::now();
+    let mut c = Crowding::default();
+    assert!(c.may_poll(start));
+    for _ in 0..100 {
+        c.record(0.02, start);
+    }
+    c.record(0.95, start);
+    assert_eq!(c.back_offs, 0, "one preempted wait stopped polling");
+    assert!(c.may_poll(start));
+
+    let mut samples = 0;
+    while c.back_offs == 0 {
+        c.record(0.4, start);
+        samples += 1;
+        assert!(samples < 20, "waits losing 40% never stopped polling");
+    }
+    assert!(samples > 1, "a single sample at 40% stopped polling");
+    assert!(c.backing_off(start + BACK_OFF / 2));
+    assert!(!c.may_poll(start + BACK_OFF / 2));
+
+    // The back-off ends; the probe's sample finds the CPU free.
+    let later = start + BACK_OFF;
+    assert!(!c.backing_off(later));
+    assert!(c.may_poll(later));
+    c.record(0.0, later);
+    assert_eq!(
+        c.back_offs, 1,
+        "a free CPU after a back-off stopped polling"
+    );
+    assert!(c.may_poll(later));
+
+    // Crowded again: at the next back-off's end, one lossy probe is enough.
+    while c.back_offs == 1 {
+        c.record(0.5, later);
+    }
+    let probe = later + BACK_OFF;
+    assert!(c.may_poll(probe));
+    c.record(CROWDED_LOSS * 2.0, probe);
+    assert_eq!(c.back_offs, 3, "a crowded probe went on polling");
+    assert!(!c.may_poll(probe));
+}
+
+/// BUSY-8 on a real socket: a reader that shares its CPU with a thread
+/// that never sleeps stops polling, and still reads every byte in order.
+/// The reader is made before its thread is pinned, so it spins between
+/// tries (BUSY-6) rather than yielding (BUSY-7), as on a machine of many
+/// CPUs all busy.
+#[test]
+fn a_reader_sharing_its_cpu_with_a_busy_thread_stops_polling() {
+    let _alone = alone();
+    // A 2 ms wait beside a busy thread loses either nearly all or nearly
+    // none of its time (the scheduler's slices are that long), so the
+    // average needs a few dozen samples.
+    const FRAMES: u8 = 240;
+    let outcome = std::thread::spawn(|| {
+        current_thread().block_on(async {
+            let (mut writer, mut reader) = pair(Duration::from_millis(200)).await;
+            reader.crowding = crowding::Crowding::default();
+            assert!(!reader.yields_cpu || num_cpus_is_one());
+            let sender = std::thread::spawn(move || {
+                for i in 0..FRAMES {
+                    std::thread::sleep(Duration::from_millis(2));
+                    writer.write_all(&[i]).unwrap();
+                }
+            });
+            pin_to_one_cpu();
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let hog = {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            };
+            let mut read_backing_off = 0;
+            for i in 0..FRAMES {
+                reader.typical = Duration::from_millis(15);
+                // Backing off still a little later: the whole wait is.
+                let off = reader
+                    .crowding
+                    .backing_off(Instant::now() + Duration::from_millis(5));
+                let polled = reader.polled;
+                let mut got = [0; 1];
+                reader.read_exact(&mut got).await.unwrap();
+                assert_eq!(got[0], i);
+                if off {
+                    assert_eq!(reader.polled, polled, "frame {i} polled while backing off");
+                    read_backing_off += 1;
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+            hog.join().unwrap();
+            sender.join().unwrap();
+            (
+                reader.crowding.back_offs,
+                reader.crowding.samples,
+                read_backing_off,
+            )
+        })
+    })
+    .join()
+    .unwrap();
+    let (back_offs, samples, read_backing_off) = outcome;
+    assert!(
+        back_offs > 0 && read_backing_off > 0,
+        "sharing its CPU with a busy thread, the reader never stopped polling \
+         ({back_offs} back-offs, {samples} waits sampled, {read_backing_off} frames read \
+         while backing off)"
+    );
+}
+
+fn num_cpus_is_one() -> bool {
+    std::thread::available_parallelism().is_ok_and(|n| n.get() == 1)
 }
