@@ -151,8 +151,9 @@ pub(crate) struct WorkerArgs {
     /// about twice its recent waits, and not at all when those are as long
     /// as this or while several calls are in progress on it. Polling saves
     /// the tens of microseconds a wake-up costs (on VMs most of a small
-    /// call's round trip) at the price of CPU while it polls; 0 never polls
-    /// (for machines short of cores).
+    /// call's round trip) at the price of CPU while it polls; a connection
+    /// whose polling keeps losing its CPU to other threads stops polling
+    /// for a while by itself. 0 never polls.
     #[arg(long, value_name = "US", default_value_t = wasmrpc::DEFAULT_BUSY_POLL.as_micros() as u64)]
     busy_poll_us: u64,
     /// How many threads one builtin op (a matmul, a backward pass) may use
