@@ -185,3 +185,68 @@ fn thread_cpu_time() -> Duration {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// BUSY-8's loss: the share of a wait its thread did not run.
+    #[test]
+    fn a_wait_loses_what_its_thread_did_not_run() {
+        let ms = Duration::from_millis;
+        assert_eq!(loss_of(ms(10), ms(10)), 0.0);
+        assert_eq!(loss_of(ms(10), ms(5)), 0.5);
+        assert_eq!(loss_of(ms(10), ms(0)), 1.0);
+        // Clocks read a little apart: never below nothing lost.
+        assert_eq!(loss_of(ms(10), ms(11)), 0.0);
+        assert_eq!(loss_of(Duration::ZERO, Duration::ZERO), 0.0);
+    }
+
+    /// BUSY-8's decision: a reader whose samples lose next to nothing keeps
+    /// polling, and so does one that lost most of a single wait (a kernel
+    /// thread's turn); one whose samples keep losing a third or more stops
+    /// for `BACK_OFF`, and afterwards a single probe decides.
+    #[test]
+    fn a_reader_backs_off_once_its_waits_keep_losing_the_cpu() {
+        let start = Instant::now();
+        let mut c = Crowding::default();
+        assert!(c.may_poll(start));
+        for _ in 0..100 {
+            c.record(0.02, start);
+        }
+        c.record(0.95, start);
+        assert_eq!(c.back_offs, 0, "one preempted wait stopped polling");
+        assert!(c.may_poll(start));
+
+        let mut samples = 0;
+        while c.back_offs == 0 {
+            c.record(0.4, start);
+            samples += 1;
+            assert!(samples < 20, "waits losing 40% never stopped polling");
+        }
+        assert!(samples > 1, "a single sample at 40% stopped polling");
+        assert!(c.backing_off(start + BACK_OFF / 2));
+        assert!(!c.may_poll(start + BACK_OFF / 2));
+
+        // The back-off ends; the probe's sample finds the CPU free.
+        let later = start + BACK_OFF;
+        assert!(!c.backing_off(later));
+        assert!(c.may_poll(later));
+        c.record(0.0, later);
+        assert_eq!(
+            c.back_offs, 1,
+            "a free CPU after a back-off stopped polling"
+        );
+        assert!(c.may_poll(later));
+
+        // Crowded again: at the next back-off's end, one lossy probe is enough.
+        while c.back_offs == 1 {
+            c.record(0.5, later);
+        }
+        let probe = later + BACK_OFF;
+        assert!(c.may_poll(probe));
+        c.record(CROWDED_LOSS * 2.0, probe);
+        assert_eq!(c.back_offs, 3, "a crowded probe went on polling");
+        assert!(!c.may_poll(probe));
+    }
+}
