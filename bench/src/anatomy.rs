@@ -245,12 +245,14 @@ pub(crate) fn run_local(call: Call, calls: usize, threads: usize) -> Result<()> 
 }
 
 /// Runs the raw ping-pong and then `call`, `calls` times each, and prints
-/// the threads of both ends of each.
+/// the threads of both ends of each; with `chunks` > 0, also the call's
+/// median per run of `chunks` consecutive round trips.
 pub(crate) fn run(
     call: Call,
     calls: usize,
     threads: usize,
     in_flight: usize,
+    chunks: usize,
     caller: worker::CallerRuntime,
 ) -> Result<()> {
     let calls = calls.max(100);
@@ -322,16 +324,31 @@ pub(crate) fn run(
             report("caller (this process, rank 0)", &c0, &c1, calls as u64);
             report("callee (worker1)", &w0, &w1, calls as u64);
         }
+        phases.borrow_mut().clear();
         let (c0, w0) = (snapshot(me)?, snapshot(callee)?);
         let started = Instant::now();
         let samples = ours::timed(calls, 0, one).await?;
         let elapsed = started.elapsed();
+        if chunks > 0 {
+            for (i, chunk) in samples.chunks(chunks).enumerate() {
+                let mut chunk = chunk.to_vec();
+                chunk.sort();
+                let (median, p90) = (chunk[chunk.len() / 2], chunk[chunk.len() * 9 / 10]);
+                println!(
+                    "  round trips {}..: median {median:.1?}, p90 {p90:.1?}",
+                    i * chunks
+                );
+            }
+        }
         let (c1, w1) = (snapshot(me)?, snapshot(callee)?);
         println!(
             "wasmrpc {call:?}: median {:.2?} (mean {:.2?})",
             median(samples),
             elapsed / calls as u32
         );
+        if !phases.borrow().is_empty() {
+            println!("  {}", ours::StepPhases::medians(&phases.borrow()));
+        }
         report("caller (this process, rank 0)", &c0, &c1, calls as u64);
         report("callee (worker1)", &w0, &w1, calls as u64);
         // BUSY-8: polling given up for a crowded CPU, since each started.

@@ -212,6 +212,11 @@ enum Internal {
         /// cost, to profile with `perf record`.
         #[arg(long, conflicts_with = "in_flight")]
         local: bool,
+        /// Also print the median and 90th percentile of each run of this
+        /// many consecutive round trips of the call: the VM's slow and fast
+        /// phases within one run show as runs of chunks; 0: none.
+        #[arg(long, default_value_t = 0, conflicts_with = "local")]
+        chunks: usize,
     },
     /// What a group costs as it grows: init, memory per worker and per
     /// connection, an all-to-all round and shutdown, for in-process workers
@@ -291,12 +296,20 @@ fn main() -> ExitCode {
             threads,
             in_flight,
             local,
+            chunks,
         }) => {
             let threads = threads.unwrap_or_else(|| wasmrpc::cores_per_worker(2));
             if *local {
                 anatomy::run_local(*call, *calls, threads)
             } else {
-                anatomy::run(*call, *calls, threads, *in_flight, cli.caller_runtime)
+                anatomy::run(
+                    *call,
+                    *calls,
+                    threads,
+                    *in_flight,
+                    *chunks,
+                    cli.caller_runtime,
+                )
             }
         }
         Some(Internal::Scale {

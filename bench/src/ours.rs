@@ -19,7 +19,7 @@ use crate::stats::Stat;
 use crate::worker::{self, ECHO, LOAD, NOOP, off_runtime};
 
 mod autograd;
-pub(crate) use autograd::{autograd_step, forward_in_context};
+pub(crate) use autograd::{StepPhases, autograd_step, forward_in_context};
 mod floors;
 mod local_calls;
 mod processes;

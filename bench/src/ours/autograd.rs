@@ -250,7 +250,7 @@ pub(crate) struct StepPhases {
 
 impl StepPhases {
     /// The median of each phase over `steps`.
-    pub(super) fn medians(steps: &[StepPhases]) -> String {
+    pub(crate) fn medians(steps: &[StepPhases]) -> String {
         let median = |phase: fn(&StepPhases) -> Duration| {
             let samples: Vec<Duration> = steps.iter().map(phase).collect();
             crate::report::fmt_micros(Stat::latencies(&samples).median)
