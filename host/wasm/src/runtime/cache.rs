@@ -5,8 +5,9 @@
 //!
 //! Invariant:
 //! - CACHE-1: an entry is written whole under a temporary name and renamed
-//!   into place, never changed in place, and entries are mapped, not read:
-//!   only the code a worker runs is resident, workers of one host share it
+//!   into place, never changed in place, and entries are mapped, not read
+//!   (the worker that compiled and wrote one runs from it too): only the
+//!   code a worker runs is resident, workers of one host share it
 //!   through the page cache, and a plugin running from an entry keeps
 //!   running when the entry is replaced or removed. (An entry truncated in
 //!   place by someone else would fault the workers mapping it: the folder
@@ -17,23 +18,17 @@
 //!   until the entries fit. Only files named as entries are counted or
 //!   removed; removing one is safe while workers run from it (CACHE-1).
 
-use super::Runtime;
+use super::{Runtime, engine};
 use crate::plugin::LoadSource;
 use crate::{Error, Result};
-use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use wasmtime::Module;
+use wasmtime::{Engine, Module};
 
 impl Runtime {
     fn cache_path(&self, sha256: &[u8; 32]) -> Option<PathBuf> {
         let dir = self.inner.shared.config.cache_dir.as_ref()?;
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        self.inner
-            .shared
-            .engine
-            .precompile_compatibility_hash()
-            .hash(&mut hasher);
-        Some(dir.join(format!("{}-{:016x}.cwasm", hex(sha256), hasher.finish())))
+        let compatibility = engine::compatibility(&self.inner.shared.engine);
+        Some(dir.join(format!("{}-{compatibility:016x}.cwasm", hex(sha256))))
     }
 
     pub(super) fn compile(
@@ -42,20 +37,28 @@ impl Runtime {
         sha256: &[u8; 32],
         name: &str,
     ) -> Result<(Module, LoadSource)> {
-        let engine = &self.inner.shared.engine;
         self.compile_cached(
             sha256,
             &format!("plugin `{name}`"),
-            // SAFETY: the file is named by the sha256 of the wasm bytes and by
-            // this engine's compatibility hash, and only `compile_cached`
-            // writes it (through `Module::serialize` and an atomic rename), so
-            // it holds code wasmtime compiled from these bytes for an engine
-            // like this one; wasmtime checks the header and refuses others.
-            // It is mapped, not read: see `compile_cached` for why that is
-            // safe.
-            |compiled| unsafe { Module::deserialize_file(engine, compiled) },
-            || Module::new(engine, bytes),
-            Module::serialize,
+            Loaders {
+                // SAFETY: the file is named by the sha256 of the wasm bytes
+                // and by this engine's compatibility hash, and only
+                // `compile_cached` writes it (through `Module::serialize` and
+                // an atomic rename), so it holds code wasmtime compiled from
+                // these bytes for an engine like this one; wasmtime checks
+                // the header and refuses others. It is mapped, not read: see
+                // `compile_cached` for why that is safe.
+                file: |engine: &Engine, compiled: &Path| unsafe {
+                    Module::deserialize_file(engine, compiled)
+                },
+                // SAFETY: the bytes are `Module::serialize`'s, made by this
+                // load from these wasm bytes (`compile_cached`).
+                bytes: |engine: &Engine, compiled: &[u8]| unsafe {
+                    Module::deserialize(engine, compiled)
+                },
+                compile: |engine: &Engine| Module::new(engine, bytes),
+                serialize: Module::serialize,
+            },
         )
     }
 
@@ -66,14 +69,21 @@ impl Runtime {
         name: &str,
     ) -> Result<(wasmtime::component::Component, LoadSource)> {
         use wasmtime::component::Component;
-        let engine = &self.inner.shared.engine;
         self.compile_cached(
             sha256,
             &format!("component plugin `{name}`"),
-            // SAFETY: as for core modules in `compile`.
-            |compiled| unsafe { Component::deserialize_file(engine, compiled) },
-            || Component::new(engine, bytes),
-            Component::serialize,
+            Loaders {
+                // SAFETY: as for core modules in `compile`.
+                file: |engine: &Engine, compiled: &Path| unsafe {
+                    Component::deserialize_file(engine, compiled)
+                },
+                // SAFETY: as for core modules in `compile`.
+                bytes: |engine: &Engine, compiled: &[u8]| unsafe {
+                    Component::deserialize(engine, compiled)
+                },
+                compile: |engine: &Engine| Component::new(engine, bytes),
+                serialize: Component::serialize,
+            },
         )
     }
 
@@ -82,18 +92,40 @@ impl Runtime {
     /// entry's lock file, so workers of one machine that start together
     /// (a `launch` group: a Python component takes 10-30 s to compile)
     /// wait for that compile and read its result instead of each compiling
-    /// the same code. Without a cache folder every load compiles.
+    /// the same code. Without a cache folder every load compiles. Code is
+    /// compiled in an engine of its own (see `engine::compiling_engine`)
+    /// and loaded into the runtime's from its serialized form.
     fn compile_cached<T>(
         &self,
         sha256: &[u8; 32],
         what: &str,
-        deserialize: impl Fn(&Path) -> wasmtime::Result<T>,
-        compile: impl FnOnce() -> wasmtime::Result<T>,
-        serialize: impl Fn(&T) -> wasmtime::Result<Vec<u8>>,
+        loaders: Loaders<
+            impl Fn(&Engine, &Path) -> wasmtime::Result<T>,
+            impl Fn(&Engine, &[u8]) -> wasmtime::Result<T>,
+            impl FnOnce(&Engine) -> wasmtime::Result<T>,
+            impl Fn(&T) -> wasmtime::Result<Vec<u8>>,
+        >,
     ) -> Result<(T, LoadSource)> {
-        let compile = || compile().map_err(|e| Error::InvalidModule(format!("{e:#}")));
+        let Loaders {
+            file: deserialize,
+            bytes: deserialize_bytes,
+            compile,
+            serialize,
+        } = loaders;
+        let engine = &self.inner.shared.engine;
+        let from_bytes = |compiled: &[u8]| {
+            deserialize_bytes(engine, compiled).map_err(|e| {
+                Error::Engine(format!(
+                    "cannot load the code just compiled for {what}: {e:#}"
+                ))
+            })
+        };
         let Some(path) = self.cache_path(sha256) else {
-            return Ok((compile()?, LoadSource::Compiled));
+            let compiled = self.compile_apart(what, compile, serialize)?;
+            let code = from_bytes(&compiled)?;
+            drop(compiled);
+            release_freed_memory();
+            return Ok((code, LoadSource::Compiled));
         };
         // Mapped, not read (CACHE-1): only the pages a worker runs become
         // resident, and workers of one host share them through the page
@@ -107,7 +139,7 @@ impl Runtime {
             if !path.is_file() {
                 return None;
             }
-            deserialize(path)
+            deserialize(engine, path)
                 .inspect_err(|e| tracing::warn!("ignoring cached code {}: {e:#}", path.display()))
                 .ok()
         };
@@ -128,28 +160,72 @@ impl Runtime {
             path.display()
         );
         let started = std::time::Instant::now();
-        let code = compile();
-        release_freed_memory();
-        let code = code?;
+        let compiled = self.compile_apart(what, compile, serialize)?;
         tracing::info!(
             "compiled {what} in {:.1} s",
             started.elapsed().as_secs_f64()
         );
-        let written = serialize(&code)
-            .map_err(|e| std::io::Error::other(format!("{e:#}")))
-            .and_then(|compiled| write_atomically(&compiled, &path));
-        match written {
+        let mapped = match write_atomically(&compiled, &path) {
             Err(e) => {
                 tracing::warn!("cannot cache the compiled code at {}: {e}", path.display());
+                None
             }
             Ok(()) => {
                 if let Some(cap) = self.inner.shared.config.cache_max_bytes {
                     evict_least_recently_used(&path, cap);
                 }
+                // Run from the entry just written, as the next load will
+                // (CACHE-1): loaded from bytes, the code is anonymous
+                // memory, resident whole for the worker's life (a Python
+                // component's 36 MiB), where the entry's mapping keeps only
+                // the pages run, shared with the host's other workers.
+                cached(&path)
             }
-        }
+        };
+        let code = match mapped {
+            Some(code) => code,
+            None => from_bytes(&compiled)?,
+        };
+        drop(compiled);
+        release_freed_memory();
         Ok((code, LoadSource::Compiled))
     }
+
+    /// Compiles in an engine made for this compile alone and returns the
+    /// code serialized; the engine, with what its compiler kept, is gone
+    /// when this returns.
+    fn compile_apart<T>(
+        &self,
+        what: &str,
+        compile: impl FnOnce(&Engine) -> wasmtime::Result<T>,
+        serialize: impl Fn(&T) -> wasmtime::Result<Vec<u8>>,
+    ) -> Result<Vec<u8>> {
+        let shared = &self.inner.shared;
+        let engine = engine::compiling_engine(&shared.config, &shared.engine)?;
+        // The compiled code is dropped at the end of its arm, before the
+        // engine it holds.
+        let serialized = match compile(&engine) {
+            Err(e) => Err(Error::InvalidModule(format!("{e:#}"))),
+            Ok(code) => serialize(&code).map_err(|e| {
+                Error::Engine(format!(
+                    "cannot serialize the code compiled for {what}: {e:#}"
+                ))
+            }),
+        };
+        drop(engine);
+        release_freed_memory();
+        serialized
+    }
+}
+
+/// How `compile_cached` makes code of one kind (a core module or a
+/// component): from a cache entry mapped into an engine, from serialized
+/// bytes, by compiling the wasm bytes in an engine, and serialized.
+struct Loaders<File, Bytes, Compile, Serialize> {
+    file: File,
+    bytes: Bytes,
+    compile: Compile,
+    serialize: Serialize,
 }
 
 /// Marks the entry at `path` as just used, for eviction's order (CACHE-2).
@@ -257,7 +333,10 @@ pub fn set_memory_release(release: fn() -> std::io::Result<()>) {
 /// stayed about 280 MiB larger for its whole life than one that read the
 /// same code from the cache (446.6 MiB against 168.6 MiB idle in the
 /// bench's `rss_idle` row, 2026-11-29, glibc; 448 MiB against 143 MiB with
-/// jemalloc, 2026-12-05). Elsewhere there is nothing to do.
+/// jemalloc, 2026-12-05; 244-248 MiB against 144-147 MiB until the
+/// worker also dropped its compiled copy for the entry's mapping and
+/// released the serialized one, 2026-12-06). Elsewhere there is nothing
+/// to do.
 fn release_freed_memory() {
     if let Some(release) = MEMORY_RELEASE.get() {
         if let Err(e) = release() {

@@ -56,3 +56,72 @@ pub(super) fn config(config: &Config) -> Result<wasmtime::Config> {
     }
     Ok(wc)
 }
+
+/// A number that two engines share exactly when code one compiled loads
+/// into the other (wasmtime's precompile compatibility hash).
+pub(super) fn compatibility(engine: &wasmtime::Engine) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut hasher);
+    hasher.finish()
+}
+
+/// An engine for one compile, like `runtime` (configured as `config`) but
+/// without the pooling allocator, which a compile does not use. Wasmtime's
+/// Cranelift keeps the contexts it compiled with, grown to the largest
+/// function, for its engine's life: compiled in the runtime's own engine, a
+/// Python component left 60-65 MiB of them in every worker that compiled it.
+/// Compiled here, they go with this engine, and the code loads into
+/// `runtime` from its serialized form. Should leaving the pool out ever
+/// change the compatibility hash, the pool stays in.
+pub(super) fn compiling_engine(
+    config: &Config,
+    runtime: &wasmtime::Engine,
+) -> Result<wasmtime::Engine> {
+    let new = |config: &Config| {
+        wasmtime::Engine::new(&self::config(config)?).map_err(|e| Error::Engine(format!("{e:#}")))
+    };
+    let without_pool = new(&Config {
+        pooling: false,
+        ..config.clone()
+    })?;
+    if compatibility(&without_pool) == compatibility(runtime) {
+        return Ok(without_pool);
+    }
+    new(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With the default config (pooling on) the compiling engine leaves the
+    /// pool out, and what it compiles loads into the runtime's engine. A
+    /// wasmtime whose hash counted the allocator would fail the first
+    /// assertion (compiles would then keep the pool's reservation).
+    #[test]
+    fn a_compiling_engine_compiles_for_the_runtime_without_its_pool() {
+        let config = Config::default();
+        assert!(config.pooling);
+        let engine = |config: &Config| wasmtime::Engine::new(&self::config(config).unwrap());
+        let runtime = engine(&config).unwrap();
+        let without_pool = engine(&Config {
+            pooling: false,
+            ..config.clone()
+        })
+        .unwrap();
+        assert_eq!(
+            compatibility(&without_pool),
+            compatibility(&runtime),
+            "leaving the pool out changed the compatibility hash"
+        );
+
+        let compiling = compiling_engine(&config, &runtime).unwrap();
+        let empty_module = b"\0asm\x01\0\0\0";
+        let compiled = wasmtime::Module::new(&compiling, empty_module).unwrap();
+        let serialized = compiled.serialize().unwrap();
+        drop((compiled, compiling));
+        // SAFETY: the bytes are wasmtime's own serialization, just made.
+        unsafe { wasmtime::Module::deserialize(&runtime, &serialized) }.unwrap();
+    }
+}

@@ -107,6 +107,15 @@ async fn the_disk_cache_is_hit_on_the_second_load() {
                 .collect()
         };
         assert_eq!(entries().len(), 1, "one compiled module in the cache");
+        // CACHE-1: the runtime that compiled runs from the entry it wrote,
+        // as later ones do, not from an anonymous copy of its own.
+        let maps_entry = || {
+            let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+            entries()
+                .iter()
+                .all(|entry| maps.contains(entry.to_str().unwrap()))
+        };
+        assert!(maps_entry(), "the compiling runtime does not map its entry");
 
         let second = Runtime::new(cfg).unwrap();
         let p2 = second.load_file(wasmrpc_plugins::SEED_FNS).unwrap();
@@ -124,12 +133,14 @@ async fn the_disk_cache_is_hit_on_the_second_load() {
             std::fs::rename(&tmp, &path).unwrap();
         }
         assert_eq!(my_function(&second, &p2, &host).await, Value::Int(6));
+        assert_eq!(my_function(&first, &p1, &host).await, Value::Int(6));
         drop((p1, p2, first, second));
 
         // A corrupt cache entry is ignored and rewritten.
         for path in entries() {
             std::fs::write(path, b"not a module").unwrap();
         }
+        assert!(!maps_entry(), "an entry is mapped with no runtime left");
         let third = Runtime::new(Config {
             cache_dir: Some(dir.path().to_owned()),
             ..config()
@@ -137,6 +148,8 @@ async fn the_disk_cache_is_hit_on_the_second_load() {
         .unwrap();
         let p3 = third.load_file(wasmrpc_plugins::SEED_FNS).unwrap();
         assert_eq!(p3.source(), LoadSource::Compiled);
+        assert!(maps_entry(), "the rewritten entry is not the code run");
+        assert_eq!(my_function(&third, &p3, &host).await, Value::Int(6));
     })
     .await;
 }
