@@ -399,6 +399,7 @@ fn suite(cli: &Cli) -> Result<()> {
     let main_rows = [
         "rss_idle",
         "rss_after_calls",
+        "rss_idle_compiled",
         "rtt_noop_native",
         "rtt_noop_wasm",
         "rtt_noop_py",

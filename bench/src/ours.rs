@@ -134,6 +134,54 @@ pub(crate) async fn main_group(cfg: &Config, res: &mut Results, progress: &Progr
     let r = measure(cfg, &agent, pid, res, progress).await;
     progress.set("wasmrpc: graceful shutdown of the group of 2");
     let s = agent.shutdown(true, Duration::ZERO).await;
+    children.finish(r, s, Duration::from_secs(30)).await?;
+    if cfg.wanted("rss_idle_compiled")
+        && let Err(e) = idle_after_compiling(cfg, res, progress).await
+    {
+        res.na(
+            Side::Ours,
+            "rss_idle_compiled",
+            format!("n/a (failed: {e:#})"),
+        );
+    }
+    Ok(())
+}
+
+/// `rss_idle` for a worker that compiled its plugins, as every worker of
+/// a machine's first start does: the same group, its worker given an empty
+/// module cache of its own.
+async fn idle_after_compiling(cfg: &Config, res: &mut Results, progress: &Progress) -> Result<()> {
+    progress.set("wasmrpc: a worker that compiles its plugins (an empty module cache)");
+    let cache = tempfile::tempdir()?;
+    let method = format!("tcp://127.0.0.1:{}", free_port()?);
+    let children = Children::spawn_with_env(
+        cfg,
+        |r| worker_args(cfg, &method, r, 2),
+        1..2,
+        false,
+        |_| {
+            Ok(vec![(
+                wasmrpc::CACHE_DIR_ENV,
+                cache.path().display().to_string(),
+            )])
+        },
+    )?;
+    let pid = children.procs[0].id();
+    let agent = worker::join(&method, 0, 2, &[], None, false).await?;
+    let r = async {
+        for i in 0..50 {
+            agent.rpc_sync("worker1", NOOP, args![i]).await?;
+        }
+        progress.set("wasmrpc: resident memory of the idle worker that compiled");
+        res.set(
+            Side::Ours,
+            "rss_idle_compiled",
+            Stat::value(rss_mib(pid)?, 1),
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    let s = agent.shutdown(true, Duration::ZERO).await;
     children.finish(r, s, Duration::from_secs(30)).await
 }
 

@@ -122,6 +122,7 @@ pub(crate) const ROWS: &[Row] = &[
     Row { ours: false, ..row("memcpy_64m", "memcpy of 64 MiB (limit only)", Unit::GigabytesPerSec, None, Some("memcpy_64m"), None) },
     row("rss_idle", "resident memory, idle worker", Unit::Mib, Some("rss_idle"), None, None),
     row("rss_after_calls", "resident memory, worker after N calls", Unit::Mib, Some("rss_after_calls"), None, None),
+    row("rss_idle_compiled", "resident memory, idle worker that compiled its plugins (empty module cache) [torch: idle worker]", Unit::Mib, Some("rss_idle"), None, None),
 ];
 
 /// Whether `id` passes the `--only` filters (substrings of row ids).
