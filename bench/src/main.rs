@@ -144,6 +144,15 @@ struct Cli {
 /// The bench's own worker processes (started by the bench itself).
 #[derive(Subcommand, Debug)]
 enum Internal {
+    /// Compile the plugin on standard input into a module cache entry
+    /// (`wasmrpc::serve_as_compile_helper`).
+    #[command(name = wasmrpc::COMPILE_HELPER_SUBCOMMAND, hide = true)]
+    CompilePluginEntry {
+        #[arg(long)]
+        kind: String,
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Join a group and serve the bench functions until it shuts down.
     #[command(hide = true)]
     Worker {
@@ -237,7 +246,12 @@ enum Internal {
 
 fn main() -> ExitCode {
     wasmrpc::set_memory_release(wasmrpc_alloc::release_freed_memory);
+    wasmrpc::serve_as_compile_helper();
     let cli = Cli::parse();
+    if let Some(Internal::CompilePluginEntry { kind, out }) = &cli.command {
+        let status = wasmrpc::wasm::helper_main(kind, out);
+        return ExitCode::from(u8::try_from(status).unwrap_or(1));
+    }
     // libtorch's CUDA side is loaded at start where a device is present;
     // a GPU machine where it failed would run no CUDA row: say why.
     if let Err(e) = wasmrpc::device::load_cuda() {
@@ -325,6 +339,7 @@ fn main() -> ExitCode {
             threads,
             one: false,
         }) => scale::run(worlds, *threads),
+        Some(Internal::CompilePluginEntry { .. }) => unreachable!("handled before the rest"),
         None if cli.list => {
             for r in ROWS {
                 println!("{:<26} {}", r.id, r.title);

@@ -62,6 +62,18 @@ enum Command {
     /// from the workers' metrics endpoints (`wasmrpc worker --metrics-addr`,
     /// `wasmrpc launch --metrics-port`).
     Top(top::TopArgs),
+    /// The compile helper a worker runs for a plugin missing from its
+    /// module cache (`wasmrpc::serve_as_compile_helper`): compiles the wasm
+    /// bytes on standard input and writes the cache entry at `--out`.
+    #[command(name = wasmrpc::COMPILE_HELPER_SUBCOMMAND, hide = true)]
+    CompilePluginEntry {
+        /// `module` or `component`.
+        #[arg(long)]
+        kind: String,
+        /// The cache entry to write.
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
 }
 
 /// Sets up `tracing` output on stderr, filtered by `RUST_LOG` (default: info).
@@ -121,6 +133,9 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode> {
                 .build()?;
             runtime.block_on(top::run(args))
         }
+        Command::CompilePluginEntry { kind, out } => Ok(ExitCode::from(
+            u8::try_from(wasmrpc::wasm::helper_main(&kind, &out)).unwrap_or(1),
+        )),
     }
 }
 

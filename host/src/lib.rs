@@ -137,9 +137,9 @@ pub use ops::{
     cores_per_worker, intra_op_threads, set_intra_op_threads,
 };
 pub use plugin::{
-    CACHE_DIR_ENV, CACHE_MAX_ENV, DEPLOY_PLUGIN, Deploy, DeployPlugin, DeployReport, MIN_PREFIX,
-    PACKAGE_PREFIX, PLUGIN_SWITCH, PluginHost, PluginSwitch, PluginTrust, PluginVersion,
-    WorkerDeployment, plugin_global, plugin_namespace,
+    CACHE_DIR_ENV, CACHE_MAX_ENV, COMPILE_HELPER_SUBCOMMAND, DEPLOY_PLUGIN, Deploy, DeployPlugin,
+    DeployReport, MIN_PREFIX, PACKAGE_PREFIX, PLUGIN_SWITCH, PluginHost, PluginSwitch, PluginTrust,
+    PluginVersion, WorkerDeployment, plugin_global, plugin_namespace, serve_as_compile_helper,
 };
 pub use remote_module::RemoteModule;
 pub use rref::{

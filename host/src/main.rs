@@ -12,6 +12,7 @@ static ALLOCATOR: wasmrpc_alloc::Allocator = wasmrpc_alloc::Allocator;
 
 fn main() -> std::process::ExitCode {
     wasmrpc::set_memory_release(wasmrpc_alloc::release_freed_memory);
+    wasmrpc::serve_as_compile_helper();
     let args = cli::Cli::parse();
     cli::init_logging();
     match cli::run(args) {

@@ -112,6 +112,33 @@ fn parse_cache_max(value: &str) -> Result<Option<u64>> {
     }
 }
 
+/// The hidden subcommand of an executable that can be its own compile
+/// helper ([`serve_as_compile_helper`]): `wasmrpc compile-plugin-entry
+/// --kind module|component --out PATH`, the wasm bytes on standard input.
+pub const COMPILE_HELPER_SUBCOMMAND: &str = "compile-plugin-entry";
+
+static COMPILE_HELPER: OnceLock<wasmrpc_wasm::CompileHelper> = OnceLock::new();
+
+/// Makes this executable its own compile helper (CACHE-3): plugins that
+/// [`PluginHost::default_config`]'s runtimes find missing from the module
+/// cache are compiled by this executable run with
+/// [`COMPILE_HELPER_SUBCOMMAND`], which must call
+/// [`wasmrpc_wasm::helper_main`]. A worker that compiled its plugins then
+/// holds no more memory than one that found them cached. Call it first
+/// thing in `main`; a path to this executable that cannot be read leaves
+/// compiles in process.
+pub fn serve_as_compile_helper() {
+    match std::env::current_exe() {
+        Ok(program) => {
+            let _ = COMPILE_HELPER.set(wasmrpc_wasm::CompileHelper {
+                program,
+                args: vec![COMPILE_HELPER_SUBCOMMAND.into()],
+            });
+        }
+        Err(e) => tracing::debug!("plugins compile in process: no path to this executable: {e}"),
+    }
+}
+
 /// The prefix plugin packages conventionally carry, left out of their
 /// namespace ([`plugin_namespace`]).
 pub const PACKAGE_PREFIX: &str = "wasmrpc-plugin-";
@@ -219,7 +246,9 @@ impl PluginHost {
             .clone()
     }
 
-    /// The runtime's defaults, with compiled modules cached on disk in
+    /// The runtime's defaults, compiling in this executable as a helper
+    /// process where it serves as one ([`serve_as_compile_helper`]), with
+    /// compiled modules cached on disk in
     /// `$WASMRPC_CACHE_DIR`, else `$XDG_CACHE_HOME/wasmrpc/modules`, else
     /// `~/.cache/wasmrpc/modules`, kept within `$WASMRPC_CACHE_MAX_MIB`
     /// MiB ([`CACHE_MAX_ENV`]), and room for 512 live instances (the
@@ -252,6 +281,7 @@ impl PluginHost {
             cache_dir,
             cache_max_bytes,
             max_instances: 512,
+            compile_helper: COMPILE_HELPER.get().cloned(),
             ..Config::default()
         })
     }

@@ -1739,3 +1739,61 @@ fn launch_exports_every_workers_spans_to_the_named_collector() {
         "the refusal does not say why:\n{stderr}"
     );
 }
+
+/// The compile helper a worker runs for a plugin missing from its module
+/// cache (CACHE-3), as the worker runs it: `wasmrpc compile-plugin-entry
+/// --kind KIND --out PATH` with the wasm bytes on standard input. It writes
+/// an entry for a plugin; for bytes that do not compile it writes nothing
+/// and exits 65 with the compiler's message alone, which the worker gives
+/// as the load's error; a kind it does not know is refused.
+#[test]
+fn the_compile_helper_writes_an_entry_or_refuses_bytes_that_do_not_compile() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let helper = |kind: &str, input: &std::path::Path, out: &std::path::Path| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmrpc"));
+        cmd.args([wasmrpc::COMPILE_HELPER_SUBCOMMAND, "--kind", kind, "--out"])
+            .arg(out)
+            .stdin(std::fs::File::open(input).expect("the input"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = cmd.spawn().expect("the helper starts");
+        wait_with_deadline(child, "the compile helper", Duration::from_secs(120))
+    };
+    let entry = dir.path().join("seed_fns.cwasm");
+    let out = helper(
+        "module",
+        std::path::Path::new(wasmrpc_plugins::SEED_FNS),
+        &entry,
+    );
+    let (_, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    // Wasmtime's compiled code: an ELF image.
+    let written = std::fs::read(&entry).expect("the entry");
+    assert_eq!(&written[..4], b"\x7fELF");
+
+    let bad = dir.path().join("bad.wasm");
+    std::fs::write(&bad, b"\0asm\x01\0\0\0\x01").expect("write");
+    let refused = dir.path().join("refused.cwasm");
+    for kind in ["module", "component"] {
+        let out = helper(kind, &bad, &refused);
+        let (_, stderr) = text(&out);
+        assert_eq!(
+            out.status.code(),
+            Some(wasmrpc::wasm::INVALID_WASM_EXIT),
+            "{stderr}"
+        );
+        assert_eq!(
+            stderr.lines().count(),
+            1,
+            "more than the compiler's message: {stderr}"
+        );
+        assert!(
+            !refused.exists(),
+            "{kind}: bytes that do not compile left an entry"
+        );
+    }
+    let out = helper("core", &bad, &refused);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("expected module or component"), "{stderr}");
+}

@@ -31,6 +31,15 @@ const CUDA_LIBRARIES: [&str; 4] = [
 /// Starts a one-worker dynamic group that serves until dropped, with
 /// `WASMRPC_LOAD_CUDA` set to `load` (or unset), and waits until it serves.
 fn idle_worker(dir: &std::path::Path, load: Option<&str>) -> ServingProcess {
+    idle_worker_with(dir, load, |_| {})
+}
+
+/// [`idle_worker`], its command changed by `configure` first.
+fn idle_worker_with(
+    dir: &std::path::Path,
+    load: Option<&str>,
+    configure: impl FnOnce(&mut Command),
+) -> ServingProcess {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmrpc"));
     for var in CREDENTIAL_ENV {
         cmd.env_remove(var);
@@ -42,6 +51,7 @@ fn idle_worker(dir: &std::path::Path, load: Option<&str>) -> ServingProcess {
     let url = format!("file://{}", dir.join("store").display());
     cmd.args(["worker", "--rank", "0", "--init-method", &url, "--serve"])
         .env("RUST_LOG", "info");
+    configure(&mut cmd);
     let mut worker = ServingProcess::start("worker0", cmd);
     worker.wait_for(SERVING);
     worker
@@ -85,6 +95,51 @@ fn an_idle_worker_without_a_gpu_maps_no_cuda_and_stays_small() {
         rss <= IDLE_RSS_LIMIT_KIB,
         "an idle worker holds {rss} KiB resident, more than {IDLE_RSS_LIMIT_KIB} KiB"
     );
+}
+
+/// CACHE-3: a worker that finds its plugin missing from the module cache
+/// has this binary compile it in a helper process (`wasmrpc
+/// compile-plugin-entry`), then runs from the entry the helper wrote, and
+/// idles within the limit of a worker without plugins: what the compile
+/// left resident went with the helper.
+#[test]
+fn a_worker_compiles_a_plugin_missing_from_the_cache_in_a_helper_process() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (plugins, cache) = (dir.path().join("plugins"), dir.path().join("cache"));
+    std::fs::create_dir(&plugins).expect("plugin folder");
+    std::fs::copy(wasmrpc_plugins::SEED_FNS, plugins.join("seed_fns.wasm")).expect("copy");
+    let worker = idle_worker_with(dir.path(), None, |cmd| {
+        cmd.arg("--plugins")
+            .arg(&plugins)
+            .env("WASMRPC_CACHE_DIR", &cache);
+    });
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let output = worker.output();
+    assert!(
+        output.contains("compiled plugin `wasmrpc-plugin-seed-fns` in a helper process in "),
+        "{output}"
+    );
+    let entries: Vec<_> = std::fs::read_dir(&cache)
+        .expect("the cache folder")
+        .map(|e| e.expect("an entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "cwasm"))
+        .collect();
+    let [entry] = entries.as_slice() else {
+        panic!("expected one entry in the cache: {entries:?}");
+    };
+    let (rss, maps) = (resident_kib(worker.pid()), maps(worker.pid()));
+    assert!(
+        maps.contains(entry.to_str().expect("a UTF-8 path")),
+        "the worker does not run from the entry the helper wrote:\n{maps}"
+    );
+    println!("idle worker that had its plugin compiled: VmRSS {rss} KiB");
+    if !output.contains("CUDA loaded (") {
+        assert!(
+            rss <= IDLE_RSS_LIMIT_KIB,
+            "a worker that had its plugin compiled holds {rss} KiB resident, more than \
+             {IDLE_RSS_LIMIT_KIB} KiB"
+        );
+    }
 }
 
 #[test]

@@ -18,9 +18,11 @@ use wasmtime::{Engine, Linker};
 
 mod cache;
 mod engine;
+mod helper;
 
 pub use cache::set_memory_release;
 pub use engine::PERF_MAP_VAR;
+pub use helper::{CodeKind, CompileHelper, INVALID_WASM_EXIT, compile_entry, helper_main};
 
 /// How the runtime runs guests. `Config::default()` suits a worker.
 #[derive(Debug, Clone)]
@@ -49,6 +51,12 @@ pub struct Config {
     /// How often the epoch advances: the granularity of the time limit and
     /// of a busy guest yielding its thread.
     pub epoch_tick: Duration,
+    /// How to compile a plugin that has no cache entry: in a helper
+    /// process that writes the entry (CACHE-3), so that what a compile
+    /// leaves resident stays out of this process; `None` compiles in this
+    /// process. Used only with a `cache_dir`. Executables that can be their
+    /// own helper set it ([`CompileHelper`]).
+    pub compile_helper: Option<CompileHelper>,
 }
 
 /// [`Config::cache_max_bytes`]'s default: 2 GiB, some 55 versions of Python
@@ -66,6 +74,7 @@ impl Default for Config {
             pooling: true,
             max_instances: 128,
             epoch_tick: Duration::from_millis(2),
+            compile_helper: None,
         }
     }
 }

@@ -17,7 +17,17 @@
 //!   that writes an entry then removes the least recently used others
 //!   until the entries fit. Only files named as entries are counted or
 //!   removed; removing one is safe while workers run from it (CACHE-1).
+//! - CACHE-3: with `Config::compile_helper`, code missing from the cache is
+//!   compiled in a helper process that writes the entry (`helper`), under
+//!   the entry's lock this process holds; this process then maps the entry
+//!   as any other. A helper that fails, or whose entry does not load, costs
+//!   a compile in this process, which writes the entry again; one that
+//!   refuses the bytes gives the error a compile here would give. The
+//!   helper is this process's own executable (`wasmrpc
+//!   compile-plugin-entry`), trusted as the cache folder is: what it
+//!   writes runs as compiled code.
 
+use super::helper::{CodeKind, Outcome};
 use super::{Runtime, engine};
 use crate::plugin::LoadSource;
 use crate::{Error, Result};
@@ -41,6 +51,8 @@ impl Runtime {
             sha256,
             &format!("plugin `{name}`"),
             Loaders {
+                wasm: bytes,
+                kind: CodeKind::Module,
                 // SAFETY: the file is named by the sha256 of the wasm bytes
                 // and by this engine's compatibility hash, and only
                 // `compile_cached` writes it (through `Module::serialize` and
@@ -73,6 +85,8 @@ impl Runtime {
             sha256,
             &format!("component plugin `{name}`"),
             Loaders {
+                wasm: bytes,
+                kind: CodeKind::Component,
                 // SAFETY: as for core modules in `compile`.
                 file: |engine: &Engine, compiled: &Path| unsafe {
                     Component::deserialize_file(engine, compiled)
@@ -93,13 +107,16 @@ impl Runtime {
     /// (a `launch` group: a Python component takes 10-30 s to compile)
     /// wait for that compile and read its result instead of each compiling
     /// the same code. Without a cache folder every load compiles. Code is
-    /// compiled in an engine of its own (see `engine::compiling_engine`)
-    /// and loaded into the runtime's from its serialized form.
+    /// compiled in a helper process where the config names one (CACHE-3,
+    /// `helper`), else in an engine of its own (see
+    /// `engine::compiling_engine`) and loaded into the runtime's from its
+    /// serialized form.
     fn compile_cached<T>(
         &self,
         sha256: &[u8; 32],
         what: &str,
         loaders: Loaders<
+            '_,
             impl Fn(&Engine, &Path) -> wasmtime::Result<T>,
             impl Fn(&Engine, &[u8]) -> wasmtime::Result<T>,
             impl FnOnce(&Engine) -> wasmtime::Result<T> + Send,
@@ -107,6 +124,8 @@ impl Runtime {
         >,
     ) -> Result<(T, LoadSource)> {
         let Loaders {
+            wasm,
+            kind,
             file: deserialize,
             bytes: deserialize_bytes,
             compile,
@@ -160,6 +179,24 @@ impl Runtime {
             path.display()
         );
         let started = std::time::Instant::now();
+        if let Some(helper) = &self.inner.shared.config.compile_helper {
+            let helped = match helper.run(kind, wasm, &path) {
+                Ok(Outcome::Written) => cached(&path),
+                Ok(Outcome::Invalid(message)) => return Err(Error::InvalidModule(message)),
+                Err(e) => {
+                    tracing::warn!("{e}; compiling {what} in this process");
+                    None
+                }
+            };
+            if let Some(code) = helped {
+                tracing::info!(
+                    "compiled {what} in a helper process in {:.1} s",
+                    started.elapsed().as_secs_f64()
+                );
+                self.evict_for(&path);
+                return Ok((code, LoadSource::Compiled));
+            }
+        }
         let compiled = self.compile_apart(what, compile, serialize)?;
         tracing::info!(
             "compiled {what} in {:.1} s",
@@ -171,9 +208,7 @@ impl Runtime {
                 None
             }
             Ok(()) => {
-                if let Some(cap) = self.inner.shared.config.cache_max_bytes {
-                    evict_least_recently_used(&path, cap);
-                }
+                self.evict_for(&path);
                 // Run from the entry just written, as the next load will
                 // (CACHE-1): loaded from bytes, the code is anonymous
                 // memory, resident whole for the worker's life (a Python
@@ -189,6 +224,14 @@ impl Runtime {
         drop(compiled);
         release_freed_memory();
         Ok((code, LoadSource::Compiled))
+    }
+
+    /// Keeps the cache folder within its cap after `written` was written
+    /// (CACHE-2).
+    fn evict_for(&self, written: &Path) {
+        if let Some(cap) = self.inner.shared.config.cache_max_bytes {
+            evict_least_recently_used(written, cap);
+        }
     }
 
     /// Compiles in an engine made for this compile alone and returns the
@@ -229,7 +272,10 @@ impl Runtime {
 /// How `compile_cached` makes code of one kind (a core module or a
 /// component): from a cache entry mapped into an engine, from serialized
 /// bytes, by compiling the wasm bytes in an engine, and serialized.
-struct Loaders<File, Bytes, Compile, Serialize> {
+struct Loaders<'a, File, Bytes, Compile, Serialize> {
+    /// The wasm bytes, for a helper process (CACHE-3).
+    wasm: &'a [u8],
+    kind: CodeKind,
     file: File,
     bytes: Bytes,
     compile: Compile,
@@ -377,7 +423,7 @@ fn lock_file(path: &Path) -> std::io::Result<std::fs::File> {
 
 /// Writes `bytes` to `path` through a temporary file and a rename, so a
 /// reader never sees half a file.
-fn write_atomically(bytes: &[u8], path: &Path) -> std::io::Result<()> {
+pub(super) fn write_atomically(bytes: &[u8], path: &Path) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }

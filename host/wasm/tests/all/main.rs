@@ -1,6 +1,7 @@
 //! The wasm runtime's tests: the seed-fns plugin, built from source by
 //! `wasmrpc-plugins`, run against a fake worker ([`fake::FakeHost`]).
 
+mod compile_helper;
 mod fake;
 mod functions;
 mod loading;
