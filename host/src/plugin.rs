@@ -133,6 +133,7 @@ pub fn serve_as_compile_helper() {
             let _ = COMPILE_HELPER.set(wasmrpc_wasm::CompileHelper {
                 program,
                 args: vec![COMPILE_HELPER_SUBCOMMAND.into()],
+                timeout: wasmrpc_wasm::DEFAULT_HELPER_TIMEOUT,
             });
         }
         Err(e) => tracing::debug!("plugins compile in process: no path to this executable: {e}"),

@@ -101,8 +101,8 @@ pub use manifest::Manifest;
 pub use object::{Called, Object};
 pub use plugin::{LoadSource, POOL_WAIT, Plugin};
 pub use runtime::{
-    CodeKind, CompileHelper, Config, DEFAULT_CACHE_MAX_BYTES, INVALID_WASM_EXIT, PERF_MAP_VAR,
-    Runtime, compile_entry, helper_main, set_memory_release,
+    CodeKind, CompileHelper, Config, DEFAULT_CACHE_MAX_BYTES, DEFAULT_HELPER_TIMEOUT,
+    INVALID_WASM_EXIT, PERF_MAP_VAR, Runtime, compile_entry, helper_main, set_memory_release,
 };
 pub use wasmrpc_abi::protocol::{
     AutogradCall, CallArgs, DType, FileCall, HandleKind, LogLevel, Progress, TensorMeta,

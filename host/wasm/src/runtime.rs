@@ -22,7 +22,9 @@ mod helper;
 
 pub use cache::set_memory_release;
 pub use engine::PERF_MAP_VAR;
-pub use helper::{CodeKind, CompileHelper, INVALID_WASM_EXIT, compile_entry, helper_main};
+pub use helper::{
+    CodeKind, CompileHelper, DEFAULT_HELPER_TIMEOUT, INVALID_WASM_EXIT, compile_entry, helper_main,
+};
 
 /// How the runtime runs guests. `Config::default()` suits a worker.
 #[derive(Debug, Clone)]

@@ -22,6 +22,7 @@ use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use super::{Config, engine};
 use crate::{Error, Result};
@@ -30,6 +31,11 @@ use crate::{Error, Result};
 /// standard error holds the compiler's message, the error a compile in
 /// process would have given (BSD's `EX_DATAERR`).
 pub const INVALID_WASM_EXIT: i32 = 65;
+
+/// How long a helper may take by default ([`CompileHelper::timeout`]):
+/// a hundred times what a Python component takes to compile on a 2-core VM
+/// (6-7 s), so that only a helper that hangs reaches it.
+pub const DEFAULT_HELPER_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// What a cache entry holds: a core module or a component.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +81,9 @@ pub struct CompileHelper {
     pub program: PathBuf,
     /// Its arguments before the flags, e.g. a hidden subcommand's name.
     pub args: Vec<OsString>,
+    /// How long it may run: a helper still running then is killed, and
+    /// the worker compiles in process.
+    pub timeout: Duration,
 }
 
 /// What running the helper came to.
@@ -116,9 +125,35 @@ impl CompileHelper {
             .take()
             .map(|mut stdin| stdin.write_all(wasm))
             .transpose();
-        let output = child
-            .wait_with_output()
-            .map_err(|e| failed(format!("could not be waited for: {e}")))?;
+        let mut stderr_pipe = child.stderr.take();
+        let reader = std::thread::spawn(move || {
+            let mut text = Vec::new();
+            if let Some(pipe) = stderr_pipe.as_mut() {
+                let _ = pipe.read_to_end(&mut text);
+            }
+            text
+        });
+        let started = Instant::now();
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if started.elapsed() > self.timeout => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(failed(format!(
+                        "did not finish within {:?} and was killed",
+                        self.timeout
+                    )));
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+                Err(e) => return Err(failed(format!("could not be waited for: {e}"))),
+            }
+        };
+        let output = std::process::Output {
+            status,
+            stdout: Vec::new(),
+            stderr: reader.join().unwrap_or_default(),
+        };
         let stderr = String::from_utf8_lossy(&output.stderr).trim().to_string();
         match output.status.code() {
             Some(0) if fed.is_ok() => Ok(Outcome::Written),

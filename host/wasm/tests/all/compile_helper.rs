@@ -9,6 +9,7 @@
 
 use crate::{args, config, fake::FakeHost, timed};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 use wasmrpc_wasm::{
     CodeKind, CompileHelper, Config, Error, INVALID_WASM_EXIT, LoadSource, Runtime, Value,
     compile_entry,
@@ -19,6 +20,7 @@ fn sh_helper(script: &str) -> CompileHelper {
     CompileHelper {
         program: "/bin/sh".into(),
         args: vec!["-c".into(), script.into(), "helper".into()],
+        timeout: Duration::from_secs(60),
     }
 }
 
@@ -132,9 +134,28 @@ async fn a_helper_that_fails_costs_a_compile_in_process_and_a_good_entry() {
         let missing = CompileHelper {
             program: work.path().join("no-such-helper"),
             args: Vec::new(),
+            timeout: Duration::from_secs(60),
         };
         let rt = runtime(work.path(), Some(missing));
         assert_eq!(load_and_call(&rt).await, LoadSource::Compiled);
+        // A helper that hangs is killed at its timeout.
+        let work = tempfile::tempdir().unwrap();
+        let hanging = CompileHelper {
+            timeout: Duration::from_millis(500),
+            ..sh_helper("cat > /dev/null; exec sleep 60")
+        };
+        let started = std::time::Instant::now();
+        let rt = runtime(work.path(), Some(hanging));
+        assert_eq!(load_and_call(&rt).await, LoadSource::Compiled);
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the hanging helper was waited for ({:?})",
+            started.elapsed()
+        );
+        assert_eq!(
+            load_and_call(&runtime(work.path(), None)).await,
+            LoadSource::DiskCache
+        );
     })
     .await;
 }
