@@ -41,6 +41,7 @@ use clap::{Parser, Subcommand};
 use serde_json::json;
 
 use crate::progress::Progress;
+use crate::report::load_average;
 use crate::rows::{ROWS, Results, Side, wanted};
 
 /// The allocator of the `wasmrpc` executable, for this process and the
@@ -357,12 +358,6 @@ fn main() -> ExitCode {
     }
 }
 
-fn load_average() -> Option<String> {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-}
-
 fn suite(cli: &Cli) -> Result<()> {
     let root = ours::workspace_root();
     let out_dir = root.join("target").join("bench");
@@ -567,18 +562,10 @@ fn suite(cli: &Cli) -> Result<()> {
             .unwrap_or_default()
     );
 
-    let busiest = [load_before.as_deref(), load_average().as_deref()]
-        .into_iter()
-        .flatten()
-        .filter_map(|l| l.split_whitespace().next()?.parse::<f64>().ok())
-        .fold(0.0, f64::max);
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    if busiest > cores as f64 {
-        println!(
-            "Note: the machine was busy (1-minute load {busiest:.1} on {cores} cores): \
-             latencies are noisy and small-call round trips can be bimodal; re-run when it is quiet, \
-             or with --nice -10 (root) to shield the run."
-        );
+    if let Some(note) =
+        report::busy_machine_note(&[load_before.as_deref(), load_average().as_deref()])
+    {
+        println!("{note}");
     }
 
     let lines = report::json_lines(&res, only, &run);

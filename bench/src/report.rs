@@ -398,6 +398,31 @@ pub(crate) fn json_lines(res: &Results, only: &[String], run: &Json) -> String {
     out
 }
 
+/// The 1-, 5- and 15-minute load averages, as `/proc/loadavg` gives them.
+pub(crate) fn load_average() -> Option<String> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+}
+
+/// A warning for a run whose 1-minute load (in any of `loads`, as
+/// [`load_average`] gives them) exceeded the cores; `None` otherwise.
+pub(crate) fn busy_machine_note(loads: &[Option<&str>]) -> Option<String> {
+    let busiest = loads
+        .iter()
+        .flatten()
+        .filter_map(|l| l.split_whitespace().next()?.parse::<f64>().ok())
+        .fold(0.0, f64::max);
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    (busiest > cores as f64).then(|| {
+        format!(
+            "Note: the machine was busy (1-minute load {busiest:.1} on {cores} cores): \
+             latencies are noisy and small-call round trips can be bimodal; re-run when it is quiet, \
+             or with --nice -10 (root) to shield the run."
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
