@@ -250,8 +250,7 @@ fn main() -> ExitCode {
     wasmrpc::serve_as_compile_helper();
     let cli = Cli::parse();
     if let Some(Internal::CompilePluginEntry { kind, out }) = &cli.command {
-        let status = wasmrpc::wasm::helper_main(kind, out);
-        return ExitCode::from(u8::try_from(status).unwrap_or(1));
+        return wasmrpc::wasm::helper_main(kind, out);
     }
     // libtorch's CUDA side is loaded at start where a device is present;
     // a GPU machine where it failed would run no CUDA row: say why.

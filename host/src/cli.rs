@@ -133,9 +133,7 @@ pub(crate) fn run(cli: Cli) -> Result<ExitCode> {
                 .build()?;
             runtime.block_on(top::run(args))
         }
-        Command::CompilePluginEntry { kind, out } => Ok(ExitCode::from(
-            u8::try_from(wasmrpc::wasm::helper_main(&kind, &out)).unwrap_or(1),
-        )),
+        Command::CompilePluginEntry { kind, out } => Ok(wasmrpc::wasm::helper_main(&kind, &out)),
     }
 }
 

@@ -1779,7 +1779,7 @@ fn the_compile_helper_writes_an_entry_or_refuses_bytes_that_do_not_compile() {
         let (_, stderr) = text(&out);
         assert_eq!(
             out.status.code(),
-            Some(wasmrpc::wasm::INVALID_WASM_EXIT),
+            Some(i32::from(wasmrpc::wasm::INVALID_WASM_EXIT)),
             "{stderr}"
         );
         assert_eq!(

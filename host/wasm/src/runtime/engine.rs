@@ -78,17 +78,24 @@ pub(super) fn compiling_engine(
     config: &Config,
     runtime: &wasmtime::Engine,
 ) -> Result<wasmtime::Engine> {
-    let new = |config: &Config| {
-        wasmtime::Engine::new(&self::config(config)?).map_err(|e| Error::Engine(format!("{e:#}")))
-    };
-    let without_pool = new(&Config {
-        pooling: false,
-        ..config.clone()
-    })?;
+    let without_pool = engine_without_pool(config)?;
     if compatibility(&without_pool) == compatibility(runtime) {
         return Ok(without_pool);
     }
-    new(config)
+    new_engine(config)
+}
+
+/// An engine configured as `config`, but without the pooling allocator:
+/// what a compile needs, in this process or in a helper (`helper`).
+pub(super) fn engine_without_pool(config: &Config) -> Result<wasmtime::Engine> {
+    new_engine(&Config {
+        pooling: false,
+        ..config.clone()
+    })
+}
+
+fn new_engine(config: &Config) -> Result<wasmtime::Engine> {
+    wasmtime::Engine::new(&self::config(config)?).map_err(|e| Error::Engine(format!("{e:#}")))
 }
 
 #[cfg(test)]

@@ -30,7 +30,7 @@ use crate::{Error, Result};
 /// The exit status of a helper that refused the wasm bytes as invalid; its
 /// standard error holds the compiler's message, the error a compile in
 /// process would have given (BSD's `EX_DATAERR`).
-pub const INVALID_WASM_EXIT: i32 = 65;
+pub const INVALID_WASM_EXIT: u8 = 65;
 
 /// How long a helper may take by default ([`CompileHelper::timeout`]):
 /// a hundred times what a Python component takes to compile on a 2-core VM
@@ -149,18 +149,14 @@ impl CompileHelper {
                 Err(e) => return Err(failed(format!("could not be waited for: {e}"))),
             }
         };
-        let output = std::process::Output {
-            status,
-            stdout: Vec::new(),
-            stderr: reader.join().unwrap_or_default(),
-        };
-        let stderr = String::from_utf8_lossy(&output.stderr).trim().to_string();
-        match output.status.code() {
+        let stderr = reader.join().unwrap_or_default();
+        let stderr = String::from_utf8_lossy(&stderr).trim().to_string();
+        match status.code() {
             Some(0) if fed.is_ok() => Ok(Outcome::Written),
-            Some(INVALID_WASM_EXIT) => Ok(Outcome::Invalid(stderr)),
+            Some(code) if code == i32::from(INVALID_WASM_EXIT) => Ok(Outcome::Invalid(stderr)),
             _ => Err(failed(format!(
                 "failed ({}{}){}",
-                output.status,
+                status,
                 fed.err()
                     .map(|e| format!(", reading its input: {e}"))
                     .unwrap_or_default(),
@@ -190,11 +186,7 @@ pub fn compile_entry(kind: CodeKind, mut input: impl Read, out: &Path) -> Result
     input
         .read_to_end(&mut wasm)
         .map_err(|e| Error::Engine(format!("cannot read the wasm bytes to compile: {e}")))?;
-    let config = engine::config(&Config {
-        pooling: false,
-        ..Config::default()
-    })?;
-    let engine = wasmtime::Engine::new(&config).map_err(|e| Error::Engine(format!("{e:#}")))?;
+    let engine = engine::engine_without_pool(&Config::default())?;
     let invalid = |e: wasmtime::Error| Error::InvalidModule(format!("{e:#}"));
     let unserializable =
         |e: wasmtime::Error| Error::Engine(format!("cannot serialize the compiled code: {e:#}"));
@@ -220,10 +212,10 @@ pub fn compile_entry(kind: CodeKind, mut input: impl Read, out: &Path) -> Result
 /// input for the `--kind` and `--out` flags given, its error on standard
 /// error; returns the exit status the worker reads (0, [`INVALID_WASM_EXIT`]
 /// with the compiler's message alone, or 1).
-pub fn helper_main(kind: &str, out: &Path) -> i32 {
+pub fn helper_main(kind: &str, out: &Path) -> std::process::ExitCode {
     let done = CodeKind::from_flag(kind)
         .and_then(|kind| compile_entry(kind, std::io::stdin().lock(), out));
-    match done {
+    let status = match done {
         Ok(()) => 0,
         Err(Error::InvalidModule(message)) => {
             eprintln!("{message}");
@@ -233,5 +225,6 @@ pub fn helper_main(kind: &str, out: &Path) -> i32 {
             eprintln!("{e}");
             1
         }
-    }
+    };
+    std::process::ExitCode::from(status)
 }

@@ -208,6 +208,9 @@ fn the_helpers_body_refuses_bytes_that_do_not_compile_and_unknown_kinds() {
         e.to_string().contains("expected module or component"),
         "{e}"
     );
-    assert_eq!(wasmrpc_wasm::helper_main("core", &out), 1);
+    assert_eq!(
+        wasmrpc_wasm::helper_main("core", &out),
+        std::process::ExitCode::from(1)
+    );
     assert!(!out.exists());
 }
