@@ -251,8 +251,11 @@ impl PluginHost {
     /// process where it serves as one ([`serve_as_compile_helper`]), with
     /// compiled modules cached on disk in
     /// `$WASMRPC_CACHE_DIR`, else `$XDG_CACHE_HOME/wasmrpc/modules`, else
-    /// `~/.cache/wasmrpc/modules`, kept within `$WASMRPC_CACHE_MAX_MIB`
-    /// MiB ([`CACHE_MAX_ENV`]), and room for 512 live instances (the
+    /// `~/.cache/wasmrpc/modules` (an empty variable counts as unset;
+    /// with none set, or a folder that cannot be written, plugins compile
+    /// into scratch files removed once mapped, CACHE-4), kept within
+    /// `$WASMRPC_CACHE_MAX_MIB` MiB ([`CACHE_MAX_ENV`]), and room for 512
+    /// live instances (the
     /// runtime's pool is shared by every agent of the process, and a call
     /// waiting on a nested RPC keeps its instance).
     ///
@@ -260,14 +263,15 @@ impl PluginHost {
     /// `ValueError` naming [`CACHE_MAX_ENV`] if it is set to anything but
     /// a whole number of MiB or `unlimited`.
     pub fn default_config() -> Result<Config> {
-        let cache_dir = std::env::var_os(CACHE_DIR_ENV)
+        // An empty variable is an unset one, not the current folder.
+        let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+        let cache_dir = var(CACHE_DIR_ENV)
             .map(PathBuf::from)
             .or_else(|| {
-                std::env::var_os("XDG_CACHE_HOME")
-                    .map(|d| PathBuf::from(d).join("wasmrpc").join("modules"))
+                var("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("wasmrpc").join("modules"))
             })
             .or_else(|| {
-                std::env::var_os("HOME").map(|h| {
+                var("HOME").map(|h| {
                     PathBuf::from(h)
                         .join(".cache")
                         .join("wasmrpc")

@@ -4,7 +4,9 @@
 //! CUDA side is loaded only where a device can use it
 //! (`wasmrpc_torch_sys::cuda`); forced with `WASMRPC_LOAD_CUDA=1`, the
 //! worker loads it and says so. On a GPU machine the worker loads CUDA by
-//! itself, which the first test then checks instead of the limit.
+//! itself, which the first test then checks instead of the limit. The
+//! tests of a worker that compiles its plugins also check where the
+//! compiled code goes (CACHE-3, CACHE-4).
 
 use std::process::Command;
 
@@ -140,6 +142,93 @@ fn a_worker_compiles_a_plugin_missing_from_the_cache_in_a_helper_process() {
              {IDLE_RSS_LIMIT_KIB} KiB"
         );
     }
+}
+
+/// CACHE-4: a worker whose module cache folder cannot be written (here a
+/// folder under a file) has its helper compile the plugin into a scratch
+/// file of its own in `$TMPDIR`, runs from it, removes it, and idles
+/// within the same limit.
+#[test]
+fn a_worker_without_a_writable_cache_folder_runs_from_a_removed_scratch_file() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (plugins, tmp) = (dir.path().join("plugins"), dir.path().join("tmp"));
+    std::fs::create_dir(&plugins).expect("plugin folder");
+    std::fs::create_dir(&tmp).expect("temporary folder");
+    std::fs::copy(wasmrpc_plugins::SEED_FNS, plugins.join("seed_fns.wasm")).expect("copy");
+    std::fs::write(dir.path().join("file"), b"").expect("a file");
+    let worker = idle_worker_with(dir.path(), None, |cmd| {
+        cmd.arg("--plugins")
+            .arg(&plugins)
+            .env("WASMRPC_CACHE_DIR", dir.path().join("file").join("cache"))
+            .env("TMPDIR", &tmp);
+    });
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let output = worker.output();
+    assert!(
+        output.contains("cannot be written: compiling plugin"),
+        "{output}"
+    );
+    assert!(
+        output.contains("compiled plugin `wasmrpc-plugin-seed-fns` in a helper process in "),
+        "{output}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&tmp).expect("tmp").collect();
+    assert!(left.is_empty(), "scratch files left: {left:?}");
+    let (rss, maps) = (resident_kib(worker.pid()), maps(worker.pid()));
+    let scratch = format!("{}/wasmrpc-code-", tmp.display());
+    assert!(
+        maps.lines()
+            .any(|l| l.contains(&scratch) && l.ends_with("/code.cwasm (deleted)")),
+        "the worker does not run from its removed scratch file:\n{maps}"
+    );
+    println!("idle worker that compiled without a cache: VmRSS {rss} KiB");
+    if !output.contains("CUDA loaded (") {
+        assert!(
+            rss <= IDLE_RSS_LIMIT_KIB,
+            "a worker that compiled without a cache holds {rss} KiB resident, more than \
+             {IDLE_RSS_LIMIT_KIB} KiB"
+        );
+    }
+}
+
+/// An empty `WASMRPC_CACHE_DIR` counts as unset: the entry goes to the
+/// next folder in line (`$XDG_CACHE_HOME/wasmrpc/modules`), not to the
+/// worker's current folder, where an empty path would put it.
+#[test]
+fn an_empty_cache_variable_counts_as_unset() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (plugins, cwd, xdg) = (
+        dir.path().join("plugins"),
+        dir.path().join("cwd"),
+        dir.path().join("xdg"),
+    );
+    for d in [&plugins, &cwd] {
+        std::fs::create_dir(d).expect("a folder");
+    }
+    std::fs::copy(wasmrpc_plugins::SEED_FNS, plugins.join("seed_fns.wasm")).expect("copy");
+    let worker = idle_worker_with(dir.path(), None, |cmd| {
+        cmd.arg("--plugins")
+            .arg(&plugins)
+            .current_dir(&cwd)
+            .env("WASMRPC_CACHE_DIR", "")
+            .env("XDG_CACHE_HOME", &xdg);
+    });
+    let cwasm = |d: &std::path::Path| -> usize {
+        std::fs::read_dir(d).map_or(0, |l| {
+            l.filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
+            })
+            .count()
+        })
+    };
+    assert_eq!(
+        cwasm(&xdg.join("wasmrpc").join("modules")),
+        1,
+        "{}",
+        worker.output()
+    );
+    assert_eq!(cwasm(&cwd), 0, "an entry in the current folder");
 }
 
 #[test]

@@ -30,7 +30,9 @@ pub use helper::{
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Folder of compiled modules, keyed by the sha256 of the wasm bytes;
-    /// `None` compiles every load.
+    /// `None` compiles every load, into a scratch file in the temporary
+    /// folder that is mapped and removed (CACHE-4), as does a folder that
+    /// cannot be written.
     pub cache_dir: Option<PathBuf>,
     /// The most bytes of compiled modules `cache_dir` keeps: after writing
     /// an entry, the runtime removes the least recently used others until
@@ -56,8 +58,8 @@ pub struct Config {
     /// How to compile a plugin that has no cache entry: in a helper
     /// process that writes the entry (CACHE-3), so that what a compile
     /// leaves resident stays out of this process; `None` compiles in this
-    /// process. Used only with a `cache_dir`. Executables that can be their
-    /// own helper set it ([`CompileHelper`]).
+    /// process. Without a `cache_dir` it writes a scratch file (CACHE-4).
+    /// Executables that can be their own helper set it ([`CompileHelper`]).
     pub compile_helper: Option<CompileHelper>,
 }
 

@@ -26,6 +26,16 @@
 //!   helper is this process's own executable (`wasmrpc
 //!   compile-plugin-entry`), trusted as the cache folder is: what it
 //!   writes runs as compiled code.
+//! - CACHE-4: compiled code is written to a file and mapped from it, with
+//!   or without a cache. Where no cache folder is configured, or the one
+//!   configured cannot be written, the code (from the helper, or from a
+//!   compile in this process) goes to a scratch file in a folder of this
+//!   process's own in the temporary folder (`$TMPDIR`, mode 0700), which
+//!   is removed as soon as the code is mapped; the helper is never told
+//!   to write where it cannot, which cost a second compile. A file that
+//!   cannot be mapped executable (its file system is mounted `noexec`) is
+//!   read into memory instead, not compiled again; only where no file can
+//!   be written at all does the code run from the bytes compiled.
 
 use super::helper::{CodeKind, Outcome};
 use super::{Runtime, engine};
@@ -106,11 +116,11 @@ impl Runtime {
     /// entry's lock file, so workers of one machine that start together
     /// (a `launch` group: a Python component takes 10-30 s to compile)
     /// wait for that compile and read its result instead of each compiling
-    /// the same code. Without a cache folder every load compiles. Code is
-    /// compiled in a helper process where the config names one (CACHE-3,
-    /// `helper`), else in an engine of its own (see
-    /// `engine::compiling_engine`) and loaded into the runtime's from its
-    /// serialized form.
+    /// the same code. Without a cache folder it can write, every load
+    /// compiles, into a scratch file (CACHE-4). Code is compiled in a
+    /// helper process where the config names one (CACHE-3, `helper`),
+    /// else in an engine of its own (see `engine::compiling_engine`), and
+    /// mapped from the file it was written to.
     fn compile_cached<T>(
         &self,
         sha256: &[u8; 32],
@@ -132,20 +142,6 @@ impl Runtime {
             serialize,
         } = loaders;
         let engine = &self.inner.shared.engine;
-        let from_bytes = |compiled: &[u8]| {
-            deserialize_bytes(engine, compiled).map_err(|e| {
-                Error::Engine(format!(
-                    "cannot load the code just compiled for {what}: {e:#}"
-                ))
-            })
-        };
-        let Some(path) = self.cache_path(sha256) else {
-            let compiled = self.compile_apart(what, compile, serialize)?;
-            let code = from_bytes(&compiled)?;
-            drop(compiled);
-            release_freed_memory();
-            return Ok((code, LoadSource::Compiled));
-        };
         // Mapped, not read (CACHE-1): only the pages a worker runs become
         // resident, and workers of one host share them through the page
         // cache. Read into memory, a Python component's code and metadata
@@ -154,34 +150,63 @@ impl Runtime {
         // (entries are written whole and renamed into place, and a rename or
         // a removal leaves a mapped file as it was), and the cache folder is
         // the operator's, like the binary.
-        let cached = |path: &Path| {
+        //
+        // A folder whose file system forbids executable mappings (mounted
+        // `noexec`) cannot be mapped from; its files are read instead,
+        // rather than compiled again at every load.
+        let mapped = |path: &Path| {
             if !path.is_file() {
                 return None;
             }
-            deserialize(engine, path)
-                .inspect_err(|e| tracing::warn!("ignoring cached code {}: {e:#}", path.display()))
-                .ok()
+            let refused = match deserialize(engine, path) {
+                Ok(code) => return Some(code),
+                Err(e) => e,
+            };
+            let read = std::fs::read(path)
+                .map_err(wasmtime::Error::from)
+                .and_then(|bytes| deserialize_bytes(engine, &bytes));
+            match read {
+                Ok(code) => {
+                    tracing::warn!(
+                        "cannot map the compiled code {} ({refused:#}), so it is read into \
+                         memory: each worker holds all of it (mount its folder without noexec \
+                         to share it)",
+                        path.display()
+                    );
+                    Some(code)
+                }
+                Err(_) => {
+                    tracing::warn!("ignoring compiled code {}: {refused:#}", path.display());
+                    None
+                }
+            }
         };
-        if let Some(code) = cached(&path) {
-            mark_used(&path);
-            return Ok((code, LoadSource::DiskCache));
-        }
-        // Held until this function returns; a failure to lock only costs
-        // a compile of our own.
-        let _lock = lock_file(&path.with_extension("lock"))
-            .inspect_err(|e| tracing::debug!("compiling without the cache lock: {e}"))
-            .ok();
-        if let Some(code) = cached(&path) {
-            return Ok((code, LoadSource::DiskCache));
-        }
-        tracing::info!(
-            "compiling {what} (its first load on this machine; cached in {} for the next)",
-            path.display()
-        );
+        let landing = match self.cache_path(sha256) {
+            Some(path) => {
+                if let Some(code) = mapped(&path) {
+                    mark_used(&path);
+                    return Ok((code, LoadSource::DiskCache));
+                }
+                // Held until this function returns; a failure to lock only
+                // costs a compile of our own.
+                let lock = lock_file(&path.with_extension("lock"))
+                    .inspect_err(|e| tracing::debug!("compiling without the cache lock: {e}"))
+                    .ok();
+                // Another process may have compiled it while this one
+                // waited for the lock.
+                if let Some(code) = mapped(&path) {
+                    return Ok((code, LoadSource::DiskCache));
+                }
+                Landing::cache_entry(path, lock, what)
+            }
+            None => Landing::scratch(what),
+        };
         let started = std::time::Instant::now();
-        if let Some(helper) = &self.inner.shared.config.compile_helper {
-            let helped = match helper.run(kind, wasm, &path) {
-                Ok(Outcome::Written) => cached(&path),
+        if let (Some(helper), Some(path)) =
+            (&self.inner.shared.config.compile_helper, landing.path())
+        {
+            let helped = match helper.run(kind, wasm, path) {
+                Ok(Outcome::Written) => mapped(path),
                 Ok(Outcome::Invalid(message)) => return Err(Error::InvalidModule(message)),
                 Err(e) => {
                     tracing::warn!("{e}; compiling {what} in this process");
@@ -193,7 +218,7 @@ impl Runtime {
                     "compiled {what} in a helper process in {:.1} s",
                     started.elapsed().as_secs_f64()
                 );
-                self.evict_for(&path);
+                landing.done(self);
                 return Ok((code, LoadSource::Compiled));
             }
         }
@@ -202,24 +227,29 @@ impl Runtime {
             "compiled {what} in {:.1} s",
             started.elapsed().as_secs_f64()
         );
-        let mapped = match write_atomically(&compiled, &path) {
-            Err(e) => {
-                tracing::warn!("cannot cache the compiled code at {}: {e}", path.display());
-                None
-            }
-            Ok(()) => {
-                self.evict_for(&path);
-                // Run from the entry just written, as the next load will
-                // (CACHE-1): loaded from bytes, the code is anonymous
-                // memory, resident whole for the worker's life (a Python
-                // component's 36 MiB), where the entry's mapping keeps only
-                // the pages run, shared with the host's other workers.
-                cached(&path)
-            }
+        // Run from the file just written, as the next load from the cache
+        // will (CACHE-1, CACHE-4): loaded from bytes, the code is anonymous
+        // memory, resident whole for the worker's life (a Python
+        // component's 36 MiB), where a mapping keeps only the pages run,
+        // shared with the host's other workers.
+        let code = match landing.path() {
+            Some(path) => match write_atomically(&compiled, path) {
+                Ok(()) => mapped(path),
+                Err(e) => {
+                    tracing::warn!("cannot write the compiled code to {}: {e}", path.display());
+                    None
+                }
+            },
+            None => None,
         };
-        let code = match mapped {
+        landing.done(self);
+        let code = match code {
             Some(code) => code,
-            None => from_bytes(&compiled)?,
+            None => deserialize_bytes(engine, &compiled).map_err(|e| {
+                Error::Engine(format!(
+                    "cannot load the code just compiled for {what}: {e:#}"
+                ))
+            })?,
         };
         drop(compiled);
         release_freed_memory();
@@ -266,6 +296,101 @@ impl Runtime {
         drop((pool, engine));
         release_freed_memory();
         serialized
+    }
+}
+
+/// Where `compile_cached` writes the code it compiles, to map it from
+/// there (CACHE-1, CACHE-4).
+enum Landing {
+    /// The cache entry, under its lock (when the lock could be taken).
+    Entry {
+        path: PathBuf,
+        _lock: Option<std::fs::File>,
+    },
+    /// A file in a folder of this process's own in the temporary folder,
+    /// removed with the folder once the code is mapped.
+    Scratch {
+        dir: tempfile::TempDir,
+        path: PathBuf,
+    },
+    /// Nowhere: the code is loaded from memory.
+    Memory,
+}
+
+impl Landing {
+    /// The cache entry at `path` if its folder can be written (the lock
+    /// file was made in it, or a file can be), else a scratch file: a
+    /// helper told to write where it cannot would compile for nothing.
+    fn cache_entry(path: PathBuf, lock: Option<std::fs::File>, what: &str) -> Landing {
+        let folder = path.parent().unwrap_or(Path::new("."));
+        let writable = lock.is_some()
+            || std::fs::create_dir_all(folder)
+                .and_then(|()| tempfile::NamedTempFile::new_in(folder))
+                .is_ok();
+        if writable {
+            tracing::info!(
+                "compiling {what} (its first load on this machine; cached in {} for the next)",
+                path.display()
+            );
+            return Landing::Entry { path, _lock: lock };
+        }
+        tracing::warn!(
+            "the module cache folder {} cannot be written: compiling {what} without caching it",
+            folder.display()
+        );
+        Landing::scratch(what)
+    }
+
+    /// A scratch file in a new folder of the temporary folder
+    /// (`$TMPDIR`), readable by this user alone; `Memory` if none can be
+    /// made.
+    fn scratch(what: &str) -> Landing {
+        use std::os::unix::fs::PermissionsExt;
+        let made = tempfile::Builder::new()
+            .prefix("wasmrpc-code-")
+            .permissions(std::fs::Permissions::from_mode(0o700))
+            .tempdir();
+        match made {
+            Ok(dir) => {
+                tracing::info!(
+                    "compiling {what} into {}, removed once mapped (no module cache to keep it in)",
+                    dir.path().display()
+                );
+                let path = dir.path().join("code.cwasm");
+                Landing::Scratch { dir, path }
+            }
+            Err(e) => {
+                tracing::info!(
+                    "compiling {what} into memory (no module cache to keep it in, and no \
+                     scratch folder in {}: {e})",
+                    std::env::temp_dir().display()
+                );
+                Landing::Memory
+            }
+        }
+    }
+
+    /// The file to write the compiled code to.
+    fn path(&self) -> Option<&Path> {
+        match self {
+            Landing::Entry { path, .. } | Landing::Scratch { path, .. } => Some(path),
+            Landing::Memory => None,
+        }
+    }
+
+    /// The load is over: a cache entry's folder is kept within its cap
+    /// (CACHE-2); a scratch folder is removed, a mapping of its file
+    /// staying valid (CACHE-4).
+    fn done(self, runtime: &Runtime) {
+        match self {
+            Landing::Entry { path, .. } => runtime.evict_for(&path),
+            Landing::Scratch { dir, .. } => {
+                if let Err(e) = dir.close() {
+                    tracing::warn!("cannot remove a scratch folder of compiled code: {e}");
+                }
+            }
+            Landing::Memory => {}
+        }
     }
 }
 

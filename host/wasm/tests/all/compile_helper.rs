@@ -214,3 +214,170 @@ fn the_helpers_body_refuses_bytes_that_do_not_compile_and_unknown_kinds() {
     );
     assert!(!out.exists());
 }
+
+/// A helper `sh` script that records its arguments in `dir/args` (one line
+/// per run) and the mode of the folder it is told to write in, in
+/// `dir/modes`, then writes `dir/precompiled.cwasm` (the real helper's
+/// output for seed-fns) where it is told to.
+fn recording_helper(dir: &Path) -> CompileHelper {
+    let bytes = std::fs::read(wasmrpc_plugins::SEED_FNS).unwrap();
+    compile_entry(
+        CodeKind::Module,
+        bytes.as_slice(),
+        &dir.join("precompiled.cwasm"),
+    )
+    .unwrap();
+    sh_helper(&format!(
+        "cat > /dev/null; echo \"$@\" >> '{dir}/args'; stat -c %a \"$(dirname \"$4\")\" >> '{dir}/modes'; \
+         cp '{dir}/precompiled.cwasm' \"$4\"",
+        dir = dir.display()
+    ))
+}
+
+/// The `--out` paths the recording helper was given, run by run.
+fn outs(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_to_string(dir.join("args"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let out = l.strip_prefix("--kind module --out ").expect(l);
+            PathBuf::from(out)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_cache_folder_the_helper_compiles_into_a_scratch_file_removed_once_mapped() {
+    timed(async {
+        let work = tempfile::tempdir().unwrap();
+        let rt = Runtime::new(Config {
+            cache_dir: None,
+            compile_helper: Some(recording_helper(work.path())),
+            ..config()
+        })
+        .unwrap();
+        assert_eq!(load_and_call(&rt).await, LoadSource::Compiled);
+        // CACHE-4: the helper wrote into a folder of this process's own in
+        // the temporary folder, readable by this user alone; the runtime
+        // maps the file and has removed it and its folder.
+        let [out] = outs(work.path()).try_into().expect("one run of the helper");
+        let folder = out.parent().unwrap();
+        assert_eq!(folder.parent().unwrap(), std::env::temp_dir());
+        assert!(
+            folder
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("wasmrpc-code-"),
+            "{}",
+            out.display()
+        );
+        assert_eq!(
+            std::fs::read_to_string(work.path().join("modes")).unwrap(),
+            "700\n"
+        );
+        assert!(
+            !folder.exists(),
+            "the scratch folder {} is left",
+            folder.display()
+        );
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        assert!(
+            maps.contains(&format!("{} (deleted)", out.display())),
+            "the code does not run from the scratch file"
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_folder_that_cannot_be_written_costs_one_compile_per_load_and_no_entry() {
+    timed(async {
+        let work = tempfile::tempdir().unwrap();
+        // A folder under a file: nothing can be made there, by root either.
+        std::fs::write(work.path().join("file"), b"").unwrap();
+        let cache = work.path().join("file").join("cache");
+        let helper = recording_helper(work.path());
+        for (run, _) in [(), ()].iter().enumerate() {
+            let rt = runtime(&cache, Some(helper.clone()));
+            assert_eq!(load_and_call(&rt).await, LoadSource::Compiled, "load {run}");
+        }
+        // Each load ran the helper once, told to write a scratch file, not
+        // the entry it could not write (which cost a second compile, in
+        // process, before CACHE-4).
+        let outs = outs(work.path());
+        assert_eq!(outs.len(), 2, "{outs:?}");
+        for out in &outs {
+            assert!(!out.starts_with(work.path()), "{}", out.display());
+            assert!(!out.exists(), "{} is left", out.display());
+        }
+        // Without a helper, the load compiles in process, once.
+        assert_eq!(
+            load_and_call(&runtime(&cache, None)).await,
+            LoadSource::Compiled
+        );
+    })
+    .await;
+}
+
+/// A `noexec` tmpfs mounted at a folder for as long as it lives.
+struct NoexecMount(PathBuf);
+
+impl NoexecMount {
+    /// Mounts one at `dir`; `None` where this process may not mount.
+    fn at(dir: &Path) -> Option<NoexecMount> {
+        std::fs::create_dir_all(dir).unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "noexec,size=64m", "tmpfs"])
+            .arg(dir)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        mounted.then(|| NoexecMount(dir.to_owned()))
+    }
+}
+
+impl Drop for NoexecMount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn code_in_a_folder_that_forbids_executable_mappings_is_read_not_compiled_again() {
+    timed(async {
+        let work = tempfile::tempdir().unwrap();
+        let Some(mount) = NoexecMount::at(&work.path().join("noexec")) else {
+            println!("wasmrpc-skip: needs root to mount a noexec tmpfs");
+            return;
+        };
+        let cache = mount.0.join("cache");
+        // Compiled (in process, then by the helper), written to the entry,
+        // which cannot be mapped executable there: the code is read.
+        assert_eq!(
+            load_and_call(&runtime(&cache, None)).await,
+            LoadSource::Compiled
+        );
+        // The next load reads the entry instead of compiling again, as it
+        // did while entries there were ignored.
+        assert_eq!(
+            load_and_call(&runtime(&cache, None)).await,
+            LoadSource::DiskCache
+        );
+        // A helper's entry is read too: one compile, by the helper.
+        std::fs::remove_dir_all(&cache).unwrap();
+        let helped = work.path().join("helped");
+        std::fs::create_dir(&helped).unwrap();
+        let rt = runtime(&cache, Some(recording_helper(&helped)));
+        assert_eq!(load_and_call(&rt).await, LoadSource::Compiled);
+        assert_eq!(outs(&helped).len(), 1);
+        assert_eq!(
+            load_and_call(&runtime(&cache, None)).await,
+            LoadSource::DiskCache
+        );
+    })
+    .await;
+}
