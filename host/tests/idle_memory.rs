@@ -156,6 +156,21 @@ fn a_worker_without_a_writable_cache_folder_runs_from_a_removed_scratch_file() {
     std::fs::create_dir(&tmp).expect("temporary folder");
     std::fs::copy(wasmrpc_plugins::SEED_FNS, plugins.join("seed_fns.wasm")).expect("copy");
     std::fs::write(dir.path().join("file"), b"").expect("a file");
+    // Scratch folders of earlier processes: one whose process ended (no
+    // PID reaches 999999999), one of a live process (this test's), one not
+    // named by a process, and a link named as one, to a folder elsewhere.
+    let target = dir.path().join("elsewhere");
+    std::fs::create_dir(&target).expect("a folder");
+    std::fs::write(target.join("keep"), b"").expect("a file");
+    let ended = tmp.join("wasmrpc-code-999999999-abc");
+    let live = tmp.join(format!("wasmrpc-code-{}-abc", std::process::id()));
+    let unnamed = tmp.join("wasmrpc-code-abc");
+    let link = tmp.join("wasmrpc-code-999999998-abc");
+    for d in [&ended, &live, &unnamed] {
+        std::fs::create_dir(d).expect("a folder");
+        std::fs::write(d.join("code.cwasm"), b"compiled").expect("a file");
+    }
+    std::os::unix::fs::symlink(&target, &link).expect("a link");
     let worker = idle_worker_with(dir.path(), None, |cmd| {
         cmd.arg("--plugins")
             .arg(&plugins)
@@ -172,8 +187,20 @@ fn a_worker_without_a_writable_cache_folder_runs_from_a_removed_scratch_file() {
         output.contains("compiled plugin `wasmrpc-plugin-seed-fns` in a helper process in "),
         "{output}"
     );
-    let left: Vec<_> = std::fs::read_dir(&tmp).expect("tmp").collect();
-    assert!(left.is_empty(), "scratch files left: {left:?}");
+    // Its own folder is gone, and of the others only the ended process's.
+    let mut left: Vec<_> = std::fs::read_dir(&tmp)
+        .expect("tmp")
+        .map(|e| e.expect("an entry").path())
+        .collect();
+    left.sort();
+    let mut kept = vec![live, unnamed, link];
+    kept.sort();
+    assert_eq!(left, kept);
+    assert!(target.join("keep").exists(), "the link was followed");
+    assert!(
+        output.contains("left by process 999999999, which ended"),
+        "{output}"
+    );
     let (rss, maps) = (resident_kib(worker.pid()), maps(worker.pid()));
     let scratch = format!("{}/wasmrpc-code-", tmp.display());
     assert!(

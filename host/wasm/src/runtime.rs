@@ -19,6 +19,7 @@ use wasmtime::{Engine, Linker};
 mod cache;
 mod engine;
 mod helper;
+mod scratch;
 
 pub use cache::set_memory_release;
 pub use engine::PERF_MAP_VAR;

@@ -31,13 +31,15 @@
 //!   configured cannot be written, the code (from the helper, or from a
 //!   compile in this process) goes to a scratch file in a folder of this
 //!   process's own in the temporary folder (`$TMPDIR`, mode 0700), which
-//!   is removed as soon as the code is mapped; the helper is never told
+//!   is removed as soon as the code is mapped (and the folders of
+//!   processes that died first are swept, `scratch`); the helper is never told
 //!   to write where it cannot, which cost a second compile. A file that
 //!   cannot be mapped executable (its file system is mounted `noexec`) is
 //!   read into memory instead, not compiled again; only where no file can
 //!   be written at all does the code run from the bytes compiled.
 
 use super::helper::{CodeKind, Outcome};
+use super::scratch::ScratchDir;
 use super::{Runtime, engine};
 use crate::plugin::LoadSource;
 use crate::{Error, Result};
@@ -309,10 +311,7 @@ enum Landing {
     },
     /// A file in a folder of this process's own in the temporary folder,
     /// removed with the folder once the code is mapped.
-    Scratch {
-        dir: tempfile::TempDir,
-        path: PathBuf,
-    },
+    Scratch(ScratchDir),
     /// Nowhere: the code is loaded from memory.
     Memory,
 }
@@ -342,22 +341,15 @@ impl Landing {
     }
 
     /// A scratch file in a new folder of the temporary folder
-    /// (`$TMPDIR`), readable by this user alone; `Memory` if none can be
-    /// made.
+    /// (`$TMPDIR`, see `scratch`); `Memory` if none can be made.
     fn scratch(what: &str) -> Landing {
-        use std::os::unix::fs::PermissionsExt;
-        let made = tempfile::Builder::new()
-            .prefix("wasmrpc-code-")
-            .permissions(std::fs::Permissions::from_mode(0o700))
-            .tempdir();
-        match made {
+        match ScratchDir::new() {
             Ok(dir) => {
                 tracing::info!(
                     "compiling {what} into {}, removed once mapped (no module cache to keep it in)",
                     dir.path().display()
                 );
-                let path = dir.path().join("code.cwasm");
-                Landing::Scratch { dir, path }
+                Landing::Scratch(dir)
             }
             Err(e) => {
                 tracing::info!(
@@ -373,7 +365,8 @@ impl Landing {
     /// The file to write the compiled code to.
     fn path(&self) -> Option<&Path> {
         match self {
-            Landing::Entry { path, .. } | Landing::Scratch { path, .. } => Some(path),
+            Landing::Entry { path, .. } => Some(path),
+            Landing::Scratch(dir) => Some(dir.code()),
             Landing::Memory => None,
         }
     }
@@ -384,11 +377,7 @@ impl Landing {
     fn done(self, runtime: &Runtime) {
         match self {
             Landing::Entry { path, .. } => runtime.evict_for(&path),
-            Landing::Scratch { dir, .. } => {
-                if let Err(e) = dir.close() {
-                    tracing::warn!("cannot remove a scratch folder of compiled code: {e}");
-                }
-            }
+            Landing::Scratch(dir) => dir.close(),
             Landing::Memory => {}
         }
     }
