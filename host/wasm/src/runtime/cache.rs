@@ -164,21 +164,28 @@ impl Runtime {
                 Ok(code) => return Some(code),
                 Err(e) => e,
             };
-            let read = std::fs::read(path)
-                .map_err(wasmtime::Error::from)
-                .and_then(|bytes| deserialize_bytes(engine, &bytes));
+            // Read only where the file system explains the refusal: any
+            // other file that does not map is not compiled code of ours,
+            // and is not read whole, whatever its size.
+            let read = if on_noexec(path) {
+                std::fs::read(path)
+                    .map_err(wasmtime::Error::from)
+                    .and_then(|bytes| deserialize_bytes(engine, &bytes))
+            } else {
+                Err(refused)
+            };
             match read {
                 Ok(code) => {
                     tracing::warn!(
-                        "cannot map the compiled code {} ({refused:#}), so it is read into \
-                         memory: each worker holds all of it (mount its folder without noexec \
-                         to share it)",
+                        "cannot map the compiled code {} executable (its file system is \
+                         mounted noexec), so it is read into memory: each worker holds all of \
+                         it (mount its folder without noexec to share it)",
                         path.display()
                     );
                     Some(code)
                 }
-                Err(_) => {
-                    tracing::warn!("ignoring compiled code {}: {refused:#}", path.display());
+                Err(e) => {
+                    tracing::warn!("ignoring compiled code {}: {e:#}", path.display());
                     None
                 }
             }
@@ -394,6 +401,13 @@ struct Loaders<'a, File, Bytes, Compile, Serialize> {
     bytes: Bytes,
     compile: Compile,
     serialize: Serialize,
+}
+
+/// Whether the file system holding `path` forbids executable mappings
+/// (mounted `noexec`), where compiled code can be read but not mapped.
+fn on_noexec(path: &Path) -> bool {
+    rustix::fs::statvfs(path)
+        .is_ok_and(|fs| fs.f_flag.contains(rustix::fs::StatVfsMountFlags::NOEXEC))
 }
 
 /// Marks the entry at `path` as just used, for eviction's order (CACHE-2).
