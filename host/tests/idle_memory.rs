@@ -73,6 +73,37 @@ fn maps(pid: u32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("its mappings")
 }
 
+/// A folder in `dir` holding the seed-fns plugin, for `--plugins`.
+fn seed_plugin_folder(dir: &std::path::Path) -> std::path::PathBuf {
+    let plugins = dir.join("plugins");
+    std::fs::create_dir(&plugins).expect("plugin folder");
+    std::fs::copy(wasmrpc_plugins::SEED_FNS, plugins.join("seed_fns.wasm")).expect("copy");
+    plugins
+}
+
+/// Checks that `worker`, which compiled its plugin as `what` says, runs
+/// from a file whose mapping `runs_from` recognises (a line of its
+/// `/proc/PID/maps`), and that it idles within the limit where it loaded
+/// no CUDA.
+fn assert_runs_from_and_idles_small(
+    worker: &ServingProcess,
+    what: &str,
+    runs_from: impl Fn(&str) -> bool,
+) {
+    let (rss, maps) = (resident_kib(worker.pid()), maps(worker.pid()));
+    assert!(
+        maps.lines().any(runs_from),
+        "the worker does not run from the file its code was written to:\n{maps}"
+    );
+    println!("idle worker that {what}: VmRSS {rss} KiB");
+    if !worker.output().contains("CUDA loaded (") {
+        assert!(
+            rss <= IDLE_RSS_LIMIT_KIB,
+            "a worker that {what} holds {rss} KiB resident, more than {IDLE_RSS_LIMIT_KIB} KiB"
+        );
+    }
+}
+
 #[test]
 fn an_idle_worker_without_a_gpu_maps_no_cuda_and_stays_small() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -107,9 +138,7 @@ fn an_idle_worker_without_a_gpu_maps_no_cuda_and_stays_small() {
 #[test]
 fn a_worker_compiles_a_plugin_missing_from_the_cache_in_a_helper_process() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let (plugins, cache) = (dir.path().join("plugins"), dir.path().join("cache"));
-    std::fs::create_dir(&plugins).expect("plugin folder");
-    std::fs::copy(wasmrpc_plugins::SEED_FNS, plugins.join("seed_fns.wasm")).expect("copy");
+    let (plugins, cache) = (seed_plugin_folder(dir.path()), dir.path().join("cache"));
     let worker = idle_worker_with(dir.path(), None, |cmd| {
         cmd.arg("--plugins")
             .arg(&plugins)
@@ -129,19 +158,8 @@ fn a_worker_compiles_a_plugin_missing_from_the_cache_in_a_helper_process() {
     let [entry] = entries.as_slice() else {
         panic!("expected one entry in the cache: {entries:?}");
     };
-    let (rss, maps) = (resident_kib(worker.pid()), maps(worker.pid()));
-    assert!(
-        maps.contains(entry.to_str().expect("a UTF-8 path")),
-        "the worker does not run from the entry the helper wrote:\n{maps}"
-    );
-    println!("idle worker that had its plugin compiled: VmRSS {rss} KiB");
-    if !output.contains("CUDA loaded (") {
-        assert!(
-            rss <= IDLE_RSS_LIMIT_KIB,
-            "a worker that had its plugin compiled holds {rss} KiB resident, more than \
-             {IDLE_RSS_LIMIT_KIB} KiB"
-        );
-    }
+    let entry = entry.to_str().expect("a UTF-8 path");
+    assert_runs_from_and_idles_small(&worker, "had its plugin compiled", |l| l.contains(entry));
 }
 
 /// CACHE-4: a worker whose module cache folder cannot be written (here a
@@ -151,10 +169,8 @@ fn a_worker_compiles_a_plugin_missing_from_the_cache_in_a_helper_process() {
 #[test]
 fn a_worker_without_a_writable_cache_folder_runs_from_a_removed_scratch_file() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let (plugins, tmp) = (dir.path().join("plugins"), dir.path().join("tmp"));
-    std::fs::create_dir(&plugins).expect("plugin folder");
+    let (plugins, tmp) = (seed_plugin_folder(dir.path()), dir.path().join("tmp"));
     std::fs::create_dir(&tmp).expect("temporary folder");
-    std::fs::copy(wasmrpc_plugins::SEED_FNS, plugins.join("seed_fns.wasm")).expect("copy");
     std::fs::write(dir.path().join("file"), b"").expect("a file");
     // Scratch folders of earlier processes: one whose process ended (no
     // PID reaches 999999999), one of a live process (this test's), one not
@@ -201,21 +217,10 @@ fn a_worker_without_a_writable_cache_folder_runs_from_a_removed_scratch_file() {
         output.contains("left by process 999999999, which ended"),
         "{output}"
     );
-    let (rss, maps) = (resident_kib(worker.pid()), maps(worker.pid()));
     let scratch = format!("{}/wasmrpc-code-", tmp.display());
-    assert!(
-        maps.lines()
-            .any(|l| l.contains(&scratch) && l.ends_with("/code.cwasm (deleted)")),
-        "the worker does not run from its removed scratch file:\n{maps}"
-    );
-    println!("idle worker that compiled without a cache: VmRSS {rss} KiB");
-    if !output.contains("CUDA loaded (") {
-        assert!(
-            rss <= IDLE_RSS_LIMIT_KIB,
-            "a worker that compiled without a cache holds {rss} KiB resident, more than \
-             {IDLE_RSS_LIMIT_KIB} KiB"
-        );
-    }
+    assert_runs_from_and_idles_small(&worker, "compiled without a cache", |l| {
+        l.contains(&scratch) && l.ends_with("/code.cwasm (deleted)")
+    });
 }
 
 /// An empty `WASMRPC_CACHE_DIR` counts as unset: the entry goes to the
@@ -225,14 +230,11 @@ fn a_worker_without_a_writable_cache_folder_runs_from_a_removed_scratch_file() {
 fn an_empty_cache_variable_counts_as_unset() {
     let dir = tempfile::tempdir().expect("temp dir");
     let (plugins, cwd, xdg) = (
-        dir.path().join("plugins"),
+        seed_plugin_folder(dir.path()),
         dir.path().join("cwd"),
         dir.path().join("xdg"),
     );
-    for d in [&plugins, &cwd] {
-        std::fs::create_dir(d).expect("a folder");
-    }
-    std::fs::copy(wasmrpc_plugins::SEED_FNS, plugins.join("seed_fns.wasm")).expect("copy");
+    std::fs::create_dir(&cwd).expect("a folder");
     let worker = idle_worker_with(dir.path(), None, |cmd| {
         cmd.arg("--plugins")
             .arg(&plugins)
