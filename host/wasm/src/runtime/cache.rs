@@ -144,52 +144,7 @@ impl Runtime {
             serialize,
         } = loaders;
         let engine = &self.inner.shared.engine;
-        // Mapped, not read (CACHE-1): only the pages a worker runs become
-        // resident, and workers of one host share them through the page
-        // cache. Read into memory, a Python component's code and metadata
-        // held 34 MiB of every idle worker. A mapping faults the process if
-        // its file is truncated in place; nothing of ours ever does that
-        // (entries are written whole and renamed into place, and a rename or
-        // a removal leaves a mapped file as it was), and the cache folder is
-        // the operator's, like the binary.
-        //
-        // A folder whose file system forbids executable mappings (mounted
-        // `noexec`) cannot be mapped from; its files are read instead,
-        // rather than compiled again at every load.
-        let mapped = |path: &Path| {
-            if !path.is_file() {
-                return None;
-            }
-            let refused = match deserialize(engine, path) {
-                Ok(code) => return Some(code),
-                Err(e) => e,
-            };
-            // Read only where the file system explains the refusal: any
-            // other file that does not map is not compiled code of ours,
-            // and is not read whole, whatever its size.
-            let read = if on_noexec(path) {
-                std::fs::read(path)
-                    .map_err(wasmtime::Error::from)
-                    .and_then(|bytes| deserialize_bytes(engine, &bytes))
-            } else {
-                Err(refused)
-            };
-            match read {
-                Ok(code) => {
-                    tracing::warn!(
-                        "cannot map the compiled code {} executable (its file system is \
-                         mounted noexec), so it is read into memory: each worker holds all of \
-                         it (mount its folder without noexec to share it)",
-                        path.display()
-                    );
-                    Some(code)
-                }
-                Err(e) => {
-                    tracing::warn!("ignoring compiled code {}: {e:#}", path.display());
-                    None
-                }
-            }
-        };
+        let mapped = |path: &Path| from_file(path, engine, &deserialize, &deserialize_bytes, None);
         let landing = match self.cache_path(sha256) {
             Some(path) => {
                 if let Some(code) = mapped(&path) {
@@ -243,7 +198,14 @@ impl Runtime {
         // shared with the host's other workers.
         let code = match landing.path() {
             Some(path) => match write_atomically(&compiled, path) {
-                Ok(()) => mapped(path),
+                // On a `noexec` file system, the bytes in hand, not read back.
+                Ok(()) => from_file(
+                    path,
+                    engine,
+                    &deserialize,
+                    &deserialize_bytes,
+                    Some(&compiled),
+                ),
                 Err(e) => {
                     tracing::warn!("cannot write the compiled code to {}: {e}", path.display());
                     None
@@ -401,6 +363,61 @@ struct Loaders<'a, File, Bytes, Compile, Serialize> {
     bytes: Bytes,
     compile: Compile,
     serialize: Serialize,
+}
+
+/// Code from the compiled file at `path`, mapped, not read (CACHE-1): only
+/// the pages a worker runs become resident, and workers of one host share
+/// them through the page cache. Read into memory, a Python component's
+/// code and metadata held 34 MiB of every idle worker. A mapping faults
+/// the process if its file is truncated in place; nothing of ours ever
+/// does that (files are written whole and renamed into place, and a
+/// rename or a removal leaves a mapped file as it was), and the cache
+/// folder is the operator's, like the binary.
+///
+/// On a file system that forbids executable mappings (mounted `noexec`)
+/// the code is loaded from its bytes instead, rather than compiled again
+/// at every load: `written`, when the caller holds what it just wrote
+/// there, else the file's. Any other file that does not map is not
+/// compiled code of ours: `None`, with a warning, and it is not read
+/// whole, whatever its size.
+fn from_file<T>(
+    path: &Path,
+    engine: &Engine,
+    map: &impl Fn(&Engine, &Path) -> wasmtime::Result<T>,
+    load: &impl Fn(&Engine, &[u8]) -> wasmtime::Result<T>,
+    written: Option<&[u8]>,
+) -> Option<T> {
+    if !path.is_file() {
+        return None;
+    }
+    let refused = match map(engine, path) {
+        Ok(code) => return Some(code),
+        Err(e) => e,
+    };
+    let loaded = if !on_noexec(path) {
+        Err(refused)
+    } else if let Some(bytes) = written {
+        load(engine, bytes)
+    } else {
+        std::fs::read(path)
+            .map_err(wasmtime::Error::from)
+            .and_then(|bytes| load(engine, &bytes))
+    };
+    match loaded {
+        Ok(code) => {
+            tracing::warn!(
+                "cannot map the compiled code {} executable (its file system is mounted \
+                 noexec), so it is read into memory: each worker holds all of it (mount its \
+                 folder without noexec to share it)",
+                path.display()
+            );
+            Some(code)
+        }
+        Err(e) => {
+            tracing::warn!("ignoring compiled code {}: {e:#}", path.display());
+            None
+        }
+    }
 }
 
 /// Whether the file system holding `path` forbids executable mappings
