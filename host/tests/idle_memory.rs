@@ -174,7 +174,8 @@ fn a_worker_without_a_writable_cache_folder_runs_from_a_removed_scratch_file() {
     std::fs::write(dir.path().join("file"), b"").expect("a file");
     // Scratch folders of earlier processes: one whose process ended (no
     // PID reaches 999999999), one of a live process (this test's), one not
-    // named by a process, and a link named as one, to a folder elsewhere.
+    // named by a process, one whose live process id has a leading zero,
+    // and a link named as one, to a folder elsewhere.
     let target = dir.path().join("elsewhere");
     std::fs::create_dir(&target).expect("a folder");
     std::fs::write(target.join("keep"), b"").expect("a file");
@@ -182,7 +183,9 @@ fn a_worker_without_a_writable_cache_folder_runs_from_a_removed_scratch_file() {
     let live = tmp.join(format!("wasmrpc-code-{}-abc", std::process::id()));
     let unnamed = tmp.join("wasmrpc-code-abc");
     let link = tmp.join("wasmrpc-code-999999998-abc");
-    for d in [&ended, &live, &unnamed] {
+    // This test's live process, spelled so `/proc` has no such entry.
+    let padded = tmp.join(format!("wasmrpc-code-0{}-abc", std::process::id()));
+    for d in [&ended, &live, &unnamed, &padded] {
         std::fs::create_dir(d).expect("a folder");
         std::fs::write(d.join("code.cwasm"), b"compiled").expect("a file");
     }
@@ -209,7 +212,7 @@ fn a_worker_without_a_writable_cache_folder_runs_from_a_removed_scratch_file() {
         .map(|e| e.expect("an entry").path())
         .collect();
     left.sort();
-    let mut kept = vec![live, unnamed, link];
+    let mut kept = vec![live, unnamed, link, padded];
     kept.sort();
     assert_eq!(left, kept);
     assert!(target.join("keep").exists(), "the link was followed");

@@ -86,7 +86,7 @@ fn sweep_ended(parent: &Path, uid: u32) {
             .to_str()
             .and_then(|n| n.strip_prefix(PREFIX))
             .and_then(|rest| rest.split_once('-'))
-            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+            .and_then(|(pid, _)| process_id(pid))
         else {
             continue;
         };
@@ -103,6 +103,25 @@ fn sweep_ended(parent: &Path, uid: u32) {
                 entry.path().display()
             ),
             Err(e) => tracing::debug!("cannot remove {}: {e}", entry.path().display()),
+        }
+    }
+}
+
+/// The process id a scratch folder's name gives, spelled exactly as this
+/// module spells one: `0123` or `+123` would name `/proc/0123`, which no
+/// process has, and make a live process's folder look ended.
+fn process_id(text: &str) -> Option<u32> {
+    let pid = text.parse::<u32>().ok()?;
+    (pid.to_string() == text).then_some(pid)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_a_process_id_spelled_as_ours_names_a_process() {
+        assert_eq!(super::process_id("123"), Some(123));
+        for odd in ["0123", "+123", "", "12a", " 123", "-1", "99999999999"] {
+            assert_eq!(super::process_id(odd), None, "{odd:?}");
         }
     }
 }
