@@ -190,6 +190,14 @@ fn a_worker_without_a_writable_cache_folder_runs_from_a_removed_scratch_file() {
         std::fs::write(d.join("code.cwasm"), b"compiled").expect("a file");
     }
     std::os::unix::fs::symlink(&target, &link).expect("a link");
+    // An ended process's folder of another user, where this test may give
+    // one away (as root): not the worker's to remove.
+    let foreign = tmp.join("wasmrpc-code-999999997-abc");
+    std::fs::create_dir(&foreign).expect("a folder");
+    let given_away = std::os::unix::fs::chown(&foreign, Some(65534), Some(65534)).is_ok();
+    if !given_away {
+        std::fs::remove_dir(&foreign).expect("remove");
+    }
     let worker = idle_worker_with(dir.path(), None, |cmd| {
         cmd.arg("--plugins")
             .arg(&plugins)
@@ -213,6 +221,9 @@ fn a_worker_without_a_writable_cache_folder_runs_from_a_removed_scratch_file() {
         .collect();
     left.sort();
     let mut kept = vec![live, unnamed, link, padded];
+    if given_away {
+        kept.push(foreign);
+    }
     kept.sort();
     assert_eq!(left, kept);
     assert!(target.join("keep").exists(), "the link was followed");
