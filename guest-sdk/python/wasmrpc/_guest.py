@@ -13,6 +13,14 @@ try:
 except ImportError:  # an ordinary Python (the build reading the manifest)
     guest = None
 
+# The nodes whose value is the argument itself (`_values.from_nodes`'s
+# scalars), told apart by their exact class.
+_SCALAR_NODES = (
+    frozenset((_host._wit_types.Node_Int, _host._wit_types.Node_Float, _host._wit_types.Node_Str))
+    if _host._wit_types is not None
+    else frozenset()
+)
+
 # Exception classes a caller can rebuild (the world's error kinds).
 _KINDS = {cls.__name__: kind for kind, cls in _host.ERROR_CLASSES.items()}
 
@@ -51,11 +59,19 @@ def _decode(args, types):
 def _run(scope, fn, args, is_async, end_scope):
     # The path of every call: each Python frame here costs a few hundred
     # nanoseconds in the component's interpreter, so decoding and encoding
-    # stay inline (the kit's own code was half a Python no-op's call).
+    # stay inline (the kit's own code was half a Python no-op's call), the
+    # world's types are read without a frame of `bindings()`, and an
+    # argument or a result that is one scalar node is converted here
+    # rather than in a frame of `from_nodes` or `to_nodes`.
     prev, _scope.current = _scope.current, scope
     try:
-        _, types = _host.bindings()
-        positional = [_values.from_nodes(a, types) for a in args.args]
+        types = _host._wit_types or _host.bindings()[1]
+        positional = [
+            a[0].value
+            if len(a) == 1 and type(a[0]) in _SCALAR_NODES
+            else _values.from_nodes(a, types)
+            for a in args.args
+        ]
         if args.kwargs:
             keywords = {k: _values.from_nodes(v, types) for k, v in args.kwargs}
             result = fn(*positional, **keywords)
@@ -66,6 +82,11 @@ def _run(scope, fn, args, is_async, end_scope):
                 return guest.Outcome_Future(result._moved_handle())
         elif _registry.plugin["single_instance"] and _kept(result):
             result = None
+        kind = type(result)
+        if kind is int:
+            return guest.Outcome_Returned([types.Node_Int(result)])
+        if kind is float:
+            return guest.Outcome_Returned([types.Node_Float(result)])
         return guest.Outcome_Returned(_values.to_nodes(result, types, move=True))
     except BaseException as e:  # noqa: BLE001 (every error goes back to the caller)
         return guest.Outcome_Raised(error_record(e))
