@@ -21,7 +21,7 @@ use tch::{Device, Kind, Tensor};
 use wasmrpc::{Payload, args};
 
 use crate::limit::PingPong;
-use crate::ours::{self, Children, free_port, worker_args};
+use crate::ours::{self, Children, free_port, worker_args_serving};
 use crate::worker::{self, NOOP};
 
 /// The calls `anatomy` can dissect.
@@ -35,6 +35,9 @@ pub(crate) enum Call {
     Wasm,
     /// `seed_fns_py::identity(1)`, a Python plugin's function.
     Python,
+    /// `dispatch_floor_py::identity(1)`: the same call served with none of
+    /// the kit's code on its path, componentize-py's dispatch alone.
+    PythonFloor,
     /// `seed_fns::my_tensor_function` (a + b of two 4-element tensors in a
     /// Rust wasm plugin: the `rtt_add_wasm` row).
     WasmAdd,
@@ -68,6 +71,7 @@ impl Call {
             Call::AtenAdd => ("aten::add", add()),
             Call::Wasm => (worker::WASM_IDENTITY, args![1]),
             Call::Python => (worker::PY_IDENTITY, args![1]),
+            Call::PythonFloor => (worker::PY_FLOOR_IDENTITY, args![1]),
             Call::WasmAdd => ("seed_fns::my_tensor_function", add()),
             Call::PythonAdd => ("seed_fns_py::my_tensor_function", add()),
             Call::Matmul16 | Call::Matmul256 => ("aten::matmul", add()),
@@ -221,7 +225,7 @@ pub(crate) fn run_local(call: Call, calls: usize, threads: usize) -> Result<()> 
     let rt = worker::runtime(threads)?;
     rt.block_on(async {
         let method = format!("tcp://127.0.0.1:{}", free_port()?);
-        let plugins = [wasmrpc_plugins::SEED_FNS, wasmrpc_plugins::SEED_FNS_PY].map(Into::into);
+        let plugins = worker::PYTHON_ROW_PLUGINS.map(Into::into);
         let agent = worker::join(&method, 0, 1, &plugins, None, false).await?;
         let one = || {
             let args = call
@@ -280,7 +284,10 @@ pub(crate) fn run(
     let rt = worker::caller_runtime(caller, threads)?;
     rt.block_on(async {
         let method = format!("tcp://127.0.0.1:{}", free_port()?);
-        let children = Children::spawn(&cfg, |r| worker_args(&cfg, &method, r, 2), 1..2, false)?;
+        // Anatomy reads no memory: its callee serves every plugin a call
+        // may name, the Python dispatch floor's too.
+        let args = |r| worker_args_serving(&cfg, &method, r, 2, &worker::PYTHON_ROW_PLUGINS);
+        let children = Children::spawn(&cfg, args, 1..2, false)?;
         let callee = children.pids()[0];
         let agent = worker::join(&method, 0, 2, &[], None, false).await?;
         let (a, b) = (

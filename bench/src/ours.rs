@@ -23,9 +23,12 @@ pub(crate) use autograd::{StepPhases, autograd_step, forward_in_context};
 mod floors;
 mod local_calls;
 mod processes;
+mod python_noop;
 mod variants;
 
-pub(crate) use processes::{Children, free_port, plain_worker_args, rss_mib, worker_args};
+pub(crate) use processes::{
+    Children, free_port, plain_worker_args, rss_mib, worker_args, worker_args_serving,
+};
 pub(crate) use variants::{
     METRICS_ROWS, SAMPLED_ROWS, TLS_ROWS, TRACED_ROWS, metrics_rows, tls_rows, traced_rows,
 };
@@ -135,6 +138,9 @@ pub(crate) async fn main_group(cfg: &Config, res: &mut Results, progress: &Progr
     progress.set("wasmrpc: graceful shutdown of the group of 2");
     let s = agent.shutdown(true, Duration::ZERO).await;
     children.finish(r, s, Duration::from_secs(30)).await?;
+    if cfg.wanted("rtt_noop_py") {
+        python_noop::python_noop(cfg, res, progress).await?;
+    }
     if cfg.wanted("rss_idle_compiled")
         && let Err(e) = idle_after_compiling(cfg, res, progress).await
     {
@@ -274,57 +280,9 @@ async fn measure(
     Ok(())
 }
 
-/// The Python no-op's target is its ratio to the wasm no-op's round trip
-/// (issue 52: at most 1.25x). Beside it, the note gives what each function
-/// costs called in this process, without the network (its plugin loaded
-/// here too): the interpreter's own work, and the ratio it alone would
-/// give. That is an estimate, not a bound: the run of 2026-12-07 01:02
-/// measured the row at 1.39x beside an estimate of 1.42x.
-async fn python_noop_note(cfg: &Config, agent: &RpcAgent, python: Stat) -> Result<String> {
-    const TARGET: f64 = 1.25;
-    let n = cfg.n(500, 5000);
-    let wasm_call = || agent.rpc_sync("worker1", worker::WASM_IDENTITY, args![1]);
-    let wasm = Stat::latencies(&timed(n, n / 10, wasm_call).await?);
-    let host = wasmrpc::PluginHost::shared()?;
-    for plugin in [wasmrpc_plugins::SEED_FNS, wasmrpc_plugins::SEED_FNS_PY] {
-        host.install(std::path::Path::new(plugin), agent.registry())
-            .with_context(|| format!("cannot load the plugin {plugin}"))?;
-    }
-    // Each function in a block, and each right after a round trip of the
-    // wasm no-op: the callee runs its function in the second regime, woken
-    // with its caches cold (`timed_after`).
-    let (mut block, mut cold) = (Vec::new(), Vec::new());
-    for function in [worker::WASM_IDENTITY, worker::PY_IDENTITY] {
-        let call = || agent.call_local(function, args![1]);
-        block.push(Stat::latencies(&timed(n, n / 10, call).await?));
-        cold.push(Stat::latencies(
-            &timed_after(n, n / 10, wasm_call, call).await?,
-        ));
-    }
-    let ratio = python.median / wasm.median;
-    let floor = |own: &[Stat]| (wasm.median + own[1].median - own[0].median) / wasm.median;
-    let us = |s: &Stat| crate::report::fmt_micros(s.median);
-    Ok(format!(
-        "(over the wasm no-op's {} measured right after: {ratio:.2}x, target <= {TARGET:.2}x: {}; \
-         called in this process without the network, the wasm no-op and the Python one: {} and \
-         {} in a block, {} and {} right after each of a wasm no-op's round trips; their \
-         difference added to the wasm no-op's round trip would put the ratio at {:.2}x, or \
-         {:.2}x with the caches a round trip leaves: an estimate from this process, not a \
-         bound on the worker's)",
-        us(&wasm),
-        if ratio <= TARGET { "ok" } else { "MISS" },
-        us(&block[0]),
-        us(&block[1]),
-        us(&cold[0]),
-        us(&cold[1]),
-        floor(&block),
-        floor(&cold),
-    ))
-}
-
-/// Round trips to plugin functions on `worker1`: a Python no-op, and a
-/// tensor add in the Rust and in the Python seed plugin (torch's row: a
-/// Python function `a + b`).
+/// Round trips to plugin functions on `worker1`: a tensor add in the Rust
+/// and in the Python seed plugin (torch's row: a Python function `a + b`).
+/// The Python no-op has a group of its own (`python_noop`).
 async fn plugin_round_trips(
     cfg: &Config,
     agent: &RpcAgent,
@@ -332,22 +290,6 @@ async fn plugin_round_trips(
     progress: &Progress,
 ) -> Result<()> {
     let dst = "worker1";
-    if cfg.wanted("rtt_noop_py") {
-        progress.set("wasmrpc: round trip of a no-op (Python plugin function)");
-        let call = || agent.rpc_sync(dst, worker::PY_IDENTITY, args![1]);
-        let p = call().await?;
-        if p.as_int()? != 1 {
-            bail!("{} returned {p:?}", worker::PY_IDENTITY);
-        }
-        let n = cfg.n(500, 5000);
-        let s = Stat::latencies(&timed(n, n / 10, call).await?);
-        res.set(Side::Ours, "rtt_noop_py", s);
-        res.note(
-            Side::Ours,
-            "rtt_noop_py",
-            python_noop_note(cfg, agent, s).await?,
-        );
-    }
     for (row, function, what) in [
         ("rtt_add_wasm", "seed_fns::my_tensor_function", "Rust"),
         ("rtt_add_py", "seed_fns_py::my_tensor_function", "Python"),

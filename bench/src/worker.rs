@@ -107,6 +107,25 @@ pub(crate) const WASM_IDENTITY: &str = "seed_fns::identity";
 /// Python seed plugin (`plugins/python/seed-fns-py`).
 pub(crate) const PY_IDENTITY: &str = "seed_fns_py::identity";
 
+/// The Python no-op's floor: `identity(a)` of a Python plugin whose calls
+/// run none of the kit's code (`plugins/python/dispatch-floor-py`), what
+/// componentize-py's dispatch alone costs.
+pub(crate) const PY_FLOOR_IDENTITY: &str = "dispatch_floor_py::identity";
+
+/// The plugins the per-call rows' workers serve: the seed functions in
+/// Rust and in Python.
+pub(crate) const ROW_PLUGINS: [&str; 2] = [wasmrpc_plugins::SEED_FNS, wasmrpc_plugins::SEED_FNS_PY];
+
+/// The plugins of the Python no-op's group: [`ROW_PLUGINS`] and the
+/// dispatch floor. A group of its own, as a worker that loads a third
+/// plugin, the Python floor, holds 25 MiB more (2026-12-07), which the
+/// per-call group's memory rows must not count.
+pub(crate) const PYTHON_ROW_PLUGINS: [&str; 3] = [
+    wasmrpc_plugins::SEED_FNS,
+    wasmrpc_plugins::SEED_FNS_PY,
+    wasmrpc_plugins::DISPATCH_FLOOR_PY,
+];
+
 /// Rendezvous through `init_method` and join as `worker<rank>` with the
 /// bench functions, and the wasm plugins at `plugins`. `tls`: this
 /// worker's credentials (the TLS rows); `None`: those of the environment,

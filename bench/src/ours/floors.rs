@@ -287,7 +287,7 @@ pub(super) async fn small_calls(
 /// alternating one by one, the order within each pair alternating too: both
 /// see the same phases of the machine, however fast those change. Returns
 /// the samples of `row` and of `floor`.
-async fn alternating<R, F, RFut, FFut>(
+pub(super) async fn alternating<R, F, RFut, FFut>(
     n: usize,
     warmup: usize,
     mut row: R,

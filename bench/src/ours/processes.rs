@@ -167,14 +167,28 @@ impl Drop for Children {
 }
 
 pub(crate) fn worker_args(cfg: &Config, method: &str, rank: u32, world: u32) -> Vec<String> {
+    // The group of the per-call rows serves the seed functions' plugins,
+    // in Rust and in Python.
+    let plugins: &[&str] = if world == 2 {
+        &crate::worker::ROW_PLUGINS
+    } else {
+        &[]
+    };
+    worker_args_serving(cfg, method, rank, world, plugins)
+}
+
+/// A worker's arguments serving `plugins` beside the bench functions.
+pub(crate) fn worker_args_serving(
+    cfg: &Config,
+    method: &str,
+    rank: u32,
+    world: u32,
+    plugins: &[&str],
+) -> Vec<String> {
     let mut args = plain_worker_args(cfg, method, rank, world);
-    if world == 2 {
-        // The group of the per-call rows serves the seed functions'
-        // plugins, in Rust and in Python.
-        for plugin in [wasmrpc_plugins::SEED_FNS, wasmrpc_plugins::SEED_FNS_PY] {
-            args.push("--plugin".into());
-            args.push(plugin.into());
-        }
+    for plugin in plugins {
+        args.push("--plugin".into());
+        args.push((*plugin).into());
     }
     args
 }
