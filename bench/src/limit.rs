@@ -238,7 +238,8 @@ pub(crate) fn measure(quick: bool, only: &[String], res: &mut Results, progress:
             Stat::value(bytes as f64 / (lat.median * 1e3), n as u64),
         );
     }
-    if wanted(only, "shm_bound_64m") || wanted(only, "shm_echo_64m") {
+    // With its row, the bound is measured beside it (`shm`); alone, here.
+    if wanted(only, "shm_bound_64m") && !wanted(only, "shm_echo_64m") {
         progress.set("limit: two overlapped copies of 64 MiB, there and back");
         let n = if quick { 5 } else { 20 };
         res.set(
@@ -261,7 +262,7 @@ const BOUND_CHUNK: usize = 1 << 20;
 /// messages, no tensors, no page faults (every buffer is touched first):
 /// `n` samples of the two directions one after the other, after one
 /// round of warm-up.
-fn shared_memory_bound(bytes: usize, n: usize) -> Vec<Duration> {
+pub(crate) fn shared_memory_bound(bytes: usize, n: usize) -> Vec<Duration> {
     // Non-zero fills: every page is touched before the first sample.
     let mut ends = [vec![1u8; bytes], vec![2u8; bytes]];
     let mut segments = [vec![3u8; bytes], vec![4u8; bytes]];

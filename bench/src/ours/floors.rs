@@ -60,7 +60,7 @@ struct Round {
 
 /// The ratios of `rounds`, formatted, and the index of the round whose
 /// ratio is the median.
-pub(super) fn median_round(ratios: &[f64]) -> (String, usize) {
+pub(crate) fn median_round(ratios: &[f64]) -> (String, usize) {
     let mut order: Vec<usize> = (0..ratios.len()).collect();
     order.sort_by(|&a, &b| ratios[a].total_cmp(&ratios[b]));
     let all = ratios
