@@ -118,7 +118,9 @@ fn judge(measured: &[Round]) -> (Stat, String) {
         .map(|r| format!("{:.2}x", r.floor_ratio()))
         .collect::<Vec<_>>()
         .join(" ");
-    let floor = m.floor_ratio();
+    // Judged as printed: a floor that reads "1.25x" is not called above
+    // a 1.25x target.
+    let floor = (m.floor_ratio() * 100.0).round() / 100.0;
     let kit = m.python.0.median - m.python.1.median - (m.floor.0.median - m.floor.1.median);
     let reach = if floor > TARGET {
         format!(
@@ -184,6 +186,15 @@ mod tests {
         assert!(note.contains("per round: 1.30x 1.10x 1.35x"), "{note}");
         assert!(note.contains("its dispatch alone is 1.35x"), "{note}");
         assert!(note.contains("+1.0 µs a call beyond it"), "{note}");
+    }
+
+    #[test]
+    fn a_floor_that_reads_as_the_target_is_not_called_above_it() {
+        // 17.8 over 14.2 is 1.2535x.
+        let measured = [round(20.0, (20.0, 14.0), (17.8, 14.2))];
+        let (_, note) = judge(&measured);
+        assert!(note.contains("1.25x, the kit's own code"), "{note}");
+        assert!(!note.contains("out of reach"), "{note}");
     }
 
     #[test]
