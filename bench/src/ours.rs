@@ -21,7 +21,7 @@ use crate::worker::{self, ECHO, LOAD, NOOP, off_runtime};
 mod autograd;
 pub(crate) use autograd::{StepPhases, autograd_step, forward_in_context};
 mod floors;
-pub(crate) use floors::median_round;
+pub(crate) use floors::{as_printed, median_round};
 mod local_calls;
 mod processes;
 mod python_noop;

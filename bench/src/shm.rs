@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use tch::Device;
 
-use crate::ours::{Children, Config, echo, free_port, median_round, worker_args};
+use crate::ours::{Children, Config, as_printed, echo, free_port, median_round, worker_args};
 use crate::progress::Progress;
 use crate::report::fmt_micros;
 use crate::rows::{Results, Side};
@@ -121,8 +121,7 @@ fn judge(measured: &[(Stat, Stat)]) -> (Stat, Stat, String) {
         fmt_micros(bound.median),
         fmt_micros(row.median),
         shares[i],
-        // Judged as printed: a share that reads "0.90x" holds.
-        if (shares[i] * 100.0).round() / 100.0 >= HOLD {
+        if as_printed(shares[i]) >= HOLD {
             "ok"
         } else {
             "MISS"

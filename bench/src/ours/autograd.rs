@@ -28,7 +28,7 @@ use anyhow::Result;
 use tch::{Device, Kind, Tensor};
 use wasmrpc::{Payload, RpcAgent, args};
 
-use super::floors::{median_round, verdict};
+use super::floors::{as_printed, median_round, verdict};
 use super::{Config, timed, timed_after};
 use crate::limit::{LocalStep, PingPong, step_bytes_each_way};
 use crate::progress::Progress;
@@ -144,7 +144,7 @@ pub(super) async fn steps(
         let spinning = per_round(&|r| fmt_micros(r.spinning_trip));
         let least = per_round(&|r| format!("{:.2}x", r.least() / r.floor()));
         let protocol = per_round(&|r| format!("{:.2}x", r.protocol() / r.floor()));
-        let reach = if m.least() / m.floor() > target {
+        let reach = if as_printed(m.least() / m.floor()) > target {
             "; so the step's ops alone, right after a round trip, and its two round trips put \
              it above the target: out of reach while a round trip leaves the caches this cold"
         } else {

@@ -22,7 +22,7 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use wasmrpc::{RpcAgent, args};
 
-use super::floors::{alternating, median_round, verdict};
+use super::floors::{alternating, as_printed, median_round, verdict};
 use super::{Children, Config, free_port, timed, worker_args_serving};
 use crate::progress::Progress;
 use crate::report::fmt_micros;
@@ -118,9 +118,7 @@ fn judge(measured: &[Round]) -> (Stat, String) {
         .map(|r| format!("{:.2}x", r.floor_ratio()))
         .collect::<Vec<_>>()
         .join(" ");
-    // Judged as printed: a floor that reads "1.25x" is not called above
-    // a 1.25x target.
-    let floor = (m.floor_ratio() * 100.0).round() / 100.0;
+    let floor = as_printed(m.floor_ratio());
     let kit = m.python.0.median - m.python.1.median - (m.floor.0.median - m.floor.1.median);
     let reach = if floor > TARGET {
         format!(
