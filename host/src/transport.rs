@@ -20,7 +20,7 @@
 //! - `tcp`: one connection per pair of workers, opened lazily by whichever
 //!   side sends first and used in both directions; `TCP_NODELAY` on. Its
 //!   reader busy-polls the socket between messages that come close
-//!   together (`tcp::busy_poll`, BUSY-1 to BUSY-8), under TLS too.
+//!   together (`tcp::busy_poll`, BUSY-1 to BUSY-9), under TLS too.
 //! - `tls`: TLS 1.3 with mutual authentication when the worker has TLS
 //!   credentials (from `wasmrpc-credentials`, which also makes the cluster
 //!   CA and the certificates that name their worker, and whose TLS stream

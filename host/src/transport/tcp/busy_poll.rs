@@ -15,7 +15,7 @@
 //! with `wasmrpc-bench anatomy`: a 50 µs window against 75-80 µs round trips
 //! made them no faster, while the same calls polled through took 35 µs).
 //!
-//! The rules (BUSY-1 to BUSY-8) keep the cost bounded:
+//! The rules (BUSY-1 to BUSY-9) keep the cost bounded:
 //! - BUSY-1: a reader polls a wait for at most [`SPAN`] times its typical
 //!   wait (a moving average of its recent waits, polled or slept), and not
 //!   at all while its typical wait is as long as its window: frames that
@@ -60,6 +60,18 @@
 //!   them on average, sampled by the thread's CPU clock) stops polling for
 //!   a while: the machine has more runnable threads than CPUs, and its
 //!   poll holds a CPU that the peer or its own process needs ([`crowding`]).
+//! - BUSY-9: a wait begins, for the typical wait and for the window, at
+//!   the later of the reader's first look and the moment its connection's
+//!   work last ended (TR-10's count falling to zero): until then this side
+//!   was serving a call, and the peer had nothing to answer yet. Counted
+//!   from the first look, which comes before the call's op runs, a worker
+//!   serving 256x256 matmuls saw waits of 1.1-1.2 ms where its peer took
+//!   100-200 µs, never polled, and slept about twice a step; counted from
+//!   the reply, it sleeps about once (measured 2026-12-07 with `wasmrpc-bench
+//!   anatomy --call step256`, six alternating pairs: the callee's worker
+//!   thread slept 1.68-1.96 times a step before, 0.47-1.15 after, and the
+//!   step's median went from 1.41-1.80 ms to 1.27-1.65 ms, lower in each
+//!   pair; `--call step16` and `--call aten-add` moved within the noise).
 //!
 //! This module owns the socket reads of plain TCP connections and of the
 //! TLS record layer beneath; it does not know frames or messages.
@@ -72,14 +84,59 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::tcp::OwnedReadHalf;
 
-/// The count of work in progress on a connection (TR-10), shared by the
-/// connection and its reader (BUSY-4).
-pub(crate) type InProgress = Arc<AtomicUsize>;
+/// The work in progress on a connection (TR-10), shared by the connection
+/// and its reader (BUSY-4, BUSY-9).
+pub(crate) type InProgress = Arc<WorkInProgress>;
+
+/// How much work is in progress on a connection (TR-10), and when it last
+/// had none.
+#[derive(Debug, Default)]
+pub(crate) struct WorkInProgress {
+    count: AtomicUsize,
+    /// When the count last fell to zero, in nanoseconds after [`epoch`]
+    /// (zero: never).
+    idle_since: AtomicU64,
+}
+
+impl WorkInProgress {
+    /// A piece of work begins.
+    pub(crate) fn begin(&self) {
+        self.count.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A piece of work ends; the last one stamps the connection idle.
+    pub(crate) fn end(&self) {
+        if self.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let nanos = epoch().elapsed().as_nanos().max(1);
+            self.idle_since
+                .store(u64::try_from(nanos).unwrap_or(u64::MAX), Ordering::Release);
+        }
+    }
+
+    /// The pieces of work in progress.
+    pub(crate) fn count(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// When the connection last became idle (its work count fell to zero).
+    fn idle_since(&self) -> Option<Instant> {
+        match self.idle_since.load(Ordering::Acquire) {
+            0 => None,
+            nanos => Some(epoch() + Duration::from_nanos(nanos)),
+        }
+    }
+}
+
+/// The instant [`WorkInProgress`] stamps count from.
+fn epoch() -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
 
 tokio::task_local! {
     /// The work count of the connection whose TLS handshake runs in this
@@ -146,7 +203,7 @@ fn next_typical(typical: Duration, wait: Duration, window: Duration) -> Duration
     Duration::from_nanos(t - t / smoothing + w / smoothing)
 }
 
-/// The read half of a TCP connection, busy-polled per BUSY-1 to BUSY-8.
+/// The read half of a TCP connection, busy-polled per BUSY-1 to BUSY-9.
 pub(crate) struct BusyPollRead {
     inner: OwnedReadHalf,
     window: Duration,
@@ -217,6 +274,10 @@ impl BusyPollRead {
             let wait = stamp
                 .and_then(|at| at.duration_since(since_wall).ok())
                 .map_or(woken, |arrived| arrived.min(woken));
+            // BUSY-9: from the later of its start and the connection's
+            // last idle moment, if that came before the bytes.
+            let served = self.wait_start(since).saturating_duration_since(since);
+            let wait = if served < wait { wait - served } else { wait };
             self.typical = next_typical(self.typical, wait, self.window);
         }
         self.turn = None;
@@ -294,6 +355,16 @@ impl BusyPollRead {
         Ok(false)
     }
 
+    /// When the current wait, which the reader saw begin at `since`,
+    /// began for the peer (BUSY-9): when the connection's work last ended,
+    /// if later. Until then this side was still serving a call, and the
+    /// peer had nothing to answer.
+    fn wait_start(&self, since: Instant) -> Instant {
+        self.in_progress
+            .idle_since()
+            .map_or(since, |idle| idle.max(since))
+    }
+
     fn fd(&self) -> RawFd {
         let tcp: &tokio::net::TcpStream = self.inner.as_ref();
         tcp.as_raw_fd()
@@ -325,7 +396,7 @@ impl AsyncRead for BusyPollRead {
         } else {
             this.crowding.backing_off(since)
         };
-        let limit = match this.in_progress.load(Ordering::Acquire) {
+        let limit = match this.in_progress.count() {
             0 | 1 if !crowded => poll_limit(this.typical, this.window),
             _ => Duration::ZERO,
         };
@@ -346,7 +417,7 @@ impl AsyncRead for BusyPollRead {
             this.turn = None;
             // SAFETY: the fd is the socket `inner` owns, open while `this` is.
             let fd = unsafe { BorrowedFd::borrow_raw(this.fd()) };
-            match this.poll_after_turn(fd, buf, since + limit) {
+            match this.poll_after_turn(fd, buf, this.wait_start(since) + limit) {
                 Ok(true) => {
                     this.polled += 1;
                     // Polled: the monotonic clock saw the bytes come.
@@ -357,7 +428,7 @@ impl AsyncRead for BusyPollRead {
                 Err(e) => return Poll::Ready(Err(e)),
             }
         }
-        if since.elapsed() >= limit {
+        if this.wait_start(since).elapsed() >= limit {
             this.crowding.polling_ends();
             return Poll::Pending;
         }

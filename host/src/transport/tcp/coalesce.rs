@@ -39,7 +39,7 @@ impl std::fmt::Debug for Work {
 
 impl Drop for Work {
     fn drop(&mut self) {
-        self.conn.work.fetch_sub(1, Ordering::AcqRel);
+        self.conn.work.end();
     }
 }
 
@@ -47,14 +47,14 @@ impl Connection {
     /// Counts a piece of work in progress on this connection until the
     /// guard is dropped (TR-10).
     pub(crate) fn start_work(self: &Arc<Self>) -> Work {
-        self.work.fetch_add(1, Ordering::AcqRel);
+        self.work.begin();
         Work { conn: self.clone() }
     }
 
     /// Whether a frame sent now waits for a flush task (TR-10): other work
     /// than the sender's is in progress.
     pub(super) fn coalesces(&self) -> bool {
-        self.work.load(Ordering::Acquire) > 1
+        self.work.count() > 1
     }
 
     /// Leaves `frame` in the backlog and makes sure a flush task will write

@@ -1,4 +1,4 @@
-//! The busy-polled reader's rules (BUSY-1 to BUSY-8), each against a real
+//! The busy-polled reader's rules (BUSY-1 to BUSY-9), each against a real
 //! loopback socket.
 
 use std::io::Write;
@@ -320,7 +320,8 @@ fn a_reader_does_not_poll_while_several_calls_are_in_progress() {
         let window = Duration::from_millis(200);
         let (mut writer, mut reader) = pair(window).await;
         let in_progress = reader.in_progress.clone();
-        in_progress.store(2, Ordering::Release);
+        in_progress.begin();
+        in_progress.begin();
         reader.typical = Duration::from_millis(5);
         // The second 20 frames wait for the first 20 to be read, so
         // that a reader slowed by a loaded machine finds none queued.
@@ -339,7 +340,7 @@ fn a_reader_does_not_poll_while_several_calls_are_in_progress() {
             reader.read_exact(&mut got).await.unwrap();
         }
         assert_eq!(reader.polled, 0, "polled with two calls in progress");
-        in_progress.store(1, Ordering::Release);
+        in_progress.end();
         next.send(()).unwrap();
         for _ in 0..20 {
             // Each wait polled for up to 30 ms: a sender that a loaded
@@ -353,6 +354,80 @@ fn a_reader_does_not_poll_while_several_calls_are_in_progress() {
             "{} of 20 frames were polled",
             reader.polled
         );
+    });
+}
+
+/// BUSY-9's stamp: a connection becomes idle when its last piece of work
+/// ends, not before.
+#[test]
+fn a_connection_is_idle_from_the_end_of_its_last_work() {
+    let work = WorkInProgress::default();
+    assert_eq!(work.idle_since(), None);
+    work.begin();
+    work.begin();
+    work.end();
+    assert_eq!(
+        work.idle_since(),
+        None,
+        "one piece of work is still in progress"
+    );
+    let before = Instant::now();
+    work.end();
+    let idle = work.idle_since().expect("idle once the last work ended");
+    // The stamp keeps nanoseconds: it reads back within one of the clock.
+    assert!(
+        idle + Duration::from_micros(1) >= before,
+        "{idle:?} before {before:?}"
+    );
+    assert!(idle <= Instant::now());
+    assert_eq!(work.count(), 0);
+}
+
+/// BUSY-9 against a socket: a reader whose side serves a 30 ms call
+/// (its thread busy, as an op run inline keeps it) after each frame, and
+/// whose peer answers each reply 5 ms later. The waits count from each
+/// reply, so they are typically 5 ms, within the 20 ms window, and frames
+/// are taken by a poll begun after the call; counted from the reader's
+/// first look, before the call, they would be 35 ms, and never polled.
+#[test]
+fn a_wait_begins_when_the_connection_has_served_its_call() {
+    let _alone = alone();
+    current_thread().block_on(async {
+        let window = Duration::from_millis(20);
+        let (mut writer, mut reader) = pair(window).await;
+        let work = reader.in_progress.clone();
+        let (reply, replied) = std::sync::mpsc::channel::<()>();
+        let sender = std::thread::spawn(move || {
+            for i in 0..30u8 {
+                if replied.recv().is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+                writer.write_all(&[i]).unwrap();
+            }
+        });
+        work.begin();
+        let mut polled_before = 0;
+        for i in 0..30u8 {
+            if i == 15 {
+                polled_before = reader.polled;
+            }
+            let mut got = [0; 1];
+            let read = reader.read_exact(&mut got);
+            tokio::pin!(read);
+            // The reader starts waiting, then its thread serves the call.
+            assert!(futures::poll!(&mut read).is_pending());
+            std::thread::sleep(Duration::from_millis(30));
+            work.end();
+            reply.send(()).unwrap();
+            read.await.unwrap();
+            assert_eq!(got[0], i);
+            work.begin();
+        }
+        sender.join().unwrap();
+        assert!(reader.typical < window, "typical wait {:?}", reader.typical);
+        let polled = reader.polled - polled_before;
+        assert!(polled >= 5, "{polled} of the last 15 frames were polled");
     });
 }
 
