@@ -65,13 +65,14 @@
 //!   work last ended (TR-10's count falling to zero): until then this side
 //!   was serving a call, and the peer had nothing to answer yet. Counted
 //!   from the first look, which comes before the call's op runs, a worker
-//!   serving 256x256 matmuls saw waits of 1.1-1.2 ms where its peer took
-//!   100-200 µs, never polled, and slept about twice a step; counted from
-//!   the reply, it sleeps about once (measured 2026-12-07 with `wasmrpc-bench
-//!   anatomy --call step256`, six alternating pairs: the callee's worker
-//!   thread slept 1.68-1.96 times a step before, 0.47-1.15 after, and the
-//!   step's median went from 1.41-1.80 ms to 1.27-1.65 ms, lower in each
-//!   pair; `--call step16` and `--call aten-add` moved within the noise).
+//!   serving the 256x256 distributed autograd step (ops of 0.5-1 ms) saw
+//!   waits longer than its window, never polled, and slept about twice a
+//!   step; counted from the reply, it sleeps about once (measured
+//!   2026-12-07 with `wasmrpc-bench anatomy --call step256`, six
+//!   alternating pairs: the callee's worker thread slept 1.68-1.96 times
+//!   a step before, 0.47-1.15 after, and the step's median went from
+//!   1.41-1.80 ms to 1.27-1.65 ms, lower in each pair; `--call step16`
+//!   and `--call aten-add` moved within the noise).
 //!
 //! This module owns the socket reads of plain TCP connections and of the
 //! TLS record layer beneath; it does not know frames or messages.
