@@ -411,6 +411,7 @@ impl AsyncRead for BusyPollRead {
         // BUSY-3: one `recv` per turn of the worker thread, after every task
         // it had ready (`yield_now` defers this task behind them, and lets
         // the worker poll its I/O driver, without waking another worker).
+        let start = this.wait_start(since);
         if let Some(turn) = this.turn.as_mut() {
             if turn.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
@@ -418,7 +419,7 @@ impl AsyncRead for BusyPollRead {
             this.turn = None;
             // SAFETY: the fd is the socket `inner` owns, open while `this` is.
             let fd = unsafe { BorrowedFd::borrow_raw(this.fd()) };
-            match this.poll_after_turn(fd, buf, this.wait_start(since) + limit) {
+            match this.poll_after_turn(fd, buf, start + limit) {
                 Ok(true) => {
                     this.polled += 1;
                     // Polled: the monotonic clock saw the bytes come.
@@ -429,7 +430,7 @@ impl AsyncRead for BusyPollRead {
                 Err(e) => return Poll::Ready(Err(e)),
             }
         }
-        if this.wait_start(since).elapsed() >= limit {
+        if start.elapsed() >= limit {
             this.crowding.polling_ends();
             return Poll::Pending;
         }
