@@ -22,6 +22,7 @@ use wasmrpc::{Payload, args};
 
 use crate::limit::PingPong;
 use crate::ours::{self, Children, free_port, worker_args_serving};
+use crate::stats::{CpuTicks, fmt_steal};
 use crate::worker::{self, NOOP};
 
 /// The calls `anatomy` can dissect.
@@ -266,9 +267,14 @@ pub(crate) fn run(
     floor.round_trips(calls / 10, 0)?;
     let (me, server) = (std::process::id(), floor.server_pid());
     let (c0, s0) = (snapshot(me)?, snapshot(server)?);
+    let ticks = CpuTicks::now();
     let took = median(floor.round_trips(calls, 0)?);
+    let stolen = fmt_steal(ticks, CpuTicks::now());
     let (c1, s1) = (snapshot(me)?, snapshot(server)?);
-    println!("raw TCP ping-pong, both sides blocking in read: median {took:.1?}");
+    println!(
+        "raw TCP ping-pong, both sides blocking in read: median {took:.1?} (the hypervisor's \
+         steal: {stolen} of the CPUs' time)"
+    );
     report("caller (this process)", &c0, &c1, calls as u64);
     report("echo server", &s0, &s1, calls as u64);
     drop(floor);
@@ -334,7 +340,9 @@ pub(crate) fn run(
         phases.borrow_mut().clear();
         let (c0, w0) = (snapshot(me)?, snapshot(callee)?);
         let started = Instant::now();
+        let ticks = CpuTicks::now();
         let samples = ours::timed(calls, 0, one).await?;
+        let stolen = fmt_steal(ticks, CpuTicks::now());
         let elapsed = started.elapsed();
         if chunks > 0 {
             for (i, chunk) in samples.chunks(chunks).enumerate() {
@@ -349,7 +357,8 @@ pub(crate) fn run(
         }
         let (c1, w1) = (snapshot(me)?, snapshot(callee)?);
         println!(
-            "wasmrpc {call:?}: median {:.2?} (mean {:.2?})",
+            "wasmrpc {call:?}: median {:.2?} (mean {:.2?}; the hypervisor's steal: {stolen} of \
+             the CPUs' time)",
             median(samples),
             elapsed / calls as u32
         );

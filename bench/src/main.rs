@@ -385,6 +385,7 @@ fn suite(cli: &Cli) -> Result<()> {
         }
     }
     let load_before = load_average();
+    let ticks_before = stats::CpuTicks::now();
     let only = &cli.only;
     let progress = Progress::new();
     let mut res = Results::default();
@@ -537,6 +538,10 @@ fn suite(cli: &Cli) -> Result<()> {
         "elapsed_s": elapsed,
         "load_average_before": load_before,
         "load_average_after": load_average(),
+        "steal_percent": ticks_before
+            .zip(stats::CpuTicks::now())
+            .and_then(|(before, after)| after.steal_since(&before))
+            .map(|share| (share * 1000.0).round() / 10.0),
         "torch_version": res.note_of(Side::Torch, "version"),
         "worker_threads": threads,
         "caller_runtime": format!("{:?}", cli.caller_runtime),
@@ -551,9 +556,11 @@ fn suite(cli: &Cli) -> Result<()> {
          Hot paths (header and value encoding): cargo bench -p wasmrpc-bench --bench hot_paths."
     );
     println!(
-        "Run: {elapsed:.0} s, load average {} before, {} after, {} op thread(s) per worker of ours{}{}.",
+        "Run: {elapsed:.0} s, load average {} before, {} after, the hypervisor's steal {} of the \
+         CPUs' time, {} op thread(s) per worker of ours{}{}.",
         load_before.as_deref().unwrap_or("?"),
         load_average().as_deref().unwrap_or("?"),
+        stats::fmt_steal(ticks_before, stats::CpuTicks::now()),
         wasmrpc::intra_op_threads(),
         if cli.quick { ", --quick" } else { "" },
         cli.nice

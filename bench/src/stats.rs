@@ -64,9 +64,90 @@ pub(crate) fn process_cpu(pid: u32) -> std::io::Result<Duration> {
     Ok(Duration::from_nanos(nanos))
 }
 
+/// The machine's CPU time so far, all of it and the hypervisor's share
+/// (`/proc/stat`'s first line, in clock ticks): on a VM whose host is busy,
+/// the hypervisor keeps the virtual CPUs from running for part of their
+/// time (steal), and every measurement taken then slows, its floor's too
+/// but not alike (a poller loses its CPU in the middle of a wait, a
+/// sleeper's wake-up comes later). Two readings say how much of the time
+/// between them was stolen.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct CpuTicks {
+    total: u64,
+    steal: u64,
+}
+
+impl CpuTicks {
+    /// The reading now; `None` where `/proc/stat` cannot be read.
+    pub(crate) fn now() -> Option<CpuTicks> {
+        CpuTicks::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    /// The first line of `/proc/stat`: "cpu user nice system idle iowait
+    /// irq softirq steal guest guest_nice" (guest time is counted in user
+    /// time already, so it is left out of the total).
+    fn parse(stat: &str) -> Option<CpuTicks> {
+        let line = stat.lines().next()?;
+        let mut fields = line.split_ascii_whitespace();
+        if fields.next()? != "cpu" {
+            return None;
+        }
+        let ticks: Vec<u64> = fields
+            .take(8)
+            .map(|f| f.parse().ok())
+            .collect::<Option<_>>()?;
+        if ticks.len() < 8 {
+            return None;
+        }
+        Some(CpuTicks {
+            total: ticks.iter().sum(),
+            steal: ticks[7],
+        })
+    }
+
+    /// The share of the CPUs' time from `earlier` to this reading that the
+    /// hypervisor took, in [0, 1]; `None` if no tick passed between them.
+    pub(crate) fn steal_since(&self, earlier: &CpuTicks) -> Option<f64> {
+        let total = self.total.checked_sub(earlier.total)?;
+        let steal = self.steal.checked_sub(earlier.steal)?;
+        (total > 0).then(|| (steal as f64 / total as f64).min(1.0))
+    }
+}
+
+/// The hypervisor's share of the CPUs' time between two readings, as
+/// printed: "12%", or "?" where either reading failed.
+pub(crate) fn fmt_steal(from: Option<CpuTicks>, to: Option<CpuTicks>) -> String {
+    match from.zip(to).and_then(|(from, to)| to.steal_since(&from)) {
+        Some(share) => format!("{:.0}%", share * 100.0),
+        None => "?".to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hypervisors_share_between_two_readings() {
+        let first = CpuTicks::parse("cpu  100 0 50 800 10 0 5 35 0 0\ncpu0 1 2 3\n").unwrap();
+        assert_eq!(
+            first,
+            CpuTicks {
+                total: 1000,
+                steal: 35
+            }
+        );
+        let second = CpuTicks::parse("cpu  160 0 70 900 10 0 5 55 7 0\n").unwrap();
+        assert_eq!(second.steal_since(&first), Some(20.0 / 200.0));
+        assert_eq!(fmt_steal(Some(first), Some(second)), "10%");
+        // No tick between them, readings in the wrong order, or one missing.
+        assert_eq!(first.steal_since(&first), None);
+        assert_eq!(first.steal_since(&second), None);
+        assert_eq!(fmt_steal(None, Some(second)), "?");
+        // A kernel too old to count steal, or another file.
+        assert_eq!(CpuTicks::parse("cpu  1 2 3 4\n"), None);
+        assert_eq!(CpuTicks::parse("intr 1 2 3 4 5 6 7 8\n"), None);
+    }
 
     #[test]
     fn median_and_p99_of_latencies() {

@@ -34,7 +34,7 @@ use crate::limit::{LocalStep, PingPong, step_bytes_each_way};
 use crate::progress::Progress;
 use crate::report::fmt_micros;
 use crate::rows::{Results, Side};
-use crate::stats::Stat;
+use crate::stats::{CpuTicks, Stat, fmt_steal};
 
 /// The rows: (row, its floor's limit key, side of the matrices, steps in a
 /// quick run, steps in a full run, the target over the floor).
@@ -91,10 +91,12 @@ pub(super) async fn steps(
             .await?;
             local = step;
             let (ops, blocking_trip, echo_work) = floor?;
+            let before = CpuTicks::now();
             let steps = timed(per_round, warmup, || {
                 autograd_step(agent, "worker1", &a, &b, &phases)
             })
             .await?;
+            let steal = fmt_steal(before, CpuTicks::now());
             let noop = || agent.rpc_sync("worker1", crate::worker::NOOP, args![1]);
             let local_step = || std::future::ready(local_run(&local));
             let cold = timed_after(per_round, warmup, noop, local_step).await?;
@@ -114,6 +116,7 @@ pub(super) async fn steps(
                 echo_work,
                 spinning_trip: Stat::latencies(&spinning).median,
                 call,
+                steal,
             });
             all.extend(steps);
         }
@@ -142,6 +145,7 @@ pub(super) async fn steps(
         let blocking = per_round(&|r| fmt_micros(r.blocking_trip));
         let echo_work = per_round(&|r| fmt_micros(r.echo_work));
         let spinning = per_round(&|r| fmt_micros(r.spinning_trip));
+        let steal = per_round(&|r| r.steal.clone());
         let least = per_round(&|r| format!("{:.2}x", r.least() / r.floor()));
         let protocol = per_round(&|r| format!("{:.2}x", r.protocol() / r.floor()));
         let reach = if as_printed(m.least() / m.floor()) > target {
@@ -158,7 +162,9 @@ pub(super) async fn steps(
                 "({rounds} rounds alternating with its floor; its raw round trips per round, \
                  blocking: {blocking} (the echo server working {echo_work} before each reply, \
                  as the callee runs its ops, which the trip does not count), both sides \
-                 spinning: {spinning}, the floor counting the faster; over it per round: {per_round_ratios}; in the median round {} over {}, \
+                 spinning: {spinning}, the floor counting the faster; over it per round: {per_round_ratios} \
+                 (the hypervisor's steal of the CPUs' time while the steps ran, per round: \
+                 {steal}); in the median round {} over {}, \
                  {:.2}x, target <= {target:.2}x: {}; its ops in that round: {} in a block, {} \
                  each right after a no-op's round trip; those and 2 raw round trips over the \
                  floor, per round: {least}{reach}; the step makes {STEP_ROUND_TRIPS} \
@@ -198,6 +204,8 @@ struct Round {
     spinning_trip: f64,
     /// Our no-op call's round trip.
     call: f64,
+    /// The hypervisor's share of the CPUs' time while the steps ran.
+    steal: String,
 }
 
 /// The round trips one step makes between the two workers: the forward

@@ -224,6 +224,14 @@ pub(crate) fn render_suite(jsonl: &str, machine: &str) -> Result<String> {
     if let Some(n) = num("nice") {
         let _ = write!(out, ", niceness {n:.0}");
     }
+    // Runs before 2026-12-07 did not record it.
+    if let Some(steal) = num("steal_percent") {
+        let _ = write!(
+            out,
+            "; the hypervisor took {steal:.1}% of the CPUs' time during the run (steal: every \
+             row slows while it does, its floor too but not alike)"
+        );
+    }
     out.push_str(".\n\n");
     out.push_str(
         "| measurement | wasmrpc (median / p99) | torch.distributed.rpc | limit | vs torch | of limit |\n\
@@ -413,6 +421,16 @@ mod tests {
         assert!(table.contains(
             "| async calls/s, 128 in flight | 123,457/s (TLS: +4.8%) | 5,000/s | - | 24.69x | - |\n"
         ));
+        let stolen = jsonl.replace(r#""nice":null"#, r#""nice":null,"steal_percent":23.4"#);
+        assert!(
+            render_suite(&stolen, "2 cores (Test CPU)")
+                .expect("renders")
+                .contains(
+                    "1 op thread(s) per worker of ours; the hypervisor took 23.4% of the CPUs' \
+                     time during the run (steal: every row slows while it does, its floor too \
+                     but not alike).\n\n"
+                )
+        );
         assert!(render_suite("", "m").is_err());
         assert!(render_suite("not json", "m").is_err());
     }
