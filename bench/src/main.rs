@@ -41,7 +41,7 @@ use clap::{Parser, Subcommand};
 use serde_json::json;
 
 use crate::progress::Progress;
-use crate::report::load_average;
+use crate::report::{MachineLoad, load_average};
 use crate::rows::{ROWS, Results, Side, wanted};
 
 /// The allocator of the `wasmrpc` executable, for this process and the
@@ -384,8 +384,7 @@ fn suite(cli: &Cli) -> Result<()> {
             anyhow::bail!("could not set niceness {n} (renice failed; negative values need root)");
         }
     }
-    let load_before = load_average();
-    let ticks_before = stats::CpuTicks::now();
+    let machine = MachineLoad::start();
     let only = &cli.only;
     let progress = Progress::new();
     let mut res = Results::default();
@@ -536,12 +535,9 @@ fn suite(cli: &Cli) -> Result<()> {
         "unix_time": started,
         "quick": cli.quick,
         "elapsed_s": elapsed,
-        "load_average_before": load_before,
+        "load_average_before": machine.load_before(),
         "load_average_after": load_average(),
-        "steal_percent": ticks_before
-            .zip(stats::CpuTicks::now())
-            .and_then(|(before, after)| after.steal_since(&before))
-            .map(|share| (share * 1000.0).round() / 10.0),
+        "steal_percent": machine.steal_percent(),
         "torch_version": res.note_of(Side::Torch, "version"),
         "worker_threads": threads,
         "caller_runtime": format!("{:?}", cli.caller_runtime),
@@ -556,11 +552,8 @@ fn suite(cli: &Cli) -> Result<()> {
          Hot paths (header and value encoding): cargo bench -p wasmrpc-bench --bench hot_paths."
     );
     println!(
-        "Run: {elapsed:.0} s, load average {} before, {} after, the hypervisor's steal {} of the \
-         CPUs' time, {} op thread(s) per worker of ours{}{}.",
-        load_before.as_deref().unwrap_or("?"),
-        load_average().as_deref().unwrap_or("?"),
-        stats::fmt_steal(ticks_before, stats::CpuTicks::now()),
+        "Run: {elapsed:.0} s, {}, {} op thread(s) per worker of ours{}{}.",
+        machine.summary(),
         wasmrpc::intra_op_threads(),
         if cli.quick { ", --quick" } else { "" },
         cli.nice
@@ -568,9 +561,7 @@ fn suite(cli: &Cli) -> Result<()> {
             .unwrap_or_default()
     );
 
-    if let Some(note) =
-        report::busy_machine_note(&[load_before.as_deref(), load_average().as_deref()])
-    {
+    if let Some(note) = machine.busy_note() {
         println!("{note}");
     }
 

@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use serde_json::{Value as Json, json};
 
 use crate::rows::{Outcome, ROWS, Results, Row, Side, Unit, wanted};
-use crate::stats::Stat;
+use crate::stats::{CpuTicks, Stat, fmt_steal};
 
 /// How much better wasmrpc is than torch: > 1 is better (time or memory of
 /// torch over ours; rate of ours over torch's).
@@ -403,6 +403,53 @@ pub(crate) fn load_average() -> Option<String> {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+}
+
+/// The machine's load and the hypervisor's steal over a run: read when it
+/// starts, and again each time a method is asked about its end.
+pub(crate) struct MachineLoad {
+    load_before: Option<String>,
+    ticks_before: Option<CpuTicks>,
+}
+
+impl MachineLoad {
+    /// The readings at the start of a run.
+    pub(crate) fn start() -> Self {
+        MachineLoad {
+            load_before: load_average(),
+            ticks_before: CpuTicks::now(),
+        }
+    }
+
+    /// The load averages when the run started.
+    pub(crate) fn load_before(&self) -> Option<&str> {
+        self.load_before.as_deref()
+    }
+
+    /// The hypervisor's share of the CPUs' time since the start, in
+    /// percent to one decimal.
+    pub(crate) fn steal_percent(&self) -> Option<f64> {
+        self.ticks_before
+            .zip(CpuTicks::now())
+            .and_then(|(before, after)| after.steal_since(&before))
+            .map(|share| (share * 1000.0).round() / 10.0)
+    }
+
+    /// "load average ... before, ... after, the hypervisor's steal ...% of
+    /// the CPUs' time", for the run's last line.
+    pub(crate) fn summary(&self) -> String {
+        format!(
+            "load average {} before, {} after, the hypervisor's steal {} of the CPUs' time",
+            self.load_before().unwrap_or("?"),
+            load_average().as_deref().unwrap_or("?"),
+            fmt_steal(self.ticks_before, CpuTicks::now()),
+        )
+    }
+
+    /// [`busy_machine_note`] for the loads at the start and now.
+    pub(crate) fn busy_note(&self) -> Option<String> {
+        busy_machine_note(&[self.load_before(), load_average().as_deref()])
+    }
 }
 
 /// A warning for a run whose 1-minute load (in any of `loads`, as
