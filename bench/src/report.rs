@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use serde_json::{Value as Json, json};
 
 use crate::rows::{Outcome, ROWS, Results, Row, Side, Unit, wanted};
-use crate::stats::{CpuTicks, Stat, fmt_steal};
+use crate::stats::{CpuTicks, Stat, fmt_steal, steal_between};
 
 /// How much better wasmrpc is than torch: > 1 is better (time or memory of
 /// torch over ours; rate of ours over torch's).
@@ -429,9 +429,7 @@ impl MachineLoad {
     /// The hypervisor's share of the CPUs' time since the start, in
     /// percent to one decimal.
     pub(crate) fn steal_percent(&self) -> Option<f64> {
-        self.ticks_before
-            .zip(CpuTicks::now())
-            .and_then(|(before, after)| after.steal_since(&before))
+        steal_between(self.ticks_before, CpuTicks::now())
             .map(|share| (share * 1000.0).round() / 10.0)
     }
 

@@ -114,13 +114,21 @@ impl CpuTicks {
     }
 }
 
+/// The hypervisor's share of the CPUs' time between two readings, `None`
+/// where either reading failed or no tick passed between them.
+pub(crate) fn steal_between(from: Option<CpuTicks>, to: Option<CpuTicks>) -> Option<f64> {
+    from.zip(to).and_then(|(from, to)| to.steal_since(&from))
+}
+
+/// A share of the CPUs' time as printed: "12%", or "?" where unknown.
+pub(crate) fn fmt_share(share: Option<f64>) -> String {
+    share.map_or_else(|| "?".to_string(), |share| format!("{:.0}%", share * 100.0))
+}
+
 /// The hypervisor's share of the CPUs' time between two readings, as
 /// printed: "12%", or "?" where either reading failed.
 pub(crate) fn fmt_steal(from: Option<CpuTicks>, to: Option<CpuTicks>) -> String {
-    match from.zip(to).and_then(|(from, to)| to.steal_since(&from)) {
-        Some(share) => format!("{:.0}%", share * 100.0),
-        None => "?".to_string(),
-    }
+    fmt_share(steal_between(from, to))
 }
 
 #[cfg(test)]

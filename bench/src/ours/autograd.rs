@@ -34,7 +34,7 @@ use crate::limit::{LocalStep, PingPong, step_bytes_each_way};
 use crate::progress::Progress;
 use crate::report::fmt_micros;
 use crate::rows::{Results, Side};
-use crate::stats::{CpuTicks, Stat, fmt_steal};
+use crate::stats::{CpuTicks, Stat, fmt_share, steal_between};
 
 /// The rows: (row, its floor's limit key, side of the matrices, steps in a
 /// quick run, steps in a full run, the target over the floor).
@@ -96,7 +96,7 @@ pub(super) async fn steps(
                 autograd_step(agent, "worker1", &a, &b, &phases)
             })
             .await?;
-            let steal = fmt_steal(before, CpuTicks::now());
+            let steal = steal_between(before, CpuTicks::now());
             let noop = || agent.rpc_sync("worker1", crate::worker::NOOP, args![1]);
             let local_step = || std::future::ready(local_run(&local));
             let cold = timed_after(per_round, warmup, noop, local_step).await?;
@@ -145,7 +145,7 @@ pub(super) async fn steps(
         let blocking = per_round(&|r| fmt_micros(r.blocking_trip));
         let echo_work = per_round(&|r| fmt_micros(r.echo_work));
         let spinning = per_round(&|r| fmt_micros(r.spinning_trip));
-        let steal = per_round(&|r| r.steal.clone());
+        let steal = per_round(&|r| fmt_share(r.steal));
         let least = per_round(&|r| format!("{:.2}x", r.least() / r.floor()));
         let protocol = per_round(&|r| format!("{:.2}x", r.protocol() / r.floor()));
         let reach = if as_printed(m.least() / m.floor()) > target {
@@ -205,7 +205,7 @@ struct Round {
     /// Our no-op call's round trip.
     call: f64,
     /// The hypervisor's share of the CPUs' time while the steps ran.
-    steal: String,
+    steal: Option<f64>,
 }
 
 /// The round trips one step makes between the two workers: the forward
