@@ -93,6 +93,10 @@ struct Counters {
     /// Minor page faults: pages the kernel mapped on first touch (fresh
     /// tensor storage that `malloc` took from `mmap` faults in page by page).
     faults: u64,
+    /// Write system calls (`write`, `writev`; `/proc/PID/task/TID/io`'s
+    /// `syscw`): frames sent per write, where batches of calls are in
+    /// flight, say whether their frames were coalesced (TR-10).
+    writes: u64,
 }
 
 /// Every thread of a process, by thread id: its name and counters.
@@ -113,6 +117,8 @@ fn snapshot(pid: u32) -> Result<Snapshot> {
         let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
             continue;
         };
+        // Readable only with ptrace access to the thread (our own children).
+        let io = std::fs::read_to_string(entry.path().join("io")).unwrap_or_default();
         let field = |name: &str| {
             status
                 .lines()
@@ -120,6 +126,11 @@ fn snapshot(pid: u32) -> Result<Snapshot> {
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(0)
         };
+        let syscw = io
+            .lines()
+            .find_map(|l| l.strip_prefix("syscw:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
         let comm = status
             .lines()
             .find_map(|l| l.strip_prefix("Name:"))
@@ -145,6 +156,7 @@ fn snapshot(pid: u32) -> Result<Snapshot> {
                     involuntary: field("nonvoluntary_ctxt_switches:"),
                     ticks: number_at(11) + number_at(12),
                     faults: number_at(7),
+                    writes: syscw,
                 },
             ),
         );
@@ -152,8 +164,9 @@ fn snapshot(pid: u32) -> Result<Snapshot> {
     Ok(threads)
 }
 
-/// Prints, per call, each thread's sleeps, preemptions and CPU time between
-/// two snapshots of `who` (threads that did neither are left out).
+/// Prints, per call, each thread's sleeps, preemptions, CPU time, page
+/// faults and write system calls between two snapshots of `who` (threads
+/// that did none of these are left out).
 fn report(who: &str, before: &Snapshot, after: &Snapshot, calls: u64) {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc_sysconf_clk_tck() } as f64;
@@ -166,30 +179,40 @@ fn report(who: &str, before: &Snapshot, after: &Snapshot, calls: u64) {
             involuntary: end.involuntary - start.involuntary,
             ticks: end.ticks - start.ticks,
             faults: end.faults - start.faults,
+            writes: end.writes - start.writes,
         };
         total.voluntary += d.voluntary;
         total.involuntary += d.involuntary;
         total.ticks += d.ticks;
         total.faults += d.faults;
+        total.writes += d.writes;
         let per = |v: u64| v as f64 / calls as f64;
-        if per(d.voluntary) < 0.01 && per(d.involuntary) < 0.01 && d.ticks == 0 && d.faults == 0 {
+        if per(d.voluntary) < 0.01
+            && per(d.involuntary) < 0.01
+            && d.ticks == 0
+            && d.faults == 0
+            && d.writes == 0
+        {
             continue;
         }
         println!(
-            "    {comm:<18} {tid:>7}  sleeps {:>5.2}  preempted {:>5.2}  cpu {:>6.1} µs  faults {:>6.1}",
+            "    {comm:<18} {tid:>7}  sleeps {:>5.2}  preempted {:>5.2}  cpu {:>6.1} µs  faults {:>6.1}  \
+             writes {:>5.2}",
             per(d.voluntary),
             per(d.involuntary),
             d.ticks as f64 / hz * 1e6 / calls as f64,
             per(d.faults),
+            per(d.writes),
         );
     }
     println!(
-        "    {:<26} sleeps {:>5.2}  preempted {:>5.2}  cpu {:>6.1} µs  faults {:>6.1}",
+        "    {:<26} sleeps {:>5.2}  preempted {:>5.2}  cpu {:>6.1} µs  faults {:>6.1}  writes {:>5.2}",
         "all threads",
         total.voluntary as f64 / calls as f64,
         total.involuntary as f64 / calls as f64,
         total.ticks as f64 / hz * 1e6 / calls as f64,
         total.faults as f64 / calls as f64,
+        total.writes as f64 / calls as f64,
     );
 }
 
