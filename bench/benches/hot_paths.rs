@@ -57,6 +57,11 @@ fn headers(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new("encode", name), |b| {
             b.iter(|| abi::encode(black_box(msg)).expect("encodes"))
         });
+        // As the agent encodes a message for a frame (`Message::encode`):
+        // into a buffer sized for small messages at once.
+        g.bench_function(BenchmarkId::new("encode_presized", name), |b| {
+            b.iter(|| abi::encode_append(black_box(msg), Vec::with_capacity(128)).expect("encodes"))
+        });
         g.bench_function(BenchmarkId::new("decode", name), |b| {
             b.iter(|| abi::decode::<Message>(black_box(&bytes)).expect("decodes"))
         });

@@ -536,19 +536,23 @@ pub fn devices_for_remote(
     map: Option<&DeviceMap>,
     tensors: &[tch::Tensor],
 ) -> Result<Vec<Device>> {
-    let err = format!(
-        "TensorPipe RPC backend only supports CPU tensors by default, please move your tensors \
-         to CPU before sending them over RPC, or call `set_device_map` on \
-         `TensorPipeRpcBackendOptions` to explicitly configure device mapping. {} device \
-         mapping is not available for destination {remote}",
-        if is_request { "Request" } else { "Response" }
-    );
+    // Only a refusal needs the text: every call and reply comes here.
+    let err = || {
+        format!(
+            "TensorPipe RPC backend only supports CPU tensors by default, please move your \
+             tensors to CPU before sending them over RPC, or call `set_device_map` on \
+             `TensorPipeRpcBackendOptions` to explicitly configure device mapping. {} device \
+             mapping is not available for destination {remote}",
+            if is_request { "Request" } else { "Response" }
+        )
+    };
     let Some(map) = map else {
         for t in tensors {
             let d = Device::from_tch(t.device())?;
             if d != Device::Cpu {
                 return Err(Error::runtime(format!(
-                    "{err}, but found tensor on device: {d}"
+                    "{}, but found tensor on device: {d}",
+                    err()
                 )));
             }
         }
@@ -566,7 +570,8 @@ pub fn devices_for_remote(
             None if d == Device::Cpu => out.push(Device::Cpu),
             None => {
                 return Err(Error::runtime(format!(
-                    "{err} for device {d} but received a tensor on that device."
+                    "{} for device {d} but received a tensor on that device.",
+                    err()
                 )));
             }
         }

@@ -43,6 +43,21 @@ pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, postcard::Err
     postcard::to_allocvec(value)
 }
 
+/// Appends the encoding of `value` (the bytes [`encode`] returns) to
+/// `out`, and returns it. A caller that knows about how long the encoding
+/// will be sizes `out` once, instead of the buffer growing from empty by
+/// doubling (a reallocation and a copy at 8, 16, 32, ... bytes), and can
+/// put a prefix before it.
+///
+/// # Errors
+/// Fails only if `value`'s `Serialize` implementation fails.
+pub fn encode_append<T: Serialize + ?Sized>(
+    value: &T,
+    out: Vec<u8>,
+) -> Result<Vec<u8>, postcard::Error> {
+    postcard::to_extend(value, out)
+}
+
 /// Decodes a value written by [`encode`].
 ///
 /// # Errors

@@ -10,7 +10,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use wasmrpc_abi::manifest::{Export, Manifest, Record};
 use wasmrpc_abi::protocol::ExportKind;
-use wasmrpc_abi::{MAX_VALUE_DEPTH, Value, WorkerInfo, decode, encode};
+use wasmrpc_abi::{MAX_VALUE_DEPTH, Value, WorkerInfo, decode, encode, encode_append};
 use wasmrpc_mutation::{huge_numbers, mutate, mutation};
 
 /// The stack of the test's decoding threads: half of a tokio worker's
@@ -115,6 +115,20 @@ proptest! {
     fn values_round_trip(v in value()) {
         let bytes = encode(&v).expect("values encode");
         prop_assert_eq!(decode::<Value>(&bytes).expect("encoded values decode"), v);
+    }
+
+    #[test]
+    fn appended_encodings_are_the_encodings_after_their_prefix(
+        v in value(),
+        prefix in proptest::collection::vec(any::<u8>(), 0..8),
+        capacity in 0usize..256,
+    ) {
+        let mut out = Vec::with_capacity(capacity);
+        out.extend_from_slice(&prefix);
+        let out = encode_append(&v, out).expect("values encode");
+        let whole = encode(&v).expect("values encode");
+        prop_assert_eq!(&out[..prefix.len()], &prefix[..]);
+        prop_assert_eq!(&out[prefix.len()..], &whole[..]);
     }
 
     #[test]

@@ -91,9 +91,17 @@ pub async fn read_body<R: AsyncRead + Unpin>(
     }
     let reserve = usize::try_from(len).map_or(RESERVE_AHEAD, |l| l.min(RESERVE_AHEAD));
     let mut body = Vec::with_capacity(reserve);
-    let got = (&mut *r).take(len).read_to_end(&mut body).await? as u64;
-    if got < len {
-        return Err(FrameError::Truncated { got, len });
+    // Reads into the reserved capacity and stops at `len`: `read_to_end`
+    // would grow a full buffer once more (a reallocation and a copy of the
+    // body) only to find the end, on every frame.
+    let mut rest = (&mut *r).take(len);
+    while (body.len() as u64) < len {
+        if rest.read_buf(&mut body).await? == 0 {
+            return Err(FrameError::Truncated {
+                got: body.len() as u64,
+                len,
+            });
+        }
     }
     Ok(body)
 }
@@ -130,6 +138,32 @@ mod tests {
         let e = read_body(&mut untouched, 3, 2).await.unwrap_err();
         assert!(matches!(e, FrameError::TooLarge { len: 3, max: 2 }), "{e}");
         assert_eq!(untouched, b"abc", "no byte is read from a refused body");
+    }
+
+    #[tokio::test]
+    async fn a_body_within_the_cap_is_read_into_its_reservation_without_growing_it() {
+        // Small bodies too (most heads of replies are under 32 bytes), and
+        // bytes arriving in pieces, as a socket gives them.
+        for len in [1u8, 20, 31, 32, 200] {
+            let (mut tx, mut rx) = tokio::io::duplex(7);
+            let sent: Vec<u8> = (0..len).collect();
+            let writer = {
+                let sent = sent.clone();
+                tokio::spawn(async move {
+                    tokio::io::AsyncWriteExt::write_all(&mut tx, &sent)
+                        .await
+                        .unwrap();
+                })
+            };
+            let body = read_body(&mut rx, len.into(), 1000).await.unwrap();
+            writer.await.unwrap();
+            assert_eq!(body, sent);
+            assert_eq!(
+                body.capacity(),
+                len.into(),
+                "a body of {len} bytes: reallocated"
+            );
+        }
     }
 
     #[tokio::test]

@@ -93,7 +93,12 @@ impl Message {
 
     /// Encodes the message for a frame.
     pub(crate) fn encode(&self) -> Result<Vec<u8>> {
-        crate::abi::encode(self).map_err(|e| Error::runtime(format!("cannot encode message: {e}")))
+        // Most messages are small calls and replies: sized for them at once,
+        // where a buffer grown from empty is reallocated at 8, 16, 32 and 64
+        // bytes on every call.
+        const SMALL_MESSAGE: usize = 128;
+        crate::abi::encode_append(self, Vec::with_capacity(SMALL_MESSAGE))
+            .map_err(|e| Error::runtime(format!("cannot encode message: {e}")))
     }
 
     /// Decodes a frame's message.

@@ -285,15 +285,28 @@ impl std::fmt::Debug for OutFrame {
     }
 }
 
-/// The length prefix and the encoded header.
+/// The length prefix and the encoded header, in one buffer sized once:
+/// every frame sent pays for this, and a buffer grown from empty (or the
+/// header encoded apart and copied behind the prefix) cost the callee of
+/// small calls with 128 in flight about a tenth of its CPU in reallocations.
 fn encode_head(header: &Header) -> Result<Vec<u8>> {
-    let mut head = vec![0u8; 4];
-    let body = crate::abi::encode(header)
+    // An upper bound for all but unusual tensors (a dense tensor's entry is
+    // a dozen bytes plus a few per dimension), so the buffer rarely grows.
+    let size_hint = 4
+        + 5
+        + header.message.len()
+        + 48 * header.tensors.len()
+        + 2 * header.devices.len()
+        + 12 * header.blobs.len()
+        + 16 * header.shared.len()
+        + 8;
+    let mut head = Vec::with_capacity(size_hint);
+    head.extend_from_slice(&[0u8; 4]);
+    let mut head = crate::abi::encode_append(header, head)
         .map_err(|e| Error::runtime(format!("cannot encode message: {e}")))?;
-    let len = u32::try_from(body.len())
+    let len = u32::try_from(head.len() - 4)
         .map_err(|_| Error::runtime("message header larger than 4 GiB"))?;
     head[..4].copy_from_slice(&len.to_le_bytes());
-    head.extend_from_slice(&body);
     Ok(head)
 }
 
