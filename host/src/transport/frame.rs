@@ -291,16 +291,11 @@ impl std::fmt::Debug for OutFrame {
 /// small calls with 128 in flight about a tenth of its CPU in reallocations.
 fn encode_head(header: &Header) -> Result<Vec<u8>> {
     // An upper bound for all but unusual tensors (a dense tensor's entry is
-    // a dozen bytes plus a few per dimension), so the buffer rarely grows.
-    let size_hint = 4
-        + 5
-        + header.message.len()
-        + 48 * header.tensors.len()
-        + 2 * header.devices.len()
-        + 12 * header.blobs.len()
-        + 16 * header.shared.len()
-        + 8;
-    let mut head = Vec::with_capacity(size_hint);
+    // a dozen bytes plus a few per dimension), so the buffer rarely grows;
+    // 17: the prefix, the message's length and the vectors' lengths.
+    let entries = 48 * header.tensors.len() + 2 * header.devices.len();
+    let storages = 12 * header.blobs.len() + 16 * header.shared.len();
+    let mut head = Vec::with_capacity(17 + header.message.len() + entries + storages);
     head.extend_from_slice(&[0u8; 4]);
     let mut head = crate::abi::encode_append(header, head)
         .map_err(|e| Error::runtime(format!("cannot encode message: {e}")))?;
