@@ -119,18 +119,7 @@ fn snapshot(pid: u32) -> Result<Snapshot> {
         };
         // Readable only with ptrace access to the thread (our own children).
         let io = std::fs::read_to_string(entry.path().join("io")).unwrap_or_default();
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0)
-        };
-        let syscw = io
-            .lines()
-            .find_map(|l| l.strip_prefix("syscw:"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
+        let field = |name: &str| labelled(&status, name);
         let comm = status
             .lines()
             .find_map(|l| l.strip_prefix("Name:"))
@@ -156,12 +145,21 @@ fn snapshot(pid: u32) -> Result<Snapshot> {
                     involuntary: field("nonvoluntary_ctxt_switches:"),
                     ticks: number_at(11) + number_at(12),
                     faults: number_at(7),
-                    writes: syscw,
+                    writes: labelled(&io, "syscw:"),
                 },
             ),
         );
     }
     Ok(threads)
+}
+
+/// The number on the line of `text` that starts with `label` (`/proc`'s
+/// `status` and `io` files); 0 without one.
+fn labelled(text: &str, label: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(label))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// Prints, per call, each thread's sleeps, preemptions, CPU time, page
